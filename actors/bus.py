@@ -1,0 +1,99 @@
+"""The command bus: subjects, request/reply with a timeout (DESIGN.md section 2).
+
+Subjects are dot-separated tokens as in NATS: ``cmd.<device_id>.reboot``. A subscription pattern may
+end in ``>`` (the rest of the subject) or use ``*`` (one token). The device link subscribes
+``cmd.<device_id>.>`` for as long as its socket lives; the newest subscription of a pattern wins, which
+is how the newest connection of a device takes over its commands.
+
+This is the in-process implementation. Callers only rely on ``request`` raising ``NoResponders``
+(nobody holds the subject: the device is offline) or ``RequestTimeout`` (nobody answered in time), so
+a NATS-backed bus can replace it when the hub runs as several processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+Handler = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class BusError(Exception):
+    pass
+
+
+class NoResponders(BusError):
+    """No subscriber holds this subject."""
+
+
+class RequestTimeout(BusError):
+    """The subscriber did not answer in time."""
+
+
+class Subscription:
+    __slots__ = ("bus", "pattern", "handler")
+
+    def __init__(self, bus: "Bus", pattern: str, handler: Handler) -> None:
+        self.bus, self.pattern, self.handler = bus, pattern, handler
+
+    def close(self) -> None:
+        """Unsubscribe, unless a newer subscription already replaced this one."""
+        if self.bus._subs.get(self.pattern) is self:
+            del self.bus._subs[self.pattern]
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Bus:
+    def __init__(self) -> None:
+        self._subs: dict[str, Subscription] = {}
+
+    def subscribe(self, pattern: str, handler: Handler) -> Subscription:
+        sub = Subscription(self, pattern, handler)
+        self._subs[pattern] = sub
+        return sub
+
+    def has_responder(self, subject: str) -> bool:
+        return self._match(subject) is not None
+
+    def _match(self, subject: str) -> Subscription | None:
+        # Exact subject first, then every "prefix.>" from the longest prefix down: O(tokens) lookups.
+        sub = self._subs.get(subject)
+        if sub is not None:
+            return sub
+        tokens = subject.split(".")
+        for n in range(len(tokens) - 1, 0, -1):
+            sub = self._subs.get(".".join(tokens[:n]) + ".>")
+            if sub is not None:
+                return sub
+        for pattern, sub in self._subs.items():
+            if "*" in pattern and _matches(pattern, tokens):
+                return sub
+        return None
+
+    async def request(self, subject: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+        sub = self._match(subject)
+        if sub is None:
+            raise NoResponders(subject)
+        with trio.move_on_after(timeout):
+            return await sub.handler(subject, payload)
+        raise RequestTimeout(subject)
+
+    def statistics(self) -> dict[str, int]:
+        return {"subscriptions": len(self._subs)}
+
+
+def _matches(pattern: str, tokens: list[str]) -> bool:
+    parts = pattern.split(".")
+    for i, part in enumerate(parts):
+        if part == ">":
+            return len(tokens) > i
+        if i >= len(tokens) or (part != "*" and part != tokens[i]):
+            return False
+    return len(parts) == len(tokens)

@@ -1,0 +1,171 @@
+"""DeviceActor: the IO shell around the connection machine for one device.
+
+It is the only writer of the device's live state. The device link tells it LinkUp / Heartbeat /
+LinkDown; REST handlers ask it for live state and for commands (reboot). Effects the machine returns
+are carried out here: presence is written behind, state changes are published to the event hub,
+commands go out on the bus as ``cmd.<device_id>.<verb>`` and their outcome comes back as a message.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from actors.bus import NoResponders, RequestTimeout
+from actors.machines import connection as cm
+from actors.runtime import Actor
+from device_client.clock import rfc3339
+from device_client.protocol import subject
+from hub.errors import DeviceError, DeviceOffline, DeviceTimeout
+
+if TYPE_CHECKING:
+    from hub.services import Services
+
+
+@dataclass(frozen=True)
+class Reboot:
+    """Ask: reboot the device; answered once the device acknowledged (or failed to)."""
+
+
+@dataclass(frozen=True)
+class GetLive:
+    """Ask: the live connection state."""
+
+
+@dataclass(frozen=True)
+class DeviceEvent:
+    """Tell: an event frame from the device other than a heartbeat."""
+    kind: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _CommandDone:
+    command_id: str
+    ok: bool
+    payload: dict[str, Any] | None
+    error: Exception | None
+
+
+class DeviceActor(Actor):
+    mailbox_size = 128
+    # An offline device's actor ends after this long without messages; the next message restarts it.
+    idle_timeout = 300.0
+
+    def __init__(self, device_id: uuid.UUID, services: "Services") -> None:
+        super().__init__(("device", device_id))
+        self.device_id = device_id
+        self.services = services
+        self.org_id: uuid.UUID | None = None
+        self.machine: cm.ConnectionMachine | None = None
+        self._pending: dict[str, Any] = {}  # command id -> Reply of the asker
+        self._last_activity = 0.0
+
+    async def on_start(self) -> None:
+        s = self.services
+        row = await s.devices.get_any(self.device_id)
+        if row is None:
+            raise DeviceOffline("unknown device")
+        self.org_id = row["org_id"]
+        # After a restart the socket (if any) is still up and will heartbeat; start from what the
+        # link table says rather than from a possibly stale database row.
+        link = s.links.get(self.device_id)
+        self.machine = cm.ConnectionMachine(
+            heartbeat_timeout=s.settings.heartbeat_timeout, reboot_timeout=s.settings.reboot_timeout,
+            state=cm.Conn.ONLINE if link else cm.Conn.OFFLINE, boot_reason=row["boot_reason"],
+            last_seen_at=s.clock.now() if link else row["last_seen_at"])
+        if link is not None:
+            self.machine.conn_id = link.conn_id
+        self._last_activity = trio.current_time()
+
+    # -- messages --------------------------------------------------------------------------
+    async def receive(self, msg: Any) -> Any:
+        self._last_activity = trio.current_time()
+        if isinstance(msg, GetLive):
+            return self.live()
+        if isinstance(msg, Reboot):
+            command_id = str(uuid.uuid4())
+            try:
+                self._feed(cm.RebootRequested(command_id))
+            except cm.NotConnected:
+                raise DeviceOffline("the device is not connected") from None
+            self._pending[command_id] = self.defer_reply()
+            return None
+        if isinstance(msg, _CommandDone):
+            reply = self._pending.pop(msg.command_id, None)
+            self._feed(cm.CommandSucceeded(msg.command_id) if msg.ok else cm.CommandFailed(msg.command_id))
+            if reply is not None:
+                reply.fail(msg.error) if msg.error else reply.set(msg.payload or {})
+            return None
+        if isinstance(msg, DeviceEvent):
+            self._publish(f"device.{msg.kind}", msg.payload)
+            return None
+        self._feed(msg)  # LinkUp, LinkDown, Heartbeat: the machine's own events
+        return None
+
+    def live(self) -> dict[str, Any]:
+        m = self.machine
+        return {"state": m.state.value, "online": m.online, "bootReason": m.boot_reason,
+                "lastSeenAt": m.last_seen_at, "connectedAt": m.connected_at}
+
+    def next_deadline(self) -> float:
+        d = self.machine.next_deadline()
+        machine_at = self.services.clock.deadline_for(d) if d is not None else math.inf
+        idle_at = self._last_activity + self.idle_timeout if self.machine.state is cm.Conn.OFFLINE else math.inf
+        return min(machine_at, idle_at)
+
+    async def on_deadline(self) -> None:
+        self._feed(cm.Tick())
+
+    def should_stop(self) -> bool:
+        return (self.machine.state is cm.Conn.OFFLINE and not self._pending
+                and trio.current_time() >= self._last_activity + self.idle_timeout)
+
+    # -- effects -----------------------------------------------------------------------------
+    def _feed(self, event: object) -> None:
+        for effect in self.machine.handle(event, self.services.clock.now()):
+            self._carry_out(effect)
+
+    def _carry_out(self, effect: object) -> None:
+        s = self.services
+        if isinstance(effect, cm.Persist):
+            row = {"id": self.device_id, "online": effect.online, "state": effect.state.value,
+                   "boot_reason": effect.boot_reason, "last_seen_at": effect.last_seen_at,
+                   "connected_at": effect.connected_at}
+            if effect.facts is not None:
+                row.update(firmware=effect.facts.get("firmware"), architecture=effect.facts.get("architecture"),
+                           tunnel_public_key=effect.facts.get("tunnelPublicKey"), facts=effect.facts)
+            s.presence.put(self.device_id, row)
+        elif isinstance(effect, cm.Publish):
+            self._publish(effect.kind, effect.payload)
+        elif isinstance(effect, cm.SendCommand):
+            self.tasks.start_soon(self._send, effect)
+        elif isinstance(effect, cm.DropLink):
+            link = s.links.get(self.device_id)
+            if link is not None and link.conn_id == effect.conn_id:
+                link.close()
+
+    def _publish(self, kind: str, payload: dict[str, Any]) -> None:
+        event = {"kind": kind, "deviceId": str(self.device_id), "at": rfc3339(self.services.clock.now()),
+                 "payload": payload}
+        self.services.events.publish(("device", self.device_id), event)
+        self.services.events.publish(("org", self.org_id), event)
+
+    async def _send(self, effect: cm.SendCommand) -> None:
+        s = self.services
+        try:
+            payload = await s.bus.request(subject(str(self.device_id), effect.verb), effect.payload,
+                                          timeout=s.settings.command_timeout)
+            done = _CommandDone(effect.command_id, True, payload, None)
+        except NoResponders:
+            done = _CommandDone(effect.command_id, False, None, DeviceOffline("the device is not connected"))
+        except RequestTimeout:
+            done = _CommandDone(effect.command_id, False, None,
+                                DeviceTimeout("the device did not answer in time"))
+        except DeviceError as exc:
+            done = _CommandDone(effect.command_id, False, None, exc)
+        self.tell(done)

@@ -1,0 +1,320 @@
+"""Actors: one trio task, one bounded mailbox, one machine (DESIGN.md section 4).
+
+    Actor        subclass it; implement ``on_start`` (rebuild from storage), ``receive`` (one message
+                 at a time) and optionally ``next_deadline``/``on_deadline`` and ``should_stop``.
+    ask / tell   ``await actor.ask(msg, timeout)`` waits for the reply; ``actor.tell(msg)`` does not,
+                 and a full mailbox raises ``MailboxFull`` rather than dropping the message.
+    Supervisor   restarts a crashed actor with backoff; more than ``max_restarts`` crashes inside
+                 ``window`` seconds escalates: ``Escalation`` propagates and the process exits non-zero.
+    Registry     gets or starts the actor for a key, and forgets it when it stops.
+
+A ``receive`` that raises a ``FleethubError`` answers the asker with that error and the actor goes on
+(the error is the caller's business: offline device, busy test, ...). Any other exception is a crash:
+the asker gets ``ActorCrashed`` and the supervisor restarts the actor, which rebuilds its state from
+storage. The mailbox survives a restart, so messages queued behind the crash are still handled.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from hub.errors import FleethubError, ServerError
+
+log = logging.getLogger("fleethub.actors")
+
+
+class ActorError(ServerError):
+    """The actor could not take or answer the message."""
+
+
+class MailboxFull(ActorError):
+    """The actor's mailbox is full; the message was not queued."""
+    status = 503
+    code = "busy"
+
+
+class ActorStopped(ActorError):
+    """The actor stopped before it handled the message."""
+
+
+class ActorCrashed(ActorError):
+    """The actor crashed while handling the message; it is being restarted."""
+
+
+class AskTimeout(ActorError):
+    """The actor did not answer within the timeout."""
+    status = 504
+    code = "timeout"
+
+
+class Escalation(Exception):
+    """An actor crashed more often than its supervisor allows: the process must stop."""
+
+
+class Reply:
+    """A one-shot reply slot: the asker waits on it, the actor (or a task it spawned) fills it."""
+
+    __slots__ = ("_event", "_value", "_error")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def set(self, value: Any) -> None:
+        if not self._event.is_set():
+            self._value = value
+            self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self._event.is_set():
+            self._error = error
+            self._event.set()
+
+    async def wait(self) -> Any:
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+@dataclass(frozen=True)
+class ActorStatistics:
+    key: Hashable
+    mailbox_depth: int
+    mailbox_size: int
+    handled: int
+    restarts: int
+
+
+class Actor:
+    """Base class of DeviceActor, FleetActor, TunnelActor."""
+
+    mailbox_size = 64
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        self._send, self._receive = trio.open_memory_channel[tuple[Any, Reply | None]](self.mailbox_size)
+        self.handled = 0
+        self.restarts = 0
+        self.stopped = False
+        self._current_reply: Reply | None = None
+        self._on_stop: Callable[[Actor], None] | None = None
+        self.tasks: trio.Nursery | None = None
+
+    # -- what subclasses implement -----------------------------------------------------------
+    async def on_start(self) -> None:
+        """Rebuild state (from storage) before the first message; runs again after every restart."""
+
+    async def receive(self, msg: Any) -> Any:
+        """Handle one message; the return value answers an ``ask``."""
+        raise TypeError(f"{type(self).__name__} does not handle {type(msg).__name__}")
+
+    def next_deadline(self) -> float:
+        """The trio time at which ``on_deadline`` must run (``math.inf`` for never)."""
+        return math.inf
+
+    async def on_deadline(self) -> None:
+        """Called when ``next_deadline`` passes with no message."""
+
+    def should_stop(self) -> bool:
+        """Checked when the mailbox is empty: True lets an idle actor end (passivation)."""
+        return False
+
+    # -- asking and telling --------------------------------------------------------------------
+    def tell(self, msg: Any) -> None:
+        try:
+            self._send.send_nowait((msg, None))
+        except trio.WouldBlock:
+            raise MailboxFull(f"mailbox of {self.key} is full") from None
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ActorStopped(f"actor {self.key} has stopped") from None
+
+    async def ask(self, msg: Any, timeout: float = 10.0) -> Any:
+        reply = Reply()
+        try:
+            self._send.send_nowait((msg, reply))
+        except trio.WouldBlock:
+            raise MailboxFull(f"mailbox of {self.key} is full") from None
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ActorStopped(f"actor {self.key} has stopped") from None
+        with trio.move_on_after(timeout):
+            return await reply.wait()
+        raise AskTimeout(f"actor {self.key} did not answer within {timeout}s")
+
+    def defer_reply(self) -> Reply:
+        """Take over the current ask's reply, to fill it later (after a device answers, say).
+
+        ``receive`` returns at once and the actor goes on with its mailbox; whoever holds the
+        Reply must eventually ``set`` or ``fail`` it.
+        """
+        reply, self._current_reply = self._current_reply or Reply(), None
+        return reply
+
+    def statistics(self) -> ActorStatistics:
+        stats = self._send.statistics()
+        return ActorStatistics(self.key, stats.current_buffer_used, stats.max_buffer_size,
+                               self.handled, self.restarts)
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        # Work an actor starts in the background (a device command awaiting its reply) lives in
+        # this nursery: it ends with the actor and its crash is the actor's crash.
+        async with trio.open_nursery() as self.tasks:
+            await self.on_start()
+            task_status.started(self)
+            await self._loop()
+            self.tasks.cancel_scope.cancel()
+
+    async def _loop(self) -> None:
+        while True:
+            if self._receive.statistics().current_buffer_used == 0 and self.should_stop():
+                self._stop()
+                return
+            envelope = None
+            with trio.move_on_at(self.next_deadline()):
+                envelope = await self._receive.receive()
+            if envelope is None:
+                await self.on_deadline()
+                continue
+            msg, reply = envelope
+            self._current_reply = reply
+            try:
+                result = await self.receive(msg)
+            except FleethubError as exc:
+                if reply is not None:
+                    reply.fail(exc)
+            except Exception as exc:
+                if reply is not None:
+                    reply.fail(ActorCrashed(f"actor {self.key} crashed: {type(exc).__name__}"))
+                raise
+            else:
+                if reply is not None and self._current_reply is reply:
+                    reply.set(result)
+            finally:
+                self._current_reply = None
+                self.handled += 1
+
+    def _stop(self) -> None:
+        # No await between the emptiness check and here: nothing can slip into the mailbox.
+        self.stopped = True
+        self._send.close()
+        if self._on_stop is not None:
+            self._on_stop(self)
+
+
+class Supervisor:
+    """Runs actors in its nursery and restarts them when they crash."""
+
+    def __init__(self, nursery: trio.Nursery, *, max_restarts: int = 5, window: float = 60.0,
+                 backoff_initial: float = 0.05, backoff_max: float = 5.0) -> None:
+        self.nursery = nursery
+        self.max_restarts = max_restarts
+        self.window = window
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.restarts_total = 0
+
+    async def start(self, actor: Actor) -> Actor:
+        """Start ``actor``; returns once its ``on_start`` finished (errors there reach the caller)."""
+        return await self.nursery.start(self._keep_running, actor)
+
+    async def _keep_running(self, actor: Actor, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        crashes: deque[float] = deque()
+        status = task_status
+        backoff = self.backoff_initial
+        while True:
+            started = False
+
+            class _Status:
+                def started(self, value: Any = None) -> None:
+                    nonlocal started
+                    started = True
+                    status.started(value)
+
+            try:
+                await actor.run(task_status=_Status())
+                return
+            except Exception as exc:
+                if not started and status is task_status:
+                    raise  # never came up: the caller of start() hears about it
+                now = trio.current_time()
+                crashes.append(now)
+                while crashes and crashes[0] < now - self.window:
+                    crashes.popleft()
+                if len(crashes) > self.max_restarts:
+                    log.critical("actor %s crashed %d times in %ss; escalating", actor.key,
+                                 len(crashes), self.window)
+                    raise Escalation(f"actor {actor.key} exceeded its restart limit") from exc
+                log.exception("actor %s crashed; restarting in %.2fs", actor.key, backoff)
+                actor.restarts += 1
+                self.restarts_total += 1
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, self.backoff_max)
+                status = trio.TASK_STATUS_IGNORED
+
+
+class Registry:
+    """The live actors by key; ``get`` starts the missing one exactly once, even under concurrency."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+        self._actors: dict[Hashable, Actor] = {}
+        self._starting: dict[Hashable, trio.Event] = {}
+
+    def lookup(self, key: Hashable) -> Actor | None:
+        return self._actors.get(key)
+
+    async def get(self, key: Hashable, factory: Callable[[], Actor]) -> Actor:
+        while True:
+            actor = self._actors.get(key)
+            if actor is not None and not actor.stopped:
+                return actor
+            starting = self._starting.get(key)
+            if starting is None:
+                break
+            await starting.wait()
+        event = self._starting[key] = trio.Event()
+        try:
+            actor = factory()
+            actor._on_stop = self._forget
+            await self.supervisor.start(actor)
+            self._actors[key] = actor
+            return actor
+        finally:
+            del self._starting[key]
+            event.set()
+
+    def _forget(self, actor: Actor) -> None:
+        if self._actors.get(actor.key) is actor:
+            del self._actors[actor.key]
+
+    def __len__(self) -> int:
+        return len(self._actors)
+
+    def actors(self) -> list[Actor]:
+        return list(self._actors.values())
+
+    def statistics(self) -> dict[str, Any]:
+        """A snapshot for /metrics: actor counts by kind, mailbox depth, handled, restarts."""
+        by_kind: dict[str, int] = {}
+        depth_max = handled = 0
+        for actor in self._actors.values():
+            kind = type(actor).__name__
+            by_kind[kind] = by_kind.get(kind, 0) + 1
+            s = actor.statistics()
+            depth_max = max(depth_max, s.mailbox_depth)
+            handled += s.handled
+        return {"actors": len(self._actors), "by_kind": by_kind, "mailbox_depth_max": depth_max,
+                "handled": handled, "restarts": self.supervisor.restarts_total}

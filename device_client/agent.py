@@ -1,0 +1,532 @@
+"""The device agent: keeps one WebSocket to the hub up for as long as the device runs.
+
+A link lives through: connect (``Authorization: Bearer <token>``) → ``hello`` → ``welcome`` →
+heartbeats and commands until the socket drops → reconnect with full-jitter exponential backoff.
+Commands are answered by verb handlers (``Agent.register``); replies are remembered by command id so
+a command the hub sends twice runs once. A reboot is a boot: the agent persists the reason, closes
+the link and either restarts its session in process (simulation) or re-executes itself.
+
+Run standalone with ``python -m device_client.agent --hub URL --data-dir DIR`` (token from
+``FLEETHUB_DEVICE_TOKEN`` or ``--token-file``: never on the command line, where ``ps`` shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import functools
+import logging
+import os
+import platform
+import random
+import re
+import sys
+from collections import OrderedDict
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+from urllib.parse import urlsplit, urlunsplit
+
+import trio
+from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError, open_websocket_url
+
+from . import protocol
+from .clock import Clock, rfc3339
+from .state import StateFile, load_or_create_identity
+
+log = logging.getLogger("fleethub.agent")
+
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+
+REPLY_MEMORY = 256  # command ids whose replies are kept for duplicates
+REBOOT_PAUSE = 0.2  # seconds "powered off" during an in-process reboot
+MIN_HEARTBEAT = 0.05  # a hub sending 0 must not turn the agent into a busy loop
+_BOOT_REASON = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_current_command: ContextVar[str | None] = ContextVar("fleethub_current_command", default=None)
+
+
+def _agent_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fleethub")
+    except PackageNotFoundError:  # running from a source tree
+        return "0.1.0"
+
+
+AGENT_VERSION = _agent_version()
+
+
+@functools.cache
+def _default_firmware() -> str:
+    try:
+        return platform.freedesktop_os_release()["PRETTY_NAME"]
+    except (OSError, KeyError):
+        return platform.platform()
+
+
+class CommandError(Exception):
+    """Raised by a handler to answer ``ok: false`` with a specific error code."""
+
+    def __init__(self, code: str, message: str = "") -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+
+class _LinkLost(Exception):
+    """The hub answered, but not with a usable link (no welcome, wrong first frame)."""
+
+
+# What ends one link and sends the agent into backoff. Anything else is a bug in the agent: it
+# propagates, and the process supervisor (or the sim's nursery) sees it.
+_LINK_ERRORS = (HandshakeError, ConnectionClosed, OSError, trio.BrokenResourceError,
+                trio.ClosedResourceError, protocol.ProtocolError, _LinkLost)
+
+
+@dataclass(frozen=True)
+class AgentStatistics:
+    device_id: str | None
+    connected: bool
+    boot_count: int
+    boot_reason: str | None
+    links: int  # welcomes received
+    link_failures: int  # connects or links that ended in an error
+    heartbeats_sent: int
+    commands_handled: int  # replies sent, duplicates included
+    duplicate_commands: int
+    last_error: str | None
+
+
+class Backoff:
+    """Full jitter: sleep uniform(0, min(maximum, initial * 2**attempt))."""
+
+    def __init__(self, initial: float, maximum: float, rng: random.Random | None = None) -> None:
+        if not 0 < initial <= maximum:
+            raise ValueError("need 0 < backoff_initial <= backoff_max")
+        self.initial, self.maximum = initial, maximum
+        self.attempt = 0
+        # one shared generator: a Random per agent costs ~5 KB, times 15,000 simulated devices
+        self._rng = rng or random
+
+    def ceiling(self) -> float:
+        return min(self.maximum, self.initial * 2**self.attempt)
+
+    def next_delay(self) -> float:
+        ceiling = self.ceiling()
+        if ceiling < self.maximum:
+            self.attempt += 1
+        return self._rng.uniform(0, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+def link_url(hub_url: str) -> str:
+    """``http://host:port`` → ``ws://host:port/v1/device/link`` (https → wss)."""
+    parts = urlsplit(hub_url)
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
+    if scheme is None or not parts.netloc:
+        raise ValueError(f"hub URL must be http(s)://host[:port], got {hub_url!r}")
+    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + protocol.LINK_PATH, "", ""))
+
+
+class Agent:
+    def __init__(self, hub_url: str, token: str, data_dir: Path, *, clock: Clock | None = None,
+                 facts: dict[str, Any] | None = None, reboot_mode: str = "restart",
+                 backoff_initial: float = 0.5, backoff_max: float = 30.0,
+                 connect_limiter: trio.CapacityLimiter | None = None, connect_timeout: float = 10.0,
+                 handshake_timeout: float = 10.0, ssl_context: Any = None,
+                 rng: random.Random | None = None) -> None:
+        if reboot_mode not in ("restart", "exec"):
+            raise ValueError(f"reboot_mode must be 'restart' or 'exec', got {reboot_mode!r}")
+        self.hub_url = hub_url
+        self.link_url = link_url(hub_url)
+        self.data_dir = Path(data_dir)
+        self.root = self.data_dir / "root"  # the device's filesystem for files the hub delivers
+        self.clock = clock or Clock()
+        self.facts = dict(facts or {})  # firmware, architecture, tags; tags have no hello field yet
+        self.reboot_mode = reboot_mode
+        self.capabilities = protocol.Capabilities(
+            memoryTest=protocol.MemoryTestCapabilities(
+                online=False, offline=False,
+                offlineReason="memory tests are not installed on this agent yet"),
+            reboot=True)
+        self.device_id: str | None = None
+        self.connected = False
+        self.boot_count = 0
+        self.boot_reason: str | None = None
+        self.signing_key = None  # nacl SigningKey, loaded at boot
+        self._auth = [(protocol.TOKEN_HEADER.lower().encode(), b"Bearer " + token.encode())]
+        self._state = StateFile(self.data_dir / "state.json")
+        self._handlers: dict[str, Handler] = {"ping": self._ping, "reboot": self._reboot}
+        self._hello_providers: list[Callable[[], dict[str, Any]]] = []
+        self._replies: OrderedDict[str, protocol.Reply] = OrderedDict()
+        self._running: dict[str, trio.Event] = {}
+        self._backoff = Backoff(backoff_initial, backoff_max, rng)
+        self._limiter = connect_limiter
+        self._limiter_held = False
+        self._connect_timeout = connect_timeout
+        self._handshake_timeout = handshake_timeout
+        self._ssl_context = ssl_context
+        self._ws: Any = None
+        self._scope: trio.CancelScope | None = None  # what a reboot request cancels
+        self._connected_event = trio.Event()
+        self._inflight = 0
+        self._reboot_reason: str | None = None
+        self._reboot_command: str | None = None
+        self._reboot_persisted = False
+        self._booted_at = 0.0
+        self._link_welcomed = False
+        self._link_error: BaseException | None = None
+        self._on_first_welcome: Callable[[], None] | None = None
+        self._stats = dict(links=0, link_failures=0, heartbeats_sent=0, commands_handled=0,
+                           duplicate_commands=0)
+        self._last_error: str | None = None
+
+    # ---- the API other device modules use ----
+
+    def register(self, verb: str, handler: Handler) -> None:
+        """Answer commands ``cmd.<id>.<verb>`` with ``await handler(payload)`` (a dict, or None)."""
+        if verb in self._handlers:
+            raise ValueError(f"a handler for {verb!r} is already registered")
+        self._handlers[verb] = handler
+
+    def add_hello_provider(self, provider: Callable[[], dict[str, Any]]) -> None:
+        """``provider()`` returns hello fields (e.g. secretFileDigests) merged into every hello."""
+        self._hello_providers.append(provider)
+
+    def request_reboot(self, reason: str = "reboot") -> None:
+        """Reboot once the replies being worked on are sent; the next hello reports ``reason``."""
+        if self._reboot_reason is None:
+            self._reboot_reason = reason
+            self._reboot_command = _current_command.get()
+        if self._inflight == 0 and self._scope is not None:
+            self._scope.cancel()
+
+    async def send_event(self, kind: str, payload: dict[str, Any] | None = None) -> bool:
+        """Send an event now; False when there is no link (the next hello carries the state)."""
+        ws = self._ws
+        if ws is None:
+            return False
+        try:
+            await ws.send_message(protocol.encode(protocol.Event(kind=kind, payload=payload or {})))
+        except _LINK_ERRORS:
+            return False
+        return True
+
+    async def wait_connected(self) -> None:
+        await self._connected_event.wait()
+
+    @property
+    def public_key_b64(self) -> str | None:
+        if self.signing_key is None:
+            return None
+        return base64.b64encode(bytes(self.signing_key.verify_key)).decode()
+
+    def uptime(self) -> float:
+        return self.clock.monotonic() - self._booted_at
+
+    def statistics(self) -> AgentStatistics:
+        return AgentStatistics(device_id=self.device_id, connected=self.connected,
+                               boot_count=self.boot_count, boot_reason=self.boot_reason,
+                               last_error=self._last_error, **self._stats)
+
+    # ---- the link ----
+
+    async def run(self, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run forever; ``task_status.started(self)`` after the first welcome."""
+        await self._boot()
+        self._on_first_welcome = functools.partial(task_status.started, self)
+        while True:
+            if self._reboot_reason is not None:
+                await self._restart()
+                continue
+            welcomed = await self._connect_once()
+            if self._reboot_reason is not None:
+                continue
+            if welcomed:
+                self._backoff.reset()
+            delay = self._backoff.next_delay()
+            log.debug("%s: reconnecting in %.2fs", self._who(), delay)
+            with trio.CancelScope() as self._scope:
+                await trio.sleep(delay)
+            self._scope = None
+
+    async def _connect_once(self) -> bool:
+        self._link_welcomed = False
+        self._link_error = None
+        try:
+            if self._limiter is not None:
+                # bounds simultaneous handshakes, so 15,000 agents (or one hub restart) do not
+                # open 15,000 TCP connections in the same millisecond
+                await self._limiter.acquire_on_behalf_of(self)
+                self._limiter_held = True
+            async with open_websocket_url(
+                self.link_url, self._ssl_context, extra_headers=self._auth,
+                connect_timeout=self._connect_timeout, disconnect_timeout=5,
+            ) as ws:
+                with trio.CancelScope() as self._scope:
+                    if self._reboot_reason is None:
+                        await self._session(ws)
+                self._scope = None
+                if self._reboot_reason is not None:
+                    await self._persist_reboot()
+                    await ws.aclose(1012, "rebooting")  # 1012: service restart
+        except ConnectionRejected as exc:
+            self._link_failed(exc)
+            if exc.status_code in (401, 403):
+                log.warning("%s: the hub refused the device token (HTTP %d) at %s; check the "
+                            "token or the device's registration. Retrying with backoff.",
+                            self._who(), exc.status_code, self.link_url)
+            else:
+                log.warning("%s: the hub refused the link (HTTP %d)", self._who(), exc.status_code)
+        except _LINK_ERRORS as exc:
+            self._link_failed(exc)
+            log.log(logging.INFO if self._link_welcomed else logging.WARNING,
+                    "%s: link %s: %r", self._who(),
+                    "lost" if self._link_welcomed else "failed", exc)
+        finally:
+            self._release_limiter()
+            self._scope = None
+            self._ws = None
+            self.connected = False
+            if self._connected_event.is_set():
+                self._connected_event = trio.Event()
+        return self._link_welcomed
+
+    async def _session(self, ws: Any) -> None:
+        await ws.send_message(protocol.encode(self._hello()))
+        welcome = None
+        with trio.move_on_after(self._handshake_timeout):
+            welcome = protocol.decode(await ws.get_message())
+        if welcome is None:
+            raise _LinkLost(f"no welcome within {self._handshake_timeout}s")
+        if not isinstance(welcome, protocol.Welcome):
+            raise _LinkLost(f"expected a welcome, the hub sent {welcome.type!r}")
+        self.device_id = welcome.deviceId
+        self._ws = ws
+        self.connected = True
+        self._link_welcomed = True
+        self._stats["links"] += 1
+        self._connected_event.set()
+        self._release_limiter()
+        if self._on_first_welcome is not None:
+            self._on_first_welcome, started = None, self._on_first_welcome
+            started()
+        log.info("%s: linked to %s (boot reason %s)", self._who(), self.link_url, self.boot_reason)
+        interval = max(welcome.heartbeatInterval, MIN_HEARTBEAT)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._guard, nursery.cancel_scope, self._heartbeats, ws, interval)
+            await self._guard(nursery.cancel_scope, self._receive, ws, nursery)
+        if self._link_error is not None:
+            raise self._link_error
+
+    async def _guard(self, scope: trio.CancelScope, fn: Callable[..., Awaitable[None]],
+                     *args: Any) -> None:
+        # Turns the end of the link into one error instead of an ExceptionGroup of them.
+        try:
+            await fn(*args)
+        except _LINK_ERRORS as exc:
+            if self._link_error is None:
+                self._link_error = exc
+            scope.cancel()
+
+    async def _receive(self, ws: Any, nursery: trio.Nursery) -> None:
+        while True:
+            message = await ws.get_message()
+            try:
+                frame = protocol.decode(message)
+            except protocol.ProtocolError as exc:
+                log.warning("%s: ignoring an undecodable frame: %s", self._who(), exc)
+                continue
+            if isinstance(frame, protocol.Command):
+                # each command in its own task: a slow handler must not delay a ping
+                nursery.start_soon(self._guard, nursery.cancel_scope, self._dispatch, ws, frame)
+            else:
+                log.debug("%s: ignoring a %s frame", self._who(), frame.type)
+
+    async def _heartbeats(self, ws: Any, interval: float) -> None:
+        deadline = trio.current_time()
+        while True:
+            # a fixed schedule, so heartbeats do not drift by the time each send takes
+            deadline = max(deadline + interval, trio.current_time())
+            await trio.sleep_until(deadline)
+            payload = {"deviceClock": rfc3339(self.clock.now()), "uptime": round(self.uptime(), 3)}
+            await ws.send_message(protocol.encode(protocol.Event(kind="heartbeat", payload=payload)))
+            self._stats["heartbeats_sent"] += 1
+
+    def _hello(self) -> protocol.Hello:
+        fields: dict[str, Any] = dict(
+            agentVersion=AGENT_VERSION,
+            firmware=str(self.facts.get("firmware") or _default_firmware()),
+            architecture=str(self.facts.get("architecture") or platform.machine()),
+            capabilities=self.capabilities,
+            bootReason=self.boot_reason or "power_on",
+            deviceClock=rfc3339(self.clock.now()),
+            tunnelPublicKey=self.public_key_b64,
+            configVersionApplied=self._state.get("configVersionApplied"),
+        )
+        for provider in self._hello_providers:
+            fields.update(provider())
+        return protocol.Hello(**fields)
+
+    def _link_failed(self, exc: BaseException) -> None:
+        self._stats["link_failures"] += 1
+        self._last_error = repr(exc)
+
+    def _release_limiter(self) -> None:
+        if self._limiter_held:
+            self._limiter_held = False
+            self._limiter.release_on_behalf_of(self)  # type: ignore[union-attr]
+
+    def _who(self) -> str:
+        return f"device {self.device_id}" if self.device_id else f"agent {self.data_dir.name}"
+
+    # ---- commands ----
+
+    async def _dispatch(self, ws: Any, cmd: protocol.Command) -> None:
+        self._inflight += 1
+        try:
+            reply = await self._reply_for(cmd)
+            await ws.send_message(protocol.encode(reply))
+            self._stats["commands_handled"] += 1
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0 and self._reboot_reason is not None and self._scope is not None:
+                self._scope.cancel()
+
+    async def _reply_for(self, cmd: protocol.Command) -> protocol.Reply:
+        stored = self._replies.get(cmd.id)
+        if stored is None and cmd.id in self._running:
+            await self._running[cmd.id].wait()
+            stored = self._replies.get(cmd.id)
+        if stored is not None:
+            self._replies.move_to_end(cmd.id)
+            self._stats["duplicate_commands"] += 1
+            return stored
+        done = self._running[cmd.id] = trio.Event()
+        try:
+            reply = await self._execute(cmd)
+        finally:
+            del self._running[cmd.id]
+            done.set()
+        self._remember(cmd.id, reply)
+        return reply
+
+    async def _execute(self, cmd: protocol.Command) -> protocol.Reply:
+        try:
+            verb = protocol.verb_of(cmd.subject)
+        except protocol.ProtocolError as exc:
+            return _error(cmd.id, "unknown_command", str(exc))
+        addressee = cmd.subject.split(".", 2)[1]
+        if self.device_id is not None and addressee != self.device_id:
+            return _error(cmd.id, "wrong_device", f"this is device {self.device_id}, not {addressee}")
+        handler = self._handlers.get(verb)
+        if handler is None:
+            return _error(cmd.id, "unknown_command", f"this agent has no command {verb!r}")
+        token = _current_command.set(cmd.id)
+        try:
+            result = await handler(cmd.payload)
+        except CommandError as exc:
+            return _error(cmd.id, exc.code, exc.message)
+        except Exception as exc:
+            log.exception("%s: command %s (%s) failed", self._who(), cmd.id, verb)
+            return _error(cmd.id, "internal", f"{type(exc).__name__}: {exc}")
+        finally:
+            _current_command.reset(token)
+        return protocol.Reply(id=cmd.id, ok=True, payload=result or {})
+
+    def _remember(self, command_id: str, reply: protocol.Reply) -> None:
+        self._replies[command_id] = reply
+        while len(self._replies) > REPLY_MEMORY:
+            self._replies.popitem(last=False)
+
+    async def _ping(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return {"pong": True, "deviceClock": rfc3339(self.clock.now())}
+
+    async def _reboot(self, payload: dict[str, Any]) -> dict[str, Any]:
+        reason = payload.get("reason", "reboot")
+        if not isinstance(reason, str) or not _BOOT_REASON.match(reason):
+            raise CommandError("invalid_payload", "reason must be a short snake_case word")
+        self.request_reboot(reason)
+        return {"rebooting": True}
+
+    # ---- boots ----
+
+    async def _boot(self) -> None:
+        self._booted_at = self.clock.monotonic()
+        reason, count, last_reboot, key = await trio.to_thread.run_sync(self._boot_sync)
+        self.signing_key = key
+        self.boot_reason, self.boot_count = reason, count
+        self._reboot_reason, self._reboot_command, self._reboot_persisted = None, None, False
+        # a boot forgets what was in memory, except the reply to the reboot command itself: a hub
+        # that resends it after the reconnect must not reboot the device a second time
+        self._replies.clear()
+        if last_reboot:
+            self._remember(last_reboot["commandId"], protocol.Reply.model_validate(last_reboot["reply"]))
+
+    def _boot_sync(self) -> tuple[str, int, dict[str, Any] | None, Any]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)  # holds the identity key and the device's files
+        key = load_or_create_identity(self.data_dir / "identity.key")
+        state = self._state.load()
+        reason = state.get("pendingBootReason") or "power_on"
+        count = int(state.get("bootCount", 0)) + 1
+        # the pending reason is consumed: a later unannounced restart is a power loss again
+        self._state.update(pendingBootReason=None, bootCount=count)
+        last_reboot = state.get("lastReboot") if reason != "power_on" else None
+        return reason, count, last_reboot, key
+
+    async def _persist_reboot(self) -> None:
+        if self._reboot_persisted or self._reboot_reason is None:
+            return
+        changes: dict[str, Any] = {"pendingBootReason": self._reboot_reason}
+        reply = self._replies.get(self._reboot_command or "")
+        if reply is not None:
+            changes["lastReboot"] = {"commandId": reply.id, "reply": reply.model_dump(exclude_none=True)}
+        try:
+            await trio.to_thread.run_sync(functools.partial(self._state.update, **changes))
+        except OSError as exc:
+            log.error("%s: could not persist the boot reason (%s); the next hello will say "
+                      "power_on", self._who(), exc)
+        self._reboot_persisted = True
+
+    async def _restart(self) -> None:
+        await self._persist_reboot()
+        log.warning("%s: rebooting (%s)", self._who(), self._reboot_reason)
+        if self.reboot_mode == "exec":
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            # orig_argv keeps "-m device_client.agent"; sys.argv would have lost the -m
+            os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+        await trio.sleep(REBOOT_PAUSE)
+        await self._boot()
+        self._backoff.reset()
+
+
+def _error(command_id: str, code: str, message: str) -> protocol.Reply:
+    return protocol.Reply(id=command_id, ok=False, error=protocol.ReplyError(code=code, message=message))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m device_client.agent", description=__doc__.split("\n")[0])
+    parser.add_argument("--hub", default=os.environ.get("FLEETHUB_HUB_URL"), help="http(s)://host:port")
+    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get(
+        "FLEETHUB_AGENT_DATA", "/var/lib/fleethub-agent")))
+    parser.add_argument("--token-file", type=Path, help="file holding the device token")
+    parser.add_argument("--reboot-mode", choices=("exec", "restart"), default="exec")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    token = args.token_file.read_text().strip() if args.token_file else os.environ.get("FLEETHUB_DEVICE_TOKEN")
+    if not args.hub or not token:
+        parser.error("need --hub (or FLEETHUB_HUB_URL) and a token (--token-file or FLEETHUB_DEVICE_TOKEN)")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    agent = Agent(args.hub, token, args.data_dir, reboot_mode=args.reboot_mode)
+    trio.run(agent.run)
+
+
+if __name__ == "__main__":
+    main()

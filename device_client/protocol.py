@@ -1,0 +1,125 @@
+"""The device link's wire format: JSON text frames over one WebSocket per device.
+
+The hub imports these models; the device client never imports the hub. Every frame is an object
+with a ``type``:
+
+    device → hub   hello    first frame after the handshake: the device's facts
+    hub → device   welcome  the hub accepted the hello (device id, heartbeat interval)
+    hub → device   command  {id, subject, payload}: run the verb named by subject cmd.<device_id>.<verb>
+    device → hub   reply    {id, ok, payload | error}: the answer to one command
+    device → hub   event    {kind, payload}: heartbeat, config applied/rejected, secret file written, ...
+
+Commands are idempotent by id: a device that sees the same id twice answers with the first reply.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+PROTOCOL_VERSION = 1
+LINK_PATH = "/v1/device/link"
+TOKEN_HEADER = "Authorization"  # "Bearer <device token>" on the WebSocket handshake
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class MemoryTestCapabilities(_Frame):
+    online: bool = False
+    offline: bool = False
+    offlineReason: str | None = None
+
+
+class Capabilities(_Frame):
+    memoryTest: MemoryTestCapabilities = Field(default_factory=MemoryTestCapabilities)
+    tunnel: bool = False
+    reboot: bool = True
+
+
+class Hello(_Frame):
+    type: Literal["hello"] = "hello"
+    protocol: int = PROTOCOL_VERSION
+    agentVersion: str = ""
+    firmware: str = ""
+    architecture: str = ""
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+    bootReason: str = "power_on"
+    deviceClock: str | None = None  # the device's own idea of now, RFC 3339
+    tunnelPublicKey: str | None = None  # base64 Ed25519 public key: the device's tunnel identity
+    configVersionApplied: str | None = None
+    secretFileDigests: dict[str, str] = Field(default_factory=dict)  # path -> sha256 hex
+    retiredPages: list[int] = Field(default_factory=list)
+    lastMemoryTest: dict[str, Any] | None = None
+    maintenance: bool = False  # up in maintenance (a test boot) with the workload held
+
+
+class Welcome(_Frame):
+    type: Literal["welcome"] = "welcome"
+    deviceId: str
+    heartbeatInterval: float
+
+
+class Command(_Frame):
+    type: Literal["command"] = "command"
+    id: str
+    subject: str
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class ReplyError(_Frame):
+    code: str
+    message: str = ""
+
+
+class Reply(_Frame):
+    type: Literal["reply"] = "reply"
+    id: str
+    ok: bool
+    payload: dict[str, Any] | None = None
+    error: ReplyError | None = None
+
+
+class Event(_Frame):
+    type: Literal["event"] = "event"
+    kind: str
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+Frame = Annotated[Union[Hello, Welcome, Command, Reply, Event], Field(discriminator="type")]
+_frame_adapter: TypeAdapter[Frame] = TypeAdapter(Frame)
+
+
+class ProtocolError(ValueError):
+    """A frame that is not JSON, not an object, or not one of the frame types above."""
+
+
+def decode(text: str | bytes) -> Hello | Welcome | Command | Reply | Event:
+    try:
+        return _frame_adapter.validate_json(text)
+    except ValueError as exc:  # pydantic.ValidationError is a ValueError
+        raise ProtocolError(str(exc).splitlines()[0]) from None
+
+
+def encode(frame: _Frame) -> str:
+    return frame.model_dump_json(exclude_none=True)
+
+
+def subject(device_id: str, verb: str) -> str:
+    """The bus subject of a device command: ``cmd.<device_id>.<verb>``."""
+    return f"cmd.{device_id}.{verb}"
+
+
+def verb_of(subject_: str) -> str:
+    """``cmd.<id>.tunnel.open`` -> ``tunnel.open``."""
+    parts = subject_.split(".", 2)
+    if len(parts) != 3 or parts[0] != "cmd":
+        raise ProtocolError(f"not a command subject: {subject_!r}")
+    return parts[2]
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))

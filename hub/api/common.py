@@ -1,0 +1,66 @@
+"""What every blueprint shares: the request's principal and organisation, ids, pages, JSON shapes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from quart import current_app, g
+
+from device_client.clock import rfc3339
+from hub.auth.principals import OrgContext, Principal
+from hub.errors import BadRequest, Forbidden
+
+
+def services():
+    return current_app.config["SERVICES"]
+
+
+def principal() -> Principal:
+    return g.principal
+
+
+def org() -> OrgContext:
+    return g.org
+
+
+def require_admin() -> None:
+    """Mutations need the org admin role until the relation model (its own issue) lands."""
+    if not g.org.is_admin:
+        raise Forbidden("this action needs the organisation admin role")
+
+
+def parse_uuid(value: str, what: str = "id") -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except (ValueError, TypeError):
+        raise BadRequest(f"{what} is not a valid uuid", code="bad_uuid") from None
+
+
+class PageQuery(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    page: int = Field(1, ge=1)
+    limit: int = Field(20, ge=1, le=500)
+
+    @property
+    def offset(self) -> int:
+        return (self.page - 1) * self.limit
+
+
+def pagination(page: int, limit: int, total: int) -> dict[str, int]:
+    return {"page": page, "limit": limit, "total": total, "totalPages": math.ceil(total / limit) if limit else 0}
+
+
+def jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return rfc3339(value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value

@@ -1,0 +1,136 @@
+"""Devices: provision (the device token is returned once), list, read, update, remove, reboot.
+
+Stored fields come from storage; live ones (online, state, last seen, boot reason) from the device's
+actor when it runs, since presence is written behind and the actor is its only writer.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from pydantic import BaseModel, ConfigDict, Field
+from quart import Blueprint
+
+from actors.device import Reboot
+from hub.api.common import PageQuery, jsonable, org, pagination, parse_uuid, require_admin, services
+from hub.api.validation import body, query
+from hub.auth.pat import digest, new_device_token
+from hub.errors import BadRequest, NotFound
+
+bp = Blueprint("devices", __name__, url_prefix="/v1/devices")
+
+Tag = str
+
+
+class DeviceCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., min_length=1, max_length=200)
+    fleet_id: uuid.UUID | None = None
+    tags: list[Tag] = Field(default_factory=list, max_length=64)
+
+
+class DeviceUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(None, min_length=1, max_length=200)
+    fleet_id: uuid.UUID | None = None
+    tags: list[Tag] | None = Field(None, max_length=64)
+
+
+class DeviceQuery(PageQuery):
+    fleet_id: uuid.UUID | None = None
+    online: bool | None = None
+    tag: str | None = None
+
+
+def device_json(row: dict) -> dict:
+    live = {}
+    actor = services().registry.lookup(("device", row["id"]))
+    if actor is not None and actor.machine is not None:
+        live = actor.live()  # a snapshot read; only the actor writes it
+    conn = live or {"state": row["state"], "online": row["online"], "bootReason": row["boot_reason"],
+                    "lastSeenAt": row["last_seen_at"]}
+    return jsonable({
+        "id": row["id"], "name": row["name"], "fleet_id": row["fleet_id"], "tags": row["tags"],
+        "online": conn["online"], "state": conn["state"], "last_seen": conn["lastSeenAt"],
+        "boot_reason": conn["bootReason"], "firmware": row["firmware"], "architecture": row["architecture"],
+        "conditions": row["conditions"], "has_tunnel_identity": bool(row["tunnel_public_key"]),
+        "created_at": row["created_at"], "updated_at": row["updated_at"],
+    })
+
+
+async def _check_fleet(fleet_id: uuid.UUID | None) -> None:
+    # A reference to another organisation's fleet answers like a missing one: 400, not 404.
+    if fleet_id is not None and not await services().devices.fleet_in_org(org().org_id, fleet_id):
+        raise BadRequest("fleet_id: no such fleet in this organisation", code="invalid_reference")
+
+
+@bp.post("")
+@body(DeviceCreate)
+async def create_device(data: DeviceCreate):
+    require_admin()
+    s = services()
+    await _check_fleet(data.fleet_id)
+    token = new_device_token()
+    row = await s.devices.create(org().org_id, digest(token), s.clock.now(), name=data.name,
+                                 fleet_id=data.fleet_id, tags=data.tags)
+    return {"data": {**device_json(row), "token": token}}, 201
+
+
+@bp.get("")
+@query(DeviceQuery)
+async def list_devices(query_args: DeviceQuery):
+    rows, total = await services().devices.list(
+        org().org_id, offset=query_args.offset, limit=query_args.limit, fleet_id=query_args.fleet_id,
+        online=query_args.online, tag=query_args.tag)
+    return {"data": [device_json(r) for r in rows],
+            "pagination": pagination(query_args.page, query_args.limit, total)}
+
+
+async def _load(device_id: str) -> dict:
+    row = await services().devices.get(org().org_id, parse_uuid(device_id, "device_id"))
+    if row is None:
+        raise NotFound("device not found")
+    return row
+
+
+@bp.get("/<device_id>")
+async def get_device(device_id: str):
+    return {"data": device_json(await _load(device_id))}
+
+
+@bp.patch("/<device_id>")
+@body(DeviceUpdate)
+async def update_device(device_id: str, data: DeviceUpdate):
+    require_admin()
+    s = services()
+    changes = data.model_dump(exclude_unset=True)
+    if changes.get("name", "") is None or ("tags" in changes and changes["tags"] is None):
+        raise BadRequest("name and tags cannot be null", code="invalid_field")
+    await _check_fleet(changes.get("fleet_id"))
+    row = await s.devices.update(org().org_id, parse_uuid(device_id, "device_id"), s.clock.now(), changes)
+    if row is None:
+        raise NotFound("device not found")
+    return {"data": device_json(row)}
+
+
+@bp.delete("/<device_id>")
+async def delete_device(device_id: str):
+    require_admin()
+    s = services()
+    dev_id = parse_uuid(device_id, "device_id")
+    if not await s.devices.delete(org().org_id, dev_id):
+        raise NotFound("device not found")
+    link = s.links.get(dev_id)
+    if link is not None:
+        link.close()  # its token no longer exists; the agent's reconnects are refused
+    return {"data": {"id": str(dev_id), "deleted": True}}
+
+
+@bp.post("/<device_id>/reboot")
+async def reboot_device(device_id: str):
+    require_admin()
+    s = services()
+    row = await _load(device_id)
+    actor = await s.device_actor(row["id"])
+    reply = await actor.ask(Reboot(), timeout=s.settings.command_timeout + 5)
+    return {"data": {"deviceId": str(row["id"]), "state": "rebooting", "device": reply}}, 202

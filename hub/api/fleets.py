@@ -1,0 +1,104 @@
+"""Fleets: list, create, read, update — with what rollouts need (architecture, tags, configuration,
+registry proxy). Field names are snake_case like the spec's fleet sections."""
+
+from __future__ import annotations
+
+import uuid
+
+from pydantic import BaseModel, ConfigDict, Field
+from quart import Blueprint
+
+from actors.fleet import Reload
+from hub.api.common import PageQuery, jsonable, org, pagination, parse_uuid, require_admin, services
+from hub.api.validation import body, query
+from hub.errors import BadRequest, Conflict, NotFound
+from storage.fleets import DuplicateName
+
+bp = Blueprint("fleets", __name__, url_prefix="/v1/fleets")
+
+
+class FleetCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., min_length=1, max_length=200)
+    description: str = Field("", max_length=2000)
+    tags: list[str] = Field(default_factory=list, max_length=64)
+    architecture: str | None = Field(None, max_length=64)
+    config_id: uuid.UUID | None = None
+    registry_proxy: bool = False
+
+
+class FleetUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(None, min_length=1, max_length=200)
+    description: str | None = Field(None, max_length=2000)
+    tags: list[str] | None = Field(None, max_length=64)
+    architecture: str | None = Field(None, max_length=64)
+    config_id: uuid.UUID | None = None
+    registry_proxy: bool | None = None
+
+
+def fleet_json(row: dict) -> dict:
+    return jsonable({k: row.get(k) for k in ("id", "name", "description", "tags", "architecture", "config_id",
+                                             "registry_proxy", "device_count", "created_at", "updated_at")})
+
+
+async def _check_config(config_id: uuid.UUID | None) -> None:
+    if config_id is None:
+        return
+    found = await services().db.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM configurations WHERE org_id = $1 AND id = $2)", org().org_id, config_id)
+    if not found:
+        raise BadRequest("config_id: no such configuration in this organisation", code="invalid_reference")
+
+
+@bp.get("")
+@query(PageQuery)
+async def list_fleets(query_args: PageQuery):
+    rows, total = await services().fleets.list(org().org_id, offset=query_args.offset, limit=query_args.limit)
+    return {"data": [fleet_json(r) for r in rows],
+            "pagination": pagination(query_args.page, query_args.limit, total)}
+
+
+@bp.post("")
+@body(FleetCreate)
+async def create_fleet(data: FleetCreate):
+    require_admin()
+    s = services()
+    await _check_config(data.config_id)
+    try:
+        row = await s.fleets.create(org().org_id, s.clock.now(), **data.model_dump())
+    except DuplicateName:
+        raise Conflict(f"a fleet named {data.name!r} already exists", code="name_exists") from None
+    return {"data": fleet_json({**row, "device_count": 0})}, 201
+
+
+@bp.get("/<fleet_id>")
+async def get_fleet(fleet_id: str):
+    row = await services().fleets.get(org().org_id, parse_uuid(fleet_id, "fleet_id"))
+    if row is None:
+        raise NotFound("fleet not found")
+    return {"data": fleet_json(row)}
+
+
+@bp.patch("/<fleet_id>")
+@body(FleetUpdate)
+async def update_fleet(fleet_id: str, data: FleetUpdate):
+    require_admin()
+    s = services()
+    fid = parse_uuid(fleet_id, "fleet_id")
+    changes = data.model_dump(exclude_unset=True)
+    for key in ("name", "tags", "description", "registry_proxy"):
+        if key in changes and changes[key] is None:
+            raise BadRequest(f"{key}: cannot be null", code="invalid_field")
+    await _check_config(changes.get("config_id"))
+    try:
+        row = await s.fleets.update(org().org_id, fid, s.clock.now(), changes)
+    except DuplicateName:
+        raise Conflict(f"a fleet named {changes.get('name')!r} already exists", code="name_exists") from None
+    if row is None:
+        raise NotFound("fleet not found")
+    actor = s.registry.lookup(("fleet", fid))
+    if actor is not None:
+        actor.tell(Reload())
+    full = await s.fleets.get(org().org_id, fid)
+    return {"data": fleet_json(full)}

@@ -1,0 +1,34 @@
+"""Process health, readiness (the database answers) and Prometheus metrics."""
+
+from __future__ import annotations
+
+import trio
+from quart import Blueprint, Response
+
+from hub.api.common import services
+from hub.auth.middleware import public
+from hub.errors import Unavailable
+
+bp = Blueprint("health", __name__)
+
+
+@bp.get("/healthz")
+@public
+async def healthz():
+    return {"data": {"status": "ok"}}
+
+
+@bp.get("/readyz")
+@public
+async def readyz():
+    with trio.move_on_after(2):
+        await services().db.fetchval("SELECT 1")
+        return {"data": {"status": "ready", "database": "ok"}}
+    raise Unavailable("the database did not answer within 2 s", code="not_ready")
+
+
+@bp.get("/metrics")
+@public
+async def metrics():
+    s = services()
+    return Response(s.metrics.render(s), content_type="text/plain; version=0.0.4; charset=utf-8")

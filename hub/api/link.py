@@ -1,0 +1,127 @@
+"""The device link: ``GET /v1/device/link`` upgraded to a WebSocket (DESIGN.md section 9).
+
+One handler per connected device. It authenticates the device token before accepting, waits for the
+hello, registers the link, subscribes ``cmd.<device_id>.>`` on the bus (the newest connection of a
+device wins) and then relays: replies resolve pending commands, heartbeats and events go to the
+device's actor. Handlers elsewhere never touch this socket; they ask the actor or the bus.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import trio
+from quart import Blueprint, websocket
+
+from actors.device import DeviceEvent
+from actors.machines.connection import Heartbeat, LinkDown, LinkUp
+from actors.runtime import ActorError, Reply
+from device_client import protocol as p
+from hub.api.common import services
+from hub.auth.middleware import public
+from hub.auth.pat import digest
+from hub.errors import DeviceError, DeviceOffline
+from hub.services import Link
+
+log = logging.getLogger("fleethub.link")
+bp = Blueprint("link", __name__)
+
+HELLO_TIMEOUT = 10.0
+
+
+def _device_token() -> str | None:
+    scheme, _, value = websocket.headers.get("Authorization", "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+@bp.websocket(p.LINK_PATH)
+@public
+async def device_link():
+    s = services()
+    token = _device_token()
+    row = await s.devices.find_by_token(digest(token)) if token else None
+    if row is None:
+        s.metrics.device_rejects += 1
+        return {"error": "unauthenticated", "message": "a valid device token is required"}, 401
+    await websocket.accept()
+    ws = websocket._get_current_object()  # used from bus handlers running in other tasks
+    hello = None
+    with trio.move_on_after(HELLO_TIMEOUT):
+        try:
+            hello = p.decode(await ws.receive())
+        except p.ProtocolError as exc:
+            log.info("device %s sent a bad first frame: %s", row["id"], exc)
+    if not isinstance(hello, p.Hello):
+        await ws.close(4400, "the first frame must be a hello")
+        return None
+    await _serve(s, ws, row["id"], hello)
+    return None
+
+
+async def _serve(s, ws, device_id: uuid.UUID, hello: p.Hello) -> None:
+    conn_id = uuid.uuid4().hex
+    pending: dict[str, Reply] = {}
+    send_lock = trio.Lock()
+
+    async def send(frame: Any) -> None:
+        async with send_lock:
+            await ws.send(p.encode(frame))
+
+    async def on_command(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
+        command = p.Command(id=uuid.uuid4().hex, subject=subject, payload=payload)
+        reply = pending[command.id] = Reply()
+        try:
+            await send(command)
+            answer: p.Reply = await reply.wait()
+        finally:
+            pending.pop(command.id, None)
+        if not answer.ok:
+            err = answer.error or p.ReplyError(code="internal", message="the device reported an error")
+            raise DeviceError(err.message or err.code, code=err.code)
+        return answer.payload or {}
+
+    actor = await s.device_actor(device_id)
+    with trio.CancelScope() as scope:
+        link = Link(device_id, conn_id, scope)
+        previous = s.links.get(device_id)
+        s.links[device_id] = link
+        if previous is not None:
+            previous.close()  # the newest connection of a device wins
+        subscription = s.bus.subscribe(p.subject(str(device_id), ">"), on_command)
+        s.metrics.device_connects += 1
+        try:
+            await send(p.Welcome(deviceId=str(device_id), heartbeatInterval=s.settings.heartbeat_interval))
+            facts = hello.model_dump(exclude={"type", "secretFileDigests", "retiredPages", "lastMemoryTest"})
+            actor = _tell(s, actor, device_id, LinkUp(conn_id, hello.bootReason, facts, hello.maintenance))
+            while True:
+                try:
+                    frame = p.decode(await ws.receive())
+                except p.ProtocolError as exc:
+                    log.info("device %s: dropped a bad frame: %s", device_id, exc)
+                    continue
+                if isinstance(frame, p.Reply):
+                    waiting = pending.get(frame.id)
+                    if waiting is not None:
+                        waiting.set(frame)
+                elif isinstance(frame, p.Event):
+                    msg = Heartbeat(conn_id) if frame.kind == "heartbeat" else DeviceEvent(frame.kind, frame.payload)
+                    actor = _tell(s, actor, device_id, msg, required=not isinstance(msg, Heartbeat))
+        finally:
+            subscription.close()
+            if s.links.get(device_id) is link:
+                del s.links[device_id]
+            for waiting in pending.values():
+                waiting.fail(DeviceOffline("the device disconnected before answering"))
+            _tell(s, actor, device_id, LinkDown(conn_id))
+
+
+def _tell(s, actor, device_id: uuid.UUID, msg: object, *, required: bool = True):
+    """Tell the device's actor; a full mailbox loses only heartbeats, which the next one replaces."""
+    try:
+        actor.tell(msg)
+    except ActorError as exc:
+        if required:
+            log.warning("device %s: could not deliver %s to its actor: %s", device_id, type(msg).__name__, exc)
+    return actor

@@ -1,0 +1,65 @@
+"""The caller's own personal API tokens: create (the secret is shown once), list, delete."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pydantic import BaseModel, ConfigDict, Field
+from quart import Blueprint
+
+from hub.api.common import jsonable, principal, services
+from hub.api.validation import body
+from hub.auth.middleware import no_org
+from hub.auth.pat import digest, new_pat
+from hub.errors import BadRequest, Forbidden, NotFound
+
+bp = Blueprint("pats", __name__, url_prefix="/v1/pats")
+
+
+class PatCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    description: str = Field("", max_length=200)
+    expires_at: dt.datetime | None = None
+
+
+def _pat_json(row: dict) -> dict:
+    return jsonable({k: row[k] for k in ("id", "description", "expires_at", "created_at", "last_used_at")})
+
+
+def _user_id():
+    p = principal()
+    if p.user_id is None:
+        raise Forbidden("only a person has personal API tokens")
+    return p.user_id
+
+
+@bp.post("")
+@no_org
+@body(PatCreate)
+async def create_pat(data: PatCreate):
+    s = services()
+    now = s.clock.now()
+    if data.expires_at is not None:
+        if data.expires_at.tzinfo is None:
+            raise BadRequest("expires_at: must carry a time zone offset", code="invalid_field")
+        if data.expires_at <= now:
+            raise BadRequest("expires_at: must be in the future", code="invalid_field")
+    pat_id, secret = new_pat()
+    row = await s.tokens.create_pat(pat_id, _user_id(), digest(secret), now,
+                                    description=data.description, expires_at=data.expires_at)
+    return {"data": {**_pat_json(row), "secret": secret}}, 201
+
+
+@bp.get("")
+@no_org
+async def list_pats():
+    rows = await services().tokens.list_pats(_user_id())
+    return {"data": [_pat_json(r) for r in rows]}
+
+
+@bp.delete("/<pat_id>")
+@no_org
+async def delete_pat(pat_id: str):
+    if not await services().tokens.delete_pat(pat_id, _user_id()):
+        raise NotFound("token not found")
+    return {"data": {"id": pat_id, "deleted": True}}

@@ -1,0 +1,82 @@
+"""Request parsing with our errors, and the OpenAPI documentation of the same models.
+
+``body(Model)`` and ``query(Model)`` both document the model for /v1/openapi.json (through
+quart-schema) and validate with our error bodies: malformed JSON, an unknown field, a missing field
+and an invalid value each get their own code and a message that names the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from quart import request
+from quart_schema import document_querystring, document_request, document_response
+
+from hub.errors import BadRequest
+
+M = TypeVar("M", bound=BaseModel)
+
+_CODES = {"extra_forbidden": "unknown_field", "missing": "missing_field"}
+
+
+def invalid(exc: ValidationError, *, where: str = "body") -> BadRequest:
+    problems = [{"field": ".".join(str(p) for p in e["loc"]) or where, "problem": e["msg"], "type": e["type"]}
+                for e in exc.errors(include_url=False, include_input=False)]
+    first = problems[0]
+    code = _CODES.get(first["type"], "invalid_field")
+    text = "unknown field" if code == "unknown_field" else first["problem"]
+    return BadRequest(f"{first['field']}: {text}", code=code,
+                      details=[{"field": p["field"], "problem": p["problem"]} for p in problems])
+
+
+async def parse_body(model: type[M]) -> M:
+    raw = await request.get_data(as_text=False)
+    if not raw:
+        raise BadRequest("a JSON body is required", code="malformed_json")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("the body is not valid JSON", code="malformed_json") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object", code="malformed_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise invalid(exc) from None
+
+
+def parse_query(model: type[M]) -> M:
+    try:
+        return model.model_validate(request.args.to_dict())
+    except ValidationError as exc:
+        raise invalid(exc, where="query") from None
+
+
+def body(model: type[M]) -> Callable:
+    def decorator(func: Callable) -> Callable:
+        @wraps(func)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return await func(*args, data=await parse_body(model), **kwargs)
+
+        return document_request(model)(wrapper)
+
+    return decorator
+
+
+def query(model: type[M]) -> Callable:
+    def decorator(func: Callable) -> Callable:
+        @wraps(func)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return await func(*args, query_args=parse_query(model), **kwargs)
+
+        return document_querystring(model)(wrapper)
+
+    return decorator
+
+
+def responds(model: type[BaseModel] | None, status: int = 200) -> Callable:
+    return document_response(model, status) if model is not None else (lambda f: f)

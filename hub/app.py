@@ -1,0 +1,103 @@
+"""create_app(services): the Quart-Trio app — blueprints, authentication, errors, request ids, audit.
+
+How a REST request travels: hypercorn (trio worker) → ``_before`` (request id, authentication,
+organisation context) → the blueprint's view (validate with pydantic, authorise, then read storage or
+ask an actor) → ``_after`` (X-Request-ID, metrics, audit row written behind). Any error on the way
+becomes a JSON body from hub/errors.py — never an HTML page.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from quart import Response, g, jsonify, request
+from quart_schema import QuartSchema
+from quart_schema.openapi import APIKeySecurityScheme, HttpSecurityScheme, Info
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from hub.api import devices, fleets, health, link, pats
+from hub.auth import middleware
+from hub.errors import FleethubError, general_body, memtest_body, tunnel_body
+from hub.services import Services
+
+log = logging.getLogger("fleethub.http")
+
+_HTTP_CODES = {400: "bad_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 406: "not_acceptable", 413: "payload_too_large",
+               415: "unsupported_media_type"}
+
+
+def _body_for(exc: FleethubError) -> dict:
+    path = request.path
+    if "/memory-test" in path:
+        return memtest_body(exc)
+    if path.startswith("/v1/cli/tunnel/"):
+        return tunnel_body(exc)
+    return general_body(exc)
+
+
+def create_app(services: Services) -> QuartTrio:
+    app = QuartTrio("fleethub")
+    app.config["SERVICES"] = services
+    app.config["MAX_CONTENT_LENGTH"] = 1024 * 1024
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
+    QuartSchema(
+        app, openapi_path="/v1/openapi.json", redoc_ui_path=None, scalar_ui_path=None,
+        swagger_ui_path="/v1/docs",
+        info=Info(title="fleethub", version="1.0",
+                  description="Organisation-scoped hub for fleets of edge devices."),
+        security_schemes={
+            "ApiTokenAuth": APIKeySecurityScheme(in_="header", name="X-API-Token-ID"),
+            "ApiSecretAuth": APIKeySecurityScheme(in_="header", name="X-API-Secret-Key"),
+            "BearerAuth": HttpSecurityScheme(scheme="bearer", bearer_format="JWT"),
+        },
+        security=[{"ApiTokenAuth": [], "ApiSecretAuth": []}, {"BearerAuth": []}],
+    )
+    for module in (health, pats, devices, fleets, link):
+        app.register_blueprint(module.bp)
+
+    @app.before_request
+    async def _before() -> None:
+        g.request_id = request.headers.get("X-Request-ID") or str(uuid.uuid4())
+        g.principal = None
+        g.org = None
+        await middleware.authenticate(services)
+
+    @app.after_request
+    async def _after(response: Response) -> Response:
+        response.headers["X-Request-ID"] = getattr(g, "request_id", None) or str(uuid.uuid4())
+        services.metrics.observe_request(request.method, response.status_code)
+        middleware.audit(services, response.status_code)
+        return response
+
+    @app.errorhandler(FleethubError)
+    async def _fleethub_error(exc: FleethubError):
+        if exc.status >= 500:
+            log.warning("%s %s -> %d %s", request.method, request.path, exc.status, exc.code)
+        response = jsonify(_body_for(exc))
+        response.status_code = exc.status
+        response.headers.update(exc.headers)
+        return response
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException):
+        status = exc.code or 500
+        error = FleethubError(exc.description or exc.name, code=_HTTP_CODES.get(status, "http_error"),
+                              status=status)
+        response = jsonify(_body_for(error))
+        response.status_code = status
+        valid_methods = getattr(exc, "valid_methods", None)
+        if status == 405 and valid_methods:
+            response.headers["Allow"] = ", ".join(valid_methods)
+        return response
+
+    @app.errorhandler(Exception)
+    async def _unexpected(exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        response = jsonify(_body_for(FleethubError("internal error")))
+        response.status_code = 500
+        return response
+
+    return app

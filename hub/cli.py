@@ -1,0 +1,146 @@
+"""The ``fleethub`` command: serve | demo | sim | agent | admin."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from hub.settings import Settings
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(data_dir=Path(args.data_dir) if getattr(args, "data_dir", None) else None,
+                             port=getattr(args, "port", None), host=getattr(args, "host", None))
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from hub.server import run_hub
+
+    trio.run(partial(run_hub, _settings(args)))
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from hub.demo import curl_examples, run_demo
+    from hub.server import run_hub
+
+    settings = _settings(args)
+
+    async def on_ready(services, base_url, nursery):
+        info = await run_demo(services, base_url, nursery, data_dir=settings.data_dir, devices=args.devices)
+        print(f"\nfleethub demo is up at {base_url} with {len(info['devices'])} simulated devices.\n"
+              f"  organisation  {info['org_id']}\n  fleet         {info['fleet_id']}\n"
+              f"  PAT id        {info['pat']['id']}\n  PAT secret    {info['pat']['secret']}\n"
+              f"  admin         {info['admin']['email']} / {info['admin']['password']}\n"
+              f"  written to    {settings.data_dir / 'demo.json'}\n\nTry:\n{curl_examples(info)}\n\n"
+              "Ctrl-C stops the hub, the devices and PostgreSQL.\n", flush=True)
+
+    trio.run(partial(run_hub, settings, on_ready=on_ready))
+
+
+def cmd_sim(args: argparse.Namespace) -> None:
+    from device_client.sim import run_sim
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            agents = await nursery.start(partial(
+                run_sim, args.hub, args.devices, Path(args.data_dir), pat_id=args.pat_id,
+                pat_secret=args.pat_secret, org_id=args.org, fleet_id=args.fleet))
+            print(f"{len(agents)} simulated devices connected to {args.hub}", flush=True)
+
+    trio.run(main)
+
+
+def cmd_agent(args: argparse.Namespace) -> None:
+    from device_client.agent import Agent
+
+    agent = Agent(args.hub, args.token, Path(args.data_dir), reboot_mode="exec")
+    trio.run(agent.run)
+
+
+def cmd_admin(args: argparse.Namespace) -> None:
+    from hub.admin import run_admin
+
+    print(json.dumps(trio.run(run_admin, _settings(args), args), indent=2))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleethub", description=__doc__)
+    parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def hub_args(p: argparse.ArgumentParser, port: int | None = 8080) -> None:
+        p.add_argument("--data-dir", default=None, help="where data lives (default $FLEETHUB_DATA_DIR or .fleethub)")
+        p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+        p.add_argument("--port", type=int, default=None, help=f"port to bind (default {port})")
+
+    p = sub.add_parser("serve", help="run the hub")
+    hub_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("demo", help="run the hub with a demo organisation and simulated devices")
+    hub_args(p)
+    p.add_argument("--devices", type=int, default=3, help="simulated devices (default 3)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("sim", help="run N simulated device agents in one process")
+    p.add_argument("--hub", required=True, help="hub base URL, e.g. http://127.0.0.1:8080")
+    p.add_argument("--devices", type=int, default=10)
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--pat-id")
+    p.add_argument("--pat-secret")
+    p.add_argument("--org", help="organisation id (to provision devices)")
+    p.add_argument("--fleet", help="fleet id for provisioned devices")
+    p.set_defaults(func=cmd_sim)
+
+    p = sub.add_parser("agent", help="run the device agent")
+    p.add_argument("--hub", required=True)
+    p.add_argument("--token", required=True, help="the device token from POST /v1/devices")
+    p.add_argument("--data-dir", required=True)
+    p.set_defaults(func=cmd_agent)
+
+    p = sub.add_parser("admin", help="create organisations, users and PATs directly in storage")
+    hub_args(p)
+    asub = p.add_subparsers(dest="admin_command", required=True)
+    a = asub.add_parser("create-org")
+    a.add_argument("name")
+    a.add_argument("--tier", default="standard", choices=["standard", "professional", "enterprise"])
+    a = asub.add_parser("create-user")
+    a.add_argument("email")
+    a.add_argument("--org", required=True, help="organisation id")
+    a.add_argument("--role", default="member", choices=["admin", "member"])
+    a.add_argument("--name", default="")
+    a.add_argument("--password", help="dashboard password (argon2id-hashed); omit for API-only users")
+    a = asub.add_parser("create-pat")
+    a.add_argument("email")
+    a.add_argument("--description", default="")
+    a.add_argument("--expires-in-days", type=float, default=None)
+    p.set_defaults(func=cmd_admin)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    _logging(args.log_level or Settings.from_env().log_level)
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 — a CLI reports and exits non-zero
+        logging.getLogger("fleethub").critical("fatal: %s", exc, exc_info=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

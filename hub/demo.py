@@ -1,0 +1,82 @@
+"""``fleethub demo``: a hub with a demo organisation, an admin, a fleet and N simulated devices.
+
+Everything is created once and found again on later runs (same data dir). ``<data-dir>/demo.json``
+is written when the hub and all devices are up, so scripts can wait for it and use the hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from device_client.sim import run_sim
+from hub.auth.passwords import hash_password
+from hub.auth.pat import digest, new_pat
+from hub.services import Services
+
+DEMO_ORG = "Demo Robotics"
+DEMO_EMAIL = "admin@demo.fleethub.local"
+DEMO_FLEET = "demo-fleet"
+
+
+def _write_private(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+async def bootstrap(services: Services, data_dir: Path) -> dict:
+    """The demo org, admin, PAT and fleet: reused from an earlier run when they still exist."""
+    path = data_dir / "demo.json"
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    now = services.clock.now()
+    password = previous.get("admin", {}).get("password") or secrets.token_urlsafe(12)
+    org, user = await services.orgs.ensure_demo(
+        org_name=DEMO_ORG, email=DEMO_EMAIL, password_hash=await trio.to_thread.run_sync(hash_password, password),
+        now=now)
+    pat = previous.get("pat")
+    if not pat or not await services.tokens.find_pat_in_org(digest(pat["secret"]), org["id"]):
+        pat_id, secret = new_pat()
+        await services.tokens.create_pat(pat_id, user["id"], digest(secret), now, description="demo")
+        pat = {"id": pat_id, "secret": secret}
+    fleets, _ = await services.fleets.list(org["id"], offset=0, limit=100)
+    fleet = next((f for f in fleets if f["name"] == DEMO_FLEET), None)
+    if fleet is None:
+        fleet = await services.fleets.create(org["id"], now, name=DEMO_FLEET,
+                                             description="Simulated devices of the demo",
+                                             tags=["demo"], architecture=None)
+    return {"org_id": str(org["id"]), "fleet_id": str(fleet["id"]), "pat": pat,
+            "admin": {"email": DEMO_EMAIL, "password": password}}
+
+
+def curl_examples(info: dict) -> str:
+    h = (f"-H 'X-API-Token-ID: {info['pat']['id']}' -H 'X-API-Secret-Key: {info['pat']['secret']}' "
+         f"-H 'X-Organization-ID: {info['org_id']}'")
+    base = info["base_url"]
+    first = info["devices"][0] if info["devices"] else "<device_id>"
+    return "\n".join([
+        f"  curl -s {h} {base}/v1/devices",
+        f"  curl -s {h} {base}/v1/devices/{first}",
+        f"  curl -s -X POST {h} {base}/v1/devices/{first}/reboot",
+        f"  curl -s {h} {base}/v1/fleets",
+        f"  curl -s {base}/metrics",
+    ])
+
+
+async def run_demo(services: Services, base_url: str, nursery: trio.Nursery, *, data_dir: Path,
+                   devices: int) -> dict:
+    info = await bootstrap(services, data_dir)
+    agents = await nursery.start(partial(
+        run_sim, base_url, devices, data_dir, pat_id=info["pat"]["id"], pat_secret=info["pat"]["secret"],
+        org_id=info["org_id"], fleet_id=info["fleet_id"]))
+    info = {"base_url": base_url, **info, "devices": [a.device_id for a in agents]}
+    _write_private(data_dir / "demo.json", info)
+    return info

@@ -1,0 +1,58 @@
+"""Prometheus text exposition for /metrics: counters kept here, gauges read from the services."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from storage.db import CROSSING_BUCKETS
+
+if TYPE_CHECKING:
+    from hub.services import Services
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.requests: Counter[tuple[str, int]] = Counter()  # (method, status) -> count
+        self.device_connects = 0
+        self.device_rejects = 0
+
+    def observe_request(self, method: str, status: int) -> None:
+        self.requests[(method, status)] += 1
+
+    def render(self, services: "Services") -> str:
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+            out.append(f"# HELP {name} {help_}")
+            out.append(f"# TYPE {name} {kind}")
+            out.extend(f"{name}{labels} {value:g}" for labels, value in samples)
+
+        metric("fleethub_connected_devices", "gauge", "Devices with a live WebSocket link to this process.",
+               [("", len(services.links))])
+        metric("fleethub_device_connects_total", "counter", "Device links accepted.",
+               [("", self.device_connects)])
+        metric("fleethub_device_rejects_total", "counter", "Device link handshakes refused.",
+               [("", self.device_rejects)])
+        metric("fleethub_http_requests_total", "counter", "HTTP requests by method and status.",
+               [(f'{{method="{m}",status="{s}"}}', n) for (m, s), n in sorted(self.requests.items())])
+        reg = services.registry.statistics()
+        metric("fleethub_actors", "gauge", "Live actors by kind.",
+               [(f'{{kind="{k}"}}', n) for k, n in sorted(reg["by_kind"].items())] or [('{kind="none"}', 0)])
+        metric("fleethub_actor_restarts_total", "counter", "Actor restarts by the supervisor.",
+               [("", reg["restarts"])])
+        metric("fleethub_actor_mailbox_depth_max", "gauge", "Deepest actor mailbox right now.",
+               [("", reg["mailbox_depth_max"])])
+        st = services.db.stats
+        cumulative, samples = 0, []
+        for bound, count in zip(CROSSING_BUCKETS, st.buckets):
+            cumulative = count  # buckets are already cumulative (observe adds to every bound >= value)
+            samples.append((f'_bucket{{le="{bound:g}"}}', cumulative))
+        samples += [('_bucket{le="+Inf"}', st.count), ("_sum", st.total_seconds), ("_count", st.count)]
+        out.append("# HELP fleethub_storage_crossing_seconds Time of one trio-to-asyncpg crossing.")
+        out.append("# TYPE fleethub_storage_crossing_seconds histogram")
+        out.extend(f"fleethub_storage_crossing_seconds{suffix} {value:g}" for suffix, value in samples)
+        metric("fleethub_write_behind_rows_total", "counter", "Rows written behind.",
+               [('{kind="presence"}', services.presence.written), ('{kind="audit"}', services.audit_log.written)])
+        metric("fleethub_event_subscribers", "gauge", "SSE subscribers.", [("", services.events.subscriber_count())])
+        return "\n".join(out) + "\n"

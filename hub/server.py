@@ -1,0 +1,49 @@
+"""Serving the app: hypercorn's trio worker in front of the services, in one trio process."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from device_client.clock import Clock
+from hub.app import create_app
+from hub.services import Services, open_services
+from hub.settings import Settings
+
+log = logging.getLogger("fleethub")
+
+
+def hypercorn_config(host: str, port: int) -> Config:
+    config = Config()
+    config.bind = [f"{host}:{port}"]
+    # Thousands of devices connect at once after a hub restart; the default backlog of 100 drops them.
+    config.backlog = 4096
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.graceful_timeout = 3
+    return config
+
+
+async def serve_app(services: Services, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until cancelled; ``task_status.started(base_url)`` once the socket listens."""
+    app = create_app(services)
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(serve, app, hypercorn_config(host, port))
+        base_url = binds[0].replace("0.0.0.0", "127.0.0.1")
+        services.extras["base_url"] = base_url
+        task_status.started(base_url)
+
+
+async def run_hub(settings: Settings, *, clock: Clock | None = None, on_ready=None,
+                  task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Storage, actors and HTTP in one process; ``on_ready(services, base_url)`` may add more tasks."""
+    async with open_services(settings, clock) as services:
+        async with trio.open_nursery() as nursery:
+            base_url = await nursery.start(serve_app, services, settings.host, settings.port)
+            log.info("fleethub listening on %s", base_url)
+            if on_ready is not None:
+                await on_ready(services, base_url, nursery)
+            task_status.started((services, base_url))

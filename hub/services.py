@@ -1,0 +1,128 @@
+"""The objects built once at start and shared by the app, the actors and the device link.
+
+``open_services`` is the one place that brings the process up in order — embedded PostgreSQL (unless
+FLEETHUB_DATABASE_URL is set), the storage bridge, migrations, write-behind writers, the actor
+supervisor — and takes it down in reverse on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+import warnings
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from actors.bus import Bus
+from actors.device import DeviceActor
+from actors.fleet import FleetActor
+from actors.runtime import Registry, Supervisor
+from device_client.clock import Clock
+from hub.events import EventHub
+from hub.metrics import Metrics
+from hub.settings import Settings
+from storage.audit import Audit
+from storage.behind import WriteBehind
+from storage.db import Database
+from storage.devices import Devices
+from storage.fleets import Fleets
+from storage.migrate import migrate
+from storage.orgs import Orgs
+from storage.tokens import Tokens
+
+log = logging.getLogger("fleethub")
+
+
+@dataclass
+class Link:
+    """One device's live WebSocket, as the link handler registers it."""
+    device_id: uuid.UUID
+    conn_id: str
+    cancel_scope: trio.CancelScope
+
+    def close(self) -> None:
+        self.cancel_scope.cancel()
+
+
+@dataclass
+class Services:
+    settings: Settings
+    clock: Clock
+    db: Database
+    nursery: trio.Nursery
+    supervisor: Supervisor
+    registry: Registry
+    bus: Bus = field(default_factory=Bus)
+    events: EventHub = field(default_factory=EventHub)
+    metrics: Metrics = field(default_factory=Metrics)
+    links: dict[uuid.UUID, Link] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.orgs = Orgs(self.db)
+        self.tokens = Tokens(self.db)
+        self.devices = Devices(self.db)
+        self.fleets = Fleets(self.db)
+        self.audit = Audit(self.db)
+        self.presence = WriteBehind(self.devices.write_presence, interval=0.5, name="presence rows")
+        self.audit_log = WriteBehind(self.audit.write_many, interval=1.0, name="audit events")
+
+    async def device_actor(self, device_id: uuid.UUID) -> DeviceActor:
+        return await self.registry.get(("device", device_id), lambda: DeviceActor(device_id, self))
+
+    async def fleet_actor(self, org_id: uuid.UUID, fleet_id: uuid.UUID) -> FleetActor:
+        return await self.registry.get(("fleet", fleet_id), lambda: FleetActor(org_id, fleet_id, self))
+
+
+def start_embedded(data_dir) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on import
+        from storage.embedded import EmbeddedPostgres
+    pg = EmbeddedPostgres(data_dir / "pg")
+    pg.start()
+    return pg
+
+
+@contextlib.asynccontextmanager
+async def open_services(settings: Settings, clock: Clock | None = None, *,
+                        serving: bool = True) -> AsyncIterator[Services]:
+    """``serving=False`` is for tools (``fleethub admin``) that share storage with a running hub."""
+    clock = clock or Clock()
+    pg = None
+    dsn = settings.database_url
+    if dsn is None:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        pg = await trio.to_thread.run_sync(start_embedded, settings.data_dir)
+        dsn = pg.dsn
+        log.info("embedded PostgreSQL on 127.0.0.1:%d, data in %s", pg.port, pg.data_dir)
+    try:
+        db = Database(dsn, max_size=settings.db_pool_max)
+        await db.open()
+        try:
+            applied = await migrate(db)
+            if applied:
+                log.info("applied migrations: %s", ", ".join(applied))
+            async with trio.open_nursery() as nursery:
+                supervisor = Supervisor(nursery)
+                services = Services(settings=settings, clock=clock, db=db, nursery=nursery,
+                                    supervisor=supervisor, registry=Registry(supervisor))
+                services.extras["embedded_pg"] = pg
+                if serving:
+                    # This process holds no device links yet (one hub process per database).
+                    await services.devices.mark_all_offline()
+                await nursery.start(services.presence.run)
+                await nursery.start(services.audit_log.run)
+                try:
+                    yield services
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            await db.close()
+    finally:
+        if pg is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(pg.stop)

@@ -1,0 +1,49 @@
+"""FLEETHUB_* settings, read once at start into a frozen object (tests build their own)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    return float(raw) if raw else default
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path = Path(".fleethub")
+    database_url: str | None = None  # None: start the embedded PostgreSQL in data_dir/pg
+    host: str = "127.0.0.1"
+    port: int = 8080
+    # Devices send a heartbeat this often; one missed by 3 intervals marks the device offline.
+    heartbeat_interval: float = 30.0
+    # How long a REST call waits for a device to answer a command before 504 device_timeout.
+    command_timeout: float = 10.0
+    # A rebooting device that has not come back after this long is offline.
+    reboot_timeout: float = 300.0
+    log_level: str = "INFO"
+    db_pool_max: int = 10
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def heartbeat_timeout(self) -> float:
+        return 3 * self.heartbeat_interval
+
+    @classmethod
+    def from_env(cls, **overrides) -> "Settings":
+        values = dict(
+            data_dir=Path(os.environ.get("FLEETHUB_DATA_DIR", ".fleethub")),
+            database_url=os.environ.get("FLEETHUB_DATABASE_URL") or None,
+            host=os.environ.get("FLEETHUB_HOST", "127.0.0.1"),
+            port=int(os.environ.get("FLEETHUB_PORT", "8080")),
+            heartbeat_interval=_float("FLEETHUB_HEARTBEAT_INTERVAL", 30.0),
+            command_timeout=_float("FLEETHUB_COMMAND_TIMEOUT", 10.0),
+            reboot_timeout=_float("FLEETHUB_REBOOT_TIMEOUT", 300.0),
+            log_level=os.environ.get("FLEETHUB_LOG_LEVEL", "INFO"),
+            db_pool_max=int(os.environ.get("FLEETHUB_DB_POOL_MAX", "10")),
+        )
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

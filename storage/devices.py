@@ -1,0 +1,126 @@
+"""Devices: registration, the device token (stored as SHA-256), presence, listing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+
+import asyncpg
+
+from storage.db import Database
+
+DEVICE_COLUMNS = (
+    "id, org_id, fleet_id, name, tags, firmware, architecture, online, state, boot_reason, "
+    "last_seen_at, connected_at, tunnel_public_key, facts, conditions, created_at, updated_at")
+
+
+def _device(row: asyncpg.Record | None) -> dict | None:
+    if row is None:
+        return None
+    d = dict(row)
+    for key in ("facts", "conditions"):
+        if isinstance(d.get(key), str):
+            d[key] = json.loads(d[key])
+    return d
+
+
+class Devices:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def create(self, org_id: uuid.UUID, token_hash: bytes, now: dt.datetime, *, name: str,
+                     fleet_id: uuid.UUID | None = None, tags: list[str] | None = None) -> dict:
+        row = await self.db.fetchrow(
+            f"INSERT INTO devices (id, org_id, fleet_id, name, tags, token_hash, created_at, updated_at) "
+            f"VALUES ($1, $2, $3, $4, $5, $6, $7, $7) RETURNING {DEVICE_COLUMNS}",
+            uuid.uuid4(), org_id, fleet_id, name, tags or [], token_hash, now)
+        return _device(row)
+
+    async def get(self, org_id: uuid.UUID, device_id: uuid.UUID) -> dict | None:
+        return _device(await self.db.fetchrow(
+            f"SELECT {DEVICE_COLUMNS} FROM devices WHERE org_id = $1 AND id = $2", org_id, device_id))
+
+    async def get_any(self, device_id: uuid.UUID) -> dict | None:
+        """Internal lookup without tenancy (actors rebuilding their state)."""
+        return _device(await self.db.fetchrow(
+            f"SELECT {DEVICE_COLUMNS} FROM devices WHERE id = $1", device_id))
+
+    async def find_by_token(self, token_hash: bytes) -> dict | None:
+        return _device(await self.db.fetchrow(
+            f"SELECT {DEVICE_COLUMNS} FROM devices WHERE token_hash = $1", token_hash))
+
+    async def list(self, org_id: uuid.UUID, *, offset: int, limit: int, fleet_id: uuid.UUID | None = None,
+                   online: bool | None = None, tag: str | None = None) -> tuple[list[dict], int]:
+        where = ["org_id = $1"]
+        args: list = [org_id]
+        if fleet_id is not None:
+            args.append(fleet_id)
+            where.append(f"fleet_id = ${len(args)}")
+        if online is not None:
+            args.append(online)
+            where.append(f"online = ${len(args)}")
+        if tag is not None:
+            args.append(tag)
+            where.append(f"${len(args)} = ANY(tags)")
+        cond = " AND ".join(where)
+
+        async def body(conn: asyncpg.Connection) -> tuple[list[dict], int]:
+            total = await conn.fetchval(f"SELECT count(*) FROM devices WHERE {cond}", *args)
+            rows = await conn.fetch(
+                f"SELECT {DEVICE_COLUMNS} FROM devices WHERE {cond} ORDER BY created_at, id "
+                f"OFFSET ${len(args) + 1} LIMIT ${len(args) + 2}", *args, offset, limit)
+            return [_device(r) for r in rows], total
+
+        return await self.db.run(body)
+
+    async def update(self, org_id: uuid.UUID, device_id: uuid.UUID, now: dt.datetime, changes: dict) -> dict | None:
+        allowed = {k: v for k, v in changes.items() if k in ("name", "tags", "fleet_id")}
+        sets = ", ".join(f"{k} = ${i + 4}" for i, k in enumerate(allowed))
+        return _device(await self.db.fetchrow(
+            f"UPDATE devices SET updated_at = $3{', ' + sets if sets else ''} "
+            f"WHERE org_id = $1 AND id = $2 RETURNING {DEVICE_COLUMNS}",
+            org_id, device_id, now, *allowed.values()))
+
+    async def delete(self, org_id: uuid.UUID, device_id: uuid.UUID) -> bool:
+        status = await self.db.execute("DELETE FROM devices WHERE org_id = $1 AND id = $2", org_id, device_id)
+        return status.endswith(" 1")
+
+    async def fleet_in_org(self, org_id: uuid.UUID, fleet_id: uuid.UUID) -> bool:
+        return bool(await self.db.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM fleets WHERE org_id = $1 AND id = $2)", org_id, fleet_id))
+
+    async def write_presence(self, rows: list[dict]) -> None:
+        """Coalesced presence of many devices in one statement (heartbeats are written behind).
+
+        Each row: id, online, state, boot_reason, last_seen_at, connected_at, and, when a hello
+        arrived since the last flush, firmware, architecture, tunnel_public_key, facts.
+        """
+        if not rows:
+            return
+        await self.db.execute(
+            """UPDATE devices d SET
+                   online = u.online, state = u.state,
+                   boot_reason = COALESCE(u.boot_reason, d.boot_reason),
+                   last_seen_at = GREATEST(u.last_seen_at, d.last_seen_at),
+                   connected_at = COALESCE(u.connected_at, d.connected_at),
+                   firmware = COALESCE(u.firmware, d.firmware),
+                   architecture = COALESCE(u.architecture, d.architecture),
+                   tunnel_public_key = COALESCE(u.tunnel_public_key, d.tunnel_public_key),
+                   facts = COALESCE(u.facts::jsonb, d.facts)
+               FROM unnest($1::uuid[], $2::bool[], $3::text[], $4::text[], $5::timestamptz[],
+                           $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::text[])
+                    AS u(id, online, state, boot_reason, last_seen_at, connected_at, firmware,
+                         architecture, tunnel_public_key, facts)
+               WHERE d.id = u.id""",
+            [r["id"] for r in rows], [r["online"] for r in rows], [r["state"] for r in rows],
+            [r.get("boot_reason") for r in rows], [r.get("last_seen_at") for r in rows],
+            [r.get("connected_at") for r in rows], [r.get("firmware") for r in rows],
+            [r.get("architecture") for r in rows], [r.get("tunnel_public_key") for r in rows],
+            [json.dumps(r["facts"]) if r.get("facts") is not None else None for r in rows])
+
+    async def mark_all_offline(self) -> int:
+        """At hub start no device is connected to this process yet."""
+        status = await self.db.execute(
+            "UPDATE devices SET online = false, state = 'offline' WHERE online OR state <> 'offline'")
+        return int(status.split()[-1])

@@ -1,0 +1,112 @@
+"""A hub stand-in for agent tests: a real trio-websocket server on 127.0.0.1 speaking the link protocol.
+
+It accepts a link, records the hello and the Authorization header, sends a welcome, and queues every
+later frame for the test. Tests drive commands through ``Link.command`` and read heartbeats with
+``Link.next_event``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import trio
+from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
+
+from device_client import protocol
+
+
+class Link:
+    """One accepted device connection, as the hub sees it."""
+
+    def __init__(self, ws: Any, hello: protocol.Hello, authorization: str | None, device_id: str) -> None:
+        self.ws = ws
+        self.hello = hello
+        self.authorization = authorization
+        self.device_id = device_id
+        self.closed = trio.Event()
+        self._send, self._frames = trio.open_memory_channel[Any](1000)
+        self._ids = itertools.count(1)
+
+    async def command(self, verb: str, payload: dict | None = None, *, id: str | None = None) -> protocol.Reply:
+        cid = id or f"c{next(self._ids)}"
+        await self.send_command(verb, payload, id=cid)
+        return await self.next_reply(cid)
+
+    async def send_command(self, verb: str, payload: dict | None = None, *, id: str) -> None:
+        cmd = protocol.Command(id=id, subject=protocol.subject(self.device_id, verb), payload=payload or {})
+        await self.ws.send_message(protocol.encode(cmd))
+
+    async def next_reply(self, command_id: str) -> protocol.Reply:
+        while True:
+            frame = await self._frames.receive()
+            if isinstance(frame, protocol.Reply) and frame.id == command_id:
+                return frame
+
+    async def next_event(self, kind: str) -> protocol.Event:
+        while True:
+            frame = await self._frames.receive()
+            if isinstance(frame, protocol.Event) and frame.kind == kind:
+                return frame
+
+    def frames_nowait(self) -> list[Any]:
+        out = []
+        while True:
+            try:
+                out.append(self._frames.receive_nowait())
+            except trio.WouldBlock:
+                return out
+
+
+class FakeHub:
+    def __init__(self, *, heartbeat: float = 30.0, tokens: dict[str, str] | None = None) -> None:
+        self.heartbeat = heartbeat
+        self.tokens = tokens  # token -> device id; None accepts any token as "dev-1"
+        self.reject_status: int | None = None
+        self.rejections = 0
+        self.port = 0
+        self._links_send, self._links = trio.open_memory_channel[Link](1000)
+        self.all_links: list[Link] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(serve_websocket, self._handle, "127.0.0.1", 0, None)
+            self.port = server.port
+            task_status.started(self)
+
+    async def next_link(self) -> Link:
+        return await self._links.receive()
+
+    async def _handle(self, request: WebSocketRequest) -> None:
+        headers = {k.decode().lower(): v.decode() for k, v in request.headers}
+        auth = headers.get("authorization")
+        if request.path != protocol.LINK_PATH:
+            await request.reject(404)
+            return
+        if self.reject_status is not None:
+            self.rejections += 1
+            await request.reject(self.reject_status)
+            return
+        token = auth.removeprefix("Bearer ") if auth else ""
+        device_id = "dev-1" if self.tokens is None else self.tokens.get(token)
+        if device_id is None:
+            await request.reject(401)
+            return
+        ws = await request.accept()
+        hello = protocol.decode(await ws.get_message())
+        assert isinstance(hello, protocol.Hello), hello
+        await ws.send_message(protocol.encode(protocol.Welcome(deviceId=device_id, heartbeatInterval=self.heartbeat)))
+        link = Link(ws, hello, auth, device_id)
+        self.all_links.append(link)
+        await self._links_send.send(link)
+        try:
+            while True:
+                await link._send.send(protocol.decode(await ws.get_message()))
+        except ConnectionClosed:
+            pass
+        finally:
+            link.closed.set()
