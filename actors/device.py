@@ -32,6 +32,14 @@ class Reboot:
 
 
 @dataclass(frozen=True)
+class Send:
+    """Ask: send a command that does not change the connection state (ping, later memory tests'
+    status reads); answered with the device's reply payload."""
+    verb: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class GetLive:
     """Ask: the live connection state."""
 
@@ -95,6 +103,13 @@ class DeviceActor(Actor):
                 raise DeviceOffline("the device is not connected") from None
             self._pending[command_id] = self.defer_reply()
             return None
+        if isinstance(msg, Send):
+            if not self.machine.online:
+                raise DeviceOffline("the device is not connected")
+            command_id = str(uuid.uuid4())
+            self._pending[command_id] = self.defer_reply()
+            self.tasks.start_soon(self._send_command, cm.SendCommand(command_id, msg.verb, msg.payload))
+            return None
         if isinstance(msg, _CommandDone):
             reply = self._pending.pop(msg.command_id, None)
             self._feed(cm.CommandSucceeded(msg.command_id) if msg.ok else cm.CommandFailed(msg.command_id))
@@ -143,7 +158,7 @@ class DeviceActor(Actor):
         elif isinstance(effect, cm.Publish):
             self._publish(effect.kind, effect.payload)
         elif isinstance(effect, cm.SendCommand):
-            self.tasks.start_soon(self._send, effect)
+            self.tasks.start_soon(self._send_command, effect)
         elif isinstance(effect, cm.DropLink):
             link = s.links.get(self.device_id)
             if link is not None and link.conn_id == effect.conn_id:
@@ -155,7 +170,7 @@ class DeviceActor(Actor):
         self.services.events.publish(("device", self.device_id), event)
         self.services.events.publish(("org", self.org_id), event)
 
-    async def _send(self, effect: cm.SendCommand) -> None:
+    async def _send_command(self, effect: cm.SendCommand) -> None:
         s = self.services
         try:
             payload = await s.bus.request(subject(str(self.device_id), effect.verb), effect.payload,

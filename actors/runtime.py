@@ -105,7 +105,7 @@ class Actor:
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
-        self._send, self._receive = trio.open_memory_channel[tuple[Any, Reply | None]](self.mailbox_size)
+        self._mailbox_in, self._mailbox_out = trio.open_memory_channel[tuple[Any, Reply | None]](self.mailbox_size)
         self.handled = 0
         self.restarts = 0
         self.stopped = False
@@ -135,7 +135,7 @@ class Actor:
     # -- asking and telling --------------------------------------------------------------------
     def tell(self, msg: Any) -> None:
         try:
-            self._send.send_nowait((msg, None))
+            self._mailbox_in.send_nowait((msg, None))
         except trio.WouldBlock:
             raise MailboxFull(f"mailbox of {self.key} is full") from None
         except (trio.ClosedResourceError, trio.BrokenResourceError):
@@ -144,7 +144,7 @@ class Actor:
     async def ask(self, msg: Any, timeout: float = 10.0) -> Any:
         reply = Reply()
         try:
-            self._send.send_nowait((msg, reply))
+            self._mailbox_in.send_nowait((msg, reply))
         except trio.WouldBlock:
             raise MailboxFull(f"mailbox of {self.key} is full") from None
         except (trio.ClosedResourceError, trio.BrokenResourceError):
@@ -163,7 +163,7 @@ class Actor:
         return reply
 
     def statistics(self) -> ActorStatistics:
-        stats = self._send.statistics()
+        stats = self._mailbox_in.statistics()
         return ActorStatistics(self.key, stats.current_buffer_used, stats.max_buffer_size,
                                self.handled, self.restarts)
 
@@ -179,12 +179,12 @@ class Actor:
 
     async def _loop(self) -> None:
         while True:
-            if self._receive.statistics().current_buffer_used == 0 and self.should_stop():
+            if self._mailbox_out.statistics().current_buffer_used == 0 and self.should_stop():
                 self._stop()
                 return
             envelope = None
             with trio.move_on_at(self.next_deadline()):
-                envelope = await self._receive.receive()
+                envelope = await self._mailbox_out.receive()
             if envelope is None:
                 await self.on_deadline()
                 continue
@@ -209,7 +209,7 @@ class Actor:
     def _stop(self) -> None:
         # No await between the emptiness check and here: nothing can slip into the mailbox.
         self.stopped = True
-        self._send.close()
+        self._mailbox_in.close()
         if self._on_stop is not None:
             self._on_stop(self)
 

@@ -33,7 +33,7 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError,
 
 from . import protocol
 from .clock import Clock, rfc3339
-from .state import StateFile, load_or_create_identity
+from .state import DeviceStore
 
 log = logging.getLogger("fleethub.agent")
 
@@ -144,7 +144,8 @@ class Agent:
         self.hub_url = hub_url
         self.link_url = link_url(hub_url)
         self.data_dir = Path(data_dir)
-        self.root = self.data_dir / "root"  # the device's filesystem for files the hub delivers
+        self._store = DeviceStore(self.data_dir)
+        self.root = self._store.root  # the device's filesystem for files the hub delivers
         self.clock = clock or Clock()
         self.facts = dict(facts or {})  # firmware, architecture, tags; tags have no hello field yet
         self.reboot_mode = reboot_mode
@@ -159,7 +160,6 @@ class Agent:
         self.boot_reason: str | None = None
         self.signing_key = None  # nacl SigningKey, loaded at boot
         self._auth = [(protocol.TOKEN_HEADER.lower().encode(), b"Bearer " + token.encode())]
-        self._state = StateFile(self.data_dir / "state.json")
         self._handlers: dict[str, Handler] = {"ping": self._ping, "reboot": self._reboot}
         self._hello_providers: list[Callable[[], dict[str, Any]]] = []
         self._replies: OrderedDict[str, protocol.Reply] = OrderedDict()
@@ -366,7 +366,7 @@ class Agent:
             bootReason=self.boot_reason or "power_on",
             deviceClock=rfc3339(self.clock.now()),
             tunnelPublicKey=self.public_key_b64,
-            configVersionApplied=self._state.get("configVersionApplied"),
+            configVersionApplied=self._store.state.get("configVersionApplied"),
         )
         for provider in self._hello_providers:
             fields.update(provider())
@@ -457,37 +457,24 @@ class Agent:
 
     async def _boot(self) -> None:
         self._booted_at = self.clock.monotonic()
-        reason, count, last_reboot, key = await trio.to_thread.run_sync(self._boot_sync)
-        self.signing_key = key
-        self.boot_reason, self.boot_count = reason, count
+        boot = await trio.to_thread.run_sync(self._store.boot)
+        self.signing_key, self.boot_reason, self.boot_count = boot.key, boot.reason, boot.count
         self._reboot_reason, self._reboot_command, self._reboot_persisted = None, None, False
         # a boot forgets what was in memory, except the reply to the reboot command itself: a hub
         # that resends it after the reconnect must not reboot the device a second time
         self._replies.clear()
-        if last_reboot:
-            self._remember(last_reboot["commandId"], protocol.Reply.model_validate(last_reboot["reply"]))
-
-    def _boot_sync(self) -> tuple[str, int, dict[str, Any] | None, Any]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.data_dir, 0o700)  # holds the identity key and the device's files
-        key = load_or_create_identity(self.data_dir / "identity.key")
-        state = self._state.load()
-        reason = state.get("pendingBootReason") or "power_on"
-        count = int(state.get("bootCount", 0)) + 1
-        # the pending reason is consumed: a later unannounced restart is a power loss again
-        self._state.update(pendingBootReason=None, bootCount=count)
-        last_reboot = state.get("lastReboot") if reason != "power_on" else None
-        return reason, count, last_reboot, key
+        if boot.reboot_reply:
+            self._remember(boot.reboot_reply["commandId"],
+                           protocol.Reply.model_validate(boot.reboot_reply["reply"]))
 
     async def _persist_reboot(self) -> None:
         if self._reboot_persisted or self._reboot_reason is None:
             return
-        changes: dict[str, Any] = {"pendingBootReason": self._reboot_reason}
         reply = self._replies.get(self._reboot_command or "")
-        if reply is not None:
-            changes["lastReboot"] = {"commandId": reply.id, "reply": reply.model_dump(exclude_none=True)}
         try:
-            await trio.to_thread.run_sync(functools.partial(self._state.update, **changes))
+            await trio.to_thread.run_sync(
+                self._store.prepare_reboot, self._reboot_reason, self._reboot_command,
+                reply.model_dump(exclude_none=True) if reply else None)
         except OSError as exc:
             log.error("%s: could not persist the boot reason (%s); the next hello will say "
                       "power_on", self._who(), exc)

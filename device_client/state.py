@@ -1,4 +1,4 @@
-"""What a device keeps on its own disk between boots: the state file and its identity key.
+"""What a device keeps on its own disk between boots: state file, identity key, boot record.
 
 Everything here is synchronous file IO; the agent runs it through ``trio.to_thread`` so that thousands
 of simulated devices fsyncing at start do not stall the event loop.
@@ -15,6 +15,7 @@ import logging
 import os
 import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +131,41 @@ def load_or_create_identity(path: Path) -> SigningKey:
     if len(seed) != _SEED_BYTES:
         raise IdentityError(f"{path}: expected a {_SEED_BYTES}-byte Ed25519 seed, found {len(seed)} bytes")
     return SigningKey(seed)
+
+
+@dataclass(frozen=True)
+class Boot:
+    reason: str  # reported in every hello of this boot
+    count: int  # boots of this device so far, this one included
+    reboot_reply: dict[str, Any] | None  # {"commandId", "reply"} of the command that caused it
+    key: SigningKey
+
+
+class DeviceStore:
+    """One device's directory: ``state.json``, ``identity.key`` and ``root/`` for delivered files."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.root = data_dir / "root"
+        self.state = StateFile(data_dir / "state.json")
+
+    def boot(self) -> Boot:
+        """Start a boot: consume the pending boot reason (a later unannounced restart is a power
+        loss again) and count the boot."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)  # holds the identity key and the device's files
+        key = load_or_create_identity(self.data_dir / "identity.key")
+        state = self.state.load()
+        reason = state.get("pendingBootReason") or "power_on"
+        count = int(state.get("bootCount", 0)) + 1
+        self.state.update(pendingBootReason=None, bootCount=count)
+        reboot_reply = state.get("lastReboot") if reason != "power_on" else None
+        return Boot(reason, count, reboot_reply, key)
+
+    def prepare_reboot(self, reason: str, command_id: str | None, reply: dict[str, Any] | None) -> None:
+        """Written before the link closes, so the next boot reports ``reason`` and still knows the
+        answer to the command that asked for it."""
+        changes: dict[str, Any] = {"pendingBootReason": reason}
+        if command_id is not None and reply is not None:
+            changes["lastReboot"] = {"commandId": command_id, "reply": reply}
+        self.state.update(**changes)

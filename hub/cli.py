@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from functools import partial
 from pathlib import Path
@@ -20,6 +21,25 @@ def _logging(level: str) -> None:
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
 
 
+async def _until_signalled(main) -> None:
+    """Run ``main`` until it ends or SIGINT/SIGTERM arrives; either way everything it started
+    (hub, devices, the embedded PostgreSQL) shuts down in order."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            async def watch() -> None:
+                async for signum in signals:
+                    print(f"\n{signal.Signals(signum).name}: stopping", file=sys.stderr, flush=True)
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            await main()
+            nursery.cancel_scope.cancel()
+
+
+def _run(main) -> None:
+    trio.run(_until_signalled, main)
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     return Settings.from_env(data_dir=Path(args.data_dir) if getattr(args, "data_dir", None) else None,
                              port=getattr(args, "port", None), host=getattr(args, "host", None))
@@ -28,7 +48,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 def cmd_serve(args: argparse.Namespace) -> None:
     from hub.server import run_hub
 
-    trio.run(partial(run_hub, _settings(args)))
+    _run(partial(run_hub, _settings(args)))
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -46,7 +66,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
               f"  written to    {settings.data_dir / 'demo.json'}\n\nTry:\n{curl_examples(info)}\n\n"
               "Ctrl-C stops the hub, the devices and PostgreSQL.\n", flush=True)
 
-    trio.run(partial(run_hub, settings, on_ready=on_ready))
+    _run(partial(run_hub, settings, on_ready=on_ready))
 
 
 def cmd_sim(args: argparse.Namespace) -> None:
@@ -59,14 +79,14 @@ def cmd_sim(args: argparse.Namespace) -> None:
                 pat_secret=args.pat_secret, org_id=args.org, fleet_id=args.fleet))
             print(f"{len(agents)} simulated devices connected to {args.hub}", flush=True)
 
-    trio.run(main)
+    _run(main)
 
 
 def cmd_agent(args: argparse.Namespace) -> None:
     from device_client.agent import Agent
 
     agent = Agent(args.hub, args.token, Path(args.data_dir), reboot_mode="exec")
-    trio.run(agent.run)
+    _run(agent.run)
 
 
 def cmd_admin(args: argparse.Namespace) -> None:

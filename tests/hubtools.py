@@ -75,3 +75,107 @@ async def wait_for(predicate, *, timeout: float = 10.0, interval: float = 0.02) 
             if result:
                 return
             await trio.sleep(interval)
+
+
+# ---- helpers for the integration tests ------------------------------------------------------------
+
+FAST_BACKOFF = dict(backoff_initial=0.05, backoff_max=0.2)
+
+
+async def open_hub(nursery: trio.Nursery, db_url: str, data_dir: Path, *, clock=None,
+                   **settings: Any) -> tuple[Services, str]:
+    """A hub on an existing database, creating nothing in it (a restart of an earlier hub)."""
+    cfg = Settings(data_dir=data_dir, database_url=db_url, port=0, **settings)
+    return await nursery.start(partial(run_hub, cfg, clock=clock))
+
+
+class Stoppable:
+    """Something started in its own nursery and cancel scope, stopped like a process exit."""
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.stopped = trio.Event()
+        self.value: Any = None
+
+    async def stop(self) -> None:
+        self.scope.cancel()
+        with trio.fail_after(15):
+            await self.stopped.wait()
+
+
+async def start_stoppable(nursery: trio.Nursery, start) -> Stoppable:
+    """``await start(inner_nursery)`` inside a child scope; its result is ``.value``."""
+    handle = Stoppable()
+
+    async def run(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with handle.scope:
+                async with trio.open_nursery() as inner:
+                    handle.value = await start(inner)
+                    task_status.started()
+        finally:
+            handle.stopped.set()
+
+    await nursery.start(run)
+    return handle
+
+
+@dataclass
+class RunningAgent:
+    agent: Any
+    scope: trio.CancelScope
+    done: trio.Event
+
+    async def kill(self) -> None:
+        """Stop the agent's task at once, like pulling the plug."""
+        self.scope.cancel()
+        with trio.fail_after(10):
+            await self.done.wait()
+
+
+async def start_agent(nursery: trio.Nursery, hub_url: str, token: str, data_dir: Path, *,
+                      agent_cls=None, wait: bool = True, **options: Any) -> RunningAgent:
+    """A real device agent in its own cancel scope; by default returns after its first welcome."""
+    from device_client.agent import Agent
+
+    agent = (agent_cls or Agent)(hub_url, token, data_dir, **{**FAST_BACKOFF, **options})
+    running = RunningAgent(agent, trio.CancelScope(), trio.Event())
+
+    async def run(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with running.scope:
+                await agent.run(task_status=task_status)
+        finally:
+            running.done.set()
+
+    if wait:
+        await nursery.start(run)
+    else:
+        nursery.start_soon(run)
+    return running
+
+
+def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float | None:
+    """The value of one sample in Prometheus text; None when absent."""
+    want = ""
+    if labels:
+        want = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        key, _, value = line.rpartition(" ")
+        if key == name + want:
+            return float(value)
+    return None
+
+
+async def metrics(hub: "Hub") -> str:
+    r = await hub.client.get(hub.base_url + "/metrics")
+    assert r.status_code == 200, r.text
+    return r.text
+
+
+async def device(hub: "Hub", device_id: str) -> dict:
+    r = await hub.call("GET", f"/v1/devices/{device_id}")
+    assert r.status_code == 200, r.text
+    return r.json()["data"]

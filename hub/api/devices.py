@@ -11,7 +11,9 @@ import uuid
 from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
-from actors.device import Reboot
+import trio
+
+from actors.device import Reboot, Send
 from hub.api.common import PageQuery, jsonable, org, pagination, parse_uuid, require_admin, services
 from hub.api.validation import body, query
 from hub.auth.pat import digest, new_device_token
@@ -134,3 +136,15 @@ async def reboot_device(device_id: str):
     actor = await s.device_actor(row["id"])
     reply = await actor.ask(Reboot(), timeout=s.settings.command_timeout + 5)
     return {"data": {"deviceId": str(row["id"]), "state": "rebooting", "device": reply}}, 202
+
+
+@bp.post("/<device_id>/ping")
+async def ping_device(device_id: str):
+    """A live round trip to the device through its actor and the bus, with no side effect."""
+    s = services()
+    row = await _load(device_id)
+    actor = await s.device_actor(row["id"])
+    started = trio.current_time()
+    reply = await actor.ask(Send("ping", {}), timeout=s.settings.command_timeout + 5)
+    return {"data": {"deviceId": str(row["id"]), "roundTripMs": round((trio.current_time() - started) * 1000, 3),
+                     "device": reply}}

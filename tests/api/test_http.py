@@ -1,0 +1,180 @@
+"""HTTP hygiene of a real hub: JSON error bodies everywhere, request ids, health, metrics, OpenAPI."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import pytest
+import trio
+
+from hub.app import create_app
+from tests.hubtools import metric_value, metrics, start_hub
+
+KNOWN_PATHS = {
+    "/v1/devices", "/v1/devices/{device_id}", "/v1/devices/{device_id}/reboot", "/v1/devices/{device_id}/ping",
+    "/v1/fleets", "/v1/fleets/{fleet_id}", "/v1/pats", "/v1/pats/{pat_id}",
+}
+
+
+def assert_error(r, status: int, code: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json"), r.headers["content-type"]
+    assert "<html" not in r.text.lower()
+    body = r.json()
+    assert isinstance(body.get("error"), str) and body["error"], body
+    assert isinstance(body.get("message"), str) and body["message"], body
+    if code is not None:
+        assert body["error"] == code, body
+    assert r.headers.get("x-request-id"), "every response carries X-Request-ID"
+    return body
+
+
+@pytest.fixture
+async def hub(nursery, db_url, tmp_path):
+    return await start_hub(nursery, db_url, tmp_path)
+
+
+async def test_unknown_route_is_json_404(hub):
+    with trio.fail_after(20):
+        for headers in (hub.headers, {}):
+            r = await hub.call("GET", "/v1/no-such-thing", headers=headers)
+            assert_error(r, 404, "not_found")
+        r = await hub.call("GET", "/definitely/not/here.html", headers={"Accept": "text/html"})
+        assert_error(r, 404, "not_found")
+
+
+async def test_wrong_method_is_json_405_with_allow(hub):
+    with trio.fail_after(20):
+        r = await hub.call("PUT", "/v1/devices")
+        assert_error(r, 405, "method_not_allowed")
+        allowed = {m.strip() for m in r.headers["allow"].split(",")}
+        assert {"GET", "POST"} <= allowed
+        r = await hub.call("DELETE", "/healthz", headers={})
+        assert_error(r, 405, "method_not_allowed")
+        r = await hub.call("POST", f"/v1/fleets/{uuid.uuid4()}")
+        assert_error(r, 405, "method_not_allowed")
+
+
+@pytest.mark.parametrize("raw", [b"{", b"not json", b"\xff\xfe", b"[1, 2]", b""])
+async def test_malformed_json_is_400(hub, raw):
+    with trio.fail_after(20):
+        for path in ("/v1/devices", "/v1/fleets", "/v1/pats"):
+            r = await hub.call("POST", path, content=raw,
+                               headers={**hub.headers, "Content-Type": "application/json"})
+            assert_error(r, 400, "malformed_json")
+
+
+async def test_unknown_and_missing_fields_are_400_naming_the_field(hub):
+    with trio.fail_after(20):
+        r = await hub.call("POST", "/v1/devices", json={"name": "a", "colour": "red"})
+        body = assert_error(r, 400, "unknown_field")
+        assert "colour" in body["message"]
+        r = await hub.call("POST", "/v1/devices", json={"tags": []})
+        body = assert_error(r, 400, "missing_field")
+        assert "name" in body["message"]
+        r = await hub.call("POST", "/v1/fleets", json={"description": "no name"})
+        body = assert_error(r, 400, "missing_field")
+        assert "name" in body["message"]
+        r = await hub.call("POST", "/v1/fleets", json={"name": "f", "owner": "me"})
+        assert_error(r, 400, "unknown_field")
+        r = await hub.call("POST", "/v1/devices", json={"name": ""})
+        assert_error(r, 400)
+        # nothing was created by the rejected requests
+        r = await hub.call("GET", "/v1/devices")
+        assert r.json()["pagination"]["total"] == 0
+
+
+async def test_request_id_on_every_response_and_echoed(hub):
+    with trio.fail_after(20):
+        seen = set()
+        for method, path, headers in [("GET", "/healthz", {}), ("GET", "/readyz", {}), ("GET", "/metrics", {}),
+                                      ("GET", "/v1/openapi.json", {}), ("GET", "/v1/devices", hub.headers),
+                                      ("GET", "/v1/devices", {}), ("GET", "/nope", {}),
+                                      ("PUT", "/v1/devices", hub.headers)]:
+            r = await hub.call(method, path, headers=headers)
+            rid = r.headers.get("x-request-id")
+            assert rid, (method, path, r.status_code)
+            seen.add(rid)
+        assert len(seen) == 8, "each response gets its own id"
+        for method, path, headers in [("GET", "/healthz", {}), ("GET", "/v1/devices", hub.headers),
+                                      ("GET", "/v1/devices", {}), ("GET", "/nope", {})]:
+            r = await hub.call(method, path, headers={**headers, "X-Request-ID": "trace-abc-123"})
+            assert r.headers["x-request-id"] == "trace-abc-123", (method, path, r.status_code)
+
+
+async def test_health_and_readiness(hub):
+    with trio.fail_after(20):
+        r = await hub.call("GET", "/healthz", headers={})
+        assert r.status_code == 200 and r.json()["data"]["status"] == "ok"
+        r = await hub.call("GET", "/readyz", headers={})
+        assert r.status_code == 200
+        assert r.json()["data"] == {"status": "ready", "database": "ok"}
+
+
+async def test_metrics_prometheus_text(hub):
+    with trio.fail_after(20):
+        await hub.call("GET", "/v1/devices")
+        await hub.call("GET", "/v1/no-such")
+        r = await hub.client.get(hub.base_url + "/metrics")
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/plain")
+        text = r.text
+        for name, kind in [("fleethub_connected_devices", "gauge"), ("fleethub_http_requests_total", "counter"),
+                           ("fleethub_actor_restarts_total", "counter"),
+                           ("fleethub_storage_crossing_seconds", "histogram")]:
+            assert f"# TYPE {name} {kind}" in text, name
+        assert metric_value(text, "fleethub_connected_devices") == 0
+        assert metric_value(text, "fleethub_actor_restarts_total") == 0
+        assert metric_value(text, "fleethub_http_requests_total", {"method": "GET", "status": "200"}) >= 1
+        assert metric_value(text, "fleethub_http_requests_total", {"method": "GET", "status": "404"}) == 1
+        count = metric_value(text, "fleethub_storage_crossing_seconds_count")
+        assert count and count > 0, "the GET /v1/devices crossed into storage"
+        assert metric_value(text, "fleethub_storage_crossing_seconds_bucket", {"le": "+Inf"}) == count
+        # every sample line is `name{labels} number`
+        sample = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_]+="[^"]*"(,[a-zA-Z_]+="[^"]*")*\})? '
+                            r'[-+]?(\d+(\.\d*)?([eE][-+]?\d+)?|\+Inf|NaN)$')
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                assert sample.match(line), line
+        before = metric_value(await metrics(hub), "fleethub_http_requests_total", {"method": "GET", "status": "404"})
+        await hub.call("GET", "/v1/no-such")
+        after = metric_value(await metrics(hub), "fleethub_http_requests_total", {"method": "GET", "status": "404"})
+        assert after == before + 1
+
+
+async def test_openapi_covers_every_route_and_security_schemes(hub):
+    with trio.fail_after(20):
+        r = await hub.call("GET", "/v1/openapi.json", headers={})
+        assert r.status_code == 200
+        doc = json.loads(r.text)
+        assert re.match(r"^3\.\d+\.\d+$", doc["openapi"]), doc["openapi"]
+        assert doc["info"]["title"]
+        paths = doc["paths"]
+        assert KNOWN_PATHS <= set(paths), KNOWN_PATHS - set(paths)
+
+        # Every HTTP route the app registers (not the docs themselves, static files or the WebSocket).
+        app = create_app(hub.services)
+        registered: dict[str, set[str]] = {}
+        for rule in app.url_map.iter_rules():
+            if rule.websocket or rule.endpoint in ("static", "openapi", "swagger_ui"):
+                continue
+            path = re.sub(r"<(?:[^:>]+:)?([^>]+)>", r"{\1}", rule.rule)
+            registered.setdefault(path, set()).update(m.lower() for m in rule.methods - {"HEAD", "OPTIONS"})
+        assert KNOWN_PATHS <= set(registered)
+        for path, methods in registered.items():
+            assert path in paths, f"{path} is not in the OpenAPI document"
+            assert methods <= set(paths[path]), (path, methods, set(paths[path]))
+
+        schemes = doc["components"]["securitySchemes"]
+        assert schemes["ApiTokenAuth"] == {"type": "apiKey", "in": "header", "name": "X-API-Token-ID"}
+        assert schemes["ApiSecretAuth"] == {"type": "apiKey", "in": "header", "name": "X-API-Secret-Key"}
+        assert schemes["BearerAuth"]["type"] == "http" and schemes["BearerAuth"]["scheme"] == "bearer"
+        # request models are documented: the device create body names its required field
+        post = paths["/v1/devices"]["post"]
+        assert "requestBody" in post
+        ref = post["requestBody"]["content"]["application/json"]["schema"]
+        if "$ref" in ref:
+            ref = doc["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]
+        assert "name" in ref.get("required", [])
