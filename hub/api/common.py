@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from quart import current_app, g
+from quart_schema import document_response
 
 from device_client.clock import rfc3339
 from hub.auth.principals import OrgContext, Principal
@@ -48,6 +49,29 @@ class PageQuery(BaseModel):
     @property
     def offset(self) -> int:
         return (self.page - 1) * self.limit
+
+
+class Pagination(BaseModel):
+    page: int
+    limit: int
+    total: int
+    totalPages: int
+
+
+class ErrorBody(BaseModel):
+    """The general error body (memory-test and tunnel endpoints have their own)."""
+    error: str
+    message: str
+    details: Any | None = None
+
+
+def errors(*statuses: int):
+    """Document the error responses a view can give."""
+    def decorator(func):
+        for status in statuses:
+            func = document_response(ErrorBody, status)(func)
+        return func
+    return decorator
 
 
 def pagination(page: int, limit: int, total: int) -> dict[str, int]:

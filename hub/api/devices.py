@@ -6,16 +6,17 @@ actor when it runs, since presence is written behind and the actor is its only w
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from pydantic import BaseModel, ConfigDict, Field
-from quart import Blueprint
+from quart import Blueprint, make_response
 
 import trio
 
 from actors.device import Reboot, Send
-from hub.api.common import PageQuery, jsonable, org, pagination, parse_uuid, require_admin, services
-from hub.api.validation import body, query
+from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, require_admin, services
+from hub.api.validation import body, query, responds
 from hub.auth.pat import digest, new_device_token
 from hub.errors import BadRequest, NotFound
 
@@ -44,6 +45,60 @@ class DeviceQuery(PageQuery):
     tag: str | None = None
 
 
+class DeviceOut(BaseModel):
+    id: uuid.UUID
+    name: str
+    fleet_id: uuid.UUID | None
+    tags: list[str]
+    online: bool
+    state: str = Field(description="offline, online, rebooting or maintenance")
+    last_seen: str | None
+    boot_reason: str | None = Field(description="power_on, reboot, memory_test, ... as the device reported")
+    firmware: str | None
+    architecture: str | None
+    conditions: list[dict]
+    has_tunnel_identity: bool
+    created_at: str
+    updated_at: str
+
+
+class DeviceCreated(DeviceOut):
+    token: str = Field(description="the device token: shown once, sent by the agent on the device link")
+
+
+class DeviceEnvelope(BaseModel):
+    data: DeviceOut
+
+
+class DeviceCreatedEnvelope(BaseModel):
+    data: DeviceCreated
+
+
+class DeviceList(BaseModel):
+    data: list[DeviceOut]
+    pagination: Pagination
+
+
+class CommandAccepted(BaseModel):
+    deviceId: str
+    state: str | None = None
+    roundTripMs: float | None = None
+    device: dict = Field(description="the device's reply payload")
+
+
+class CommandEnvelope(BaseModel):
+    data: CommandAccepted
+
+
+class Deleted(BaseModel):
+    id: str
+    deleted: bool
+
+
+class DeletedEnvelope(BaseModel):
+    data: Deleted
+
+
 def device_json(row: dict) -> dict:
     live = {}
     actor = services().registry.lookup(("device", row["id"]))
@@ -68,6 +123,8 @@ async def _check_fleet(fleet_id: uuid.UUID | None) -> None:
 
 @bp.post("")
 @body(DeviceCreate)
+@responds(DeviceCreatedEnvelope, 201)
+@errors(400, 401, 403)
 async def create_device(data: DeviceCreate):
     require_admin()
     s = services()
@@ -80,6 +137,8 @@ async def create_device(data: DeviceCreate):
 
 @bp.get("")
 @query(DeviceQuery)
+@responds(DeviceList)
+@errors(400, 401, 403)
 async def list_devices(query_args: DeviceQuery):
     rows, total = await services().devices.list(
         org().org_id, offset=query_args.offset, limit=query_args.limit, fleet_id=query_args.fleet_id,
@@ -96,12 +155,16 @@ async def _load(device_id: str) -> dict:
 
 
 @bp.get("/<device_id>")
+@responds(DeviceEnvelope)
+@errors(400, 401, 403, 404)
 async def get_device(device_id: str):
     return {"data": device_json(await _load(device_id))}
 
 
 @bp.patch("/<device_id>")
 @body(DeviceUpdate)
+@responds(DeviceEnvelope)
+@errors(400, 401, 403, 404)
 async def update_device(device_id: str, data: DeviceUpdate):
     require_admin()
     s = services()
@@ -116,6 +179,8 @@ async def update_device(device_id: str, data: DeviceUpdate):
 
 
 @bp.delete("/<device_id>")
+@responds(DeletedEnvelope)
+@errors(400, 401, 403, 404)
 async def delete_device(device_id: str):
     require_admin()
     s = services()
@@ -129,6 +194,8 @@ async def delete_device(device_id: str):
 
 
 @bp.post("/<device_id>/reboot")
+@responds(CommandEnvelope, 202)
+@errors(400, 401, 403, 404, 502, 503, 504)
 async def reboot_device(device_id: str):
     require_admin()
     s = services()
@@ -139,6 +206,8 @@ async def reboot_device(device_id: str):
 
 
 @bp.post("/<device_id>/ping")
+@responds(CommandEnvelope)
+@errors(400, 401, 403, 404, 502, 503, 504)
 async def ping_device(device_id: str):
     """A live round trip to the device through its actor and the bus, with no side effect."""
     s = services()
@@ -148,3 +217,42 @@ async def ping_device(device_id: str):
     reply = await actor.ask(Send("ping", {}), timeout=s.settings.command_timeout + 5)
     return {"data": {"deviceId": str(row["id"]), "roundTripMs": round((trio.current_time() - started) * 1000, 3),
                      "device": reply}}
+
+
+@bp.get("/<device_id>/events")
+@errors(400, 401, 403, 404)
+async def device_events(device_id: str):
+    """The device state stream (SSE): the current state first, then every change as it happens.
+
+    A client that reads too slowly is dropped with a final ``dropped`` event rather than buffered
+    without bound; a comment line every 15 s keeps proxies from closing an idle stream.
+    """
+    s = services()
+    row = await _load(device_id)
+    first = {"kind": "device.snapshot", "deviceId": str(row["id"]), "payload": device_json(row)}
+    subscription = s.events.subscribe(("device", row["id"]))
+
+    async def stream():
+        with subscription:
+            yield sse(first)
+            while True:
+                with trio.move_on_after(15):
+                    try:
+                        event = await subscription.receive.receive()
+                    except trio.EndOfChannel:
+                        break
+                    yield sse(event)
+                    continue
+                yield b": keepalive\n\n"
+            if subscription.dropped:
+                yield sse({"kind": "dropped", "deviceId": str(row["id"]),
+                           "payload": {"reason": "the client did not keep up with the stream"}})
+
+    response = await make_response(stream(), 200, {"Content-Type": "text/event-stream",
+                                                    "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    response.timeout = None
+    return response
+
+
+def sse(event: dict) -> bytes:
+    return f"event: {event['kind']}\ndata: {json.dumps(jsonable(event), separators=(',', ':'))}\n\n".encode()

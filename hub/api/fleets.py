@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
 from actors.fleet import Reload
-from hub.api.common import PageQuery, jsonable, org, pagination, parse_uuid, require_admin, services
-from hub.api.validation import body, query
+from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, require_admin, services
+from hub.api.validation import body, query, responds
 from hub.errors import BadRequest, Conflict, NotFound
 from storage.fleets import DuplicateName
 
@@ -37,6 +37,28 @@ class FleetUpdate(BaseModel):
     registry_proxy: bool | None = None
 
 
+class FleetOut(BaseModel):
+    id: uuid.UUID
+    name: str
+    description: str
+    tags: list[str]
+    architecture: str | None
+    config_id: uuid.UUID | None
+    registry_proxy: bool
+    device_count: int
+    created_at: str
+    updated_at: str
+
+
+class FleetEnvelope(BaseModel):
+    data: FleetOut
+
+
+class FleetList(BaseModel):
+    data: list[FleetOut]
+    pagination: Pagination
+
+
 def fleet_json(row: dict) -> dict:
     return jsonable({k: row.get(k) for k in ("id", "name", "description", "tags", "architecture", "config_id",
                                              "registry_proxy", "device_count", "created_at", "updated_at")})
@@ -53,6 +75,8 @@ async def _check_config(config_id: uuid.UUID | None) -> None:
 
 @bp.get("")
 @query(PageQuery)
+@responds(FleetList)
+@errors(400, 401, 403)
 async def list_fleets(query_args: PageQuery):
     rows, total = await services().fleets.list(org().org_id, offset=query_args.offset, limit=query_args.limit)
     return {"data": [fleet_json(r) for r in rows],
@@ -61,6 +85,8 @@ async def list_fleets(query_args: PageQuery):
 
 @bp.post("")
 @body(FleetCreate)
+@responds(FleetEnvelope, 201)
+@errors(400, 401, 403, 409)
 async def create_fleet(data: FleetCreate):
     require_admin()
     s = services()
@@ -73,6 +99,8 @@ async def create_fleet(data: FleetCreate):
 
 
 @bp.get("/<fleet_id>")
+@responds(FleetEnvelope)
+@errors(400, 401, 403, 404)
 async def get_fleet(fleet_id: str):
     row = await services().fleets.get(org().org_id, parse_uuid(fleet_id, "fleet_id"))
     if row is None:
@@ -82,6 +110,8 @@ async def get_fleet(fleet_id: str):
 
 @bp.patch("/<fleet_id>")
 @body(FleetUpdate)
+@responds(FleetEnvelope)
+@errors(400, 401, 403, 404, 409)
 async def update_fleet(fleet_id: str, data: FleetUpdate):
     require_admin()
     s = services()

@@ -7,8 +7,8 @@ import datetime as dt
 from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
-from hub.api.common import jsonable, principal, services
-from hub.api.validation import body
+from hub.api.common import errors, jsonable, principal, services
+from hub.api.validation import body, responds
 from hub.auth.middleware import no_org
 from hub.auth.pat import digest, new_pat
 from hub.errors import BadRequest, Forbidden, NotFound
@@ -20,6 +20,26 @@ class PatCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     description: str = Field("", max_length=200)
     expires_at: dt.datetime | None = None
+
+
+class PatOut(BaseModel):
+    id: str
+    description: str
+    expires_at: str | None
+    created_at: str
+    last_used_at: str | None
+
+
+class PatCreated(PatOut):
+    secret: str = Field(description="shown once; stored only as its SHA-256")
+
+
+class PatCreatedEnvelope(BaseModel):
+    data: PatCreated
+
+
+class PatList(BaseModel):
+    data: list[PatOut]
 
 
 def _pat_json(row: dict) -> dict:
@@ -36,6 +56,8 @@ def _user_id():
 @bp.post("")
 @no_org
 @body(PatCreate)
+@responds(PatCreatedEnvelope, 201)
+@errors(400, 401)
 async def create_pat(data: PatCreate):
     s = services()
     now = s.clock.now()
@@ -52,6 +74,8 @@ async def create_pat(data: PatCreate):
 
 @bp.get("")
 @no_org
+@responds(PatList)
+@errors(401)
 async def list_pats():
     rows = await services().tokens.list_pats(_user_id())
     return {"data": [_pat_json(r) for r in rows]}
@@ -59,6 +83,7 @@ async def list_pats():
 
 @bp.delete("/<pat_id>")
 @no_org
+@errors(401, 404)
 async def delete_pat(pat_id: str):
     if not await services().tokens.delete_pat(pat_id, _user_id()):
         raise NotFound("token not found")

@@ -12,17 +12,20 @@ import uuid
 from collections.abc import Callable
 
 from quart import current_app, g, request
+from quart_schema import security_scheme
 
 from hub.auth.pat import digest
 from hub.auth.principals import OrgContext, Principal
 from hub.errors import BadRequest, Forbidden, Unauthenticated
 
 ORG_HEADER = "X-Organization-ID"
+# Routes quart-schema registers for the API document; they carry no credentials.
+PUBLIC_PATHS = frozenset({"/v1/openapi.json", "/v1/docs"})
 
 
 def public(view: Callable) -> Callable:
     view._fleethub_public = True
-    return view
+    return security_scheme([])(view)
 
 
 def no_org(view: Callable) -> Callable:
@@ -50,7 +53,7 @@ def _credentials() -> tuple[str | None, str] | None:
 
 async def authenticate(services) -> None:
     view = _view()
-    if view is None or getattr(view, "_fleethub_public", False):
+    if view is None or getattr(view, "_fleethub_public", False) or request.path in PUBLIC_PATHS:
         return  # unknown routes fall through to their 404/405
     creds = _credentials()
     if creds is None:

@@ -144,9 +144,21 @@ async def test_metrics_prometheus_text(hub):
         assert after == before + 1
 
 
-async def test_openapi_covers_every_route_and_security_schemes(hub):
+@pytest.mark.xfail(strict=True, reason="BUG: /v1/openapi.json (and /v1/docs) need a PAT and an organisation; "
+                   "hub/auth/middleware.py says the OpenAPI document is public but quart-schema's views "
+                   "are never marked @public")
+async def test_openapi_document_is_public(hub):
     with trio.fail_after(20):
         r = await hub.call("GET", "/v1/openapi.json", headers={})
+        assert r.status_code == 200, r.text
+        assert r.json()["openapi"].startswith("3.")
+        r = await hub.call("GET", "/v1/docs", headers={})
+        assert r.status_code == 200, r.text
+
+
+async def test_openapi_covers_every_route_and_security_schemes(hub):
+    with trio.fail_after(20):
+        r = await hub.call("GET", "/v1/openapi.json")  # with credentials: see the xfail above
         assert r.status_code == 200
         doc = json.loads(r.text)
         assert re.match(r"^3\.\d+\.\d+$", doc["openapi"]), doc["openapi"]

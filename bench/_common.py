@@ -1,0 +1,351 @@
+"""What every benchmark shares: starting a hub in its own process, admin bootstrap, devices in SQL,
+/metrics and /proc readings, machine facts, and rewriting one section of bench/RESULTS.md.
+
+Nothing here is imported by the hub; the benchmarks only drive it from outside, as an operator would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+RESULTS = BENCH_DIR / "RESULTS.md"
+OUT_DIR = BENCH_DIR / "out"  # gitignored: logs, smoke-size results
+PY = sys.executable
+
+
+# -- small utilities --------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def fleethub_cmd() -> list[str]:
+    """The installed ``fleethub`` console script next to this interpreter (its pid is Python's)."""
+    script = Path(PY).parent / "fleethub"
+    return [str(script)] if script.exists() else [PY, "-m", "hub.cli"]
+
+
+def http_get(url: str, timeout: float = 5.0, headers: dict | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def http_json(method: str, url: str, body: dict | None = None, headers: dict | None = None,
+              timeout: float = 30.0) -> tuple[int, dict]:
+    data = json.dumps(body).encode() if body is not None else None
+    h = {"Content-Type": "application/json", **(headers or {})} if data else dict(headers or {})
+    req = urllib.request.Request(url, data=data, method=method, headers=h)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, {"raw": raw.decode(errors="replace")}
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, what: str = "server") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before answering {url}")
+        try:
+            if http_get(url, timeout=1.0)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not answer {url} within {timeout}s")
+
+
+# -- /proc ------------------------------------------------------------------------------------------
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the process (all threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+# -- machine facts and RESULTS.md -------------------------------------------------------------------
+def machine_facts() -> dict[str, str]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        mem_kib = 0
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return {
+        "date": subprocess.run(["date", "-u", "+%Y-%m-%d %H:%M:%S UTC"], capture_output=True,
+                               text=True).stdout.strip(),
+        "nproc": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
+        "cpu": cpu,
+        "memory": f"{mem_kib / 1024 / 1024:.1f} GiB",
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "nofile": f"{soft}/{hard}",
+        "loadavg_at_start": loadavg(),
+    }
+
+
+def facts_line(facts: dict[str, str]) -> str:
+    return (f"{facts['date']} · nproc {facts['nproc']} ({facts['cpu'] or 'cpu ?'}) · {facts['memory']} · "
+            f"Python {facts['python']} · Linux {facts['kernel']} · ulimit -n {facts['nofile']} · "
+            f"load average at start {facts['loadavg_at_start']}")
+
+
+def command_line() -> str:
+    rel = Path(sys.argv[0]).resolve()
+    try:
+        rel = rel.relative_to(REPO)
+    except ValueError:
+        pass
+    return "python " + " ".join(shlex.quote(a) for a in [str(rel), *sys.argv[1:]])
+
+
+def write_section(name: str, body: str, *, smoke: bool) -> Path:
+    """Replace ``<!-- bench:name -->`` … ``<!-- /bench:name -->`` in RESULTS.md (smoke runs write
+    bench/out/RESULTS.smoke.md instead, so CI never overwrites the measured figures)."""
+    path = OUT_DIR / "RESULTS.smoke.md" if smoke else RESULTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    block = f"{start}\n{body.rstrip()}\n{end}"
+    text = path.read_text() if path.exists() else "# Benchmark results\n\nWritten by the scripts in bench/; see bench/README.md.\n"
+    if start in text and end in text:
+        before, rest = text.split(start, 1)
+        after = rest.split(end, 1)[1]
+        text = before + block + after
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
+    return path
+
+
+def md_table(header: list[str], rows: list[list[object]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of already sorted values (q in 0..100)."""
+    if not sorted_values:
+        return float("nan")
+    k = max(0, min(len(sorted_values) - 1, int(round(q / 100 * len(sorted_values) + 0.5)) - 1))
+    return sorted_values[k]
+
+
+# -- the hub in its own process ---------------------------------------------------------------------
+@dataclass
+class HubProcess:
+    """``fleethub serve --data-dir D --port P`` as a child process, with its embedded PostgreSQL."""
+
+    data_dir: Path
+    port: int
+    env: dict[str, str]
+    proc: subprocess.Popen | None = None
+    log_path: Path | None = None
+    org_id: str = ""
+    pat_id: str = ""
+    pat_secret: str = ""
+    owns_dir: bool = True
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"X-API-Token-ID": self.pat_id, "X-API-Secret-Key": self.pat_secret,
+                "X-Organization-ID": self.org_id}
+
+    @classmethod
+    def start(cls, *, heartbeat_interval: float = 30.0, env: dict[str, str] | None = None,
+              name: str = "hub", startup_timeout: float = 90.0) -> "HubProcess":
+        data_dir = Path(tempfile.mkdtemp(prefix=f"fleethub-bench-{name}-"))
+        port = free_port()
+        full_env = {**os.environ, "FLEETHUB_HEARTBEAT_INTERVAL": str(heartbeat_interval),
+                    "FLEETHUB_LOG_LEVEL": os.environ.get("FLEETHUB_LOG_LEVEL", "WARNING"),
+                    **(env or {})}
+        hub = cls(data_dir=data_dir, port=port, env=full_env)
+        OUT_DIR.mkdir(parents=True, exist_ok=True)
+        hub.log_path = OUT_DIR / f"{name}-{os.getpid()}.log"
+        logf = hub.log_path.open("wb")
+        hub.proc = subprocess.Popen(
+            [*fleethub_cmd(), "serve", "--data-dir", str(data_dir), "--port", str(port)],
+            stdout=logf, stderr=subprocess.STDOUT, env=full_env, cwd=str(REPO))
+        logf.close()
+        try:
+            wait_http(hub.base_url + "/healthz", startup_timeout, hub.proc, "the hub")
+        except BaseException:
+            hub.stop()
+            raise
+        return hub
+
+    def admin(self, *args: str) -> dict:
+        r = subprocess.run([*fleethub_cmd(), "--log-level", "WARNING", "admin", "--data-dir",
+                            str(self.data_dir), *args], capture_output=True, text=True, env=self.env,
+                           cwd=str(REPO), timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"fleethub admin {' '.join(args)} failed: {r.stderr[-2000:]}")
+        return json.loads(r.stdout)
+
+    def bootstrap(self) -> None:
+        """An organisation, an admin user and a PAT through ``fleethub admin``."""
+        org = self.admin("create-org", "Bench Org")
+        email = f"bench-{uuid.uuid4().hex[:8]}@bench.local"
+        self.admin("create-user", email, "--org", org["id"], "--role", "admin")
+        pat = self.admin("create-pat", email, "--description", "benchmarks")
+        self.org_id, self.pat_id, self.pat_secret = org["id"], pat["id"], pat["secret"]
+
+    def dsn(self) -> str:
+        url = self.env.get("FLEETHUB_DATABASE_URL")
+        if url:
+            return url
+        lines = (self.data_dir / "pg" / "postmaster.pid").read_text().splitlines()
+        return f"postgresql://postgres@127.0.0.1:{int(lines[3])}/postgres"
+
+    def pg_pid(self) -> int | None:
+        try:
+            return int((self.data_dir / "pg" / "postmaster.pid").read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def metrics(self) -> dict[str, float]:
+        status, body = http_get(self.base_url + "/metrics", timeout=30)
+        if status != 200:
+            raise RuntimeError(f"/metrics answered {status}")
+        return parse_metrics(body.decode())
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        pg = self.pg_pid()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # the hub stops its PostgreSQL on the way out
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if pg is not None:  # the hub was killed, or died: stop the server it started
+            try:
+                os.kill(pg, signal.SIGINT)
+                for _ in range(100):
+                    os.kill(pg, 0)
+                    time.sleep(0.1)
+            except ProcessLookupError:
+                pass
+        if self.owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            pass
+    return out
+
+
+# -- devices straight into the hub's database -------------------------------------------------------
+def insert_devices(dsn: str, org_id: str, n: int, *, prefix: str = "bench") -> list[tuple[str, str]]:
+    """Provision ``n`` devices in one COPY, as POST /v1/devices would: token ``dev_`` + 32 random bytes
+    (urlsafe base64), stored as its SHA-256 digest in devices.token_hash. Returns [(id, token)]."""
+    import asyncpg
+
+    now = dt.datetime.now(dt.timezone.utc)
+    devices, records = [], []
+    org = uuid.UUID(org_id)
+    for k in range(n):
+        token = "dev_" + secrets.token_urlsafe(32)
+        dev_id = uuid.uuid4()
+        devices.append((str(dev_id), token))
+        records.append((dev_id, org, f"{prefix}-{k}", [], hashlib.sha256(token.encode()).digest(), now, now))
+
+    async def copy() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.copy_records_to_table(
+                "devices", records=records,
+                columns=["id", "org_id", "name", "tags", "token_hash", "created_at", "updated_at"])
+        finally:
+            await conn.close()
+
+    asyncio.run(copy())
+    return devices
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.5) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
