@@ -72,6 +72,9 @@ class Bus:
             sub = self._subs.get(".".join(tokens[:n]) + ".>")
             if sub is not None:
                 return sub
+        sub = self._subs.get(">")
+        if sub is not None:
+            return sub
         for pattern, sub in self._subs.items():
             if "*" in pattern and _matches(pattern, tokens):
                 return sub

@@ -17,7 +17,7 @@ import trio
 
 from actors.bus import NoResponders, RequestTimeout
 from actors.machines import connection as cm
-from actors.runtime import Actor
+from actors.runtime import Actor, ActorCrashed
 from device_client.clock import rfc3339
 from device_client.protocol import subject
 from hub.errors import DeviceError, DeviceOffline, DeviceTimeout
@@ -74,6 +74,10 @@ class DeviceActor(Actor):
         self._last_activity = 0.0
 
     async def on_start(self) -> None:
+        # After a crash, commands that were in flight have lost their task: answer their askers.
+        for reply in self._pending.values():
+            reply.fail(ActorCrashed(f"actor {self.key} restarted while a command was in flight"))
+        self._pending.clear()
         s = self.services
         row = await s.devices.get_any(self.device_id)
         if row is None:
@@ -82,10 +86,17 @@ class DeviceActor(Actor):
         # After a restart the socket (if any) is still up and will heartbeat; start from what the
         # link table says rather than from a possibly stale database row.
         link = s.links.get(self.device_id)
+        stored = cm.Conn(row["state"]) if row.get("state") in cm.Conn._value2member_map_ else cm.Conn.OFFLINE
+        if link is not None:
+            state = stored if stored in (cm.Conn.MAINTENANCE, cm.Conn.ONLINE) else cm.Conn.ONLINE
+        else:
+            state = cm.Conn.REBOOTING if stored is cm.Conn.REBOOTING else cm.Conn.OFFLINE
         self.machine = cm.ConnectionMachine(
             heartbeat_timeout=s.settings.heartbeat_timeout, reboot_timeout=s.settings.reboot_timeout,
-            state=cm.Conn.ONLINE if link else cm.Conn.OFFLINE, boot_reason=row["boot_reason"],
+            state=state, boot_reason=row["boot_reason"],
             last_seen_at=s.clock.now() if link else row["last_seen_at"])
+        if state is cm.Conn.REBOOTING:
+            self.machine.rebooting_since = s.clock.now()
         if link is not None:
             self.machine.conn_id = link.conn_id
         self._last_activity = trio.current_time()
@@ -183,4 +194,11 @@ class DeviceActor(Actor):
                                 DeviceTimeout("the device did not answer in time"))
         except DeviceError as exc:
             done = _CommandDone(effect.command_id, False, None, exc)
-        self.tell(done)
+        except Exception:
+            # A bug, not the device's answer: the actor crashes (and restarts), but the asker hears
+            # about it now instead of waiting out its timeout.
+            reply = self._pending.pop(effect.command_id, None)
+            if reply is not None:
+                reply.fail(ActorCrashed(f"actor {self.key} crashed while sending {effect.verb}"))
+            raise
+        await self.post(done)  # wait for mailbox space: this outcome must reach the machine

@@ -141,6 +141,14 @@ class Actor:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise ActorStopped(f"actor {self.key} has stopped") from None
 
+    async def post(self, msg: Any) -> None:
+        """Like ``tell`` but waits for mailbox space: for the actor's own background tasks, whose
+        outcome must not be dropped (the actor's loop never waits on them, so this cannot deadlock)."""
+        try:
+            await self._mailbox_in.send((msg, None))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ActorStopped(f"actor {self.key} has stopped") from None
+
     async def ask(self, msg: Any, timeout: float = 10.0) -> Any:
         reply = Reply()
         try:
@@ -171,8 +179,8 @@ class Actor:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         # Work an actor starts in the background (a device command awaiting its reply) lives in
         # this nursery: it ends with the actor and its crash is the actor's crash.
+        await self.on_start()  # outside the nursery: its error reaches the starter as itself
         async with trio.open_nursery() as self.tasks:
-            await self.on_start()
             task_status.started(self)
             await self._loop()
             self.tasks.cancel_scope.cancel()
@@ -246,10 +254,22 @@ class Supervisor:
             try:
                 await actor.run(task_status=_Status())
                 return
-            except Exception as exc:
+            except BaseException as exc:
+                if isinstance(exc, BaseExceptionGroup):
+                    # A crash at the moment the supervisor is being cancelled arrives grouped with
+                    # Cancelled: log the crash, let the cancellation go on.
+                    cancelled, crash = exc.split(trio.Cancelled)
+                    if cancelled is not None:
+                        if crash is not None:
+                            log.error("actor %s crashed during shutdown", actor.key, exc_info=crash)
+                        raise cancelled from None
+                if not isinstance(exc, Exception):
+                    raise  # Cancelled, KeyboardInterrupt: not a crash
                 if not started and status is task_status:
                     raise  # never came up: the caller of start() hears about it
                 now = trio.current_time()
+                if crashes and crashes[-1] < now - self.window:
+                    backoff = self.backoff_initial  # stable for a whole window: start gently again
                 crashes.append(now)
                 while crashes and crashes[0] < now - self.window:
                     crashes.popleft()

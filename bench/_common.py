@@ -111,8 +111,38 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def _cpu_times() -> tuple[int, int]:
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+def machine_busy(seconds: float = 1.0) -> float:
+    """Percent of all cores busy over ``seconds`` (anything running: other sessions' work too)."""
+    b0, t0 = _cpu_times()
+    time.sleep(seconds)
+    b1, t1 = _cpu_times()
+    return 100.0 * (b1 - b0) / max(1, t1 - t0)
+
+
+def wait_quiet(max_wait: float, threshold: float = 25.0) -> float:
+    """Wait (at most ``max_wait`` s) until the machine is under ``threshold`` % busy for 3 s in a row;
+    returns the last reading, which the results record: this machine may be shared."""
+    deadline = time.monotonic() + max_wait
+    quiet = 0
+    busy = machine_busy()
+    while time.monotonic() < deadline:
+        busy = machine_busy()
+        quiet = quiet + 1 if busy < threshold else 0
+        if quiet >= 3:
+            break
+    return busy
+
+
 # -- machine facts and RESULTS.md -------------------------------------------------------------------
-def machine_facts() -> dict[str, str]:
+def machine_facts(quiet_wait: float = 0.0) -> dict[str, str]:
+    """Machine facts for the results; with ``quiet_wait`` > 0 first waits (bounded) for a quiet machine."""
+    busy = wait_quiet(quiet_wait) if quiet_wait > 0 else machine_busy()
     cpu = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -138,13 +168,15 @@ def machine_facts() -> dict[str, str]:
         "kernel": platform.release(),
         "nofile": f"{soft}/{hard}",
         "loadavg_at_start": loadavg(),
+        "busy_at_start": f"{busy:.0f}%",
     }
 
 
 def facts_line(facts: dict[str, str]) -> str:
     return (f"{facts['date']} · nproc {facts['nproc']} ({facts['cpu'] or 'cpu ?'}) · {facts['memory']} · "
             f"Python {facts['python']} · Linux {facts['kernel']} · ulimit -n {facts['nofile']} · "
-            f"load average at start {facts['loadavg_at_start']}")
+            f"load average at start {facts['loadavg_at_start']}, CPU busy just before start "
+            f"{facts['busy_at_start']} (the machine may be shared)")
 
 
 def command_line() -> str:
@@ -349,3 +381,128 @@ def wait_until(predicate, timeout: float, interval: float = 0.5) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+# -- load-generator processes -----------------------------------------------------------------------
+class Worker:
+    """One bench/_simworker.py process; ``request(cmd)`` sends one JSON line and reads the answer."""
+
+    def __init__(self, mode: str, *args: str, name: str = "worker") -> None:
+        import queue
+        import threading
+
+        OUT_DIR.mkdir(parents=True, exist_ok=True)
+        self.log_path = OUT_DIR / f"{name}-{os.getpid()}.log"
+        errf = self.log_path.open("wb")
+        self.proc = subprocess.Popen([PY, str(BENCH_DIR / "_simworker.py"), mode, *args],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errf,
+                                     text=True, cwd=str(REPO))
+        errf.close()
+        self._lines: queue.Queue = queue.Queue()
+
+        def pump() -> None:
+            for line in self.proc.stdout:
+                self._lines.put(line)
+            self._lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, cmd: dict) -> None:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def receive(self, timeout: float) -> dict:
+        import queue
+
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise RuntimeError(f"worker {self.pid} did not answer within {timeout}s") from None
+        if line is None:
+            raise RuntimeError(f"worker {self.pid} exited ({self.proc.poll()}); see {self.log_path}")
+        return json.loads(line)
+
+    def request(self, cmd: dict, timeout: float = 60) -> dict:
+        self.send(cmd)
+        return self.receive(timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.send({"cmd": "quit"})
+                self.proc.wait(30)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                self.proc.kill()
+                self.proc.wait()
+
+
+def sum_stats(stats: list[dict]) -> dict:
+    out: dict = {}
+    for s in stats:
+        for k, v in s.items():
+            if isinstance(v, (int, float)):
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+def shm_tempdir(prefix: str) -> Path:
+    """Simulated devices' state dirs on tmpfs when there is one: their fsyncs cost nothing there, so the
+    load generator's disk is not what is measured."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+# -- py-spy (optional profiling evidence) -----------------------------------------------------------
+class PySpy:
+    """``py-spy record --format raw`` of a pid until ``stop()``; ``summary()`` lists the hottest frames."""
+
+    def __init__(self, pid: int, out: Path, *, rate: int = 100) -> None:
+        self.out = out
+        exe = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
+        if not Path(exe).exists():
+            raise RuntimeError("py-spy is not installed (pip install py-spy)")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([exe, "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate),
+                                      "--nonblocking", "--output", str(out)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def summary(self, top: int = 15) -> dict[str, list[tuple[str, float]]]:
+        """Share of samples per frame: ``self`` (leaf) and ``inclusive`` (anywhere on the stack)."""
+        leaf: dict[str, int] = {}
+        incl: dict[str, int] = {}
+        total = 0
+        try:
+            lines = self.out.read_text().splitlines()
+        except OSError:
+            return {"self": [], "inclusive": []}
+        for line in lines:
+            stack, _, count = line.rpartition(" ")
+            try:
+                n = int(count)
+            except ValueError:
+                continue
+            frames = stack.split(";")
+            total += n
+            leaf[frames[-1]] = leaf.get(frames[-1], 0) + n
+            for f in set(frames):
+                incl[f] = incl.get(f, 0) + n
+        if not total:
+            return {"self": [], "inclusive": []}
+
+        def ranked(d: dict[str, int]) -> list[tuple[str, float]]:
+            return [(f, round(100 * n / total, 1)) for f, n in sorted(d.items(), key=lambda kv: -kv[1])[:top]]
+
+        return {"self": ranked(leaf), "inclusive": ranked(incl), "samples": [("total", total)]}

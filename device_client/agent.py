@@ -144,8 +144,8 @@ class Agent:
         self.hub_url = hub_url
         self.link_url = link_url(hub_url)
         self.data_dir = Path(data_dir)
-        self._store = DeviceStore(self.data_dir)
-        self.root = self._store.root  # the device's filesystem for files the hub delivers
+        self.store = DeviceStore(self.data_dir)
+        self.root = self.store.root  # the device's filesystem for files the hub delivers
         self.clock = clock or Clock()
         self.facts = dict(facts or {})  # firmware, architecture, tags; tags have no hello field yet
         self.reboot_mode = reboot_mode
@@ -187,9 +187,11 @@ class Agent:
 
     # ---- the API other device modules use ----
 
-    def register(self, verb: str, handler: Handler) -> None:
-        """Answer commands ``cmd.<id>.<verb>`` with ``await handler(payload)`` (a dict, or None)."""
-        if verb in self._handlers:
+    def register(self, verb: str, handler: Handler, *, replace: bool = False) -> None:
+        """Answer commands ``cmd.<id>.<verb>`` with ``await handler(payload)`` (a dict, or None).
+
+        Two modules claiming one verb is a wiring mistake, so that raises unless ``replace``."""
+        if verb in self._handlers and not replace:
             raise ValueError(f"a handler for {verb!r} is already registered")
         self._handlers[verb] = handler
 
@@ -283,10 +285,8 @@ class Agent:
             else:
                 log.warning("%s: the hub refused the link (HTTP %d)", self._who(), exc.status_code)
         except _LINK_ERRORS as exc:
-            self._link_failed(exc)
-            log.log(logging.INFO if self._link_welcomed else logging.WARNING,
-                    "%s: link %s: %r", self._who(),
-                    "lost" if self._link_welcomed else "failed", exc)
+            log.log(logging.INFO if self._link_welcomed else logging.WARNING, "%s: link %s: %s",
+                    self._who(), "lost" if self._link_welcomed else "failed", self._link_failed(exc))
         finally:
             self._release_limiter()
             self._scope = None
@@ -366,15 +366,18 @@ class Agent:
             bootReason=self.boot_reason or "power_on",
             deviceClock=rfc3339(self.clock.now()),
             tunnelPublicKey=self.public_key_b64,
-            configVersionApplied=self._store.state.get("configVersionApplied"),
+            configVersionApplied=self.store.state.get("configVersionApplied"),
         )
         for provider in self._hello_providers:
             fields.update(provider())
         return protocol.Hello(**fields)
 
-    def _link_failed(self, exc: BaseException) -> None:
+    def _link_failed(self, exc: BaseException) -> str:
+        # trio-websocket wraps the OSError that says what went wrong ("connection refused")
+        described = f"{exc!r}: {exc.__cause__}" if exc.__cause__ else repr(exc)
         self._stats["link_failures"] += 1
-        self._last_error = repr(exc)
+        self._last_error = described
+        return described
 
     def _release_limiter(self) -> None:
         if self._limiter_held:
@@ -457,7 +460,7 @@ class Agent:
 
     async def _boot(self) -> None:
         self._booted_at = self.clock.monotonic()
-        boot = await trio.to_thread.run_sync(self._store.boot)
+        boot = await trio.to_thread.run_sync(self.store.boot)
         self.signing_key, self.boot_reason, self.boot_count = boot.key, boot.reason, boot.count
         self._reboot_reason, self._reboot_command, self._reboot_persisted = None, None, False
         # a boot forgets what was in memory, except the reply to the reboot command itself: a hub
@@ -473,7 +476,7 @@ class Agent:
         reply = self._replies.get(self._reboot_command or "")
         try:
             await trio.to_thread.run_sync(
-                self._store.prepare_reboot, self._reboot_reason, self._reboot_command,
+                self.store.prepare_reboot, self._reboot_reason, self._reboot_command,
                 reply.model_dump(exclude_none=True) if reply else None)
         except OSError as exc:
             log.error("%s: could not persist the boot reason (%s); the next hello will say "
@@ -512,7 +515,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     agent = Agent(args.hub, token, args.data_dir, reboot_mode=args.reboot_mode)
-    trio.run(agent.run)
+    try:
+        trio.run(agent.run)
+    except KeyboardInterrupt:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from quart_schema.openapi import APIKeySecurityScheme, HttpSecurityScheme, Info
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from hub.api import devices, fleets, health, link, pats
+from hub.api import access, audit, devices, fleets, health, link, oauth, pats, sessions
 from hub.auth import middleware
 from hub.errors import FleethubError, general_body, memtest_body, tunnel_body
 from hub.services import Services
@@ -55,7 +55,7 @@ def create_app(services: Services) -> QuartTrio:
         },
         security=[{"ApiTokenAuth": [], "ApiSecretAuth": []}, {"BearerAuth": []}],
     )
-    for module in (health, pats, devices, fleets, link):
+    for module in (health, pats, sessions, oauth, access, audit, devices, fleets, link):
         app.register_blueprint(module.bp)
 
     @app.before_request
@@ -68,6 +68,9 @@ def create_app(services: Services) -> QuartTrio:
     @app.after_request
     async def _after(response: Response) -> Response:
         response.headers["X-Request-ID"] = getattr(g, "request_id", None) or str(uuid.uuid4())
+        decision = getattr(g, "ratelimit", None)
+        if decision is not None:
+            response.headers.update(decision.headers())
         services.metrics.observe_request(request.method, response.status_code)
         middleware.audit(services, response.status_code)
         return response

@@ -22,6 +22,10 @@ from actors.device import DeviceActor
 from actors.fleet import FleetActor
 from actors.runtime import Registry, Supervisor
 from device_client.clock import Clock
+from hub.auth.cache import AuthCache
+from hub.auth.oauth import TokenSigner, load_or_create_key
+from hub.auth.ratelimit import RateLimiter
+from hub.auth.sessions import LoginThrottle
 from hub.events import EventHub
 from hub.metrics import Metrics
 from hub.settings import Settings
@@ -30,11 +34,13 @@ from storage.behind import WriteBehind
 from storage.db import Database
 from storage.devices import Devices
 from storage.fleets import Fleets
+from storage.identity import Identity
 from storage.migrate import migrate
 from storage.orgs import Orgs
 from storage.tokens import Tokens
 
 log = logging.getLogger("fleethub")
+AUTH_CHANNEL = "fleethub_auth"
 
 
 @dataclass
@@ -68,8 +74,20 @@ class Services:
         self.devices = Devices(self.db)
         self.fleets = Fleets(self.db)
         self.audit = Audit(self.db)
+        self.identity = Identity(self.db)
+        self.auth_cache = AuthCache()
+        self.rate_limiter = RateLimiter()
+        self.token_signer = TokenSigner(load_or_create_key(self.settings.data_dir))
+        self.login_throttle = LoginThrottle()
         self.presence = WriteBehind(self.devices.write_presence, interval=0.5, name="presence rows")
         self.audit_log = WriteBehind(self.audit.write_many, interval=1.0, name="audit events")
+
+    async def invalidate(self, *tags: str) -> None:
+        """Make an access change take effect now: forget cached lookups with these tags here, and
+        tell every other process on the database (PostgreSQL NOTIFY) to forget them too."""
+        for tag in tags:
+            self.auth_cache.forget(tag)
+            await self.db.execute("SELECT pg_notify($1, $2)", AUTH_CHANNEL, tag)
 
     async def device_actor(self, device_id: uuid.UUID) -> DeviceActor:
         return await self.registry.get(("device", device_id), lambda: DeviceActor(device_id, self))
@@ -111,6 +129,7 @@ async def open_services(settings: Settings, clock: Clock | None = None, *,
                 services = Services(settings=settings, clock=clock, db=db, nursery=nursery,
                                     supervisor=supervisor, registry=Registry(supervisor))
                 services.extras["embedded_pg"] = pg
+                await db.listen(AUTH_CHANNEL, services.auth_cache.forget)
                 if serving:
                     # This process holds no device links yet (one hub process per database).
                     await services.devices.mark_all_offline()

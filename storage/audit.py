@@ -1,10 +1,26 @@
-"""Audit events: one row per API call, written behind the response in batches."""
+"""Audit events: one row per API call, written behind the response in batches, and their query."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import uuid
+
+import asyncpg
 
 from storage.db import Database
+
+_COLUMNS = ("id", "org_id", "at", "actor_type", "actor_id", "actor_user_id", "credential_kind", "method", "path",
+            "query", "status", "request_id", "client_addr", "duration_ms", "action", "target", "details")
+_TYPES = ("uuid", "uuid", "timestamptz", "text", "text", "uuid", "text", "text", "text", "text", "int", "text",
+          "text", "real", "text", "text", "jsonb")
+
+
+def _event(row: asyncpg.Record) -> dict:
+    d = dict(row)
+    if isinstance(d.get("details"), str):
+        d["details"] = json.loads(d["details"])
+    return d
 
 
 class Audit:
@@ -12,15 +28,31 @@ class Audit:
         self.db = db
 
     async def write_many(self, events: list[dict]) -> None:
+        """All rows of a batch in one statement."""
         if not events:
             return
+        columns = [[e.get(c) for e in events] for c in _COLUMNS]
+        columns[-1] = [json.dumps(d) if d is not None else "{}" for d in columns[-1]]
+        params = ", ".join(f"${i + 1}::{t}[]" for i, t in enumerate(_TYPES))
         await self.db.execute(
-            """INSERT INTO audit_events (id, org_id, at, actor_type, actor_id, actor_user_id, method, path,
-                                         status, request_id, action, target, details)
-               SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::text[], $5::text[],
-                                    $6::uuid[], $7::text[], $8::text[], $9::int[], $10::text[], $11::text[],
-                                    $12::text[], $13::jsonb[])""",
-            *[list(col) for col in zip(*[
-                (e["id"], e.get("org_id"), e["at"], e["actor_type"], e.get("actor_id"), e.get("actor_user_id"),
-                 e["method"], e["path"], e["status"], e["request_id"], e.get("action"), e.get("target"),
-                 json.dumps(e.get("details") or {})) for e in events])])
+            f"INSERT INTO audit_events ({', '.join(_COLUMNS)}) SELECT * FROM unnest({params})", *columns)
+
+    async def query(self, org_id: uuid.UUID, *, offset: int, limit: int, since: dt.datetime | None = None,
+                    until: dt.datetime | None = None, method: str | None = None, path_prefix: str | None = None,
+                    actor_user_id: uuid.UUID | None = None) -> tuple[list[dict], int]:
+        where, args = ["org_id = $1"], [org_id]
+        for cond, value in (("at >= ${}", since), ("at <= ${}", until), ("method = ${}", method),
+                            ("starts_with(path, ${})", path_prefix), ("actor_user_id = ${}", actor_user_id)):
+            if value is not None:
+                args.append(value)
+                where.append(cond.format(len(args)))
+        sql_where = " AND ".join(where)
+
+        async def body(conn: asyncpg.Connection) -> tuple[list[dict], int]:
+            total = await conn.fetchval(f"SELECT count(*) FROM audit_events WHERE {sql_where}", *args)
+            rows = await conn.fetch(
+                f"SELECT * FROM audit_events WHERE {sql_where} ORDER BY at DESC, id "
+                f"OFFSET ${len(args) + 1} LIMIT ${len(args) + 2}", *args, offset, limit)
+            return [_event(r) for r in rows], total
+
+        return await self.db.run(body)

@@ -50,10 +50,18 @@ class WriteBehind:
 
     async def flush(self) -> None:
         while self._pending:
-            batch, self._pending = list(self._pending.values()), {}
+            taken, self._pending = self._pending, {}
+            batch = list(taken.values())
             try:
                 await self._flush(batch)
                 self.written += len(batch)
+            except trio.Cancelled:
+                # Shutting down mid-write: put the batch back (under anything newer) so the final,
+                # shielded flush in run() writes it.
+                for key, row in taken.items():
+                    newer = self._pending.get(key)
+                    self._pending[key] = merge_newer(row, newer) if newer is not None else row
+                raise
             except Exception:
                 # Keep the hub running; the rows are lost and counted, and the log says why.
                 self.failures += 1

@@ -58,6 +58,7 @@ class Database:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._pool: asyncpg.Pool | None = None
+        self._listeners: list[asyncpg.Connection] = []
 
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
@@ -83,9 +84,30 @@ class Database:
 
         self._pool = await self._cross(create_pool())
 
+    async def listen(self, channel: str, callback: Callable[[str], None]) -> None:
+        """Call ``callback(payload)`` in trio for every NOTIFY on ``channel`` (a dedicated connection)."""
+        token = trio.lowlevel.current_trio_token()
+
+        def on_notify(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+            try:
+                token.run_sync_soon(callback, payload)
+            except trio.RunFinishedError:
+                pass
+
+        async def setup() -> asyncpg.Connection:
+            conn = await asyncpg.connect(self.dsn)
+            await conn.add_listener(channel, on_notify)
+            return conn
+
+        self._listeners.append(await self._cross(setup()))
+
     async def close(self) -> None:
         if self._loop is None:
             return
+        for conn in self._listeners:
+            with trio.CancelScope(shield=True):
+                await self._cross(conn.close())
+        self._listeners.clear()
         if self._pool is not None:
             with trio.CancelScope(shield=True):
                 await self._cross(self._pool.close())

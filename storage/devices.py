@@ -51,9 +51,14 @@ class Devices:
             f"SELECT {DEVICE_COLUMNS} FROM devices WHERE token_hash = $1", token_hash))
 
     async def list(self, org_id: uuid.UUID, *, offset: int, limit: int, fleet_id: uuid.UUID | None = None,
-                   online: bool | None = None, tag: str | None = None) -> tuple[list[dict], int]:
+                   online: bool | None = None, tag: str | None = None,
+                   only: tuple[set, set] | None = None) -> tuple[list[dict], int]:
+        """``only`` = (device ids, fleet ids): restrict to devices granted directly or through a fleet."""
         where = ["org_id = $1"]
         args: list = [org_id]
+        if only is not None:
+            args += [list(only[0]), list(only[1])]
+            where.append(f"(id = ANY(${len(args) - 1}::uuid[]) OR fleet_id = ANY(${len(args)}::uuid[]))")
         if fleet_id is not None:
             args.append(fleet_id)
             where.append(f"fleet_id = ${len(args)}")

@@ -37,13 +37,18 @@ class Fleets:
             "FROM fleets f WHERE f.org_id = $1 AND f.id = $2", org_id, fleet_id)
         return dict(row) if row else None
 
-    async def list(self, org_id: uuid.UUID, *, offset: int, limit: int) -> tuple[list[dict], int]:
+    async def list(self, org_id: uuid.UUID, *, offset: int, limit: int,
+                   only: set | None = None) -> tuple[list[dict], int]:
+        """``only``: restrict to these fleet ids (a member's permitted fleets)."""
+        ids = list(only) if only is not None else None
+
         async def body(conn: asyncpg.Connection) -> tuple[list[dict], int]:
-            total = await conn.fetchval("SELECT count(*) FROM fleets WHERE org_id = $1", org_id)
+            cond = "f.org_id = $1 AND ($2::uuid[] IS NULL OR f.id = ANY($2::uuid[]))"
+            total = await conn.fetchval(f"SELECT count(*) FROM fleets f WHERE {cond}", org_id, ids)
             rows = await conn.fetch(
                 "SELECT f.*, (SELECT count(*) FROM devices d WHERE d.fleet_id = f.id) AS device_count "
-                "FROM fleets f WHERE f.org_id = $1 ORDER BY f.created_at, f.id OFFSET $2 LIMIT $3",
-                org_id, offset, limit)
+                f"FROM fleets f WHERE {cond} ORDER BY f.created_at, f.id OFFSET $3 LIMIT $4",
+                org_id, ids, offset, limit)
             return [dict(r) for r in rows], total
 
         return await self.db.run(body)

@@ -32,11 +32,12 @@ class Tokens:
         return status.endswith(" 1")
 
     async def find_pat_in_org(self, secret_hash: bytes, org_id) -> dict | None:
-        """The token with this secret and its user's role in ``org_id`` (None when not a member):
-        authentication and the organisation check in one crossing."""
+        """The token with this secret, its user's role in ``org_id`` (None when not a member) and the
+        organisation's rate-limit tier: authentication and the organisation check in one crossing."""
         row = await self.db.fetchrow(
-            "SELECT p.id, p.user_id, p.expires_at, u.is_staff, m.role "
+            "SELECT p.id, p.user_id, p.expires_at, u.is_staff, m.role, o.tier, o.rate_limit "
             "FROM pats p JOIN users u ON u.id = p.user_id "
             "LEFT JOIN memberships m ON m.user_id = p.user_id AND m.org_id = $2 "
+            "LEFT JOIN organizations o ON o.id = m.org_id "
             "WHERE p.secret_hash = $1", secret_hash, org_id)
         return dict(row) if row else None

@@ -15,7 +15,8 @@ from quart import Blueprint, make_response
 import trio
 
 from actors.device import Reboot, Send
-from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, require_admin, services
+from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
+from hub.auth.authz import Obj, authorize, require_org, scope_for_list
 from hub.api.validation import body, query, responds
 from hub.auth.pat import digest, new_device_token
 from hub.errors import BadRequest, NotFound
@@ -116,9 +117,19 @@ def device_json(row: dict) -> dict:
 
 
 async def _check_fleet(fleet_id: uuid.UUID | None) -> None:
-    # A reference to another organisation's fleet answers like a missing one: 400, not 404.
-    if fleet_id is not None and not await services().devices.fleet_in_org(org().org_id, fleet_id):
+    """The fleet a device goes into: it must be this organisation's (a foreign one is 400, like a
+    missing one), and the caller needs editor on it — or org-wide editor for no fleet."""
+    s = services()
+    if fleet_id is None:
+        await require_org(s, "editor")
+        return
+    if not await s.devices.fleet_in_org(org().org_id, fleet_id):
         raise BadRequest("fleet_id: no such fleet in this organisation", code="invalid_reference")
+    await authorize(s, "editor", Obj("fleet", fleet_id, fleet_id))
+
+
+def device_obj(row: dict) -> Obj:
+    return Obj("device", row["id"], row["fleet_id"])
 
 
 @bp.post("")
@@ -126,7 +137,6 @@ async def _check_fleet(fleet_id: uuid.UUID | None) -> None:
 @responds(DeviceCreatedEnvelope, 201)
 @errors(400, 401, 403)
 async def create_device(data: DeviceCreate):
-    require_admin()
     s = services()
     await _check_fleet(data.fleet_id)
     token = new_device_token()
@@ -140,17 +150,22 @@ async def create_device(data: DeviceCreate):
 @responds(DeviceList)
 @errors(400, 401, 403)
 async def list_devices(query_args: DeviceQuery):
-    rows, total = await services().devices.list(
+    s = services()
+    everything, ids, fleets = await scope_for_list(s, "viewer", "device")
+    rows, total = await s.devices.list(
         org().org_id, offset=query_args.offset, limit=query_args.limit, fleet_id=query_args.fleet_id,
-        online=query_args.online, tag=query_args.tag)
+        online=query_args.online, tag=query_args.tag, only=None if everything else (ids, fleets))
     return {"data": [device_json(r) for r in rows],
             "pagination": pagination(query_args.page, query_args.limit, total)}
 
 
-async def _load(device_id: str) -> dict:
-    row = await services().devices.get(org().org_id, parse_uuid(device_id, "device_id"))
+async def _load(device_id: str, relation: str) -> dict:
+    """The device of this organisation (else 404, like a missing one), if the caller holds ``relation``."""
+    s = services()
+    row = await s.devices.get(org().org_id, parse_uuid(device_id, "device_id"))
     if row is None:
         raise NotFound("device not found")
+    await authorize(s, relation, device_obj(row))
     return row
 
 
@@ -158,7 +173,7 @@ async def _load(device_id: str) -> dict:
 @responds(DeviceEnvelope)
 @errors(400, 401, 403, 404)
 async def get_device(device_id: str):
-    return {"data": device_json(await _load(device_id))}
+    return {"data": device_json(await _load(device_id, "viewer"))}
 
 
 @bp.patch("/<device_id>")
@@ -166,13 +181,14 @@ async def get_device(device_id: str):
 @responds(DeviceEnvelope)
 @errors(400, 401, 403, 404)
 async def update_device(device_id: str, data: DeviceUpdate):
-    require_admin()
     s = services()
     changes = data.model_dump(exclude_unset=True)
     if changes.get("name", "") is None or ("tags" in changes and changes["tags"] is None):
         raise BadRequest("name and tags cannot be null", code="invalid_field")
-    await _check_fleet(changes.get("fleet_id"))
-    row = await s.devices.update(org().org_id, parse_uuid(device_id, "device_id"), s.clock.now(), changes)
+    current = await _load(device_id, "editor")
+    if "fleet_id" in changes and changes["fleet_id"] != current["fleet_id"]:
+        await _check_fleet(changes["fleet_id"])
+    row = await s.devices.update(org().org_id, current["id"], s.clock.now(), changes)
     if row is None:
         raise NotFound("device not found")
     return {"data": device_json(row)}
@@ -182,9 +198,8 @@ async def update_device(device_id: str, data: DeviceUpdate):
 @responds(DeletedEnvelope)
 @errors(400, 401, 403, 404)
 async def delete_device(device_id: str):
-    require_admin()
     s = services()
-    dev_id = parse_uuid(device_id, "device_id")
+    dev_id = (await _load(device_id, "editor"))["id"]
     if not await s.devices.delete(org().org_id, dev_id):
         raise NotFound("device not found")
     link = s.links.get(dev_id)
@@ -197,9 +212,8 @@ async def delete_device(device_id: str):
 @responds(CommandEnvelope, 202)
 @errors(400, 401, 403, 404, 502, 503, 504)
 async def reboot_device(device_id: str):
-    require_admin()
     s = services()
-    row = await _load(device_id)
+    row = await _load(device_id, "editor")
     actor = await s.device_actor(row["id"])
     reply = await actor.ask(Reboot(), timeout=s.settings.command_timeout + 5)
     return {"data": {"deviceId": str(row["id"]), "state": "rebooting", "device": reply}}, 202
@@ -211,7 +225,7 @@ async def reboot_device(device_id: str):
 async def ping_device(device_id: str):
     """A live round trip to the device through its actor and the bus, with no side effect."""
     s = services()
-    row = await _load(device_id)
+    row = await _load(device_id, "viewer")
     actor = await s.device_actor(row["id"])
     started = trio.current_time()
     reply = await actor.ask(Send("ping", {}), timeout=s.settings.command_timeout + 5)
@@ -228,7 +242,7 @@ async def device_events(device_id: str):
     without bound; a comment line every 15 s keeps proxies from closing an idle stream.
     """
     s = services()
-    row = await _load(device_id)
+    row = await _load(device_id, "viewer")
     first = {"kind": "device.snapshot", "deviceId": str(row["id"]), "payload": device_json(row)}
     subscription = s.events.subscribe(("device", row["id"]))
 

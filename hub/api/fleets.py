@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
 from actors.fleet import Reload
-from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, require_admin, services
+from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
+from hub.auth.authz import Obj, authorize, require_org, scope_for_list
 from hub.api.validation import body, query, responds
 from hub.errors import BadRequest, Conflict, NotFound
 from storage.fleets import DuplicateName
@@ -78,7 +79,10 @@ async def _check_config(config_id: uuid.UUID | None) -> None:
 @responds(FleetList)
 @errors(400, 401, 403)
 async def list_fleets(query_args: PageQuery):
-    rows, total = await services().fleets.list(org().org_id, offset=query_args.offset, limit=query_args.limit)
+    s = services()
+    everything, ids, fleets = await scope_for_list(s, "viewer", "fleet")
+    rows, total = await s.fleets.list(org().org_id, offset=query_args.offset, limit=query_args.limit,
+                                      only=None if everything else ids | fleets)
     return {"data": [fleet_json(r) for r in rows],
             "pagination": pagination(query_args.page, query_args.limit, total)}
 
@@ -88,8 +92,8 @@ async def list_fleets(query_args: PageQuery):
 @responds(FleetEnvelope, 201)
 @errors(400, 401, 403, 409)
 async def create_fleet(data: FleetCreate):
-    require_admin()
     s = services()
+    await require_org(s, "editor")
     await _check_config(data.config_id)
     try:
         row = await s.fleets.create(org().org_id, s.clock.now(), **data.model_dump())
@@ -102,10 +106,16 @@ async def create_fleet(data: FleetCreate):
 @responds(FleetEnvelope)
 @errors(400, 401, 403, 404)
 async def get_fleet(fleet_id: str):
-    row = await services().fleets.get(org().org_id, parse_uuid(fleet_id, "fleet_id"))
+    return {"data": fleet_json(await _load(fleet_id, "viewer"))}
+
+
+async def _load(fleet_id: str, relation: str) -> dict:
+    s = services()
+    row = await s.fleets.get(org().org_id, parse_uuid(fleet_id, "fleet_id"))
     if row is None:
         raise NotFound("fleet not found")
-    return {"data": fleet_json(row)}
+    await authorize(s, relation, Obj("fleet", row["id"], row["id"]))
+    return row
 
 
 @bp.patch("/<fleet_id>")
@@ -113,9 +123,8 @@ async def get_fleet(fleet_id: str):
 @responds(FleetEnvelope)
 @errors(400, 401, 403, 404, 409)
 async def update_fleet(fleet_id: str, data: FleetUpdate):
-    require_admin()
     s = services()
-    fid = parse_uuid(fleet_id, "fleet_id")
+    fid = (await _load(fleet_id, "editor"))["id"]
     changes = data.model_dump(exclude_unset=True)
     for key in ("name", "tags", "description", "registry_proxy"):
         if key in changes and changes[key] is None:

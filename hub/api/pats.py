@@ -85,6 +85,8 @@ async def list_pats():
 @no_org
 @errors(401, 404)
 async def delete_pat(pat_id: str):
-    if not await services().tokens.delete_pat(pat_id, _user_id()):
+    s = services()
+    if not await s.tokens.delete_pat(pat_id, _user_id()):
         raise NotFound("token not found")
+    await s.invalidate(f"pat:{pat_id}")  # revoked for the very next request, in every hub process
     return {"data": {"id": pat_id, "deleted": True}}

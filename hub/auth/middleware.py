@@ -1,8 +1,15 @@
-"""Authentication and organisation context for every request, and the audit row after it.
+"""Authentication, organisation context, rate limits and the audit row, for every request.
 
 Views are authenticated and organisation-scoped unless marked: ``@public`` (health, metrics, the
-OpenAPI document, the device link which checks its own device token) or ``@no_org`` (the caller's
-own tokens). A PAT and its user's role in the organisation are found in one storage crossing.
+OpenAPI document, the device link which checks its own device token, the OAuth token endpoint) or
+``@no_org`` (the caller's own tokens, login). Credentials, in order of precedence:
+
+- ``X-API-Token-ID`` + ``X-API-Secret-Key``: a PAT;
+- ``Authorization: Bearer <jwt>``: a service account's access token (EdDSA, checked locally);
+- ``Authorization: Bearer <secret>``: a PAT secret;
+- the ``fleethub_session`` cookie: a dashboard session; mutating requests also need ``X-CSRF-Token``.
+
+Lookups go through the AuthCache, so a warm request costs no storage crossing for authentication.
 """
 
 from __future__ import annotations
@@ -11,16 +18,24 @@ import hmac
 import uuid
 from collections.abc import Callable
 
+import trio
 from quart import current_app, g, request
 from quart_schema import security_scheme
 
+from hub.auth.oauth import InvalidToken, looks_like_jwt
 from hub.auth.pat import digest
 from hub.auth.principals import OrgContext, Principal
-from hub.errors import BadRequest, Forbidden, Unauthenticated
+from hub.auth.ratelimit import limit_for
+from hub.errors import BadRequest, Forbidden, RateLimited, Unauthenticated
 
 ORG_HEADER = "X-Organization-ID"
+SESSION_COOKIE = "fleethub_session"
+CSRF_HEADER = "X-CSRF-Token"
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Routes quart-schema registers for the API document; they carry no credentials.
 PUBLIC_PATHS = frozenset({"/v1/openapi.json", "/v1/docs"})
+# Query parameters whose values never reach the audit log.
+_REDACT = ("token", "secret", "password", "key", "code")
 
 
 def public(view: Callable) -> Callable:
@@ -39,65 +54,170 @@ def _view() -> Callable | None:
     return current_app.view_functions.get(request.endpoint)
 
 
-def _credentials() -> tuple[str | None, str] | None:
-    token_id = request.headers.get("X-API-Token-ID")
+def client_addr() -> str:
+    return (request.remote_addr or "").split(",")[0].strip() or "unknown"
+
+
+def _credential() -> tuple[str, str | None, str] | None:
     secret = request.headers.get("X-API-Secret-Key")
     if secret:
-        return token_id, secret
-    auth = request.headers.get("Authorization", "")
-    scheme, _, value = auth.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return None, value.strip()
+        return "pat", request.headers.get("X-API-Token-ID"), secret
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    value = value.strip()
+    if scheme.lower() == "bearer" and value:
+        return ("jwt", None, value) if looks_like_jwt(value) else ("bearer", None, value)
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie:
+        return "session", None, cookie
     return None
 
 
 async def authenticate(services) -> None:
+    g.started = trio.current_time()
     view = _view()
     if view is None or getattr(view, "_fleethub_public", False) or request.path in PUBLIC_PATHS:
         return  # unknown routes fall through to their 404/405
-    creds = _credentials()
-    if creds is None:
-        raise Unauthenticated("authentication required: send X-API-Token-ID and X-API-Secret-Key, "
-                              "or Authorization: Bearer")
-    token_id, secret = creds
     needs_org = not getattr(view, "_fleethub_no_org", False)
-    org_id = None
-    if needs_org:
-        raw = request.headers.get(ORG_HEADER)
-        if not raw:
-            # Authenticate first so an anonymous caller learns nothing but 401.
-            await _principal(services, token_id, secret, None)
-            raise BadRequest(f"the {ORG_HEADER} header is required", code="missing_organization")
+    org_id, org_problem = None, None
+    raw = request.headers.get(ORG_HEADER)
+    if not raw:
+        org_problem = BadRequest(f"the {ORG_HEADER} header is required", code="missing_organization")
+    else:
         try:
             org_id = uuid.UUID(raw)
         except ValueError:
-            await _principal(services, token_id, secret, None)
-            raise BadRequest(f"{ORG_HEADER} is not a valid organisation id", code="invalid_organization") from None
-    role = await _principal(services, token_id, secret, org_id)
+            org_problem = BadRequest(f"{ORG_HEADER} is not a valid organisation id", code="invalid_organization")
+
+    cred = _credential()
+    if cred is None:
+        _limit(services, ("addr", client_addr()), None, None)
+        raise Unauthenticated("authentication required: send X-API-Token-ID and X-API-Secret-Key, "
+                              "or Authorization: Bearer")
+    kind, token_id, secret = cred
+    try:
+        if kind == "jwt":
+            principal, role, tier, custom = await _service(services, secret, org_id)
+        elif kind == "session":
+            principal, role, tier, custom = await _session(services, secret, org_id)
+        else:
+            principal, role, tier, custom = await _pat(services, token_id, secret, org_id, kind)
+    except Unauthenticated:
+        _limit(services, ("addr", client_addr()), None, None)
+        raise
+    g.principal = principal
+    in_org = needs_org and org_problem is None and role is not None
+    _limit(services, ("org", org_id) if in_org else ("principal", principal.id),
+           tier if in_org else None, custom if in_org else None)
+    if principal.via == "session" and request.method in MUTATING:
+        expected = getattr(g, "csrf_token", None)
+        if not expected or not hmac.compare_digest(request.headers.get(CSRF_HEADER, ""), expected):
+            raise Forbidden(f"a request made with the session cookie needs the {CSRF_HEADER} header",
+                            code="csrf_required")
     if needs_org:
+        if org_problem is not None:
+            raise org_problem
         if role is None:
             raise Forbidden("not a member of this organisation")
         g.org = OrgContext(org_id, role)
 
 
-async def _principal(services, token_id: str | None, secret: str, org_id: uuid.UUID | None) -> str | None:
-    row = await services.tokens.find_pat_in_org(digest(secret), org_id)
+def _limit(services, key: object, tier: str | None, custom: int | None) -> None:
+    decision = services.rate_limiter.hit(key, limit_for(tier, custom), services.clock.now())
+    g.ratelimit = decision
+    if not decision.allowed:
+        exc = RateLimited("rate limit exceeded; see X-RateLimit-Reset", retry_after=decision.retry_after)
+        exc.headers.update(decision.headers())
+        raise exc
+
+
+async def _pat(services, token_id, secret, org_id, kind):
+    h = digest(secret)
+    key = ("pat", h, org_id)
+    row = services.auth_cache.get(key)
+    if row is None:
+        row = await services.tokens.find_pat_in_org(h, org_id)
+        if row is None:
+            raise Unauthenticated("invalid API token")
+        services.auth_cache.put(key, row, frozenset({f"pat:{row['id']}", f"user:{row['user_id']}",
+                                                     f"org:{org_id}"}))
     # One message for every failure: never tell a caller which half of a credential was wrong.
-    if row is None or (token_id is not None and not hmac.compare_digest(row["id"], token_id)):
+    if token_id is not None and not hmac.compare_digest(row["id"], token_id):
         raise Unauthenticated("invalid API token")
     if row["expires_at"] is not None and row["expires_at"] <= services.clock.now():
         raise Unauthenticated("API token expired")
-    g.principal = Principal(kind="user", id=row["id"], user_id=row["user_id"], is_staff=row["is_staff"],
-                            via="pat" if token_id else "bearer")
-    return row["role"]
+    principal = Principal(kind="user", id=row["id"], user_id=row["user_id"], is_staff=row["is_staff"],
+                          via="pat" if kind == "pat" else "bearer")
+    return principal, row["role"], row["tier"], row["rate_limit"]
+
+
+async def _session(services, cookie, org_id):
+    h = digest(cookie)
+    key = ("session", h, org_id)
+    row = services.auth_cache.get(key)
+    if row is None:
+        row = await services.identity.find_session_in_org(h, org_id)
+        if row is None:
+            raise Unauthenticated("the session ended; sign in again")
+        services.auth_cache.put(key, row, frozenset({f"session:{h.hex()}", f"user:{row['user_id']}",
+                                                     f"org:{org_id}"}))
+    if row["expires_at"] <= services.clock.now():
+        raise Unauthenticated("the session expired; sign in again")
+    g.csrf_token = row["csrf_token"]
+    g.session_hash = h
+    principal = Principal(kind="user", id="session", user_id=row["user_id"], is_staff=row["is_staff"], via="session")
+    return principal, row["role"], row["tier"], row["rate_limit"]
+
+
+async def _service(services, token, org_id):
+    try:
+        claims = services.token_signer.verify(token, services.clock.now())
+    except InvalidToken as exc:
+        raise Unauthenticated(str(exc)) from None
+    key = ("service", claims.service_id)
+    alive = services.auth_cache.get(key)
+    if alive is None:
+        alive = await services.identity.service_account_exists(claims.service_id)
+        services.auth_cache.put(key, alive, frozenset({f"service:{claims.service_id}"}))
+    if not alive:
+        raise Unauthenticated("the service account was deleted")
+    org = await org_row(services, claims.org_id)
+    principal = Principal(kind="service", id=str(claims.service_id), service_id=claims.service_id, via="oauth")
+    role = "service" if org_id == claims.org_id else None
+    return principal, role, org["tier"] if org else None, org["rate_limit"] if org else None
+
+
+async def org_row(services, org_id: uuid.UUID) -> dict | None:
+    key = ("orgrow", org_id)
+    row = services.auth_cache.get(key)
+    if row is None:
+        row = await services.orgs.get_org(org_id) or {}
+        services.auth_cache.put(key, row, frozenset({f"org:{org_id}"}))
+    return row or None
+
+
+def _query_for_audit() -> str | None:
+    if not request.args:
+        return None
+    parts = []
+    for k, v in request.args.items(multi=True):
+        parts.append(f"{k}=[redacted]" if any(word in k.lower() for word in _REDACT) else f"{k}={v}")
+    return "&".join(parts)[:1000]
 
 
 def audit(services, status: int) -> None:
     p: Principal | None = getattr(g, "principal", None)
-    if p is None or not request.path.startswith("/v1/"):
+    if not request.path.startswith("/v1/") or request.path in PUBLIC_PATHS:
+        return
+    view = _view()
+    if view is not None and getattr(view, "_fleethub_public", False) and p is None:
         return
     o = getattr(g, "org", None)
+    started = getattr(g, "started", None)
     services.audit_log.append({
         "id": uuid.uuid4(), "org_id": o.org_id if o else None, "at": services.clock.now(),
-        **p.audit_actor, "method": request.method, "path": request.path, "status": status,
-        "request_id": g.request_id, "action": request.endpoint, "target": None, "details": None})
+        "actor_type": p.kind if p else "anonymous", "actor_id": p.id if p else None,
+        "actor_user_id": p.user_id if p else None, "credential_kind": p.credential_kind if p else None,
+        "method": request.method, "path": request.path, "query": _query_for_audit(), "status": status,
+        "request_id": g.request_id, "client_addr": client_addr(),
+        "duration_ms": round((trio.current_time() - started) * 1000, 3) if started is not None else None,
+        "action": request.endpoint, "target": None, "details": getattr(g, "audit_details", None)})

@@ -8,21 +8,22 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Principal:
-    kind: str                    # "user" (PAT or session) or "service" (OAuth client)
-    id: str                      # the credential's id: PAT id, service account id
-    user_id: uuid.UUID | None    # the person behind a PAT or session
+    kind: str                          # "user" (PAT or dashboard session) or "service" (OAuth client)
+    id: str                            # the credential's public id: PAT id, "session", service account id
+    user_id: uuid.UUID | None = None   # the person behind a PAT or session
+    service_id: uuid.UUID | None = None
     is_staff: bool = False
-    via: str = "pat"             # pat | bearer | session
+    via: str = "pat"                   # pat | bearer (PAT secret as bearer) | session | oauth
 
     @property
-    def audit_actor(self) -> dict:
-        return {"actor_type": self.kind, "actor_id": self.id, "actor_user_id": self.user_id}
+    def credential_kind(self) -> str:
+        return {"pat": "pat", "bearer": "pat", "session": "session", "oauth": "service_account"}[self.via]
 
 
 @dataclass(frozen=True)
 class OrgContext:
     org_id: uuid.UUID
-    role: str                    # admin | member
+    role: str                          # admin | member | service
 
     @property
     def is_admin(self) -> bool:

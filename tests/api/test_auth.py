@@ -207,6 +207,9 @@ async def test_member_reads_but_cannot_mutate(hub):
         assert r.json()["pagination"]["total"] == 1
         r = await hub.call("GET", f"/v1/fleets/{fleet_id}")
         assert r.json()["data"]["name"] == "f1"
+        # ping changes nothing, so a member may send it: it gets past authorisation to the (offline) device
+        r = await hub.call("POST", f"/v1/devices/{dev_id}/ping", headers=member)
+        assert_error(r, 503, "device_offline")
         # a member manages their own PATs
         r = await hub.call("POST", "/v1/pats", json={"description": "mine"}, headers=member)
         assert r.status_code == 201, r.text

@@ -6,6 +6,7 @@ import json
 import re
 import uuid
 
+import httpx
 import pytest
 import trio
 
@@ -86,6 +87,38 @@ async def test_unknown_and_missing_fields_are_400_naming_the_field(hub):
         assert r.json()["pagination"]["total"] == 0
 
 
+BIG_BODY = b'{"name": "' + b"x" * (2 * 1024 * 1024) + b'"}'
+
+
+async def test_oversized_body_is_json_413(hub):
+    with trio.fail_after(20):
+        # its own connection: see the keep-alive test below for what happens to the connection
+        async with httpx.AsyncClient(timeout=10) as client:
+            r = await client.post(hub.base_url + "/v1/devices", content=BIG_BODY,
+                                  headers={**hub.headers, "Content-Type": "application/json"})
+        assert_error(r, 413, "payload_too_large")
+        r = await hub.call("GET", "/v1/devices")
+        assert r.json()["pagination"]["total"] == 0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: a 413 is sent before the request body is read, without Connection: close; hypercorn then "
+    "stops reading that connection about 1 time in 3, so the client's next keep-alive request on it "
+    "hangs forever (hub/app.py _http_error should set Connection: close on 413)"))
+async def test_connection_after_413_is_closed_or_usable(hub):
+    with trio.fail_after(60):
+        for _ in range(5):
+            async with httpx.AsyncClient(timeout=10) as client:
+                r = await client.post(hub.base_url + "/v1/devices", content=BIG_BODY,
+                                      headers={**hub.headers, "Content-Type": "application/json"})
+                assert r.status_code == 413
+                assert r.headers.get("connection", "").lower() == "close", \
+                    "the unread body makes the connection unusable; the server must say so"
+                with trio.fail_after(5):
+                    r = await client.get(hub.base_url + "/v1/devices", headers=hub.headers)
+                assert r.status_code == 200
+
+
 async def test_request_id_on_every_response_and_echoed(hub):
     with trio.fail_after(20):
         seen = set()
@@ -144,21 +177,20 @@ async def test_metrics_prometheus_text(hub):
         assert after == before + 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: /v1/openapi.json (and /v1/docs) need a PAT and an organisation; "
-                   "hub/auth/middleware.py says the OpenAPI document is public but quart-schema's views "
-                   "are never marked @public")
 async def test_openapi_document_is_public(hub):
     with trio.fail_after(20):
-        r = await hub.call("GET", "/v1/openapi.json", headers={})
-        assert r.status_code == 200, r.text
-        assert r.json()["openapi"].startswith("3.")
+        for headers in ({}, {"X-API-Token-ID": hub.pat[0], "X-API-Secret-Key": hub.pat[1]}, hub.headers):
+            r = await hub.call("GET", "/v1/openapi.json", headers=headers)
+            assert r.status_code == 200, r.text
+            assert r.json()["openapi"].startswith("3.")
         r = await hub.call("GET", "/v1/docs", headers={})
         assert r.status_code == 200, r.text
+        assert "text/html" in r.headers["content-type"]
 
 
 async def test_openapi_covers_every_route_and_security_schemes(hub):
     with trio.fail_after(20):
-        r = await hub.call("GET", "/v1/openapi.json")  # with credentials: see the xfail above
+        r = await hub.call("GET", "/v1/openapi.json", headers={})
         assert r.status_code == 200
         doc = json.loads(r.text)
         assert re.match(r"^3\.\d+\.\d+$", doc["openapi"]), doc["openapi"]

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import json
 import logging
 import os
 import random
 import stat
+import subprocess
+import sys
 
 import pytest
 import trio
@@ -122,6 +125,7 @@ async def test_ping_unknown_verb_and_failing_handlers(hub, nursery, tmp_path):
         agent.register("refuses", refuses)
         with pytest.raises(ValueError):
             agent.register("ping", broken)
+        agent.register("refuses", refuses, replace=True)
         await start(nursery, agent)
         link = await hub.next_link()
 
@@ -359,3 +363,29 @@ async def test_state_is_consumed_at_boot(tmp_path):
     assert (agent.boot_reason, agent.boot_count) == ("reboot", 5)
     assert json.loads((tmp_path / "state.json").read_text()) == {"bootCount": 5}
     assert os.path.isdir(tmp_path / "root")
+
+
+async def test_standalone_agent_reexecs_itself_on_reboot(hub, nursery, tmp_path):
+    # the real thing: `python -m device_client.agent` as a process, rebooted by command
+    token_file = tmp_path / "token"
+    token_file.write_text("tok\n")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    cmd = [sys.executable, "-m", "device_client.agent", "--hub", hub.url, "--data-dir",
+           str(tmp_path / "dev"), "--token-file", str(token_file), "--reboot-mode", "exec"]
+    with trio.fail_after(15):
+        proc = await nursery.start(functools.partial(trio.run_process, cmd, env=env, check=False,
+                                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        try:
+            link = await hub.next_link()
+            assert link.hello.bootReason == "power_on" and link.authorization == "Bearer tok"
+            assert (await link.command("reboot", id="r")).ok
+            await link.closed.wait()
+            link2 = await hub.next_link()
+            # execv keeps the pid: the same process, booted again
+            assert proc.returncode is None
+            assert link2.hello.bootReason == "reboot"
+            assert link2.hello.tunnelPublicKey == link.hello.tunnelPublicKey
+            assert (await link2.command("reboot", id="r")).payload == {"rebooting": True}
+            assert (await link2.command("ping")).ok  # the repeated reboot id did not reboot again
+        finally:
+            proc.kill()

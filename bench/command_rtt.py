@@ -1,0 +1,199 @@
+"""Command round trip REST → device actor → bus → WebSocket → device agent → reply → REST answer.
+
+    python bench/command_rtt.py [--smoke] [--devices 1000] [--requests 2000] [--concurrency 1,16]
+
+``fleethub serve`` in its own process with ``--devices`` devices (inserted in SQL, as in capacity.py)
+connected from one load-generator process running ``device_client.agent.Agent``; the requests come
+from a third process (bench/_httpload.py: trio + h11, keep-alive, closed loop at each concurrency).
+
+The command measured is ``POST /v1/devices/{id}/ping`` when the hub has it (a real round trip with no
+side effect; its answer also carries the hub's own ``roundTripMs`` from the actor's ask to the
+device's reply). Without it the script falls back to ``POST /v1/devices/{id}/reboot``: each request
+goes to a different device, every device is rebooted at most once per concurrency level, and the
+next level waits until every device has reconnected.
+
+For scale, the same client is also run against the bare Quart-Trio app's JSON route (no storage, no
+device): the floor that the client, HTTP parsing and hypercorn alone cost on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (BENCH_DIR, OUT_DIR, PY, REPO, HubProcess, PySpy, Worker, command_line, cpu_seconds,  # noqa: E402
+                     facts_line, free_port, http_json, insert_devices, loadavg, log, machine_facts, md_table,
+                     shm_tempdir, wait_http, write_section)
+
+
+def load(cfg: dict, timeout: float) -> dict:
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / f"httpload-{time.monotonic_ns()}.json"
+    path.write_text(json.dumps(cfg))
+    try:
+        r = subprocess.run([PY, str(BENCH_DIR / "_httpload.py"), str(path)], capture_output=True, text=True,
+                           timeout=timeout, cwd=str(REPO))
+    finally:
+        path.unlink(missing_ok=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"load generator failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout)
+
+
+def wait_all_connected(hub: HubProcess, n: int, timeout: float) -> bool:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if int(hub.metrics().get("fleethub_connected_devices", 0)) >= n:
+            return True
+        time.sleep(0.25)
+    return False
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--smoke", action="store_true", help="tiny size, < 30 s; results go to bench/out/")
+    p.add_argument("--devices", type=int, default=1000)
+    p.add_argument("--requests", type=int, default=2000, help="measured requests per concurrency level")
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--concurrency", default="1,16")
+    p.add_argument("--command", choices=["auto", "ping", "reboot"], default="auto")
+    p.add_argument("--no-floor", action="store_true", help="skip the bare-app floor")
+    p.add_argument("--py-spy", action="store_true", help="record the hub with py-spy at the highest concurrency")
+    p.add_argument("--quiet-wait", type=float, default=120.0,
+                   help="wait up to this long for the machine to be < 25%% busy before measuring")
+    p.add_argument("--no-write", action="store_true")
+    args = p.parse_args()
+    if args.smoke:
+        args.devices, args.requests, args.warmup = 20, 100, 20
+    levels = [int(c) for c in args.concurrency.split(",")]
+    facts = machine_facts(0 if args.smoke else args.quiet_wait)
+
+    hub = HubProcess.start(heartbeat_interval=30.0, name="rtt-hub")
+    sim_root = shm_tempdir("fleethub-bench-rtt-")
+    worker = None
+    results: dict = {"levels": []}
+    try:
+        hub.bootstrap()
+        devices = insert_devices(hub.dsn(), hub.org_id, args.devices)
+        ids = [d for d, _ in devices]
+        worker = Worker("agent", "--hub", hub.base_url, "--data-dir", str(sim_root), name="rtt-sim")
+        (sim_root / "devices.json").write_text(json.dumps(devices))
+        worker.send({"cmd": "add", "devices_file": str(sim_root / "devices.json"), "timeout": 120})
+        if not wait_all_connected(hub, args.devices, 150):
+            raise RuntimeError("the devices did not all connect")
+        worker.receive(180)
+        log(f"{args.devices} devices connected to {hub.base_url}")
+        time.sleep(1)
+
+        command = args.command
+        if command == "auto":
+            status, body = http_json("POST", f"{hub.base_url}/v1/devices/{ids[0]}/ping", headers=hub.headers)
+            command = "ping" if status == 200 else "reboot"
+            log(f"POST /ping answered {status}: measuring {command}")
+        results["command"] = command
+        base_cfg = {"url": hub.base_url, "method": "POST", "headers": hub.headers, "timeout": 30}
+        for c in levels:
+            if command == "ping":
+                n = args.warmup + args.requests
+                paths = [f"/v1/devices/{ids[i % len(ids)]}/ping" for i in range(n)]
+                cfg = {**base_cfg, "paths": paths, "concurrency": c, "warmup": args.warmup, "field": "roundTripMs"}
+            else:
+                n = min(args.requests, len(ids))  # each device once at this level
+                paths = [f"/v1/devices/{ids[i]}/reboot" for i in range(n)]
+                cfg = {**base_cfg, "paths": paths, "concurrency": c, "warmup": 0}
+            spy = PySpy(hub.pid, OUT_DIR / "command_rtt-hub.pyspy.txt") if args.py_spy and c == max(levels) else None
+            cpu0, t0 = cpu_seconds(hub.pid), time.monotonic()
+            r = load(cfg, timeout=600)
+            cpu = cpu_seconds(hub.pid) - cpu0
+            wall = time.monotonic() - t0
+            if spy:
+                spy.stop()
+                r["py_spy"] = spy.summary()
+            r["concurrency"] = c
+            r["hub_cpu_percent"] = round(100 * cpu / wall, 1)
+            results["levels"].append(r)
+            log(f"c={c}: {json.dumps({k: v for k, v in r.items() if k != 'py_spy'})}")
+            if command == "reboot" and not wait_all_connected(hub, args.devices, 120):
+                raise RuntimeError("the devices did not all come back after the reboots")
+            time.sleep(3 if command == "reboot" else 0.5)
+    finally:
+        if worker is not None:
+            worker.stop()
+        hub.stop()
+        shutil.rmtree(sim_root, ignore_errors=True)
+
+    if not args.no_floor:
+        port = free_port()
+        logf = (OUT_DIR / "rtt-bare.log").open("wb")
+        app = subprocess.Popen([PY, str(BENCH_DIR / "_bare_app.py"), "--port", str(port)], stdout=logf,
+                               stderr=subprocess.STDOUT, cwd=str(REPO))
+        logf.close()
+        try:
+            wait_http(f"http://127.0.0.1:{port}/healthz", 30, app, "the bare app")
+            results["floor"] = []
+            for c in levels:
+                n = args.warmup + args.requests
+                r = load({"url": f"http://127.0.0.1:{port}", "method": "GET", "timeout": 30, "concurrency": c,
+                          "warmup": args.warmup, "paths": [f"/v1/devices/{i}" for i in range(n)]}, timeout=300)
+                r["concurrency"] = c
+                results["floor"].append(r)
+                log(f"floor c={c}: {json.dumps(r)}")
+        finally:
+            app.send_signal(2)
+            try:
+                app.wait(20)
+            except subprocess.TimeoutExpired:
+                app.kill()
+
+    (OUT_DIR / f"command_rtt{'-smoke' if args.smoke else ''}.json").write_text(json.dumps(results, indent=1))
+    body = render(results, facts, args)
+    print(body)
+    if not args.no_write or args.smoke:
+        log(f"wrote {write_section('command_rtt', body, smoke=args.smoke)}")
+    bad = [r for r in results["levels"] if r["error_count"] or set(r["statuses"]) - {"200", "202"}]
+    return 1 if (args.smoke and bad) else 0
+
+
+def render(r: dict, facts: dict, args) -> str:
+    verb = "ping" if r["command"] == "ping" else "reboot"
+    rows = []
+    for lv in r["levels"]:
+        s, f = lv["summary"], lv.get("field_summary", {})
+        rows.append([lv["concurrency"], f"{lv['measured']:,}", json.dumps(lv["statuses"]), lv["error_count"],
+                     s.get("p50", "—"), s.get("p90", "—"), s.get("p99", "—"), s.get("max", "—"), s.get("mean", "—"),
+                     lv["rps"], f.get("p50", "—") if f.get("n") else "—", f.get("p99", "—") if f.get("n") else "—",
+                     lv["hub_cpu_percent"]])
+    out = ["## Command round trip (bench/command_rtt.py)", "", f"`{command_line()}`", "",
+           f"{facts_line(facts)}; load average at end {loadavg()}", "",
+           f"`POST /v1/devices/{{id}}/{verb}` with {args.devices:,} devices connected (one load-generator "
+           f"process of `Agent`s), requests spread round-robin over the devices, closed loop, keep-alive, "
+           f"from a separate trio+h11 client process. Latency is the client's, request sent to answer read, ms.",
+           ""]
+    if verb == "reboot":
+        out += ["The hub has no ping endpoint in this run: each device is rebooted at most once per level "
+                "(the agent answers, then reconnects), and each level waits for all devices to reconnect.", ""]
+    out += [md_table(["concurrency", "requests", "statuses", "errors", "p50 ms", "p90 ms", "p99 ms", "max ms",
+                      "mean ms", "req/s", "hub roundTripMs p50", "hub roundTripMs p99", "hub CPU %"], rows)]
+    if r.get("floor"):
+        out += ["", "Floor: the same client against the bare Quart-Trio JSON route (no storage, no device):", "",
+                md_table(["concurrency", "requests", "p50 ms", "p99 ms", "req/s"],
+                         [[f["concurrency"], f"{f['measured']:,}", f["summary"].get("p50"), f["summary"].get("p99"),
+                           f["rps"]] for f in r["floor"]])]
+    worst = max((lv["summary"].get("p99", 0) for lv in r["levels"]), default=0)
+    out += ["", f"**Worst p99: {worst} ms** (aim ≤ 50 ms)."]
+    for lv in r["levels"]:
+        if lv.get("py_spy"):
+            out += ["", f"py-spy of the hub at concurrency {lv['concurrency']} (share of samples, self time):", ""]
+            out += [f"- {pct}% {frame}" for frame, pct in lv["py_spy"]["self"][:10]]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Where a connected device's memory goes in the hub: tracemalloc and object counts per device.
+
+    python bench/memory_profile.py [--devices 2000] [--top 25]
+
+Not a benchmark (tracemalloc slows the hub and adds its own memory): an explanation of capacity.py's
+KiB/device. The hub runs in this process (``hub.server.run_hub``, embedded PostgreSQL in a temp dir)
+under tracemalloc; the devices (``device_client.agent.Agent``) run in a bench/_simworker.py process.
+After they are all linked, the snapshot difference is grouped by source line and by file, divided by
+the number of devices, and the live objects are counted by type (also per device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shutil
+import sys
+import tempfile
+import time
+import tracemalloc
+import uuid
+from collections import Counter
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import trio  # noqa: E402
+
+from _common import OUT_DIR, Worker, insert_devices, log, shm_tempdir  # noqa: E402
+
+
+def type_counts() -> Counter:
+    gc.collect()
+    return Counter(type(o).__qualname__ for o in gc.get_objects())
+
+
+async def main(args) -> None:
+    from hub.auth.pat import digest, new_pat
+    from hub.server import run_hub
+    from hub.settings import Settings
+
+    data = Path(tempfile.mkdtemp(prefix="fleethub-bench-mem-"))
+    sim_root = shm_tempdir("fleethub-bench-memsim-")
+    worker = None
+    try:
+        async with trio.open_nursery() as nursery:
+            services, base_url = await nursery.start(partial(
+                run_hub, Settings(data_dir=data, port=0, heartbeat_interval=30.0, log_level="WARNING")))
+            now = services.clock.now()
+            org = await services.orgs.create_org("mem", now)
+            user = await services.orgs.create_user(f"m-{uuid.uuid4().hex[:6]}@x.local", now)
+            await services.orgs.add_member(org["id"], user["id"], "admin", now)
+            pat_id, secret = new_pat()
+            await services.tokens.create_pat(pat_id, user["id"], digest(secret), now)
+            dsn = services.extras["embedded_pg"].dsn
+            devices = await trio.to_thread.run_sync(insert_devices, dsn, str(org["id"]), args.devices)
+            worker = Worker("agent", "--hub", base_url, "--data-dir", str(sim_root), name="mem-sim")
+            # one device first, so that first-use caches and imports are in the baseline
+            (sim_root / "d0.json").write_text(json.dumps(devices[:1]))
+            await trio.to_thread.run_sync(partial(worker.request, {"cmd": "add", "devices_file": str(sim_root / "d0.json")}, 120))
+            await trio.sleep(1)
+            counts0 = type_counts()
+            snap0 = tracemalloc.take_snapshot()
+            (sim_root / "d1.json").write_text(json.dumps(devices[1:]))
+            t0 = time.monotonic()
+            await trio.to_thread.run_sync(partial(worker.request, {"cmd": "add", "devices_file": str(sim_root / "d1.json")}, 600))
+            with trio.fail_after(120):
+                while len(services.links) < args.devices:
+                    await trio.sleep(0.2)
+            log(f"{args.devices} linked in {time.monotonic() - t0:.1f}s; settling")
+            await trio.sleep(3)
+            counts1 = type_counts()
+            snap1 = tracemalloc.take_snapshot()
+            n = args.devices - 1
+            flt = [tracemalloc.Filter(False, tracemalloc.__file__)]
+            snap0, snap1 = snap0.filter_traces(flt), snap1.filter_traces(flt)
+            total = sum(s.size_diff for s in snap1.compare_to(snap0, "filename"))
+            lines = [f"tracemalloc: +{total / n / 1024:.1f} KiB of Python allocations per device "
+                     f"({n} devices)", "", "by file (KiB/device):"]
+            for s in snap1.compare_to(snap0, "filename")[:args.top]:
+                lines.append(f"  {s.size_diff / n / 1024:7.2f}  {s.count_diff / n:6.1f} blocks  "
+                             f"{s.traceback[0].filename.split('site-packages/')[-1]}")
+            lines += ["", "by line (KiB/device):"]
+            for s in snap1.compare_to(snap0, "lineno")[:args.top]:
+                fr = s.traceback[0]
+                lines.append(f"  {s.size_diff / n / 1024:7.2f}  {s.count_diff / n:6.1f} blocks  "
+                             f"{fr.filename.split('site-packages/')[-1]}:{fr.lineno}")
+            lines += ["", "live objects per device, by type:"]
+            diff = counts1 - counts0
+            for name, c in diff.most_common(args.top):
+                lines.append(f"  {c / n:7.2f}  {name}")
+            text = "\n".join(lines)
+            print(text)
+            OUT_DIR.mkdir(parents=True, exist_ok=True)
+            (OUT_DIR / "memory_profile.txt").write_text(text + "\n")
+            nursery.cancel_scope.cancel()
+    finally:
+        if worker is not None:
+            worker.stop()
+        shutil.rmtree(sim_root, ignore_errors=True)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--devices", type=int, default=2000)
+    p.add_argument("--top", type=int, default=25)
+    a = p.parse_args()
+    tracemalloc.start(1)
+    trio.run(main, a)

@@ -1,0 +1,46 @@
+"""A short-lived cache of authentication lookups, so a request costs no storage crossing for them.
+
+Entries live ``ttl`` seconds (trio time) and carry string tags (``pat:<id>``, ``user:<id>``,
+``org:<id>``, ``session:<hash>``, ``service:<id>``, ``relations:<org>``, ``subject:<id>``). What must
+take effect at once — a PAT deleted, a user removed, a role changed, a session ended, a service
+account deleted, a relation granted or revoked — calls ``Services.invalidate(tag)`` before it
+answers: that forgets the tag here at once and sends it with PostgreSQL NOTIFY to every other process
+on the database (``fleethub admin`` included), which forget it too. Expiry of a PAT or session is
+checked on every request against the cached expiry, never cached away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import trio
+
+
+class AuthCache:
+    def __init__(self, ttl: float = 30.0, max_entries: int = 50_000) -> None:
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._entries: dict[Hashable, tuple[float, frozenset, Any]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: Hashable) -> Any | None:
+        entry = self._entries.get(key)
+        if entry is None or entry[0] < trio.current_time():
+            self.misses += 1
+            return None
+        self.hits += 1
+        return entry[2]
+
+    def put(self, key: Hashable, value: Any, tags: frozenset) -> None:
+        if len(self._entries) >= self.max_entries:
+            self._entries.clear()  # rare; bounded memory matters more than hit rate
+        self._entries[key] = (trio.current_time() + self.ttl, tags, value)
+
+    def forget(self, tag: str) -> None:
+        for key in [k for k, (_, tags, _) in self._entries.items() if tag in tags]:
+            del self._entries[key]
+
+    def clear(self) -> None:
+        self._entries.clear()
