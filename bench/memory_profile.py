@@ -92,6 +92,32 @@ async def main(args) -> None:
             diff = counts1 - counts0
             for name, c in diff.most_common(args.top):
                 lines.append(f"  {c / n:7.2f}  {name}")
+            if args.reconnect:
+                # every link dropped and made again: what is still there that was not before
+                await trio.to_thread.run_sync(worker.stop)
+                with trio.fail_after(120):
+                    while services.links:
+                        await trio.sleep(0.2)
+                await trio.sleep(2)
+                worker = Worker("agent", "--hub", base_url, "--data-dir", str(sim_root), name="mem-sim2")
+                (sim_root / "all.json").write_text(json.dumps(devices))
+                await trio.to_thread.run_sync(partial(worker.request, {"cmd": "add", "devices_file": str(sim_root / "all.json")}, 600))
+                with trio.fail_after(120):
+                    while len(services.links) < args.devices:
+                        await trio.sleep(0.2)
+                await trio.sleep(3)
+                counts2 = type_counts()
+                snap2 = tracemalloc.take_snapshot().filter_traces(flt)
+                grow = sum(s.size_diff for s in snap2.compare_to(snap1, "filename"))
+                lines += ["", f"after every device disconnected and reconnected once: +{grow / n / 1024:.2f} KiB "
+                              "per device still allocated compared with the first connect; by line:"]
+                for s in snap2.compare_to(snap1, "lineno")[:args.top // 2]:
+                    fr = s.traceback[0]
+                    lines.append(f"  {s.size_diff / n / 1024:7.2f}  {s.count_diff / n:6.1f} blocks  "
+                                 f"{fr.filename.split('site-packages/')[-1]}:{fr.lineno}")
+                lines += ["", "objects per device gained over the reconnect, by type:"]
+                for name, c in (counts2 - counts1).most_common(args.top // 2):
+                    lines.append(f"  {c / n:7.2f}  {name}")
             text = "\n".join(lines)
             print(text)
             OUT_DIR.mkdir(parents=True, exist_ok=True)
@@ -108,6 +134,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--devices", type=int, default=2000)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--reconnect", action="store_true", help="then drop and remake every link: what stays")
     a = p.parse_args()
     tracemalloc.start(1)
     trio.run(main, a)

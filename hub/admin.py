@@ -42,4 +42,24 @@ async def run_admin(settings: Settings, args: argparse.Namespace) -> dict:
                                       expires_at=expires)
             return {"id": pat_id, "secret": secret, "user": user["email"],
                     "expires_at": expires.isoformat() if expires else None}
+        if args.admin_command == "set-tier":
+            org_id = uuid.UUID(args.org)
+            if args.rate_limit is not None and args.tier != "enterprise":
+                raise SystemExit("--rate-limit is the custom figure of the enterprise tier")
+            status = await s.db.execute("UPDATE organizations SET tier = $2, rate_limit = $3 WHERE id = $1",
+                                        org_id, args.tier, args.rate_limit)
+            if not status.endswith(" 1"):
+                raise SystemExit(f"no organisation {org_id}")
+            await s.invalidate(f"org:{org_id}")  # running hubs apply the new limit at once
+            return {"id": str(org_id), "tier": args.tier, "rate_limit": args.rate_limit}
+        if args.admin_command == "delete-user":
+            user = await s.orgs.get_user_by_email(args.email)
+            if user is None:
+                raise SystemExit(f"no user {args.email}")
+            # Memberships, PATs and sessions go with the user (ON DELETE CASCADE); relation tuples
+            # name the user without a foreign key, so they are removed here.
+            await s.db.execute("DELETE FROM relations WHERE subject_type = 'user' AND subject_id = $1", user["id"])
+            await s.db.execute("DELETE FROM users WHERE id = $1", user["id"])
+            await s.invalidate(f"user:{user['id']}", f"subject:{user['id']}")
+            return {"id": str(user["id"]), "email": user["email"], "deleted": True}
         raise SystemExit(f"unknown admin command {args.admin_command}")

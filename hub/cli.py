@@ -146,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("email")
     a.add_argument("--description", default="")
     a.add_argument("--expires-in-days", type=float, default=None)
+    a = asub.add_parser("set-tier", help="an organisation's rate-limit tier")
+    a.add_argument("org", help="organisation id")
+    a.add_argument("tier", choices=["standard", "professional", "enterprise"])
+    a.add_argument("--rate-limit", type=int, default=None, help="requests per hour (enterprise only)")
+    a = asub.add_parser("delete-user", help="delete a user: their PATs and sessions stop working at once")
+    a.add_argument("email")
     p.set_defaults(func=cmd_admin)
     return parser
 

@@ -60,9 +60,10 @@ class Orgs:
                 "SELECT o.* FROM organizations o JOIN memberships m ON m.org_id = o.id "
                 "WHERE m.user_id = $1 AND o.name = $2", user["id"], org_name)
             if org is None:
+                # Professional tier: a demo explored by hand and by scripts should not hit 1,000/hour.
                 org = await conn.fetchrow(
-                    "INSERT INTO organizations (id, name, created_at) VALUES ($1, $2, $3) RETURNING *",
-                    uuid.uuid4(), org_name, now)
+                    "INSERT INTO organizations (id, name, tier, created_at) VALUES ($1, $2, 'professional', $3) "
+                    "RETURNING *", uuid.uuid4(), org_name, now)
                 await conn.execute(
                     "INSERT INTO memberships (org_id, user_id, role, created_at) VALUES ($1,$2,'admin',$3)",
                     org["id"], user["id"], now)

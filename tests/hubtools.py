@@ -84,8 +84,9 @@ FAST_BACKOFF = dict(backoff_initial=0.05, backoff_max=0.2)
 
 async def open_hub(nursery: trio.Nursery, db_url: str, data_dir: Path, *, clock=None,
                    **settings: Any) -> tuple[Services, str]:
-    """A hub on an existing database, creating nothing in it (a restart of an earlier hub)."""
-    cfg = Settings(data_dir=data_dir, database_url=db_url, port=0, **settings)
+    """A hub on an existing database, creating nothing in it (a restart of an earlier hub).
+    Binds a free port unless ``port`` is given."""
+    cfg = Settings(data_dir=data_dir, database_url=db_url, **{"port": 0, **settings})
     return await nursery.start(partial(run_hub, cfg, clock=clock))
 
 
@@ -179,3 +180,17 @@ async def device(hub: "Hub", device_id: str) -> dict:
     r = await hub.call("GET", f"/v1/devices/{device_id}")
     assert r.status_code == 200, r.text
     return r.json()["data"]
+
+
+def assert_error(r: httpx.Response, status: int, code: str | None = None) -> dict:
+    """An error answer of DESIGN.md section 7: JSON {"error", "message"}, never HTML, with a request id."""
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json"), r.headers["content-type"]
+    assert "<html" not in r.text.lower()
+    body = r.json()
+    assert isinstance(body.get("error"), str) and body["error"], body
+    assert isinstance(body.get("message"), str) and body["message"], body
+    if code is not None:
+        assert body["error"] == code, body
+    assert r.headers.get("x-request-id"), "every response carries X-Request-ID"
+    return body

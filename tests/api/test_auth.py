@@ -8,8 +8,7 @@ import uuid
 import pytest
 import trio
 
-from tests.api.test_http import assert_error
-from tests.hubtools import start_hub, wait_for
+from tests.hubtools import assert_error, start_hub, wait_for
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ import uuid
 import pytest
 import trio
 
-from tests.api.test_http import assert_error
-from tests.hubtools import device, metric_value, metrics, start_agent, start_hub, wait_for
+from tests.hubtools import assert_error, device, metric_value, metrics, start_agent, start_hub, wait_for
 
 FACTS = {"firmware": "robo-os 4.2.0", "architecture": "aarch64"}
 

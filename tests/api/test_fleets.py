@@ -7,8 +7,7 @@ import uuid
 import pytest
 import trio
 
-from tests.api.test_http import assert_error
-from tests.hubtools import start_hub
+from tests.hubtools import assert_error, start_hub
 
 
 @pytest.fixture

@@ -11,25 +11,12 @@ import pytest
 import trio
 
 from hub.app import create_app
-from tests.hubtools import metric_value, metrics, start_hub
+from tests.hubtools import assert_error, metric_value, metrics, start_hub
 
 KNOWN_PATHS = {
     "/v1/devices", "/v1/devices/{device_id}", "/v1/devices/{device_id}/reboot", "/v1/devices/{device_id}/ping",
     "/v1/fleets", "/v1/fleets/{fleet_id}", "/v1/pats", "/v1/pats/{pat_id}",
 }
-
-
-def assert_error(r, status: int, code: str | None = None) -> dict:
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"].startswith("application/json"), r.headers["content-type"]
-    assert "<html" not in r.text.lower()
-    body = r.json()
-    assert isinstance(body.get("error"), str) and body["error"], body
-    assert isinstance(body.get("message"), str) and body["message"], body
-    if code is not None:
-        assert body["error"] == code, body
-    assert r.headers.get("x-request-id"), "every response carries X-Request-ID"
-    return body
 
 
 @pytest.fixture
@@ -222,3 +209,29 @@ async def test_openapi_covers_every_route_and_security_schemes(hub):
         if "$ref" in ref:
             ref = doc["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]
         assert "name" in ref.get("required", [])
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: a NUL character in any text field or query value is passed to PostgreSQL, which cannot store "
+    "it, and the request ends in 500 internal instead of 400 (hub/api/devices.py, fleets.py, pats.py "
+    "models and DeviceQuery.tag accept '\\x00')"))
+async def test_nul_characters_are_400_not_500(hub):
+    with trio.fail_after(30):
+        dev_id, _ = await hub.provision("ok")
+        r = await hub.call("POST", "/v1/fleets", json={"name": "okf"})
+        fleet_id = r.json()["data"]["id"]
+        no_org = {k: v for k, v in hub.headers.items() if k != "X-Organization-ID"}
+        cases = [
+            ("POST", "/v1/devices", {"json": {"name": "bad\x00name"}}),
+            ("POST", "/v1/devices", {"json": {"name": "n", "tags": ["t\x00"]}}),
+            ("PATCH", f"/v1/devices/{dev_id}", {"json": {"name": "bad\x00"}}),
+            ("GET", "/v1/devices?tag=a%00b", {}),
+            ("POST", "/v1/fleets", {"json": {"name": "bad\x00fleet"}}),
+            ("PATCH", f"/v1/fleets/{fleet_id}", {"json": {"description": "d\x00"}}),
+            ("POST", "/v1/pats", {"json": {"description": "p\x00"}, "headers": no_org}),
+        ]
+        statuses = []
+        for method, path, kw in cases:
+            r = await hub.call(method, path, **kw)
+            statuses.append((method, path, r.status_code))
+        assert all(s == 400 for *_, s in statuses), statuses

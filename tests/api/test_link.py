@@ -16,8 +16,7 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_
 
 from device_client import protocol
 from device_client.agent import Agent, link_url
-from tests.api.test_http import assert_error
-from tests.hubtools import device, metric_value, metrics, start_agent, start_hub, wait_for
+from tests.hubtools import assert_error, device, metric_value, metrics, start_agent, start_hub, wait_for
 
 HEARTBEAT = 0.5  # the hub marks a device offline after 3 missed intervals: 1.5 s
 COMMAND_TIMEOUT = 2.0
@@ -228,6 +227,9 @@ async def test_reboot_is_a_real_round_trip(hub, nursery, tmp_path):
         data = r.json()["data"]
         assert data["deviceId"] == dev_id and data["state"] == "rebooting"
         assert data["device"] == {"rebooting": True}
+        # the device acknowledged before the 202; it is now powered off for a moment
+        d = await device(hub, dev_id)
+        assert d["state"] == "rebooting" and d["online"] is False, d
 
         async def back_from_reboot() -> bool:
             d = await device(hub, dev_id)

@@ -7,8 +7,7 @@ import uuid
 import httpx
 import trio
 
-from tests.api.test_http import assert_error
-from tests.hubtools import Hub, device, open_hub, start_agent, start_hub, start_stoppable, wait_for
+from tests.hubtools import assert_error, Hub, device, open_hub, start_agent, start_hub, start_stoppable, wait_for
 
 FACTS = {"firmware": "persisted-fw 1.0", "architecture": "riscv64"}
 
@@ -100,3 +99,31 @@ async def test_presence_written_behind_is_flushed_on_shutdown(nursery, db_url, t
         assert (row["firmware"], row["architecture"]) == (FACTS["firmware"], FACTS["architecture"])
         assert row["last_seen_at"] is not None and row["boot_reason"] == "power_on"
         assert row["online"] is False
+
+
+async def test_agents_reconnect_by_themselves_after_a_hub_restart(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        first = await start_stoppable(nursery, lambda inner: start_hub(
+            inner, db_url, tmp_path / "hub1", heartbeat_interval=0.5))
+        hub: Hub = first.value
+        port = int(hub.base_url.rsplit(":", 1)[1])
+        dev_id, token = await hub.provision("loyal")
+        running = await start_agent(nursery, hub.base_url, token, tmp_path / "agent")
+        await first.stop()
+        await hub.client.aclose()
+        await wait_for(lambda: not running.agent.connected, timeout=10)
+
+        # the same address, a new process: the agent's backoff brings it back without help
+        services, base_url = await open_hub(nursery, db_url, tmp_path / "hub2", heartbeat_interval=0.5,
+                                            port=port)
+        assert base_url == hub.base_url
+        async with httpx.AsyncClient(timeout=30) as client:
+            hub2 = Hub(services, base_url, hub.org_id, hub.user_id, hub.pat, client)
+
+            async def back_online() -> bool:
+                return (await device(hub2, dev_id))["online"]
+
+            await wait_for(back_online, timeout=15)
+            assert running.agent.statistics().links == 2
+            assert running.agent.boot_count == 1, "a lost link is not a reboot"
+            assert (await device(hub2, dev_id))["boot_reason"] == "power_on"
