@@ -8,6 +8,7 @@ commands go out on the bus as ``cmd.<device_id>.<verb>`` and their outcome comes
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from dataclasses import dataclass
@@ -16,14 +17,17 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.bus import NoResponders, RequestTimeout
+from actors.delivery import Delivery
 from actors.machines import connection as cm
 from actors.runtime import Actor, ActorCrashed
 from device_client.clock import rfc3339
 from device_client.protocol import subject
-from hub.errors import DeviceError, DeviceOffline, DeviceTimeout
+from hub.errors import Conflict, DeviceError, DeviceOffline, DeviceTimeout
 
 if TYPE_CHECKING:
     from hub.services import Services
+
+log = logging.getLogger("fleethub.device")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,29 @@ class DeviceEvent:
 
 
 @dataclass(frozen=True)
+class Hello:
+    """Tell: what a (re)connected device holds: secret-file digests and the applied configuration."""
+    digests: dict[str, str]
+    config_version_applied: str | None
+
+
+@dataclass(frozen=True)
+class SyncFiles:
+    """Tell: the device's own secret files changed in storage; push what is pending."""
+
+
+@dataclass(frozen=True)
+class RemoveFiles:
+    """Tell: remove these paths from the device (their files were deleted)."""
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ApplyConfig:
+    """Tell: the device was assigned a configuration version; send it if the device is online."""
+
+
+@dataclass(frozen=True)
 class _CommandDone:
     command_id: str
     ok: bool
@@ -72,6 +99,8 @@ class DeviceActor(Actor):
         self.machine: cm.ConnectionMachine | None = None
         self._pending: dict[str, Any] = {}  # command id -> Reply of the asker
         self._last_activity = 0.0
+        self.delivery = Delivery(self)
+        self.facts: dict[str, Any] | None = None  # the last hello's facts
 
     async def on_start(self) -> None:
         # After a crash, commands that were in flight have lost their task: answer their askers.
@@ -107,6 +136,8 @@ class DeviceActor(Actor):
         if isinstance(msg, GetLive):
             return self.live()
         if isinstance(msg, Reboot):
+            if self.machine.state is cm.Conn.REBOOTING or self.machine.reboot_pending:
+                raise Conflict("the device is already rebooting", code="device_rebooting")
             command_id = str(uuid.uuid4())
             try:
                 self._feed(cm.RebootRequested(command_id))
@@ -129,14 +160,48 @@ class DeviceActor(Actor):
             return None
         if isinstance(msg, DeviceEvent):
             self._publish(f"device.{msg.kind}", msg.payload)
+            if msg.kind == "files.result":
+                self._job(self.services.secrets.record, self.device_id, msg.payload.get("results", []),
+                          self.services.clock.now())
+            elif msg.kind == "config.result":
+                self._job(self.delivery.record_config_result, msg.payload)
             return None
+        if isinstance(msg, Hello):
+            self._job(self.delivery.after_hello, msg.digests, msg.config_version_applied)
+            return None
+        if isinstance(msg, SyncFiles):
+            if self.machine.online:
+                self._job(self.delivery.sync)
+            return None
+        if isinstance(msg, RemoveFiles):
+            if self.machine.online:
+                self._job(self.delivery.remove, list(msg.paths))
+            return None
+        if isinstance(msg, ApplyConfig):
+            if self.machine.online:
+                self._job(self.delivery.apply_config)
+            return None
+        if isinstance(msg, cm.LinkUp):
+            self.facts = msg.facts  # served live until the presence row is written behind
         self._feed(msg)  # LinkUp, LinkDown, Heartbeat: the machine's own events
         return None
+
+    def _job(self, fn, *args) -> None:
+        """Delivery work in the background. Its failure is logged, not a crash: one device's bad row
+        must not restart the actor in a loop and escalate to the whole hub; the next hello retries."""
+
+        async def guarded() -> None:
+            try:
+                await fn(*args)
+            except Exception:
+                log.exception("device %s: %s failed", self.device_id, getattr(fn, "__name__", fn))
+
+        self.tasks.start_soon(guarded)
 
     def live(self) -> dict[str, Any]:
         m = self.machine
         return {"state": m.state.value, "online": m.online, "bootReason": m.boot_reason,
-                "lastSeenAt": m.last_seen_at, "connectedAt": m.connected_at}
+                "lastSeenAt": m.last_seen_at, "connectedAt": m.connected_at, "facts": self.facts}
 
     def next_deadline(self) -> float:
         d = self.machine.next_deadline()

@@ -32,6 +32,18 @@ import trio  # noqa: E402
 from _common import OUT_DIR, Worker, insert_devices, log, shm_tempdir  # noqa: E402
 
 
+def task_census() -> Counter:
+    """Live trio tasks by name (walks the task tree from the root)."""
+    counts: Counter = Counter()
+    stack = [trio.lowlevel.current_root_task()]
+    while stack:
+        t = stack.pop()
+        counts[t.name.rsplit(".", 2)[-2] + "." + t.name.rsplit(".", 1)[-1] if "." in t.name else t.name] += 1
+        for nursery in t.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return counts
+
+
 def type_counts() -> Counter:
     gc.collect()
     return Counter(type(o).__qualname__ for o in gc.get_objects())
@@ -62,7 +74,7 @@ async def main(args) -> None:
             (sim_root / "d0.json").write_text(json.dumps(devices[:1]))
             await trio.to_thread.run_sync(partial(worker.request, {"cmd": "add", "devices_file": str(sim_root / "d0.json")}, 120))
             await trio.sleep(1)
-            counts0 = type_counts()
+            counts0, tasks0 = type_counts(), task_census()
             snap0 = tracemalloc.take_snapshot()
             (sim_root / "d1.json").write_text(json.dumps(devices[1:]))
             t0 = time.monotonic()
@@ -72,7 +84,7 @@ async def main(args) -> None:
                     await trio.sleep(0.2)
             log(f"{args.devices} linked in {time.monotonic() - t0:.1f}s; settling")
             await trio.sleep(3)
-            counts1 = type_counts()
+            counts1, tasks1 = type_counts(), task_census()
             snap1 = tracemalloc.take_snapshot()
             n = args.devices - 1
             flt = [tracemalloc.Filter(False, tracemalloc.__file__)]
@@ -106,7 +118,7 @@ async def main(args) -> None:
                     while len(services.links) < args.devices:
                         await trio.sleep(0.2)
                 await trio.sleep(3)
-                counts2 = type_counts()
+                counts2, tasks2 = type_counts(), task_census()
                 snap2 = tracemalloc.take_snapshot().filter_traces(flt)
                 grow = sum(s.size_diff for s in snap2.compare_to(snap1, "filename"))
                 lines += ["", f"after every device disconnected and reconnected once: +{grow / n / 1024:.2f} KiB "
@@ -118,6 +130,11 @@ async def main(args) -> None:
                 lines += ["", "objects per device gained over the reconnect, by type:"]
                 for name, c in (counts2 - counts1).most_common(args.top // 2):
                     lines.append(f"  {c / n:7.2f}  {name}")
+            lines += ["", "live trio tasks per device after the first connect, by name:"]
+            lines += [f"  {c / n:7.2f}  {name}" for name, c in (tasks1 - tasks0).most_common(args.top)]
+            if args.reconnect:
+                lines += ["", "live trio tasks per device gained over the reconnect, by name:"]
+                lines += [f"  {c / n:7.2f}  {name}" for name, c in (tasks2 - tasks1).most_common(args.top)]
             text = "\n".join(lines)
             print(text)
             OUT_DIR.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,31 @@ with a ``type``:
     device → hub   event    {kind, payload}: heartbeat, config applied/rejected, secret file written, ...
 
 Commands are idempotent by id: a device that sees the same id twice answers with the first reply.
+
+Command verbs and their payloads (hub → device; the reply payload after the arrow):
+
+    ping            {}                                  → {pong, deviceClock}
+    reboot          {reason?}                           → {rebooting: true}
+    files.put       {files: [SecretFilePayload]}        → {results: [FileResult]}
+    files.delete    {paths: [str]}                      → {results: [FileResult]}
+    files.wipe      {}                                  → {removed: [str]}   (unpair / factory reset)
+    config.apply    ConfigApplyPayload                  → ConfigApplyResult
+
+SecretFilePayload: {fileId, path, mode (int, e.g. 0o600), uid, gid, contentB64, sha256, source
+("device" | "configuration"), configId?}. FileResult: {fileId?, path, status ("on_device" |
+"failed" | "removed"), sha256?, error?}. The agent writes each file atomically, skips the write when
+the sha256 on disk already matches (correcting mode and ownership drift in place), and reports each
+file on its own: one failing file does not fail the others.
+
+ConfigApplyPayload: {configId, versionId, version (int), spec (object), files: [SecretFilePayload]}.
+ConfigApplyResult: {status ("applied" | "rejected"), configId, versionId, error?, rolledBackTo?
+(versionId or null), files: [FileResult]}. The agent writes the version into its data dir, restarts
+the workload, verifies health within the spec's deadline, and only then writes the configuration's
+files; on failure it restores the previous version (and workload) and writes none of the new files.
+
+Events (device → hub) beyond heartbeat: ``files.result`` {results: [FileResult]} for work the device
+did on its own (drift corrected at boot), ``config.result`` ConfigApplyResult, ``workload.health``
+{healthy, detail}.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from quart_schema.openapi import APIKeySecurityScheme, HttpSecurityScheme, Info
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from hub.api import access, audit, devices, fleets, health, link, oauth, pats, sessions
+from hub.api import access, audit, configurations, devices, fleets, health, link, oauth, pats, secret_files, sessions
 from hub.auth import middleware
 from hub.errors import FleethubError, general_body, memtest_body, tunnel_body
 from hub.services import Services
@@ -55,8 +55,10 @@ def create_app(services: Services) -> QuartTrio:
         },
         security=[{"ApiTokenAuth": [], "ApiSecretAuth": []}, {"BearerAuth": []}],
     )
-    for module in (health, pats, sessions, oauth, access, audit, devices, fleets, link):
+    for module in (health, pats, sessions, oauth, access, audit, devices, fleets, configurations, secret_files,
+                   link):
         app.register_blueprint(module.bp)
+    app.register_blueprint(configurations.device_bp)
 
     @app.before_request
     async def _before() -> None:
@@ -91,6 +93,9 @@ def create_app(services: Services) -> QuartTrio:
                               status=status)
         response = jsonify(_body_for(error))
         response.status_code = status
+        if status == 413:
+            # Answered before the body was read: the rest of it is still on the connection.
+            response.headers["Connection"] = "close"
         valid_methods = getattr(exc, "valid_methods", None)
         if status == 405 and valid_methods:
             response.headers["Allow"] = ", ".join(valid_methods)

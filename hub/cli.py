@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 from functools import partial
@@ -85,7 +86,11 @@ def cmd_sim(args: argparse.Namespace) -> None:
 def cmd_agent(args: argparse.Namespace) -> None:
     from device_client.agent import Agent
 
-    agent = Agent(args.hub, args.token, Path(args.data_dir), reboot_mode="exec")
+    token = args.token or (Path(args.token_file).read_text().strip() if args.token_file else None) \
+        or os.environ.get("FLEETHUB_DEVICE_TOKEN")
+    if not token:
+        raise SystemExit("fleethub agent needs --token, --token-file or FLEETHUB_DEVICE_TOKEN")
+    agent = Agent(args.hub, token, Path(args.data_dir), reboot_mode="exec")
     _run(agent.run)
 
 
@@ -126,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("agent", help="run the device agent")
     p.add_argument("--hub", required=True)
-    p.add_argument("--token", required=True, help="the device token from POST /v1/devices")
+    p.add_argument("--token", help="the device token from POST /v1/devices (visible in ps; prefer "
+                                   "--token-file or FLEETHUB_DEVICE_TOKEN on a shared machine)")
+    p.add_argument("--token-file", help="a file holding the device token")
     p.add_argument("--data-dir", required=True)
     p.set_defaults(func=cmd_agent)
 

@@ -33,10 +33,14 @@ from storage.audit import Audit
 from storage.behind import WriteBehind
 from storage.db import Database
 from storage.devices import Devices
+from storage.configs import Configurations
+from storage.crypto import SecretBox
+from storage.crypto import load_or_create_key as load_secret_key
 from storage.fleets import Fleets
 from storage.identity import Identity
 from storage.migrate import migrate
 from storage.orgs import Orgs
+from storage.secrets import SecretFiles
 from storage.tokens import Tokens
 
 log = logging.getLogger("fleethub")
@@ -75,6 +79,9 @@ class Services:
         self.fleets = Fleets(self.db)
         self.audit = Audit(self.db)
         self.identity = Identity(self.db)
+        self.configs = Configurations(self.db)
+        self.secrets = SecretFiles(self.db)
+        self.secret_box = SecretBox(load_secret_key(self.settings.data_dir))
         self.auth_cache = AuthCache()
         self.rate_limiter = RateLimiter()
         self.token_signer = TokenSigner(load_or_create_key(self.settings.data_dir))

@@ -12,7 +12,8 @@ from storage.db import Database
 
 DEVICE_COLUMNS = (
     "id, org_id, fleet_id, name, tags, firmware, architecture, online, state, boot_reason, "
-    "last_seen_at, connected_at, tunnel_public_key, facts, conditions, created_at, updated_at")
+    "last_seen_at, connected_at, tunnel_public_key, facts, conditions, created_at, updated_at, "
+    "config_id, config_version_id, applied_version_id, config_status, config_error")
 
 
 def _device(row: asyncpg.Record | None) -> dict | None:
@@ -90,6 +91,19 @@ class Devices:
     async def delete(self, org_id: uuid.UUID, device_id: uuid.UUID) -> bool:
         status = await self.db.execute("DELETE FROM devices WHERE org_id = $1 AND id = $2", org_id, device_id)
         return status.endswith(" 1")
+
+    async def assign_config(self, org_id: uuid.UUID, device_id: uuid.UUID, config_id: uuid.UUID,
+                            version_id: uuid.UUID, now: dt.datetime) -> dict | None:
+        return _device(await self.db.fetchrow(
+            f"UPDATE devices SET config_id = $3, config_version_id = $4, config_status = 'pending', "
+            f"config_error = NULL, updated_at = $5 WHERE org_id = $1 AND id = $2 RETURNING {DEVICE_COLUMNS}",
+            org_id, device_id, config_id, version_id, now))
+
+    async def set_config_result(self, device_id: uuid.UUID, status: str, error: str | None,
+                                applied_version_id: uuid.UUID | None, now: dt.datetime) -> None:
+        await self.db.execute(
+            "UPDATE devices SET config_status = $2, config_error = $3, applied_version_id = $4, updated_at = $5 "
+            "WHERE id = $1", device_id, status, error, applied_version_id, now)
 
     async def fleet_in_org(self, org_id: uuid.UUID, fleet_id: uuid.UUID) -> bool:
         return bool(await self.db.fetchval(

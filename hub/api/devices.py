@@ -59,6 +59,8 @@ class DeviceOut(BaseModel):
     architecture: str | None
     conditions: list[dict]
     has_tunnel_identity: bool
+    configuration: dict = Field(description="assigned configuration, applied version, status (pending, "
+                                            "applied, rejected) and the device's error")
     created_at: str
     updated_at: str
 
@@ -107,11 +109,16 @@ def device_json(row: dict) -> dict:
         live = actor.live()  # a snapshot read; only the actor writes it
     conn = live or {"state": row["state"], "online": row["online"], "bootReason": row["boot_reason"],
                     "lastSeenAt": row["last_seen_at"]}
+    facts = live.get("facts") or {}
     return jsonable({
         "id": row["id"], "name": row["name"], "fleet_id": row["fleet_id"], "tags": row["tags"],
         "online": conn["online"], "state": conn["state"], "last_seen": conn["lastSeenAt"],
-        "boot_reason": conn["bootReason"], "firmware": row["firmware"], "architecture": row["architecture"],
-        "conditions": row["conditions"], "has_tunnel_identity": bool(row["tunnel_public_key"]),
+        "boot_reason": conn["bootReason"], "firmware": facts.get("firmware") or row["firmware"],
+        "architecture": facts.get("architecture") or row["architecture"], "conditions": row["conditions"],
+        "has_tunnel_identity": bool(facts.get("tunnelPublicKey") or row["tunnel_public_key"]),
+        "configuration": {"config_id": row.get("config_id"), "version_id": row.get("config_version_id"),
+                          "applied_version_id": row.get("applied_version_id"), "status": row.get("config_status"),
+                          "error": row.get("config_error")},
         "created_at": row["created_at"], "updated_at": row["updated_at"],
     })
 

@@ -15,7 +15,7 @@ from typing import Any
 import trio
 from quart import Blueprint, websocket
 
-from actors.device import DeviceEvent
+from actors.device import DeviceEvent, Hello
 from actors.machines.connection import Heartbeat, LinkDown, LinkUp
 from actors.runtime import ActorError, Reply
 from device_client import protocol as p
@@ -94,7 +94,8 @@ async def _serve(s, ws, device_id: uuid.UUID, hello: p.Hello) -> None:
         try:
             await send(p.Welcome(deviceId=str(device_id), heartbeatInterval=s.settings.heartbeat_interval))
             facts = hello.model_dump(exclude={"type", "secretFileDigests", "retiredPages", "lastMemoryTest"})
-            actor = _tell(s, actor, device_id, LinkUp(conn_id, hello.bootReason, facts, hello.maintenance))
+            _tell(s, actor, device_id, LinkUp(conn_id, hello.bootReason, facts, hello.maintenance))
+            _tell(s, actor, device_id, Hello(hello.secretFileDigests, hello.configVersionApplied))
             while True:
                 try:
                     frame = p.decode(await ws.receive())
@@ -107,7 +108,7 @@ async def _serve(s, ws, device_id: uuid.UUID, hello: p.Hello) -> None:
                         waiting.set(frame)
                 elif isinstance(frame, p.Event):
                     msg = Heartbeat(conn_id) if frame.kind == "heartbeat" else DeviceEvent(frame.kind, frame.payload)
-                    actor = _tell(s, actor, device_id, msg, required=not isinstance(msg, Heartbeat))
+                    _tell(s, actor, device_id, msg, required=not isinstance(msg, Heartbeat))
         finally:
             subscription.close()
             if s.links.get(device_id) is link:
@@ -117,11 +118,10 @@ async def _serve(s, ws, device_id: uuid.UUID, hello: p.Hello) -> None:
             _tell(s, actor, device_id, LinkDown(conn_id))
 
 
-def _tell(s, actor, device_id: uuid.UUID, msg: object, *, required: bool = True):
+def _tell(s, actor, device_id: uuid.UUID, msg: object, *, required: bool = True) -> None:
     """Tell the device's actor; a full mailbox loses only heartbeats, which the next one replaces."""
     try:
         actor.tell(msg)
     except ActorError as exc:
         if required:
             log.warning("device %s: could not deliver %s to its actor: %s", device_id, type(msg).__name__, exc)
-    return actor

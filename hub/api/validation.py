@@ -33,6 +33,20 @@ def invalid(exc: ValidationError, *, where: str = "body") -> BadRequest:
                       details=[{"field": p["field"], "problem": p["problem"]} for p in problems])
 
 
+def _reject_nul(value: Any, where: str) -> None:
+    """PostgreSQL text and jsonb cannot hold NUL; refuse it here as the caller's error, not a 500."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise BadRequest(f"{where}: NUL characters are not allowed", code="invalid_field")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _reject_nul(k, where)
+            _reject_nul(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _reject_nul(v, f"{where}[{i}]")
+
+
 async def parse_body(model: type[M]) -> M:
     raw = await request.get_data(as_text=False)
     if not raw:
@@ -43,6 +57,7 @@ async def parse_body(model: type[M]) -> M:
         raise BadRequest("the body is not valid JSON", code="malformed_json") from None
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object", code="malformed_json")
+    _reject_nul(data, "")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -50,8 +65,10 @@ async def parse_body(model: type[M]) -> M:
 
 
 def parse_query(model: type[M]) -> M:
+    args = request.args.to_dict()
+    _reject_nul(args, "")
     try:
-        return model.model_validate(request.args.to_dict())
+        return model.model_validate(args)
     except ValidationError as exc:
         raise invalid(exc, where="query") from None
 

@@ -88,10 +88,6 @@ async def test_oversized_body_is_json_413(hub):
         assert r.json()["pagination"]["total"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a 413 is sent before the request body is read, without Connection: close; hypercorn then "
-    "stops reading that connection about 1 time in 3, so the client's next keep-alive request on it "
-    "hangs forever (hub/app.py _http_error should set Connection: close on 413)"))
 async def test_connection_after_413_is_closed_or_usable(hub):
     with trio.fail_after(60):
         for _ in range(5):
@@ -211,10 +207,6 @@ async def test_openapi_covers_every_route_and_security_schemes(hub):
         assert "name" in ref.get("required", [])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a NUL character in any text field or query value is passed to PostgreSQL, which cannot store "
-    "it, and the request ends in 500 internal instead of 400 (hub/api/devices.py, fleets.py, pats.py "
-    "models and DeviceQuery.tag accept '\\x00')"))
 async def test_nul_characters_are_400_not_500(hub):
     with trio.fail_after(30):
         dev_id, _ = await hub.provision("ok")

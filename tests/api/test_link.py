@@ -299,10 +299,6 @@ async def test_ping_returns_the_devices_reply(hub, nursery, tmp_path):
         assert r.status_code == 200 and running.agent.statistics().commands_handled == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: GET /v1/devices/{id} takes online/state/last_seen from the live actor but firmware, architecture "
-    "and has_tunnel_identity from the presence row written behind (up to 0.5 s later), so a device is "
-    "shown online with firmware null and has_tunnel_identity false (hub/api/devices.py device_json)"))
 async def test_a_device_shown_online_shows_its_hello_facts(hub, nursery, tmp_path):
     with trio.fail_after(30):
         for i in range(3):

@@ -1,0 +1,101 @@
+"""Secret-file delivery: the status of one file on one device, and reconciliation with what a device
+reports it holds. Pure: no IO; storage carries out the status changes in batches.
+
+    (new) ──upload──► PENDING ──device wrote──► ON_DEVICE
+                         │    └─write failed──► FAILED ──(re)push──► PENDING
+                         └─device file at same path (config file only)──► OVERRIDDEN
+    any ──delete──► removed from the device
+
+A configuration's file arrives with the device's next configuration update; a device file is pushed
+shortly after it is saved. When the device rejects a configuration, its files are not applied: they
+fail with the rejection as their error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Delivery(Enum):
+    PENDING = "pending"          #: saved in the hub, not yet confirmed by the device
+    ON_DEVICE = "on_device"      #: the device wrote it (its digest matches)
+    FAILED = "failed"            #: the device could not write it; the error says why
+    OVERRIDDEN = "overridden"    #: a configuration file shadowed by the device's own file at its path
+
+
+@dataclass(frozen=True)
+class Wrote:
+    sha256: str
+
+
+@dataclass(frozen=True)
+class WriteFailed:
+    error: str
+
+
+@dataclass(frozen=True)
+class Reupload:
+    """New contents saved for the same path."""
+
+
+@dataclass(frozen=True)
+class Overridden:
+    """The device got its own file at this path (configuration files only)."""
+
+
+@dataclass(frozen=True)
+class OverrideRemoved:
+    """The device's own file at this path was deleted."""
+
+
+TRANSITIONS: dict[Delivery, dict[type, Delivery]] = {
+    Delivery.PENDING: {Wrote: Delivery.ON_DEVICE, WriteFailed: Delivery.FAILED, Reupload: Delivery.PENDING,
+                       Overridden: Delivery.OVERRIDDEN},
+    Delivery.ON_DEVICE: {Reupload: Delivery.PENDING, Overridden: Delivery.OVERRIDDEN, Wrote: Delivery.ON_DEVICE,
+                         WriteFailed: Delivery.FAILED},
+    Delivery.FAILED: {Reupload: Delivery.PENDING, Wrote: Delivery.ON_DEVICE, WriteFailed: Delivery.FAILED,
+                      Overridden: Delivery.OVERRIDDEN},
+    Delivery.OVERRIDDEN: {OverrideRemoved: Delivery.PENDING, Reupload: Delivery.OVERRIDDEN},
+}
+
+
+class IllegalTransition(Exception):
+    pass
+
+
+def next_status(state: Delivery, event: object) -> Delivery:
+    new = TRANSITIONS[state].get(type(event))
+    if new is None:
+        raise IllegalTransition(f"{type(event).__name__} is not allowed in state {state.value}")
+    return new
+
+
+@dataclass
+class Plan:
+    """What reconciling a device's reported files with the hub's expectation asks for."""
+    confirm: list[str] = field(default_factory=list)   # file ids now known to be on the device
+    push: list[str] = field(default_factory=list)      # file ids to (re)send: missing or different
+    remove: list[str] = field(default_factory=list)    # paths on the device the hub no longer has
+
+
+def reconcile(expected: list[dict], digests: dict[str, str], *, push_config_files: bool) -> Plan:
+    """``expected``: files that should be on the device ({id, path, sha256, config_id?, status});
+    ``digests``: path → sha256 the device reports for the files it manages.
+
+    Device files that are missing or different are pushed. Configuration files are pushed only when
+    ``push_config_files`` (the device runs the configuration version that carries them); otherwise
+    they wait for the next configuration update, as the spec says.
+    """
+    plan = Plan()
+    wanted_paths = set()
+    for f in expected:
+        wanted_paths.add(f["path"])
+        on_device = digests.get(f["path"])
+        if on_device == f["sha256"]:
+            if f.get("status") != Delivery.ON_DEVICE.value:
+                plan.confirm.append(str(f["id"]))
+        elif f.get("config_id") is None or push_config_files:
+            plan.push.append(str(f["id"]))
+    plan.remove = sorted(p for p in digests if p not in wanted_paths)
+    return plan
