@@ -283,7 +283,8 @@ def render(r: dict, facts: dict, args) -> str:
             f"{s['min_connected']:,}" if "min_connected" in s else s.get("seen", "—"),
             s.get("reconnects", "—"),
             f"{s['heartbeats_persisted']:,} / {s['heartbeats_expected']:,}" if "heartbeats_persisted" in s else "—",
-            s.get("cpu_percent", "—"), "ok" if s["ok"] else f"**failed**: {s.get('why', '')}"])
+            s.get("cpu_percent", "—"), s.get("sim_link_failures", "—"),
+            "ok" if s["ok"] else f"**failed**: {s.get('why', '')}"])
     out = [
         "## Device capacity (bench/capacity.py)", "",
         f"`{command_line()}`", "",
@@ -294,9 +295,13 @@ def render(r: dict, facts: dict, args) -> str:
         f"device: {mib(r['rss_baseline_kib'])} MiB. KiB/device = (VmRSS after the hold − baseline) / N.", "",
         md_table(["devices", "connect s (this step)", "devices/s", "VmRSS connected MiB", "VmRSS after hold MiB",
                   "KiB/device", "hold s", "min connected in hold", "reconnects", "heartbeats persisted / expected",
-                  "hub CPU % in hold", "verdict"], rows), "",
+                  "hub CPU % in hold", "load-gen link failures", "verdict"], rows), "",
         f"**Largest N held: {r['max_held']:,}** (aim 15,000).",
     ]
+    errs = merge_counts(s.get("sim_last_errors", {}) for s in r["steps"])
+    if errs:
+        out.append("Load-generator link failures (a failed attempt backs off, then retries), most common errors: "
+                   + "; ".join(f"`{k}` ×{v}" for k, v in sorted(errs.items(), key=lambda kv: -kv[1])[:4]) + ".")
     held = [s for s in r["steps"] if s["ok"]]
     if held:
         last = held[-1]

@@ -81,6 +81,7 @@ def main() -> int:
     results: dict = {"levels": []}
     try:
         hub.bootstrap()
+        results["rate_limit"] = hub.extra.get("rate_limit")
         devices = insert_devices(hub.dsn(), hub.org_id, args.devices)
         ids = [d for d, _ in devices]
         worker = Worker("agent", "--hub", hub.base_url, "--data-dir", str(sim_root), name="rtt-sim")
@@ -172,6 +173,8 @@ def render(r: dict, facts: dict, args) -> str:
                      lv["hub_cpu_percent"]])
     out = ["## Command round trip (bench/command_rtt.py)", "", f"`{command_line()}`", "",
            f"{facts_line(facts)}; load average at end {loadavg()}", "",
+           *([f"The bench organisation is lifted out of the hub's request rate limit: {r['rate_limit']}.", ""]
+             if r.get("rate_limit") else []),
            f"`POST /v1/devices/{{id}}/{verb}` with {args.devices:,} devices connected (one load-generator "
            f"process of `Agent`s), requests spread round-robin over the devices, closed loop, keep-alive, "
            f"from a separate trio+h11 client process. Latency is the client's, request sent to answer read, ms.",

@@ -112,6 +112,7 @@ def main() -> int:
     results: dict = {"tool": tool, "hub": [], "bare": []}
     try:
         hub.bootstrap()
+        results["rate_limit"] = hub.extra.get("rate_limit")
         status, created = http_json("POST", hub.base_url + "/v1/devices", {"name": "bench-device"}, hub.headers)
         if status != 201:
             raise RuntimeError(f"POST /v1/devices answered {status}: {created}")
@@ -181,6 +182,8 @@ def render(r: dict, facts: dict, args, hub_rps: float, bare_rps: float) -> str:
                          x["p50"], x["p90"], x["p99"], x["server_cpu_percent"]])
     out = ["## REST throughput vs bare Quart-Trio (bench/http_ratio.py)", "", f"`{command_line()}`", "",
            f"{facts_line(facts)}; load average at end {loadavg()}", "",
+           *([f"The bench organisation is lifted out of the hub's request rate limit: {r['rate_limit']}.", ""]
+             if r.get("rate_limit") else []),
            f"`GET /v1/devices/{{id}}` with a PAT (X-API-Token-ID, X-API-Secret-Key, X-Organization-ID) against "
            f"`fleethub serve`, and the same path on the bare app serving the hub's captured answer "
            f"({r['bytes']['hub']} B body from the hub, {r['bytes']['bare']} B from the bare app). Load: {r['tool']}, "

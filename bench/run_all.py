@@ -24,7 +24,7 @@ def main() -> int:
     p.add_argument("--only", help="comma-separated script names (default: all)")
     args = p.parse_args()
     scripts = args.only.split(",") if args.only else SCRIPTS
-    limit = 90 if args.smoke else 900
+    limit = 90 if args.smoke else 1800
     failed = []
     summary = []
     for name in scripts:

@@ -3,16 +3,17 @@
 A link lives through: connect (``Authorization: Bearer <token>``) → ``hello`` → ``welcome`` →
 heartbeats and commands until the socket drops → reconnect with full-jitter exponential backoff.
 Commands are answered by verb handlers (``Agent.register``); replies are remembered by command id so
-a command the hub sends twice runs once. A reboot is a boot: the agent persists the reason, closes
-the link and either restarts its session in process (simulation) or re-executes itself.
+a command the hub sends twice runs once (commands.py). A reboot is a boot: the agent stops the
+workload, persists the reason, closes the link and either restarts its session in process
+(simulation) or re-executes itself.
 
-Run standalone with ``python -m device_client.agent --hub URL --data-dir DIR`` (token from
-``FLEETHUB_DEVICE_TOKEN`` or ``--token-file``: never on the command line, where ``ps`` shows it).
+The agent is also where the device's parts meet: secret files (files.py), the workload
+(workload.py) and configuration versions (configs.py) register their verbs, hello fields and
+boot/link/shutdown hooks here. Run it with ``fleethub agent`` (hub/cli.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import functools
 import logging
@@ -21,8 +22,6 @@ import platform
 import random
 import re
 import sys
-from collections import OrderedDict
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -33,17 +32,21 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError,
 
 from . import protocol
 from .clock import Clock, rfc3339
+from .commands import CommandError, CommandTable, Handler, current_command
+from .configs import ConfigManager
+from .files import SecretFileStore
 from .state import DeviceStore
+from .workload import Health, Workload
+
+__all__ = ["Agent", "AgentStatistics", "Backoff", "CommandError", "link_url"]
 
 log = logging.getLogger("fleethub.agent")
 
-Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+Hook = Callable[[], Awaitable[None]]
 
-REPLY_MEMORY = 256  # command ids whose replies are kept for duplicates
 REBOOT_PAUSE = 0.2  # seconds "powered off" during an in-process reboot
 MIN_HEARTBEAT = 0.05  # a hub sending 0 must not turn the agent into a busy loop
 _BOOT_REASON = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-_current_command: ContextVar[str | None] = ContextVar("fleethub_current_command", default=None)
 
 
 def _agent_version() -> str:
@@ -64,15 +67,6 @@ def _default_firmware() -> str:
         return platform.freedesktop_os_release()["PRETTY_NAME"]
     except (OSError, KeyError):
         return platform.platform()
-
-
-class CommandError(Exception):
-    """Raised by a handler to answer ``ok: false`` with a specific error code."""
-
-    def __init__(self, code: str, message: str = "") -> None:
-        super().__init__(code, message)
-        self.code = code
-        self.message = message
 
 
 class _LinkLost(Exception):
@@ -160,10 +154,13 @@ class Agent:
         self.boot_reason: str | None = None
         self.signing_key = None  # nacl SigningKey, loaded at boot
         self._auth = [(protocol.TOKEN_HEADER.lower().encode(), b"Bearer " + token.encode())]
-        self._handlers: dict[str, Handler] = {"ping": self._ping, "reboot": self._reboot}
+        self.commands = CommandTable()
+        self.commands.register("ping", self._ping)
+        self.commands.register("reboot", self._reboot)
         self._hello_providers: list[Callable[[], dict[str, Any]]] = []
-        self._replies: OrderedDict[str, protocol.Reply] = OrderedDict()
-        self._running: dict[str, trio.Event] = {}
+        self._boot_hooks: list[Hook] = []
+        self._link_hooks: list[Hook] = []
+        self._shutdown_hooks: list[Hook] = []
         self._backoff = Backoff(backoff_initial, backoff_max, rng)
         self._limiter = connect_limiter
         self._limiter_held = False
@@ -181,9 +178,15 @@ class Agent:
         self._link_welcomed = False
         self._link_error: BaseException | None = None
         self._on_first_welcome: Callable[[], None] | None = None
-        self._stats = dict(links=0, link_failures=0, heartbeats_sent=0, commands_handled=0,
-                           duplicate_commands=0)
+        self._stats = dict(links=0, link_failures=0, heartbeats_sent=0, commands_handled=0)
         self._last_error: str | None = None
+        # the device's parts; the order of attach is the order of their boot hooks
+        self.files = SecretFileStore(self.data_dir, self.root)
+        self.workload = Workload(self.data_dir, self.root, on_health=self._workload_health)
+        self.configs = ConfigManager(self.data_dir, self.files, self.workload, device_id=lambda: self.device_id)
+        self.files.attach(self)
+        self.configs.attach(self)
+        self.add_shutdown_hook(self.workload.stop)
 
     # ---- the API other device modules use ----
 
@@ -191,19 +194,29 @@ class Agent:
         """Answer commands ``cmd.<id>.<verb>`` with ``await handler(payload)`` (a dict, or None).
 
         Two modules claiming one verb is a wiring mistake, so that raises unless ``replace``."""
-        if verb in self._handlers and not replace:
-            raise ValueError(f"a handler for {verb!r} is already registered")
-        self._handlers[verb] = handler
+        self.commands.register(verb, handler, replace=replace)
 
     def add_hello_provider(self, provider: Callable[[], dict[str, Any]]) -> None:
         """``provider()`` returns hello fields (e.g. secretFileDigests) merged into every hello."""
         self._hello_providers.append(provider)
 
+    def add_boot_hook(self, hook: Hook) -> None:
+        """``await hook()`` at every boot, before the first link (an error is logged, not fatal)."""
+        self._boot_hooks.append(hook)
+
+    def add_link_hook(self, hook: Hook) -> None:
+        """``await hook()`` after every welcome, e.g. to send what happened while there was no link."""
+        self._link_hooks.append(hook)
+
+    def add_shutdown_hook(self, hook: Hook) -> None:
+        """``await hook()`` before a reboot and when the agent stops (shielded from cancellation)."""
+        self._shutdown_hooks.append(hook)
+
     def request_reboot(self, reason: str = "reboot") -> None:
         """Reboot once the replies being worked on are sent; the next hello reports ``reason``."""
         if self._reboot_reason is None:
             self._reboot_reason = reason
-            self._reboot_command = _current_command.get()
+            self._reboot_command = current_command()
         if self._inflight == 0 and self._scope is not None:
             self._scope.cancel()
 
@@ -233,28 +246,36 @@ class Agent:
     def statistics(self) -> AgentStatistics:
         return AgentStatistics(device_id=self.device_id, connected=self.connected,
                                boot_count=self.boot_count, boot_reason=self.boot_reason,
-                               last_error=self._last_error, **self._stats)
+                               last_error=self._last_error,
+                               duplicate_commands=self.commands.duplicates, **self._stats)
 
     # ---- the link ----
 
     async def run(self, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
         """Run forever; ``task_status.started(self)`` after the first welcome."""
-        await self._boot()
-        self._on_first_welcome = functools.partial(task_status.started, self)
-        while True:
-            if self._reboot_reason is not None:
-                await self._restart()
-                continue
-            welcomed = await self._connect_once()
-            if self._reboot_reason is not None:
-                continue
-            if welcomed:
-                self._backoff.reset()
-            delay = self._backoff.next_delay()
-            log.debug("%s: reconnecting in %.2fs", self._who(), delay)
-            with trio.CancelScope() as self._scope:
-                await trio.sleep(delay)
-            self._scope = None
+        try:
+            async with trio.open_nursery() as nursery:
+                self.workload.nursery = nursery  # supervises the workload's processes
+                await self._boot()
+                self._on_first_welcome = functools.partial(task_status.started, self)
+                while True:
+                    if self._reboot_reason is not None:
+                        await self._restart()
+                        continue
+                    welcomed = await self._connect_once()
+                    if self._reboot_reason is not None:
+                        continue
+                    if welcomed:
+                        self._backoff.reset()
+                    delay = self._backoff.next_delay()
+                    log.debug("%s: reconnecting in %.2fs", self._who(), delay)
+                    with trio.CancelScope() as self._scope:
+                        await trio.sleep(delay)
+                    self._scope = None
+        finally:
+            self.workload.nursery = None
+            with trio.CancelScope(shield=True):
+                await self._run_hooks(self._shutdown_hooks, "shutdown")
 
     async def _connect_once(self) -> bool:
         self._link_welcomed = False
@@ -319,6 +340,7 @@ class Agent:
         interval = max(welcome.heartbeatInterval, MIN_HEARTBEAT)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._guard, nursery.cancel_scope, self._heartbeats, ws, interval)
+            nursery.start_soon(self._run_hooks, self._link_hooks, "link")
             await self._guard(nursery.cancel_scope, self._receive, ws, nursery)
         if self._link_error is not None:
             raise self._link_error
@@ -366,7 +388,6 @@ class Agent:
             bootReason=self.boot_reason or "power_on",
             deviceClock=rfc3339(self.clock.now()),
             tunnelPublicKey=self.public_key_b64,
-            configVersionApplied=self.store.state.get("configVersionApplied"),
         )
         for provider in self._hello_providers:
             fields.update(provider())
@@ -392,59 +413,13 @@ class Agent:
     async def _dispatch(self, ws: Any, cmd: protocol.Command) -> None:
         self._inflight += 1
         try:
-            reply = await self._reply_for(cmd)
+            reply = await self.commands.reply_for(cmd, self.device_id, self._who())
             await ws.send_message(protocol.encode(reply))
             self._stats["commands_handled"] += 1
         finally:
             self._inflight -= 1
             if self._inflight == 0 and self._reboot_reason is not None and self._scope is not None:
                 self._scope.cancel()
-
-    async def _reply_for(self, cmd: protocol.Command) -> protocol.Reply:
-        stored = self._replies.get(cmd.id)
-        if stored is None and cmd.id in self._running:
-            await self._running[cmd.id].wait()
-            stored = self._replies.get(cmd.id)
-        if stored is not None:
-            self._replies.move_to_end(cmd.id)
-            self._stats["duplicate_commands"] += 1
-            return stored
-        done = self._running[cmd.id] = trio.Event()
-        try:
-            reply = await self._execute(cmd)
-        finally:
-            del self._running[cmd.id]
-            done.set()
-        self._remember(cmd.id, reply)
-        return reply
-
-    async def _execute(self, cmd: protocol.Command) -> protocol.Reply:
-        try:
-            verb = protocol.verb_of(cmd.subject)
-        except protocol.ProtocolError as exc:
-            return _error(cmd.id, "unknown_command", str(exc))
-        addressee = cmd.subject.split(".", 2)[1]
-        if self.device_id is not None and addressee != self.device_id:
-            return _error(cmd.id, "wrong_device", f"this is device {self.device_id}, not {addressee}")
-        handler = self._handlers.get(verb)
-        if handler is None:
-            return _error(cmd.id, "unknown_command", f"this agent has no command {verb!r}")
-        token = _current_command.set(cmd.id)
-        try:
-            result = await handler(cmd.payload)
-        except CommandError as exc:
-            return _error(cmd.id, exc.code, exc.message)
-        except Exception as exc:
-            log.exception("%s: command %s (%s) failed", self._who(), cmd.id, verb)
-            return _error(cmd.id, "internal", f"{type(exc).__name__}: {exc}")
-        finally:
-            _current_command.reset(token)
-        return protocol.Reply(id=cmd.id, ok=True, payload=result or {})
-
-    def _remember(self, command_id: str, reply: protocol.Reply) -> None:
-        self._replies[command_id] = reply
-        while len(self._replies) > REPLY_MEMORY:
-            self._replies.popitem(last=False)
 
     async def _ping(self, payload: dict[str, Any]) -> dict[str, Any]:
         return {"pong": True, "deviceClock": rfc3339(self.clock.now())}
@@ -465,15 +440,26 @@ class Agent:
         self._reboot_reason, self._reboot_command, self._reboot_persisted = None, None, False
         # a boot forgets what was in memory, except the reply to the reboot command itself: a hub
         # that resends it after the reconnect must not reboot the device a second time
-        self._replies.clear()
+        self.commands.forget()
         if boot.reboot_reply:
-            self._remember(boot.reboot_reply["commandId"],
-                           protocol.Reply.model_validate(boot.reboot_reply["reply"]))
+            self.commands.remember(boot.reboot_reply["commandId"],
+                                   protocol.Reply.model_validate(boot.reboot_reply["reply"]))
+        await self._run_hooks(self._boot_hooks, "boot")
+
+    async def _run_hooks(self, hooks: list[Hook], what: str) -> None:
+        for hook in hooks:
+            try:
+                await hook()
+            except Exception:  # one broken part must not keep the device off the hub
+                log.exception("%s: %s hook %s failed", self._who(), what, getattr(hook, "__qualname__", hook))
+
+    async def _workload_health(self, health: Health) -> None:
+        await self.send_event("workload.health", health.event())
 
     async def _persist_reboot(self) -> None:
         if self._reboot_persisted or self._reboot_reason is None:
             return
-        reply = self._replies.get(self._reboot_command or "")
+        reply = self.commands.stored(self._reboot_command or "")
         try:
             await trio.to_thread.run_sync(
                 self.store.prepare_reboot, self._reboot_reason, self._reboot_command,
@@ -486,40 +472,13 @@ class Agent:
     async def _restart(self) -> None:
         await self._persist_reboot()
         log.warning("%s: rebooting (%s)", self._who(), self._reboot_reason)
+        with trio.CancelScope(shield=True):  # a reboot powers the workload off first
+            await self._run_hooks(self._shutdown_hooks, "shutdown")
         if self.reboot_mode == "exec":
             for handler in logging.getLogger().handlers:
                 handler.flush()
-            # orig_argv keeps "-m device_client.agent"; sys.argv would have lost the -m
+            # orig_argv keeps "-m hub.cli" (or the fleethub script); sys.argv would have lost the -m
             os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
         await trio.sleep(REBOOT_PAUSE)
         await self._boot()
         self._backoff.reset()
-
-
-def _error(command_id: str, code: str, message: str) -> protocol.Reply:
-    return protocol.Reply(id=command_id, ok=False, error=protocol.ReplyError(code=code, message=message))
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m device_client.agent", description=__doc__.split("\n")[0])
-    parser.add_argument("--hub", default=os.environ.get("FLEETHUB_HUB_URL"), help="http(s)://host:port")
-    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get(
-        "FLEETHUB_AGENT_DATA", "/var/lib/fleethub-agent")))
-    parser.add_argument("--token-file", type=Path, help="file holding the device token")
-    parser.add_argument("--reboot-mode", choices=("exec", "restart"), default="exec")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    token = args.token_file.read_text().strip() if args.token_file else os.environ.get("FLEETHUB_DEVICE_TOKEN")
-    if not args.hub or not token:
-        parser.error("need --hub (or FLEETHUB_HUB_URL) and a token (--token-file or FLEETHUB_DEVICE_TOKEN)")
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    agent = Agent(args.hub, token, args.data_dir, reboot_mode=args.reboot_mode)
-    try:
-        trio.run(agent.run)
-    except KeyboardInterrupt:
-        sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()

@@ -17,12 +17,13 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from nacl.signing import SigningKey
 
 log = logging.getLogger("fleethub.agent")
 
+TMP_SUFFIX = ".tmp"
 _SEED_BYTES = 32  # an Ed25519 private key is its 32-byte seed
 
 
@@ -42,13 +43,19 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def write_atomic(path: Path, data: bytes, mode: int = 0o600, *,
+                 owner: Callable[[int], None] | None = None) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file.
+
+    ``owner(fd)`` may chown the temporary file; it runs first, on the still empty 0600 file."""
+    # the name is cut short: a 255-byte file name plus the temporary suffix would be too long
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:32]}.", suffix=TMP_SUFFIX)
     try:
-        # mkstemp creates 0600; chmod before any byte lands so a wider mode is never visible early
-        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
+            if owner is not None:
+                owner(f.fileno())
+            # mkstemp creates 0600; chmod before any byte lands so a wider mode is never visible early
+            os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

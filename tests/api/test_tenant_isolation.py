@@ -34,7 +34,16 @@ async def test_another_organisation_sees_and_touches_nothing(nursery, db_url, tm
         await hub.call("POST", "/v1/relations", json={"object_type": "device", "object_id": device_a,
                                                       "relation": "viewer", "subject_type": "user",
                                                       "subject_id": user_a})
-        secrets_a = {fleet_a, device_a, sa_a, user_a, hub.pat[0], token_a, "a-device", "a-fleet", "secret-tag"}
+        r = await hub.call("POST", "/v1/configurations", json={"name": "a-config", "spec": {"a-spec": 1}})
+        config_a = r.json()["data"]["id"]
+        r = await hub.call("POST", f"/v1/configurations/{config_a}/secret-files",
+                           json={"path": "/etc/app/a-key", "content_base64": "YS1zZWNyZXQ="})
+        file_a = r.json()["data"]["id"]
+        r = await hub.call("POST", f"/v1/devices/{device_a}/secret-files",
+                           json={"path": "/etc/app/a-device-key", "content_base64": "YS1zZWNyZXQ="})
+        assert r.status_code == 201, r.text
+        secrets_a = {fleet_a, device_a, sa_a, user_a, hub.pat[0], token_a, "a-device", "a-fleet", "secret-tag",
+                     config_a, file_a, "a-config", "a-spec", "/etc/app/a-key", "a-secret", "YS1zZWNyZXQ="}
 
         # Organisation B: its own admin with a PAT.
         now = s.clock.now()
@@ -45,10 +54,11 @@ async def test_another_organisation_sees_and_touches_nothing(nursery, db_url, tm
         await s.tokens.create_pat(pat_id, user_b["id"], digest(secret), now)
         headers_b = {"X-API-Token-ID": pat_id, "X-API-Secret-Key": secret, "X-Organization-ID": str(org_b["id"])}
 
-        fill = {"device_id": device_a, "fleet_id": fleet_a, "sa_id": sa_a, "user_id": user_a, "pat_id": hub.pat[0]}
-        bodies = {"POST": {"name": "probe", "fleet_id": fleet_a, "config_id": fleet_a},
+        fill = {"device_id": device_a, "fleet_id": fleet_a, "sa_id": sa_a, "user_id": user_a, "pat_id": hub.pat[0],
+                "config_id": config_a, "file_id": file_a}
+        bodies = {"POST": {"name": "probe", "fleet_id": fleet_a, "config_id": config_a},
                   "PATCH": {"name": "probe", "fleet_id": fleet_a},
-                  "PUT": {"name": "probe"},
+                  "PUT": {"name": "probe", "configId": config_a},
                   "DELETE": {"object_type": "device", "object_id": device_a, "relation": "viewer",
                              "subject_type": "user", "subject_id": user_a}}
         app_rules = [rule for rule in _url_map(hub) if rule.rule.startswith("/v1/") and "websocket" not in rule.endpoint
@@ -92,6 +102,10 @@ async def test_another_organisation_sees_and_touches_nothing(nursery, db_url, tm
         assert r.json()["data"]["fleet_id"] == fleet_a
         r = await hub.call("GET", f"/v1/fleets/{fleet_a}")
         assert r.json()["data"]["name"] == "a-fleet"
+        r = await hub.call("GET", f"/v1/configurations/{config_a}")
+        assert r.json()["data"]["name"] == "a-config" and r.json()["data"]["secretFileCount"] == 1
+        r = await hub.call("GET", f"/v1/devices/{device_a}/secret-files")
+        assert [f["path"] for f in r.json()["data"]] == ["/etc/app/a-device-key"]
         r = await hub.call("GET", "/v1/service-accounts")
         assert [x["id"] for x in r.json()["data"]] == [sa_a]
         rows = await s.identity.list_relations(uuid.UUID(hub.org_id))

@@ -1,0 +1,116 @@
+"""Commands from the hub: the verb table, running one command, and the idempotent reply cache.
+
+A command is ``{id, subject: cmd.<device_id>.<verb>, payload}``. The hub may send the same id again
+(it timed out, or the link dropped before the reply arrived); the device answers a repeat with the
+reply it already gave instead of doing the work twice, and a repeat that arrives while the first is
+still running waits for that first reply.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from contextvars import ContextVar
+from typing import Any, Awaitable, Callable
+
+import trio
+
+from . import protocol
+
+log = logging.getLogger("fleethub.agent")
+
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+
+REPLY_MEMORY = 256  # command ids whose replies are kept for duplicates
+
+_current_command: ContextVar[str | None] = ContextVar("fleethub_current_command", default=None)
+
+
+class CommandError(Exception):
+    """Raised by a handler to answer ``ok: false`` with a specific error code."""
+
+    def __init__(self, code: str, message: str = "") -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+
+def current_command() -> str | None:
+    """The id of the command whose handler is running in this task, if any."""
+    return _current_command.get()
+
+
+def error_reply(command_id: str, code: str, message: str) -> protocol.Reply:
+    return protocol.Reply(id=command_id, ok=False, error=protocol.ReplyError(code=code, message=message))
+
+
+class CommandTable:
+    def __init__(self, memory: int = REPLY_MEMORY) -> None:
+        self.memory = memory
+        self.duplicates = 0
+        self._handlers: dict[str, Handler] = {}
+        self._replies: OrderedDict[str, protocol.Reply] = OrderedDict()
+        self._running: dict[str, trio.Event] = {}
+
+    def register(self, verb: str, handler: Handler, *, replace: bool = False) -> None:
+        # two modules claiming one verb is a wiring mistake
+        if verb in self._handlers and not replace:
+            raise ValueError(f"a handler for {verb!r} is already registered")
+        self._handlers[verb] = handler
+
+    def verbs(self) -> list[str]:
+        return sorted(self._handlers)
+
+    async def reply_for(self, cmd: protocol.Command, device_id: str | None, who: str = "agent") -> protocol.Reply:
+        """The reply to ``cmd``: the stored one for a repeated id, else the handler's answer."""
+        stored = self._replies.get(cmd.id)
+        if stored is None and cmd.id in self._running:
+            await self._running[cmd.id].wait()
+            stored = self._replies.get(cmd.id)
+        if stored is not None:
+            self._replies.move_to_end(cmd.id)
+            self.duplicates += 1
+            return stored
+        done = self._running[cmd.id] = trio.Event()
+        try:
+            reply = await self._execute(cmd, device_id, who)
+        finally:
+            del self._running[cmd.id]
+            done.set()
+        self.remember(cmd.id, reply)
+        return reply
+
+    def remember(self, command_id: str, reply: protocol.Reply) -> None:
+        self._replies[command_id] = reply
+        while len(self._replies) > self.memory:
+            self._replies.popitem(last=False)
+
+    def stored(self, command_id: str) -> protocol.Reply | None:
+        return self._replies.get(command_id)
+
+    def forget(self) -> None:
+        """A boot forgets what was in memory."""
+        self._replies.clear()
+
+    async def _execute(self, cmd: protocol.Command, device_id: str | None, who: str) -> protocol.Reply:
+        try:
+            verb = protocol.verb_of(cmd.subject)
+        except protocol.ProtocolError as exc:
+            return error_reply(cmd.id, "unknown_command", str(exc))
+        addressee = cmd.subject.split(".", 2)[1]
+        if device_id is not None and addressee != device_id:
+            return error_reply(cmd.id, "wrong_device", f"this is device {device_id}, not {addressee}")
+        handler = self._handlers.get(verb)
+        if handler is None:
+            return error_reply(cmd.id, "unknown_command", f"this agent has no command {verb!r}")
+        token = _current_command.set(cmd.id)
+        try:
+            result = await handler(cmd.payload)
+        except CommandError as exc:
+            return error_reply(cmd.id, exc.code, exc.message)
+        except Exception as exc:
+            log.exception("%s: command %s (%s) failed", who, cmd.id, verb)
+            return error_reply(cmd.id, "internal", f"{type(exc).__name__}: {exc}")
+        finally:
+            _current_command.reset(token)
+        return protocol.Reply(id=cmd.id, ok=True, payload=result or {})
