@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +98,10 @@ class ConfigManager:
             try:
                 self._current = json.loads(self.current_path.read_bytes())
             except FileNotFoundError:
+                self._current = None
+            except ValueError:  # written atomically: outside damage. Run nothing rather than guess.
+                self.current_path.replace(self.current_path.with_name(CURRENT_NAME + ".corrupt"))
+                log.error("%s is unreadable; moved aside, running no configuration", self.current_path)
                 self._current = None
             self._loaded = True
         return self._current

@@ -365,13 +365,11 @@ async def test_state_is_consumed_at_boot(tmp_path):
     assert os.path.isdir(tmp_path / "root")
 
 
-async def test_standalone_agent_reexecs_itself_on_reboot(hub, nursery, tmp_path):
-    # the real thing: `python -m device_client.agent` as a process, rebooted by command
-    token_file = tmp_path / "token"
-    token_file.write_text("tok\n")
+async def test_fleethub_agent_process_reexecs_itself_on_reboot(hub, nursery, tmp_path):
+    # the real thing: `fleethub agent` (hub/cli.py) as a process, rebooted by command
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "device_client.agent", "--hub", hub.url, "--data-dir",
-           str(tmp_path / "dev"), "--token-file", str(token_file), "--reboot-mode", "exec"]
+    cmd = [sys.executable, "-m", "hub.cli", "agent", "--hub", hub.url, "--token", "tok",
+           "--data-dir", str(tmp_path / "dev")]
     with trio.fail_after(15):
         proc = await nursery.start(functools.partial(trio.run_process, cmd, env=env, check=False,
                                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
