@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import shutil
 import subprocess
@@ -58,14 +59,58 @@ def add_devices(workers: list[Worker], devices: list[tuple[str, str]], tmp: Path
         w.send({"cmd": "add", "devices_file": str(f), "timeout": timeout})
 
 
-def wait_connected(hub: HubProcess, target: int, timeout: float) -> tuple[float | None, int]:
+class Probe:
+    """/metrics readings with their latency; a reading that fails is counted, not fatal (the hub under a
+    connect storm may answer late or drop the request: that is a figure too)."""
+
+    def __init__(self, hub: HubProcess) -> None:
+        self.hub = hub
+        self.reset()
+
+    def reset(self) -> None:
+        self.max_seconds, self.failures, self.errors = 0.0, 0, {}
+
+    def read(self) -> dict[str, float] | None:
+        t = time.monotonic()
+        try:
+            m = self.hub.metrics()
+        except (OSError, RuntimeError, http.client.HTTPException) as exc:
+            self.failures += 1
+            key = type(exc).__name__
+            self.errors[key] = self.errors.get(key, 0) + 1
+            m = None
+        self.max_seconds = max(self.max_seconds, time.monotonic() - t)
+        return m
+
+    def figures(self) -> dict:
+        return {"metrics_max_seconds": round(self.max_seconds, 2), "metrics_failures": self.failures,
+                "metrics_errors": self.errors}
+
+
+def read_retry(hub: HubProcess, tries: int = 10) -> dict[str, float]:
+    probe = Probe(hub)
+    for _ in range(tries):
+        m = probe.read()
+        if m is not None:
+            return m
+        time.sleep(1)
+    raise RuntimeError(f"/metrics failed {tries} times: {probe.errors}")
+
+
+def wait_connected(hub: HubProcess, target: int, timeout: float,
+                   probe: Probe | None = None) -> tuple[float | None, int]:
     """Seconds until the hub's gauge reaches ``target`` (None if it never did) and the last reading."""
+    probe = probe or Probe(hub)
     started = time.monotonic()
     last = -1
     while time.monotonic() - started < timeout:
         if not hub.alive():
             return None, last
-        last = int(hub.metrics().get("fleethub_connected_devices", -1))
+        m = probe.read()
+        if m is None:
+            time.sleep(POLL)
+            continue
+        last = int(m.get("fleethub_connected_devices", -1))
         if last >= target:
             return time.monotonic() - started, last
         time.sleep(POLL)
@@ -73,18 +118,21 @@ def wait_connected(hub: HubProcess, target: int, timeout: float) -> tuple[float 
 
 
 def hold(hub: HubProcess, workers: list[Worker], n: int, seconds: float, interval: float) -> dict:
-    m0 = hub.metrics()
+    m0 = read_retry(hub)
     w0 = sum_stats([w.request({"cmd": "stats"}) for w in workers])
     cpu0, t0 = cpu_seconds(hub.pid), time.monotonic()
     min_seen = n
+    probe = Probe(hub)
     while time.monotonic() - t0 < seconds:
         if not hub.alive():
             return {"ok": False, "why": "the hub exited"}
-        min_seen = min(min_seen, int(hub.metrics().get("fleethub_connected_devices", 0)))
+        m = probe.read()
+        if m is not None:
+            min_seen = min(min_seen, int(m.get("fleethub_connected_devices", 0)))
         time.sleep(min(5.0, max(0.2, interval / 4)))
     elapsed = time.monotonic() - t0
     cpu = cpu_seconds(hub.pid) - cpu0
-    m1 = hub.metrics()
+    m1 = read_retry(hub)
     w1 = sum_stats([w.request({"cmd": "stats"}) for w in workers])
     min_seen = min(min_seen, int(m1.get("fleethub_connected_devices", 0)))
     reconnects = int(m1["fleethub_device_connects_total"] - m0["fleethub_device_connects_total"])
@@ -97,7 +145,8 @@ def hold(hub: HubProcess, workers: list[Worker], n: int, seconds: float, interva
                          f"heartbeats persisted {persisted} < 90% of {expected:.0f}")
     return {"ok": ok, "why": why, "seconds": round(elapsed, 1), "min_connected": min_seen,
             "reconnects": reconnects, "heartbeats_persisted": persisted, "heartbeats_expected": round(expected),
-            "heartbeats_sent": sent, "cpu_percent": round(100 * cpu / elapsed, 1)}
+            "heartbeats_sent": sent, "cpu_percent": round(100 * cpu / elapsed, 1),
+            "hold_metrics_max_seconds": round(probe.max_seconds, 2), "hold_metrics_failures": probe.failures}
 
 
 def run_echo(n: int, procs: int, interval: float, hold_s: float, timeout: float, cc: int) -> dict:
@@ -183,7 +232,8 @@ def main() -> int:
             if args.py_spy and n == steps[-1]:
                 spy = PySpy(hub.pid, OUT_DIR / "capacity-hub.pyspy.txt")
             add_devices(workers, devices[current:n], sim_root, n, args.connect_timeout)
-            seconds, seen = wait_connected(hub, n, args.connect_timeout)
+            probe = Probe(hub)
+            seconds, seen = wait_connected(hub, n, args.connect_timeout, probe)
             answers = [w.receive(args.connect_timeout + 60) for w in workers]
             if spy is not None:
                 spy.stop()
@@ -194,7 +244,8 @@ def main() -> int:
             step = {"n": n, "connect_seconds": round(seconds, 2) if seconds else None, "seen": seen,
                     "rate": round(added / seconds) if seconds else None, "rss_connected_kib": rss1,
                     "sim_link_failures": sum(a.get("link_failures", 0) for a in answers),
-                    "sim_last_errors": merge_counts(a.get("last_errors", {}) for a in answers)}
+                    "sim_last_errors": merge_counts(a.get("last_errors", {}) for a in answers),
+                    **probe.figures()}
             if seconds is None:
                 step.update(ok=False, why=f"only {seen} of {n} connected within {args.connect_timeout}s")
             else:
@@ -266,7 +317,8 @@ def save(results: dict, args) -> None:
 def wait_connected_zero(hub: HubProcess, timeout: float) -> bool:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        if int(hub.metrics().get("fleethub_connected_devices", 1)) == 0:
+        m = Probe(hub).read()
+        if m is not None and int(m.get("fleethub_connected_devices", 1)) == 0:
             return True
         time.sleep(0.5)
     return False
@@ -284,6 +336,7 @@ def render(r: dict, facts: dict, args) -> str:
             s.get("reconnects", "—"),
             f"{s['heartbeats_persisted']:,} / {s['heartbeats_expected']:,}" if "heartbeats_persisted" in s else "—",
             s.get("cpu_percent", "—"), s.get("sim_link_failures", "—"),
+            f"{s.get('metrics_max_seconds', '—')} / {s.get('metrics_failures', '—')}",
             "ok" if s["ok"] else f"**failed**: {s.get('why', '')}"])
     out = [
         "## Device capacity (bench/capacity.py)", "",
@@ -295,7 +348,8 @@ def render(r: dict, facts: dict, args) -> str:
         f"device: {mib(r['rss_baseline_kib'])} MiB. KiB/device = (VmRSS after the hold − baseline) / N.", "",
         md_table(["devices", "connect s (this step)", "devices/s", "VmRSS connected MiB", "VmRSS after hold MiB",
                   "KiB/device", "hold s", "min connected in hold", "reconnects", "heartbeats persisted / expected",
-                  "hub CPU % in hold", "load-gen link failures", "verdict"], rows), "",
+                  "hub CPU % in hold", "load-gen link failures", "/metrics slowest s / failed (connecting)",
+                  "verdict"], rows), "",
         f"**Largest N held: {r['max_held']:,}** (aim 15,000).",
     ]
     errs = merge_counts(s.get("sim_last_errors", {}) for s in r["steps"])

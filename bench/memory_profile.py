@@ -1,12 +1,17 @@
 """Where a connected device's memory goes in the hub: tracemalloc and object counts per device.
 
-    python bench/memory_profile.py [--devices 2000] [--top 25]
+    python bench/memory_profile.py [--devices 2000] [--top 25] [--reconnect]
+    python bench/memory_profile.py --gc-pauses [--devices 15000] [--hold 30]
 
 Not a benchmark (tracemalloc slows the hub and adds its own memory): an explanation of capacity.py's
 KiB/device. The hub runs in this process (``hub.server.run_hub``, embedded PostgreSQL in a temp dir)
 under tracemalloc; the devices (``device_client.agent.Agent``) run in a bench/_simworker.py process.
 After they are all linked, the snapshot difference is grouped by source line and by file, divided by
-the number of devices, and the live objects are counted by type (also per device).
+the number of devices, and the live objects are counted by type (also per device), and so are the live
+trio tasks by name. ``--reconnect`` then drops every link and makes it again, and shows what the first
+links left behind. ``--gc-pauses`` (no tracemalloc) instead times every cyclic-GC collection of the hub
+process while the devices connect and then hold: with hundreds of thousands of long-lived objects a full
+(generation 2) collection stops the event loop for as long as it takes.
 """
 
 from __future__ import annotations
@@ -49,6 +54,45 @@ def type_counts() -> Counter:
     return Counter(type(o).__qualname__ for o in gc.get_objects())
 
 
+async def gc_pauses(services, worker, devices, sim_root: Path, args) -> None:
+    """Time every cyclic-GC collection (gc.callbacks) while the devices connect and then hold."""
+    pauses: list[tuple[int, float, int]] = []
+    started: dict = {}
+
+    def cb(phase: str, info: dict) -> None:
+        if phase == "start":
+            started["t"] = time.perf_counter()
+        elif "t" in started:
+            pauses.append((info["generation"], time.perf_counter() - started.pop("t"), info["collected"]))
+
+    gc.callbacks.append(cb)
+    try:
+        (sim_root / "rest.json").write_text(json.dumps(devices[1:]))
+        t0 = time.monotonic()
+        await trio.to_thread.run_sync(partial(worker.request, {"cmd": "add", "devices_file": str(sim_root / "rest.json")}, 900))
+        with trio.fail_after(300):
+            while len(services.links) < args.devices:
+                await trio.sleep(0.2)
+        connect_s = time.monotonic() - t0
+        during_connect = list(pauses)
+        await trio.sleep(args.hold)
+    finally:
+        gc.callbacks.remove(cb)
+    objects = len(gc.get_objects())
+    lines = [f"{args.devices} devices linked in {connect_s:.1f}s; {objects:,} objects tracked by the GC "
+             f"({objects / args.devices:.0f} per device); gc thresholds {gc.get_threshold()}", ""]
+    for label, ps in (("while connecting", during_connect), (f"connect + {args.hold:g} s hold", pauses)):
+        for g in (0, 1, 2):
+            xs = sorted(d for gen, d, _ in ps if gen == g)
+            if xs:
+                lines.append(f"{label}: generation {g}: {len(xs)} collections, total {sum(xs) * 1e3:.0f} ms, "
+                             f"max {xs[-1] * 1e3:.1f} ms, median {xs[len(xs) // 2] * 1e3:.2f} ms")
+    text = "\n".join(lines)
+    print(text)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    (OUT_DIR / f"gc_pauses-{args.devices}.txt").write_text(text + "\n")
+
+
 async def main(args) -> None:
     from hub.auth.pat import digest, new_pat
     from hub.server import run_hub
@@ -74,6 +118,10 @@ async def main(args) -> None:
             (sim_root / "d0.json").write_text(json.dumps(devices[:1]))
             await trio.to_thread.run_sync(partial(worker.request, {"cmd": "add", "devices_file": str(sim_root / "d0.json")}, 120))
             await trio.sleep(1)
+            if args.gc_pauses:
+                await gc_pauses(services, worker, devices, sim_root, args)
+                nursery.cancel_scope.cancel()
+                return
             counts0, tasks0 = type_counts(), task_census()
             snap0 = tracemalloc.take_snapshot()
             (sim_root / "d1.json").write_text(json.dumps(devices[1:]))
@@ -152,6 +200,10 @@ if __name__ == "__main__":
     p.add_argument("--devices", type=int, default=2000)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--reconnect", action="store_true", help="then drop and remake every link: what stays")
+    p.add_argument("--gc-pauses", action="store_true",
+                   help="no tracemalloc: time every GC collection while the devices connect and hold")
+    p.add_argument("--hold", type=float, default=30.0, help="with --gc-pauses: seconds held after connecting")
     a = p.parse_args()
-    tracemalloc.start(1)
+    if not a.gc_pauses:
+        tracemalloc.start(1)
     trio.run(main, a)

@@ -32,17 +32,13 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError,
 
 from . import protocol
 from .clock import Clock, rfc3339
-from .commands import CommandError, CommandTable, Handler, current_command
+from .commands import CommandError, CommandTable, Handler, Hook, Hooks, current_command
 from .configs import ConfigManager
 from .files import SecretFileStore
 from .state import DeviceStore
-from .workload import Health, Workload
-
-__all__ = ["Agent", "AgentStatistics", "Backoff", "CommandError", "link_url"]
+from .workload import Workload
 
 log = logging.getLogger("fleethub.agent")
-
-Hook = Callable[[], Awaitable[None]]
 
 REBOOT_PAUSE = 0.2  # seconds "powered off" during an in-process reboot
 MIN_HEARTBEAT = 0.05  # a hub sending 0 must not turn the agent into a busy loop
@@ -132,7 +128,7 @@ class Agent:
                  backoff_initial: float = 0.5, backoff_max: float = 30.0,
                  connect_limiter: trio.CapacityLimiter | None = None, connect_timeout: float = 10.0,
                  handshake_timeout: float = 10.0, ssl_context: Any = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, ignore_owner: bool | None = None) -> None:
         if reboot_mode not in ("restart", "exec"):
             raise ValueError(f"reboot_mode must be 'restart' or 'exec', got {reboot_mode!r}")
         self.hub_url = hub_url
@@ -154,13 +150,10 @@ class Agent:
         self.boot_reason: str | None = None
         self.signing_key = None  # nacl SigningKey, loaded at boot
         self._auth = [(protocol.TOKEN_HEADER.lower().encode(), b"Bearer " + token.encode())]
-        self.commands = CommandTable()
+        self.commands = CommandTable(on_idle=self._commands_answered)
         self.commands.register("ping", self._ping)
         self.commands.register("reboot", self._reboot)
-        self._hello_providers: list[Callable[[], dict[str, Any]]] = []
-        self._boot_hooks: list[Hook] = []
-        self._link_hooks: list[Hook] = []
-        self._shutdown_hooks: list[Hook] = []
+        self.hooks = Hooks()
         self._backoff = Backoff(backoff_initial, backoff_max, rng)
         self._limiter = connect_limiter
         self._limiter_held = False
@@ -170,7 +163,6 @@ class Agent:
         self._ws: Any = None
         self._scope: trio.CancelScope | None = None  # what a reboot request cancels
         self._connected_event = trio.Event()
-        self._inflight = 0
         self._reboot_reason: str | None = None
         self._reboot_command: str | None = None
         self._reboot_persisted = False
@@ -178,15 +170,14 @@ class Agent:
         self._link_welcomed = False
         self._link_error: BaseException | None = None
         self._on_first_welcome: Callable[[], None] | None = None
-        self._stats = dict(links=0, link_failures=0, heartbeats_sent=0, commands_handled=0)
+        self._stats = dict(links=0, link_failures=0, heartbeats_sent=0)
         self._last_error: str | None = None
         # the device's parts; the order of attach is the order of their boot hooks
-        self.files = SecretFileStore(self.data_dir, self.root)
-        self.workload = Workload(self.data_dir, self.root, on_health=self._workload_health)
+        self.files = SecretFileStore(self.data_dir, self.root, ignore_owner=ignore_owner)
+        self.workload = Workload(self.data_dir, self.root)
         self.configs = ConfigManager(self.data_dir, self.files, self.workload, device_id=lambda: self.device_id)
         self.files.attach(self)
-        self.configs.attach(self)
-        self.add_shutdown_hook(self.workload.stop)
+        self.configs.attach(self)  # and the workload: its health events, its stop at shutdown
 
     # ---- the API other device modules use ----
 
@@ -198,26 +189,23 @@ class Agent:
 
     def add_hello_provider(self, provider: Callable[[], dict[str, Any]]) -> None:
         """``provider()`` returns hello fields (e.g. secretFileDigests) merged into every hello."""
-        self._hello_providers.append(provider)
+        self.hooks.hello.append(provider)
 
-    def add_boot_hook(self, hook: Hook) -> None:
-        """``await hook()`` at every boot, before the first link (an error is logged, not fatal)."""
-        self._boot_hooks.append(hook)
+    def add_boot_hook(self, hook: Hook) -> None:  # see commands.Hooks for when each kind runs
+        self.hooks.boot.append(hook)
 
     def add_link_hook(self, hook: Hook) -> None:
-        """``await hook()`` after every welcome, e.g. to send what happened while there was no link."""
-        self._link_hooks.append(hook)
+        self.hooks.link.append(hook)
 
     def add_shutdown_hook(self, hook: Hook) -> None:
-        """``await hook()`` before a reboot and when the agent stops (shielded from cancellation)."""
-        self._shutdown_hooks.append(hook)
+        self.hooks.shutdown.append(hook)
 
     def request_reboot(self, reason: str = "reboot") -> None:
         """Reboot once the replies being worked on are sent; the next hello reports ``reason``."""
         if self._reboot_reason is None:
             self._reboot_reason = reason
             self._reboot_command = current_command()
-        if self._inflight == 0 and self._scope is not None:
+        if self.commands.inflight == 0 and self._scope is not None:
             self._scope.cancel()
 
     async def send_event(self, kind: str, payload: dict[str, Any] | None = None) -> bool:
@@ -247,6 +235,7 @@ class Agent:
         return AgentStatistics(device_id=self.device_id, connected=self.connected,
                                boot_count=self.boot_count, boot_reason=self.boot_reason,
                                last_error=self._last_error,
+                               commands_handled=self.commands.handled,
                                duplicate_commands=self.commands.duplicates, **self._stats)
 
     # ---- the link ----
@@ -275,7 +264,7 @@ class Agent:
         finally:
             self.workload.nursery = None
             with trio.CancelScope(shield=True):
-                await self._run_hooks(self._shutdown_hooks, "shutdown")
+                await self.hooks.run(self.hooks.shutdown, self._who())
 
     async def _connect_once(self) -> bool:
         self._link_welcomed = False
@@ -340,7 +329,7 @@ class Agent:
         interval = max(welcome.heartbeatInterval, MIN_HEARTBEAT)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._guard, nursery.cancel_scope, self._heartbeats, ws, interval)
-            nursery.start_soon(self._run_hooks, self._link_hooks, "link")
+            nursery.start_soon(self.hooks.run, self.hooks.link, self._who())
             await self._guard(nursery.cancel_scope, self._receive, ws, nursery)
         if self._link_error is not None:
             raise self._link_error
@@ -365,7 +354,8 @@ class Agent:
                 continue
             if isinstance(frame, protocol.Command):
                 # each command in its own task: a slow handler must not delay a ping
-                nursery.start_soon(self._guard, nursery.cancel_scope, self._dispatch, ws, frame)
+                nursery.start_soon(self._guard, nursery.cancel_scope, self.commands.dispatch, frame,
+                                   lambda reply: ws.send_message(protocol.encode(reply)), self.device_id, self._who())
             else:
                 log.debug("%s: ignoring a %s frame", self._who(), frame.type)
 
@@ -389,9 +379,7 @@ class Agent:
             deviceClock=rfc3339(self.clock.now()),
             tunnelPublicKey=self.public_key_b64,
         )
-        for provider in self._hello_providers:
-            fields.update(provider())
-        return protocol.Hello(**fields)
+        return protocol.Hello(**{**fields, **self.hooks.hello_fields()})
 
     def _link_failed(self, exc: BaseException) -> str:
         # trio-websocket wraps the OSError that says what went wrong ("connection refused")
@@ -410,16 +398,10 @@ class Agent:
 
     # ---- commands ----
 
-    async def _dispatch(self, ws: Any, cmd: protocol.Command) -> None:
-        self._inflight += 1
-        try:
-            reply = await self.commands.reply_for(cmd, self.device_id, self._who())
-            await ws.send_message(protocol.encode(reply))
-            self._stats["commands_handled"] += 1
-        finally:
-            self._inflight -= 1
-            if self._inflight == 0 and self._reboot_reason is not None and self._scope is not None:
-                self._scope.cancel()
+    def _commands_answered(self) -> None:
+        # a requested reboot waits until every reply being worked on has been sent
+        if self._reboot_reason is not None and self._scope is not None:
+            self._scope.cancel()
 
     async def _ping(self, payload: dict[str, Any]) -> dict[str, Any]:
         return {"pong": True, "deviceClock": rfc3339(self.clock.now())}
@@ -444,17 +426,7 @@ class Agent:
         if boot.reboot_reply:
             self.commands.remember(boot.reboot_reply["commandId"],
                                    protocol.Reply.model_validate(boot.reboot_reply["reply"]))
-        await self._run_hooks(self._boot_hooks, "boot")
-
-    async def _run_hooks(self, hooks: list[Hook], what: str) -> None:
-        for hook in hooks:
-            try:
-                await hook()
-            except Exception:  # one broken part must not keep the device off the hub
-                log.exception("%s: %s hook %s failed", self._who(), what, getattr(hook, "__qualname__", hook))
-
-    async def _workload_health(self, health: Health) -> None:
-        await self.send_event("workload.health", health.event())
+        await self.hooks.run(self.hooks.boot, self._who())
 
     async def _persist_reboot(self) -> None:
         if self._reboot_persisted or self._reboot_reason is None:
@@ -473,7 +445,7 @@ class Agent:
         await self._persist_reboot()
         log.warning("%s: rebooting (%s)", self._who(), self._reboot_reason)
         with trio.CancelScope(shield=True):  # a reboot powers the workload off first
-            await self._run_hooks(self._shutdown_hooks, "shutdown")
+            await self.hooks.run(self.hooks.shutdown, self._who())
         if self.reboot_mode == "exec":
             for handler in logging.getLogger().handlers:
                 handler.flush()

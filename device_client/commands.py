@@ -1,4 +1,5 @@
-"""Commands from the hub: the verb table, running one command, and the idempotent reply cache.
+"""How the device's parts plug into the agent: commands from the hub (the verb table, running one
+command, the idempotent reply cache) and hooks (hello fields, boot, link and shutdown).
 
 A command is ``{id, subject: cmd.<device_id>.<verb>, payload}``. The hub may send the same id again
 (it timed out, or the link dropped before the reply arrived); the device answers a repeat with the
@@ -20,6 +21,7 @@ from . import protocol
 log = logging.getLogger("fleethub.agent")
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+Hook = Callable[[], Awaitable[None]]
 
 REPLY_MEMORY = 256  # command ids whose replies are kept for duplicates
 
@@ -45,8 +47,11 @@ def error_reply(command_id: str, code: str, message: str) -> protocol.Reply:
 
 
 class CommandTable:
-    def __init__(self, memory: int = REPLY_MEMORY) -> None:
+    def __init__(self, memory: int = REPLY_MEMORY, on_idle: Callable[[], None] | None = None) -> None:
         self.memory = memory
+        self.on_idle = on_idle  # called when the last command being worked on has been answered
+        self.inflight = 0
+        self.handled = 0  # replies sent, duplicates included
         self.duplicates = 0
         self._handlers: dict[str, Handler] = {}
         self._replies: OrderedDict[str, protocol.Reply] = OrderedDict()
@@ -60,6 +65,18 @@ class CommandTable:
 
     def verbs(self) -> list[str]:
         return sorted(self._handlers)
+
+    async def dispatch(self, cmd: protocol.Command, send: Callable[[protocol.Reply], Awaitable[Any]],
+                       device_id: str | None, who: str = "agent") -> None:
+        """Answer ``cmd`` through ``send``; a command counts as in flight until its reply is sent."""
+        self.inflight += 1
+        try:
+            await send(await self.reply_for(cmd, device_id, who))
+            self.handled += 1
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0 and self.on_idle is not None:
+                self.on_idle()
 
     async def reply_for(self, cmd: protocol.Command, device_id: str | None, who: str = "agent") -> protocol.Reply:
         """The reply to ``cmd``: the stored one for a repeated id, else the handler's answer."""
@@ -114,3 +131,33 @@ class CommandTable:
         finally:
             _current_command.reset(token)
         return protocol.Reply(id=cmd.id, ok=True, payload=result or {})
+
+
+class Hooks:
+    """What the device's parts ask of the agent besides commands.
+
+    ``hello``: providers of hello fields (e.g. secretFileDigests), merged into every hello.
+    ``boot``: run at every boot, in order, before the first link. ``link``: run after every welcome,
+    e.g. to send what happened while there was no link. ``shutdown``: run before a reboot and when
+    the agent stops, shielded from cancellation. A failing hook is logged: one broken part must not
+    keep the device off the hub.
+    """
+
+    def __init__(self) -> None:
+        self.hello: list[Callable[[], dict[str, Any]]] = []
+        self.boot: list[Hook] = []
+        self.link: list[Hook] = []
+        self.shutdown: list[Hook] = []
+
+    def hello_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        for provider in self.hello:
+            fields.update(provider())
+        return fields
+
+    async def run(self, hooks: list[Hook], who: str) -> None:
+        for hook in hooks:
+            try:
+                await hook()
+            except Exception:
+                log.exception("%s: hook %s failed", who, getattr(hook, "__qualname__", hook))

@@ -131,6 +131,8 @@ class ConfigManager:
 
     async def boot(self) -> None:
         """At every boot: finish an interrupted apply by rolling back, then start the workload."""
+        if not self._loaded and not self.current_path.exists():
+            return  # never configured (most simulated devices): no worker thread needed
         record = await trio.to_thread.run_sync(lambda: self.current)
         if record is not None and record.get("state") != "applied":
             previous = record.get("previous")
@@ -156,6 +158,11 @@ class ConfigManager:
         agent.add_hello_provider(lambda: {"configVersionApplied": self.version_applied()})
         agent.add_boot_hook(self.boot)
         agent.add_link_hook(self._on_link)
+        agent.add_shutdown_hook(self.workload.stop)
+        self.workload.on_health = self._health_changed
+
+    async def _health_changed(self, health: Health) -> None:
+        await self._send("workload.health", health.event())
 
     # ---- steps ----
 

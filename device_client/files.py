@@ -13,9 +13,10 @@ The store keeps a manifest, ``<data_dir>/secret-files.json`` = ``{path: {fileId,
 gid, source, configId}}``, of the files the hub put there: delete and wipe only ever touch those, and
 the hello reports their digests so the hub can see what is missing or different.
 
-Owners: running as root, every file gets the uid and gid asked for. Not running as root, a file whose
-owner cannot be set fails with that reason, unless FLEETHUB_AGENT_IGNORE_OWNER=1, which makes the
-agent record the intended owner and skip chown entirely (for unprivileged simulations).
+Owners: every file gets the uid and gid asked for, which needs root (CAP_CHOWN). Without it, a file
+whose owner cannot be set fails with that reason, unless FLEETHUB_AGENT_IGNORE_OWNER=1: then the
+agent keeps the owner it can give, records the intended one in the manifest, and reports the file
+on_device (meant for unprivileged simulations, never for a real device).
 
 Files under the platform secrets directory are mounted read-only into the workload: their mode is the
 asked mode masked with 0444 (no write, execute or special bits) and their directories are 0755. A
@@ -132,10 +133,11 @@ def _result(path: str, status: str, file_id: str | None = None, **extra: Any) ->
     return out
 
 
-def _failed_payload(raw: Any, error: str) -> dict[str, Any]:
-    raw = raw if isinstance(raw, dict) else {}
-    path = raw.get("path")
-    return _result(path if isinstance(path, str) else "", "failed", _id(raw, "fileId"), error=error)
+def _list(payload: dict[str, Any], key: str) -> list[Any]:
+    value = payload.get(key)
+    if not isinstance(value, list):
+        raise CommandError("invalid_payload", f"{key} must be a list")
+    return value
 
 
 def _sha256_of(path: Path) -> str:
@@ -176,7 +178,9 @@ class SecretFileStore:
             try:
                 checked.append(parse_file(raw, source=source, config_id=config_id))
             except FileFailure as exc:
-                checked.append(_failed_payload(raw, str(exc)))
+                raw = raw if isinstance(raw, dict) else {}
+                path = raw.get("path") if isinstance(raw.get("path"), str) else ""
+                checked.append(_result(path, "failed", _id(raw, "fileId"), error=str(exc)))
         async with self._lock:
             return await trio.to_thread.run_sync(self._put_sync, checked)
 
@@ -212,35 +216,26 @@ class SecretFileStore:
         agent.add_link_hook(self._on_link)
 
     async def _handle_put(self, payload: dict[str, Any]) -> dict[str, Any]:
-        files = payload.get("files")
-        if not isinstance(files, list):
-            raise CommandError("invalid_payload", "files must be a list of secret files")
-        return {"results": await self.put(files)}
+        return {"results": await self.put(_list(payload, "files"))}
 
     async def _handle_delete(self, payload: dict[str, Any]) -> dict[str, Any]:
-        paths = payload.get("paths")
-        if not isinstance(paths, list):
-            raise CommandError("invalid_payload", "paths must be a list of paths")
-        return {"results": await self.delete(paths)}
+        return {"results": await self.delete(_list(payload, "paths"))}
 
     async def _handle_wipe(self, payload: dict[str, Any]) -> dict[str, Any]:
         return await self.wipe()
 
     async def _on_boot(self) -> None:
-        self._boot_report = await self.verify()
+        # most simulated devices hold no files: spare them the worker-thread round trip
+        self._boot_report = await self.verify() if self.manifest.path.exists() else []
 
     async def _on_link(self) -> None:
         # at boot there is no link yet; the report goes out on the first link of the boot
-        if self._boot_report and self._agent is not None:
-            report = self._boot_report
-            if await self._agent.send_event("files.result", {"results": report}):
-                if self._boot_report is report:
-                    self._boot_report = []
+        report = self._boot_report
+        if report and self._agent and await self._agent.send_event("files.result", {"results": report}):
+            if self._boot_report is report:
+                self._boot_report = []
 
     # ---- the file system work, in a worker thread ----
-
-    def _owner_enforced(self) -> bool:
-        return os.geteuid() == 0 or not self.ignore_owner
 
     def _put_sync(self, checked: list[WantedFile | dict[str, Any]]) -> list[dict[str, Any]]:
         manifest, changes = self.manifest.load(), {}
@@ -321,24 +316,25 @@ class SecretFileStore:
             if problem:
                 raise FileFailure(f"cannot write {path}: it resolves to {resolved}, and {problem}")
 
-    def _chown(self, path: str, target: int | Path, uid: int, gid: int) -> None:
-        # owner failures are the agent's situation, not the OS's: say what to do about them
-        if not self._owner_enforced():
-            return
+    def _chown(self, path: str, target: int | Path, uid: int, gid: int) -> bool:
+        """True when the owner is now uid:gid; False when it could not be and that is allowed."""
         try:
             if isinstance(target, int):
                 os.fchown(target, uid, gid)
             else:
                 os.chown(target, uid, gid, follow_symlinks=False)
         except PermissionError as exc:
+            if self.ignore_owner:
+                return False
+            # the agent's situation rather than the disk's, so the error says what to do about it
             raise FileFailure(
-                f"cannot set owner {uid}:{gid} on {path}: {exc.strerror} (the agent is not running as "
-                f"root; {IGNORE_OWNER_ENV}=1 records the owner without applying it)") from None
+                f"cannot set owner {uid}:{gid} on {path}: {exc.strerror} (the agent is not root or "
+                f"lacks CAP_CHOWN; {IGNORE_OWNER_ENV}=1 records the owner without applying it)") from None
+        return True
 
     def _fix_attributes(self, path: str, local: Path, st: os.stat_result, mode: int, uid: int, gid: int) -> bool:
         fixed = False
-        if self._owner_enforced() and (st.st_uid, st.st_gid) != (uid, gid):
-            self._chown(path, local, uid, gid)
+        if (st.st_uid, st.st_gid) != (uid, gid) and self._chown(path, local, uid, gid):
             log.info("secret file %s: owner %d:%d corrected to %d:%d", path, st.st_uid, st.st_gid, uid, gid)
             fixed = True
         if stat.S_IMODE(st.st_mode) != mode:

@@ -63,7 +63,7 @@ MODE_MAX = 0o7777
 OWNER_READ = 0o400
 GROUP_OR_WORLD_WRITE = 0o022
 SPECIAL_BITS = 0o7000  # setuid, setgid, sticky
-_OCTAL = re.compile(r"^(?:0o)?[0-7]{1,4}$")
+_OCTAL = re.compile(r"(?:0o)?[0-7]{1,4}")
 
 Kind = Literal["secrets", "volume", "host"]
 
@@ -126,7 +126,7 @@ def check_mode(mode: object) -> str | None:
 
 def parse_mode(text: str) -> int:
     """``"0600"``, ``"600"`` or ``"0o600"`` → 0o600; ValueError for anything else."""
-    if not isinstance(text, str) or not _OCTAL.match(text):
+    if not isinstance(text, str) or not _OCTAL.fullmatch(text):
         raise ValueError(f"mode must be octal permissions such as 0600, got {text!r}")
     return int(text.removeprefix("0o"), 8)
 

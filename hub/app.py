@@ -9,7 +9,6 @@ becomes a JSON body from hub/errors.py — never an HTML page.
 from __future__ import annotations
 
 import logging
-import uuid
 
 from quart import Response, g, jsonify, request
 from quart_schema import QuartSchema
@@ -19,6 +18,7 @@ from werkzeug.exceptions import HTTPException
 
 from hub.api import access, audit, configurations, devices, fleets, health, link, oauth, pats, secret_files, sessions
 from hub.auth import middleware
+from hub.ids import fast_uuid4
 from hub.errors import FleethubError, general_body, memtest_body, tunnel_body
 from hub.services import Services
 
@@ -62,14 +62,14 @@ def create_app(services: Services) -> QuartTrio:
 
     @app.before_request
     async def _before() -> None:
-        g.request_id = request.headers.get("X-Request-ID") or str(uuid.uuid4())
+        g.request_id = request.headers.get("X-Request-ID") or str(fast_uuid4())
         g.principal = None
         g.org = None
         await middleware.authenticate(services)
 
     @app.after_request
     async def _after(response: Response) -> Response:
-        response.headers["X-Request-ID"] = getattr(g, "request_id", None) or str(uuid.uuid4())
+        response.headers["X-Request-ID"] = getattr(g, "request_id", None) or str(fast_uuid4())
         decision = getattr(g, "ratelimit", None)
         if decision is not None:
             response.headers.update(decision.headers())

@@ -40,6 +40,7 @@ from storage.fleets import Fleets
 from storage.identity import Identity
 from storage.migrate import migrate
 from storage.orgs import Orgs
+from storage.rowcache import RowCache
 from storage.secrets import SecretFiles
 from storage.tokens import Tokens
 
@@ -75,11 +76,11 @@ class Services:
     def __post_init__(self) -> None:
         self.orgs = Orgs(self.db)
         self.tokens = Tokens(self.db)
-        self.devices = Devices(self.db)
+        self.devices = Devices(self.db, RowCache())
         self.fleets = Fleets(self.db)
         self.audit = Audit(self.db)
         self.identity = Identity(self.db)
-        self.configs = Configurations(self.db)
+        self.configs = Configurations(self.db, self.devices.cache)
         self.secrets = SecretFiles(self.db)
         self.secret_box = SecretBox(load_secret_key(self.settings.data_dir))
         self.auth_cache = AuthCache()

@@ -10,6 +10,7 @@ import uuid
 import asyncpg
 
 from storage.db import Database
+from storage.rowcache import RowCache
 
 SORT_COLUMNS = {"name": "c.name", "createdAt": "c.created_at", "updatedAt": "c.updated_at",
                 "status": "c.status", "currentVersion": "c.current_version"}
@@ -46,8 +47,11 @@ def _like_escape(text: str) -> str:
 
 
 class Configurations:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, device_cache: RowCache | None = None) -> None:
         self.db = db
+        # Deleting a configuration changes device rows (their assignment): evict them from the
+        # device read cache the Devices repository shares with us.
+        self.device_cache = device_cache
 
     async def create(self, org_id: uuid.UUID, now: dt.datetime, *, name: str, description: str, tags: list[str],
                      spec: dict, created_by: str | None, fleet_id: uuid.UUID | None = None) -> tuple[dict, dict]:
@@ -156,7 +160,14 @@ class Configurations:
                 "WHERE f.config_id = $1 AND d.status = 'on_device'", config_id)
             await conn.execute("UPDATE devices SET config_status = NULL, config_error = NULL "
                                "WHERE config_id = $1", config_id)
+            assigned = await conn.fetch("SELECT id FROM devices WHERE config_id = $1", config_id)
             await conn.execute("DELETE FROM configurations WHERE id = $1", config_id)
-            return [(r["device_id"], r["path"]) for r in on_devices]
+            return [(r["device_id"], r["path"]) for r in on_devices], [r["id"] for r in assigned]
 
-        return await self.db.run(body, transaction=True)
+        result = await self.db.run(body, transaction=True)
+        if result is None:
+            return None
+        removed, assigned = result
+        if self.device_cache is not None:
+            self.device_cache.evict(assigned)
+        return removed

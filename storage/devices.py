@@ -9,6 +9,7 @@ import uuid
 import asyncpg
 
 from storage.db import Database
+from storage.rowcache import RowCache
 
 DEVICE_COLUMNS = (
     "id, org_id, fleet_id, name, tags, firmware, architecture, online, state, boot_reason, "
@@ -27,8 +28,11 @@ def _device(row: asyncpg.Record | None) -> dict | None:
 
 
 class Devices:
-    def __init__(self, db: Database) -> None:
+    """Reads by id go through ``cache`` (keyed by device id); every write here evicts what it touched."""
+
+    def __init__(self, db: Database, cache: RowCache | None = None) -> None:
         self.db = db
+        self.cache = cache or RowCache()
 
     async def create(self, org_id: uuid.UUID, token_hash: bytes, now: dt.datetime, *, name: str,
                      fleet_id: uuid.UUID | None = None, tags: list[str] | None = None) -> dict:
@@ -39,13 +43,17 @@ class Devices:
         return _device(row)
 
     async def get(self, org_id: uuid.UUID, device_id: uuid.UUID) -> dict | None:
-        return _device(await self.db.fetchrow(
-            f"SELECT {DEVICE_COLUMNS} FROM devices WHERE org_id = $1 AND id = $2", org_id, device_id))
+        row = await self.get_any(device_id)
+        return row if row is not None and row["org_id"] == org_id else None
 
     async def get_any(self, device_id: uuid.UUID) -> dict | None:
-        """Internal lookup without tenancy (actors rebuilding their state)."""
-        return _device(await self.db.fetchrow(
-            f"SELECT {DEVICE_COLUMNS} FROM devices WHERE id = $1", device_id))
+        """Lookup without tenancy (actors rebuilding their state; ``get`` checks the org)."""
+        row = self.cache.get(device_id)
+        if row is None:
+            row = _device(await self.db.fetchrow(f"SELECT {DEVICE_COLUMNS} FROM devices WHERE id = $1", device_id))
+            if row is not None:
+                self.cache.put(device_id, row)
+        return row
 
     async def find_by_token(self, token_hash: bytes) -> dict | None:
         return _device(await self.db.fetchrow(
@@ -83,18 +91,19 @@ class Devices:
     async def update(self, org_id: uuid.UUID, device_id: uuid.UUID, now: dt.datetime, changes: dict) -> dict | None:
         allowed = {k: v for k, v in changes.items() if k in ("name", "tags", "fleet_id")}
         sets = ", ".join(f"{k} = ${i + 4}" for i, k in enumerate(allowed))
-        return _device(await self.db.fetchrow(
+        return self._evicted(device_id, await self.db.fetchrow(
             f"UPDATE devices SET updated_at = $3{', ' + sets if sets else ''} "
             f"WHERE org_id = $1 AND id = $2 RETURNING {DEVICE_COLUMNS}",
             org_id, device_id, now, *allowed.values()))
 
     async def delete(self, org_id: uuid.UUID, device_id: uuid.UUID) -> bool:
         status = await self.db.execute("DELETE FROM devices WHERE org_id = $1 AND id = $2", org_id, device_id)
+        self.cache.evict([device_id])
         return status.endswith(" 1")
 
     async def assign_config(self, org_id: uuid.UUID, device_id: uuid.UUID, config_id: uuid.UUID,
                             version_id: uuid.UUID, now: dt.datetime) -> dict | None:
-        return _device(await self.db.fetchrow(
+        return self._evicted(device_id, await self.db.fetchrow(
             f"UPDATE devices SET config_id = $3, config_version_id = $4, config_status = 'pending', "
             f"config_error = NULL, updated_at = $5 WHERE org_id = $1 AND id = $2 RETURNING {DEVICE_COLUMNS}",
             org_id, device_id, config_id, version_id, now))
@@ -104,6 +113,13 @@ class Devices:
         await self.db.execute(
             "UPDATE devices SET config_status = $2, config_error = $3, applied_version_id = $4, updated_at = $5 "
             "WHERE id = $1", device_id, status, error, applied_version_id, now)
+        self.cache.evict([device_id])
+
+    def _evicted(self, device_id: uuid.UUID, row: asyncpg.Record | None) -> dict | None:
+        """After a write: the cached copy is stale (evicted after the write, so a read racing it
+        cannot put the old row back for longer than the cache's ttl)."""
+        self.cache.evict([device_id])
+        return _device(row)
 
     async def fleet_in_org(self, org_id: uuid.UUID, fleet_id: uuid.UUID) -> bool:
         return bool(await self.db.fetchval(
@@ -137,9 +153,11 @@ class Devices:
             [r.get("connected_at") for r in rows], [r.get("firmware") for r in rows],
             [r.get("architecture") for r in rows], [r.get("tunnel_public_key") for r in rows],
             [json.dumps(r["facts"]) if r.get("facts") is not None else None for r in rows])
+        self.cache.evict(r["id"] for r in rows)
 
     async def mark_all_offline(self) -> int:
         """At hub start no device is connected to this process yet."""
+        self.cache.clear()
         status = await self.db.execute(
             "UPDATE devices SET online = false, state = 'offline' WHERE online OR state <> 'offline'")
         return int(status.split()[-1])

@@ -129,12 +129,12 @@ async def test_link_up_is_online_and_writes_the_presence_row_with_facts(autojump
             actor = await s.actor()
             assert await actor.ask(GetLive(), timeout=1) == {
                 "state": "offline", "online": False, "bootReason": "power_on", "lastSeenAt": None,
-                "connectedAt": None}
+                "connectedAt": None, "facts": None}
             await trio.sleep(1.2)
             connect(s, actor)
             assert await actor.ask(GetLive(), timeout=1) == {
                 "state": "online", "online": True, "bootReason": "power_on", "lastSeenAt": at(1.2),
-                "connectedAt": at(1.2)}
+                "connectedAt": at(1.2), "facts": FACTS}
             await trio.sleep(1)
             # written behind at the next flush (every 0.5 s from t=0), once
             assert s.devices.flushes == [(1.5, [{

@@ -1,8 +1,8 @@
 """A hub stand-in for agent tests: a real trio-websocket server on 127.0.0.1 speaking the link protocol.
 
 It accepts a link, records the hello and the Authorization header, sends a welcome, and queues every
-later frame for the test. Tests drive commands through ``Link.command`` and read heartbeats with
-``Link.next_event``.
+later frame for the test. Tests drive commands through ``Link.command`` and read events with
+``Link.next_event``; frames a test is not waiting for are kept until it asks for them.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class Link:
         self.closed = trio.Event()
         self._send, self._frames = trio.open_memory_channel[Any](1000)
         self._ids = itertools.count(1)
+        self._backlog: list[Any] = []
 
     async def command(self, verb: str, payload: dict | None = None, *, id: str | None = None) -> protocol.Reply:
         cid = id or f"c{next(self._ids)}"
@@ -38,19 +39,24 @@ class Link:
         await self.ws.send_message(protocol.encode(cmd))
 
     async def next_reply(self, command_id: str) -> protocol.Reply:
-        while True:
-            frame = await self._frames.receive()
-            if isinstance(frame, protocol.Reply) and frame.id == command_id:
-                return frame
+        return await self._next(lambda f: isinstance(f, protocol.Reply) and f.id == command_id)
 
     async def next_event(self, kind: str) -> protocol.Event:
+        return await self._next(lambda f: isinstance(f, protocol.Event) and f.kind == kind)
+
+    async def _next(self, match) -> Any:
+        # frames that do not match wait in the backlog: an event sent just before a reply is not lost
+        for i, frame in enumerate(self._backlog):
+            if match(frame):
+                return self._backlog.pop(i)
         while True:
             frame = await self._frames.receive()
-            if isinstance(frame, protocol.Event) and frame.kind == kind:
+            if match(frame):
                 return frame
+            self._backlog.append(frame)
 
     def frames_nowait(self) -> list[Any]:
-        out = []
+        out, self._backlog = self._backlog, []
         while True:
             try:
                 out.append(self._frames.receive_nowait())
