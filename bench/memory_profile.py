@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import trio  # noqa: E402
 
-from _common import OUT_DIR, Worker, insert_devices, log, shm_tempdir  # noqa: E402
+from _common import (OUT_DIR, Worker, command_line, facts_line, insert_devices, log, machine_facts,  # noqa: E402
+                     shm_tempdir, write_section)
 
 
 def task_census() -> Counter:
@@ -66,6 +67,16 @@ async def gc_pauses(services, worker, devices, sim_root: Path, args) -> None:
             pauses.append((info["generation"], time.perf_counter() - started.pop("t"), info["collected"]))
 
     gc.callbacks.append(cb)
+
+    async def freezer() -> None:
+        # the candidate fix: move what survived so far to the permanent generation, which no
+        # collection scans again
+        while True:
+            await trio.sleep(args.gc_freeze)
+            gc.freeze()
+
+    if args.gc_freeze:
+        services.nursery.start_soon(freezer)
     try:
         (sim_root / "rest.json").write_text(json.dumps(devices[1:]))
         t0 = time.monotonic()
@@ -79,7 +90,8 @@ async def gc_pauses(services, worker, devices, sim_root: Path, args) -> None:
     finally:
         gc.callbacks.remove(cb)
     objects = len(gc.get_objects())
-    lines = [f"{args.devices} devices linked in {connect_s:.1f}s; {objects:,} objects tracked by the GC "
+    lines = [f"gc.freeze() every {args.gc_freeze:g} s" if args.gc_freeze else "no gc.freeze()",
+             f"{args.devices} devices linked in {connect_s:.1f}s; {objects:,} objects tracked by the GC "
              f"({objects / args.devices:.0f} per device); gc thresholds {gc.get_threshold()}", ""]
     for label, ps in (("while connecting", during_connect), (f"connect + {args.hold:g} s hold", pauses)):
         for g in (0, 1, 2):
@@ -90,7 +102,17 @@ async def gc_pauses(services, worker, devices, sim_root: Path, args) -> None:
     text = "\n".join(lines)
     print(text)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    (OUT_DIR / f"gc_pauses-{args.devices}.txt").write_text(text + "\n")
+    (OUT_DIR / f"gc_pauses-{args.devices}{'-freeze' if args.gc_freeze else ''}.txt").write_text(text + "\n")
+    if args.write:
+        name = "gc_pauses_freeze" if args.gc_freeze else "gc_pauses"
+        title = ("Cyclic GC pauses with gc.freeze() every %g s (candidate fix)" % args.gc_freeze if args.gc_freeze
+                 else "Cyclic GC pauses of the hub process")
+        write_section(name, "\n".join([
+            f"## {title} (bench/memory_profile.py --gc-pauses)", "", f"`{command_line()}`", "",
+            facts_line(args.facts), "",
+            "The hub in the profiling process (`run_hub`), the devices in a bench/_simworker.py process; every "
+            "collection timed with `gc.callbacks` (stop-the-world for the trio loop).", "", "```", text, "```"]),
+            smoke=False)
 
 
 async def main(args) -> None:
@@ -187,6 +209,13 @@ async def main(args) -> None:
             print(text)
             OUT_DIR.mkdir(parents=True, exist_ok=True)
             (OUT_DIR / "memory_profile.txt").write_text(text + "\n")
+            if args.write:
+                write_section("memory_profile", "\n".join([
+                    "## Where a device's memory goes (bench/memory_profile.py)", "", f"`{command_line()}`", "",
+                    facts_line(args.facts), "",
+                    "tracemalloc (1 frame) in the hub process, snapshot before/after the devices link; per device. "
+                    "tracemalloc counts Python allocations only (VmRSS per device is in the capacity section).",
+                    "", "```", text, "```"]), smoke=False)
             nursery.cancel_scope.cancel()
     finally:
         if worker is not None:
@@ -203,7 +232,11 @@ if __name__ == "__main__":
     p.add_argument("--gc-pauses", action="store_true",
                    help="no tracemalloc: time every GC collection while the devices connect and hold")
     p.add_argument("--hold", type=float, default=30.0, help="with --gc-pauses: seconds held after connecting")
+    p.add_argument("--gc-freeze", type=float, default=0.0,
+                   help="with --gc-pauses: call gc.freeze() in the hub every this many seconds (a candidate fix)")
+    p.add_argument("--write", action="store_true", help="write the figures into bench/RESULTS.md")
     a = p.parse_args()
+    a.facts = machine_facts()
     if not a.gc_pauses:
         tracemalloc.start(1)
     trio.run(main, a)

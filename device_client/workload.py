@@ -17,8 +17,9 @@ spec's env and the platform's FLEETHUB_* variables) so the agent's own secrets, 
 FLEETHUB_DEVICE_TOKEN, never reach the workload.
 
 Supervision (when ``nursery`` is set, or inside ``run()``): a workload that exits on its own is
-reported through ``on_health`` and restarted with backoff. The agent stops the workload when it stops. A held workload (memory
-tests) is stopped and stays stopped until released; the hold is not a crash.
+reported through ``on_health`` and restarted with backoff. The agent stops the workload when it
+stops. A held workload (memory tests) is stopped and stays stopped until released; the hold is not
+a crash.
 """
 
 from __future__ import annotations
@@ -335,7 +336,8 @@ class Workload:
         spec = self.spec
         if spec is None:
             return
-        self.root.mkdir(parents=True, exist_ok=True)
+        # the workload may list its secrets before the first one arrives
+        os.makedirs(self.root / SECRETS_DIR.lstrip("/"), mode=0o755, exist_ok=True)
         try:
             if self.log_path.stat().st_size > LOG_ROTATE_BYTES:
                 os.replace(self.log_path, self.log_path.with_name("workload.log.1"))
