@@ -134,6 +134,8 @@ class Delivery:
         files = await s.secrets.config_files_for(self.device_id, device["config_id"])
         payload = {"configId": str(device["config_id"]), "versionId": str(target), "version": version["version"],
                    "spec": version["spec"], "files": [self.file_payload(f) for f in files]}
+        # "applying": the version is on its way and the device will verify it (rollouts show it).
+        await s.devices.set_config_result(self.device_id, "applying", None, device["applied_version_id"], s.clock.now())
         reply = await self._request("config.apply", payload, timeout=APPLY_TIMEOUT)
         if reply is not None:
             await self.record_config_result(reply)

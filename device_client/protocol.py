@@ -80,6 +80,8 @@ class Hello(_Frame):
     retiredPages: list[int] = Field(default_factory=list)
     lastMemoryTest: dict[str, Any] | None = None
     maintenance: bool = False  # up in maintenance (a test boot) with the workload held
+    workloadHeld: bool = False  # the workload is held (a memory test): rollouts defer this device
+    pendingActions: list[str] = Field(default_factory=list)  # health_check, battery_discharging, mission_critical
 
 
 class Welcome(_Frame):

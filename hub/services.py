@@ -20,6 +20,7 @@ import trio
 from actors.bus import Bus
 from actors.device import DeviceActor
 from actors.fleet import FleetActor
+from actors.rollout import RolloutActor
 from actors.runtime import Registry, Supervisor
 from device_client.clock import Clock
 from hub.auth.cache import AuthCache
@@ -40,6 +41,7 @@ from storage.fleets import Fleets
 from storage.identity import Identity
 from storage.migrate import migrate
 from storage.orgs import Orgs
+from storage.rollouts import Rollouts
 from storage.rowcache import RowCache
 from storage.secrets import SecretFiles
 from storage.tokens import Tokens
@@ -82,6 +84,7 @@ class Services:
         self.identity = Identity(self.db)
         self.configs = Configurations(self.db, self.devices.cache)
         self.secrets = SecretFiles(self.db)
+        self.rollouts = Rollouts(self.db)
         self.secret_box = SecretBox(load_secret_key(self.settings.data_dir))
         self.auth_cache = AuthCache()
         self.rate_limiter = RateLimiter()
@@ -99,6 +102,9 @@ class Services:
 
     async def device_actor(self, device_id: uuid.UUID) -> DeviceActor:
         return await self.registry.get(("device", device_id), lambda: DeviceActor(device_id, self))
+
+    async def rollout_actor(self, rollout_id: uuid.UUID) -> RolloutActor:
+        return await self.registry.get(("rollout", rollout_id), lambda: RolloutActor(rollout_id, self))
 
     async def fleet_actor(self, org_id: uuid.UUID, fleet_id: uuid.UUID) -> FleetActor:
         return await self.registry.get(("fleet", fleet_id), lambda: FleetActor(org_id, fleet_id, self))
@@ -143,6 +149,10 @@ async def open_services(settings: Settings, clock: Clock | None = None, *,
                     await services.devices.mark_all_offline()
                 await nursery.start(services.presence.run)
                 await nursery.start(services.audit_log.run)
+                if serving:
+                    # Rollouts interrupted by a stop continue where they were.
+                    for rollout_id in await services.rollouts.active_ids():
+                        await services.rollout_actor(rollout_id)
                 try:
                     yield services
                 finally:

@@ -6,17 +6,17 @@ actor when it runs, since presence is written behind and the actor is its only w
 
 from __future__ import annotations
 
-import json
 import uuid
 
 from pydantic import BaseModel, ConfigDict, Field
-from quart import Blueprint, make_response
+from quart import Blueprint
 
 import trio
 
 from actors.device import Reboot, Send
 from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
 from hub.auth.authz import Obj, authorize, require_org, scope_for_list
+from hub.api.sse import stream_response
 from hub.api.validation import body, query, responds
 from hub.auth.pat import digest, new_device_token
 from hub.errors import BadRequest, NotFound
@@ -243,37 +243,8 @@ async def ping_device(device_id: str):
 @bp.get("/<device_id>/events")
 @errors(400, 401, 403, 404)
 async def device_events(device_id: str):
-    """The device state stream (SSE): the current state first, then every change as it happens.
-
-    A client that reads too slowly is dropped with a final ``dropped`` event rather than buffered
-    without bound; a comment line every 15 s keeps proxies from closing an idle stream.
-    """
+    """The device state stream (SSE): the current state first, then every change as it happens."""
     s = services()
     row = await _load(device_id, "viewer")
     first = {"kind": "device.snapshot", "deviceId": str(row["id"]), "payload": device_json(row)}
-    subscription = s.events.subscribe(("device", row["id"]))
-
-    async def stream():
-        with subscription:
-            yield sse(first)
-            while True:
-                with trio.move_on_after(15):
-                    try:
-                        event = await subscription.receive.receive()
-                    except trio.EndOfChannel:
-                        break
-                    yield sse(event)
-                    continue
-                yield b": keepalive\n\n"
-            if subscription.dropped:
-                yield sse({"kind": "dropped", "deviceId": str(row["id"]),
-                           "payload": {"reason": "the client did not keep up with the stream"}})
-
-    response = await make_response(stream(), 200, {"Content-Type": "text/event-stream",
-                                                    "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    response.timeout = None
-    return response
-
-
-def sse(event: dict) -> bytes:
-    return f"event: {event['kind']}\ndata: {json.dumps(jsonable(event), separators=(',', ':'))}\n\n".encode()
+    return await stream_response(s.events.subscribe(("device", row["id"])), first, {"deviceId": str(row["id"])})

@@ -166,7 +166,8 @@ async def test_a_failing_health_check_rolls_back_and_writes_no_files(device, tmp
 
 async def test_a_crashing_first_version_leaves_no_configuration(device, tmp_path):
     crash = {"configId": "c", "versionId": "v1", "version": 1, "files": [],
-             "spec": {"workload": {"command": [PY, "-c", "raise SystemExit(4)"]}}}
+             "spec": {"workload": {"command": [PY, "-c", "raise SystemExit(4)"],
+                                   "healthCheck": {"graceSeconds": 5}}}}
     with trio.fail_after(10):
         result = await device.configs.apply(crash)
     assert result["status"] == "rejected" and result["rolledBackTo"] is None

@@ -204,7 +204,7 @@ async def test_a_crashing_workload_is_unhealthy_reported_and_restarted(workload,
     crash = f"open({str(counter)!r}, 'a').write('x'); import sys; sys.exit(1)"
     with trio.fail_after(10):
         await workload.start(parse_spec({"workload": {"command": [PY, "-c", crash],
-                                                      "healthCheck": {"graceSeconds": 0.5}}}))
+                                                      "healthCheck": {"graceSeconds": 5}}}))
         health = await workload.check_health()
         assert health == Health(False, "the workload exited with code 1")
         while len(workload.reports) < 2 or not counter.exists() or len(counter.read_text()) < 3:
@@ -241,10 +241,11 @@ async def test_wait_healthy_retries_until_the_deadline(workload, tmp_path):
         assert not health.healthy and health.detail.startswith("not healthy within 0.5s")
         assert trio.current_time() - t0 < 2
         # a process that dies is not waited for until the deadline
-        await workload.restart(parse_spec({"workload": {"command": [PY, "-c", "raise SystemExit(2)"]}}))
+        await workload.restart(parse_spec({"workload": {"command": [PY, "-c", "raise SystemExit(2)"],
+                                                        "healthCheck": {"graceSeconds": 5}}}))
         t0 = trio.current_time()
         assert await workload.wait_healthy(10) == Health(False, "the workload exited with code 2")
-        assert trio.current_time() - t0 < 3
+        assert trio.current_time() - t0 < 4  # the exit ends the wait, not the 5 s grace
 
 
 async def test_the_workload_stops_when_its_supervisor_stops(tmp_path):

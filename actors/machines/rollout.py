@@ -1,0 +1,348 @@
+"""The rollout machine: one configuration version to the devices of one or more fleets, in batches.
+
+Pure: no trio, storage or quart. Time and the devices' situation come in with each event.
+
+Rollout states (DESIGN.md section 12):
+
+    PENDING ──Start──► RUNNING ──all devices settled──► COMPLETED (none failed) | FAILED (some failed)
+                        │  ▲
+                  Pause │  │ Resume            Cancel from PENDING, RUNNING or PAUSED ──► CANCELLED
+                        ▼  │
+                       PAUSED   (also entered by itself: canary failure, a batch below the success
+                                 threshold, failures above the failure threshold)
+
+Device steps follow the spec's table under a maintenance window:
+
+    PENDING ──window open (or force)──► UPDATING ──device started applying──► VERIFYING
+       │                                     └───────────── result ──────────────┴──► SUCCEEDED | FAILED
+       ├──window closed, force false──► QUEUED_MAINTENANCE ──window opens──► UPDATING
+       └──workload held for a memory test──► DEFERRED_MEMORY_TEST ──test ends──► (as PENDING)
+    INELIGIBLE: offline, other architecture or missing fleet tags when the rollout was created.
+
+Batches: with ``force`` every device is one batch and updates at once (window bypassed, health checks
+still run). Otherwise the first batch is a canary (5% of the devices, at least one, at most
+``batch_size``); the next batch starts only when every device of the current one settled
+(succeeded, failed, or deferred for a memory test — deferred devices are not counted as failed and
+get the update when their test ends) and its success ratio met ``success_threshold``. A canary
+failure pauses; so does the failed share of all attempted devices passing ``failure_threshold``.
+Pause stops devices from starting; devices already updating finish.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class RolloutState(Enum):
+    PENDING = "pending"      #: created, not started yet
+    RUNNING = "running"      #: devices are being updated batch by batch
+    PAUSED = "paused"        #: no new device starts; in-flight ones finish
+    COMPLETED = "completed"  #: every eligible device succeeded
+    FAILED = "failed"        #: settled, with at least one device failed
+    CANCELLED = "cancelled"  #: stopped by an operator; in-flight devices finish
+
+
+class Step(Enum):
+    PENDING = "pending"                            #: waiting for its batch
+    QUEUED_MAINTENANCE = "queued_maintenance"      #: its fleet's window is closed; starts when it opens
+    UPDATING = "updating"                          #: the version was assigned and is being sent
+    VERIFYING = "verifying"                        #: the device is applying it and checking health
+    SUCCEEDED = "succeeded"                        #: applied and healthy
+    FAILED = "failed"                              #: rejected or rolled back by the device
+    DEFERRED_MEMORY_TEST = "deferred_memory_test"  #: workload held for a memory test; not a failure
+    INELIGIBLE = "ineligible"                      #: left out when the rollout was created
+
+
+TERMINAL = {Step.SUCCEEDED, Step.FAILED, Step.INELIGIBLE}
+IN_FLIGHT = {Step.UPDATING, Step.VERIFYING}
+WAITING = {Step.PENDING, Step.QUEUED_MAINTENANCE, Step.DEFERRED_MEMORY_TEST}
+SETTLED_FOR_BATCH = TERMINAL | {Step.DEFERRED_MEMORY_TEST}
+CANARY_SHARE = 0.05
+
+
+@dataclass
+class DeviceStep:
+    device_id: str
+    fleet_id: str
+    batch: int
+    step: Step
+    error: str | None = None
+    updated_at: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    """What the rollout needs to know about a device at a tick."""
+    online: bool
+    held: bool = False                  # workload held for a memory test
+    applying: bool = False              # the device received the version and is verifying it
+    result: str | None = None           # "applied" | "rejected" for the rollout's version
+    error: str | None = None
+
+
+# -- events ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Start:
+    pass
+
+
+@dataclass(frozen=True)
+class Tick:
+    views: dict[str, DeviceView]
+
+
+@dataclass(frozen=True)
+class Pause:
+    reason: str = "paused by an operator"
+
+
+@dataclass(frozen=True)
+class Resume:
+    pass
+
+
+@dataclass(frozen=True)
+class Cancel:
+    pass
+
+
+# -- effects ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Update:
+    device_id: str
+
+
+@dataclass(frozen=True)
+class SaveSteps:
+    steps: tuple[DeviceStep, ...]
+
+
+@dataclass(frozen=True)
+class SaveRollout:
+    state: RolloutState
+    current_batch: int
+    reason: str | None
+    accepted_failures: int
+    accepted_batch: int
+
+
+@dataclass(frozen=True)
+class Publish:
+    kind: str
+    payload: dict
+
+
+class IllegalTransition(Exception):
+    def __init__(self, state: RolloutState, event: object) -> None:
+        super().__init__(f"{type(event).__name__} is not allowed when the rollout is {state.value}")
+        self.state, self.event = state, event
+
+
+TRANSITIONS: dict[RolloutState, dict[type, str]] = {
+    RolloutState.PENDING: {Start: "_start", Cancel: "_cancel", Tick: "_ignore"},
+    RolloutState.RUNNING: {Tick: "_tick", Pause: "_pause", Cancel: "_cancel"},
+    RolloutState.PAUSED: {Tick: "_tick", Resume: "_resume", Cancel: "_cancel", Pause: "_ignore"},
+    RolloutState.COMPLETED: {Tick: "_ignore"},
+    RolloutState.FAILED: {Tick: "_ignore"},
+    RolloutState.CANCELLED: {Tick: "_tick_in_flight"},
+}
+
+
+def plan_batches(device_ids: list[str], *, batch_size: int | None, force: bool) -> list[list[str]]:
+    """Canary first, then batches of ``batch_size``; one batch for a forced rollout."""
+    if not device_ids:
+        return []
+    if force or not batch_size:
+        return [list(device_ids)]
+    canary = max(1, min(batch_size, math.ceil(len(device_ids) * CANARY_SHARE)))
+    rest = device_ids[canary:]
+    return [device_ids[:canary]] + [rest[i:i + batch_size] for i in range(0, len(rest), batch_size)]
+
+
+class RolloutMachine:
+    def __init__(self, *, steps: list[DeviceStep], force: bool, window_open: Callable[[str, dt.datetime], bool],
+                 next_window: Callable[[str, dt.datetime], dt.datetime | None],
+                 success_threshold: float = 0.9, failure_threshold: float = 0.1,
+                 state: RolloutState = RolloutState.PENDING, current_batch: int = 0, reason: str | None = None,
+                 accepted_failures: int = 0, accepted_batch: int = -1):
+        self.steps = {s.device_id: s for s in steps}
+        self.force = force
+        self.window_open = window_open      # (fleet_id, instant) -> bool: the fleet's update window
+        self.next_window = next_window      # (fleet_id, instant) -> next window start or None
+        self.success_threshold = success_threshold
+        self.failure_threshold = failure_threshold
+        self.state = state
+        self.current_batch = current_batch
+        self.reason = reason
+        self.batch_count = 1 + max((s.batch for s in steps), default=0)
+        # What an operator accepted by resuming: failures up to this count and batches up to this one
+        # no longer pause the rollout (else a resume would pause again on the same failure at once).
+        self.accepted_failures = accepted_failures
+        self.accepted_batch = accepted_batch
+
+    # -- queries -----------------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        out = {s.value: 0 for s in Step}
+        for st in self.steps.values():
+            out[st.step.value] += 1
+        return out
+
+    def in_batch(self, batch: int) -> list[DeviceStep]:
+        return [s for s in self.steps.values() if s.batch == batch]
+
+    def has_in_flight(self) -> bool:
+        return any(s.step in IN_FLIGHT for s in self.steps.values())
+
+    def next_deadline(self, now: dt.datetime) -> dt.datetime | None:
+        """The next window opening a queued device waits for (the actor also polls while in flight)."""
+        if self.state is not RolloutState.RUNNING:
+            return None
+        fleets = {s.fleet_id for s in self.steps.values() if s.step is Step.QUEUED_MAINTENANCE}
+        starts = [t for t in (self.next_window(f, now) for f in fleets) if t is not None]
+        return min(starts, default=None)
+
+    # -- handling ----------------------------------------------------------------------------------
+    def handle(self, event: object, now: dt.datetime) -> list[object]:
+        method = TRANSITIONS[self.state].get(type(event))
+        if method is None:
+            raise IllegalTransition(self.state, event)
+        return getattr(self, method)(event, now)
+
+    def _ignore(self, event: object, now: dt.datetime) -> list[object]:
+        return []
+
+    def _set_state(self, state: RolloutState, reason: str | None, effects: list[object]) -> None:
+        self.state, self.reason = state, reason
+        effects.append(self._save())
+        effects.append(Publish("rollout.state", {"state": state.value, "reason": reason,
+                                                 "currentBatch": self.current_batch, "counts": self.counts()}))
+
+    def _start(self, event: Start, now: dt.datetime) -> list[object]:
+        effects: list[object] = []
+        self._set_state(RolloutState.RUNNING, None, effects)
+        return effects
+
+    def _pause(self, event: Pause, now: dt.datetime) -> list[object]:
+        effects: list[object] = []
+        self._set_state(RolloutState.PAUSED, event.reason, effects)
+        return effects
+
+    def _save(self) -> SaveRollout:
+        return SaveRollout(self.state, self.current_batch, self.reason, self.accepted_failures, self.accepted_batch)
+
+    def _failed_count(self) -> int:
+        return sum(1 for s in self.steps.values() if s.step is Step.FAILED)
+
+    def _resume(self, event: Resume, now: dt.datetime) -> list[object]:
+        self.accepted_failures = self._failed_count()
+        self.accepted_batch = self.current_batch
+        effects: list[object] = []
+        self._set_state(RolloutState.RUNNING, None, effects)
+        return effects
+
+    def _cancel(self, event: Cancel, now: dt.datetime) -> list[object]:
+        effects: list[object] = []
+        self._set_state(RolloutState.CANCELLED, "cancelled by an operator", effects)
+        return effects
+
+    def _move(self, st: DeviceStep, step: Step, now: dt.datetime, changed: list[DeviceStep],
+              error: str | None = None) -> None:
+        if st.step is step and st.error == error:
+            return
+        st.step, st.error, st.updated_at = step, error, now
+        changed.append(st)
+
+    def _collect(self, views: dict[str, DeviceView], now: dt.datetime, changed: list[DeviceStep]) -> None:
+        """Results and progress of devices already updating (also while paused or cancelled)."""
+        for st in self.steps.values():
+            if st.step not in IN_FLIGHT:
+                continue
+            view = views.get(st.device_id)
+            if view is None:
+                continue
+            if view.result == "applied":
+                self._move(st, Step.SUCCEEDED, now, changed)
+            elif view.result == "rejected":
+                self._move(st, Step.FAILED, now, changed, view.error or "the device rejected the version")
+            elif view.applying and st.step is Step.UPDATING:
+                self._move(st, Step.VERIFYING, now, changed)
+
+    def _tick_in_flight(self, event: Tick, now: dt.datetime) -> list[object]:
+        changed: list[DeviceStep] = []
+        self._collect(event.views, now, changed)
+        return [SaveSteps(tuple(changed))] if changed else []
+
+    def _tick(self, event: Tick, now: dt.datetime) -> list[object]:
+        changed: list[DeviceStep] = []
+        effects: list[object] = []
+        self._collect(event.views, now, changed)
+        if self.state is RolloutState.RUNNING:
+            self._check_thresholds(effects)
+        if self.state is RolloutState.RUNNING:
+            # Devices of batches already reached (a deferred one may sit in an earlier batch).
+            for st in self.steps.values():
+                if st.batch <= self.current_batch and st.step in WAITING:
+                    self._start_device(st, event.views.get(st.device_id), now, changed, effects)
+            self._advance(event.views, now, changed, effects)
+        if changed:
+            effects.insert(0, SaveSteps(tuple(changed)))
+            effects.append(Publish("rollout.progress", {"counts": self.counts(), "currentBatch": self.current_batch,
+                                                        "devices": [{"deviceId": s.device_id, "step": s.step.value,
+                                                                     "error": s.error} for s in changed]}))
+        return effects
+
+    def _start_device(self, st: DeviceStep, view: DeviceView | None, now: dt.datetime, changed: list[DeviceStep],
+                      effects: list[object]) -> None:
+        if view is None or not view.online:
+            return  # waits where it is until the device is back
+        if view.held:
+            self._move(st, Step.DEFERRED_MEMORY_TEST, now, changed)
+            return
+        if not self.force and not self.window_open(st.fleet_id, now):
+            self._move(st, Step.QUEUED_MAINTENANCE, now, changed)
+            return
+        self._move(st, Step.UPDATING, now, changed)
+        effects.append(Update(st.device_id))
+
+    def _check_thresholds(self, effects: list[object]) -> None:
+        if self.force:
+            return  # one batch, all at once: nothing left to hold back
+        attempted = [s for s in self.steps.values() if s.step in (Step.SUCCEEDED, Step.FAILED)]
+        failed = sum(1 for s in attempted if s.step is Step.FAILED)
+        if failed <= self.accepted_failures:
+            return
+        canary = self.in_batch(0)
+        if self.batch_count > 1 and any(s.step is Step.FAILED for s in canary) and self.accepted_batch < 0:
+            self._set_state(RolloutState.PAUSED, "the canary batch failed", effects)
+            return
+        if failed / len(attempted) > self.failure_threshold:
+            self._set_state(RolloutState.PAUSED, f"{failed} of {len(attempted)} updated devices failed, "
+                                                 f"above the failure threshold", effects)
+
+    def _advance(self, views: dict[str, DeviceView], now: dt.datetime, changed: list[DeviceStep],
+                 effects: list[object]) -> None:
+        while True:
+            batch = self.in_batch(self.current_batch)
+            if any(s.step not in SETTLED_FOR_BATCH for s in batch):
+                return
+            counted = [s for s in batch if s.step in (Step.SUCCEEDED, Step.FAILED)]
+            ok = sum(1 for s in counted if s.step is Step.SUCCEEDED)
+            if (counted and 0 < self.current_batch and self.current_batch > self.accepted_batch
+                    and ok / len(counted) < self.success_threshold):
+                self._set_state(RolloutState.PAUSED, f"batch {self.current_batch} is below the success threshold",
+                                effects)
+                return
+            if self.current_batch + 1 >= self.batch_count:
+                if all(s.step in TERMINAL for s in self.steps.values()):
+                    failed = any(s.step is Step.FAILED for s in self.steps.values())
+                    self._set_state(RolloutState.FAILED if failed else RolloutState.COMPLETED, None, effects)
+                return
+            self.current_batch += 1
+            effects.append(self._save())
+            for st in self.in_batch(self.current_batch):
+                if st.step in WAITING:
+                    self._start_device(st, views.get(st.device_id), now, changed, effects)

@@ -1,0 +1,106 @@
+"""Rollouts and their device steps."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+
+import asyncpg
+
+from storage.db import Database
+
+ACTIVE = ("pending", "running", "paused")
+
+
+class FleetBusy(Exception):
+    """A fleet already has an active rollout."""
+
+
+class Rollouts:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def create(self, row: dict, steps: list[tuple[uuid.UUID, uuid.UUID, int, str, str | None]]) -> dict:
+        """The rollout and its device steps in one transaction; refuses a fleet that already has an
+        active rollout (two rollouts fighting over one device would each undo the other)."""
+
+        async def body(conn: asyncpg.Connection) -> dict:
+            await conn.execute("SELECT id FROM fleets WHERE id = ANY($1::uuid[]) FOR UPDATE", row["fleet_ids"])
+            busy = await conn.fetchval(
+                "SELECT id FROM rollouts WHERE org_id = $1 AND fleet_ids && $2::uuid[] AND state = ANY($3::text[])",
+                row["org_id"], row["fleet_ids"], list(ACTIVE))
+            if busy is not None:
+                raise FleetBusy(str(busy))
+            cols = list(row)
+            created = await conn.fetchrow(
+                f"INSERT INTO rollouts ({', '.join(cols)}) VALUES ({', '.join(f'${i + 1}' for i in range(len(cols)))}) "
+                "RETURNING *", *row.values())
+            await conn.executemany(
+                "INSERT INTO rollout_devices (rollout_id, device_id, fleet_id, batch, step, error, updated_at) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                [(created["id"], d, f, b, st, err, row["created_at"]) for d, f, b, st, err in steps])
+            return dict(created)
+
+        return await self.db.run(body, transaction=True)
+
+    async def get(self, org_id: uuid.UUID, rollout_id: uuid.UUID) -> tuple[dict, list[dict]] | None:
+        async def body(conn: asyncpg.Connection):
+            row = await conn.fetchrow("SELECT * FROM rollouts WHERE org_id = $1 AND id = $2", org_id, rollout_id)
+            if row is None:
+                return None
+            steps = await conn.fetch("SELECT * FROM rollout_devices WHERE rollout_id = $1 ORDER BY batch, device_id",
+                                     rollout_id)
+            return dict(row), [dict(s) for s in steps]
+
+        return await self.db.run(body)
+
+    async def get_any(self, rollout_id: uuid.UUID) -> tuple[dict, list[dict]] | None:
+        org_id = await self.db.fetchval("SELECT org_id FROM rollouts WHERE id = $1", rollout_id)
+        return await self.get(org_id, rollout_id) if org_id else None
+
+    async def list(self, org_id: uuid.UUID, *, offset: int, limit: int, state: str | None) -> tuple[list[dict], int]:
+        async def body(conn: asyncpg.Connection):
+            cond = "org_id = $1 AND ($2::text IS NULL OR state = $2)"
+            total = await conn.fetchval(f"SELECT count(*) FROM rollouts WHERE {cond}", org_id, state)
+            rows = await conn.fetch(f"SELECT * FROM rollouts WHERE {cond} ORDER BY created_at DESC, id "
+                                    "OFFSET $3 LIMIT $4", org_id, state, offset, limit)
+            return [dict(r) for r in rows], total
+
+        return await self.db.run(body)
+
+    async def active_ids(self) -> list[uuid.UUID]:
+        rows = await self.db.fetch("SELECT id FROM rollouts WHERE state = ANY($1::text[])", list(ACTIVE))
+        return [r["id"] for r in rows]
+
+    async def save(self, rollout_id: uuid.UUID, now: dt.datetime, *, state: str, current_batch: int,
+                   reason: str | None, accepted_failures: int, accepted_batch: int,
+                   steps: list[tuple[uuid.UUID, str, str | None, dt.datetime]]) -> None:
+        """The rollout's state and changed steps in one crossing and one transaction."""
+
+        async def body(conn: asyncpg.Connection) -> None:
+            await conn.execute(
+                "UPDATE rollouts SET state = $2, current_batch = $3, reason = $4, accepted_failures = $5, "
+                "accepted_batch = $6, updated_at = $7 WHERE id = $1",
+                rollout_id, state, current_batch, reason, accepted_failures, accepted_batch, now)
+            if steps:
+                await conn.execute(
+                    """UPDATE rollout_devices r SET step = u.step, error = u.error, updated_at = u.at
+                       FROM unnest($2::uuid[], $3::text[], $4::text[], $5::timestamptz[]) AS u(device_id, step, error, at)
+                       WHERE r.rollout_id = $1 AND r.device_id = u.device_id""",
+                    rollout_id, [s[0] for s in steps], [s[1] for s in steps], [s[2] for s in steps],
+                    [s[3] for s in steps])
+
+        await self.db.run(body, transaction=True)
+
+    async def fleet_windows(self, fleet_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict | None]:
+        rows = await self.db.fetch("SELECT id, update_window FROM fleets WHERE id = ANY($1::uuid[])", fleet_ids)
+        return {r["id"]: (json.loads(r["update_window"]) if isinstance(r["update_window"], str)
+                          else r["update_window"]) for r in rows}
+
+    async def device_views(self, version_id: uuid.UUID, device_ids: list[uuid.UUID]) -> list[dict]:
+        """What the rollout needs of its devices each tick, in one statement."""
+        rows = await self.db.fetch(
+            "SELECT id, config_version_id, applied_version_id, config_status, config_error "
+            "FROM devices WHERE id = ANY($1::uuid[])", device_ids)
+        return [dict(r) for r in rows]
