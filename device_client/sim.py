@@ -138,8 +138,11 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
             raise SimError(f"device id {d['id']!r} cannot be used as a directory name")
     limiter = trio.CapacityLimiter(connect_concurrency)
     clock = clock or Clock()
+    # Simulated devices share one user account: file owners other than ours cannot be set, so they
+    # are recorded as intended (a real device agent runs as root and sets them).
+    options = {"ignore_owner": True, **(agent_options or {})}
     agents = [Agent(hub_url, d["token"], data_dir / "devices" / d["id"], clock=clock,
-                    connect_limiter=limiter, **(agent_options or {})) for d in chosen]
+                    connect_limiter=limiter, **options) for d in chosen]
     async with trio.open_nursery() as nursery:
         for agent in agents:
             nursery.start_soon(agent.run)

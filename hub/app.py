@@ -17,7 +17,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from hub.api import (access, audit, configurations, devices, fleets, health, link, oauth, pats, rollouts,
-                     secret_files, sessions)
+                     secret_files, sessions, windows)
 from hub.auth import middleware
 from hub.ids import fast_uuid4
 from hub.errors import FleethubError, general_body, memtest_body, tunnel_body
@@ -57,7 +57,7 @@ def create_app(services: Services) -> QuartTrio:
         security=[{"ApiTokenAuth": [], "ApiSecretAuth": []}, {"BearerAuth": []}],
     )
     for module in (health, pats, sessions, oauth, access, audit, devices, fleets, configurations, secret_files,
-                   rollouts, link):
+                   rollouts, link, windows):
         app.register_blueprint(module.bp)
     app.register_blueprint(configurations.device_bp)
 

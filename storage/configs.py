@@ -157,7 +157,7 @@ class Configurations:
                 return None
             on_devices = await conn.fetch(
                 "SELECT d.device_id, f.path FROM secret_file_deliveries d JOIN secret_files f ON f.id = d.file_id "
-                "WHERE f.config_id = $1 AND d.status = 'on_device'", config_id)
+                "WHERE f.config_id = $1 AND d.status <> 'overridden'", config_id)
             await conn.execute("UPDATE devices SET config_status = NULL, config_error = NULL "
                                "WHERE config_id = $1", config_id)
             assigned = await conn.fetch("SELECT id FROM devices WHERE config_id = $1", config_id)

@@ -191,12 +191,13 @@ class SecretFiles:
 
     async def mark_config_files(self, device_id: uuid.UUID, config_id: uuid.UUID, status: str, error: str | None,
                                 now: dt.datetime) -> None:
-        """All of a configuration's (not overridden) deliveries on one device at once: used when the
-        device rejected the configuration, so its files were not applied."""
+        """A configuration's deliveries still pending on one device, at once: used when the device
+        rejected the configuration, so its new files were not applied (those already on the device
+        from the version it kept stay on_device)."""
         await self.db.execute(
             """UPDATE secret_file_deliveries d SET status = $3, error = $4, updated_at = $5
                FROM secret_files f WHERE f.id = d.file_id AND f.config_id = $2 AND d.device_id = $1
-                 AND d.status <> 'overridden'""", device_id, config_id, status, error, now)
+                 AND d.status = 'pending'""", device_id, config_id, status, error, now)
 
     async def assign_config(self, device_id: uuid.UUID, config_id: uuid.UUID | None, now: dt.datetime) -> None:
         """The device now runs ``config_id``: its files are pending there (or overridden); deliveries of

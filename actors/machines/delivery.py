@@ -83,9 +83,9 @@ def reconcile(expected: list[dict], digests: dict[str, str], *, push_config_file
     """``expected``: files that should be on the device ({id, path, sha256, config_id?, status});
     ``digests``: path → sha256 the device reports for the files it manages.
 
-    Device files that are missing or different are pushed. Configuration files are pushed only when
-    ``push_config_files`` (the device runs the configuration version that carries them); otherwise
-    they wait for the next configuration update, as the spec says.
+    Device files that are missing or different are pushed. A configuration's files are re-pushed only
+    when ``push_config_files`` (the device runs the assigned version) and they had already been
+    delivered or failed; new ones wait for the next configuration update, as the spec says.
     """
     plan = Plan()
     wanted_paths = set()
@@ -95,7 +95,11 @@ def reconcile(expected: list[dict], digests: dict[str, str], *, push_config_file
         if on_device == f["sha256"]:
             if f.get("status") != Delivery.ON_DEVICE.value:
                 plan.confirm.append(str(f["id"]))
-        elif f.get("config_id") is None or push_config_files:
+        elif f.get("config_id") is None:
+            plan.push.append(str(f["id"]))
+        elif push_config_files and f.get("status") != Delivery.PENDING.value:
+            # Repair: it was written (or failed) with the version the device runs; a new file still
+            # pending waits for the next configuration update, as the spec says.
             plan.push.append(str(f["id"]))
     plan.remove = sorted(p for p in digests if p not in wanted_paths)
     return plan

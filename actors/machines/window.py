@@ -229,6 +229,7 @@ def _stretches(window: UpdateWindow, first_day: dt.date) -> Iterator[tuple[dt.da
 
 def _first_day(window: UpdateWindow, instant: dt.datetime) -> dt.date:
     # An occurrence covering ``instant`` starts at most one local day before it; two is a margin.
+    # Later days all follow: the search walks forward from here.
     return instant.astimezone(window.zone).date() - dt.timedelta(days=2)
 
 
@@ -251,8 +252,10 @@ def is_open(window: UpdateWindow | None, instant: dt.datetime) -> bool:
     if window is None or window.always_open:
         return True
     local_day = instant.astimezone(window.zone).date()
-    for back in (2, 1, 0):
-        day = local_day - dt.timedelta(days=back)
+    # The occurrence covering an instant starts on its local day or the one before; the days around
+    # them cover zones that fall back across midnight (the next day's start can precede the instant).
+    for offset in (-2, -1, 0, 1):
+        day = local_day + dt.timedelta(days=offset)
         if day.weekday() in window.days_of_week:
             start, end = occurrence(window, day)
             if start <= instant < end:
