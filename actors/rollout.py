@@ -47,6 +47,11 @@ class Status:
     """Ask: the rollout's live state."""
 
 
+@dataclass(frozen=True)
+class ReloadWindows:
+    """Tell: a fleet's update window changed; read the windows again."""
+
+
 class RolloutActor(Actor):
     def __init__(self, rollout_id: uuid.UUID, services: "Services") -> None:
         super().__init__(("rollout", rollout_id))
@@ -62,13 +67,7 @@ class RolloutActor(Actor):
         if found is None:
             raise NotFound("rollout not found")
         self.row, steps = found
-        self.windows = {}
-        for fleet_id, raw in (await s.rollouts.fleet_windows(self.row["fleet_ids"])).items():
-            try:
-                self.windows[str(fleet_id)] = UpdateWindow.parse(raw) if raw else None
-            except WindowError:
-                log.warning("fleet %s has an unreadable update window; treating it as none", fleet_id)
-                self.windows[str(fleet_id)] = None
+        await self._load_windows()
         self.machine = rm.RolloutMachine(
             steps=[rm.DeviceStep(str(st["device_id"]), str(st["fleet_id"]), st["batch"], rm.Step(st["step"]),
                                  st["error"], st["updated_at"]) for st in steps],
@@ -78,6 +77,16 @@ class RolloutActor(Actor):
             accepted_failures=self.row["accepted_failures"], accepted_batch=self.row["accepted_batch"])
         if self.machine.state is rm.RolloutState.PENDING:
             await self._carry_out(self.machine.handle(rm.Start(), s.clock.now()))
+
+    async def _load_windows(self) -> None:
+        windows: dict[str, UpdateWindow | None] = {}
+        for fleet_id, raw in (await self.services.rollouts.fleet_windows(self.row["fleet_ids"])).items():
+            try:
+                windows[str(fleet_id)] = UpdateWindow.parse(raw) if raw else None
+            except WindowError:
+                log.warning("fleet %s has an unreadable update window; treating it as none", fleet_id)
+                windows[str(fleet_id)] = None
+        self.windows = windows
 
     def _window_open(self, fleet_id: str, instant: dt.datetime) -> bool:
         w = self.windows.get(fleet_id)
@@ -98,6 +107,9 @@ class RolloutActor(Actor):
             return self.snapshot()
         if isinstance(msg, Status):
             return self.snapshot()
+        if isinstance(msg, ReloadWindows):
+            await self._load_windows()
+            return None
         return await super().receive(msg)
 
     def snapshot(self) -> dict[str, Any]:

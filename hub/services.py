@@ -20,7 +20,8 @@ import trio
 from actors.bus import Bus
 from actors.device import DeviceActor
 from actors.fleet import FleetActor
-from actors.rollout import RolloutActor
+from actors.fleet import Reload as FleetReload
+from actors.rollout import ReloadWindows, RolloutActor
 from actors.runtime import Registry, Supervisor
 from device_client.clock import Clock
 from hub.auth.cache import AuthCache
@@ -102,6 +103,15 @@ class Services:
 
     async def device_actor(self, device_id: uuid.UUID) -> DeviceActor:
         return await self.registry.get(("device", device_id), lambda: DeviceActor(device_id, self))
+
+    def fleet_changed(self, fleet_id: uuid.UUID) -> None:
+        """A fleet's row or update window changed: its actor and the rollouts running on it re-read."""
+        fleet = self.registry.lookup(("fleet", fleet_id))
+        if fleet is not None:
+            fleet.tell(FleetReload())
+        for actor in self.registry.actors():
+            if isinstance(actor, RolloutActor) and fleet_id in actor.row.get("fleet_ids", ()):
+                actor.tell(ReloadWindows())
 
     async def rollout_actor(self, rollout_id: uuid.UUID) -> RolloutActor:
         return await self.registry.get(("rollout", rollout_id), lambda: RolloutActor(rollout_id, self))

@@ -202,6 +202,8 @@ class RolloutMachine:
         if self.state is not RolloutState.RUNNING:
             return None
         fleets = {s.fleet_id for s in self.steps.values() if s.step is Step.QUEUED_MAINTENANCE}
+        if any(self.window_open(f, now) for f in fleets):
+            return now  # a window opened (or changed) while devices queue: go now
         starts = [t for t in (self.next_window(f, now) for f in fleets) if t is not None]
         return min(starts, default=None)
 

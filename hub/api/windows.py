@@ -30,7 +30,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 from quart_schema import document_request
 
-from actors.fleet import Reload
 from actors.machines.window import UpdateWindow, WindowError, check
 from device_client.clock import rfc3339
 from hub.api.common import errors, org, parse_uuid, services
@@ -150,9 +149,7 @@ def _check_json(window: UpdateWindow | None) -> dict[str, Any]:
 
 
 def _reload(fleet_id: uuid.UUID) -> None:
-    actor = services().registry.lookup(("fleet", fleet_id))
-    if actor is not None:
-        actor.tell(Reload())  # a running rollout re-reads the window
+    services().fleet_changed(fleet_id)  # the fleet's actor and its running rollouts re-read the window
 
 
 @bp.put("/<fleet_id>/update-window")

@@ -1,0 +1,135 @@
+"""Rollouts end to end: real hub, PostgreSQL and device agents applying versions for real."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+
+import trio
+
+from tests.hubtools import open_hub, start_agent, start_hub, start_stoppable, wait_for
+
+HEALTHY = {"command": [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"],
+           "healthCheck": {"timeoutSeconds": 2, "graceSeconds": 0.2}}
+FAILING = {"command": [sys.executable, "-c", "import sys; sys.exit(3)"],
+           "healthCheck": {"timeoutSeconds": 1, "graceSeconds": 0.2}}
+
+
+async def fleet_with_agents(hub, nursery, tmp_path, n, name="f", **fleet):
+    r = await hub.call("POST", "/v1/fleets", json={"name": name, **fleet})
+    fid = r.json()["data"]["id"]
+    agents = {}
+    for i in range(n):
+        dev, token = await hub.provision(f"{name}-{i}", fleet_id=fid)
+        agents[dev] = await start_agent(nursery, hub.base_url, token, tmp_path / f"{name}-{i}")
+    return fid, agents
+
+
+async def config(hub, name, workload) -> tuple[str, str]:
+    r = await hub.call("POST", "/v1/configurations", json={"name": name, "spec": {"workload": workload}})
+    data = r.json()["data"]
+    return data["id"], data["version"]["id"]
+
+
+async def rollout_state(hub, rid) -> dict:
+    return (await hub.call("GET", f"/v1/rollouts/{rid}")).json()["data"]
+
+
+async def test_batched_rollout_canary_then_batches_to_completion(nursery, db_url, tmp_path):
+    with trio.fail_after(120):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        fid, agents = await fleet_with_agents(hub, nursery, tmp_path, 5)
+        cid, vid = await config(hub, "app", HEALTHY)
+        r = await hub.call("POST", "/v1/rollouts/impact", json={"fleet_id": fid, "target_version_id": vid,
+                                                                "force": False})
+        assert r.status_code == 200 and r.json()["data"]["eligible_devices"] == 5
+        assert r.json()["data"]["in_window"] == 5 and r.json()["data"]["next_window_at"] is None
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 2})
+        assert r.status_code == 201, r.text
+        ro = r.json()["data"]
+        assert [b["counts"]["pending"] + b["counts"]["updating"] for b in ro["batches"]] == [1, 2, 2]
+        assert ro["batches"][0]["canary"] is True
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_id": fid, "config_id": cid, "force": True})
+        assert r.status_code == 409  # one active rollout per fleet
+
+        async def done():
+            return (await rollout_state(hub, ro["id"]))["state"] == "completed"
+
+        await wait_for(done, timeout=60, interval=0.2)
+        final = await rollout_state(hub, ro["id"])
+        assert final["counts"]["succeeded"] == 5
+        for dev, running in agents.items():
+            d = (await hub.call("GET", f"/v1/devices/{dev}")).json()["data"]
+            assert d["configuration"]["applied_version_id"] == vid
+            assert running.agent.configs.version_applied() == vid
+        # the steps changed batch by batch: the canary settled before batch 1 started
+        steps = {s["device_id"]: s for s in final["devices"]}
+        canary = [s for s in steps.values() if s["batch"] == 0][0]
+        batch1 = [s for s in steps.values() if s["batch"] == 1]
+        assert all(s["updated_at"] >= canary["updated_at"] for s in batch1)
+
+
+async def test_failing_health_check_pauses_at_the_canary(nursery, db_url, tmp_path):
+    with trio.fail_after(120):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        fid, agents = await fleet_with_agents(hub, nursery, tmp_path, 3)
+        cid, vid = await config(hub, "bad", FAILING)
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 5})
+        rid = r.json()["data"]["id"]
+
+        async def paused():
+            return (await rollout_state(hub, rid))["state"] == "paused"
+
+        await wait_for(paused, timeout=60, interval=0.2)
+        st = await rollout_state(hub, rid)
+        assert st["reason"] == "the canary batch failed" and st["counts"]["failed"] == 1
+        assert st["counts"]["pending"] == 2  # nobody else was touched
+        failed = next(d for d in st["devices"] if d["step"] == "failed")
+        assert "health" in failed["error"]
+        r = await hub.call("POST", f"/v1/rollouts/{rid}/cancel")
+        assert r.status_code == 200 and r.json()["data"]["state"] == "cancelled"
+        assert (await hub.call("POST", f"/v1/rollouts/{rid}/resume")).status_code == 409
+
+
+async def test_out_of_window_queues_force_bypasses_and_a_restart_continues(nursery, db_url, tmp_path):
+    with trio.fail_after(120):
+        first = await start_stoppable(nursery, lambda n: start_hub(n, db_url, tmp_path / "hub",
+                                                                    heartbeat_interval=0.5))
+        hub = first.value
+        fid, agents = await fleet_with_agents(hub, nursery, tmp_path, 2, name="w")
+        # a window that is closed now: it opens in six hours (UTC)
+        now = hub.services.clock.now()
+        opens = (now + dt.timedelta(hours=6)).replace(second=0, microsecond=0)
+        window = {"enabled": True, "timezone": "UTC", "start_time": opens.strftime("%H:%M"),
+                  "end_time": (opens + dt.timedelta(hours=1)).strftime("%H:%M"),
+                  "days_of_week": ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]}
+        assert (await hub.call("PUT", f"/v1/fleets/{fid}/update-window", json=window)).status_code == 200
+        cid, vid = await config(hub, "app", HEALTHY)
+        r = await hub.call("POST", "/v1/rollouts/impact", json={"fleet_id": fid, "target_version_id": vid,
+                                                                "force": False})
+        impact = r.json()["data"]
+        assert impact["in_window"] == 0 and impact["queued_for_next_window"] == 2 and impact["next_window_at"]
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 1})
+        rid = r.json()["data"]["id"]
+
+        async def queued():
+            return (await rollout_state(hub, rid))["counts"]["queued_maintenance"] == 1
+
+        await wait_for(queued, timeout=20, interval=0.1)
+        # stop the hub mid-rollout, start another on the same database and port: the agents reconnect
+        port = int(hub.base_url.rsplit(":", 1)[1])
+        await first.stop()
+        services, base_url = await open_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5, port=port)
+        hub.services, hub.base_url = services, base_url
+        await wait_for(lambda: len(services.links) == 2, timeout=30)
+        assert (await rollout_state(hub, rid))["state"] == "running"
+        # the window opens now: the queued devices go
+        window.update(start_time="00:00", end_time="00:00")
+        assert (await hub.call("PUT", f"/v1/fleets/{fid}/update-window", json=window)).status_code == 200
+
+        async def done():
+            return (await rollout_state(hub, rid))["state"] == "completed"
+
+        await wait_for(done, timeout=60, interval=0.2)
+        for i, dev in enumerate(agents):
+            assert agents[dev].agent.configs.version_applied() == vid
