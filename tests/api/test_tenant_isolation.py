@@ -42,7 +42,10 @@ async def test_another_organisation_sees_and_touches_nothing(nursery, db_url, tm
         r = await hub.call("POST", f"/v1/devices/{device_a}/secret-files",
                            json={"path": "/etc/app/a-device-key", "content_base64": "YS1zZWNyZXQ="})
         assert r.status_code == 201, r.text
-        secrets_a = {fleet_a, device_a, sa_a, user_a, hub.pat[0], token_a, "a-device", "a-fleet", "secret-tag",
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_id": fleet_a, "config_id": config_a})
+        assert r.status_code == 201, r.text
+        rollout_a = r.json()["data"]["id"]
+        secrets_a = {rollout_a, fleet_a, device_a, sa_a, user_a, hub.pat[0], token_a, "a-device", "a-fleet", "secret-tag",
                      config_a, file_a, "a-config", "a-spec", "/etc/app/a-key", "a-secret", "YS1zZWNyZXQ="}
 
         # Organisation B: its own admin with a PAT.
@@ -55,7 +58,7 @@ async def test_another_organisation_sees_and_touches_nothing(nursery, db_url, tm
         headers_b = {"X-API-Token-ID": pat_id, "X-API-Secret-Key": secret, "X-Organization-ID": str(org_b["id"])}
 
         fill = {"device_id": device_a, "fleet_id": fleet_a, "sa_id": sa_a, "user_id": user_a, "pat_id": hub.pat[0],
-                "config_id": config_a, "file_id": file_a}
+                "config_id": config_a, "file_id": file_a, "rollout_id": rollout_a}
         bodies = {"POST": {"name": "probe", "fleet_id": fleet_a, "config_id": config_a},
                   "PATCH": {"name": "probe", "fleet_id": fleet_a},
                   "PUT": {"name": "probe", "configId": config_a},
