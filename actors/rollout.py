@@ -60,6 +60,7 @@ class RolloutActor(Actor):
         self.row: dict[str, Any] = {}
         self.machine: rm.RolloutMachine | None = None
         self.windows: dict[str, UpdateWindow | None] = {}
+        self._tick_now = False
 
     async def on_start(self) -> None:
         s = self.services
@@ -77,6 +78,7 @@ class RolloutActor(Actor):
             accepted_failures=self.row["accepted_failures"], accepted_batch=self.row["accepted_batch"])
         if self.machine.state is rm.RolloutState.PENDING:
             await self._carry_out(self.machine.handle(rm.Start(), s.clock.now()))
+        self._tick_now = True  # look at the devices at once after a (re)start
 
     async def _load_windows(self) -> None:
         windows: dict[str, UpdateWindow | None] = {}
@@ -104,6 +106,7 @@ class RolloutActor(Actor):
             except rm.IllegalTransition as exc:
                 raise Conflict(str(exc), code="invalid_state") from None
             await self._carry_out(effects)
+            self._tick_now = True
             return self.snapshot()
         if isinstance(msg, Status):
             return self.snapshot()
@@ -127,6 +130,8 @@ class RolloutActor(Actor):
     def next_deadline(self) -> float:
         if not self._active():
             return math.inf
+        if self._tick_now:
+            return trio.current_time()
         m = self.machine
         waiting_online = any(st.step in (rm.Step.PENDING, rm.Step.DEFERRED_MEMORY_TEST) and st.batch <= m.current_batch
                              for st in m.steps.values())
@@ -136,6 +141,7 @@ class RolloutActor(Actor):
         return self.services.clock.deadline_for(window) if window is not None else math.inf
 
     async def on_deadline(self) -> None:
+        self._tick_now = False
         views = await self._views()
         await self._carry_out(self.machine.handle(rm.Tick(views), self.services.clock.now()))
 

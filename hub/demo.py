@@ -50,9 +50,9 @@ async def bootstrap(services: Services, data_dir: Path) -> dict:
     fleets, _ = await services.fleets.list(org["id"], offset=0, limit=100)
     fleet = next((f for f in fleets if f["name"] == DEMO_FLEET), None)
     if fleet is None:
+        # No fleet tags: a fleet's tags are what its devices must carry to be eligible for rollouts.
         fleet = await services.fleets.create(org["id"], now, name=DEMO_FLEET,
-                                             description="Simulated devices of the demo",
-                                             tags=["demo"], architecture=None)
+                                             description="Simulated devices of the demo", architecture=None)
     return {"org_id": str(org["id"]), "fleet_id": str(fleet["id"]), "pat": pat,
             "admin": {"email": DEMO_EMAIL, "password": password}}
 
