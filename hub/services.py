@@ -44,6 +44,7 @@ from storage.migrate import migrate
 from storage.orgs import Orgs
 from storage.rollouts import Rollouts
 from storage.rowcache import RowCache
+from storage.windows import UpdateWindows
 from storage.secrets import SecretFiles
 from storage.tokens import Tokens
 
@@ -86,6 +87,7 @@ class Services:
         self.configs = Configurations(self.db, self.devices.cache)
         self.secrets = SecretFiles(self.db)
         self.rollouts = Rollouts(self.db)
+        self.windows = UpdateWindows(self.db)
         self.secret_box = SecretBox(load_secret_key(self.settings.data_dir))
         self.auth_cache = AuthCache()
         self.rate_limiter = RateLimiter()

@@ -101,11 +101,7 @@ class WindowCheckEnvelope(BaseModel):
 
 
 def _windows() -> UpdateWindows:
-    s = services()
-    repo = s.extras.get("update_windows")
-    if repo is None:
-        repo = s.extras["update_windows"] = UpdateWindows(s.db)
-    return repo
+    return services().windows
 
 
 def _window_body(func):

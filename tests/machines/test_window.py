@@ -132,8 +132,9 @@ def test_parse_refuses_unknown_fields_and_non_objects():
         assert info.value.field == "update_window"
 
 
-@pytest.mark.parametrize("name", ["Europe/Berlin", "America/New_York", "Australia/Sydney", "Asia/Kolkata",
-                                  "UTC", "Pacific/Chatham", "Europe/London", "Etc/GMT-14", "America/Argentina/Buenos_Aires"])
+@pytest.mark.parametrize("name", ["Europe/Berlin", "America/New_York", "Australia/Sydney", "Asia/Kolkata", "UTC",
+                                  "Pacific/Chatham", "Europe/London", "Etc/GMT-14",
+                                  "America/Argentina/Buenos_Aires"])
 def test_iana_names_are_accepted(name):
     assert W(name, "00:00", "01:00", ["Monday"]).timezone == name
 
