@@ -82,7 +82,8 @@ class RolloutActor(Actor):
 
     async def _load_windows(self) -> None:
         windows: dict[str, UpdateWindow | None] = {}
-        for fleet_id, raw in (await self.services.rollouts.fleet_windows(self.row["fleet_ids"])).items():
+        stored = await self.services.windows.get_many(self.row["org_id"], self.row["fleet_ids"])
+        for fleet_id, raw in stored.items():
             try:
                 windows[str(fleet_id)] = UpdateWindow.parse(raw) if raw else None
             except WindowError:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
 
 import asyncpg
@@ -92,11 +91,6 @@ class Rollouts:
                     [s[3] for s in steps])
 
         await self.db.run(body, transaction=True)
-
-    async def fleet_windows(self, fleet_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict | None]:
-        rows = await self.db.fetch("SELECT id, update_window FROM fleets WHERE id = ANY($1::uuid[])", fleet_ids)
-        return {r["id"]: (json.loads(r["update_window"]) if isinstance(r["update_window"], str)
-                          else r["update_window"]) for r in rows}
 
     async def device_views(self, version_id: uuid.UUID, device_ids: list[uuid.UUID]) -> list[dict]:
         """What the rollout needs of its devices each tick, in one statement."""

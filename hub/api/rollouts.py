@@ -76,7 +76,7 @@ async def _fleets(fleet_ids: list[uuid.UUID]) -> list[dict]:
 def _window(fleet: dict) -> UpdateWindow | None:
     raw = fleet.get("update_window")
     if isinstance(raw, str):
-        raw = json.loads(raw)
+        raw = json.loads(raw)  # the fleet row as read by storage/fleets.py: jsonb arrives as text
     try:
         return UpdateWindow.parse(raw) if raw else None
     except WindowError:
