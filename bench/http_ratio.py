@@ -154,13 +154,17 @@ def main() -> int:
                 results[name].append(r)
                 log(f"round {rnd + 1} {name}: {json.dumps(r)}")
     finally:
+        t_stop = time.monotonic()
         if bare is not None and bare.poll() is None:
             bare.send_signal(2)
             try:
                 bare.wait(20)
             except subprocess.TimeoutExpired:
                 bare.kill()
+        log(f"bare app stopped in {time.monotonic() - t_stop:.1f}s")
+        t_stop = time.monotonic()
         hub.stop()
+        log(f"hub stopped in {time.monotonic() - t_stop:.1f}s")
 
     hub_rps = fmean(r["rps"] for r in results["hub"])
     bare_rps = fmean(r["rps"] for r in results["bare"])

@@ -8,6 +8,7 @@ its live state (online, last seen) comes from the device's actor anyway.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Iterable
 from typing import Any
 
@@ -31,9 +32,17 @@ class RowCache:
         return entry[1]
 
     def put(self, key: Hashable, row: Any) -> None:
-        if len(self._rows) >= self.max_entries:
-            self._rows.clear()
-        self._rows[key] = (trio.current_time() + self.ttl, row)
+        now = trio.current_time()
+        self._rows.pop(key, None)  # re-inserted at the end: the dict stays in expiry order
+        self._rows[key] = (now + self.ttl, row)
+        # Expired entries leave from the front as new ones arrive, so the cache holds only what was
+        # read in the last ``ttl`` seconds (a row per device that reconnected, otherwise, for ever).
+        for old in list(itertools.islice(self._rows, 8)):
+            if self._rows[old][0] >= now:
+                break
+            del self._rows[old]
+        if len(self._rows) > self.max_entries:
+            self._rows.pop(next(iter(self._rows)))
 
     def evict(self, keys: Iterable[Hashable]) -> None:
         for key in keys:
