@@ -233,8 +233,11 @@ class _StartedFlag:
         self.started_once = False
 
     def started(self, value: Any = None) -> None:
+        # Let go of trio's task status once used: it pins the task tree of whoever started the
+        # actor (a device's first connection) for as long as the actor lives (~23 KiB a device).
+        status, self.status = self.status, None
         self.started_once = True
-        self.status.started(value)
+        status.started(value)
 
 
 class Supervisor:
@@ -255,10 +258,13 @@ class Supervisor:
 
     async def _keep_running(self, actor: Actor, task_status=trio.TASK_STATUS_IGNORED) -> None:
         crashes: deque[float] | None = None  # made at the first crash: most actors never crash
-        status = task_status
+        flag = _StartedFlag(task_status)
+        del task_status  # only the flag holds it, and only until started() (see _StartedFlag)
+        first = True
         backoff = self.backoff_initial
         while True:
-            flag = _StartedFlag(status)
+            if not first:
+                flag = _StartedFlag(trio.TASK_STATUS_IGNORED)
             try:
                 await actor.run(task_status=flag)
                 return
@@ -273,7 +279,7 @@ class Supervisor:
                         raise cancelled from None
                 if not isinstance(exc, Exception):
                     raise  # Cancelled, KeyboardInterrupt: not a crash
-                if not flag.started_once and status is task_status:
+                if first and not flag.started_once:
                     raise  # never came up: the caller of start() hears about it
                 now = trio.current_time()
                 if crashes is None:
@@ -292,7 +298,7 @@ class Supervisor:
                 self.restarts_total += 1
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, self.backoff_max)
-                status = trio.TASK_STATUS_IGNORED
+                first = False
 
 
 class Registry:
@@ -337,7 +343,8 @@ class Registry:
         return list(self._actors.values())
 
     def statistics(self) -> dict[str, Any]:
-        """A snapshot for /metrics: actor counts by kind, mailbox depth, handled, restarts."""
+        """A snapshot for /metrics: actor counts by kind, mailbox depth, handled, restarts.
+        It walks every actor (15,000 devices: a few ms); /metrics is scraped every few seconds."""
         by_kind: dict[str, int] = {}
         depth_max = handled = 0
         for actor in self._actors.values():

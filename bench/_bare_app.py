@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -64,10 +66,15 @@ def main() -> None:
     args = p.parse_args()
     document = json.loads(Path(args.json).read_text()) if args.json else {"data": {"id": "x"}}
     app = create_app(document)
-    try:
-        trio.run(serve, app, hypercorn_config("127.0.0.1", args.port))
-    except KeyboardInterrupt:
-        pass
+
+    async def stop_on_signal() -> None:
+        # hypercorn's graceful shutdown (config.graceful_timeout) on SIGINT/SIGTERM; a bare
+        # KeyboardInterrupt after a load run can leave it waiting on connection tasks
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                return
+
+    trio.run(partial(serve, app, hypercorn_config("127.0.0.1", args.port), shutdown_trigger=stop_on_signal))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from actors.fleet import Reload as FleetReload
 from actors.rollout import ReloadWindows, RolloutActor
 from actors.runtime import Registry, Supervisor
 from device_client.clock import Clock
+from hub import gc_tuning
 from hub.auth.cache import AuthCache
 from hub.auth.oauth import TokenSigner, load_or_create_key
 from hub.auth.ratelimit import RateLimiter
@@ -161,6 +162,8 @@ async def open_services(settings: Settings, clock: Clock | None = None, *,
                     await services.devices.mark_all_offline()
                 await nursery.start(services.presence.run)
                 await nursery.start(services.audit_log.run)
+                if serving:
+                    await nursery.start(gc_tuning.run)
                 if serving:
                     # Rollouts interrupted by a stop continue where they were.
                     for rollout_id in await services.rollouts.active_ids():

@@ -45,22 +45,30 @@ async def device_link():
     if row is None:
         s.metrics.device_rejects += 1
         return {"error": "unauthenticated", "message": "a valid device token is required"}, 401
+    device_id = row["id"]
+    del row, token  # this frame lives as long as the connection: keep nothing in it we don't need
     await websocket.accept()
     ws = websocket._get_current_object()  # used from bus handlers running in other tasks
-    hello = None
-    with trio.move_on_after(HELLO_TIMEOUT):
-        try:
-            hello = p.decode(await ws.receive())
-        except p.ProtocolError as exc:
-            log.info("device %s sent a bad first frame: %s", row["id"], exc)
-    if not isinstance(hello, p.Hello):
-        await ws.close(4400, "the first frame must be a hello")
-        return None
-    await _serve(s, ws, row["id"], hello)
+    await _serve(s, ws, device_id)
     return None
 
 
-async def _serve(s, ws, device_id: uuid.UUID, hello: p.Hello) -> None:
+async def _receive_hello(ws, device_id: uuid.UUID) -> p.Hello | None:
+    with trio.move_on_after(HELLO_TIMEOUT):
+        try:
+            frame = p.decode(await ws.receive())
+        except p.ProtocolError as exc:
+            log.info("device %s sent a bad first frame: %s", device_id, exc)
+            return None
+        return frame if isinstance(frame, p.Hello) else None
+    return None
+
+
+async def _serve(s, ws, device_id: uuid.UUID) -> None:
+    hello = await _receive_hello(ws, device_id)
+    if hello is None:
+        await ws.close(4400, "the first frame must be a hello")
+        return
     conn_id = uuid.uuid4().hex
     pending: dict[str, Reply] = {}
     send_lock = trio.Lock()
