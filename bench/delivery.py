@@ -225,6 +225,16 @@ def start_fleet(n: int, name: str, connect_timeout: float = 180.0) -> Fleet:
         raise
 
 
+def quiet(fleet: Fleet, args) -> tuple[float | None, float | None]:
+    """wait_quiet before a measured part; also the hub's own CPU % meanwhile (is the hub what keeps the
+    machine busy?)."""
+    if args.smoke:
+        return None, None
+    c0, t0 = cpu_seconds(fleet.hub.pid), time.monotonic()
+    busy = wait_quiet(args.round_quiet_wait)
+    return round(busy), round(100 * (cpu_seconds(fleet.hub.pid) - c0) / (time.monotonic() - t0), 1)
+
+
 # -- 1. one device file ------------------------------------------------------------------------------
 def one_device(fleet: Fleet, uploads: int, poll: float, timeout: float) -> dict:
     api = Api(fleet.hub.base_url, fleet.hub.headers)  # its own connection for uploads and polls
@@ -303,12 +313,12 @@ def to_fleet(fleet: Fleet, mode: str, args, tag: str) -> dict:
     f = expect(*api.call("POST", f"/v1/configurations/{cfg['id']}/secret-files",
                          {"path": CONFIG_FILE, "content_base64": base64.b64encode(content).decode()}),
                (201,), "POST /v1/configurations/{id}/secret-files")["data"]
-    busy = wait_quiet(args.round_quiet_wait) if not args.smoke else None
+    busy, hub_busy = quiet(fleet, args)
     spy = PySpy(fleet.hub.pid, OUT_DIR / f"delivery-{mode}-hub.pyspy.txt") if args.py_spy else None
     hub_cpu0, pg_cpu0, sim_cpu0 = cpu_seconds(fleet.hub.pid), pg_cpu_seconds(fleet.hub), cpu_seconds(fleet.worker.pid)
     start_wall, t0 = time.time(), time.monotonic()
     out: dict = {"mode": mode, "devices": n, "config_id": cfg["id"], "file_id": f["id"],
-                 "busy_before": None if busy is None else round(busy)}
+                 "busy_before": None if busy is None else round(busy), "hub_busy_before": hub_busy}
     if mode == "rollout":
         ro = expect(*api.call("POST", "/v1/rollouts", {"fleet_id": fleet.fleet_id, "config_id": cfg["id"],
                                                         "force": True}), (201,), "POST /v1/rollouts")["data"]
@@ -390,9 +400,9 @@ def main() -> int:
     try:
         results["rate_limit"] = fleet.extra.get("rate_limit")
         results["connect_seconds"] = fleet.connect_seconds
-        busy = wait_quiet(args.round_quiet_wait) if not args.smoke else None
+        busy, hub_busy = quiet(fleet, args)
         results["one"] = one_device(fleet, args.uploads, args.poll_ms / 1000, timeout=30.0)
-        results["one"]["busy_before"] = None if busy is None else round(busy)
+        results["one"]["busy_before"], results["one"]["hub_busy_before"] = busy, hub_busy
         log(f"one device: client {results['one']['client']}, hub {results['one']['hub']}")
         tag = secrets.token_hex(3)
         for mode in modes:
@@ -431,7 +441,8 @@ def render(r: dict, facts: dict, args) -> str:
            f"`GET /v1/devices/{{id}}/secret-files` every {one['poll_ms']:g} ms until that content is `on_device` "
            f"({one['polls_mean']} polls per upload on average). **client**: upload sent → poll that saw it "
            f"(≤ one poll interval late); **hub**: `secret_file_deliveries.updated_at − secret_files.updated_at` "
-           f"(saved → device's confirmation recorded).", "",
+           f"(saved → device's confirmation recorded). Machine busy just before: "
+           f"{'—' if one.get('busy_before') is None else str(one['busy_before']) + '%'}.", "",
            md_table(["measure", "n", "p50", "p90", "p99", "max", "mean"],
                     [["client", c.get("n"), c.get("p50"), c.get("p90"), c.get("p99"), c.get("max"), c.get("mean")],
                      ["hub", h.get("n"), h.get("p50"), h.get("p90"), h.get("p99"), h.get("max"), h.get("mean")]]),
@@ -454,10 +465,10 @@ def render(r: dict, facts: dict, args) -> str:
                          x["all_done_s"] if x["all_done_s"] is not None else f"not all ({x['delivery_rows']})",
                          x["cpu_seconds"]["hub"], x["hub_cpu_ms_per_device"], x["cpu_seconds"]["postgres"],
                          x["cpu_seconds"]["agents"],
-                         "—" if x.get("busy_before") is None else f"{x['busy_before']}%"])
+                         "—" if x.get("busy_before") is None else f"{x['busy_before']}% (hub {x['hub_busy_before']}%)"])
         out += [md_table(["delivery", "requests", "on_device", "p50 ms", "p90 ms", "p99 ms", "all done s",
                           "hub CPU s", "hub CPU ms/device", "PostgreSQL CPU s", "agents CPU s",
-                          "machine busy before"], rows)]
+                          "machine busy before (hub's share)"], rows)]
         for x in r["fleet"]:
             if x.get("rollout_state"):
                 out += ["", f"Rollout {x['rollout_id']}: {x['rollout_state']} (seen {x['rollout_seen_s']} s after the "

@@ -121,6 +121,12 @@ class Devices:
         self.cache.evict([device_id])
         return _device(row)
 
+    async def clear_config(self, device_id: uuid.UUID, now: dt.datetime) -> None:
+        await self.db.execute(
+            "UPDATE devices SET config_id = NULL, config_version_id = NULL, applied_version_id = NULL, "
+            "config_status = NULL, config_error = NULL, updated_at = $2 WHERE id = $1", device_id, now)
+        self.cache.evict([device_id])
+
     async def fleet_in_org(self, org_id: uuid.UUID, fleet_id: uuid.UUID) -> bool:
         return bool(await self.db.fetchval(
             "SELECT EXISTS (SELECT 1 FROM fleets WHERE org_id = $1 AND id = $2)", org_id, fleet_id))

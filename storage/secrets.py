@@ -220,3 +220,12 @@ class SecretFiles:
                        ON CONFLICT (file_id, device_id) DO NOTHING""", f["id"], device_id, f["path"], f["sha256"], now)
 
         await self.db.run(body, transaction=True)
+
+    async def forget_device(self, device_id: uuid.UUID) -> None:
+        """A factory reset: the device's own files go, and nothing is pending for it any more."""
+
+        async def body(conn: asyncpg.Connection) -> None:
+            await conn.execute("DELETE FROM secret_files WHERE device_id = $1", device_id)
+            await conn.execute("DELETE FROM secret_file_deliveries WHERE device_id = $1", device_id)
+
+        await self.db.run(body, transaction=True)

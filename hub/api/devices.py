@@ -248,3 +248,41 @@ async def device_events(device_id: str):
     row = await _load(device_id, "viewer")
     first = {"kind": "device.snapshot", "deviceId": str(row["id"]), "payload": device_json(row)}
     return await stream_response(s.events.subscribe(("device", row["id"])), first, {"deviceId": str(row["id"])})
+
+
+async def _wipe(row: dict) -> dict:
+    """Have the device remove every secret file it manages (503 offline, 504 no answer)."""
+    s = services()
+    actor = await s.device_actor(row["id"])
+    return await actor.ask(Send("files.wipe", {}), timeout=s.settings.command_timeout + 5)
+
+
+@bp.post("/<device_id>/factory-reset")
+@responds(CommandEnvelope)
+@errors(400, 401, 403, 404, 502, 503, 504)
+async def factory_reset_device(device_id: str):
+    """Wipe every secret file from the device and forget what the hub meant to deliver to it: its
+    own files and its configuration assignment. The device stays in the organisation, blank."""
+    s = services()
+    row = await _load(device_id, "editor")
+    wiped = await _wipe(row)
+    await s.secrets.forget_device(row["id"])
+    await s.devices.clear_config(row["id"], s.clock.now())
+    return {"data": {"deviceId": str(row["id"]), "state": "reset", "device": wiped}}
+
+
+@bp.post("/<device_id>/unpair")
+@responds(CommandEnvelope)
+@errors(400, 401, 403, 404, 502, 503, 504)
+async def unpair_device(device_id: str):
+    """Wipe every secret file from the device, then remove it from the organisation (its token
+    stops working). The device must be online: an offline device could not be wiped; remove it with
+    DELETE instead, which revokes it and deletes its files in the hub."""
+    s = services()
+    row = await _load(device_id, "editor")
+    wiped = await _wipe(row)
+    await s.devices.delete(org().org_id, row["id"])
+    link = s.links.get(row["id"])
+    if link is not None:
+        link.close()
+    return {"data": {"deviceId": str(row["id"]), "state": "unpaired", "device": wiped}}

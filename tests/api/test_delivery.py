@@ -168,3 +168,35 @@ async def test_offline_device_gets_its_files_when_it_connects(nursery, db_url, t
         running = await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
         await wait_for(lambda: status_is(hub, url, "/opt/late/token", "on_device"), timeout=10)
         assert (running.agent.root / "opt/late/token").read_bytes() == b"hello"
+
+
+async def test_factory_reset_and_unpair_wipe_every_secret_file(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        dev, token = await hub.provision("reset-me")
+        running = await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
+        url = f"/v1/devices/{dev}/secret-files"
+        for name in ("a", "b"):
+            await hub.call("POST", url, json={"path": f"/etc/app/{name}", "content_base64": b64(b"x")})
+        await wait_for(lambda: status_is(hub, url, "/etc/app/b", "on_device"), timeout=10)
+        await wait_for(lambda: status_is(hub, url, "/etc/app/a", "on_device"), timeout=10)
+        unmanaged = running.agent.root / "etc/app/not-ours"
+        unmanaged.write_text("left alone")
+        r = await hub.call("POST", f"/v1/devices/{dev}/factory-reset")
+        assert r.status_code == 200, r.text
+        assert sorted(r.json()["data"]["device"]["removed"]) == ["/etc/app/a", "/etc/app/b"]
+        assert not (running.agent.root / "etc/app/a").exists() and unmanaged.exists()
+        assert (await hub.call("GET", url)).json()["data"] == []
+        # unpair: wiped, then gone from the organisation; its token no longer links
+        await hub.call("POST", url, json={"path": "/etc/app/c", "content_base64": b64(b"y")})
+        await wait_for(lambda: status_is(hub, url, "/etc/app/c", "on_device"), timeout=10)
+        r = await hub.call("POST", f"/v1/devices/{dev}/unpair")
+        assert r.status_code == 200 and r.json()["data"]["device"]["removed"] == ["/etc/app/c"]
+        assert not (running.agent.root / "etc/app/c").exists()
+        assert (await hub.call("GET", f"/v1/devices/{dev}")).status_code == 404
+        await wait_for(lambda: dev not in {str(k) for k in hub.services.links}, timeout=10)
+        # offline: 503, nothing removed from the hub
+        dev2, _ = await hub.provision("offline")
+        r = await hub.call("POST", f"/v1/devices/{dev2}/unpair")
+        assert r.status_code == 503
+        assert (await hub.call("GET", f"/v1/devices/{dev2}")).status_code == 200

@@ -133,3 +133,43 @@ async def test_out_of_window_queues_force_bypasses_and_a_restart_continues(nurse
         await wait_for(done, timeout=60, interval=0.2)
         for i, dev in enumerate(agents):
             assert agents[dev].agent.configs.version_applied() == vid
+
+
+async def test_progress_stream_and_forced_rollout_audit(nursery, db_url, tmp_path):
+    with trio.fail_after(90):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        fid, agents = await fleet_with_agents(hub, nursery, tmp_path, 2, name="s")
+        closed = {"enabled": True, "timezone": "UTC", "start_time": "00:00", "end_time": "00:01",
+                  "days_of_week": ["Monday"]}
+        now = hub.services.clock.now()
+        if now.weekday() == 0 and now.hour == 0 and now.minute < 1:
+            closed["days_of_week"] = ["Tuesday"]
+        assert (await hub.call("PUT", f"/v1/fleets/{fid}/update-window", json=closed)).status_code == 200
+        cid, vid = await config(hub, "streamed", HEALTHY)
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 1})
+        rid = r.json()["data"]["id"]
+        events: list[str] = []
+        async with hub.client.stream("GET", hub.base_url + f"/v1/rollouts/{rid}/events", headers=hub.headers) as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            lines = stream.aiter_lines()
+            opened = False
+            async for line in lines:
+                if line.startswith("event: "):
+                    events.append(line[7:])
+                if events == ["rollout.snapshot"] and not opened:
+                    opened = True
+                    always = {**closed, "start_time": "00:00", "end_time": "00:00",
+                              "days_of_week": ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
+                                               "Sunday"]}
+                    assert (await hub.call("PUT", f"/v1/fleets/{fid}/update-window", json=always)).status_code == 200
+                if line.startswith("data: ") and '"state":"completed"' in line:
+                    break
+        assert events[0] == "rollout.snapshot" and "rollout.progress" in events and events[-1] == "rollout.state"
+        # a forced rollout is audited with who forced it
+        cid2, _ = await config(hub, "forced", HEALTHY)
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_id": fid, "config_id": cid2, "force": True})
+        assert r.status_code == 201
+        await hub.services.audit_log.flush()
+        r = await hub.call("GET", "/v1/audit-events", params={"pathPrefix": "/v1/rollouts", "method": "POST"})
+        forced = [e for e in r.json()["data"] if e["details"].get("force")]
+        assert len(forced) == 1 and forced[0]["details"]["forcedBy"] == str(hub.user_id)
