@@ -181,13 +181,14 @@ class RolloutActor(Actor):
         now = s.clock.now()
         steps: dict[str, rm.DeviceStep] = {}
         save: rm.SaveRollout | None = None
+        starting = [uuid.UUID(e.device_id) for e in effects if isinstance(e, rm.Update)]
+        if starting:
+            await self._update(starting, now)
         for effect in effects:
             if isinstance(effect, rm.SaveSteps):
                 steps.update({st.device_id: st for st in effect.steps})
             elif isinstance(effect, rm.SaveRollout):
                 save = effect
-            elif isinstance(effect, rm.Update):
-                await self._update(uuid.UUID(effect.device_id), now)
             elif isinstance(effect, rm.Publish):
                 event = {"kind": effect.kind, "rolloutId": str(self.rollout_id), "at": rfc3339(now),
                          "payload": effect.payload}
@@ -201,17 +202,12 @@ class RolloutActor(Actor):
                 steps=[(uuid.UUID(st.device_id), st.step.value, st.error, st.updated_at or now)
                        for st in steps.values()])
 
-    async def _update(self, device_id: uuid.UUID, now: dt.datetime) -> None:
-        """Assign the rollout's version to the device; its DeviceActor sends it (now, or when the
-        device next connects) and the result comes back through storage at the next tick."""
+    async def _update(self, device_ids: list[uuid.UUID], now: dt.datetime) -> None:
+        """Assign the rollout's version to the devices starting now, in one storage crossing; each
+        DeviceActor sends it (now, or when its device next connects) and the result comes back
+        through storage at a later tick."""
         s = self.services
-        device = await s.devices.get_any(device_id)
-        if device is None:
-            return
-        if device["config_id"] != self.row["config_id"]:
-            await s.secrets.assign_config(device_id, self.row["config_id"], now)
-        if device["config_version_id"] != self.row["version_id"] or device["config_status"] == "rejected":
-            await s.devices.assign_config(device["org_id"], device_id, self.row["config_id"], self.row["version_id"],
-                                          now)
-        actor = await s.device_actor(device_id)
-        actor.tell(ApplyConfig())
+        await s.rollouts.assign(device_ids, self.row["config_id"], self.row["version_id"], now)
+        for device_id in device_ids:
+            actor = await s.device_actor(device_id)
+            actor.tell(ApplyConfig())

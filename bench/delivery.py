@@ -133,6 +133,48 @@ def stats_ms(values: list[float]) -> dict:
             "mean": round(sum(v) / len(v), 1)}
 
 
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (no tie correction: the instants are microseconds apart)."""
+    n = len(xs)
+    if n < 3:
+        return None
+
+    def ranks(v: list[float]) -> list[int]:
+        order = sorted(range(n), key=v.__getitem__)
+        r = [0] * n
+        for rank, i in enumerate(order):
+            r[i] = rank
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    d2 = sum((a - b) ** 2 for a, b in zip(rx, ry))
+    return round(1 - 6 * d2 / (n * (n * n - 1)), 3)
+
+
+CROSSING = "fleethub_storage_crossing_seconds"
+
+
+def crossings(hub: HubProcess) -> dict[str, float]:
+    """The hub's storage-crossing histogram (/metrics): count, sum and the cumulative buckets."""
+    m = hub.metrics()
+    return {k[len(CROSSING):]: v for k, v in m.items() if k.startswith(CROSSING)}
+
+
+def crossing_delta(before: dict, after: dict, devices: int) -> dict:
+    """Crossings between two readings: how many (per device), their mean, the share slower than 5/10 ms."""
+    n = after.get("_count", 0) - before.get("_count", 0)
+    if n <= 0:
+        return {"count": 0}
+    total = after.get("_sum", 0) - before.get("_sum", 0)
+
+    def over(bound: str) -> float:
+        key = f'_bucket{{le="{bound}"}}'
+        return round(100 * (1 - (after.get(key, 0) - before.get(key, 0)) / n), 1)
+
+    return {"count": int(n), "per_device": round(n / max(1, devices), 1), "mean_ms": round(1000 * total / n, 2),
+            "over_5ms_pct": over("0.005"), "over_10ms_pct": over("0.01")}
+
+
 def pg_cpu_seconds(hub: HubProcess) -> float:
     """CPU seconds of the hub's PostgreSQL: the postmaster and every backend (its children)."""
     root = hub.pg_pid()
@@ -314,6 +356,7 @@ def to_fleet(fleet: Fleet, mode: str, args, tag: str) -> dict:
                          {"path": CONFIG_FILE, "content_base64": base64.b64encode(content).decode()}),
                (201,), "POST /v1/configurations/{id}/secret-files")["data"]
     busy, hub_busy = quiet(fleet, args)
+    cross0 = crossings(fleet.hub)
     spy = PySpy(fleet.hub.pid, OUT_DIR / f"delivery-{mode}-hub.pyspy.txt") if args.py_spy else None
     hub_cpu0, pg_cpu0, sim_cpu0 = cpu_seconds(fleet.hub.pid), pg_cpu_seconds(fleet.hub), cpu_seconds(fleet.worker.pid)
     start_wall, t0 = time.time(), time.monotonic()
@@ -346,6 +389,7 @@ def to_fleet(fleet: Fleet, mode: str, args, tag: str) -> dict:
     if spy:
         spy.stop()
         out["py_spy"] = spy.summary(top=80)
+    out["crossings"] = crossing_delta(cross0, crossings(fleet.hub), n)
     out["counts"] = counts
     out["polls"] = polls
     out["seen_done_s"] = None if seen_done is None else round(seen_done, 2)
@@ -356,6 +400,12 @@ def to_fleet(fleet: Fleet, mode: str, args, tag: str) -> dict:
     out["statuses"] = out.get("statuses") or {}
     out["delivery_rows"] = {s: sum(1 for r in rows if r["status"] == s) for s in {r["status"] for r in rows}}
     out["on_device_ms"] = stats_ms(done)
+    # Are devices served one after the other? Rank correlation between the order the hub starts them in
+    # (a rollout: its steps' order, batch then device id; PUTs: request order) and their on_device instant.
+    order = sorted(fleet.ids, key=uuid.UUID) if mode == "rollout" else fleet.ids
+    at = {str(r["device_id"]): r["updated_at"] for r in rows if r["status"] == "on_device"}
+    out["order_rank_correlation"] = spearman([i for i, d in enumerate(order) if d in at],
+                                             [at[d].timestamp() for d in order if d in at])
     out["all_done_s"] = round(max(done) / 1000, 2) if len(done) == n else None
     out["cpu_seconds"] = {"hub": round(hub_cpu, 2), "postgres": round(pg_cpu, 2), "agents": round(sim_cpu, 2)}
     out["hub_cpu_ms_per_device"] = round(1000 * hub_cpu / n, 2)
@@ -464,11 +514,19 @@ def render(r: dict, facts: dict, args) -> str:
             rows.append([x["mode"], req, f"{s.get('n', 0):,}", s.get("p50"), s.get("p90"), s.get("p99"),
                          x["all_done_s"] if x["all_done_s"] is not None else f"not all ({x['delivery_rows']})",
                          x["cpu_seconds"]["hub"], x["hub_cpu_ms_per_device"], x["cpu_seconds"]["postgres"],
-                         x["cpu_seconds"]["agents"],
+                         x["cpu_seconds"]["agents"], x.get("order_rank_correlation"),
                          "—" if x.get("busy_before") is None else f"{x['busy_before']}% (hub {x['hub_busy_before']}%)"])
         out += [md_table(["delivery", "requests", "on_device", "p50 ms", "p90 ms", "p99 ms", "all done s",
                           "hub CPU s", "hub CPU ms/device", "PostgreSQL CPU s", "agents CPU s",
+                          "order ↔ on_device rank corr.",
                           "machine busy before (hub's share)"], rows)]
+        out += ["", "Rank correlation: between the order the hub starts the devices in (a rollout's steps: batch, "
+                "then device id; the PUTs: request order) and the order they reach `on_device`; 1.0 means one "
+                "device after the other."]
+        out += [""] + [f"Storage crossings (trio → asyncpg, the hub's /metrics histogram) during the {x['mode']} "
+                       f"delivery: {x['crossings'].get('count', 0):,} ({x['crossings'].get('per_device')} per device), "
+                       f"mean {x['crossings'].get('mean_ms')} ms, {x['crossings'].get('over_5ms_pct')}% over 5 ms, "
+                       f"{x['crossings'].get('over_10ms_pct')}% over 10 ms." for x in r["fleet"]]
         for x in r["fleet"]:
             if x.get("rollout_state"):
                 out += ["", f"Rollout {x['rollout_id']}: {x['rollout_state']} (seen {x['rollout_seen_s']} s after the "

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (OUT_DIR, PySpy, command_line, cpu_seconds, facts_line, loadavg, log,  # noqa: E402
                      machine_facts, md_table, wait_quiet, write_section)
-from delivery import expect, pg_cpu_seconds, start_fleet, stats_ms  # noqa: E402  (the same fleet set-up)
+from delivery import crossing_delta, crossings, expect, pg_cpu_seconds, start_fleet, stats_ms  # noqa: E402  (the same fleet set-up)
 
 UTC = dt.timezone.utc
 AIM_SECONDS = 30.0
@@ -90,6 +90,7 @@ def main() -> int:
         probe_cpu = cpu_seconds(hub.pid) - c0 - (time.monotonic() - t0) * r["idle_cpu_percent"] / 100
         r["poll_cpu_ms"] = round(1000 * max(0.0, probe_cpu) / n_probe, 2)
 
+        cross0 = crossings(hub)
         spy = PySpy(hub.pid, OUT_DIR / "rollout-hub.pyspy.txt") if args.py_spy else None
         hub_c0, pg_c0, sim_c0 = cpu_seconds(hub.pid), pg_cpu_seconds(hub), cpu_seconds(fleet.worker.pid)
         start_wall, t0 = time.time(), time.monotonic()
@@ -117,6 +118,7 @@ def main() -> int:
         if spy:
             spy.stop()
             r["py_spy"] = spy.summary(top=80)
+        r["crossings"] = crossing_delta(cross0, crossings(hub), args.devices)
         r["state"], r["polls"] = state, polls
         r["seen_seconds"] = None if seen is None else round(seen, 2)
         r["wall_seconds"] = round(wall, 2)
@@ -187,6 +189,10 @@ def render(r: dict, facts: dict, args) -> str:
                                                   f"({r['hub_cpu_ms_per_device_net']} ms net of idle and polls)"],
                ["PostgreSQL CPU (postmaster + backends)", f"{c['postgres']} s"],
                ["agents' process CPU", f"{c['agents']} s"],
+               ["storage crossings (trio → asyncpg, /metrics histogram)",
+                f"{r['crossings'].get('count', 0):,} ({r['crossings'].get('per_device')} per device), mean "
+                f"{r['crossings'].get('mean_ms')} ms, {r['crossings'].get('over_5ms_pct')}% over 5 ms, "
+                f"{r['crossings'].get('over_10ms_pct')}% over 10 ms"],
                ["device settled (POST → step `succeeded`), ms",
                 f"p50 {r['settled'].get('p50')} · p99 {r['settled'].get('p99')} · max {r['settled'].get('max')}"],
            ]), "",

@@ -87,7 +87,7 @@ class Services:
         self.identity = Identity(self.db)
         self.configs = Configurations(self.db, self.devices.cache)
         self.secrets = SecretFiles(self.db)
-        self.rollouts = Rollouts(self.db)
+        self.rollouts = Rollouts(self.db, self.devices.cache)
         self.windows = UpdateWindows(self.db)
         self.secret_box = SecretBox(load_secret_key(self.settings.data_dir))
         self.auth_cache = AuthCache()

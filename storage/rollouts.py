@@ -8,6 +8,8 @@ import uuid
 import asyncpg
 
 from storage.db import Database
+from storage.rowcache import RowCache
+from storage.secrets import assign_deliveries
 
 ACTIVE = ("pending", "running", "paused")
 
@@ -17,8 +19,10 @@ class FleetBusy(Exception):
 
 
 class Rollouts:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, device_cache: RowCache | None = None) -> None:
         self.db = db
+        # assign() changes device rows: evict them from the device read cache shared with Devices.
+        self.device_cache = device_cache
 
     async def create(self, row: dict, steps: list[tuple[uuid.UUID, uuid.UUID, int, str, str | None]]) -> dict:
         """The rollout and its device steps in one transaction; refuses a fleet that already has an
@@ -98,3 +102,21 @@ class Rollouts:
             "SELECT id, config_version_id, applied_version_id, config_status, config_error "
             "FROM devices WHERE id = ANY($1::uuid[])", device_ids)
         return [dict(r) for r in rows]
+
+    async def assign(self, device_ids: list[uuid.UUID], config_id: uuid.UUID, version_id: uuid.UUID,
+                     now: dt.datetime) -> None:
+        """Assign the rollout's version to many devices in one crossing (a tick starts a whole batch):
+        their configuration files become pending there (or overridden by the device's own file at
+        the path), other configurations' deliveries on them go, and the devices are told to apply."""
+
+        async def body(conn: asyncpg.Connection) -> None:
+            await assign_deliveries(conn, device_ids, config_id, now)
+            await conn.execute(
+                """UPDATE devices SET config_id = $2, config_version_id = $3, config_status = 'pending',
+                          config_error = NULL, updated_at = $4
+                   WHERE id = ANY($1::uuid[]) AND (config_version_id IS DISTINCT FROM $3
+                         OR config_status IS DISTINCT FROM 'applied')""", device_ids, config_id, version_id, now)
+
+        await self.db.run(body, transaction=True)
+        if self.device_cache is not None:
+            self.device_cache.evict(device_ids)

@@ -61,6 +61,27 @@ async def _mark_config_file_deliveries(conn: asyncpg.Connection, file_id: uuid.U
         file_id, config_id, path, sha, now)
 
 
+async def assign_deliveries(conn: asyncpg.Connection, device_ids: list[uuid.UUID], config_id: uuid.UUID | None,
+                            now: dt.datetime) -> None:
+    """Devices now run ``config_id``: its files are pending on them (overridden where a device has
+    its own file at the path); deliveries of any other configuration's files on them go. Runs inside
+    the caller's transaction (a rollout assigns a whole batch in one crossing)."""
+    await conn.execute(
+        """DELETE FROM secret_file_deliveries d USING secret_files f
+           WHERE f.id = d.file_id AND d.device_id = ANY($1::uuid[]) AND f.config_id IS NOT NULL
+             AND f.config_id IS DISTINCT FROM $2""", device_ids, config_id)
+    if config_id is None:
+        return
+    await conn.execute(
+        """INSERT INTO secret_file_deliveries (file_id, device_id, status, sha256, updated_at)
+           SELECT f.id, dev.id,
+                  CASE WHEN EXISTS (SELECT 1 FROM secret_files o WHERE o.device_id = dev.id AND o.path = f.path)
+                       THEN 'overridden' ELSE 'pending' END, f.sha256, $3
+           FROM secret_files f CROSS JOIN unnest($1::uuid[]) AS dev(id)
+           WHERE f.config_id = $2
+           ON CONFLICT (file_id, device_id) DO NOTHING""", device_ids, config_id, now)
+
+
 class SecretFiles:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -200,26 +221,8 @@ class SecretFiles:
                  AND d.status = 'pending'""", device_id, config_id, status, error, now)
 
     async def assign_config(self, device_id: uuid.UUID, config_id: uuid.UUID | None, now: dt.datetime) -> None:
-        """The device now runs ``config_id``: its files are pending there (or overridden); deliveries of
-        any other configuration's files on this device go away."""
-
-        async def body(conn: asyncpg.Connection) -> None:
-            await conn.execute(
-                """DELETE FROM secret_file_deliveries d USING secret_files f
-                   WHERE f.id = d.file_id AND d.device_id = $1 AND f.config_id IS NOT NULL
-                     AND f.config_id IS DISTINCT FROM $2""", device_id, config_id)
-            if config_id is None:
-                return
-            files = await conn.fetch("SELECT id, path, sha256 FROM secret_files WHERE config_id = $1", config_id)
-            for f in files:
-                await conn.execute(
-                    """INSERT INTO secret_file_deliveries (file_id, device_id, status, sha256, updated_at)
-                       VALUES ($1, $2, CASE WHEN EXISTS (SELECT 1 FROM secret_files o WHERE o.device_id = $2
-                                                          AND o.path = $3) THEN 'overridden' ELSE 'pending' END,
-                               $4, $5)
-                       ON CONFLICT (file_id, device_id) DO NOTHING""", f["id"], device_id, f["path"], f["sha256"], now)
-
-        await self.db.run(body, transaction=True)
+        """The device now runs ``config_id`` (or none): see ``assign_deliveries``."""
+        await self.db.run(assign_deliveries, [device_id], config_id, now, transaction=True)
 
     async def forget_device(self, device_id: uuid.UUID) -> None:
         """A factory reset: the device's own files go, and nothing is pending for it any more."""

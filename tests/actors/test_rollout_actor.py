@@ -2,7 +2,7 @@
 window opens, and a restarted actor continues from what storage holds.
 
 Storage and the device side are in-memory stand-ins here (FakeStore below stands in for the
-PostgreSQL tables of rollouts, devices and windows; FakeDeviceActor for a DeviceActor whose device
+PostgreSQL tables of rollouts, devices, deliveries and windows; FakeDeviceActor for a DeviceActor whose device
 applies a version the moment it is assigned). The integration layer (tests/api/test_rollouts.py)
 runs the same path against PostgreSQL and real agents.
 """
@@ -56,23 +56,16 @@ class FakeStore:
     async def device_views(self, version_id, ids):
         return [dict(self.devices[d]) for d in ids]
 
+    async def assign(self, device_ids, config_id, version_id, now):
+        for d in device_ids:
+            row = self.devices[d]
+            if row["config_version_id"] != version_id or row["config_status"] != "applied":
+                row.update(config_id=config_id, config_version_id=version_id, config_status="pending")
+                self.assigned_at[d] = trio.current_time()
+
     # windows
     async def get_many(self, org_id, fleet_ids):
         return {FLEET: self.window}
-
-
-class FakeDevices:
-    def __init__(self, store: FakeStore) -> None:
-        self.store = store
-
-    async def get_any(self, device_id):
-        return dict(self.store.devices[device_id])
-
-    async def assign_config(self, org_id, device_id, config_id, version_id, now):
-        row = self.store.devices[device_id]
-        row.update(config_id=config_id, config_version_id=version_id, config_status="pending")
-        self.store.assigned_at[device_id] = trio.current_time()
-        return dict(row)
 
 
 class FakeDeviceActor:
@@ -93,8 +86,7 @@ def services_for(nursery, store: FakeStore):
     registry = Registry(supervisor)
     device_actors = {d: FakeDeviceActor(store, d) for d in store.devices}
     s = types.SimpleNamespace(
-        clock=TestClock(EPOCH), rollouts=store, windows=store, devices=FakeDevices(store),
-        secrets=types.SimpleNamespace(assign_config=_noop), events=EventHub(), registry=registry)
+        clock=TestClock(EPOCH), rollouts=store, windows=store, events=EventHub(), registry=registry)
     registry.lookup = lambda key: device_actors.get(key[1]) if key[0] == "device" else None
 
     async def device_actor(device_id):
@@ -102,10 +94,6 @@ def services_for(nursery, store: FakeStore):
 
     s.device_actor = device_actor
     return s, supervisor
-
-
-async def _noop(*args, **kwargs):
-    return None
 
 
 WINDOW = {"enabled": True, "timezone": "Europe/Berlin", "start_time": "02:30", "end_time": "04:00",
