@@ -12,7 +12,6 @@ import base64
 import binascii
 import hashlib
 import re
-import uuid
 
 from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint

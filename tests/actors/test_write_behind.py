@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import trio
 import trio.testing
 
