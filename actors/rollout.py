@@ -152,7 +152,10 @@ class RolloutActor(Actor):
     async def _views(self) -> dict[str, rm.DeviceView]:
         s = self.services
         version = self.row["version_id"]
-        ids = [uuid.UUID(d) for d, st in self.machine.steps.items() if st.step not in rm.TERMINAL]
+        # Only devices of batches already reached: later ones cannot start yet (1,000 rows a tick otherwise).
+        current = self.machine.current_batch
+        ids = [uuid.UUID(d) for d, st in self.machine.steps.items()
+               if st.step not in rm.TERMINAL and st.batch <= current]
         rows = {str(r["id"]): r for r in await s.rollouts.device_views(version, ids)} if ids else {}
         views = {}
         for device_id in map(str, ids):

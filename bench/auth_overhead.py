@@ -20,7 +20,8 @@ Two hub processes on one database, the same code, the same requests, the same PA
 
 The route is ``GET /v1/devices/{id}`` (PAT + organisation + relation check + the cached device read:
 ``storage.rowcache.RowCache``, 2 s ttl). wrk runs with the same settings against both processes,
-alternating, ``--rounds`` times, each run after a quiet machine (``wait_quiet``) and a 2 s warm-up.
+alternating (full, open, then open, full: ABBA, so a drift of the machine cancels), ``--rounds`` times,
+each run after a quiet machine (``wait_quiet``) and a 2 s warm-up.
 The ratio is full/open requests per second (aim ≥ 0.8).
 
 ``GET /v1/me`` is not measured: it is a ``@no_org`` route, whose requests the hub counts against the
@@ -35,7 +36,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -45,7 +48,7 @@ from statistics import fmean
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import (OUT_DIR, PY, REPO, HubProcess, PySpy, command_line, cpu_seconds, facts_line,  # noqa: E402
+from _common import (OUT_DIR, PY, REPO, HubProcess, _cpu_times, PySpy, command_line, cpu_seconds, facts_line,  # noqa: E402
                      free_port, http_get, http_json, loadavg, log, machine_facts, md_table, wait_http,
                      wait_quiet, write_section)
 
@@ -78,6 +81,20 @@ def serve_open(args: argparse.Namespace) -> None:
     org = OrgContext(uuid.UUID(args.org_id), "admin")
 
     async def main() -> None:
+        # SIGINT/SIGTERM cancel everything in order (as `fleethub serve` does): a KeyboardInterrupt would
+        # land in whichever request task runs at that moment and can leave the process hanging
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                async def watch() -> None:
+                    async for _ in signals:
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(watch)
+                await serve_app()
+                nursery.cancel_scope.cancel()
+
+    async def serve_app() -> None:
         async with open_services(settings, serving=False) as services:
             app = create_app(services)
             before = [f.__name__ for f in app.before_request_funcs[None]]
@@ -208,7 +225,9 @@ def main() -> int:
 
     hub = HubProcess.start(heartbeat_interval=30.0, name="auth-hub")
     open_proc = None
-    results: dict = {"tool": tool, "routes": {}}
+    from delivery import code_version
+
+    results: dict = {"tool": tool, "routes": {}, "code": code_version()}
     try:
         hub.bootstrap()
         results["rate_limit"] = hub.extra.get("rate_limit")
@@ -232,14 +251,25 @@ def main() -> int:
             res = results["routes"][route] = {"path": path, "bytes": sizes, "full": [], "open": []}
             log(f"{route}: GET {path} answer sizes {sizes}")
             for rnd in range(args.rounds):
-                for name, (base, pid) in targets.items():
+                order = list(targets.items()) if rnd % 2 == 0 else list(targets.items())[::-1]  # ABBA: drift cancels
+                for name, (base, pid) in order:
                     quiet = wait_quiet(args.round_quiet_wait) if not args.smoke else None
                     load_once(base + path, hub.headers, args, min(2.0, args.duration), use_wrk)  # warm-up
                     spy = (PySpy(hub.pid, OUT_DIR / f"auth_overhead-{route}-full.pyspy.txt")
                            if args.py_spy and name == "full" and rnd == 0 else None)
-                    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+                    cpu0, t0, m0 = cpu_seconds(pid), time.monotonic(), _cpu_times()
+                    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                     r = load_once(base + path, hub.headers, args, args.duration, use_wrk)
-                    r["server_cpu_percent"] = round(100 * (cpu_seconds(pid) - cpu0) / (time.monotonic() - t0), 1)
+                    wall, m1 = time.monotonic() - t0, _cpu_times()
+                    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    r["server_cpu_percent"] = round(100 * (cpu_seconds(pid) - cpu0) / wall, 1)
+                    # the load generator's own CPU, and everything else on the machine meanwhile (another
+                    # session's work shows up here): cores busy × 100 − server − load generator
+                    r["loadgen_cpu_percent"] = round(100 * (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime
+                                                            - ru0.ru_stime) / wall, 1)
+                    machine = 100 * (m1[0] - m0[0]) / max(1, m1[1] - m0[1]) * (os.cpu_count() or 1)
+                    r["others_cpu_percent"] = round(max(0.0, machine - r["server_cpu_percent"]
+                                                        - r["loadgen_cpu_percent"]), 1)
                     r["busy_before"] = None if quiet is None else round(quiet)
                     if spy:
                         spy.stop()
@@ -269,7 +299,8 @@ def main() -> int:
 def render(r: dict, facts: dict, args) -> str:
     label = {"device": "GET /v1/devices/{id}"}
     out = ["## Authentication, authorisation, rate limit and audit overhead (bench/auth_overhead.py)", "",
-           f"`{command_line()}`", "", f"{facts_line(facts)}; load average at end {loadavg()}", "",
+           f"`{command_line()}`", "", f"{facts_line(facts)}; load average at end {loadavg()}; code at {r.get('code')}",
+           "",
            *([f"The bench organisation is lifted out of the hub's request rate limit: {r['rate_limit']} "
               "(the limiter still counts every request).", ""] if r.get("rate_limit") else []),
            "**full** is `fleethub serve`: PAT authentication (AuthCache), rate limit, organisation context, the "
@@ -277,16 +308,20 @@ def render(r: dict, facts: dict, args) -> str:
            "process of the same code on the same PostgreSQL whose `_before`/`_after` request hooks are replaced by "
            "ones that only set `g.principal` and `g.org` (admin) and keep X-Request-ID and the request counter — "
            "no `middleware.authenticate`, no rate limit, no `middleware.audit`. Same PAT headers sent to both. "
-           f"Load: {r['tool']}, alternating full/open, each run after a quiet machine and a 2 s warm-up.", ""]
+           f"Load: {r['tool']}, alternating full/open then open/full (ABBA), each run after a quiet machine and a 2 s warm-up.", ""]
     rows = []
     for route, res in r["routes"].items():
         for name in ("full", "open"):
             for i, x in enumerate(res[name]):
                 rows.append([label[route], name, i + 1, f"{x['rps']:,.0f}", f"{x['requests']:,}", x["non2xx"],
                              x["socket_errors"], x["p50"], x["p90"], x["p99"], x["server_cpu_percent"],
+                             x.get("loadgen_cpu_percent"), x.get("others_cpu_percent"),
                              "—" if x.get("busy_before") is None else f"{x['busy_before']}%"])
     out += [md_table(["route", "process", "round", "req/s", "requests", "non-2xx", "socket errors", "p50 ms",
-                      "p90 ms", "p99 ms", "server CPU %", "machine busy before"], rows), ""]
+                      "p90 ms", "p99 ms", "server CPU %", "wrk CPU %", "everything else CPU %",
+                      "machine busy before"], rows), "",
+            "CPU % is of one core; \"everything else\" is the machine's busy time over the run (all cores) minus "
+            "the server and wrk: the other hub process, PostgreSQL, and any other work on this shared machine.", ""]
     for route, res in r["routes"].items():
         verdict = "meets" if res["ratio"] >= AIM else "misses"
         out.append(f"- {label[route]} ({res['bytes']['full']} B answer from full, {res['bytes']['open']} B from open): "

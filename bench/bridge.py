@@ -34,7 +34,7 @@ from statistics import fmean, median
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import (OUT_DIR, PY, REPO, command_line, cpu_seconds, facts_line, insert_devices, loadavg, log,  # noqa: E402
+from _common import (OUT_DIR, PY, REPO, command_line, facts_line, insert_devices, loadavg, log,  # noqa: E402
                      machine_facts, md_table, percentile, write_section)
 
 # ---------------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -52,7 +53,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (OUT_DIR, HubProcess, PySpy, Worker, command_line, cpu_seconds, facts_line,  # noqa: E402
+from _common import (OUT_DIR, REPO, HubProcess, PySpy, Worker, command_line, cpu_seconds, facts_line,  # noqa: E402
                      insert_devices, loadavg, log, machine_facts, md_table, percentile, shm_tempdir,
                      wait_quiet, write_section)
 
@@ -133,6 +134,18 @@ def stats_ms(values: list[float]) -> dict:
             "mean": round(sum(v) / len(v), 1)}
 
 
+def code_version() -> str:
+    """The commit measured (the hub changes under the benchmarks), and whether its code was modified."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=str(REPO), capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "hub", "actors", "storage", "device_client"],
+                               cwd=str(REPO), capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (rev or "unknown") + (" with uncommitted changes in hub/actors/storage/device_client" if dirty else "")
+
+
 def spearman(xs: list[float], ys: list[float]) -> float | None:
     """Spearman's rank correlation (no tie correction: the instants are microseconds apart)."""
     n = len(xs)
@@ -147,7 +160,7 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
         return r
 
     rx, ry = ranks(xs), ranks(ys)
-    d2 = sum((a - b) ** 2 for a, b in zip(rx, ry))
+    d2 = sum((a - b) ** 2 for a, b in zip(rx, ry, strict=True))
     return round(1 - 6 * d2 / (n * (n * n - 1)), 3)
 
 
@@ -373,9 +386,12 @@ def to_fleet(fleet: Fleet, mode: str, args, tag: str) -> dict:
         out["requests_seconds"] = round(time.monotonic() - t0, 2)
     counts: dict = {}
     polls = 0
+    poll_ms: list[float] = []
     seen_done = None
     while time.monotonic() - t0 < args.fleet_timeout:
+        p0 = time.monotonic()
         status, body = api.call("GET", f"/v1/configurations/{cfg['id']}/secret-files")
+        poll_ms.append((time.monotonic() - p0) * 1000)
         polls += 1
         files = expect(status, body, (200,), "GET /v1/configurations/{id}/secret-files")["data"]
         counts = files[0]["deliveries"] if files else {}
@@ -392,6 +408,7 @@ def to_fleet(fleet: Fleet, mode: str, args, tag: str) -> dict:
     out["crossings"] = crossing_delta(cross0, crossings(fleet.hub), n)
     out["counts"] = counts
     out["polls"] = polls
+    out["poll_ms"] = stats_ms(poll_ms)  # what an API call costs while the delivery runs
     out["seen_done_s"] = None if seen_done is None else round(seen_done, 2)
     rows = fleet.pg.fetch("SELECT device_id, status, updated_at FROM secret_file_deliveries WHERE file_id = $1",
                           uuid.UUID(f["id"]))
@@ -445,7 +462,7 @@ def main() -> int:
         p.error("--modes takes rollout and/or put")
     facts = machine_facts(0 if args.smoke else args.quiet_wait)
 
-    results: dict = {"fleet": []}
+    results: dict = {"fleet": [], "code": code_version()}
     fleet = start_fleet(args.devices, "delivery")
     try:
         results["rate_limit"] = fleet.extra.get("rate_limit")
@@ -480,7 +497,7 @@ def render(r: dict, facts: dict, args) -> str:
     one = r["one"]
     c, h = one["client"], one["hub"]
     out = ["## Secret-file delivery (bench/delivery.py)", "", f"`{command_line()}`", "",
-           f"{facts_line(facts)}; load average at end {loadavg()}", "",
+           f"{facts_line(facts)}; load average at end {loadavg()}; code at {r.get('code')}", "",
            *([f"The bench organisation is lifted out of the hub's request rate limit: {r['rate_limit']}.", ""]
              if r.get("rate_limit") else []),
            f"`fleethub serve` with {args.devices:,} devices in one fleet (SQL-provisioned, `fleet_id` set in SQL), "
@@ -526,7 +543,9 @@ def render(r: dict, facts: dict, args) -> str:
         out += [""] + [f"Storage crossings (trio → asyncpg, the hub's /metrics histogram) during the {x['mode']} "
                        f"delivery: {x['crossings'].get('count', 0):,} ({x['crossings'].get('per_device')} per device), "
                        f"mean {x['crossings'].get('mean_ms')} ms, {x['crossings'].get('over_5ms_pct')}% over 5 ms, "
-                       f"{x['crossings'].get('over_10ms_pct')}% over 10 ms." for x in r["fleet"]]
+                       f"{x['crossings'].get('over_10ms_pct')}% over 10 ms; meanwhile the "
+                       f"{x['poll_ms'].get('n')} polls of `GET /v1/configurations/{{id}}/secret-files` took p50 "
+                       f"{x['poll_ms'].get('p50')} ms, max {x['poll_ms'].get('max')} ms." for x in r["fleet"]]
         for x in r["fleet"]:
             if x.get("rollout_state"):
                 out += ["", f"Rollout {x['rollout_id']}: {x['rollout_state']} (seen {x['rollout_seen_s']} s after the "

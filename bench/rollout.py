@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (OUT_DIR, PySpy, command_line, cpu_seconds, facts_line, loadavg, log,  # noqa: E402
                      machine_facts, md_table, wait_quiet, write_section)
-from delivery import crossing_delta, crossings, expect, pg_cpu_seconds, start_fleet, stats_ms  # noqa: E402  (the same fleet set-up)
+from delivery import code_version, crossing_delta, crossings, expect, pg_cpu_seconds, start_fleet, stats_ms  # noqa: E402  (the same fleet set-up)
 
 UTC = dt.timezone.utc
 AIM_SECONDS = 30.0
@@ -68,7 +68,7 @@ def main() -> int:
         args.devices, args.batch_size, args.timeout, args.idle_seconds = 40, 10, 60.0, 1.0
     facts = machine_facts(0 if args.smoke else args.quiet_wait)
 
-    r: dict = {"devices": args.devices, "batch_size": args.batch_size}
+    r: dict = {"devices": args.devices, "batch_size": args.batch_size, "code": code_version()}
     fleet = start_fleet(args.devices, "rollout")
     api, hub = fleet.api, fleet.hub
     try:
@@ -167,7 +167,7 @@ def render(r: dict, facts: dict, args) -> str:
     done = r["seen_seconds"]
     verdict = ("meets" if done is not None and r["state"] == "completed" and done <= AIM_SECONDS else "misses")
     out = ["## Batched rollout (bench/rollout.py)", "", f"`{command_line()}`", "",
-           f"{facts_line(facts)}; load average at end {loadavg()}", "",
+           f"{facts_line(facts)}; load average at end {loadavg()}; code at {r.get('code')}", "",
            *([f"The bench organisation is lifted out of the hub's request rate limit: {r['rate_limit']}.", ""]
              if r.get("rate_limit") else []),
            f"`fleethub serve` with {r['devices']:,} devices in one fleet, all connected ({r['connect_seconds']} s) from "

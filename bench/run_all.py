@@ -1,7 +1,7 @@
 """Run every benchmark one after the other; exit non-zero if any fails.
 
     python bench/run_all.py --smoke        # CI: tiny sizes, each script < 30 s, results in bench/out/
-    python bench/run_all.py                # full sizes (~20 min), rewriting bench/RESULTS.md
+    python bench/run_all.py                # full sizes (~30 min), rewriting bench/RESULTS.md
 
 Each script runs in its own process with a time limit; its output is streamed through.
 """
@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-SCRIPTS = ["bridge.py", "http_ratio.py", "command_rtt.py", "capacity.py"]
+SCRIPTS = ["bridge.py", "http_ratio.py", "command_rtt.py", "capacity.py", "auth_overhead.py", "delivery.py",
+           "rollout.py"]
 
 
 def main() -> int:

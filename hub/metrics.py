@@ -11,6 +11,11 @@ if TYPE_CHECKING:
     from hub.services import Services
 
 
+def _number(value: float) -> str:
+    """Exact integers (``:g`` would print 1234567 as 1.23457e+06), floats in full."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
 class Metrics:
     def __init__(self) -> None:
         self.requests: Counter[tuple[str, int]] = Counter()  # (method, status) -> count
@@ -26,7 +31,7 @@ class Metrics:
         def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
             out.append(f"# HELP {name} {help_}")
             out.append(f"# TYPE {name} {kind}")
-            out.extend(f"{name}{labels} {value:g}" for labels, value in samples)
+            out.extend(f"{name}{labels} {_number(value)}" for labels, value in samples)
 
         metric("fleethub_connected_devices", "gauge", "Devices with a live WebSocket link to this process.",
                [("", len(services.links))])
@@ -44,14 +49,12 @@ class Metrics:
         metric("fleethub_actor_mailbox_depth_max", "gauge", "Deepest actor mailbox right now.",
                [("", reg["mailbox_depth_max"])])
         st = services.db.stats
-        cumulative, samples = 0, []
-        for bound, count in zip(CROSSING_BUCKETS, st.buckets):
-            cumulative = count  # buckets are already cumulative (observe adds to every bound >= value)
-            samples.append((f'_bucket{{le="{bound:g}"}}', cumulative))
+        # The buckets are already cumulative: observe() counts a crossing in every bound it is under.
+        samples = [(f'_bucket{{le="{bound:g}"}}', count) for bound, count in zip(CROSSING_BUCKETS, st.buckets)]
         samples += [('_bucket{le="+Inf"}', st.count), ("_sum", st.total_seconds), ("_count", st.count)]
         out.append("# HELP fleethub_storage_crossing_seconds Time of one trio-to-asyncpg crossing.")
         out.append("# TYPE fleethub_storage_crossing_seconds histogram")
-        out.extend(f"fleethub_storage_crossing_seconds{suffix} {value:g}" for suffix, value in samples)
+        out.extend(f"fleethub_storage_crossing_seconds{suffix} {_number(value)}" for suffix, value in samples)
         metric("fleethub_write_behind_rows_total", "counter", "Rows written behind.",
                [('{kind="presence"}', services.presence.written), ('{kind="audit"}', services.audit_log.written)])
         metric("fleethub_event_subscribers", "gauge", "SSE subscribers.", [("", services.events.subscriber_count())])
