@@ -152,10 +152,11 @@ class RolloutActor(Actor):
     async def _views(self) -> dict[str, rm.DeviceView]:
         s = self.services
         version = self.row["version_id"]
-        # Only devices of batches already reached: later ones cannot start yet (1,000 rows a tick otherwise).
-        current = self.machine.current_batch
+        # Only batches already reached and the next one (which may start in this very tick): later
+        # ones cannot start yet, and reading them cost 1,000 rows a tick.
+        upto = self.machine.current_batch + 1
         ids = [uuid.UUID(d) for d, st in self.machine.steps.items()
-               if st.step not in rm.TERMINAL and st.batch <= current]
+               if st.step not in rm.TERMINAL and st.batch <= upto]
         rows = {str(r["id"]): r for r in await s.rollouts.device_views(version, ids)} if ids else {}
         views = {}
         for device_id in map(str, ids):
