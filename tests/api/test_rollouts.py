@@ -173,3 +173,36 @@ async def test_progress_stream_and_forced_rollout_audit(nursery, db_url, tmp_pat
         r = await hub.call("GET", "/v1/audit-events", params={"pathPrefix": "/v1/rollouts", "method": "POST"})
         forced = [e for e in r.json()["data"] if e["details"].get("force")]
         assert len(forced) == 1 and forced[0]["details"]["forcedBy"] == str(hub.user_id)
+
+
+async def test_pause_holds_new_devices_and_resume_continues(nursery, db_url, tmp_path):
+    with trio.fail_after(90):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        fid, agents = await fleet_with_agents(hub, nursery, tmp_path, 3, name="p")
+        closed = {"enabled": True, "timezone": "UTC", "start_time": "00:00", "end_time": "00:01",
+                  "days_of_week": ["Monday"]}
+        now = hub.services.clock.now()
+        if now.weekday() == 0 and now.hour == 0 and now.minute < 1:
+            closed["days_of_week"] = ["Tuesday"]
+        await hub.call("PUT", f"/v1/fleets/{fid}/update-window", json=closed)
+        cid, vid = await config(hub, "paused", HEALTHY)
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 1})
+        rid = r.json()["data"]["id"]
+        r = await hub.call("POST", f"/v1/rollouts/{rid}/pause")
+        assert r.status_code == 200 and r.json()["data"]["state"] == "paused"
+        assert (await hub.call("POST", f"/v1/rollouts/{rid}/pause")).json()["data"]["state"] == "paused"
+        always = {**closed, "end_time": "00:00", "days_of_week": ["Monday", "Tuesday", "Wednesday", "Thursday",
+                                                                  "Friday", "Saturday", "Sunday"]}
+        await hub.call("PUT", f"/v1/fleets/{fid}/update-window", json=always)
+        await trio.sleep(1.5)  # the window is open, but a paused rollout starts nobody
+        st = await rollout_state(hub, rid)
+        assert st["state"] == "paused" and st["counts"]["succeeded"] == 0
+        assert st["counts"]["updating"] == 0 and st["counts"]["verifying"] == 0
+        r = await hub.call("POST", f"/v1/rollouts/{rid}/resume")
+        assert r.status_code == 200 and r.json()["data"]["state"] == "running"
+
+        async def done():
+            return (await rollout_state(hub, rid))["state"] == "completed"
+
+        await wait_for(done, timeout=60, interval=0.2)
+        assert (await hub.call("POST", f"/v1/rollouts/{rid}/pause")).status_code == 409
