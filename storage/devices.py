@@ -127,9 +127,6 @@ class Devices:
             "config_status = NULL, config_error = NULL, updated_at = $2 WHERE id = $1", device_id, now)
         self.cache.evict([device_id])
 
-    async def fleet_in_org(self, org_id: uuid.UUID, fleet_id: uuid.UUID) -> bool:
-        return bool(await self.db.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM fleets WHERE org_id = $1 AND id = $2)", org_id, fleet_id))
 
     async def write_presence(self, rows: list[dict]) -> None:
         """Coalesced presence of many devices in one statement (heartbeats are written behind).

@@ -223,7 +223,7 @@ async def create_configuration(data: ConfigCreate):
     await require_org(s, "editor")
     spec = checked_spec(data.spec)
     if data.fleetId is not None:
-        if not await s.devices.fleet_in_org(org().org_id, data.fleetId):
+        if not await s.identity.object_in_org(org().org_id, "fleet", data.fleetId):
             raise BadRequest("fleetId: no such fleet in this organisation", code="invalid_reference")
         await authorize(s, "editor", Obj("fleet", data.fleetId, data.fleetId))
     try:

@@ -130,7 +130,7 @@ async def _check_fleet(fleet_id: uuid.UUID | None) -> None:
     if fleet_id is None:
         await require_org(s, "editor")
         return
-    if not await s.devices.fleet_in_org(org().org_id, fleet_id):
+    if not await s.identity.object_in_org(org().org_id, "fleet", fleet_id):
         raise BadRequest("fleet_id: no such fleet in this organisation", code="invalid_reference")
     await authorize(s, "editor", Obj("fleet", fleet_id, fleet_id))
 

@@ -68,9 +68,7 @@ def fleet_json(row: dict) -> dict:
 async def _check_config(config_id: uuid.UUID | None) -> None:
     if config_id is None:
         return
-    found = await services().db.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM configurations WHERE org_id = $1 AND id = $2)", org().org_id, config_id)
-    if not found:
+    if not await services().identity.object_in_org(org().org_id, "configuration", config_id):
         raise BadRequest("config_id: no such configuration in this organisation", code="invalid_reference")
 
 

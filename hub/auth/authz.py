@@ -64,12 +64,11 @@ def visible(tuples: frozenset, relation: str, object_type: str, org_id: uuid.UUI
 
 
 async def tuples_of(services, org_id: uuid.UUID, subject_type: str, subject_id: uuid.UUID) -> frozenset:
-    key = ("relations", org_id, subject_type, subject_id)
-    cached = services.auth_cache.get(key)
-    if cached is None:
-        cached = frozenset(await services.identity.relations_of(org_id, subject_type, subject_id))
-        services.auth_cache.put(key, cached, frozenset({f"relations:{org_id}", f"subject:{subject_id}"}))
-    return cached
+    async def load() -> frozenset:
+        return frozenset(await services.identity.relations_of(org_id, subject_type, subject_id))
+
+    return await services.auth_cache.get_or_load(("relations", org_id, subject_type, subject_id), load,
+                                                 lambda _: (f"relations:{org_id}", f"subject:{subject_id}"))
 
 
 async def _caller_tuples(services) -> frozenset | None:

@@ -38,6 +38,16 @@ class AuthCache:
             self._entries.clear()  # rare; bounded memory matters more than hit rate
         self._entries[key] = (trio.current_time() + self.ttl, tags, value)
 
+    async def get_or_load(self, key: Hashable, load, tags) -> Any | None:
+        """The cached value, else ``await load()`` cached under ``tags(value)``. A None from
+        ``load`` (no such credential) is not cached: the next attempt looks again."""
+        value = self.get(key)
+        if value is None:
+            value = await load()
+            if value is not None:
+                self.put(key, value, frozenset(tags(value)))
+        return value
+
     def forget(self, tag: str) -> None:
         for key in [k for k, (_, tags, _) in self._entries.items() if tag in tags]:
             del self._entries[key]

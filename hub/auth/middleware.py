@@ -133,14 +133,11 @@ def _limit(services, key: object, tier: str | None, custom: int | None) -> None:
 
 async def _pat(services, token_id, secret, org_id, kind):
     h = digest(secret)
-    key = ("pat", h, org_id)
-    row = services.auth_cache.get(key)
+    row = await services.auth_cache.get_or_load(
+        ("pat", h, org_id), lambda: services.tokens.find_pat_in_org(h, org_id),
+        lambda r: (f"pat:{r['id']}", f"user:{r['user_id']}", f"org:{org_id}"))
     if row is None:
-        row = await services.tokens.find_pat_in_org(h, org_id)
-        if row is None:
-            raise Unauthenticated("invalid API token")
-        services.auth_cache.put(key, row, frozenset({f"pat:{row['id']}", f"user:{row['user_id']}",
-                                                     f"org:{org_id}"}))
+        raise Unauthenticated("invalid API token")
     # One message for every failure: never tell a caller which half of a credential was wrong.
     if token_id is not None and not hmac.compare_digest(row["id"], token_id):
         raise Unauthenticated("invalid API token")
@@ -153,14 +150,11 @@ async def _pat(services, token_id, secret, org_id, kind):
 
 async def _session(services, cookie, org_id):
     h = digest(cookie)
-    key = ("session", h, org_id)
-    row = services.auth_cache.get(key)
+    row = await services.auth_cache.get_or_load(
+        ("session", h, org_id), lambda: services.identity.find_session_in_org(h, org_id),
+        lambda r: (f"session:{h.hex()}", f"user:{r['user_id']}", f"org:{org_id}"))
     if row is None:
-        row = await services.identity.find_session_in_org(h, org_id)
-        if row is None:
-            raise Unauthenticated("the session ended; sign in again")
-        services.auth_cache.put(key, row, frozenset({f"session:{h.hex()}", f"user:{row['user_id']}",
-                                                     f"org:{org_id}"}))
+        raise Unauthenticated("the session ended; sign in again")
     if row["expires_at"] <= services.clock.now():
         raise Unauthenticated("the session expired; sign in again")
     g.csrf_token = row["csrf_token"]
@@ -174,11 +168,9 @@ async def _service(services, token, org_id):
         claims = services.token_signer.verify(token, services.clock.now())
     except InvalidToken as exc:
         raise Unauthenticated(str(exc)) from None
-    key = ("service", claims.service_id)
-    alive = services.auth_cache.get(key)
-    if alive is None:
-        alive = await services.identity.service_account_exists(claims.service_id)
-        services.auth_cache.put(key, alive, frozenset({f"service:{claims.service_id}"}))
+    alive = await services.auth_cache.get_or_load(
+        ("service", claims.service_id), lambda: services.identity.service_account_exists(claims.service_id),
+        lambda _: (f"service:{claims.service_id}",))
     if not alive:
         raise Unauthenticated("the service account was deleted")
     org = await org_row(services, claims.org_id)
@@ -188,11 +180,10 @@ async def _service(services, token, org_id):
 
 
 async def org_row(services, org_id: uuid.UUID) -> dict | None:
-    key = ("orgrow", org_id)
-    row = services.auth_cache.get(key)
-    if row is None:
-        row = await services.orgs.get_org(org_id) or {}
-        services.auth_cache.put(key, row, frozenset({f"org:{org_id}"}))
+    async def load() -> dict:
+        return await services.orgs.get_org(org_id) or {}  # {}: "no such org" is cached too
+
+    row = await services.auth_cache.get_or_load(("orgrow", org_id), load, lambda _: (f"org:{org_id}",))
     return row or None
 
 
