@@ -35,6 +35,45 @@ files; on failure it restores the previous version (and workload) and writes non
 Events (device → hub) beyond heartbeat: ``files.result`` {results: [FileResult]} for work the device
 did on its own (drift corrected at boot), ``config.result`` ConfigApplyResult, ``workload.health``
 {healthy, detail}.
+
+Memory tests (device_client/memtest/ on the device, hub/api/memtests.py on the hub):
+
+    memtest.start   {runId, plan: Plan}                 → {status: Status}
+    memtest.cancel  {runId?}                            → {status: Status}
+    memtest.status  {}                                  → {supported, status: Status|null,
+                                                           health: Health, history: [Result]}
+    memtest.ack     {runIds: [str]}                     → {}   (the hub stored these results)
+
+Plan: {mode ("live" | "live_quick" | "full_online" | "test_boot"), impact, placement, quick, passes,
+kernelPasses, bitFade, holdOnFailure, timeBudgetSeconds, maxBytes?} with every default already
+applied by the hub. Status, Health and Result carry the spec's member names (Resources → Memory
+test). Error codes in a memtest reply: busy (a test runs; the hub reads the status to answer 409),
+not_running, unsupported, workload_stop_failed, invalid; anything else is internal. ``memtest.start``
+answers after the workload was stopped (full online) and before the test runs; for a test boot it
+answers with phase ``rebooting`` and then reboots with boot reason ``memory_test``.
+Events: ``memtest.progress`` Status (at most about one a second), ``memtest.result`` {result: Result},
+sent at the end of a run and again at every link until the hub acknowledges it with memtest.ack;
+``memtest.health`` {health: Health} at every link. Hello: capabilities.memoryTest, retiredPages,
+lastMemoryTest (the newest Result, or the interrupted report), workloadHeld, maintenance, and
+``memoryTestRunning`` (Status of a run in progress, e.g. in a test boot's maintenance).
+
+Tunnels (device_client/tunnel.py and webrtc/ on the device and CLI, hub/api/tunnels.py on the hub):
+
+    tunnel.open         {grant, offer: {sdp, type}, iceServers: [IceServer]}  → {answer: {sdp, type}}
+    tunnel.close        {sessionId, reason?}                                  → {closed: bool}
+    tunnel.ice_restart  {sessionId, offer: {sdp, type}}                       → {answer: {sdp, type}}
+
+A grant is ``base64url(payload JSON) + "." + base64url(Ed25519 signature over those base64url
+bytes)``, signed with the hub's key; payload: {v: 1, kid, sid, orgId, deviceId, principal, target,
+notBefore, expiresAt (RFC 3339), relay (bool), bandwidthBps, clientFingerprint (the DTLS
+fingerprint of the CLI's offer), deviceKey (the device's tunnel public key)}. The device verifies
+the grant against the keys the hub sent in ``welcome.hubKeys`` ({kid: base64 public key}) and that
+deviceId is its own and the offer's fingerprint is clientFingerprint. Reply error codes:
+target_not_configured, ssh_disabled, device_unsupported, invalid_grant, and rejected (any other
+refusal, with the reason as message). Data channels: ``control`` (JSON: {type: "renew", grant} →
+{type: "renewed", expiresAt} or {type: "error", reason}; {type: "closing", reason}) and one channel
+per forwarded TCP connection labelled ``tcp``. Event ``tunnel.usage`` {sessionId, bytesIn, bytesOut,
+relayedBytes, durationSeconds, final (bool), reason?} while open (every 30 s) and when it closes.
 """
 
 from __future__ import annotations
@@ -79,6 +118,7 @@ class Hello(_Frame):
     secretFileDigests: dict[str, str] = Field(default_factory=dict)  # path -> sha256 hex
     retiredPages: list[int] = Field(default_factory=list)
     lastMemoryTest: dict[str, Any] | None = None
+    memoryTestRunning: dict[str, Any] | None = None  # Status of a memory test in progress
     maintenance: bool = False  # up in maintenance (a test boot) with the workload held
     workloadHeld: bool = False  # the workload is held (a memory test): rollouts defer this device
     pendingActions: list[str] = Field(default_factory=list)  # health_check, battery_discharging, mission_critical
@@ -88,6 +128,7 @@ class Welcome(_Frame):
     type: Literal["welcome"] = "welcome"
     deviceId: str
     heartbeatInterval: float
+    hubKeys: dict[str, str] = Field(default_factory=dict)  # kid -> base64 Ed25519 public key (tunnel grants)
 
 
 class Command(_Frame):

@@ -16,8 +16,8 @@ from quart_schema.openapi import APIKeySecurityScheme, HttpSecurityScheme, Info
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from hub.api import (access, audit, configurations, devices, fleets, health, link, oauth, pats, rollouts,
-                     secret_files, sessions, windows)
+from hub.api import (access, assistant, audit, billing, configurations, devices, fleets, health, link, memtests,
+                     oauth, pats, rollouts, secret_files, sessions, tunnels, windows)
 from hub.auth import middleware
 from hub.ids import fast_uuid4
 from hub.errors import FleethubError, general_body, memtest_body, tunnel_body
@@ -57,7 +57,7 @@ def create_app(services: Services) -> QuartTrio:
         security=[{"ApiTokenAuth": [], "ApiSecretAuth": []}, {"BearerAuth": []}],
     )
     for module in (health, pats, sessions, oauth, access, audit, devices, fleets, configurations, secret_files,
-                   rollouts, link, windows):
+                   rollouts, link, windows, memtests, tunnels, billing, assistant):
         app.register_blueprint(module.bp)
     app.register_blueprint(configurations.device_bp)
 
