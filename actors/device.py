@@ -8,6 +8,7 @@ commands go out on the bus as ``cmd.<device_id>.<verb>`` and their outcome comes
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import uuid
@@ -101,6 +102,7 @@ class DeviceActor(Actor):
         self._last_activity = 0.0
         self.delivery = Delivery(self)
         self.facts: dict[str, Any] | None = None  # the last hello's facts
+        self._active_day: Any = None  # the UTC day this device was last metered as active
 
     async def on_start(self) -> None:
         # After a crash, commands that were in flight have lost their task: answer their askers.
@@ -183,8 +185,17 @@ class DeviceActor(Actor):
             return None
         if isinstance(msg, cm.LinkUp):
             self.facts = msg.facts  # served live until the presence row is written behind
+        if isinstance(msg, (cm.LinkUp, cm.Heartbeat)):
+            self._meter_active()
         self._feed(msg)  # LinkUp, LinkDown, Heartbeat: the machine's own events
         return None
+
+    def _meter_active(self) -> None:
+        # Billing counts a device once per UTC day it was seen connected; one metering put per day.
+        day = self.services.clock.now().astimezone(dt.timezone.utc).date()
+        if day != self._active_day and self.org_id is not None:
+            self._active_day = day
+            self.services.meter.device_seen(self.org_id, self.device_id, day)
 
     def _job(self, fn, *args) -> None:
         """Delivery work in the background. Its failure is logged, not a crash: one device's bad row

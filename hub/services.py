@@ -48,6 +48,8 @@ from storage.rowcache import RowCache
 from storage.windows import UpdateWindows
 from storage.secrets import SecretFiles
 from storage.tokens import Tokens
+from storage.usage import Usage
+from hub.metering import Meter
 
 log = logging.getLogger("fleethub")
 AUTH_CHANNEL = "fleethub_auth"
@@ -96,6 +98,8 @@ class Services:
         self.login_throttle = LoginThrottle()
         self.presence = WriteBehind(self.devices.write_presence, interval=0.5, name="presence rows")
         self.audit_log = WriteBehind(self.audit.write_many, interval=1.0, name="audit events")
+        self.usage = Usage(self.db)
+        self.meter = Meter(self.usage)
 
     async def invalidate(self, *tags: str) -> None:
         """Make an access change take effect now: forget cached lookups with these tags here, and
@@ -162,6 +166,7 @@ async def open_services(settings: Settings, clock: Clock | None = None, *,
                     await services.devices.mark_all_offline()
                 await nursery.start(services.presence.run)
                 await nursery.start(services.audit_log.run)
+                await nursery.start(services.meter.run)
                 if serving:
                     await nursery.start(gc_tuning.run)
                 if serving:
