@@ -42,8 +42,16 @@ def _run(main) -> None:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return Settings.from_env(data_dir=Path(args.data_dir) if getattr(args, "data_dir", None) else None,
-                             port=getattr(args, "port", None), host=getattr(args, "host", None))
+    def path(name: str) -> Path | None:
+        value = getattr(args, name, None)
+        return Path(value) if value else None
+
+    settings = Settings.from_env(data_dir=path("data_dir"), port=getattr(args, "port", None),
+                                 host=getattr(args, "host", None), certfile=path("certfile"),
+                                 keyfile=path("keyfile"), quic_port=getattr(args, "quic_port", None))
+    if (settings.certfile is None) != (settings.keyfile is None):
+        raise SystemExit("--certfile and --keyfile go together")
+    return settings
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -112,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the hub")
     hub_args(p)
+    p.add_argument("--certfile", help="TLS certificate (PEM): serve HTTPS, HTTP/2 and HTTP/3")
+    p.add_argument("--keyfile", help="TLS private key (PEM)")
+    p.add_argument("--quic-port", type=int, default=None, help="UDP port for HTTP/3 (default: --port)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="run the hub with a demo organisation and simulated devices")

@@ -16,9 +16,17 @@ from hub.settings import Settings
 log = logging.getLogger("fleethub")
 
 
-def hypercorn_config(host: str, port: int) -> Config:
+def hypercorn_config(host: str, port: int, settings: Settings | None = None) -> Config:
     config = Config()
     config.bind = [f"{host}:{port}"]
+    if settings is not None and settings.tls:
+        # HTTPS with ALPN h2/http1.1 on TCP, HTTP/3 on UDP (aioquic); hypercorn advertises the QUIC
+        # endpoint to TCP clients with an Alt-Svc header.
+        config.certfile = str(settings.certfile)
+        config.keyfile = str(settings.keyfile)
+        quic_port = settings.quic_port if settings.quic_port is not None else port
+        if quic_port:
+            config.quic_bind = [f"{host}:{quic_port}"]
     # Thousands of devices connect at once after a hub restart; the default backlog of 100 drops them.
     config.backlog = 4096
     config.accesslog = None
@@ -31,7 +39,7 @@ async def serve_app(services: Services, host: str, port: int, *, task_status=tri
     """Serve until cancelled; ``task_status.started(base_url)`` once the socket listens."""
     app = create_app(services)
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(serve, app, hypercorn_config(host, port))
+        binds = await nursery.start(serve, app, hypercorn_config(host, port, services.settings))
         base_url = binds[0].replace("0.0.0.0", "127.0.0.1")
         services.extras["base_url"] = base_url
         task_status.started(base_url)

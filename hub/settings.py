@@ -26,7 +26,16 @@ class Settings:
     reboot_timeout: float = 300.0
     log_level: str = "INFO"
     db_pool_max: int = 10
+    # TLS: with both set the hub serves HTTPS (HTTP/1.1 and HTTP/2) on port and HTTP/3 over QUIC on
+    # quic_port (UDP; default the same number as port).
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    quic_port: int | None = None
     extra: dict = field(default_factory=dict)
+
+    @property
+    def tls(self) -> bool:
+        return self.certfile is not None and self.keyfile is not None
 
     @property
     def heartbeat_timeout(self) -> float:
@@ -44,6 +53,9 @@ class Settings:
             reboot_timeout=_float("FLEETHUB_REBOOT_TIMEOUT", 300.0),
             log_level=os.environ.get("FLEETHUB_LOG_LEVEL", "INFO"),
             db_pool_max=int(os.environ.get("FLEETHUB_DB_POOL_MAX", "10")),
+            certfile=Path(os.environ["FLEETHUB_CERTFILE"]) if os.environ.get("FLEETHUB_CERTFILE") else None,
+            keyfile=Path(os.environ["FLEETHUB_KEYFILE"]) if os.environ.get("FLEETHUB_KEYFILE") else None,
+            quic_port=int(os.environ["FLEETHUB_QUIC_PORT"]) if os.environ.get("FLEETHUB_QUIC_PORT") else None,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -1,0 +1,83 @@
+"""``fleethub serve --certfile --keyfile``: HTTPS over HTTP/1.1 and HTTP/2, and HTTP/3 over QUIC."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import socket
+import ssl
+from pathlib import Path
+
+import httpx
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from tests.e2e.clitools import free_port, run_cli_json, wait_until
+from tests.e2e.h3client import h3_get
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    certfile, keyfile = directory / "hub.crt", directory / "hub.key"
+    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    return certfile, keyfile
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_https_http2_and_http3(tmp_path, procs):
+    certfile, keyfile = self_signed(tmp_path)
+    data = tmp_path / "hub"
+    org = run_cli_json(["admin", "--data-dir", str(data), "create-org", "TLS Org"])
+    run_cli_json(["admin", "--data-dir", str(data), "create-user", "ops@tls.test", "--org", org["id"],
+                  "--role", "admin"])
+    pat = run_cli_json(["admin", "--data-dir", str(data), "create-pat", "ops@tls.test"])
+    port, quic_port = free_port(), free_udp_port()
+    serve = procs("serve", ["serve", "--port", str(port), "--data-dir", str(data), "--certfile", str(certfile),
+                            "--keyfile", str(keyfile), "--quic-port", str(quic_port)])
+    base = f"https://127.0.0.1:{port}"
+    trust = ssl.create_default_context(cafile=str(certfile))
+    headers = {"X-API-Token-ID": pat["id"], "X-API-Secret-Key": pat["secret"], "X-Organization-ID": org["id"]}
+    wait_until(lambda: httpx.get(base + "/readyz", verify=trust, timeout=2).status_code == 200,
+               timeout=40, what="the TLS hub to be ready", proc=serve)
+
+    # plain HTTP on the TLS port is not served
+    try:
+        plain = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code
+    except httpx.HTTPError:
+        plain = None
+    assert plain != 200
+
+    with httpx.Client(verify=trust, http2=False) as c:
+        r = c.get(base + "/v1/me", headers=headers)
+        assert r.status_code == 200 and r.http_version == "HTTP/1.1", (r.status_code, r.http_version)
+        # hypercorn tells TCP clients where HTTP/3 is
+        assert f":{quic_port}" in r.headers.get("alt-svc", ""), r.headers
+    with httpx.Client(verify=trust, http2=True) as c:
+        r = c.get(base + "/v1/me", headers=headers)
+        assert r.status_code == 200 and r.http_version == "HTTP/2", (r.status_code, r.http_version)
+        me = r.json()["data"]
+
+    response = h3_get("127.0.0.1", quic_port, "/v1/me", cafile=str(certfile), headers=headers)
+    assert response["status"] == 200, response
+    assert json.loads(response["body"])["data"] == me
+    unauthenticated = h3_get("127.0.0.1", quic_port, "/v1/me", cafile=str(certfile))
+    assert unauthenticated["status"] == 401
+    assert json.loads(unauthenticated["body"])["error"] == "unauthenticated"
