@@ -20,7 +20,8 @@ from hub.api import (access, assistant, audit, billing, configurations, devices,
                      oauth, pats, rollouts, secret_files, sessions, tunnels, windows)
 from hub.auth import middleware
 from hub.ids import fast_uuid4
-from hub.errors import FleethubError, general_body, memtest_body, tunnel_body
+from hub.errors import FleethubError, Unavailable, general_body, memtest_body, tunnel_body
+from storage.db import DatabaseUnavailable
 from hub.services import Services
 
 log = logging.getLogger("fleethub.http")
@@ -86,6 +87,12 @@ def create_app(services: Services) -> QuartTrio:
         response.status_code = exc.status
         response.headers.update(exc.headers)
         return response
+
+    @app.errorhandler(DatabaseUnavailable)
+    async def _database_unavailable(exc: DatabaseUnavailable):
+        # PostgreSQL is down or restarting: say so at once (the pool reconnects by itself).
+        return await _fleethub_error(Unavailable("the database is not reachable; try again shortly",
+                                                 code="database_unavailable"))
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException):

@@ -8,6 +8,7 @@ supervisor — and takes it down in reverse on exit.
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 import logging
 import uuid
 import warnings
@@ -164,6 +165,8 @@ async def open_services(settings: Settings, clock: Clock | None = None, *,
                                     supervisor=supervisor, registry=Registry(supervisor))
                 services.extras["embedded_pg"] = pg
                 await db.listen(AUTH_CHANNEL, services.auth_cache.forget)
+                # After PostgreSQL restarts, invalidations sent meanwhile were missed: start cold.
+                await nursery.start(partial(db.keep_listening, services.auth_cache.clear))
                 if serving:
                     # This process holds no device links yet (one hub process per database).
                     await services.devices.mark_all_offline()

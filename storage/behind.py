@@ -14,6 +14,8 @@ from typing import Any
 
 import trio
 
+from storage.db import DatabaseUnavailable
+
 log = logging.getLogger("fleethub.storage")
 
 
@@ -35,6 +37,7 @@ class WriteBehind:
         self._wake = trio.Event()
         self.written = 0
         self.failures = 0
+        self.retries = 0  # flushes put back because the database was unreachable
 
     def put(self, key: Hashable, row: dict, *, merge: bool = True) -> None:
         old = self._pending.get(key)
@@ -58,15 +61,23 @@ class WriteBehind:
             except trio.Cancelled:
                 # Shutting down mid-write: put the batch back (under anything newer) so the final,
                 # shielded flush in run() writes it.
-                for key, row in taken.items():
-                    newer = self._pending.get(key)
-                    self._pending[key] = merge_newer(row, newer) if newer is not None else row
+                self._put_back(taken)
                 raise
+            except DatabaseUnavailable:
+                # PostgreSQL is down or restarting: keep the rows for the next flush.
+                self._put_back(taken)
+                self.retries += 1
+                return
             except Exception:
                 # Keep the hub running; the rows are lost and counted, and the log says why.
                 self.failures += 1
                 log.exception("write-behind of %d %s failed", len(batch), self.name)
                 return
+
+    def _put_back(self, taken: dict) -> None:
+        for key, row in taken.items():
+            newer = self._pending.get(key)
+            self._pending[key] = merge_newer(row, newer) if newer is not None else row
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

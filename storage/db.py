@@ -8,6 +8,11 @@ worker and aiortc's loop do not need to cooperate), and bench/bridge.py measures
 A crossing costs a few hundred microseconds, so the unit of work is a *repository call*: one
 ``run(fn, ...)`` executes all of its statements — and its transaction — on the asyncio side.
 Never cross per row.
+
+When PostgreSQL is down or restarting, a crossing fails fast with ``DatabaseUnavailable`` (the app
+answers 503) instead of waiting: connecting and taking a pooled connection have short timeouts. The
+pool reconnects by itself on the next call; ``keep_listening`` re-opens LISTEN connections that died
+and tells the caller, who must assume it missed notifications.
 """
 
 from __future__ import annotations
@@ -23,6 +28,21 @@ import asyncpg
 import trio
 
 T = TypeVar("T")
+
+CONNECT_TIMEOUT = 5.0  # seconds to open a connection to PostgreSQL
+ACQUIRE_TIMEOUT = 10.0  # seconds to wait for a pooled connection
+LISTEN_CHECK = 1.0  # seconds between checks of the LISTEN connections
+
+
+class DatabaseUnavailable(Exception):
+    """PostgreSQL could not be reached (down, restarting, refusing connections)."""
+
+
+# What "the database is not there" looks like from asyncpg: refused or reset sockets, timeouts,
+# a server shutting down or starting up, a connection that died under a statement.
+_UNREACHABLE = (OSError, asyncio.TimeoutError, asyncpg.exceptions.PostgresConnectionError,
+                asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.AdminShutdownError,
+                asyncpg.exceptions.CrashShutdownError)
 
 # Buckets (seconds) for the storage crossing histogram exported on /metrics.
 CROSSING_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
@@ -59,6 +79,8 @@ class Database:
         self._thread: threading.Thread | None = None
         self._pool: asyncpg.Pool | None = None
         self._listeners: list[asyncpg.Connection] = []
+        self._listen_specs: list[tuple[str, Any]] = []  # (channel, asyncpg callback) to re-listen
+        self.reconnects = 0  # LISTEN connections re-opened after PostgreSQL came back
 
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
@@ -78,7 +100,7 @@ class Database:
         async def create_pool() -> asyncpg.Pool:
             # Built on the asyncio side: asyncpg binds the pool to the loop current at construction.
             return await asyncpg.create_pool(
-                self.dsn, min_size=self.min_size, max_size=self.max_size,
+                self.dsn, min_size=self.min_size, max_size=self.max_size, timeout=CONNECT_TIMEOUT,
                 # Repository calls are short; a statement that hangs is a bug we want to hear about.
                 command_timeout=60)
 
@@ -94,12 +116,34 @@ class Database:
             except trio.RunFinishedError:
                 pass
 
-        async def setup() -> asyncpg.Connection:
-            conn = await asyncpg.connect(self.dsn)
-            await conn.add_listener(channel, on_notify)
-            return conn
+        self._listen_specs.append((channel, on_notify))
+        self._listeners.append(await self._cross(self._listen_connection([(channel, on_notify)])))
 
-        self._listeners.append(await self._cross(setup()))
+    async def _listen_connection(self, specs: list[tuple[str, Any]]) -> asyncpg.Connection:
+        conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
+        for channel, callback in specs:
+            await conn.add_listener(channel, callback)
+        return conn
+
+    def listening(self) -> bool:
+        return bool(self._listeners) and all(not c.is_closed() for c in self._listeners)
+
+    async def keep_listening(self, on_reconnect: Callable[[], None], *,
+                             task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Re-open LISTEN connections that died (PostgreSQL restarted) and call ``on_reconnect``:
+        notifications sent meanwhile are lost, so cached state they would have evicted must go."""
+        task_status.started()
+        while True:
+            await trio.sleep(LISTEN_CHECK)
+            for i, conn in enumerate(list(self._listeners)):
+                if not conn.is_closed():
+                    continue
+                try:
+                    self._listeners[i] = await self._cross(self._listen_connection([self._listen_specs[i]]))
+                except DatabaseUnavailable:
+                    continue  # still down; try again on the next check
+                self.reconnects += 1
+                on_reconnect()
 
     async def close(self) -> None:
         if self._loop is None:
@@ -138,14 +182,17 @@ class Database:
             future.cancel()
             raise
         self.stats.observe(time.perf_counter() - started)
-        return future.result()
+        try:
+            return future.result()
+        except _UNREACHABLE as exc:
+            raise DatabaseUnavailable(f"the database is not reachable ({type(exc).__name__})") from exc
 
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any, transaction: bool = False) -> T:
         """Run ``fn(conn, *args)`` on the asyncio side with one pooled connection: one crossing."""
         pool = self._pool
 
         async def body() -> T:
-            async with pool.acquire() as conn:
+            async with pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
                 if transaction:
                     async with conn.transaction():
                         return await fn(conn, *args)
