@@ -16,10 +16,10 @@ import trio
 from hub.settings import Settings
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
+def _logging(level: str, fmt: str) -> None:
+    from hub.logs import configure
+
+    configure(level, fmt)
 
 
 async def _until_signalled(main) -> None:
@@ -111,6 +111,8 @@ def cmd_admin(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleethub", description=__doc__)
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
+    parser.add_argument("--log-format", default=None, choices=["text", "json"],
+                        help="text (default) or json: one object per line with request id and organisation")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def hub_args(p: argparse.ArgumentParser, port: int | None = 8080) -> None:
@@ -176,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    _logging(args.log_level or Settings.from_env().log_level)
+    _logging(args.log_level or Settings.from_env().log_level,
+             args.log_format or os.environ.get("FLEETHUB_LOG_FORMAT", "text"))
     try:
         args.func(args)
     except KeyboardInterrupt:
