@@ -62,4 +62,11 @@ async def run_admin(settings: Settings, args: argparse.Namespace) -> dict:
             await s.db.execute("DELETE FROM users WHERE id = $1", user["id"])
             await s.invalidate(f"user:{user['id']}", f"subject:{user['id']}")
             return {"id": str(user["id"]), "email": user["email"], "deleted": True}
+        if args.admin_command == "rotate-secret-key":
+            from hub.services import AUTH_CHANNEL, SECRET_KEYS_TAG
+            from storage.crypto import rotate
+
+            count = await rotate(settings.data_dir, s.secrets.reencrypt_all)
+            await s.db.execute("SELECT pg_notify($1, $2)", AUTH_CHANNEL, SECRET_KEYS_TAG)
+            return {"rotated": True, "reencrypted": count}
         raise SystemExit(f"unknown admin command {args.admin_command}")

@@ -172,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--rate-limit", type=int, default=None, help="requests per hour (enterprise only)")
     a = asub.add_parser("delete-user", help="delete a user: their PATs and sessions stop working at once")
     a.add_argument("email")
+    asub.add_parser("rotate-secret-key", help="re-encrypt every secret file under a new key (hub may run)")
     p.set_defaults(func=cmd_admin)
     return parser
 

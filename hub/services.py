@@ -39,7 +39,6 @@ from storage.db import Database
 from storage.devices import Devices
 from storage.configs import Configurations
 from storage.crypto import SecretBox
-from storage.crypto import load_or_create_key as load_secret_key
 from storage.fleets import Fleets
 from storage.identity import Identity
 from storage.migrate import migrate
@@ -54,6 +53,7 @@ from hub.metering import Meter
 
 log = logging.getLogger("fleethub")
 AUTH_CHANNEL = "fleethub_auth"
+SECRET_KEYS_TAG = "secret-keys"  # sent on AUTH_CHANNEL after `fleethub admin rotate-secret-key`
 
 
 @dataclass
@@ -92,7 +92,7 @@ class Services:
         self.secrets = SecretFiles(self.db)
         self.rollouts = Rollouts(self.db, self.devices.cache)
         self.windows = UpdateWindows(self.db)
-        self.secret_box = SecretBox(load_secret_key(self.settings.data_dir))
+        self.secret_box = SecretBox.from_data_dir(self.settings.data_dir)
         self.auth_cache = AuthCache()
         self.rate_limiter = RateLimiter()
         self.token_signer = TokenSigner(load_or_create_key(self.settings.data_dir))
@@ -104,6 +104,12 @@ class Services:
         # pool's connections at once; the rest stay free for API requests.
         self.delivery_slots = trio.CapacityLimiter(max(1, self.settings.db_pool_max - 4))
         self.meter = Meter(self.usage)
+
+    def on_notify(self, tag: str) -> None:
+        if tag == SECRET_KEYS_TAG:
+            self.secret_box.reload()  # a rotation beside us: seal under the new key from now on
+        else:
+            self.auth_cache.forget(tag)
 
     async def invalidate(self, *tags: str) -> None:
         """Make an access change take effect now: forget cached lookups with these tags here, and
@@ -164,7 +170,7 @@ async def open_services(settings: Settings, clock: Clock | None = None, *,
                 services = Services(settings=settings, clock=clock, db=db, nursery=nursery,
                                     supervisor=supervisor, registry=Registry(supervisor))
                 services.extras["embedded_pg"] = pg
-                await db.listen(AUTH_CHANNEL, services.auth_cache.forget)
+                await db.listen(AUTH_CHANNEL, services.on_notify)
                 # After PostgreSQL restarts, invalidations sent meanwhile were missed: start cold.
                 await nursery.start(partial(db.keep_listening, services.auth_cache.clear))
                 if serving:

@@ -86,6 +86,20 @@ class SecretFiles:
     def __init__(self, db: Database) -> None:
         self.db = db
 
+    async def reencrypt_all(self, convert) -> int:
+        """Apply ``convert(ciphertext) -> ciphertext`` to every stored content in one transaction.
+        The table is locked against writes meanwhile, so no upload lands between read and write."""
+        async def body(conn: asyncpg.Connection) -> int:
+            await conn.execute("LOCK TABLE secret_files IN SHARE ROW EXCLUSIVE MODE")
+            rows = await conn.fetch("SELECT id, ciphertext FROM secret_files")
+            if rows:
+                await conn.execute(
+                    """UPDATE secret_files f SET ciphertext = u.c FROM unnest($1::uuid[], $2::bytea[]) AS u(id, c)
+                       WHERE f.id = u.id""", [r["id"] for r in rows], [convert(r["ciphertext"]) for r in rows])
+            return len(rows)
+
+        return await self.db.run(body, transaction=True)
+
     async def upsert(self, org_id: uuid.UUID, owner: Owner, now: dt.datetime, *, path: str, mode: int, uid: int,
                      gid: int, ciphertext: bytes, size: int, sha256: str) -> dict:
         async def body(conn: asyncpg.Connection) -> dict:
