@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import uuid
+from pathlib import Path
 
 import trio
 
@@ -62,6 +63,12 @@ async def run_admin(settings: Settings, args: argparse.Namespace) -> dict:
             await s.db.execute("DELETE FROM users WHERE id = $1", user["id"])
             await s.invalidate(f"user:{user['id']}", f"subject:{user['id']}")
             return {"id": str(user["id"]), "email": user["email"], "deleted": True}
+        if args.admin_command in ("backup", "restore"):
+            from hub import backup
+
+            if args.admin_command == "backup":
+                return await trio.to_thread.run_sync(backup.backup, s.db.dsn, Path(args.file))
+            return await trio.to_thread.run_sync(backup.restore, s.db.dsn, Path(args.file))
         if args.admin_command == "rotate-secret-key":
             from hub.services import AUTH_CHANNEL, SECRET_KEYS_TAG
             from storage.crypto import rotate

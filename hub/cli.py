@@ -173,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     a = asub.add_parser("delete-user", help="delete a user: their PATs and sessions stop working at once")
     a.add_argument("email")
     asub.add_parser("rotate-secret-key", help="re-encrypt every secret file under a new key (hub may run)")
+    a = asub.add_parser("backup", help="pg_dump the hub's database to FILE (hub may run; keys not included)")
+    a.add_argument("file")
+    a = asub.add_parser("restore", help="replace the database's contents with a backup (stop the hub first)")
+    a.add_argument("file")
     p.set_defaults(func=cmd_admin)
     return parser
 
