@@ -20,6 +20,7 @@ from hub.api import (access, assistant, audit, billing, configurations, devices,
                      oauth, pats, rollouts, secret_files, sessions, tunnels, windows)
 from hub.auth import middleware
 from hub.ids import fast_uuid4
+from hub.openapi import FleethubOpenAPI
 from hub.errors import FleethubError, Unavailable, general_body, memtest_body, tunnel_body
 from storage.db import DatabaseUnavailable
 from hub.services import Services
@@ -56,6 +57,7 @@ def create_app(services: Services) -> QuartTrio:
             "BearerAuth": HttpSecurityScheme(scheme="bearer", bearer_format="JWT"),
         },
         security=[{"ApiTokenAuth": [], "ApiSecretAuth": []}, {"BearerAuth": []}],
+        openapi_provider_class=FleethubOpenAPI,
     )
     for module in (health, pats, sessions, oauth, access, audit, devices, fleets, configurations, secret_files,
                    rollouts, link, windows, memtests, tunnels, billing, assistant):

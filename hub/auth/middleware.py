@@ -106,7 +106,9 @@ async def authenticate(services) -> None:
         _limit(services, ("addr", client_addr()), None, None)
         raise
     g.principal = principal
-    in_org = needs_org and org_problem is None and role is not None
+    # A call counts against its organisation's tier whenever it names one the caller belongs to,
+    # including calls that do not need one (/v1/me); only calls without one count per principal.
+    in_org = org_problem is None and role is not None
     _limit(services, ("org", org_id) if in_org else ("principal", principal.id),
            tier if in_org else None, custom if in_org else None)
     if principal.via == "session" and request.method in MUTATING:
