@@ -27,6 +27,7 @@ from device_client.clock import TestClock
 from device_client.protocol import subject
 from hub.errors import DeviceError, DeviceOffline, DeviceTimeout
 from hub.events import EventHub
+from hub.metering import Meter
 from hub.settings import Settings
 from storage.behind import WriteBehind
 
@@ -61,6 +62,19 @@ class FakeDevices:
                                         last_seen_at=row["last_seen_at"])
 
 
+class FakeUsage:
+    """Stands in for the metering tables: which (org, day, device) were marked active."""
+
+    def __init__(self) -> None:
+        self.active: list[tuple] = []
+
+    async def add_many(self, rows: list[dict]) -> None:
+        pass
+
+    async def mark_active_many(self, rows: list[dict]) -> None:
+        self.active += [(r["org_id"], r["day"], r["device_id"]) for r in rows]
+
+
 class LinkStub:
     def __init__(self, conn_id: str) -> None:
         self.conn_id = conn_id
@@ -86,8 +100,11 @@ async def hub(settings: Settings = SETTINGS, actor_class: type[DeviceActor] = De
     s = SimpleNamespace(settings=settings, clock=TestClock(), devices=devices,
                         presence=WriteBehind(devices.write_presence, interval=0.5, name="presence rows"),
                         events=EventHub(), bus=Bus(), links={})
+    s.usage = FakeUsage()
+    s.meter = Meter(s.usage, interval=1.0)
     async with trio.open_nursery() as nursery:
         await nursery.start(s.presence.run)
+        await nursery.start(s.meter.run)
         s.nursery = nursery
         s.supervisor = Supervisor(nursery, backoff_initial=1.0)
         s.registry = RecordingRegistry(s.supervisor)
@@ -461,3 +478,25 @@ async def test_online_actor_does_not_passivate(autojump_clock):
                 await trio.sleep_until(t)
                 actor.tell(Heartbeat("c1"))
             assert s.registry.forgotten == [] and s.registry.lookup(("device", DEV)) is actor
+
+
+# -- metering -------------------------------------------------------------------------------------
+async def test_a_connected_device_is_metered_active_once_per_utc_day(autojump_clock):
+    """Billing counts devices seen connected per UTC day: the link-up marks today, heartbeats on the
+    same day mark nothing more, the first heartbeat after midnight marks the new day."""
+    with trio.fail_after(13 * 3600):  # virtual time
+        settings = Settings(heartbeat_interval=3600.0)  # no heartbeat timeout within the test
+        async with hub(settings) as s:
+            actor = await s.actor()
+            connect(s, actor)
+            for _ in range(3):
+                await trio.sleep(60)
+                actor.tell(Heartbeat("c1"))
+            await trio.sleep(2)
+            day1 = EPOCH.date()
+            assert s.usage.active == [(ORG, day1, DEV)]
+            # EPOCH is 12:00 UTC: twelve hours later it is the next day
+            await trio.sleep(12 * 3600 - 180)
+            actor.tell(Heartbeat("c1"))
+            await trio.sleep(2)
+            assert s.usage.active == [(ORG, day1, DEV), (ORG, day1 + dt.timedelta(days=1), DEV)]
