@@ -495,8 +495,11 @@ async def test_a_connected_device_is_metered_active_once_per_utc_day(autojump_cl
             await trio.sleep(2)
             day1 = EPOCH.date()
             assert s.usage.active == [(ORG, day1, DEV)]
-            # EPOCH is 12:00 UTC: twelve hours later it is the next day
-            await trio.sleep(12 * 3600 - 180)
-            actor.tell(Heartbeat("c1"))
-            await trio.sleep(2)
+            # EPOCH is 12:00 UTC: hourly heartbeats; the twelfth falls after midnight
+            for hour in range(12):
+                await trio.sleep(3600)
+                actor.tell(Heartbeat("c1"))
+                await trio.sleep(2)
+                if hour < 11:
+                    assert len(s.usage.active) == 1
             assert s.usage.active == [(ORG, day1, DEV), (ORG, day1 + dt.timedelta(days=1), DEV)]
