@@ -69,9 +69,11 @@ class TokenSigner:
 
     def verify(self, token: str, now: dt.datetime, *, audience: str = AUDIENCE) -> TokenClaims:
         try:
-            # Expiry is checked against our Clock, not the OS clock, so tests can move time.
+            # Time claims are checked against our Clock, not the OS clock, so tests can move time
+            # (pyjwt would compare iat and nbf with the OS clock).
             claims = jwt.decode(token, self.public_key, algorithms=["EdDSA"], audience=audience, issuer=ISSUER,
-                                options={"verify_exp": False, "require": ["exp", "sub", "org", "aud"]})
+                                options={"verify_exp": False, "verify_iat": False, "verify_nbf": False,
+                                         "require": ["exp", "sub", "org", "aud"]})
             expires_at = dt.datetime.fromtimestamp(int(claims["exp"]), dt.timezone.utc)
             if expires_at <= now:
                 raise InvalidToken("the access token expired")
