@@ -20,10 +20,13 @@ import trio
 from actors.bus import NoResponders, RequestTimeout
 from actors.delivery import Delivery
 from actors.machines import connection as cm
+from actors.memtest import MESSAGES as MEMTEST_MESSAGES
+from actors.memtest import MemTests
 from actors.runtime import Actor, ActorCrashed
 from device_client.clock import rfc3339
 from device_client.protocol import subject
 from hub.errors import Conflict, DeviceError, DeviceOffline, DeviceTimeout
+from hub.billing import devices as billing_devices
 
 if TYPE_CHECKING:
     from hub.services import Services
@@ -61,6 +64,7 @@ class Hello:
     """Tell: what a (re)connected device holds: secret-file digests and the applied configuration."""
     digests: dict[str, str]
     config_version_applied: str | None
+    memtest: dict[str, Any] | None = None  # lastMemoryTest and retiredPages (actors/memtest.py)
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ class DeviceActor(Actor):
         self._pending: dict[str, Any] = {}  # command id -> Reply of the asker
         self._last_activity = 0.0
         self.delivery = Delivery(self)
+        self.memtests = MemTests(self)
         self.facts: dict[str, Any] | None = None  # the last hello's facts
         self._active_day: Any = None  # the UTC day this device was last metered as active
 
@@ -109,6 +114,7 @@ class DeviceActor(Actor):
         for reply in self._pending.values():
             reply.fail(ActorCrashed(f"actor {self.key} restarted while a command was in flight"))
         self._pending.clear()
+        self.memtests.restart()
         s = self.services
         row = await s.devices.get_any(self.device_id)
         if row is None:
@@ -160,6 +166,11 @@ class DeviceActor(Actor):
             if reply is not None:
                 reply.fail(msg.error) if msg.error else reply.set(msg.payload or {})
             return None
+        if isinstance(msg, MEMTEST_MESSAGES):
+            return await self.memtests.receive(msg)
+        if isinstance(msg, DeviceEvent) and msg.kind.startswith("memtest."):
+            self.memtests.on_event(msg.kind, msg.payload)  # published as an operation of kind memory_test
+            return None
         if isinstance(msg, DeviceEvent):
             self._publish(f"device.{msg.kind}", msg.payload)
             if msg.kind == "files.result":
@@ -167,9 +178,12 @@ class DeviceActor(Actor):
                           self.services.clock.now())
             elif msg.kind == "config.result":
                 self._job(self.delivery.record_config_result, msg.payload)
+            elif msg.kind in billing_devices.EVENT_KINDS:
+                self._job(billing_devices.on_event, self.services, self.org_id, self.device_id, msg.kind, msg.payload)
             return None
         if isinstance(msg, Hello):
             self._job(self.delivery.after_hello, msg.digests, msg.config_version_applied)
+            self.memtests.on_hello(msg.memtest)
             return None
         if isinstance(msg, SyncFiles):
             if self.machine.online:
@@ -185,6 +199,10 @@ class DeviceActor(Actor):
             return None
         if isinstance(msg, cm.LinkUp):
             self.facts = msg.facts  # served live until the presence row is written behind
+            self._job(billing_devices.on_link, self.services, self.org_id, self.device_id, msg.facts or {})
+            self.memtests.on_link_up(msg.facts)
+        if isinstance(msg, cm.LinkDown) and msg.conn_id == self.machine.conn_id:
+            self.memtests.on_link_down()
         if isinstance(msg, (cm.LinkUp, cm.Heartbeat)):
             self._meter_active()
         self._feed(msg)  # LinkUp, LinkDown, Heartbeat: the machine's own events

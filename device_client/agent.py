@@ -35,7 +35,12 @@ from .clock import Clock, rfc3339
 from .commands import CommandError, CommandTable, Handler, Hook, Hooks, current_command
 from .configs import ConfigManager
 from .files import SecretFileStore
+from .memtest import MemtestConfig
+from .memtest import attach as attach_memtest
+from .registry_proxy import RegistryProxy
+from .telemetry import Telemetry
 from .state import DeviceStore
+from .tunnel import attach as attach_tunnel
 from .workload import Workload
 
 log = logging.getLogger("fleethub.agent")
@@ -128,7 +133,8 @@ class Agent:
                  backoff_initial: float = 0.5, backoff_max: float = 30.0,
                  connect_limiter: trio.CapacityLimiter | None = None, connect_timeout: float = 10.0,
                  handshake_timeout: float = 10.0, ssl_context: Any = None,
-                 rng: random.Random | None = None, ignore_owner: bool | None = None) -> None:
+                 rng: random.Random | None = None, ignore_owner: bool | None = None,
+                 tunnel: Any = None, memtest: MemtestConfig | None = None) -> None:
         if reboot_mode not in ("restart", "exec"):
             raise ValueError(f"reboot_mode must be 'restart' or 'exec', got {reboot_mode!r}")
         self.hub_url = hub_url
@@ -145,6 +151,8 @@ class Agent:
                 offlineReason="memory tests are not installed on this agent yet"),
             reboot=True)
         self.device_id: str | None = None
+        self.hub_keys: dict[str, str] = {}  # welcome.hubKeys: kid -> public key that signs tunnel grants
+        self.nursery: trio.Nursery | None = None  # lives as long as run(): for work that outlives a link
         self.connected = False
         self.boot_count = 0
         self.boot_reason: str | None = None
@@ -177,7 +185,12 @@ class Agent:
         self.workload = Workload(self.data_dir, self.root)
         self.configs = ConfigManager(self.data_dir, self.files, self.workload, device_id=lambda: self.device_id)
         self.files.attach(self)
+        # before the configuration: a test boot holds the workload before its boot hook starts it
+        self.memtest = attach_memtest(self, memtest)  # memtest: a MemtestConfig (None: simulated defaults)
         self.configs.attach(self)  # and the workload: its health events, its stop at shutdown
+        self.tunnel = attach_tunnel(self, tunnel)  # tunnel: a tunnel.TunnelConfig (None: no targets)
+        self.telemetry = Telemetry(self.data_dir).attach(self)  # billing: telemetry.set, telemetry events
+        self.registry_proxy = RegistryProxy(self.data_dir).attach(self)  # billing: registry.bytes reports
 
     # ---- the API other device modules use ----
 
@@ -244,7 +257,7 @@ class Agent:
         """Run forever; ``task_status.started(self)`` after the first welcome."""
         try:
             async with trio.open_nursery() as nursery:
-                self.workload.nursery = nursery  # supervises the workload's processes
+                self.workload.nursery = self.nursery = nursery  # supervises the workload's processes
                 await self._boot()
                 self._on_first_welcome = functools.partial(task_status.started, self)
                 while True:
@@ -262,7 +275,7 @@ class Agent:
                         await trio.sleep(delay)
                     self._scope = None
         finally:
-            self.workload.nursery = None
+            self.workload.nursery = self.nursery = None
             with trio.CancelScope(shield=True):
                 await self.hooks.run(self.hooks.shutdown, self._who())
 
@@ -316,6 +329,7 @@ class Agent:
         if not isinstance(welcome, protocol.Welcome):
             raise _LinkLost(f"expected a welcome, the hub sent {welcome.type!r}")
         self.device_id = welcome.deviceId
+        self.hub_keys = dict(welcome.hubKeys)
         self._ws = ws
         self.connected = True
         self._link_welcomed = True

@@ -73,7 +73,22 @@ target_not_configured, ssh_disabled, device_unsupported, invalid_grant, and reje
 refusal, with the reason as message). Data channels: ``control`` (JSON: {type: "renew", grant} →
 {type: "renewed", expiresAt} or {type: "error", reason}; {type: "closing", reason}) and one channel
 per forwarded TCP connection labelled ``tcp``. Event ``tunnel.usage`` {sessionId, bytesIn, bytesOut,
-relayedBytes, durationSeconds, final (bool), reason?} while open (every 30 s) and when it closes.
+relayedBytes, durationSeconds, final (bool), reason?} while open (every 30 s) and when it closes:
+totals since the session opened (bytesIn + bytesOut count every byte; relayedBytes is the part that
+went through a TURN relay). Hello ``tunnelTargets`` {names: [str], ports: [int], ssh: bool}: the
+hub refuses a target that is neither a name nor a port listed there (404 target_not_configured)
+before it asks the device; a target given as a port is its decimal string, e.g. "8080". ``ssh`` is
+always passed on to a device that sends tunnelTargets: the device answers or refuses ssh_disabled.
+
+Billing (device_client/telemetry.py, device_client/registry_proxy.py; hub/billing/devices.py):
+
+    telemetry.set   {enabled: bool}                     → {enabled}
+
+The hub sends telemetry.set at link time when the hello's ``telemetry`` field differs from the
+organisation's entitlement, and whenever a billing admin switches it; the agent persists it. While
+enabled the agent sends event ``telemetry`` {uptime, loadAverage, memory..., sentAt} periodically.
+Event ``registry.bytes`` {fleetBytes (int), day (YYYY-MM-DD, UTC)}: bytes the device's registry proxy
+carried on that day since the last report (sent about once a minute while there is traffic).
 """
 
 from __future__ import annotations
@@ -104,6 +119,12 @@ class Capabilities(_Frame):
     reboot: bool = True
 
 
+class TunnelTargets(_Frame):
+    names: list[str] = Field(default_factory=list)  # configured target names, e.g. "ssh", "web"
+    ports: list[int] = Field(default_factory=list)  # TCP ports on the device allowed as a target "<port>"
+    ssh: bool = False  # whether the ssh target is enabled (the device refuses it with ssh_disabled if not)
+
+
 class Hello(_Frame):
     type: Literal["hello"] = "hello"
     protocol: int = PROTOCOL_VERSION
@@ -114,6 +135,7 @@ class Hello(_Frame):
     bootReason: str = "power_on"
     deviceClock: str | None = None  # the device's own idea of now, RFC 3339
     tunnelPublicKey: str | None = None  # base64 Ed25519 public key: the device's tunnel identity
+    tunnelTargets: TunnelTargets | None = None  # what the agent forwards to (hub checks targets before asking)
     configVersionApplied: str | None = None
     secretFileDigests: dict[str, str] = Field(default_factory=dict)  # path -> sha256 hex
     retiredPages: list[int] = Field(default_factory=list)
@@ -122,6 +144,7 @@ class Hello(_Frame):
     maintenance: bool = False  # up in maintenance (a test boot) with the workload held
     workloadHeld: bool = False  # the workload is held (a memory test): rollouts defer this device
     pendingActions: list[str] = Field(default_factory=list)  # health_check, battery_discharging, mission_critical
+    telemetry: bool | None = None  # telemetry events on (the hub's last telemetry.set); None: no telemetry module
 
 
 class Welcome(_Frame):

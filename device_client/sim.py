@@ -24,6 +24,7 @@ import trio
 
 from .agent import Agent
 from .clock import Clock
+from .memtest import sim_config
 from .state import write_json_atomic
 
 log = logging.getLogger("fleethub.agent.sim")
@@ -101,6 +102,8 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
                   clock: Clock | None = None, connect_concurrency: int = 200,
                   ready_timeout: float = 120.0, agent_options: dict[str, Any] | None = None,
                   http_transport: httpx.AsyncBaseTransport | None = None,
+                  registry_bytes_per_minute: int = 0, memory_faults: list[str] | None = None,
+                  memory_budget: int | None = None,
                   task_status: trio.TaskStatus[list[Agent]] = trio.TASK_STATUS_IGNORED) -> None:
     """Run ``n`` agents until cancelled.
 
@@ -141,8 +144,12 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
     # Simulated devices share one user account: file owners other than ours cannot be set, so they
     # are recorded as intended (a real device agent runs as root and sets them).
     options = {"ignore_owner": True, **(agent_options or {})}
+    # memory tests: the i-th --memory-fault to the i-th device, each capped at its memory budget
     agents = [Agent(hub_url, d["token"], data_dir / "devices" / d["id"], clock=clock,
-                    connect_limiter=limiter, **options) for d in chosen]
+                    connect_limiter=limiter, **{"memtest": sim_config(i, memory_faults, memory_budget), **options})
+              for i, d in enumerate(chosen)]
+    for agent in agents:  # simulated registry-proxy traffic, reported as registry.bytes (billing)
+        agent.registry_proxy.bytes_per_minute = registry_bytes_per_minute
     async with trio.open_nursery() as nursery:
         for agent in agents:
             nursery.start_soon(agent.run)

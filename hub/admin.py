@@ -11,6 +11,9 @@ import trio
 
 from device_client.clock import Clock
 from hub.auth.passwords import hash_password
+from hub.billing import admin as billing_admin
+from hub.tunnels import admin as tunnel_admin
+from hub.assistant import admin as assistant_admin
 from hub.auth.pat import digest, new_pat
 from hub.services import open_services
 from hub.settings import Settings
@@ -76,4 +79,10 @@ async def run_admin(settings: Settings, args: argparse.Namespace) -> dict:
             count = await rotate(settings.data_dir, s.secrets.reencrypt_all)
             await s.db.execute("SELECT pg_notify($1, $2)", AUTH_CHANNEL, SECRET_KEYS_TAG)
             return {"rotated": True, "reencrypted": count}
+        if args.admin_command in billing_admin.COMMANDS:
+            return await billing_admin.run(s, args, now)
+        if args.admin_command in tunnel_admin.COMMANDS:
+            return await tunnel_admin.run(s, args, now)
+        if args.admin_command in assistant_admin.COMMANDS:
+            return await assistant_admin.run(s, args, now)
         raise SystemExit(f"unknown admin command {args.admin_command}")

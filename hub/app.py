@@ -16,8 +16,8 @@ from quart_schema.openapi import APIKeySecurityScheme, HttpSecurityScheme, Info
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from hub.api import (access, assistant, audit, billing, configurations, devices, fleets, health, link, memtests,
-                     oauth, pats, rollouts, secret_files, sessions, tunnels, windows)
+from hub.api import (access, assistant, audit, billing, configurations, devices, diagnosis, fleets, health, link,
+                     memtests, oauth, pats, rollouts, secret_files, sessions, tunnels, windows)
 from hub.auth import middleware
 from hub.ids import fast_uuid4
 from hub.openapi import FleethubOpenAPI
@@ -41,6 +41,13 @@ def _body_for(exc: FleethubError) -> dict:
     return general_body(exc)
 
 
+def _body_consumed() -> bool:
+    if not (request.content_length or request.headers.get("Transfer-Encoding")):
+        return True  # no body was sent
+    complete = getattr(getattr(request, "body", None), "_complete", None)
+    return complete.is_set() if complete is not None and hasattr(complete, "is_set") else False
+
+
 def create_app(services: Services) -> QuartTrio:
     app = QuartTrio("fleethub")
     app.config["SERVICES"] = services
@@ -55,12 +62,14 @@ def create_app(services: Services) -> QuartTrio:
             "ApiTokenAuth": APIKeySecurityScheme(in_="header", name="X-API-Token-ID"),
             "ApiSecretAuth": APIKeySecurityScheme(in_="header", name="X-API-Secret-Key"),
             "BearerAuth": HttpSecurityScheme(scheme="bearer", bearer_format="JWT"),
+            # A 15-minute JWT with scope tunnel from POST /v1/cli/tunnel/token (hub/tunnels/tokens.py).
+            "TunnelToken": HttpSecurityScheme(scheme="bearer", bearer_format="JWT"),
         },
         security=[{"ApiTokenAuth": [], "ApiSecretAuth": []}, {"BearerAuth": []}],
         openapi_provider_class=FleethubOpenAPI,
     )
     for module in (health, pats, sessions, oauth, access, audit, devices, fleets, configurations, secret_files,
-                   rollouts, link, windows, memtests, tunnels, billing, assistant):
+                   rollouts, link, windows, memtests, diagnosis, tunnels, billing, assistant):
         app.register_blueprint(module.bp)
     app.register_blueprint(configurations.device_bp)
 
@@ -77,6 +86,11 @@ def create_app(services: Services) -> QuartTrio:
         decision = getattr(g, "ratelimit", None)
         if decision is not None:
             response.headers.update(decision.headers())
+        if not _body_consumed():
+            # Answered without reading the whole body (an auth error, a 405, a refusal): the
+            # server stops reading a request whose body nobody consumes, so the connection cannot
+            # carry another request — close it rather than leave the client's next request hanging.
+            response.headers["Connection"] = "close"
         services.metrics.observe_request(request.method, response.status_code)
         middleware.audit(services, response.status_code)
         return response

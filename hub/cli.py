@@ -67,7 +67,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
     settings = _settings(args)
 
     async def on_ready(services, base_url, nursery):
-        info = await run_demo(services, base_url, nursery, data_dir=settings.data_dir, devices=args.devices)
+        info = await run_demo(services, base_url, nursery, data_dir=settings.data_dir, devices=args.devices,
+                              memory_faults=args.memory_fault, memory_budget=args.memory_budget)
         print(f"\nfleethub demo is up at {base_url} with {len(info['devices'])} simulated devices.\n"
               f"  organisation  {info['org_id']}\n  fleet         {info['fleet_id']}\n"
               f"  PAT id        {info['pat']['id']}\n  PAT secret    {info['pat']['secret']}\n"
@@ -85,7 +86,10 @@ def cmd_sim(args: argparse.Namespace) -> None:
         async with trio.open_nursery() as nursery:
             agents = await nursery.start(partial(
                 run_sim, args.hub, args.devices, Path(args.data_dir), pat_id=args.pat_id,
-                pat_secret=args.pat_secret, org_id=args.org, fleet_id=args.fleet))
+                pat_secret=args.pat_secret, org_id=args.org, fleet_id=args.fleet,
+                registry_bytes_per_minute=args.registry_bytes_per_minute,
+                memory_faults=args.memory_fault, memory_budget=args.memory_budget,
+                agent_options={"tunnel": _tunnel_config(args)}))
             print(f"{len(agents)} simulated devices connected to {args.hub}", flush=True)
 
     _run(main)
@@ -98,8 +102,20 @@ def cmd_agent(args: argparse.Namespace) -> None:
         or os.environ.get("FLEETHUB_DEVICE_TOKEN")
     if not token:
         raise SystemExit("fleethub agent needs --token, --token-file or FLEETHUB_DEVICE_TOKEN")
-    agent = Agent(args.hub, token, Path(args.data_dir), reboot_mode="exec")
+    from device_client.memtest import agent_config
+
+    agent = Agent(args.hub, token, Path(args.data_dir), reboot_mode="exec", tunnel=_tunnel_config(args),
+                  memtest=agent_config(args.memory_fault, args.memory_budget))
     _run(agent.run)
+
+
+def _tunnel_config(args: argparse.Namespace):
+    from device_client.tunnel import TunnelConfig
+
+    try:
+        return TunnelConfig.from_flags(args.tunnel_target, args.tunnel_allow_port, args.ssh)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def cmd_admin(args: argparse.Namespace) -> None:
@@ -114,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-format", default=None, choices=["text", "json"],
                         help="text (default) or json: one object per line with request id and organisation")
     sub = parser.add_subparsers(dest="command", required=True)
+    from device_client.memtest import add_cli_flags as memtest_flags
+    from device_client.tunnel import add_arguments as tunnel_flags
+    from webrtc.cli_tunnel import add_arguments as tunnel_command
 
     def hub_args(p: argparse.ArgumentParser, port: int | None = 8080) -> None:
         p.add_argument("--data-dir", default=None, help="where data lives (default $FLEETHUB_DATA_DIR or .fleethub)")
@@ -130,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the hub with a demo organisation and simulated devices")
     hub_args(p)
     p.add_argument("--devices", type=int, default=3, help="simulated devices (default 3)")
+    memtest_flags(p, sim=True)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("sim", help="run N simulated device agents in one process")
@@ -140,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pat-secret")
     p.add_argument("--org", help="organisation id (to provision devices)")
     p.add_argument("--fleet", help="fleet id for provisioned devices")
+    p.add_argument("--registry-bytes-per-minute", type=int, default=0,
+                   help="registry-proxy bytes each device carries per minute (reported for billing)")
+    tunnel_flags(p)
+    memtest_flags(p, sim=True)
     p.set_defaults(func=cmd_sim)
 
     p = sub.add_parser("agent", help="run the device agent")
@@ -148,7 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--token-file or FLEETHUB_DEVICE_TOKEN on a shared machine)")
     p.add_argument("--token-file", help="a file holding the device token")
     p.add_argument("--data-dir", required=True)
+    tunnel_flags(p)
+    memtest_flags(p, sim=False)
     p.set_defaults(func=cmd_agent)
+
+    p = sub.add_parser("tunnel", help="forward local TCP connections to a device target over WebRTC")
+    tunnel_command(p)
 
     p = sub.add_parser("admin", help="create organisations, users and PATs directly in storage")
     hub_args(p)
@@ -177,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("file")
     a = asub.add_parser("restore", help="replace the database's contents with a backup (stop the hub first)")
     a.add_argument("file")
+    from hub.billing.admin import add_parsers as add_billing_parsers
+    add_billing_parsers(asub)
+    from hub.tunnels.admin import add_parsers as add_tunnel_parsers
+    add_tunnel_parsers(asub)
+    from hub.assistant.admin import add_parsers as add_assistant_parsers
+    add_assistant_parsers(asub)
     p.set_defaults(func=cmd_admin)
     return parser
 

@@ -72,11 +72,13 @@ def curl_examples(info: dict) -> str:
 
 
 async def run_demo(services: Services, base_url: str, nursery: trio.Nursery, *, data_dir: Path,
-                   devices: int) -> dict:
+                   devices: int, memory_faults: list[str] | None = None,
+                   memory_budget: int | None = None) -> dict:
     info = await bootstrap(services, data_dir)
     agents = await nursery.start(partial(
         run_sim, base_url, devices, data_dir, pat_id=info["pat"]["id"], pat_secret=info["pat"]["secret"],
-        org_id=info["org_id"], fleet_id=info["fleet_id"]))
+        org_id=info["org_id"], fleet_id=info["fleet_id"], memory_faults=memory_faults,
+        memory_budget=memory_budget))
     info = {"base_url": base_url, **info, "devices": [a.device_id for a in agents]}
     _write_private(data_dir / "demo.json", info)
     return info

@@ -43,6 +43,11 @@ class FleethubOpenAPI(OpenAPIProvider):
         schemas.setdefault("Error", _GENERAL)
         schemas.setdefault("MemoryTestError", _MEMTEST)
         schemas.setdefault("TunnelError", _TUNNEL)
+        metrics = schema.get("paths", {}).get("/metrics", {}).get("get")
+        if metrics is not None:
+            metrics.setdefault("responses", {})[200] = {
+                "description": "Prometheus text exposition format",
+                "content": {"text/plain": {"schema": {"type": "string"}}}}
         for path, operations in schema.get("paths", {}).items():
             for method, op in operations.items():
                 if not isinstance(op, dict) or "responses" not in op:

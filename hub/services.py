@@ -41,6 +41,7 @@ from storage.configs import Configurations
 from storage.crypto import SecretBox
 from storage.fleets import Fleets
 from storage.identity import Identity
+from storage.memtests import MemoryTests
 from storage.migrate import migrate
 from storage.orgs import Orgs
 from storage.rollouts import Rollouts
@@ -49,7 +50,9 @@ from storage.windows import UpdateWindows
 from storage.secrets import SecretFiles
 from storage.tokens import Tokens
 from storage.usage import Usage
+from storage.billing import Billing
 from hub.metering import Meter
+from hub.tunnels.sessions import TunnelService
 
 log = logging.getLogger("fleethub")
 AUTH_CHANNEL = "fleethub_auth"
@@ -92,6 +95,7 @@ class Services:
         self.secrets = SecretFiles(self.db)
         self.rollouts = Rollouts(self.db, self.devices.cache)
         self.windows = UpdateWindows(self.db)
+        self.memtests = MemoryTests(self.db, self.devices.cache)
         self.secret_box = SecretBox.from_data_dir(self.settings.data_dir)
         self.auth_cache = AuthCache()
         self.rate_limiter = RateLimiter()
@@ -100,10 +104,12 @@ class Services:
         self.presence = WriteBehind(self.devices.write_presence, interval=0.5, name="presence rows")
         self.audit_log = WriteBehind(self.audit.write_many, interval=1.0, name="audit events")
         self.usage = Usage(self.db)
+        self.billing = Billing(self.db)
         # Storage work of delivery jobs (actors/delivery.py) never takes more than this many of the
         # pool's connections at once; the rest stay free for API requests.
         self.delivery_slots = trio.CapacityLimiter(max(1, self.settings.db_pool_max - 4))
         self.meter = Meter(self.usage)
+        self.tunnels = TunnelService(self)
 
     def on_notify(self, tag: str) -> None:
         if tag == SECRET_KEYS_TAG:
@@ -185,6 +191,8 @@ async def open_services(settings: Settings, clock: Clock | None = None, *,
                     # Rollouts interrupted by a stop continue where they were.
                     for rollout_id in await services.rollouts.active_ids():
                         await services.rollout_actor(rollout_id)
+                    # Open tunnel sessions: their actors expire them on time (or now, if overdue).
+                    await services.tunnels.resume()
                 try:
                     yield services
                 finally:

@@ -12,6 +12,11 @@ def _float(name: str, default: float) -> float:
     return float(raw) if raw else default
 
 
+def _urls(name: str) -> tuple[str, ...]:
+    """A comma-separated list of URLs (turn:host:port?transport=udp, stun:host:port)."""
+    return tuple(u.strip() for u in os.environ.get(name, "").split(",") if u.strip())
+
+
 @dataclass(frozen=True)
 class Settings:
     data_dir: Path = Path(".fleethub")
@@ -31,6 +36,25 @@ class Settings:
     certfile: Path | None = None
     keyfile: Path | None = None
     quic_port: int | None = None
+    # The assistant (docs/assistant.md): off answers 503; on with no upstream uses the built-in
+    # responder. Prices are USD per million tokens, for the staff cost view only.
+    assistant_enabled: bool = True
+    assistant_upstream: str | None = None
+    assistant_key: str | None = field(default=None, repr=False)
+    assistant_model: str | None = None
+    assistant_timeout: float = 60.0
+    assistant_monthly_tokens: int = 2_000_000
+    assistant_daily_user_tokens: int = 200_000
+    assistant_price_prompt: float = 0.0
+    assistant_price_completion: float = 0.0
+    # Tunnels (hub/tunnels/): off answers 503 on /v1/cli/tunnel/*. A grant is good for
+    # tunnel_grant_seconds; the CLI renews before then. TURN credentials are handed out only when
+    # both turn_urls and turn_secret are set (coturn --use-auth-secret --static-auth-secret=...).
+    tunnels_enabled: bool = True
+    tunnel_grant_seconds: float = 600.0
+    stun_urls: tuple[str, ...] = ()
+    turn_urls: tuple[str, ...] = ()
+    turn_secret: str | None = field(default=None, repr=False)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -56,6 +80,22 @@ class Settings:
             certfile=Path(os.environ["FLEETHUB_CERTFILE"]) if os.environ.get("FLEETHUB_CERTFILE") else None,
             keyfile=Path(os.environ["FLEETHUB_KEYFILE"]) if os.environ.get("FLEETHUB_KEYFILE") else None,
             quic_port=int(os.environ["FLEETHUB_QUIC_PORT"]) if os.environ.get("FLEETHUB_QUIC_PORT") else None,
+            assistant_enabled=os.environ.get("FLEETHUB_ASSISTANT", "on").lower() not in ("off", "0", "false", "no"),
+            assistant_upstream=os.environ.get("FLEETHUB_ASSISTANT_UPSTREAM") or None,
+            assistant_key=os.environ.get("FLEETHUB_ASSISTANT_KEY") or None,
+            assistant_model=os.environ.get("FLEETHUB_ASSISTANT_MODEL") or None,
+            assistant_timeout=_float("FLEETHUB_ASSISTANT_TIMEOUT", 60.0),
+            assistant_monthly_tokens=int(os.environ.get("FLEETHUB_ASSISTANT_MONTHLY_TOKENS", "2000000")),
+            assistant_daily_user_tokens=int(os.environ.get("FLEETHUB_ASSISTANT_DAILY_USER_TOKENS", "200000")),
+            assistant_price_prompt=_float("FLEETHUB_ASSISTANT_PRICE_PROMPT", 0.0),
+            assistant_price_completion=_float("FLEETHUB_ASSISTANT_PRICE_COMPLETION", 0.0),
+        )
+        values.update(
+            tunnels_enabled=os.environ.get("FLEETHUB_TUNNELS", "on").lower() not in ("off", "0", "false", "no"),
+            tunnel_grant_seconds=_float("FLEETHUB_TUNNEL_GRANT_SECONDS", 600.0),
+            stun_urls=_urls("FLEETHUB_STUN_URLS"),
+            turn_urls=_urls("FLEETHUB_TURN_URLS") or _urls("FLEETHUB_TURN_URL"),
+            turn_secret=os.environ.get("FLEETHUB_TURN_SECRET") or None,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

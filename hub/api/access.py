@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from quart import Blueprint
 
 from hub.api.common import errors, jsonable, org, parse_uuid, principal, services
-from hub.api.validation import body, responds
+from hub.api.validation import body, enveloped, responds
 from hub.auth.authz import OBJECT_TYPES, RELATIONS, require_admin
 from hub.auth.middleware import no_org
 from hub.auth.pat import digest
@@ -66,7 +66,16 @@ class MemberAdd(BaseModel):
     role: Literal["admin", "member"] = "member"
 
 
+class MemberOut(BaseModel):
+    id: str
+    email: str
+    name: str
+    role: str
+    created_at: str
+
+
 @bp.get("/members")
+@responds(enveloped(MemberOut, many=True))
 @errors(401, 403)
 async def list_members():
     await require_admin()
@@ -136,7 +145,17 @@ async def _check_tuple(t: RelationTuple) -> uuid.UUID:
     return object_id
 
 
+class RelationOut(BaseModel):
+    object_type: str
+    object_id: str | None
+    relation: str
+    subject_type: str
+    subject_id: str
+    created_at: str
+
+
 @bp.get("/relations")
+@responds(enveloped(RelationOut, many=True))
 @errors(401, 403)
 async def list_relations():
     await require_admin()
@@ -211,6 +230,7 @@ def _sa_json(row: dict) -> dict:
 
 
 @bp.get("/service-accounts")
+@responds(enveloped(ServiceAccountOut, many=True))
 @errors(401, 403)
 async def list_service_accounts():
     await require_admin()
@@ -220,7 +240,7 @@ async def list_service_accounts():
 
 @bp.post("/service-accounts")
 @body(ServiceAccountCreate)
-@responds(ServiceAccountCreated, 201)
+@responds(enveloped(ServiceAccountCreated), 201)
 @errors(400, 401, 403, 409)
 async def create_service_account(data: ServiceAccountCreate):
     await require_admin()

@@ -1,7 +1,205 @@
-"""(being built) the assistant endpoints."""
+"""The assistant: POST /v1/assistant/chat/completions, GET /v1/assistant/usage, and the published
+system prompt, tools and caps at GET /v1/assistant/system-prompt (docs/assistant.md).
+
+Only signed-in dashboard sessions may chat or read usage (403 for PATs, service accounts and tunnel
+tokens); the cookie's CSRF rule applies as on every mutating call. Everything that can refuse a
+request — shape, caps, budget, fair use, an upstream that fails before its first chunk — is decided
+before the 200 and the event stream start.
+"""
 
 from __future__ import annotations
 
-from quart import Blueprint
+import datetime as dt
+from decimal import Decimal
 
-bp = Blueprint("assistant", __name__)
+import trio
+from pydantic import BaseModel, Field
+from quart import Blueprint, make_response, request
+from quart_schema import document_request
+
+from hub.api.common import errors, org, principal, services
+from hub.api.validation import responds
+from hub.assistant import budget as budgets
+from hub.assistant import builtin, chat, schema, stream
+from hub.assistant.tools import TOOL_DEFINITIONS, Caller
+from hub.assistant.upstream import Upstream, UpstreamFailed
+from hub.auth.middleware import no_org, public, session_only
+from hub.errors import ClientError, Forbidden, RateLimited, ServerError, Unavailable
+from storage.assistant import AssistantStore
+
+bp = Blueprint("assistant", __name__, url_prefix="/v1/assistant")
+
+_PRODUCT_CLASS = {"assistant_prompt_tokens": "prompt", "assistant_completion_tokens": "completion",
+                  "assistant_tool_tokens": "tool"}
+
+
+class PublishedPrompt(BaseModel):
+    system_prompt: str = Field(description="must be the first message of every chat request, unchanged")
+    tools: list[dict] = Field(description="the allow-listed tools (OpenAI function definitions)")
+    limits: dict = Field(description="size caps: body bytes, messages, characters, tools, completion tokens")
+
+
+class PublishedEnvelope(BaseModel):
+    data: PublishedPrompt
+
+
+class UsageOut(BaseModel):
+    decision: str = Field(description="allowed, soft_limit_reached or blocked")
+    period: dict
+    monthly_tokens: int
+    soft_limit_tokens: int
+    used_tokens: int
+    tokens: dict = Field(description="period-to-date tokens by class: prompt, completion, tool")
+    fair_use: dict = Field(description="daily_tokens, used_tokens, percent_used, resets_at")
+    responder: str = Field(description="upstream (a configured model) or builtin")
+    upstream_cost: dict | None = Field(None, description="staff only: cost per day from configured prices")
+
+
+class UsageEnvelope(BaseModel):
+    data: UsageOut
+
+
+def _store(s) -> AssistantStore:
+    store = s.extras.get("assistant_store")
+    if store is None:
+        store = s.extras["assistant_store"] = AssistantStore(s.db)
+    return store
+
+
+def _caller() -> Caller:
+    p = principal()
+    if p.via != "session":
+        raise Forbidden("the assistant answers signed-in dashboard sessions only", code="session_required")
+    if not services().settings.assistant_enabled:
+        raise Unavailable("the assistant is not enabled on this deployment", code="assistant_disabled")
+    return Caller(org().org_id, p.user_id, org().is_admin, p.is_staff)
+
+
+async def _state(s, caller: Caller) -> tuple[budgets.Decision, dict]:
+    now = s.clock.now()
+    snap = await _store(s).snapshot(caller.org_id, str(caller.user_id), now.date(), budgets.period)
+    row = snap["budget"] or {}
+    used = int(sum(r["quantity"] for r in snap["by_day"]))
+    decision = budgets.decide(
+        monthly_tokens=row.get("monthly_tokens", s.settings.assistant_monthly_tokens),
+        soft_percent=row.get("soft_percent", budgets.DEFAULT_SOFT_PERCENT), used_tokens=used,
+        user_daily_tokens=s.settings.assistant_daily_user_tokens, user_used_today=int(snap["user_today"]), now=now)
+    return decision, snap
+
+
+def _upstream(s) -> Upstream | None:
+    st = s.settings
+    if not st.assistant_upstream:
+        return None
+    return Upstream(st.assistant_upstream, st.assistant_key, st.assistant_model, st.assistant_timeout)
+
+
+def _meter(s, caller: Caller, tally: chat.Tally) -> None:
+    day = s.clock.now().date()
+    for product, n in (("assistant_prompt_tokens", tally.prompt), ("assistant_completion_tokens", tally.completion),
+                       ("assistant_tool_tokens", tally.tool)):
+        s.meter.add(caller.org_id, product, n, day=day, key=str(caller.user_id))
+
+
+@bp.get("/system-prompt")
+@public
+@no_org
+@responds(PublishedEnvelope)
+async def system_prompt():
+    """Public: the prompt is not a secret, and a dashboard needs it before anything else."""
+    return {"data": {"system_prompt": schema.SYSTEM_PROMPT, "tools": TOOL_DEFINITIONS, "limits": {
+        "max_body_bytes": schema.MAX_BODY_BYTES, "max_messages": schema.MAX_MESSAGES,
+        "max_characters": schema.MAX_CHARS, "max_tools": schema.MAX_TOOLS,
+        "max_completion_tokens": schema.MAX_COMPLETION_TOKENS}}}
+
+
+@bp.post("/chat/completions")
+@session_only
+@document_request(schema.ChatRequest)
+@errors(400, 401, 402, 403, 413, 429, 502, 503)
+async def chat_completions():
+    """200 text/event-stream of chat.completion.chunk events, ending with ``data: [DONE]``."""
+    s = services()
+    caller = _caller()
+    req = schema.parse(await request.get_data(as_text=False))
+    decision, _ = await _state(s, caller)
+    if decision.state == budgets.BLOCKED:
+        raise ClientError("the organisation's assistant budget for this period is spent", code="budget_exhausted",
+                          status=402)
+    if decision.fair_use_exhausted:
+        raise RateLimited("your daily assistant allowance is used up; it resets at midnight UTC",
+                          code="fair_use_exhausted", retry_after=decision.retry_after)
+    tally = chat.Tally()
+    upstream = _upstream(s)
+    body = (chat.converse(s, caller, req, upstream, tally) if upstream is not None
+            else builtin.respond(s, caller, req, tally))
+    try:
+        first = await body.__anext__()
+    except UpstreamFailed as exc:
+        await body.aclose()
+        _meter(s, caller, tally)
+        raise ServerError(str(exc), code="upstream_failed", status=502) from None
+
+    async def events():
+        try:
+            yield first
+            try:
+                async for piece in body:
+                    yield piece
+            except UpstreamFailed as exc:
+                yield stream.error_event(str(exc))
+        finally:
+            # Also when the client went away mid-stream (cancelled here): close the model's stream,
+            # bounded, and count what was done.
+            try:
+                with trio.move_on_after(5) as cleanup:
+                    cleanup.shield = True
+                    await body.aclose()
+            finally:
+                _meter(s, caller, tally)
+
+    response = await make_response(events(), 200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                                    "X-Accel-Buffering": "no"})
+    response.timeout = None
+    return response
+
+
+@bp.get("/usage")
+@session_only
+@responds(UsageEnvelope)
+@errors(401, 403, 503)
+async def usage():
+    s = services()
+    caller = _caller()
+    decision, snap = await _state(s, caller)
+    by_class = {"prompt": 0, "completion": 0, "tool": 0}
+    per_day: dict = {}
+    for r in snap["by_day"]:
+        cls = _PRODUCT_CLASS[r["product"]]
+        by_class[cls] += int(r["quantity"])
+        per_day.setdefault(r["day"], {"prompt": 0, "completion": 0, "tool": 0})[cls] += int(r["quantity"])
+    start, end = snap["period"]
+    now = s.clock.now()
+    out = {"decision": decision.state, "period": {"start": start.isoformat(), "end": end.isoformat()},
+           "monthly_tokens": decision.monthly_tokens, "soft_limit_tokens": decision.soft_limit_tokens,
+           "used_tokens": decision.used_tokens, "tokens": by_class,
+           "fair_use": {"daily_tokens": decision.user_daily_tokens, "used_tokens": decision.user_used_today,
+                        "percent_used": decision.fair_use_percent,
+                        "resets_at": (now.date() + dt.timedelta(days=1)).isoformat() + "T00:00:00Z"},
+           "responder": "upstream" if _upstream(s) is not None else "builtin"}
+    if caller.is_staff:
+        out["upstream_cost"] = _cost(s, per_day, now.date())
+    return {"data": out}
+
+
+def _cost(s, per_day: dict, today) -> dict:
+    """Prompt and completion tokens at the configured prices (tool results are already inside the
+    model's prompt counts, so they are not priced twice). USD, per day of the period."""
+    pp = Decimal(str(s.settings.assistant_price_prompt)) / 1_000_000
+    pc = Decimal(str(s.settings.assistant_price_completion)) / 1_000_000
+    days = [{"day": d.isoformat(), "cost": float(round(c["prompt"] * pp + c["completion"] * pc, 6))}
+            for d, c in sorted(per_day.items())]
+    today_cost = next((d["cost"] for d in days if d["day"] == today.isoformat()), 0.0)
+    return {"currency": "USD", "price_per_million": {"prompt": s.settings.assistant_price_prompt,
+                                                     "completion": s.settings.assistant_price_completion},
+            "today": today_cost, "days": days}

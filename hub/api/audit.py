@@ -12,6 +12,7 @@ from quart import Blueprint
 from hub.api.common import Pagination, errors, jsonable, org, pagination, services
 from hub.api.validation import query, responds
 from hub.auth.authz import require_org
+from hub.billing.state import require_feature
 from hub.errors import BadRequest
 
 bp = Blueprint("audit", __name__, url_prefix="/v1")
@@ -76,6 +77,7 @@ def event_json(e: dict) -> dict:
 async def list_audit_events(query_args: AuditQuery):
     s = services()
     await require_org(s, "audit_viewer")
+    await require_feature(s, org().org_id, "audit_log")  # the entitlement gates reading (docs/billing.md)
     q = query_args
     if q.from_ and q.to and q.from_ > q.to:
         raise BadRequest("from must not be after to", code="invalid_range")

@@ -5,21 +5,35 @@ from __future__ import annotations
 import trio
 from quart import Blueprint, Response
 
+from pydantic import BaseModel
+
 from hub.api.common import services
+from hub.api.validation import enveloped, responds
 from hub.auth.middleware import public
 from hub.errors import Unavailable
 
 bp = Blueprint("health", __name__)
 
 
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: str
+    database: str
+
+
 @bp.get("/healthz")
 @public
+@responds(enveloped(Health))
 async def healthz():
     return {"data": {"status": "ok"}}
 
 
 @bp.get("/readyz")
 @public
+@responds(enveloped(Readiness))
 async def readyz():
     with trio.move_on_after(2):
         await services().db.fetchval("SELECT 1")

@@ -100,10 +100,13 @@ async def _serve(s, ws, device_id: uuid.UUID) -> None:
         subscription = s.bus.subscribe(p.subject(str(device_id), ">"), on_command)
         s.metrics.device_connects += 1
         try:
-            await send(p.Welcome(deviceId=str(device_id), heartbeatInterval=s.settings.heartbeat_interval))
+            await send(p.Welcome(deviceId=str(device_id), heartbeatInterval=s.settings.heartbeat_interval,
+                                 hubKeys=s.tunnels.grants.hub_keys))
             facts = hello.model_dump(exclude={"type", "secretFileDigests", "retiredPages", "lastMemoryTest"})
             _tell(s, actor, device_id, LinkUp(conn_id, hello.bootReason, facts, hello.maintenance))
-            _tell(s, actor, device_id, Hello(hello.secretFileDigests, hello.configVersionApplied))
+            _tell(s, actor, device_id, Hello(hello.secretFileDigests, hello.configVersionApplied,
+                                             {"lastMemoryTest": hello.lastMemoryTest,
+                                              "retiredPages": hello.retiredPages}))
             hello = None  # held for the connection's lifetime otherwise: ~2 KiB a device, measured
             while True:
                 try:
@@ -116,6 +119,8 @@ async def _serve(s, ws, device_id: uuid.UUID) -> None:
                     if waiting is not None:
                         waiting.set(frame)
                 elif isinstance(frame, p.Event):
+                    if frame.kind == "tunnel.usage":
+                        s.tunnels.on_usage(device_id, frame.payload)  # hub/tunnels/sessions.py
                     msg = Heartbeat(conn_id) if frame.kind == "heartbeat" else DeviceEvent(frame.kind, frame.payload)
                     _tell(s, actor, device_id, msg, required=not isinstance(msg, Heartbeat))
         finally:

@@ -1,7 +1,248 @@
-"""(being built) the memtests endpoints."""
+"""Memory tests of one device (spec: Endpoints → Memory test): start, cancel, status, results.
+
+Starting and cancelling need the permission to reboot the device (editor); reading needs viewer.
+A test boot (placement offline) may only be started by a signed-in person in the dashboard: any
+other credential is refused with 403 operator_required. Errors on these paths have the spec's bare
+body ``{error, message, status?}`` (hub/app.py picks it by path; ``status`` carries the running test
+of a 409 busy). The live work — one test at a time, the 5-second start rate, the device's answers —
+is the DeviceActor's (actors/memtest.py); this module validates, authorises, audits and shapes.
+"""
 
 from __future__ import annotations
 
-from quart import Blueprint
+import json
+import uuid
+from typing import Any, Literal
 
-bp = Blueprint("memtests", __name__)
+from pydantic import BaseModel, ConfigDict, Field
+from quart import Blueprint, g, request
+from quart_schema import document_querystring, document_request, document_response
+
+from actors.machines import memtest as mm
+from actors.memtest import CancelTest, ReadStatus, StartTest
+from hub.api.common import jsonable, org, principal, services
+from hub.api.devices import device_obj
+from hub.auth.authz import authorize
+from hub.errors import BadRequest, FleethubError, Forbidden, NotFound
+
+bp = Blueprint("memtests", __name__, url_prefix="/v1/devices")
+
+HISTORY = 10
+RESULTS_DEFAULT, RESULTS_MAX = 20, 100
+
+
+# -- documentation models (quart-schema renders them into /v1/openapi.json) -------------------------
+class StartRequest(BaseModel):
+    """Omitted fields take the mode's default (mode: impact and placement, and quick for Live)."""
+    model_config = ConfigDict(extra="forbid")
+    impact: Literal["running", "stopped"] | None = Field(None, description="default running")
+    placement: Literal["online", "offline"] | None = Field(
+        None, description="offline: a test boot; needs impact stopped and a signed-in dashboard session")
+    quick: bool | None = Field(None, description="the Quick preset; Live only")
+    passes: int | None = Field(None, ge=1, le=20, description="default 1 for Live, 2 for stopped modes")
+    kernelPasses: int | None = Field(None, ge=1, le=17, description="test boot only; default 4")
+    bitFade: bool | None = Field(None, description="idle-decay check; default on for stopped modes")
+    holdOnFailure: bool | None = Field(None, description="test boot only")
+    timeBudgetSeconds: int | None = Field(None, ge=60, le=43200, description="default 7200")
+    maxBytes: int | None = Field(None, ge=mm.PAGE_SIZE, description="optional cap on memory tested")
+
+
+class CancelRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    runId: str | None = Field(None, min_length=1, max_length=200)
+
+
+class ResultsQuery(BaseModel):
+    limit: int = Field(RESULTS_DEFAULT, ge=1, le=RESULTS_MAX)
+
+
+class Run(BaseModel):
+    deviceId: str
+    runId: str | None
+    status: dict = Field(description="the run's current state: runId, plan, phase, pass, ...")
+
+
+class RunEnvelope(BaseModel):
+    data: Run
+
+
+class TestStatus(BaseModel):
+    source: Literal["live", "stored"]
+    supported: bool | None
+    status: dict | None
+    health: dict | None
+    history: list[dict]
+    healthReportedAt: str | None = None
+
+
+class TestStatusEnvelope(BaseModel):
+    data: TestStatus
+
+
+class Results(BaseModel):
+    results: list[dict]
+
+
+class ResultsEnvelope(BaseModel):
+    data: Results
+
+
+class MemtestError(BaseModel):
+    """The memory-test endpoints' bare error body."""
+    error: str
+    message: str
+    status: dict | None = Field(None, description="409 busy: the running test's status")
+
+
+def _errors(*statuses: int):
+    def decorator(func):
+        for status in statuses:
+            func = document_response(MemtestError, status)(func)
+        return func
+    return decorator
+
+
+# -- parsing ------------------------------------------------------------------------------------------
+def invalid(message: str) -> BadRequest:
+    return BadRequest(message, code="invalid")
+
+
+async def _json_object() -> dict[str, Any]:
+    """The body as a JSON object; an empty body is an empty object (every field is optional)."""
+    raw = await request.get_data(as_text=False)
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise invalid("body: not valid JSON") from None
+    if not isinstance(data, dict):
+        raise invalid("body: must be a JSON object")
+    return data
+
+
+async def _device(device_id: str, relation: str) -> dict:
+    s = services()
+    try:
+        dev_id = uuid.UUID(device_id)
+    except ValueError:
+        raise NotFound("device not found") from None
+    row = await s.devices.get(org().org_id, dev_id)
+    if row is None:
+        raise NotFound("device not found")
+    await authorize(s, relation, device_obj(row))
+    return row
+
+
+def _ask_timeout() -> float:
+    t = services().settings.command_timeout
+    return t * 5 + 5  # a start's own timeout, a status read after a busy refusal, and slack
+
+
+# -- endpoints ------------------------------------------------------------------------------------------
+@bp.post("/<device_id>/memory-test")
+@document_request(StartRequest)
+@document_response(RunEnvelope, 202)
+@_errors(400, 401, 403, 404, 409, 422, 429, 502, 503, 504)
+async def start_memory_test(device_id: str):
+    s = services()
+    raw = await _json_object()
+    try:
+        plan = mm.plan_for(raw)
+    except mm.PlanInvalid as exc:
+        raise invalid(str(exc)) from None
+    run_id = str(uuid.uuid4())
+    # Every start is in the audit log with its plan, refused ones too (the row carries the status).
+    g.audit_details = {"operation": "memory_test.start", "deviceId": device_id, "runId": run_id, "plan": plan}
+    row = await _device(device_id, "editor")
+    if plan["mode"] == "test_boot" and principal().credential_kind != "session":
+        raise Forbidden("a test boot may only be started by a signed-in person in the dashboard or at the "
+                        "device console; API tokens, CLI tokens and service accounts cannot",
+                        code="operator_required")
+    actor = await s.device_actor(row["id"])
+    answer = await actor.ask(StartTest(run_id, plan), timeout=_ask_timeout())
+    return {"data": jsonable({"deviceId": str(row["id"]), "runId": answer["runId"] or run_id,
+                              "status": answer["status"]})}, 202
+
+
+@bp.post("/<device_id>/memory-test/cancel")
+@document_request(CancelRequest)
+@document_response(RunEnvelope, 202)
+@_errors(400, 401, 403, 404, 409, 502, 503, 504)
+async def cancel_memory_test(device_id: str):
+    s = services()
+    raw = await _json_object()
+    unknown = sorted(set(raw) - {"runId"})
+    if unknown:
+        raise invalid(f"{unknown[0]}: unknown field")
+    run_id = raw.get("runId")
+    if run_id is not None and (not isinstance(run_id, str) or not 1 <= len(run_id) <= 200):
+        raise invalid("runId: must be a non-empty string of at most 200 characters")
+    g.audit_details = {"operation": "memory_test.cancel", "deviceId": device_id, "runId": run_id, "plan": None}
+    row = await _device(device_id, "editor")
+    actor = await s.device_actor(row["id"])
+    known = actor.memtests.machine.running or {}  # a snapshot read: only the actor writes it
+    g.audit_details = {**g.audit_details, "runId": run_id or known.get("runId"), "plan": known.get("plan")}
+    answer = await actor.ask(CancelTest(run_id), timeout=_ask_timeout())
+    status = answer["status"]
+    g.audit_details = {**g.audit_details, "runId": status.get("runId") or g.audit_details["runId"],
+                       "plan": status.get("plan") or g.audit_details["plan"]}
+    return {"data": jsonable({"deviceId": str(row["id"]), "runId": g.audit_details["runId"],
+                              "status": status})}, 202
+
+
+@bp.get("/<device_id>/memory-test")
+@document_response(TestStatusEnvelope)
+@_errors(400, 401, 403, 404)
+async def memory_test_status(device_id: str):
+    """Live when the device answers; else what the hub stored (source stored, healthReportedAt)."""
+    s = services()
+    row = await _device(device_id, "viewer")
+    # No actor runs for a device not heard from lately: then it is offline and the read is stored.
+    actor = s.registry.lookup(("device", row["id"]))
+    online = actor is not None and actor.machine is not None and actor.machine.online
+    facts = (actor.facts if actor is not None else None) or row.get("facts") or {}  # the last hello's
+    caps = (facts.get("capabilities") or {}).get("memoryTest") or {}
+    live: dict[str, Any] | None = None
+    supported: bool | None = bool(caps.get("online") or caps.get("offline")) if caps else None
+    if online:
+        try:
+            live = await actor.ask(ReadStatus(), timeout=s.settings.command_timeout + 5)
+        except FleethubError as exc:
+            # Firmware without memory tests answers live (supported false); a device that is gone,
+            # silent or failing is read from what the hub stored.
+            live = {"supported": False} if exc.code == "unsupported" else None
+    stored = await s.memtests.stored(org().org_id, row["id"], HISTORY)
+    if live is not None:
+        data = {"source": "live", "supported": bool(live.get("supported", True)),
+                "status": live.get("status") if "status" in live else stored["status"],
+                "health": live.get("health") or stored["health"] or {"capabilities": caps},
+                "history": (live.get("history") if isinstance(live.get("history"), list)
+                            else stored["history"])[:HISTORY]}
+    else:
+        data = {"source": "stored", "supported": supported, "status": stored["status"],
+                "health": stored["health"] or {"capabilities": caps}, "history": stored["history"],
+                "healthReportedAt": stored["healthReportedAt"]}
+    return {"data": jsonable(data)}
+
+
+@bp.get("/<device_id>/memory-test/results")
+@document_querystring(ResultsQuery)
+@document_response(ResultsEnvelope)
+@_errors(400, 401, 403, 404)
+async def memory_test_results(device_id: str):
+    s = services()
+    unknown = sorted(set(request.args) - {"limit"})
+    if unknown:
+        raise invalid(f"{unknown[0]}: unknown query parameter")
+    raw = request.args.get("limit")
+    limit = RESULTS_DEFAULT
+    if raw is not None:
+        try:
+            limit = int(raw)
+        except ValueError:
+            raise invalid("limit: must be an integer") from None
+        if not 1 <= limit <= RESULTS_MAX:
+            raise invalid(f"limit: must be between 1 and {RESULTS_MAX}")
+    row = await _device(device_id, "viewer")
+    return {"data": {"results": await s.memtests.results(org().org_id, row["id"], limit)}}

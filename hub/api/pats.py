@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
 from hub.api.common import errors, jsonable, principal, services
-from hub.api.validation import body, responds
+from hub.api.validation import body, enveloped, responds
 from hub.auth.middleware import no_org
 from hub.auth.pat import digest, new_pat
 from hub.errors import BadRequest, Forbidden, NotFound
@@ -81,8 +81,14 @@ async def list_pats():
     return {"data": [_pat_json(r) for r in rows]}
 
 
+class PatDeleted(BaseModel):
+    id: str
+    deleted: bool
+
+
 @bp.delete("/<pat_id>")
 @no_org
+@responds(enveloped(PatDeleted))
 @errors(401, 404)
 async def delete_pat(pat_id: str):
     s = services()

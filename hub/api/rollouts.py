@@ -19,7 +19,7 @@ from actors.rollout import Control
 from device_client.clock import rfc3339
 from hub.api.common import PageQuery, errors, jsonable, org, pagination, parse_uuid, principal, services
 from hub.api.sse import stream_response
-from hub.api.validation import body, parse_body, query
+from hub.api.validation import body, enveloped, parse_body, query, responds
 from hub.auth.authz import Obj, authorize
 from hub.errors import BadRequest, Conflict, NotFound
 from storage.rollouts import FleetBusy
@@ -219,8 +219,23 @@ async def _rollout_json(rollout_id: uuid.UUID) -> dict:
     })
 
 
+class RolloutSummary(BaseModel):
+    id: str
+    state: str
+    reason: str | None
+    fleet_ids: list[str]
+    config_id: str
+    version_id: str
+    force: bool
+    batch_size: int | None
+    current_batch: int
+    created_at: str
+    updated_at: str
+
+
 @bp.get("")
 @query(RolloutQuery)
+@responds(enveloped(RolloutSummary, many=True, paged=True))
 @errors(400, 401, 403)
 async def list_rollouts(query_args: RolloutQuery):
     s = services()

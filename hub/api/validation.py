@@ -97,3 +97,23 @@ def query(model: type[M]) -> Callable:
 
 def responds(model: type[BaseModel] | None, status: int = 200) -> Callable:
     return document_response(model, status) if model is not None else (lambda f: f)
+
+
+_ENVELOPES: dict[tuple, type[BaseModel]] = {}
+
+
+def enveloped(model: type[BaseModel], *, many: bool = False, paged: bool = False) -> type[BaseModel]:
+    """``{"data": model}`` (``many``: a list of them; ``paged``: with the pagination member) as a
+    documented response model, built once per shape."""
+    from pydantic import create_model
+
+    from hub.api.common import Pagination
+
+    key = (model, many, paged)
+    if key not in _ENVELOPES:
+        fields: dict[str, Any] = {"data": (list[model] if many else model, ...)}
+        if paged:
+            fields["pagination"] = (Pagination, ...)
+        name = f"{model.__name__}{'List' if many else ''}{'Page' if paged else ''}Envelope"
+        _ENVELOPES[key] = create_model(name, **fields)
+    return _ENVELOPES[key]

@@ -49,6 +49,12 @@ def no_org(view: Callable) -> Callable:
     return view
 
 
+def session_only(view: Callable) -> Callable:
+    """Only a signed-in dashboard session is ever accepted here (the assistant)."""
+    view._fleethub_session_only = True
+    return view
+
+
 def _view() -> Callable | None:
     if request.routing_exception is not None or request.endpoint is None:
         return None
@@ -78,6 +84,10 @@ async def authenticate(services) -> None:
     view = _view()
     if view is None or getattr(view, "_fleethub_public", False) or request.path in PUBLIC_PATHS:
         return  # unknown routes fall through to their 404/405
+    if getattr(view, "_fleethub_tunnel_token", False):
+        from hub.tunnels import auth as tunnel_auth  # the TunnelToken credential: these routes take only it
+        await tunnel_auth.authenticate(services)
+        return
     needs_org = not getattr(view, "_fleethub_no_org", False)
     org_id, org_problem = None, None
     raw = request.headers.get(ORG_HEADER)
@@ -95,6 +105,11 @@ async def authenticate(services) -> None:
         raise Unauthenticated("authentication required: send X-API-Token-ID and X-API-Secret-Key, "
                               "or Authorization: Bearer")
     kind, token_id, secret = cred
+    if kind != "session" and getattr(view, "_fleethub_session_only", False):
+        # Any other credential, valid or not (PAT, service-account or tunnel token), is the wrong
+        # kind here: 403, without looking it up.
+        _limit(services, ("addr", client_addr()), None, None)
+        raise Forbidden("this endpoint accepts signed-in dashboard sessions only", code="session_required")
     try:
         if kind == "jwt":
             principal, role, tier, custom = await _service(services, secret, org_id)

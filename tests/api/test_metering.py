@@ -7,7 +7,7 @@ import uuid
 
 import trio
 
-from tests.hubtools import start_agent, start_hub, wait_for
+from tests.hubtools import start_agent, start_hub
 
 
 async def test_meter_sums_and_flushes_in_one_batch(nursery, db_url, tmp_path):

@@ -58,7 +58,11 @@ async def test_another_organisation_sees_and_touches_nothing(nursery, db_url, tm
         headers_b = {"X-API-Token-ID": pat_id, "X-API-Secret-Key": secret, "X-Organization-ID": str(org_b["id"])}
 
         fill = {"device_id": device_a, "fleet_id": fleet_a, "sa_id": sa_a, "user_id": user_a, "pat_id": hub.pat[0],
-                "config_id": config_a, "file_id": file_a, "rollout_id": rollout_a}
+                "config_id": config_a, "file_id": file_a, "rollout_id": rollout_a,
+                "feature": "telemetry",
+                # Session routes take tunnel tokens only (401 here); their isolation with B's own
+                # tunnel token is tested in tests/api/test_tunnels.py.
+                "sid": str(uuid.uuid4())}
         bodies = {"POST": {"name": "probe", "fleet_id": fleet_a, "config_id": config_a},
                   "PATCH": {"name": "probe", "fleet_id": fleet_a},
                   "PUT": {"name": "probe", "configId": config_a},

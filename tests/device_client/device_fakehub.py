@@ -69,6 +69,7 @@ class FakeHub:
         self.heartbeat = heartbeat
         self.tokens = tokens  # token -> device id; None accepts any token as "dev-1"
         self.reject_status: int | None = None
+        self.hub_keys: dict[str, str] = {}  # welcome.hubKeys: kid -> base64 Ed25519 key (tunnel grants)
         self.rejections = 0
         self.port = 0
         self._links_send, self._links = trio.open_memory_channel[Link](1000)
@@ -105,7 +106,8 @@ class FakeHub:
         ws = await request.accept()
         hello = protocol.decode(await ws.get_message())
         assert isinstance(hello, protocol.Hello), hello
-        await ws.send_message(protocol.encode(protocol.Welcome(deviceId=device_id, heartbeatInterval=self.heartbeat)))
+        await ws.send_message(protocol.encode(protocol.Welcome(deviceId=device_id, heartbeatInterval=self.heartbeat,
+                                                          hubKeys=self.hub_keys)))
         link = Link(ws, hello, auth, device_id)
         self.all_links.append(link)
         await self._links_send.send(link)

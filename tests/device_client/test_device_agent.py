@@ -70,9 +70,9 @@ async def test_hello_on_first_start(hub, nursery, tmp_path):
         assert hello.firmware == "fw-1.2.3" and hello.architecture == "armv7l"
         assert hello.bootReason == "power_on"
         assert hello.capabilities.reboot is True
-        assert hello.capabilities.memoryTest.online is False
-        assert hello.capabilities.memoryTest.offline is False
-        assert hello.capabilities.memoryTest.offlineReason == "memory tests are not installed on this agent yet"
+        assert hello.capabilities.memoryTest.online is True  # device_client/memtest
+        assert hello.capabilities.memoryTest.offline is True
+        assert hello.capabilities.memoryTest.offlineReason is None
         # the device clock comes from the injected clock, never from the OS
         assert hello.deviceClock.endswith("Z")
         assert abs(parse(hello.deviceClock) - clock.now()) < dt.timedelta(seconds=1)

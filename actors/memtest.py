@@ -1,0 +1,339 @@
+"""Memory tests of one device: the IO half of the DeviceActor's work (the machine is
+actors/machines/memtest.py).
+
+REST views ask the DeviceActor with ``StartTest``, ``CancelTest`` and ``ReadStatus``; the actor hands
+them here. Commands go to the device on the bus in the actor's background tasks (so its mailbox keeps
+moving while a device stops its workload) and their outcome comes back as ``_Answered``, which feeds
+the machine and answers the asker. Device events (memtest.progress, .result, .health) and the hello's
+memory-test facts come in through ``on_event``, ``on_link_up`` and ``on_hello``.
+
+A device's reply error codes become the spec's errors here: busy (after a status read, so the 409
+carries the running test), not_running, unsupported (also an agent that has no memtest verbs),
+workload_stop_failed, invalid; anything else is internal (502).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from actors.bus import NoResponders, RequestTimeout
+from actors.machines import memtest as mm
+from actors.runtime import ActorCrashed
+from device_client.clock import rfc3339
+from device_client.protocol import subject
+from hub.errors import (
+    BadRequest,
+    ClientError,
+    Conflict,
+    DeviceError,
+    DeviceOffline,
+    DeviceTimeout,
+    FleethubError,
+    RateLimited,
+)
+
+if TYPE_CHECKING:
+    from actors.device import DeviceActor
+
+log = logging.getLogger("fleethub.memtest")
+
+HISTORY = 10
+# A start answers after the device stopped its workload (full online): give it longer than a ping.
+START_TIMEOUT_FACTOR = 3.0
+
+
+@dataclass(frozen=True)
+class StartTest:
+    """Ask: start a test with this plan (defaults applied); answered with the run's status."""
+    run_id: str
+    plan: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CancelTest:
+    """Ask: cancel the running test (``run_id`` None: whatever runs); answered with its status."""
+    run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ReadStatus:
+    """Ask: the device's live memory-test status; answered with the reply payload (or an error)."""
+
+
+@dataclass(frozen=True)
+class _Answered:
+    key: str
+    verb: str
+    payload: dict[str, Any] | None
+    error: FleethubError | None
+    running: dict[str, Any] | None = None  # the status read after a busy refusal
+
+
+MESSAGES = (StartTest, CancelTest, ReadStatus, _Answered)
+
+
+def unsupported(message: str) -> ClientError:
+    return ClientError(message, code="unsupported", status=422)
+
+
+def device_error(exc: DeviceError) -> FleethubError:
+    """A device's refusal as the spec's error (the code the device sent decides)."""
+    code, message = exc.code, exc.message
+    if code == "not_running":
+        return Conflict(message or "no memory test is running", code="not_running")
+    if code in ("unsupported", "unknown_command"):
+        return unsupported(message or mm.NO_MEMORY_TEST)
+    if code == "workload_stop_failed":
+        return DeviceError(message or "the workload could not be stopped; nothing was started",
+                           code="workload_stop_failed")
+    if code == "invalid":
+        return BadRequest(message or "the device refused the plan", code="invalid")
+    if code == "busy":
+        return Conflict(message or "a memory test is already running", code="busy")
+    return DeviceError(message or "the device failed to handle the request", code="internal")
+
+
+class MemTests:
+    def __init__(self, actor: DeviceActor) -> None:
+        self.actor = actor
+        self.machine = mm.MemtestMachine()
+        self._pending: dict[str, Any] = {}  # key -> Reply of the asker
+        self._save_lock = trio.Lock()
+        # The hello's workloadHeld (say, a test boot's hold after a failure) stands until a test
+        # the hub saw running has ended.
+        self._hello_held = False
+
+    @property
+    def s(self):
+        return self.actor.services
+
+    # -- asks ---------------------------------------------------------------------------------------
+    async def receive(self, msg: Any) -> Any:
+        if isinstance(msg, _Answered):
+            self._answered(msg)
+            return None
+        if not self.actor.machine.online:
+            raise DeviceOffline("the device is not connected")
+        if isinstance(msg, StartTest):
+            caps = ((self.actor.facts or {}).get("capabilities") or {}).get("memoryTest") or {}
+            self._handle(mm.Start(msg.run_id, msg.plan, caps))
+            self._pending[msg.run_id] = self.actor.defer_reply()
+            return None
+        if isinstance(msg, CancelTest):
+            key = "cancel:" + uuid.uuid4().hex
+            effects = self._handle(mm.Cancel(msg.run_id))
+            self._pending[key] = self.actor.defer_reply()
+            for effect in effects:
+                if isinstance(effect, mm.SendCancel):
+                    payload = {"runId": effect.run_id} if effect.run_id else {}
+                    self._spawn(self._command, key, "memtest.cancel", payload, self.s.settings.command_timeout)
+            return None
+        if isinstance(msg, ReadStatus):
+            key = "status:" + uuid.uuid4().hex
+            self._pending[key] = self.actor.defer_reply()
+            self._spawn(self._command, key, "memtest.status", {}, self.s.settings.command_timeout)
+            return None
+        raise TypeError(f"not a memory-test message: {type(msg).__name__}")
+
+    def _answered(self, msg: _Answered) -> None:
+        reply = self._pending.pop(msg.key, None)
+        if msg.verb == "memtest.start" and msg.error is None:
+            self._handle(mm.StartAccepted((msg.payload or {}).get("status") or {}))
+        elif msg.verb == "memtest.start" and self.machine.state is mm.RunState.STARTING:
+            self._handle(mm.StartRefused(msg.running))
+        elif msg.verb == "memtest.cancel" and msg.error is None:
+            status = (msg.payload or {}).get("status")
+            if status:
+                self._handle(mm.Progress(status))
+        elif msg.verb == "memtest.cancel" and msg.error.code == "not_running":
+            self._handle(mm.Observed(None))
+        elif msg.verb == "memtest.status" and msg.error is None:
+            self._handle(mm.Observed((msg.payload or {}).get("status")))
+            health = (msg.payload or {}).get("health")
+            if isinstance(health, dict):
+                self._spawn(self._store_health, health)
+        if reply is None:
+            return
+        if msg.error is not None:
+            reply.fail(msg.error)
+        elif msg.verb == "memtest.status":
+            reply.set(msg.payload or {})
+        else:
+            status = (self.machine.status if msg.verb == "memtest.start"
+                      else (msg.payload or {}).get("status")) or {}
+            reply.set({"runId": status.get("runId"), "status": status})
+
+    def restart(self) -> None:
+        """The actor restarted: commands in flight lost their tasks; answer their askers."""
+        for reply in self._pending.values():
+            reply.fail(ActorCrashed(f"actor {self.actor.key} restarted while a memory-test command was in flight"))
+        self._pending.clear()
+        self._handle(mm.Reset())
+
+    # -- what the device tells ----------------------------------------------------------------------
+    def on_event(self, kind: str, payload: dict[str, Any]) -> None:
+        if kind == "memtest.progress":
+            status = payload.get("status", payload) if isinstance(payload.get("status"), dict) else payload
+            self._handle(mm.Progress(status))
+        elif kind == "memtest.result":
+            result = payload.get("result")
+            if isinstance(result, dict) and result.get("runId"):
+                self._handle(mm.Finished(result))
+        elif kind == "memtest.health":
+            health = payload.get("health")
+            if isinstance(health, dict):
+                self._spawn(self._store_health, health)
+        else:
+            log.info("device %s: unknown memory-test event %s", self.actor.device_id, kind)
+
+    def on_link_up(self, facts: dict[str, Any]) -> None:
+        self._hello_held = bool(facts.get("workloadHeld"))
+        self._handle(mm.Observed(facts.get("memoryTestRunning")))
+
+    def on_link_down(self) -> None:
+        if self.machine.status is not None:
+            self._spawn(self._save_status)  # what a stored read shows while the device is away
+
+    def on_hello(self, memtest: dict[str, Any] | None) -> None:
+        memtest = memtest or {}
+        last = memtest.get("lastMemoryTest")
+        if isinstance(last, dict) and last.get("runId") and last.get("outcome"):
+            self._handle(mm.Finished(last))
+        retired = [p for p in memtest.get("retiredPages") or [] if isinstance(p, int)]
+        if retired:
+            self._spawn(self._merge, retired, [], None)
+
+    # -- effects ------------------------------------------------------------------------------------
+    def _handle(self, event: object) -> list[object]:
+        was = self.machine.state
+        try:
+            effects = self.machine.handle(event, self.s.clock.now())
+        except mm.Busy as exc:
+            raise Conflict(str(exc), code="busy", details=exc.status) from None
+        except mm.NotRunning as exc:
+            raise Conflict(str(exc), code="not_running") from None
+        except mm.TooSoon as exc:
+            raise RateLimited(str(exc), retry_after=exc.retry_after) from None
+        except mm.Unsupported as exc:
+            raise unsupported(str(exc)) from None
+        if was is not mm.RunState.IDLE and self.machine.state is mm.RunState.IDLE:
+            self._hello_held = False
+        self._sync_facts()
+        for effect in effects:
+            self._carry_out(effect)
+        return effects
+
+    def _carry_out(self, effect: object) -> None:
+        if isinstance(effect, mm.SendStart):
+            timeout = self.s.settings.command_timeout * START_TIMEOUT_FACTOR
+            self._spawn(self._command, effect.run_id, "memtest.start",
+                        {"runId": effect.run_id, "plan": effect.plan}, timeout)
+        elif isinstance(effect, mm.Publish):
+            self.actor._publish("device.operation", effect.payload)
+        elif isinstance(effect, mm.SaveStatus):
+            self._spawn(self._save_status)
+        elif isinstance(effect, mm.StoreResult):
+            self._spawn(self._store_result, effect.result)
+
+    def _sync_facts(self) -> None:
+        """Rollouts read the actor's facts: a device whose workload a test holds is deferred."""
+        facts = self.actor.facts
+        if facts is None:
+            return  # no hello yet: nothing to correct
+        held = self.machine.workload_held or self._hello_held
+        running = self.machine.running
+        if bool(facts.get("workloadHeld")) != held or facts.get("memoryTestRunning") != running:
+            self.actor.facts = {**facts, "workloadHeld": held, "memoryTestRunning": running}
+
+    def _spawn(self, fn, *args) -> None:
+        async def guarded() -> None:
+            try:
+                await fn(*args)
+            except Exception:
+                # Storage trouble must not crash the actor in a loop; the device re-sends results
+                # until acknowledged, and the next status change writes the status again.
+                log.exception("device %s: %s failed", self.actor.device_id, getattr(fn, "__name__", fn))
+
+        self.actor.tasks.start_soon(guarded)
+
+    async def _request(self, verb: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+        try:
+            return await self.s.bus.request(subject(str(self.actor.device_id), verb), payload, timeout=timeout)
+        except NoResponders:
+            raise DeviceOffline("the device is not connected") from None
+        except RequestTimeout:
+            raise DeviceTimeout("the device did not answer in time") from None
+        except DeviceError as exc:
+            raise device_error(exc) from None
+
+    async def _command(self, key: str, verb: str, payload: dict[str, Any], timeout: float) -> None:
+        running = None
+        answer: dict[str, Any] | None = None
+        error: FleethubError | None = None
+        try:
+            answer = await self._request(verb, payload, timeout)
+            if verb == "memtest.start":
+                status = {"runId": key, "plan": payload["plan"], **(answer.get("status") or {})}
+                try:
+                    await self._save(status)  # accepted starts are on record before the 202
+                except Exception:
+                    log.exception("device %s: the status of run %s was not stored", self.actor.device_id, key)
+        except FleethubError as exc:
+            error = exc
+            if verb == "memtest.start" and exc.code == "busy":
+                running = await self._running_status()
+                exc.details = running
+        except Exception:
+            # A bug, not the device's answer: the asker hears now rather than at its timeout.
+            await self.actor.post(_Answered(key, verb, None, FleethubError("internal error"), None))
+            raise
+        await self.actor.post(_Answered(key, verb, answer, error, running))
+
+    async def _running_status(self) -> dict[str, Any] | None:
+        """After the device said busy: what runs, for the 409 body (None if the read fails)."""
+        try:
+            answer = await self._request("memtest.status", {}, self.s.settings.command_timeout)
+        except FleethubError:
+            return None
+        return answer.get("status")
+
+    # -- storage ------------------------------------------------------------------------------------
+    async def _save(self, status: dict[str, Any]) -> None:
+        async with self._save_lock:
+            await self.s.memtests.save_status(self.actor.org_id, self.actor.device_id, status, self.s.clock.now())
+
+    async def _save_status(self) -> None:
+        if self.machine.status is not None:
+            await self._save(self.machine.status)  # the newest when the lock frees, not an old copy
+
+    async def _store_health(self, health: dict[str, Any]) -> None:
+        s = self.s
+        await s.memtests.save_health(self.actor.org_id, self.actor.device_id, health, s.clock.now())
+        # The device's retired list: "retired" beside a count in "retiredPages", or the list itself.
+        retired = health.get("retired") if isinstance(health.get("retired"), list) else health.get("retiredPages")
+        if isinstance(retired, list) and retired:
+            await self._merge([p for p in retired if isinstance(p, int)], [], None)
+
+    async def _store_result(self, result: dict[str, Any]) -> None:
+        s = self.s
+        await s.memtests.save_result(self.actor.org_id, self.actor.device_id, result, s.clock.now())
+        complete = result.get("outcome") in ("pass", "fail")
+        retired = [p for p in result.get("retired") or [] if isinstance(p, int)]
+        await self._merge(retired, sorted(mm.bad_pages(result)), result.get("verdict") if complete else None)
+        try:
+            await self._request("memtest.ack", {"runIds": [str(result["runId"])]}, s.settings.command_timeout)
+        except FleethubError as exc:
+            # Stored already: the device sends it again at its next link and is acknowledged then.
+            log.info("device %s: memtest.ack not delivered: %s", self.actor.device_id, exc.code)
+
+    async def _merge(self, retired: list[int], bad: list[int], verdict: str | None) -> None:
+        def rule(retired_count: int, bad_count: int, v: str | None) -> dict[str, Any] | None:
+            return mm.memory_fault(retired=retired_count, bad_bytes=bad_count * mm.PAGE_SIZE, verdict=v)
+
+        await self.s.memtests.merge_memory(self.actor.org_id, self.actor.device_id, retired=retired, bad=bad,
+                                           verdict=verdict, rule=rule, since=rfc3339(self.s.clock.now()))

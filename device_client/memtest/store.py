@@ -1,0 +1,93 @@
+"""What the memory tester keeps on the device's disk (all JSON, written atomically).
+
+``memtest.json``: ``retired`` (page addresses taken out of use, re-applied at every boot;
+``retiredVirtual`` marks those that are offsets of a mapping rather than physical addresses),
+``history`` (the newest 10 results), ``unacked`` (results the hub has not acknowledged with
+memtest.ack: resent at every link), ``testBoot`` (a requested or running test boot: its runId and
+plan, and ``started`` once the test boot began, so a second boot never runs it again).
+
+``memtest-run.json``: the checkpoint of the run in progress (runId, plan, startedAt, phase, pass,
+pattern), rewritten when the run reaches a new phase or pattern (not per word: a pattern is at most
+a few seconds of a small device's memory). If it is still there at boot, the run died with the agent
+or the device: the tester reports it as outcome interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..state import StateFile, write_json_atomic
+
+HISTORY = 10
+
+
+class MemtestStore:
+    def __init__(self, data_dir: Path) -> None:
+        os.makedirs(data_dir, mode=0o700, exist_ok=True)
+        self.state = StateFile(Path(data_dir) / "memtest.json")
+        self.run_path = Path(data_dir) / "memtest-run.json"
+
+    # ---- checkpoint ----
+
+    def checkpoint(self, record: dict[str, Any]) -> None:
+        write_json_atomic(self.run_path, record)
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.run_path.read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return {"phase": "unknown"}
+        return data if isinstance(data, dict) else None
+
+    def clear_checkpoint(self) -> None:
+        try:
+            os.unlink(self.run_path)
+        except FileNotFoundError:
+            pass
+
+    # ---- results ----
+
+    def add_result(self, result: dict[str, Any]) -> None:
+        history = [r for r in self.state.get("history", []) if r.get("runId") != result["runId"]]
+        unacked = [r for r in self.state.get("unacked", []) if r.get("runId") != result["runId"]]
+        self.state.update(history=([result] + history)[:HISTORY], unacked=unacked + [result])
+
+    def history(self) -> list[dict[str, Any]]:
+        return list(self.state.get("history", []))
+
+    def unacked(self) -> list[dict[str, Any]]:
+        return list(self.state.get("unacked", []))
+
+    def ack(self, run_ids: list[str]) -> None:
+        gone = set(run_ids)
+        self.state.update(unacked=[r for r in self.unacked() if r.get("runId") not in gone])
+
+    # ---- retired pages, test boots ----
+
+    def retired(self) -> list[int]:
+        return list(self.state.get("retired", []))
+
+    def add_retired(self, addresses: list[int], *, physical: bool) -> list[int]:
+        """Add pages; ``physical`` False: they are offsets of the tested mapping, listed but never
+        handed to the kernel's soft offlining."""
+        merged = sorted(set(self.retired()) | set(addresses))
+        virtual = set(self.state.get("retiredVirtual", []))
+        if not physical:
+            virtual |= set(addresses)
+        self.state.update(retired=merged, retiredVirtual=sorted(virtual) or None)
+        return merged
+
+    def retired_physical(self) -> list[int]:
+        virtual = set(self.state.get("retiredVirtual", []))
+        return [a for a in self.retired() if a not in virtual]
+
+    def test_boot(self) -> dict[str, Any] | None:
+        return self.state.get("testBoot")
+
+    def set_test_boot(self, record: dict[str, Any] | None) -> None:
+        self.state.update(testBoot=record)

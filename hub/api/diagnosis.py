@@ -1,0 +1,53 @@
+"""GET /v1/devices/{id}/diagnosis (DESIGN.md section 12): the device's issues, worst first.
+
+A MemoryFault condition is a critical issue; a newest memory test that was interrupted is a
+warning. The device keeps running either way: this tells an operator what to look at.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from quart import Blueprint
+
+from actors.machines.memtest import diagnosis
+from hub.api.common import errors, jsonable, org, services
+from hub.api.devices import _load
+from hub.api.validation import responds
+
+bp = Blueprint("diagnosis", __name__, url_prefix="/v1/devices")
+
+
+class Issue(BaseModel):
+    severity: Literal["critical", "warning"]
+    code: str = Field(description="MemoryFault or MemoryTestInterrupted")
+    title: str
+    message: str
+    since: str | None
+    details: dict
+
+
+class Diagnosis(BaseModel):
+    deviceId: str
+    status: Literal["ok", "warning", "critical"] = Field(description="the worst severity among the issues")
+    issues: list[Issue]
+    checkedAt: str
+
+
+class DiagnosisEnvelope(BaseModel):
+    data: Diagnosis
+
+
+@bp.get("/<device_id>/diagnosis")
+@responds(DiagnosisEnvelope)
+@errors(400, 401, 403, 404)
+async def device_diagnosis(device_id: str):
+    s = services()
+    row = await _load(device_id, "viewer")
+    newest = await s.memtests.results(org().org_id, row["id"], 1)
+    issues = diagnosis(row.get("conditions") or [], newest[0] if newest else None)
+    severities = {i["severity"] for i in issues}
+    status = "critical" if "critical" in severities else "warning" if severities else "ok"
+    return {"data": jsonable({"deviceId": str(row["id"]), "status": status, "issues": issues,
+                              "checkedAt": s.clock.now()})}

@@ -1,0 +1,64 @@
+"""The billable products: what each one counts, in which unit it is priced, and how a day's metered
+quantity becomes billed units.
+
+Prices are not here: list prices and per-organisation overrides live in storage (billing_prices,
+0009_billing.sql) with the day they take effect, and pricing.py picks the one in effect each day.
+
+Two kinds of product:
+
+- metered: the day's quantity divided by the unit size (bytes per GB, tokens per million);
+- monthly, prorated per day: a device active on a day, or a paid feature enabled on a day, bills
+  ``1 / days in that month`` of the monthly price, so a whole month costs exactly the monthly price.
+"""
+
+from __future__ import annotations
+
+import calendar
+import datetime as dt
+from dataclasses import dataclass
+from decimal import Decimal
+
+CURRENCY = "USD"
+
+FEATURES = ("telemetry", "signature_policy", "usb_policy", "audit_log")
+
+
+@dataclass(frozen=True)
+class Product:
+    key: str
+    unit: str            # the unit the price is quoted per
+    description: str
+    unit_size: int = 1   # metered quantity per billed unit (ignored for monthly products)
+    monthly: bool = False  # priced per month, prorated over the days of each month
+
+    def billed(self, day: dt.date, quantity: Decimal) -> Decimal:
+        """Billed units for ``quantity`` metered on ``day`` (exact; rounding happens on the invoice line)."""
+        if self.monthly:
+            return quantity / Decimal(calendar.monthrange(day.year, day.month)[1])
+        return quantity / Decimal(self.unit_size)
+
+
+PRODUCTS: tuple[Product, ...] = (
+    Product("active_device", "device_month", "devices seen connected, per device per month, prorated daily",
+            monthly=True),
+    Product("tunnel_minutes", "minute", "tunnel session minutes"),
+    Product("tunnel_bytes", "GB", "tunnel data carried directly (10^9 bytes)", unit_size=10**9),
+    Product("tunnel_relayed_bytes", "GB", "tunnel data carried through the TURN relay (10^9 bytes)",
+            unit_size=10**9),
+    Product("registry_fallback_bytes", "GB", "data carried by fleets' registry proxies (10^9 bytes)",
+            unit_size=10**9),
+    Product("assistant_prompt_tokens", "million_tokens", "assistant prompt tokens", unit_size=10**6),
+    Product("assistant_completion_tokens", "million_tokens", "assistant completion tokens", unit_size=10**6),
+    Product("assistant_tool_tokens", "million_tokens", "assistant tool tokens", unit_size=10**6),
+    *(Product(f"feature_{f}", "month", f"the {f} feature, per month enabled, prorated daily", monthly=True)
+      for f in FEATURES),
+)
+
+BY_KEY = {p.key: p for p in PRODUCTS}
+
+
+def product(key: str) -> Product:
+    try:
+        return BY_KEY[key]
+    except KeyError:
+        raise KeyError(f"unknown product {key!r}; known: {', '.join(BY_KEY)}") from None

@@ -1,0 +1,115 @@
+"""Billing's side of the device link.
+
+Device → hub events (device_client/registry_proxy.py, device_client/telemetry.py):
+
+    registry.bytes  {fleetBytes, day}  bytes the device's registry proxy carried since its last
+                    report, on that UTC day. Metered as registry_fallback_bytes keyed by the
+                    device's fleet id ('' for a device without a fleet). The device's day is trusted
+                    when it is today or up to two days back by the hub's clock (a report held over a
+                    link outage); otherwise the bytes count on the hub's today.
+    telemetry       {...}  published on the device's event stream (``device.telemetry``) by the
+                    device actor and counted here per organisation.
+
+Hub → device: command ``telemetry.set {enabled}`` at link time when the hello's ``telemetry`` field
+differs from the organisation's entitlement, and to every connected device of the organisation when
+a billing admin switches telemetry.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from collections import Counter
+
+import trio
+
+from actors.bus import BusError
+from device_client.protocol import subject
+from hub.billing.state import org_billing
+from hub.errors import FleethubError
+
+log = logging.getLogger("fleethub.billing")
+
+REGISTRY_BYTES = "registry.bytes"
+TELEMETRY = "telemetry"
+EVENT_KINDS = frozenset({REGISTRY_BYTES, TELEMETRY})
+MAX_REPORT_BYTES = 10**13  # one report above 10 TB is a broken counter, not traffic
+TRUSTED_DAYS_BACK = 2
+PUSH_CONCURRENCY = 64
+
+
+def telemetry_counts(s) -> Counter:
+    """Telemetry events received per organisation since the hub started."""
+    return s.extras.setdefault("billing.telemetry_events", Counter())
+
+
+def report_day(reported: object, today: dt.date) -> dt.date:
+    try:
+        day = dt.date.fromisoformat(reported) if isinstance(reported, str) else None
+    except ValueError:
+        day = None
+    if day is None or not (today - dt.timedelta(days=TRUSTED_DAYS_BACK) <= day <= today):
+        return today
+    return day
+
+
+async def on_event(s, org_id: uuid.UUID, device_id: uuid.UUID, kind: str, payload: dict) -> None:
+    if kind == TELEMETRY:
+        telemetry_counts(s)[org_id] += 1
+        return
+    n = payload.get("fleetBytes")
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_REPORT_BYTES:
+        log.info("device %s: ignored a registry.bytes report with fleetBytes=%r", device_id, n)
+        return
+    row = await s.devices.get_any(device_id)
+    if row is None:
+        return
+    today = s.clock.now().astimezone(dt.UTC).date()
+    fleet = row.get("fleet_id")
+    s.meter.add(org_id, "registry_fallback_bytes", n, day=report_day(payload.get("day"), today),
+                key=str(fleet) if fleet else "")
+
+
+async def send_telemetry(s, device_id: uuid.UUID, enabled: bool) -> bool:
+    try:
+        await s.bus.request(subject(str(device_id), "telemetry.set"), {"enabled": enabled},
+                            timeout=s.settings.command_timeout)
+    except (BusError, FleethubError) as exc:  # offline, timed out, refused: the next link sets it
+        log.info("device %s: telemetry.set %s not delivered: %r", device_id, enabled, exc)
+        return False
+    return True
+
+
+async def on_link(s, org_id: uuid.UUID, device_id: uuid.UUID, facts: dict) -> None:
+    if facts.get("telemetry") is None:
+        return  # an agent without the telemetry part: it would not know the command
+    wanted = (await org_billing(s, org_id)).enabled("telemetry")
+    if facts.get("telemetry") is not wanted:
+        await send_telemetry(s, device_id, wanted)
+
+
+async def push_telemetry(s, org_id: uuid.UUID, enabled: bool) -> int:
+    """Tell every connected device of the organisation; returns how many acknowledged."""
+    ids = [d for d in await s.billing.device_ids(org_id) if d in s.links]
+    limiter = trio.CapacityLimiter(PUSH_CONCURRENCY)
+    done = 0
+
+    async def one(device_id: uuid.UUID) -> None:
+        nonlocal done
+        async with limiter:
+            done += await send_telemetry(s, device_id, enabled)
+
+    async with trio.open_nursery() as nursery:
+        for device_id in ids:
+            nursery.start_soon(one, device_id)
+    return done
+
+
+async def push_telemetry_in_background(s, org_id: uuid.UUID, enabled: bool) -> None:
+    """For the services nursery: a failure is logged, never allowed to take the hub down; devices
+    not told now are told at their next link."""
+    try:
+        await push_telemetry(s, org_id, enabled)
+    except Exception:  # noqa: BLE001 - anything here must stay out of the services nursery
+        log.exception("telemetry.set %s for organisation %s: push failed", enabled, org_id)

@@ -1,0 +1,80 @@
+"""An organisation's billing state as the request path needs it: profile, feature entitlements and
+lock, cached like authentication lookups (tag ``billing:<org>``) so gating a request costs no
+storage crossing. Every change calls ``changed`` before it answers, which forgets the entry here
+and in every other process on the database (Services.invalidate)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import trio
+
+from hub.billing import features
+from hub.errors import ClientError, Forbidden
+
+
+@dataclass(frozen=True)
+class OrgBilling:
+    profile: dict | None
+    latest: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def enterprise(self) -> bool:
+        return bool(self.profile and self.profile["enterprise"])
+
+    @property
+    def locked(self) -> bool:
+        return bool(self.profile and self.profile["locked"])
+
+    def enabled(self, feature: str) -> bool:
+        return features.current(feature, self.latest, self.enterprise)
+
+    def view(self) -> dict[str, dict]:
+        return features.view(self.latest, self.enterprise)
+
+
+def tag(org_id: uuid.UUID) -> str:
+    return f"billing:{org_id}"
+
+
+async def org_billing(s, org_id: uuid.UUID) -> OrgBilling:
+    key = ("billing", org_id)
+    cached = s.auth_cache.get(key)
+    if cached is not None:
+        return cached
+    # One load per organisation at a time: thousands of devices linking at once after a restart
+    # all ask for their organisation's telemetry setting, and must not each cross into storage.
+    loading: dict = s.extras.setdefault("billing.loading", {})
+    waiting = loading.get(org_id)
+    if waiting is not None:
+        await waiting.wait()
+        cached = s.auth_cache.get(key)
+        if cached is not None:
+            return cached
+    done = loading[org_id] = trio.Event()
+    try:
+        value = OrgBilling(await s.billing.profile(org_id), await s.billing.latest_features(org_id))
+        s.auth_cache.put(key, value, frozenset((tag(org_id),)))
+        return value
+    finally:
+        if loading.get(org_id) is done:
+            del loading[org_id]
+        done.set()
+
+
+async def changed(s, org_id: uuid.UUID) -> None:
+    await s.invalidate(tag(org_id))
+
+
+async def require_feature(s, org_id: uuid.UUID, feature: str) -> None:
+    if not (await org_billing(s, org_id)).enabled(feature):
+        raise Forbidden(f"the {feature} feature is not enabled for this organisation",
+                        code="feature_disabled")
+
+
+async def ensure_not_locked(s, org_id: uuid.UUID) -> None:
+    """What a billing lock blocks calls this (docs/billing.md): 402 billing_locked."""
+    if (await org_billing(s, org_id)).locked:
+        raise ClientError("the account is billing-locked; settle the account to change this",
+                          code="billing_locked", status=402)

@@ -1,0 +1,115 @@
+"""Two real aiortc peers in one process over loopback UDP, forwarding TCP to an echo target.
+
+Real sockets and a real asyncio thread: these run on trio's real clock with short deadlines.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+
+import trio
+
+from webrtc.forward import TokenBucket
+
+from .peers import connect_pair, exchange, start_echo
+
+
+async def test_bytes_come_back_unchanged(nursery):
+    with trio.fail_after(30):
+        pair = await connect_pair(await start_echo(nursery))
+        try:
+            payload = os.urandom(3 * 1024 * 1024 + 17)  # more than a credit window, not a message multiple
+            assert await exchange(pair.listen_port, payload) == payload
+            assert pair.device.counters.received == len(payload)
+            assert pair.device.counters.sent == len(payload)
+            assert pair.client.candidate_pair() == ("host", "host")
+            assert not pair.client.uses_relay()
+        finally:
+            await pair.client.close()
+            await pair.device.close()
+
+
+async def test_two_connections_at_once_each_get_their_own_bytes(nursery):
+    with trio.fail_after(30):
+        pair = await connect_pair(await start_echo(nursery))
+        try:
+            payloads = [os.urandom(1_500_000), os.urandom(900_001)]
+            results: list[bytes | None] = [None, None]
+
+            async def one(i: int) -> None:
+                results[i] = await exchange(pair.listen_port, payloads[i], chunk=4096 * (i + 1))
+
+            async with trio.open_nursery() as both:
+                both.start_soon(one, 0)
+                both.start_soon(one, 1)
+            assert results == payloads
+            assert pair.device.counters.connections == 2
+            assert pair.device.counters.received == sum(map(len, payloads))
+        finally:
+            await pair.client.close()
+            await pair.device.close()
+
+
+async def test_the_bandwidth_cap_holds_both_directions(nursery):
+    rate = 200_000  # bytes a second; the bucket allows a quarter second (50 kB), at least 64 KiB, of burst
+    with trio.fail_after(30):
+        pair = await connect_pair(await start_echo(nursery), bandwidth_bps=rate)
+        try:
+            payload = os.urandom(600_000)
+            started = trio.current_time()
+            assert await exchange(pair.listen_port, payload) == payload
+            elapsed = trio.current_time() - started
+            # (600 kB - 64 KiB burst) / 200 kB/s = 2.67 s at least; an uncapped run takes ~0.1 s
+            assert elapsed >= 2.6, elapsed
+            assert elapsed < 8.0, elapsed
+        finally:
+            await pair.client.close()
+            await pair.device.close()
+
+
+async def test_a_refused_target_closes_the_local_connection(nursery):
+    with trio.fail_after(30):
+        pair = await connect_pair(1)  # nothing listens on port 1
+        try:
+            stream = await trio.open_tcp_stream("127.0.0.1", pair.listen_port)
+            async with stream:
+                await stream.send_all(b"hello?")
+                assert await stream.receive_some(100) == b""
+        finally:
+            await pair.client.close()
+            await pair.device.close()
+
+
+def test_the_token_bucket_refills_at_its_rate():
+    bucket = TokenBucket(rate=1000, burst=500, now=0.0)
+    assert bucket.take(500, now=0.0) == 0.0
+    assert bucket.take(250, now=0.0) == 0.25  # 250 bytes in debt at 1000/s
+    assert bucket.wait(now=0.25) == 0.0
+    assert bucket.take(100, now=10.0) == 0.0  # refills only up to the burst
+    assert bucket.tokens == 400
+
+
+async def test_bytes_sent_just_before_a_full_close_still_arrive(nursery):
+    received = bytearray()
+    finished = trio.Event()
+
+    async def sink(stream: trio.SocketStream) -> None:
+        async with stream:
+            while data := await stream.receive_some(65536):
+                received.extend(data)
+        finished.set()
+
+    listeners = await nursery.start(partial(trio.serve_tcp, sink, 0, host="127.0.0.1"))
+    with trio.fail_after(30):
+        pair = await connect_pair(listeners[0].socket.getsockname()[1])
+        try:
+            payload = os.urandom(2_500_000)  # more than the first credit: some waits after the close
+            stream = await trio.open_tcp_stream("127.0.0.1", pair.listen_port)
+            await stream.send_all(payload)
+            await stream.aclose()  # no half-close, no reading: gone
+            await finished.wait()
+            assert bytes(received) == payload
+        finally:
+            await pair.client.close()
+            await pair.device.close()

@@ -1,0 +1,230 @@
+"""The CLI's side of a tunnel: ask the hub for a session, connect the peer, forward, renew, close.
+
+    POST /v1/cli/tunnel/token          (PAT or bearer; org)  → a tunnel token (15 minutes)
+    POST /v1/cli/tunnel/session        {device_id, target, offer: {sdp, type}}
+                                       → {grant, answer, signalling_token, ice_servers, expires_at, session_id}
+    POST /v1/cli/tunnel/session/{sid}/renew  {grant}  → the renewed grant (and its expires_at)
+    DELETE /v1/cli/tunnel/session/{sid}
+
+The renewed grant goes to the device on the ``control`` channel; the device closes a session whose
+grant runs out. The offer is made before the hub is asked (the grant binds its DTLS fingerprint),
+so its candidates are host candidates; the relay, when allowed, comes in through the device's
+candidates, which are gathered with the ICE servers the hub gave it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import httpx
+import trio
+
+from device_client.clock import Clock
+
+from .grant import GrantError, parse_time
+from .peer import TunnelPeer
+
+log = logging.getLogger("fleethub.tunnel")
+
+TOKEN_REFRESH = 600.0  # seconds after which a tunnel token (15-minute life) is replaced before use
+CONNECT_TIMEOUT = 30.0  # seconds for the control channel to open after the answer
+RENEW_MIN_MARGIN = 5.0  # renew at least this many seconds before the grant expires
+HTTP_TIMEOUT = 60.0  # the hub waits on the device while opening (504 device_unreachable after that)
+
+
+class TunnelError(Exception):
+    """The hub refused (``code`` is its error_code, ``status`` the HTTP status) or the tunnel failed."""
+
+    def __init__(self, message: str, *, code: str = "tunnel_failed", status: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Credentials:
+    org_id: str | None = None
+    pat_id: str | None = None
+    pat_secret: str | None = None
+    bearer: str | None = None  # an OAuth access token instead of a PAT
+
+    def headers(self) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        if self.pat_id and self.pat_secret:
+            headers.update({"X-API-Token-ID": self.pat_id, "X-API-Secret-Key": self.pat_secret})
+        elif self.bearer:
+            headers["Authorization"] = f"Bearer {self.bearer}"
+        else:
+            raise TunnelError("no credentials: give a PAT (id and secret) or a bearer token", code="no_credentials")
+        if self.org_id:
+            headers["X-Organization-ID"] = self.org_id
+        return headers
+
+
+def _data(response: httpx.Response) -> dict[str, Any]:
+    if response.status_code >= 400:
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        body = body if isinstance(body, dict) else {}
+        code = body.get("error_code") or body.get("error") or f"http_{response.status_code}"
+        raise TunnelError(f"{response.request.method} {response.request.url.path}: {response.status_code} "
+                          f"{code}: {body.get('message', '')}".rstrip(": "), code=str(code),
+                          status=response.status_code)
+    try:
+        body = response.json()
+    except ValueError:
+        raise TunnelError(f"the hub answered {response.request.url.path} with something not JSON") from None
+    if isinstance(body, dict) and isinstance(body.get("data"), dict):
+        return body["data"]
+    if not isinstance(body, dict):
+        raise TunnelError(f"the hub answered {response.request.url.path} with a non-object")
+    return body
+
+
+class HubTunnels:
+    """The hub's tunnel endpoints, with the tunnel token fetched and refreshed as needed."""
+
+    def __init__(self, client: httpx.AsyncClient, credentials: Credentials) -> None:
+        self.client = client
+        self.credentials = credentials
+        self._token: str | None = None
+        self._token_at = 0.0
+
+    async def _auth(self) -> dict[str, str]:
+        if self._token is None or trio.current_time() - self._token_at > TOKEN_REFRESH:
+            body = _data(await self.client.post("/v1/cli/tunnel/token", headers=self.credentials.headers()))
+            token = body.get("token") or body.get("access_token") or body.get("tunnel_token")
+            if not isinstance(token, str):
+                raise TunnelError("the hub's tunnel token answer has no token")
+            self._token, self._token_at = token, trio.current_time()
+        headers = {"Authorization": f"Bearer {self._token}"}
+        if self.credentials.org_id:
+            headers["X-Organization-ID"] = self.credentials.org_id
+        return headers
+
+    async def open(self, device_id: str, target: str, offer: dict[str, str]) -> dict[str, Any]:
+        return _data(await self.client.post("/v1/cli/tunnel/session", headers=await self._auth(),
+                                            json={"device_id": device_id, "target": target, "offer": offer}))
+
+    async def renew(self, sid: str, grant: str) -> dict[str, Any]:
+        return _data(await self.client.post(f"/v1/cli/tunnel/session/{sid}/renew", headers=await self._auth(),
+                                            json={"grant": grant}))
+
+    async def delete(self, sid: str) -> None:
+        response = await self.client.delete(f"/v1/cli/tunnel/session/{sid}", headers=await self._auth())
+        if response.status_code != 404:  # already gone is what we wanted
+            _data(response)
+
+
+def grant_expiry(session: dict[str, Any]) -> dt.datetime:
+    """When the session's grant runs out: the hub's expires_at, else the grant's own expiresAt."""
+    if isinstance(session.get("expires_at"), str):
+        return parse_time(session["expires_at"], "expires_at")
+    import base64
+
+    head = str(session.get("grant", "")).split(".")[0]
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
+        return parse_time(payload["expiresAt"], "expiresAt")
+    except (ValueError, KeyError, TypeError, GrantError):
+        raise TunnelError("the hub's session answer has no expiry") from None
+
+
+@dataclass
+class Ready:
+    host: str
+    port: int
+    session_id: str
+    seconds_to_connect: float  # from the session request to the open control channel
+
+
+async def run_tunnel(hub_url: str, credentials: Credentials, device_id: str, target: str, *,
+                     listen: tuple[str, int] = ("127.0.0.1", 0), clock: Clock | None = None,
+                     transport: httpx.AsyncBaseTransport | None = None,
+                     on_ready: Callable[[Ready], None] | None = None,
+                     task_status: trio.TaskStatus[Ready] = trio.TASK_STATUS_IGNORED) -> str:
+    """Forward ``listen`` to ``target`` on the device until cancelled (Ctrl-C) or the device closes
+    the session; returns why it ended. The session is deleted on the hub either way."""
+    clock = clock or Clock()
+    ended: list[str] = []
+    renewed: list[dict[str, Any]] = []
+    stop = trio.Event()
+
+    def on_control(message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        if kind == "closing":
+            ended.append(f"the device closed the session ({message.get('reason', 'no reason')})")
+            stop.set()
+        elif kind in ("renewed", "error"):
+            renewed.append(message)
+
+    def on_state(state: str) -> None:
+        if state in ("failed", "closed"):
+            ended.append(f"the peer connection {state}")
+            stop.set()
+
+    async with httpx.AsyncClient(base_url=hub_url, timeout=HTTP_TIMEOUT, transport=transport) as http:
+        hub = HubTunnels(http, credentials)
+        peer = TunnelPeer(on_control=on_control, on_state=on_state)
+        session: dict[str, Any] | None = None
+        try:
+            offer = await peer.create_offer()
+            asked = trio.current_time()
+            session = await hub.open(device_id, target, offer)
+            sid = str(session["session_id"])
+            await peer.set_answer(session["answer"])
+            with trio.move_on_after(CONNECT_TIMEOUT) as waited:
+                await peer.wait_control_open()
+            if waited.cancelled_caught:
+                raise TunnelError(f"no connection to device {device_id} within {CONNECT_TIMEOUT:.0f}s "
+                                  "(no usable ICE candidate pair)", code="not_connected")
+            host, port = await peer.listen(*listen)
+            ready = Ready(host, port, sid, trio.current_time() - asked)
+            if on_ready is not None:
+                on_ready(ready)
+            task_status.started(ready)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_renewals, hub, peer, session, clock, renewed)
+                await stop.wait()
+                nursery.cancel_scope.cancel()
+            return ended[0] if ended else "stopped"
+        finally:
+            with trio.CancelScope(shield=True):
+                if session is not None and not ended:
+                    peer.send_control({"type": "closing", "reason": "client_closed"})
+                await peer.close()
+                if session is not None:
+                    with trio.move_on_after(10):
+                        try:
+                            await hub.delete(str(session["session_id"]))
+                        except (TunnelError, httpx.HTTPError) as exc:
+                            log.warning("could not delete tunnel session %s on the hub: %s",
+                                        session.get("session_id"), exc)
+
+
+async def _renewals(hub: HubTunnels, peer: TunnelPeer, session: dict[str, Any], clock: Clock,
+                    answers: list[dict[str, Any]]) -> None:
+    sid, grant, expires = str(session["session_id"]), str(session["grant"]), grant_expiry(session)
+    while True:
+        lifetime = (expires - clock.now()).total_seconds()
+        # renew with a third of the lifetime left, at least RENEW_MIN_MARGIN before the end
+        margin = max(RENEW_MIN_MARGIN, min(lifetime / 3, 120.0))
+        await trio.sleep_until(clock.deadline_for(expires - dt.timedelta(seconds=margin)))
+        try:
+            body = await hub.renew(sid, grant)
+        except (TunnelError, httpx.HTTPError) as exc:
+            log.warning("renewing tunnel session %s failed: %s; retrying", sid, exc)
+            await trio.sleep(min(5.0, max(0.5, margin / 4)))
+            if clock.now() >= expires:
+                return  # the device closes the session; the caller hears "closing"
+            continue
+        grant = str(body.get("grant", grant))
+        expires = grant_expiry(body if "expires_at" in body else {"grant": grant})
+        peer.send_control({"type": "renew", "grant": grant})
+        log.info("tunnel session %s renewed until %s", sid, expires.isoformat())

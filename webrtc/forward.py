@@ -1,0 +1,260 @@
+"""One TCP connection ⇄ one data channel labelled ``tcp``, on the asyncio side (loop.py says why).
+
+On a ``tcp`` channel, binary messages are the stream's bytes; text messages are JSON control:
+
+    {"credit": n}   the receiver has taken n more bytes off the channel (flow control)
+    {"eof": true}   the sender's TCP peer half-closed: shut down the write side here
+
+SCTP in aiortc has no receive-side back pressure an application can use (a data channel cannot be
+paused), so each direction runs a credit window: a side sends only what the other side has granted,
+and grants more only once the bytes left its TCP socket. A slow TCP consumer, or a bandwidth cap
+(the device withholds credit until its token bucket allows), then holds the sender back instead of
+filling memory. Closing the channel closes the connection; closing the connection closes the channel.
+
+Sizes were measured (bench/tunnel.py): 64 KiB messages carry about three times what 16 KiB ones do,
+because aiortc schedules a flush task per message; more than ~1 MiB of buffered amount does not help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+MESSAGE = 64 * 1024  # bytes per data-channel message
+HIGH_WATER = 1024 * 1024  # channel.bufferedAmount above which we stop reading the socket
+WINDOW = 2 * 1024 * 1024  # credit each receiver grants; also bounds what it may have to buffer
+CREDIT_STEP = WINDOW // 4  # grant again once this much was consumed
+
+
+class TokenBucket:
+    """``rate`` bytes a second with bursts of ``burst`` bytes. Pure: time is the ``now`` argument."""
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        if rate <= 0:
+            raise ValueError("rate must be positive")
+        self.rate = float(rate)
+        self.burst = float(burst)
+        self.tokens = float(burst)
+        self.stamp = now
+
+    def take(self, n: int, now: float) -> float:
+        """Spend ``n`` bytes (the balance may go negative); the seconds until it is back at zero."""
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate) - n
+        self.stamp = now
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+    def wait(self, now: float) -> float:
+        """Seconds until the balance is back at zero, without spending."""
+        return self.take(0, now)
+
+    def set_rate(self, rate: float, burst: float, now: float) -> None:
+        self.take(0, now)
+        self.rate, self.burst = float(rate), float(burst)
+        self.tokens = min(self.tokens, self.burst)
+
+
+def bucket_for(bandwidth_bps: int | None, now: float) -> TokenBucket | None:
+    if not bandwidth_bps:
+        return None
+    # a quarter second of burst, but at least one message so a slow cap still moves whole messages
+    return TokenBucket(bandwidth_bps, max(MESSAGE, bandwidth_bps / 4), now)
+
+
+@dataclass
+class Counters:
+    """Bytes of one session. ``received``: off the channels (from the peer); ``sent``: onto them."""
+
+    received: int = 0
+    sent: int = 0
+    connections: int = 0
+
+
+class Pump(asyncio.Protocol):
+    """Copies between ``transport`` (a TCP socket) and ``channel`` (an open aiortc data channel)."""
+
+    def __init__(self, channel: Any, counters: Counters, *, limit_out: TokenBucket | None = None,
+                 limit_in: TokenBucket | None = None, on_closed: Callable[["Pump"], None] | None = None) -> None:
+        self.channel = channel
+        self.counters = counters
+        self.limit_out = limit_out  # what we read from TCP and send (device: towards the CLI)
+        self.limit_in = limit_in  # what we receive and write to TCP (device: towards the target)
+        self.on_closed = on_closed
+        self.transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_event_loop()
+        self._pending = bytearray()  # read from TCP, not yet sent (no credit, or rate-limited)
+        self._early: list[bytes] = []  # from the channel before the TCP connection was up
+        self._credit = 0  # bytes the peer lets us send
+        self._uncredited = 0  # bytes we wrote to TCP and have not granted back yet
+        self._credit_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._reading = True
+        self._write_paused = False
+        self._tcp_eof = False  # our TCP peer half-closed
+        self._tcp_lost = False  # the socket is gone; what it sent before may still be pending
+        self._eof_sent = False
+        self._eof_received = False
+        self._closed = False
+        channel.bufferedAmountLowThreshold = HIGH_WATER // 2
+        channel.on("message", self._on_message)
+        channel.on("bufferedamountlow", self._flush)
+        channel.on("close", self._on_channel_close)
+        channel.on("open", self._announce)
+        self._announced = False
+        counters.connections += 1
+
+    # ---- TCP side (asyncio.Protocol) ----
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=WINDOW // 2)  # type: ignore[attr-defined]
+        self._announce()
+        for data in self._early:
+            self._deliver(data)
+        self._early.clear()
+        self._flush()
+
+    def _announce(self) -> None:
+        # the first grant, once both ends of this pump exist: the socket and an open channel
+        if not self._announced and self.transport is not None and self.channel.readyState == "open":
+            self._announced = True
+            self._control({"credit": WINDOW})
+            self._flush()
+
+    def data_received(self, data: bytes) -> None:
+        self._pending += data
+        self._flush()
+
+    def eof_received(self) -> bool:
+        self._tcp_eof = True
+        self._flush()
+        return True  # keep the write side open: the other direction may still be running
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._grant()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # bytes read before the close still go out (as credit allows), then the channel closes
+        self._tcp_lost = self._tcp_eof = True
+        self._flush()
+
+    # ---- channel side ----
+
+    def _on_message(self, message: bytes | str) -> None:
+        if isinstance(message, str):
+            try:
+                control = json.loads(message)
+            except ValueError:
+                control = None
+            if not isinstance(control, dict):
+                self.close()
+                return
+            if isinstance(control.get("credit"), int):
+                self._credit += control["credit"]
+                self._flush()
+            if control.get("eof"):
+                self._eof_received = True
+                if self.transport is not None and not self._tcp_lost and self.transport.can_write_eof():
+                    self.transport.write_eof()
+                self._maybe_done()
+            return
+        self.counters.received += len(message)
+        if self.transport is None:
+            self._early.append(message)
+        else:
+            self._deliver(message)
+
+    def _deliver(self, data: bytes) -> None:
+        assert self.transport is not None
+        if self._tcp_lost:
+            return  # nobody left to read it
+        self.transport.write(data)
+        self._uncredited += len(data)
+        if self.limit_in is not None:
+            self.limit_in.take(len(data), self._loop.time())
+        self._grant()
+
+    def _grant(self) -> None:
+        if self._closed or self._write_paused or self._uncredited < CREDIT_STEP or self._credit_timer:
+            return
+        if self.limit_in is not None:
+            wait = self.limit_in.wait(self._loop.time())
+            if wait > 0:
+                self._credit_timer = self._loop.call_later(wait, self._credit_due)
+                return
+        amount, self._uncredited = self._uncredited, 0
+        self._control({"credit": amount})
+
+    def _credit_due(self) -> None:
+        self._credit_timer = None
+        self._grant()
+
+    def _flush(self) -> None:
+        if self._closed or self._send_timer is not None:
+            return
+        channel = self.channel
+        if channel.readyState != "open":
+            return  # not open yet (the announce flushes) or closing (close() follows)
+        while self._pending and self._credit > 0 and channel.bufferedAmount <= HIGH_WATER:
+            n = min(len(self._pending), self._credit, MESSAGE)
+            chunk = bytes(self._pending[:n])
+            del self._pending[:n]
+            self._credit -= n
+            self.counters.sent += n
+            channel.send(chunk)
+            if self.limit_out is not None:
+                wait = self.limit_out.take(n, self._loop.time())
+                if wait > 0:
+                    self._send_timer = self._loop.call_later(wait, self._send_due)
+                    break
+        if self._tcp_eof and not self._pending and not self._eof_sent:
+            self._eof_sent = True
+            self._control({"eof": True})
+            self._maybe_done()
+        if self._tcp_lost and not self._pending:
+            self.close()
+            return
+        self._set_reading(len(self._pending) < MESSAGE and self._send_timer is None)
+
+    def _send_due(self) -> None:
+        self._send_timer = None
+        self._flush()
+
+    def _set_reading(self, on: bool) -> None:
+        if self.transport is None or on == self._reading or self._tcp_lost or self.transport.is_closing():
+            return
+        self._reading = on
+        if on:
+            self.transport.resume_reading()
+        else:
+            self.transport.pause_reading()
+
+    def _control(self, message: dict[str, Any]) -> None:
+        if self.channel.readyState == "open":
+            self.channel.send(json.dumps(message, separators=(",", ":")))
+
+    def _maybe_done(self) -> None:
+        if self._eof_sent and self._eof_received:
+            self.close()
+
+    def _on_channel_close(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for timer in (self._credit_timer, self._send_timer):
+            if timer is not None:
+                timer.cancel()
+        if self.transport is not None:
+            self.transport.close()
+        if self.channel.readyState not in ("closing", "closed"):
+            self.channel.close()
+        if self.on_closed is not None:
+            self.on_closed(self)

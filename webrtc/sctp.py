@@ -1,0 +1,47 @@
+"""One change to aiortc's SCTP: acknowledge a batch of packets with one SACK, not every packet.
+
+aiortc (1.16) answers every DATA packet it receives with its own SACK (``_handle_data`` ends with
+``_send_sack``). Each SACK is a DTLS record and a UDP datagram the receiver encrypts and sends and
+the sender receives, decrypts and processes, so a bulk transfer costs about two packets per 1,189
+bytes. RFC 4960 section 6.2 lets a receiver delay the SACK (up to 200 ms, at least every second
+packet). We delay it only until the asyncio loop has worked off the datagrams already queued: the
+SACK is scheduled with ``call_soon`` and sent once, carrying the latest cumulative TSN. Under load
+that acknowledges several packets at a time; when idle it is as prompt as before.
+
+bench/tunnel.py measured the effect with the two peers in separate processes: about 20-25 % less CPU
+per MiB forwarded in the two peers (88-97 ms instead of 107-130 ms per MiB on the 2-core machine),
+and correspondingly more MB/s. The patch is applied once per process when the first peer is made and
+only to the method it expects to find; with another aiortc, check the method still exists and is
+only called from ``_handle_data`` before trusting the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+_applied = False
+
+
+def batch_sacks() -> None:
+    global _applied
+    if _applied:
+        return
+    from aiortc.rtcsctptransport import RTCSctpTransport
+
+    send_now = RTCSctpTransport._send_sack
+
+    async def send_later(self: Any) -> None:
+        if getattr(self, "_fleethub_sack_scheduled", False):
+            return
+        self._fleethub_sack_scheduled = True
+
+        def fire() -> None:
+            self._fleethub_sack_scheduled = False
+            if self._sack_needed:
+                asyncio.ensure_future(send_now(self))
+
+        asyncio.get_running_loop().call_soon(fire)
+
+    RTCSctpTransport._send_sack = send_later
+    _applied = True
