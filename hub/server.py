@@ -9,6 +9,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from device_client.clock import Clock
+from hub.api.link import MAX_FRAME_BYTES
 from hub.app import create_app
 from hub.services import Services, open_services
 from hub.settings import Settings
@@ -32,6 +33,9 @@ def hypercorn_config(host: str, port: int, settings: Settings | None = None) -> 
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = 3
+    # Device frames are small (the largest, a memory-test result, is tens of KiB); a larger one is a
+    # broken or hostile peer and its connection is closed with 1009.
+    config.websocket_max_message_size = MAX_FRAME_BYTES
     return config
 
 

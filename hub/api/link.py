@@ -29,6 +29,12 @@ log = logging.getLogger("fleethub.link")
 bp = Blueprint("link", __name__)
 
 HELLO_TIMEOUT = 10.0
+# WebSocket close codes of the link (4000-4999 are the application's): the frame was not JSON or
+# not a frame; a frame came out of order (a second hello, a welcome or a command from a device).
+# Frames over MAX_FRAME_BYTES are closed by hypercorn with 1009 (hub/server.py).
+CLOSE_BAD_FRAME = 4400
+CLOSE_OUT_OF_ORDER = 4409
+MAX_FRAME_BYTES = 1024 * 1024
 
 
 def _device_token() -> str | None:
@@ -112,8 +118,15 @@ async def _serve(s, ws, device_id: uuid.UUID) -> None:
                 try:
                     frame = p.decode(await ws.receive())
                 except p.ProtocolError as exc:
-                    log.info("device %s: dropped a bad frame: %s", device_id, exc)
-                    continue
+                    # A device that sends what is not a frame is broken or hostile: end the link with
+                    # the reason (it reconnects and starts over); nothing else is affected.
+                    log.info("device %s: bad frame, closing the link: %s", device_id, exc)
+                    await ws.close(CLOSE_BAD_FRAME, f"malformed frame: {str(exc)[:80]}")
+                    return
+                if isinstance(frame, (p.Hello, p.Welcome, p.Command)):
+                    log.info("device %s: unexpected %s frame, closing the link", device_id, frame.type)
+                    await ws.close(CLOSE_OUT_OF_ORDER, f"unexpected {frame.type} frame on an open link")
+                    return
                 if isinstance(frame, p.Reply):
                     waiting = pending.get(frame.id)
                     if waiting is not None:
