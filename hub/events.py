@@ -1,7 +1,9 @@
 """Bounded broadcast of hub events per topic (an organisation, a device), for SSE subscribers.
 
 A subscriber whose buffer is full is dropped, never buffered without bound: its stream ends and
-``dropped`` tells the SSE endpoint to send a final event saying so.
+``dropped`` tells the SSE endpoint to send a final event saying so. Streams held open at once are
+capped per owner (an organisation): a client opening stream after stream gets 429, not the hub's
+memory (``MAX_STREAMS_PER_OWNER``, docs/operations.md).
 """
 
 from __future__ import annotations
@@ -11,16 +13,21 @@ from typing import Any
 
 import trio
 
+from hub.errors import RateLimited
+
+MAX_STREAMS_PER_OWNER = 100
+
 
 class Subscriber:
-    def __init__(self, hub: "EventHub", topic: Hashable, size: int) -> None:
-        self.hub, self.topic = hub, topic
+    def __init__(self, hub: "EventHub", topic: Hashable, size: int, owner: Hashable = None) -> None:
+        self.hub, self.topic, self.owner = hub, topic, owner
         self.send, self.receive = trio.open_memory_channel[dict[str, Any]](size)
         self.dropped = False
 
     def close(self) -> None:
         self.hub._remove(self)
         self.send.close()
+        self.hub._release(self)
 
     def __enter__(self) -> "Subscriber":
         return self
@@ -30,16 +37,33 @@ class Subscriber:
 
 
 class EventHub:
-    def __init__(self, buffer: int = 256) -> None:
+    def __init__(self, buffer: int = 256, max_per_owner: int = MAX_STREAMS_PER_OWNER) -> None:
         self.buffer = buffer
+        self.max_per_owner = max_per_owner
         self._topics: dict[Hashable, set[Subscriber]] = {}
+        self._owned: dict[Hashable, set[Subscriber]] = {}
         self.published = 0
         self.dropped = 0
 
-    def subscribe(self, topic: Hashable) -> Subscriber:
-        sub = Subscriber(self, topic, self.buffer)
+    def subscribe(self, topic: Hashable, owner: Hashable = None) -> Subscriber:
+        """``owner`` (an organisation) is counted against ``max_per_owner``: RateLimited over it."""
+        if owner is not None:
+            held = self._owned.setdefault(owner, set())
+            if len(held) >= self.max_per_owner:
+                raise RateLimited(f"at most {self.max_per_owner} event streams may be open at once",
+                                  code="too_many_streams", retry_after=5)
+        sub = Subscriber(self, topic, self.buffer, owner)
         self._topics.setdefault(topic, set()).add(sub)
+        if owner is not None:
+            self._owned[owner].add(sub)
         return sub
+
+    def _release(self, sub: Subscriber) -> None:
+        held = self._owned.get(sub.owner)
+        if held is not None:
+            held.discard(sub)
+            if not held:
+                del self._owned[sub.owner]
 
     def publish(self, topic: Hashable, event: dict[str, Any]) -> None:
         subs = self._topics.get(topic)

@@ -247,7 +247,8 @@ async def device_events(device_id: str):
     s = services()
     row = await _load(device_id, "viewer")
     first = {"kind": "device.snapshot", "deviceId": str(row["id"]), "payload": device_json(row)}
-    return await stream_response(s.events.subscribe(("device", row["id"])), first, {"deviceId": str(row["id"])})
+    subscription = s.events.subscribe(("device", row["id"]), owner=("org", org().org_id))
+    return await stream_response(subscription, first, {"deviceId": str(row["id"])})
 
 
 async def _wipe(row: dict) -> dict:

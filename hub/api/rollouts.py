@@ -299,4 +299,5 @@ async def rollout_events(rollout_id: str):
     s = services()
     row = await _load(rollout_id, "viewer")
     first = {"kind": "rollout.snapshot", "rolloutId": str(row["id"]), "payload": await _rollout_json(row["id"])}
-    return await stream_response(s.events.subscribe(("rollout", row["id"])), first, {"rolloutId": str(row["id"])})
+    subscription = s.events.subscribe(("rollout", row["id"]), owner=("org", org().org_id))
+    return await stream_response(subscription, first, {"rolloutId": str(row["id"])})

@@ -94,3 +94,30 @@ async def test_subscriber_whose_reader_went_away_is_removed_without_counting_a_d
         hub.publish("t", ev(1))
         assert hub.subscriber_count() == 1 and not gone.dropped and hub.dropped == 0
         assert drain(live) == ([ev(1)], False)
+
+
+def test_streams_are_capped_per_owner_and_released_on_close():
+    from hub.errors import RateLimited
+    from hub.events import EventHub
+
+    hub = EventHub(buffer=4, max_per_owner=2)
+    a = hub.subscribe(("device", 1), owner=("org", "A"))
+    b = hub.subscribe(("device", 2), owner=("org", "A"))
+    other = hub.subscribe(("device", 3), owner=("org", "B"))  # another organisation's own allowance
+    unowned = [hub.subscribe(("device", 1)) for _ in range(5)]  # internal subscribers are not counted
+    try:
+        hub.subscribe(("device", 1), owner=("org", "A"))
+    except RateLimited as exc:
+        assert exc.code == "too_many_streams" and exc.headers["Retry-After"] == "5"
+    else:
+        raise AssertionError("a third stream was allowed")
+    a.close()
+    c = hub.subscribe(("device", 1), owner=("org", "A"))
+    # a subscriber dropped for falling behind releases its slot too
+    for i in range(5):
+        hub.publish(("device", 1), {"kind": "x", "i": i})
+    assert c.dropped
+    d = hub.subscribe(("device", 4), owner=("org", "A"))
+    for s in (b, d, other, *unowned):
+        s.close()
+    assert hub.subscriber_count() == 0 and hub._owned == {}
