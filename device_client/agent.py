@@ -117,6 +117,10 @@ class Backoff:
     def reset(self) -> None:
         self.attempt = 0
 
+    def within(self, window: float) -> float:
+        """A delay spread uniformly over ``window`` seconds (a drained hub's reconnect window)."""
+        return self._rng.uniform(0, window)
+
 
 def link_url(hub_url: str) -> str:
     """``http://host:port`` → ``ws://host:port/v1/device/link`` (https → wss)."""
@@ -161,6 +165,8 @@ class Agent:
         self.commands = CommandTable(on_idle=self._commands_answered)
         self.commands.register("ping", self._ping)
         self.commands.register("reboot", self._reboot)
+        self.commands.register("link.drain", self._drain)
+        self._reconnect_after: float | None = None  # set by link.drain: leave the link, come back then
         self.hooks = Hooks()
         self._backoff = Backoff(backoff_initial, backoff_max, rng)
         self._limiter = connect_limiter
@@ -270,6 +276,9 @@ class Agent:
                     if welcomed:
                         self._backoff.reset()
                     delay = self._backoff.next_delay()
+                    if self._reconnect_after is not None:
+                        # drained by the hub: spread the reconnects over the window it gave
+                        delay, self._reconnect_after = self._backoff.within(self._reconnect_after), None
                     log.debug("%s: reconnecting in %.2fs", self._who(), delay)
                     with trio.CancelScope() as self._scope:
                         await trio.sleep(delay)
@@ -296,6 +305,8 @@ class Agent:
                     if self._reboot_reason is None:
                         await self._session(ws)
                 self._scope = None
+                if self._reconnect_after is not None:
+                    await ws.aclose(1001, "drained by the hub")  # 1001: going away
                 if self._reboot_reason is not None:
                     await self._persist_reboot()
                     await ws.aclose(1012, "rebooting")  # 1012: service restart
@@ -414,7 +425,7 @@ class Agent:
 
     def _commands_answered(self) -> None:
         # a requested reboot waits until every reply being worked on has been sent
-        if self._reboot_reason is not None and self._scope is not None:
+        if (self._reboot_reason is not None or self._reconnect_after is not None) and self._scope is not None:
             self._scope.cancel()
 
     async def _ping(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -426,6 +437,23 @@ class Agent:
             raise CommandError("invalid_payload", "reason must be a short snake_case word")
         self.request_reboot(reason)
         return {"rebooting": True}
+
+    async def _drain(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The hub is going away: leave the link once the replies being worked on are sent and come
+        back within ``reconnectAfter`` seconds, to ``url`` when the hub names another one."""
+        after = payload.get("reconnectAfter", 5.0)
+        url = payload.get("url")
+        if not isinstance(after, (int, float)) or not 0 <= after <= 600:
+            raise CommandError("invalid_payload", "reconnectAfter must be 0 to 600 seconds")
+        if url is not None:
+            try:
+                new_link = link_url(str(url))
+            except ValueError as exc:
+                raise CommandError("invalid_payload", str(exc)) from None
+            self.hub_url, self.link_url = str(url), new_link
+        # the reply to this command is sent first; _commands_answered then ends the link
+        self._reconnect_after = float(after)
+        return {"draining": True, "reconnectAfter": float(after)}
 
     # ---- boots ----
 

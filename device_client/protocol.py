@@ -19,6 +19,9 @@ Command verbs and their payloads (hub → device; the reply payload after the ar
     files.delete    {paths: [str]}                      → {results: [FileResult]}
     files.wipe      {}                                  → {removed: [str]}   (unpair / factory reset)
     config.apply    ConfigApplyPayload                  → ConfigApplyResult
+    link.drain      {reconnectAfter (s), url?}          → {draining: true}  (the hub is stopping: close
+                                                          the link, reconnect within reconnectAfter
+                                                          seconds, to url when given)
 
 SecretFilePayload: {fileId, path, mode (int, e.g. 0o600), uid, gid, contentB64, sha256, source
 ("device" | "configuration"), configId?}. FileResult: {fileId?, path, status ("on_device" |

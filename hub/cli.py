@@ -1,4 +1,4 @@
-"""The ``fleethub`` command: serve | demo | sim | agent | admin."""
+"""The ``fleethub`` command: serve | demo | sim | agent | tunnel | admin."""
 
 from __future__ import annotations
 
@@ -22,23 +22,35 @@ def _logging(level: str, fmt: str) -> None:
     configure(level, fmt)
 
 
-async def _until_signalled(main) -> None:
+GRACE = 30.0  # seconds a graceful stop may take before it becomes a hard one
+
+
+async def _until_signalled(main, graceful: bool = False) -> None:
     """Run ``main`` until it ends or SIGINT/SIGTERM arrives; either way everything it started
-    (hub, devices, the embedded PostgreSQL) shuts down in order."""
+    (hub, devices, the embedded PostgreSQL) shuts down in order. With ``graceful`` main gets a
+    ``stopping`` event: the first signal sets it (main drains and returns, within GRACE seconds),
+    a second signal stops at once."""
+    stopping = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             async def watch() -> None:
                 async for signum in signals:
-                    print(f"\n{signal.Signals(signum).name}: stopping", file=sys.stderr, flush=True)
-                    nursery.cancel_scope.cancel()
+                    name = signal.Signals(signum).name
+                    if graceful and not stopping.is_set():
+                        print(f"\n{name}: draining (a second signal stops at once)", file=sys.stderr, flush=True)
+                        stopping.set()
+                        nursery.cancel_scope.deadline = trio.current_time() + GRACE
+                    else:
+                        print(f"\n{name}: stopping", file=sys.stderr, flush=True)
+                        nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch)
-            await main()
+            await (main(stopping=stopping) if graceful else main())
             nursery.cancel_scope.cancel()
 
 
-def _run(main) -> None:
-    trio.run(_until_signalled, main)
+def _run(main, graceful: bool = False) -> None:
+    trio.run(_until_signalled, main, graceful)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -57,7 +69,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 def cmd_serve(args: argparse.Namespace) -> None:
     from hub.server import run_hub
 
-    _run(partial(run_hub, _settings(args)))
+    _run(partial(run_hub, _settings(args)), graceful=True)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -76,7 +88,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
               f"  written to    {settings.data_dir / 'demo.json'}\n\nTry:\n{curl_examples(info)}\n\n"
               "Ctrl-C stops the hub, the devices and PostgreSQL.\n", flush=True)
 
-    _run(partial(run_hub, settings, on_ready=on_ready))
+    _run(partial(run_hub, settings, on_ready=on_ready), graceful=True)
 
 
 def cmd_sim(args: argparse.Namespace) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import trio
 from hypercorn.config import Config
@@ -39,23 +40,52 @@ def hypercorn_config(host: str, port: int, settings: Settings | None = None) -> 
     return config
 
 
-async def serve_app(services: Services, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Serve until cancelled; ``task_status.started(base_url)`` once the socket listens."""
+async def serve_app(services: Services, host: str, port: int, *, shutdown_trigger=None,
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until cancelled, or until ``shutdown_trigger()`` returns: then hypercorn stops accepting,
+    lets requests in flight finish (``graceful_timeout``) and returns. ``task_status.started(base_url)``
+    once the socket listens."""
     app = create_app(services)
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(serve, app, hypercorn_config(host, port, services.settings))
+        binds = await nursery.start(partial(serve, app, hypercorn_config(host, port, services.settings),
+                                            shutdown_trigger=shutdown_trigger))
         base_url = binds[0].replace("0.0.0.0", "127.0.0.1")
         services.extras["base_url"] = base_url
         task_status.started(base_url)
 
 
-async def run_hub(settings: Settings, *, clock: Clock | None = None, on_ready=None,
+async def run_hub(settings: Settings, *, clock: Clock | None = None, on_ready=None, stopping: trio.Event | None = None,
                   task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Storage, actors and HTTP in one process; ``on_ready(services, base_url)`` may add more tasks."""
+    """Storage, actors and HTTP in one process; ``on_ready(services, base_url)`` may add more tasks.
+
+    When ``stopping`` is set the hub shuts down gracefully and returns: /readyz turns 503, devices
+    are told to reconnect (elsewhere when FLEETHUB_SUCCESSOR_URL names a hub), HTTP stops accepting
+    and finishes what is in flight, then storage closes (write-behind flushed). Cancelling instead
+    stops at once."""
     async with open_services(settings, clock) as services:
         async with trio.open_nursery() as nursery:
-            base_url = await nursery.start(serve_app, services, settings.host, settings.port)
+            http_stop = trio.Event()
+            http_done = trio.Event()
+
+            async def serve_http(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                try:
+                    await serve_app(services, settings.host, settings.port, shutdown_trigger=http_stop.wait,
+                                    task_status=task_status)
+                finally:
+                    http_done.set()
+
+            base_url = await nursery.start(serve_http)
             log.info("fleethub listening on %s", base_url)
             if on_ready is not None:
                 await on_ready(services, base_url, nursery)
             task_status.started((services, base_url))
+            if stopping is not None:
+                await stopping.wait()
+                log.info("draining: telling %d devices to reconnect", len(services.links))
+                await services.drain()
+                # Keep answering (readiness says 503) while the devices move and balancers notice.
+                await trio.sleep(settings.drain_window)
+                http_stop.set()
+                await http_done.wait()
+                log.info("drained; stopping")
+                nursery.cancel_scope.cancel()

@@ -83,6 +83,7 @@ class Services:
     metrics: Metrics = field(default_factory=Metrics)
     links: dict[uuid.UUID, Link] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+    draining: bool = False  # set by drain(): /readyz answers 503 so balancers stop sending work
 
     def __post_init__(self) -> None:
         self.orgs = Orgs(self.db)
@@ -110,6 +111,29 @@ class Services:
         self.delivery_slots = trio.CapacityLimiter(max(1, self.settings.db_pool_max - 4))
         self.meter = Meter(self.usage)
         self.tunnels = TunnelService(self)
+
+    async def drain(self, timeout: float = 5.0) -> int:
+        """Graceful shutdown, first step: readiness turns false and every connected device is told to
+        leave and reconnect within the drain window. Returns how many devices acknowledged."""
+        self.draining = True
+        payload: dict[str, Any] = {"reconnectAfter": self.settings.drain_window}
+        if self.settings.successor_url:
+            payload["url"] = self.settings.successor_url
+        acknowledged = 0
+
+        async def tell(device_id: uuid.UUID) -> None:
+            nonlocal acknowledged
+            try:
+                await self.bus.request(f"cmd.{device_id}.link.drain", payload, timeout=timeout)
+                acknowledged += 1
+            except Exception as exc:  # noqa: BLE001 — a device that cannot be told just loses its link
+                log.info("device %s was not drained: %s", device_id, type(exc).__name__)
+
+        with trio.move_on_after(timeout + 1):
+            async with trio.open_nursery() as nursery:
+                for device_id in list(self.links):
+                    nursery.start_soon(tell, device_id)
+        return acknowledged
 
     def on_notify(self, tag: str) -> None:
         if tag == SECRET_KEYS_TAG:

@@ -55,6 +55,10 @@ class Settings:
     stun_urls: tuple[str, ...] = ()
     turn_urls: tuple[str, ...] = ()
     turn_secret: str | None = field(default=None, repr=False)
+    # Graceful shutdown: devices are told to reconnect within drain_window seconds, to successor_url
+    # when it names another hub (else the same URL, which a restarted hub or a balancer answers).
+    drain_window: float = 10.0
+    successor_url: str | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -77,6 +81,8 @@ class Settings:
             reboot_timeout=_float("FLEETHUB_REBOOT_TIMEOUT", 300.0),
             log_level=os.environ.get("FLEETHUB_LOG_LEVEL", "INFO"),
             db_pool_max=int(os.environ.get("FLEETHUB_DB_POOL_MAX", "10")),
+            drain_window=_float("FLEETHUB_DRAIN_WINDOW", 10.0),
+            successor_url=os.environ.get("FLEETHUB_SUCCESSOR_URL") or None,
             certfile=Path(os.environ["FLEETHUB_CERTFILE"]) if os.environ.get("FLEETHUB_CERTFILE") else None,
             keyfile=Path(os.environ["FLEETHUB_KEYFILE"]) if os.environ.get("FLEETHUB_KEYFILE") else None,
             quic_port=int(os.environ["FLEETHUB_QUIC_PORT"]) if os.environ.get("FLEETHUB_QUIC_PORT") else None,

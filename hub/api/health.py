@@ -35,6 +35,8 @@ async def healthz():
 @public
 @responds(enveloped(Readiness))
 async def readyz():
+    if services().draining:
+        raise Unavailable("this hub is shutting down", code="draining")
     with trio.move_on_after(2):
         await services().db.fetchval("SELECT 1")
         return {"data": {"status": "ready", "database": "ok"}}
