@@ -11,8 +11,9 @@ pipes, so "first byte" is measured from the moment the client is asked for its o
 share, signing the grant and relaying the command, is measured by the e2e path, not here).
 
 - first byte: offer → answer → connected → listener up → connect, send 1 byte to the echo, read it.
-- throughput: ``--mb`` MiB in 64 KiB writes to the sink, until its count comes back; the same bytes
-  straight to the sink over loopback TCP for comparison. Rounds alternate the two.
+- throughput: ``--mb`` MiB in 64 KiB writes to the sink, until its count comes back; the same through
+  a second pair of peers running aiortc's own SCTP acknowledgements (webrtc/sctp.py switched off);
+  the same bytes straight to the sink over loopback TCP. Rounds alternate the three.
 
 ICE is limited to 127.0.0.1 (FLEETHUB_ICE_ADDRESSES) so the peers meet on loopback.
 """
@@ -306,6 +307,10 @@ def main() -> int:
     target_port = target.request(None)["port"]
     device = Proc("device", str(target_port), name="device")
     client = Proc("client", name="client")
+    # the same peers with aiortc's own SCTP acknowledgements (one SACK per packet), for comparison
+    plain_env = {"FLEETHUB_SCTP_SACK_EVERY_PACKET": "1"}
+    plain_device = Proc("device", str(target_port), name="device-plain", env=plain_env)
+    plain_client = Proc("client", name="client-plain", env=plain_env)
     try:
         firsts = []
         for i in range(args.sessions):
@@ -315,21 +320,29 @@ def main() -> int:
             if i < args.sessions - 1:
                 client.request({"cmd": "close"})
                 device.request({"cmd": "close"})
+        plain_port, _ = session(plain_client, plain_device)
         total = args.mb * 1024 * 1024
         stream(port, 1024 * 1024)  # warm-up: the channel's congestion window opens
-        tunnel, direct, cpu = [], [], []
+        stream(plain_port, 1024 * 1024)
+        tunnel, direct, cpu, plain, plain_cpu = [], [], [], [], []
+
+        def through(pair: tuple[Proc, Proc], to: int, rates: list[float], cpus: list[float]) -> None:
+            before = sum(cpu_seconds(p.proc.pid) for p in pair)
+            rates.append(total / stream(to, total) / 1e6)
+            cpus.append((sum(cpu_seconds(p.proc.pid) for p in pair) - before) / args.mb)
+
         for r in range(args.rounds):
-            before = cpu_seconds(client.proc.pid) + cpu_seconds(device.proc.pid)
-            tunnel.append(total / stream(port, total) / 1e6)
-            cpu.append((cpu_seconds(client.proc.pid) + cpu_seconds(device.proc.pid) - before) / args.mb)
+            through((client, device), port, tunnel, cpu)
+            through((plain_client, plain_device), plain_port, plain, plain_cpu)
             direct.append(total / stream(target_port, total) / 1e6)
             log(f"round {r + 1}: tunnel {tunnel[-1]:.1f} MB/s ({cpu[-1] * 1000:.1f} ms CPU per MiB in the "
-                f"two peers), direct {direct[-1]:.1f} MB/s")
+                f"two peers), with a SACK per packet {plain[-1]:.1f} MB/s ({plain_cpu[-1] * 1000:.1f} ms), "
+                f"direct {direct[-1]:.1f} MB/s")
         hub_figures = None
         if not args.no_hub:
             hub_figures = hub_first_bytes(target_port, args.sessions)
     finally:
-        for proc in (client, device, target):
+        for proc in (client, device, plain_client, plain_device, target):
             proc.stop()
     cold, warm = firsts[0], firsts[1:] or firsts
     echo_ms = sorted(e * 1000 for _, e in warm)
@@ -344,15 +357,17 @@ def main() -> int:
         "Client peer, device peer, TCP target and load generator in four processes on loopback (ICE on "
         "127.0.0.1 only); offer and answer over the workers' pipes (no hub). "
         f"{args.sessions} sessions for the first-byte figures; {args.mb} MiB per throughput run, "
-        f"{args.rounds} round(s) alternating tunnel and direct, one TCP stream each.",
+        f"{args.rounds} round(s) alternating the three paths below, one TCP stream each.",
         "The first session of a process also loads aiortc (the agent imports it at its first tunnel): "
         "it is the cold column; the others are the sessions after it.",
         md_table(["from the offer request to", "median ms", "min ms", "max ms", "cold (first) ms"], rows),
         *([_hub_section(*hub_figures)] if hub_figures else []),
-        md_table(["path", "MB/s (median)", "MB/s per round"], [
+        md_table(["path", "MB/s (median)", "MB/s per round", "CPU ms per MiB, both peers (median)"], [
             ["TCP → tunnel (aiortc data channel) → TCP", f"{median(tunnel):.1f}",
-             " / ".join(f"{v:.1f}" for v in tunnel)],
-            ["direct loopback TCP", f"{median(direct):.1f}", " / ".join(f"{v:.1f}" for v in direct)]]),
+             " / ".join(f"{v:.1f}" for v in tunnel), f"{median(cpu) * 1000:.1f}"],
+            ["the same with aiortc's SACK per packet (webrtc/sctp.py off)", f"{median(plain):.1f}",
+             " / ".join(f"{v:.1f}" for v in plain), f"{median(plain_cpu) * 1000:.1f}"],
+            ["direct loopback TCP", f"{median(direct):.1f}", " / ".join(f"{v:.1f}" for v in direct), ""]]),
         f"- CPU of the client and device peer processes together: {median(cpu) * 1000:.1f} ms per MiB "
         "(median round): unlike MB/s, this hardly depends on how busy the shared machine is.\n"
         f"- tunnel / direct: **{median(tunnel) / median(direct):.3f}**; goal >= 10 MB/s through the tunnel: "

@@ -10,6 +10,7 @@ listener is up, runs until Ctrl-C (exit 0) or until the device or the connection
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import Any, Callable
@@ -48,6 +49,10 @@ def command(args: argparse.Namespace, run: Callable[[Any], None] | None = None) 
         print(f"tunnel ready: {r.host}:{r.port} -> device {args.device} target {args.target} "
               f"(session {r.session_id}, connected in {r.seconds_to_connect:.3f}s)", flush=True)
 
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        # every ICE check and HTTP request at INFO drowns the one line a user looks for
+        for noisy in ("aioice", "aiortc", "httpx"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     outcome: list[str] = []
 
     async def main() -> None:

@@ -145,6 +145,50 @@ async def test_tunnel_cli_to_agent_through_the_hub(nursery, db_url, tmp_path):
             proc.stop()
 
 
+async def test_a_session_the_cli_does_not_renew_is_closed_by_the_device(nursery, db_url, tmp_path):
+    """The CLI is frozen (SIGSTOP) so it cannot renew: the agent closes the session at the grant's
+    expiry and reports it, the hub records the end; the thawed CLI learns it and exits 1."""
+    processes: list[Process] = []
+    try:
+        with trio.fail_after(120):
+            listeners = await nursery.start(partial(trio.serve_tcp, echo, 0, host="127.0.0.1"))
+            echo_port = listeners[0].socket.getsockname()[1]
+            hub = await start_hub(nursery, db_url, tmp_path / "hub", tunnel_grant_seconds=GRANT_SECONDS)
+            s = hub.services
+            await s.tunnels.store.set_entitlement(uuid.UUID(hub.org_id), {"enabled": True}, s.clock.now())
+            dev_id, token = await hub.provision("tunnel-dev")
+            agent = Process("agent", ["agent", "--hub", hub.base_url, "--data-dir", str(tmp_path / "device"),
+                                      "--tunnel-target", f"echo=127.0.0.1:{echo_port}"],
+                            tmp_path / "logs", {"FLEETHUB_DEVICE_TOKEN": token})
+            processes.append(agent)
+            await wait_for(_online(hub, dev_id), timeout=30)
+            listen_port = free_port()
+            cli = Process("cli", ["tunnel", "--hub", hub.base_url, "--device", dev_id, "--target", "echo",
+                                  "--listen", f"127.0.0.1:{listen_port}"], tmp_path / "logs",
+                          {"FLEETHUB_PAT_ID": hub.pat[0], "FLEETHUB_PAT_SECRET": hub.pat[1],
+                           "FLEETHUB_ORG_ID": hub.org_id})
+            processes.append(cli)
+            await wait_for(lambda: "tunnel ready" in cli.log() or cli.popen.poll() is not None, timeout=60)
+            assert "tunnel ready" in cli.log(), cli.log() + agent.log()
+            assert await roundtrip(listen_port, b"ping") == b"ping"
+            cli.popen.send_signal(signal.SIGSTOP)
+            sid = await s.db.fetchval("SELECT id FROM tunnel_sessions WHERE device_id = $1", uuid.UUID(dev_id))
+
+            async def closed_by_device() -> bool:
+                row = await s.db.fetchrow("SELECT state, bytes_in FROM tunnel_sessions WHERE id = $1", sid)
+                return row["state"] != "open" and row["bytes_in"] == 4
+            await wait_for(closed_by_device, timeout=GRANT_SECONDS + 15)
+            cli.popen.send_signal(signal.SIGCONT)
+            await wait_for(lambda: cli.popen.poll() is not None, timeout=40)
+            assert cli.popen.returncode == 1, cli.log()
+            assert "tunnel closed" in cli.log()
+    finally:
+        for proc in processes:
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGCONT)
+            proc.stop()
+
+
 def _online(hub, dev_id: str):
     async def check() -> bool:
         return bool((await device(hub, dev_id)).get("online"))
