@@ -22,7 +22,7 @@ import logging
 import mmap
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -143,7 +143,7 @@ class Region:
             # the mapping itself goes with the last view
             self._map.madvise(mmap.MADV_DONTNEED)
 
-    def __enter__(self) -> Region:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

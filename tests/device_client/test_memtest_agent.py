@@ -19,7 +19,7 @@ from device_client.agent import Agent
 from device_client.memtest import MemtestConfig
 from device_client.workload import parse_spec
 
-FAST = dict(backoff_initial=0.01, backoff_max=0.04)
+FAST = {"backoff_initial": 0.01, "backoff_max": 0.04}
 SMALL = 256 << 10
 
 
@@ -204,7 +204,8 @@ def _agent_process(hub, data_dir, log):
 
 @pytest.mark.parametrize("mode", ["live", "test_boot"])
 async def test_a_killed_agent_reports_the_run_interrupted_and_never_retries_it(hub, tmp_path, mode):
-    with trio.fail_after(60), open(tmp_path / "agent.log", "ab") as log:
+    log = (tmp_path / "agent.log").open("ab")  # the agents' output, for a failing test's report
+    with trio.fail_after(60), log:
         proc = _agent_process(hub, tmp_path / "dev", log)
         try:
             link = await hub.next_link()

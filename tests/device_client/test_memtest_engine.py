@@ -222,7 +222,9 @@ async def test_confirmation_rules(autojump_clock):
         class Scripted:
             """Corrupts page 0 every time, page 3 never, page 6 on calls 1 and 9 only."""
             idle_seconds = temp_c = 0.0
-            calls = {0: 0, 3: 0, 6: 0}
+
+            def __init__(self):
+                self.calls = {0: 0, 3: 0, 6: 0}
 
             def corrupt(self, view, spans, step):
                 for s, e in spans:
