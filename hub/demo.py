@@ -2,13 +2,20 @@
 
 Everything is created once and found again on later runs (same data dir). ``<data-dir>/demo.json``
 is written when the hub and all devices are up, so scripts can wait for it and use the hub.
+
+So that every part of the API answers out of the box, the demo organisation also gets a billing
+profile (plan "demo"), tunnel sessions are enabled for it, the catalogue gets demo list prices when
+no price was ever set (``DEMO_PRICES``: made-up figures, labelled as such), and each simulated
+device offers a tunnel target ``echo``: a TCP echo server the demo runs on 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import secrets
+from decimal import Decimal
 from functools import partial
 from pathlib import Path
 
@@ -22,6 +29,10 @@ from hub.services import Services
 DEMO_ORG = "Demo Robotics"
 DEMO_EMAIL = "admin@demo.fleethub.local"
 DEMO_FLEET = "demo-fleet"
+# Made-up list prices, set only on a hub where no price was ever set (currency units per unit).
+DEMO_PRICES = {"active_device": "2.00", "tunnel_minutes": "0.01", "tunnel_relayed_bytes": "0.40",
+               "registry_fallback_bytes": "0.50", "assistant_prompt_tokens": "1.00",
+               "assistant_completion_tokens": "3.00"}
 
 
 def _write_private(path: Path, data: dict) -> None:
@@ -53,8 +64,30 @@ async def bootstrap(services: Services, data_dir: Path) -> dict:
         # No fleet tags: a fleet's tags are what its devices must carry to be eligible for rollouts.
         fleet = await services.fleets.create(org["id"], now, name=DEMO_FLEET,
                                              description="Simulated devices of the demo", architecture=None)
+    if await services.billing.profile(org["id"]) is None:
+        await services.billing.put_profile(org["id"], now, plan="demo")
+    if not await services.billing.all_prices():
+        for product, price in DEMO_PRICES.items():
+            await services.billing.set_price(product, None, dt.date(2020, 1, 1), Decimal(price), now)
+    if await services.tunnels.store.entitlement(org["id"]) is None:
+        await services.tunnels.store.set_entitlement(org["id"], {"enabled": True}, now)
     return {"org_id": str(org["id"]), "fleet_id": str(fleet["id"]), "pat": pat,
             "admin": {"email": DEMO_EMAIL, "password": password}}
+
+
+async def echo_server(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A TCP echo service on 127.0.0.1, the simulated devices' tunnel target ``echo``."""
+    async def echo(stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                async for chunk in stream:
+                    await stream.send_all(chunk)
+            except trio.BrokenResourceError:
+                pass
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(echo, listeners)
 
 
 def curl_examples(info: dict) -> str:
@@ -74,11 +107,15 @@ def curl_examples(info: dict) -> str:
 async def run_demo(services: Services, base_url: str, nursery: trio.Nursery, *, data_dir: Path,
                    devices: int, memory_faults: list[str] | None = None,
                    memory_budget: int | None = None) -> dict:
+    from device_client.tunnel import TunnelConfig
+
     info = await bootstrap(services, data_dir)
+    echo_port = await nursery.start(echo_server)
     agents = await nursery.start(partial(
         run_sim, base_url, devices, data_dir, pat_id=info["pat"]["id"], pat_secret=info["pat"]["secret"],
         org_id=info["org_id"], fleet_id=info["fleet_id"], memory_faults=memory_faults,
-        memory_budget=memory_budget))
+        memory_budget=memory_budget,
+        agent_options={"tunnel": TunnelConfig(targets={"echo": ("127.0.0.1", echo_port)})}))
     info = {"base_url": base_url, **info, "devices": [a.device_id for a in agents]}
     _write_private(data_dir / "demo.json", info)
     return info
