@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test bench clean
+.PHONY: run test bench clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,9 +16,21 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/fleethub demo --port 8080 --data-dir .fleethub --devices 3
 
+# Debian packages the tests use beside PyPI: coturn (a real TURN relay for the tunnel tests) and
+# memtester (the memory-test benchmark's reference). Installed when missing and apt-get is there.
+system-deps:
+	@command -v turnserver >/dev/null && command -v memtester >/dev/null || \
+	  { command -v apt-get >/dev/null && \
+	    { [ "$$(id -u)" = 0 ] && SUDO= || SUDO=sudo; \
+	      $$SUDO apt-get install -y -q coturn memtester >/dev/null 2>&1 || \
+	      { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q coturn memtester >/dev/null; }; } ; } || \
+	  echo "note: coturn/memtester not installed; the TURN tests will say so"
+	@# the Debian package starts a system coturn where systemd runs; the tests start their own
+	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now coturn >/dev/null 2>&1; } || true
+
 # The whole test suite (pytest exits 5 when it collects nothing, which fails here too),
 # then every benchmark at smoke size.
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(PY) -m pytest
 	$(PY) bench/run_all.py --smoke
 
