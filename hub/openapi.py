@@ -43,6 +43,11 @@ class FleethubOpenAPI(OpenAPIProvider):
         schemas.setdefault("Error", _GENERAL)
         schemas.setdefault("MemoryTestError", _MEMTEST)
         schemas.setdefault("TunnelError", _TUNNEL)
+        chat = schema.get("paths", {}).get("/v1/assistant/chat/completions", {}).get("post")
+        if chat is not None:
+            chat.setdefault("responses", {})[200] = {
+                "description": "chat.completion.chunk events (OpenAI streaming format), ending with data: [DONE]",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}}}
         metrics = schema.get("paths", {}).get("/metrics", {}).get("get")
         if metrics is not None:
             metrics.setdefault("responses", {})[200] = {
