@@ -212,7 +212,7 @@ def main() -> int:
     hub = HubProcess.start(heartbeat_interval=args.interval, name="capacity-hub")
     sim_root = shm_tempdir("fleethub-bench-sim-")
     workers: list[Worker] = []
-    rows, results = [], {"steps": []}
+    results = {"steps": []}
     max_held = 0
     try:
         hub.bootstrap()

@@ -50,6 +50,13 @@ MIN_HEARTBEAT = 0.05  # a hub sending 0 must not turn the agent into a busy loop
 _BOOT_REASON = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
+def _is_ed25519_key(encoded: str) -> bool:
+    try:
+        return len(base64.b64decode(encoded, validate=True)) == 32
+    except ValueError:  # binascii.Error is a ValueError
+        return False
+
+
 def _agent_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -166,6 +173,7 @@ class Agent:
         self.commands.register("ping", self._ping)
         self.commands.register("reboot", self._reboot)
         self.commands.register("link.drain", self._drain)
+        self.commands.register("link.keys", self._keys)
         self._reconnect_after: float | None = None  # set by link.drain: leave the link, come back then
         self.hooks = Hooks()
         self._backoff = Backoff(backoff_initial, backoff_max, rng)
@@ -454,6 +462,16 @@ class Agent:
         # the reply to this command is sent first; _commands_answered then ends the link
         self._reconnect_after = float(after)
         return {"draining": True, "reconnectAfter": float(after)}
+
+    async def _keys(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The hub rotated its signing key: these keys replace welcome.hubKeys, so the grants it signs
+        now verify without a new link."""
+        keys = payload.get("hubKeys")
+        if not isinstance(keys, dict) or not keys or not all(
+                isinstance(k, str) and isinstance(v, str) and _is_ed25519_key(v) for k, v in keys.items()):
+            raise CommandError("invalid_payload", "hubKeys must map key ids to base64 Ed25519 public keys")
+        self.hub_keys = dict(keys)
+        return {"kids": list(keys)}
 
     # ---- boots ----
 

@@ -22,6 +22,8 @@ Command verbs and their payloads (hub → device; the reply payload after the ar
     link.drain      {reconnectAfter (s), url?}          → {draining: true}  (the hub is stopping: close
                                                           the link, reconnect within reconnectAfter
                                                           seconds, to url when given)
+    link.keys       {hubKeys: {kid: base64 key}}        → {kids: [str]}  (the hub rotated its signing
+                                                          key: these replace welcome.hubKeys)
 
 SecretFilePayload: {fileId, path, mode (int, e.g. 0o600), uid, gid, contentB64, sha256, source
 ("device" | "configuration"), configId?}. FileResult: {fileId?, path, status ("on_device" |
@@ -70,8 +72,8 @@ A grant is ``base64url(payload JSON) + "." + base64url(Ed25519 signature over th
 bytes)``, signed with the hub's key; payload: {v: 1, kid, sid, orgId, deviceId, principal, target,
 notBefore, expiresAt (RFC 3339), relay (bool), bandwidthBps, clientFingerprint (the DTLS
 fingerprint of the CLI's offer), deviceKey (the device's tunnel public key)}. The device verifies
-the grant against the keys the hub sent in ``welcome.hubKeys`` ({kid: base64 public key}) and that
-deviceId is its own and the offer's fingerprint is clientFingerprint. Reply error codes:
+the grant against the keys the hub sent in ``welcome.hubKeys`` ({kid: base64 public key}; after a
+key rotation ``link.keys`` replaces them on a live link) and that deviceId is its own and the offer's fingerprint is clientFingerprint. Reply error codes:
 target_not_configured, ssh_disabled, device_unsupported, invalid_grant, and rejected (any other
 refusal, with the reason as message). Data channels: ``control`` (JSON: {type: "renew", grant} →
 {type: "renewed", expiresAt} or {type: "error", reason}; {type: "closing", reason}) and one channel

@@ -79,6 +79,17 @@ async def run_admin(settings: Settings, args: argparse.Namespace) -> dict:
             count = await rotate(settings.data_dir, s.secrets.reencrypt_all)
             await s.db.execute("SELECT pg_notify($1, $2)", AUTH_CHANNEL, SECRET_KEYS_TAG)
             return {"rotated": True, "reencrypted": count}
+        if args.admin_command == "rotate-signing-key":
+            from hub.auth.signing_keys import SIGNING_KEYS_TAG, SigningKeyError
+            from hub.auth.signing_keys import rotate as rotate_signing_key
+            from hub.services import AUTH_CHANNEL
+
+            try:
+                result = rotate_signing_key(settings.data_dir)
+            except SigningKeyError as exc:
+                raise SystemExit(str(exc)) from None
+            await s.db.execute("SELECT pg_notify($1, $2)", AUTH_CHANNEL, SIGNING_KEYS_TAG)
+            return result
         if args.admin_command in billing_admin.COMMANDS:
             return await billing_admin.run(s, args, now)
         if args.admin_command in tunnel_admin.COMMANDS:

@@ -214,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = asub.add_parser("delete-user", help="delete a user: their PATs and sessions stop working at once")
     a.add_argument("email")
     asub.add_parser("rotate-secret-key", help="re-encrypt every secret file under a new key (hub may run)")
+    asub.add_parser("rotate-signing-key", help="a new token and grant signing key; tokens signed by the "
+                    "previous key stay valid until they expire (hub may run)")
     a = asub.add_parser("backup", help="pg_dump the hub's database to FILE (hub may run; keys not included)")
     a.add_argument("file")
     a = asub.add_parser("restore", help="replace the database's contents with a backup (stop the hub first)")

@@ -27,7 +27,8 @@ from actors.runtime import Registry, Supervisor
 from device_client.clock import Clock
 from hub import gc_tuning
 from hub.auth.cache import AuthCache
-from hub.auth.oauth import TokenSigner, load_or_create_key
+from hub.auth.oauth import TokenSigner
+from hub.auth.signing_keys import SIGNING_KEYS_TAG, SigningKeys
 from hub.auth.ratelimit import RateLimiter
 from hub.auth.sessions import LoginThrottle
 from hub.events import EventHub
@@ -52,6 +53,7 @@ from storage.tokens import Tokens
 from storage.usage import Usage
 from storage.billing import Billing
 from hub.metering import Meter
+from hub.tunnels.grants import push_hub_keys
 from hub.tunnels.sessions import TunnelService
 
 log = logging.getLogger("fleethub")
@@ -100,7 +102,9 @@ class Services:
         self.secret_box = SecretBox.from_data_dir(self.settings.data_dir)
         self.auth_cache = AuthCache()
         self.rate_limiter = RateLimiter()
-        self.token_signer = TokenSigner(load_or_create_key(self.settings.data_dir))
+        # One ring for access tokens, tunnel tokens and grants: a rotation reloads all three.
+        self.signing_keys = SigningKeys.from_data_dir(self.settings.data_dir)
+        self.token_signer = TokenSigner(self.signing_keys)
         self.login_throttle = LoginThrottle()
         self.presence = WriteBehind(self.devices.write_presence, interval=0.5, name="presence rows")
         self.audit_log = WriteBehind(self.audit.write_many, interval=1.0, name="audit events")
@@ -138,6 +142,9 @@ class Services:
     def on_notify(self, tag: str) -> None:
         if tag == SECRET_KEYS_TAG:
             self.secret_box.reload()  # a rotation beside us: seal under the new key from now on
+        elif tag == SIGNING_KEYS_TAG:
+            self.signing_keys.reload()  # sign with the new key from now on, still verify the old ones
+            self.nursery.start_soon(push_hub_keys, self)  # connected devices learn the new grant key
         else:
             self.auth_cache.forget(tag)
 

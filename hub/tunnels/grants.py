@@ -1,10 +1,12 @@
-"""Tunnel grants, signed with the hub's Ed25519 key (the one hub/auth/oauth.py loads for JWTs).
+"""Tunnel grants, signed with the hub's signing key ring (hub/auth/signing_keys.py, also the JWTs').
 
 Format (device_client/protocol.py, "Tunnels"; webrtc/grant.py reads it on the device and the CLI):
 ``base64url(payload JSON) + "." + base64url(Ed25519 signature over those base64url bytes)``,
-unpadded, the JSON with sorted keys and no spaces. The key id ``kid`` is derived from the public key
-(``hub-`` + the first 16 hex digits of SHA-256 of its 32 raw bytes), so a rotated key gets a new
-kid and devices holding the old one refuse the new grants instead of misreading them.
+unpadded, the JSON with sorted keys and no spaces. The payload's ``kid`` names the signing key
+(``hub-`` + the first 16 hex digits of SHA-256 of its 32 raw bytes). Devices verify with the keys of
+``welcome.hubKeys`` (current and previous keys); after a rotation the hub pushes the new set with the
+``link.keys`` command (``push_hub_keys``), so connected devices accept grants of the new key at once
+and grants signed before the rotation still verify.
 
 The hub reads grants back only on renewal; ``verify`` checks the signature and the payload's shape,
 not the validity window: whether a grant may still be renewed is the session's business.
@@ -15,16 +17,19 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-import hashlib
 import json
+import logging
 from typing import Any
 
+import trio
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from device_client.clock import rfc3339
+from hub.auth.signing_keys import SigningKeys
 from hub.errors import BadRequest, FleethubError
+
+log = logging.getLogger("fleethub.tunnels")
 
 GRANT_VERSION = 1
 
@@ -65,37 +70,63 @@ def payload(*, kid: str, sid: str, org_id: str, device_id: str, principal: str, 
 
 
 class GrantSigner:
-    def __init__(self, key: Ed25519PrivateKey) -> None:
-        self._key = key
-        raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-        self.kid = "hub-" + hashlib.sha256(raw).hexdigest()[:16]
-        self.public_b64 = base64.b64encode(raw).decode("ascii")
+    def __init__(self, keys: SigningKeys | Ed25519PrivateKey) -> None:
+        self.keys = SigningKeys.of(keys)
+
+    @property
+    def kid(self) -> str:
+        """The current key's id: what a new grant's payload names."""
+        return self.keys.kid
 
     @property
     def hub_keys(self) -> dict[str, str]:
-        """What the device link sends in welcome.hubKeys."""
-        return {self.kid: self.public_b64}
+        """What the device link sends in welcome.hubKeys and link.keys: current and previous keys."""
+        return self.keys.hub_keys
 
     def sign(self, body: dict[str, Any]) -> str:
+        """Sign with the current key; the payload must name it (``kid``), or devices could not verify."""
+        if body.get("kid") != self.keys.kid:
+            raise GrantRejected("the grant does not name the hub's current signing key")
         try:
             head = b64url(json.dumps(body, separators=(",", ":"), sort_keys=True).encode()).encode("ascii")
-            return head.decode("ascii") + "." + b64url(self._key.sign(head))
+            return head.decode("ascii") + "." + b64url(self.keys.current.sign(head))
         except Exception as exc:  # a key that cannot sign is our fault, never the caller's
             raise GrantRejected(f"the hub could not sign the tunnel grant ({type(exc).__name__})") from None
 
     def verify(self, token: Any) -> dict[str, Any]:
-        """The payload of a grant this hub signed (with its current key); InvalidGrant otherwise."""
+        """The payload of a grant this hub signed with a key of its ring; InvalidGrant otherwise."""
         if not isinstance(token, str) or token.count(".") != 1:
             raise InvalidGrant("the grant is not two base64url parts")
         head, sig = token.split(".")
         try:
-            self._key.public_key().verify(_unb64url(sig), head.encode("ascii"))
-        except (InvalidSignature, UnicodeEncodeError):
-            raise InvalidGrant("the grant's signature does not verify") from None
-        try:
             body = json.loads(_unb64url(head))
         except ValueError:
             raise InvalidGrant("the grant's payload is not JSON") from None
-        if not isinstance(body, dict) or body.get("v") != GRANT_VERSION or body.get("kid") != self.kid:
-            raise InvalidGrant("the grant is not a version 1 grant of this hub's key")
+        public = self.keys.public(body.get("kid")) if isinstance(body, dict) and "kid" in body else None
+        if public is None or body.get("v") != GRANT_VERSION:
+            raise InvalidGrant("the grant is not a version 1 grant of this hub's keys")
+        try:
+            public.verify(_unb64url(sig), head.encode("ascii"))
+        except (InvalidSignature, UnicodeEncodeError):
+            raise InvalidGrant("the grant's signature does not verify") from None
         return body
+
+
+async def push_hub_keys(services: Any, *, timeout: float = 10.0) -> int:
+    """After a key rotation: tell every device connected here the keys that sign grants now
+    (``link.keys``), so it accepts new grants without reconnecting. Returns how many acknowledged."""
+    payload = {"hubKeys": services.tunnels.grants.hub_keys}
+    acknowledged = 0
+
+    async def tell(device_id: Any) -> None:
+        nonlocal acknowledged
+        try:
+            await services.bus.request(f"cmd.{device_id}.link.keys", payload, timeout=timeout)
+            acknowledged += 1
+        except Exception as exc:  # noqa: BLE001 — it learns them from its next welcome instead
+            log.info("device %s did not take the new hub keys: %s", device_id, type(exc).__name__)
+
+    async with trio.open_nursery() as nursery:
+        for device_id in list(services.links):
+            nursery.start_soon(tell, device_id)
+    return acknowledged

@@ -168,7 +168,9 @@ async def renew_session(s, principal: TunnelPrincipal, org_id: uuid.UUID, sid: u
     if expires_at <= row["expires_at"]:
         raise LimitHit("the session reached its maximum length", code="limit_exceeded",
                        details={"limit": "max_session_seconds", "max": c.entitlement.max_session_seconds})
-    body = {**stored, "notBefore": grants.payload_time(now), "expiresAt": grants.payload_time(expires_at)}
+    # Signed by the current key, which may be newer than the one the session opened with.
+    body = {**stored, "kid": s.tunnels.grants.kid, "notBefore": grants.payload_time(now),
+            "expiresAt": grants.payload_time(expires_at)}
     grant = s.tunnels.grants.sign(body)
     actor = await s.tunnels.actor(sid)
     await actor.ask(Renew(expires_at, body), timeout=10)

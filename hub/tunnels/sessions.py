@@ -30,7 +30,6 @@ import trio
 from actors.device import Send
 from actors.machines import tunnel as tm
 from actors.runtime import Actor, ActorError, Reply
-from hub.auth.oauth import load_or_create_key
 from hub.errors import Conflict, DeviceError, FleethubError, NotFound
 from hub.tunnels.grants import GrantSigner
 from hub.tunnels.tokens import TunnelTokens
@@ -255,9 +254,8 @@ class TunnelService:
 
     def __init__(self, services: "Services") -> None:
         self.services = services
-        key = load_or_create_key(services.settings.data_dir)
-        self.grants = GrantSigner(key)
-        self.tokens = TunnelTokens(key)
+        self.grants = GrantSigner(services.signing_keys)  # the ring Services reloads after a rotation
+        self.tokens = TunnelTokens(services.signing_keys)
         self.store = Tunnels(services.db)
 
     async def actor(self, sid: uuid.UUID) -> TunnelActor:

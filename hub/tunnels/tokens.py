@@ -7,6 +7,9 @@
 - Signalling token: scope ``tunnel.signal``, audience ``fleethub-tunnel-signal``, subject the
   session id; good for the session's current grant window (a renewal hands out a new one). It opens
   ``GET /v1/cli/tunnel/session/{sid}/signal`` for that session only.
+
+Both are signed by the hub's signing key ring (hub/auth/signing_keys.py) and carry its ``kid``, so
+they outlive a key rotation until they expire.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from hub.auth.oauth import ISSUER
+from hub.auth.signing_keys import SigningKeys
 
 TUNNEL_AUDIENCE = "fleethub-tunnel"
 SIGNAL_AUDIENCE = "fleethub-tunnel-signal"
@@ -44,21 +48,22 @@ class TunnelClaims:
 
 
 class TunnelTokens:
-    def __init__(self, key: Ed25519PrivateKey) -> None:
-        self._key = key
-        self._public = key.public_key()
+    def __init__(self, keys: SigningKeys | Ed25519PrivateKey) -> None:
+        self.keys = SigningKeys.of(keys)
 
     def _encode(self, claims: dict, now: dt.datetime, lifetime: float) -> tuple[str, dt.datetime]:
         expires_at = now + dt.timedelta(seconds=lifetime)
         body = {"iss": ISSUER, "iat": int(now.timestamp()), "exp": int(expires_at.timestamp()),
                 "jti": secrets.token_hex(8), **claims}
-        return jwt.encode(body, self._key, algorithm="EdDSA"), dt.datetime.fromtimestamp(body["exp"], dt.timezone.utc)
+        return self.keys.sign_jwt(body), dt.datetime.fromtimestamp(body["exp"], dt.timezone.utc)
 
     def _decode(self, token: str, audience: str, now: dt.datetime) -> dict:
         try:
-            # Expiry against our Clock, not the OS clock, so tests can move time.
-            claims = jwt.decode(token, self._public, algorithms=["EdDSA"], audience=audience, issuer=ISSUER,
-                                options={"verify_exp": False, "require": ["exp", "sub", "org", "aud", "scope"]})
+            # Time claims against our Clock, not the OS clock, so tests can move time (pyjwt would
+            # compare exp, iat and nbf with the OS clock).
+            claims = jwt.decode(token, self.keys.jwt_key(token), algorithms=["EdDSA"], audience=audience,
+                                issuer=ISSUER, options={"verify_exp": False, "verify_iat": False, "verify_nbf": False,
+                                                        "require": ["exp", "sub", "org", "aud", "scope"]})
         except (jwt.PyJWTError, ValueError, TypeError):
             raise BadTunnelToken("the tunnel token is invalid") from None
         if int(claims["exp"]) <= now.timestamp():

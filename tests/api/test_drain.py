@@ -5,7 +5,6 @@ back on the successor without waiting out a backoff."""
 from __future__ import annotations
 
 import uuid
-from functools import partial
 
 import trio
 

@@ -271,7 +271,7 @@ async def test_unreachable_device_and_signing_fault(hub, nursery):
                 raise OSError("key store unavailable")
 
         dev2, device2 = await connect(hub, nursery)
-        hub.services.tunnels.grants._key = FaultyKey()
+        hub.services.tunnels.grants.keys.current = FaultyKey()
         body = tunnel_error(await open_session(hub, token, dev2), 500, "grant_rejected")
         assert "key store" not in body["message"]
         assert device2.sent("tunnel.open") == []
