@@ -253,27 +253,51 @@ async def signal(sid: str):
             await send(notice)
         cancel.cancel()  # the session ended: so does its signalling
 
+    restarting = trio.Lock()  # one ICE restart at a time
+    close: tuple[int, str] = (1000, "session closed")
+
+    async def restart(message: dict[str, Any]) -> None:
+        async with restarting:
+            await _signal_message(s, session_id, message, send)
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(notices, nursery.cancel_scope)
         while True:
+            # A client that sends what is not a message, or a second restart while one is running,
+            # is broken: its socket closes with the reason (the session itself is not affected).
             try:
                 message = json.loads(await ws.receive())
             except ValueError:
-                await send({"type": "error", "error_code": "invalid_message", "message": "not JSON"})
-                continue
-            nursery.start_soon(_signal_message, s, session_id, message, send)
-    await ws.close(1000, "session closed")
+                message = None
+            problem = _malformed(message)
+            if problem is not None:
+                close = (SIGNAL_BAD_MESSAGE, problem)
+                break
+            if restarting.locked():
+                close = (SIGNAL_OUT_OF_ORDER, "an ICE restart is already in progress")
+                break
+            nursery.start_soon(restart, message)
+        nursery.cancel_scope.cancel()
+    await ws.close(*close)
 
 
-async def _signal_message(s, session_id, message: Any, send) -> None:
-    if not isinstance(message, dict) or message.get("type") != "ice_restart" or not isinstance(message.get("offer"), dict):
-        await send({"type": "error", "error_code": "invalid_message",
-                    "message": 'expected {"type": "ice_restart", "offer": {"sdp", "type"}}'})
-        return
+SIGNAL_BAD_MESSAGE = 4400  # close code: not JSON, or not {"type": "ice_restart", "offer": {sdp, type}}
+SIGNAL_OUT_OF_ORDER = 4409  # close code: an ICE restart while another is running
+
+
+def _malformed(message: Any) -> str | None:
+    if not isinstance(message, dict):
+        return "malformed message: not a JSON object"
+    if message.get("type") != "ice_restart" or not isinstance(message.get("offer"), dict):
+        return 'malformed message: expected {"type": "ice_restart", "offer": {"sdp", "type"}}'
     offer = message["offer"]
     if not isinstance(offer.get("sdp"), str) or offer.get("type") != "offer":
-        await send({"type": "error", "error_code": "invalid_message", "message": "offer needs sdp and type offer"})
-        return
+        return "malformed message: the offer needs sdp and type offer"
+    return None
+
+
+async def _signal_message(s, session_id, message: dict[str, Any], send) -> None:
+    offer = message["offer"]
     try:
         actor = await s.tunnels.actor(session_id)
         reply = await actor.ask(IceRestart({"sdp": offer["sdp"], "type": "offer"}),

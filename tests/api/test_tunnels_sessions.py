@@ -11,7 +11,7 @@ from decimal import Decimal
 
 import pytest
 import trio
-from trio_websocket import ConnectionRejected, open_websocket_url
+from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
 from tests.api.test_tunnels import (COMMAND_TIMEOUT, bearer, connect, entitle, open_session, signal_url,
                                     tunnel_error, tunnel_hub, tunnel_token)
@@ -157,8 +157,25 @@ async def test_signalling_socket(hub, nursery):
             answer = json.loads(await ws.get_message())
             assert answer["type"] == "answer" and answer["answer"]["sdp"].endswith("a=ice-restart\r\n")
             assert device.sent("tunnel.ice_restart") == [{"sessionId": sid, "offer": OFFER}]
-            await ws.send_message(json.dumps({"type": "dance"}))
-            assert json.loads(await ws.get_message())["error_code"] == "invalid_message"
+        # What is not a signalling message closes that socket with the reason; the session lives on.
+        for bad, code in (({"type": "dance"}, 4400), ("not json", 4400), ([1, 2], 4400),
+                          ({"type": "ice_restart", "offer": {"sdp": 5}}, 4400)):
+            async with open_websocket_url(signal_url(hub, sid) + "?token=" + data["signalling_token"]) as ws:
+                await ws.send_message(bad if isinstance(bad, str) else json.dumps(bad))
+                with pytest.raises(ConnectionClosed) as closed:
+                    await ws.get_message()
+                assert closed.value.reason.code == code and "malformed" in closed.value.reason.reason
+        # A second restart while the first is still with the device is out of order.
+        device.silent = True
+        async with open_websocket_url(signal_url(hub, sid) + "?token=" + data["signalling_token"]) as ws:
+            await ws.send_message(json.dumps({"type": "ice_restart", "offer": OFFER}))
+            await wait_for(lambda: len(device.sent("tunnel.ice_restart")) == 2)
+            await ws.send_message(json.dumps({"type": "ice_restart", "offer": OFFER}))
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.get_message()
+            assert closed.value.reason.code == 4409
+        device.silent = False
+        async with open_websocket_url(signal_url(hub, sid) + "?token=" + data["signalling_token"]) as ws:
             r = await hub.call("DELETE", f"/v1/cli/tunnel/session/{sid}", headers=bearer(token))
             assert r.status_code == 200
             assert json.loads(await ws.get_message()) == {"type": "closed", "reason": "closed by the client"}
