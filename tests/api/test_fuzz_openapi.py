@@ -1,8 +1,9 @@
 """schemathesis against /v1/openapi.json on a real hub, authenticated, every operation: no 5xx, and
 every response matches the documented status codes, content type and schema.
 
-CI runs a bounded number of examples per operation (FLEETHUB_FUZZ_EXAMPLES, default 4, and a time
-budget); `python bench/fuzz.py` runs the same with many more. Server-sent event streams are left
+CI runs a bounded number of examples per operation (FLEETHUB_FUZZ_EXAMPLES, default 4) within a time
+budget (FLEETHUB_FUZZ_SECONDS, default 90); a larger run by hand is the same test with larger values
+(docs/operations.md). Server-sent event streams are left
 out (they stream until the client goes away) and so is the device WebSocket.
 """
 
