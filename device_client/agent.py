@@ -32,6 +32,7 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError,
 
 from . import protocol
 from .clock import Clock, rfc3339
+from . import linkctl
 from .commands import CommandError, CommandTable, Handler, Hook, Hooks, current_command
 from .configs import ConfigManager
 from .files import SecretFileStore
@@ -48,13 +49,6 @@ log = logging.getLogger("fleethub.agent")
 REBOOT_PAUSE = 0.2  # seconds "powered off" during an in-process reboot
 MIN_HEARTBEAT = 0.05  # a hub sending 0 must not turn the agent into a busy loop
 _BOOT_REASON = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-
-
-def _is_ed25519_key(encoded: str) -> bool:
-    try:
-        return len(base64.b64decode(encoded, validate=True)) == 32
-    except ValueError:  # binascii.Error is a ValueError
-        return False
 
 
 def _agent_version() -> str:
@@ -172,8 +166,7 @@ class Agent:
         self.commands = CommandTable(on_idle=self._commands_answered)
         self.commands.register("ping", self._ping)
         self.commands.register("reboot", self._reboot)
-        self.commands.register("link.drain", self._drain)
-        self.commands.register("link.keys", self._keys)
+        linkctl.attach(self)  # link.drain, link.keys
         self._reconnect_after: float | None = None  # set by link.drain: leave the link, come back then
         self.hooks = Hooks()
         self._backoff = Backoff(backoff_initial, backoff_max, rng)
@@ -226,6 +219,13 @@ class Agent:
 
     def add_shutdown_hook(self, hook: Hook) -> None:
         self.hooks.shutdown.append(hook)
+
+    def request_reconnect(self, after: float, url: str | None = None) -> None:
+        """Leave the link once the replies being worked on are sent, and reconnect at a random moment
+        within ``after`` seconds — to ``url`` when given (ValueError if it is not a hub URL)."""
+        if url is not None:
+            self.link_url, self.hub_url = link_url(url), url
+        self._reconnect_after = after  # _commands_answered ends the link after this command's reply
 
     def request_reboot(self, reason: str = "reboot") -> None:
         """Reboot once the replies being worked on are sent; the next hello reports ``reason``."""
@@ -445,33 +445,6 @@ class Agent:
             raise CommandError("invalid_payload", "reason must be a short snake_case word")
         self.request_reboot(reason)
         return {"rebooting": True}
-
-    async def _drain(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The hub is going away: leave the link once the replies being worked on are sent and come
-        back within ``reconnectAfter`` seconds, to ``url`` when the hub names another one."""
-        after = payload.get("reconnectAfter", 5.0)
-        url = payload.get("url")
-        if not isinstance(after, (int, float)) or not 0 <= after <= 600:
-            raise CommandError("invalid_payload", "reconnectAfter must be 0 to 600 seconds")
-        if url is not None:
-            try:
-                new_link = link_url(str(url))
-            except ValueError as exc:
-                raise CommandError("invalid_payload", str(exc)) from None
-            self.hub_url, self.link_url = str(url), new_link
-        # the reply to this command is sent first; _commands_answered then ends the link
-        self._reconnect_after = float(after)
-        return {"draining": True, "reconnectAfter": float(after)}
-
-    async def _keys(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The hub rotated its signing key: these keys replace welcome.hubKeys, so the grants it signs
-        now verify without a new link."""
-        keys = payload.get("hubKeys")
-        if not isinstance(keys, dict) or not keys or not all(
-                isinstance(k, str) and isinstance(v, str) and _is_ed25519_key(v) for k, v in keys.items()):
-            raise CommandError("invalid_payload", "hubKeys must map key ids to base64 Ed25519 public keys")
-        self.hub_keys = dict(keys)
-        return {"kids": list(keys)}
 
     # ---- boots ----
 
