@@ -80,7 +80,8 @@ refusal, with the reason as message). Data channels: ``control`` (JSON: {type: "
 per forwarded TCP connection labelled ``tcp``. Event ``tunnel.usage`` {sessionId, bytesIn, bytesOut,
 relayedBytes, durationSeconds, final (bool), reason?} while open (every 30 s) and when it closes:
 totals since the session opened (bytesIn + bytesOut count every byte; relayedBytes is the part that
-went through a TURN relay). Hello ``tunnelTargets`` {names: [str], ports: [int], ssh: bool}: the
+went through a TURN relay). A final report made while there was no link is sent at the next link, so
+it may arrive after the hub ended the session (expired); the hub records its totals all the same. Hello ``tunnelTargets`` {names: [str], ports: [int], ssh: bool}: the
 hub refuses a target that is neither a name nor a port listed there (404 target_not_configured)
 before it asks the device; a target given as a port is its decimal string, e.g. "8080". ``ssh`` is
 always passed on to a device that sends tunnelTargets: the device answers or refuses ssh_disabled.

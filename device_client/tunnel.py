@@ -14,7 +14,8 @@ connects every ``tcp`` channel to the target, a name from its own configuration:
 The grant's expiry closes the session unless the CLI sends a renewed grant on the ``control``
 channel first. The grant's bandwidthBps caps each direction. ``tunnel.usage`` events report bytes
 (in: from the CLI to the target; out: back), relayed bytes (while the selected ICE pair uses a TURN
-relay) and duration every 30 s and once, final, at the close.
+relay) and duration every 30 s and once, final, at the close; a final report made with no link is
+sent at the next one.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleethub.agent.tunnel")
 
 USAGE_INTERVAL = 30.0  # seconds between tunnel.usage events of an open session
+MAX_UNSENT_FINALS = 100  # final usage reports kept while there is no link
 CONNECT_TIMEOUT = 30.0  # seconds for the CLI to open the control channel after the answer
 CLOSE_TIMEOUT = 5.0  # seconds tunnel.close waits for the session to finish closing
 SSH_DEFAULT = ("127.0.0.1", 22)
@@ -167,7 +169,7 @@ class Session:
             with trio.CancelScope(shield=True):
                 await self.peer.close()
                 self.service.sessions.pop(self.sid, None)
-                await self.service.agent.send_event("tunnel.usage", self.usage(final=True))
+                await self.service.report_final(self.usage(final=True))
                 log.info("tunnel %s closed (%s)", self.sid, self.reason)
                 self.done.set()
 
@@ -203,6 +205,21 @@ class TunnelService:
         self.agent = agent
         self.config = config
         self.sessions: dict[str, Session] = {}
+        # Final usage of sessions that ended with no link (the hub down or unreachable): the bytes are
+        # billed, so each is sent at the next link. Bounded: the oldest go first when it overflows.
+        self.unsent_finals: list[dict[str, Any]] = []
+
+    async def report_final(self, usage: dict[str, Any]) -> None:
+        if not await self.agent.send_event("tunnel.usage", usage):
+            self.unsent_finals = (self.unsent_finals + [usage])[-MAX_UNSENT_FINALS:]
+
+    async def _on_link(self) -> None:
+        while self.unsent_finals:
+            usage = self.unsent_finals[0]
+            if not await self.agent.send_event("tunnel.usage", usage):
+                return
+            if self.unsent_finals and self.unsent_finals[0] is usage:
+                self.unsent_finals.pop(0)
 
     def hello_fields(self) -> dict[str, Any]:
         # the hub refuses a target missing here before it asks the device (404 target_not_configured)
@@ -286,5 +303,6 @@ def attach(agent: "Agent", config: TunnelConfig | None = None) -> TunnelService:
     agent.register("tunnel.ice_restart", service.ice_restart)
     agent.add_shutdown_hook(service.shutdown)
     agent.add_hello_provider(service.hello_fields)
+    agent.add_link_hook(service._on_link)
     agent.capabilities.tunnel = True
     return service

@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import secrets
 from decimal import Decimal
 from functools import partial
 from pathlib import Path
@@ -23,7 +22,7 @@ import trio
 
 from device_client.sim import run_sim
 from hub.auth.passwords import hash_password
-from hub.auth.pat import digest, new_pat
+from hub.auth.pat import cli_safe_secret, digest, new_pat
 from hub.services import Services
 
 DEMO_ORG = "Demo Robotics"
@@ -49,7 +48,7 @@ async def bootstrap(services: Services, data_dir: Path) -> dict:
     path = data_dir / "demo.json"
     previous = json.loads(path.read_text()) if path.exists() else {}
     now = services.clock.now()
-    password = previous.get("admin", {}).get("password") or secrets.token_urlsafe(12)
+    password = previous.get("admin", {}).get("password") or cli_safe_secret(12)
     org, user = await services.orgs.ensure_demo(
         org_name=DEMO_ORG, email=DEMO_EMAIL, password_hash=await trio.to_thread.run_sync(hash_password, password),
         now=now)

@@ -15,6 +15,7 @@ from quart import Blueprint
 
 from hub.api.common import errors, jsonable, org, parse_uuid, principal, services
 from hub.api.validation import body, enveloped, responds
+from hub.auth.pat import cli_safe_secret
 from hub.auth.authz import OBJECT_TYPES, RELATIONS, require_admin
 from hub.auth.middleware import no_org
 from hub.auth.pat import digest
@@ -252,7 +253,7 @@ async def create_service_account(data: ServiceAccountCreate):
             raise BadRequest(f"policies: no such {policy.object_type} in this organisation",
                              code="invalid_reference")
         grants.append((policy.object_type, object_id, policy.relation))
-    client_id, secret = "sa_" + secrets.token_urlsafe(12), secrets.token_urlsafe(32)
+    client_id, secret = "sa_" + secrets.token_urlsafe(12), cli_safe_secret()
     try:
         row = await s.identity.create_service_account(org().org_id, data.name, data.description, client_id,
                                                       digest(secret), principal().user_id, s.clock.now(), grants)

@@ -10,8 +10,17 @@ import hashlib
 import secrets
 
 
+def cli_safe_secret(nbytes: int = 32) -> str:
+    """A URL-safe random secret that never starts with "-": one that did (1 in 64) would be taken
+    for an option when passed as ``--pat-secret SECRET`` on a command line."""
+    while True:
+        secret = secrets.token_urlsafe(nbytes)
+        if not secret.startswith("-"):
+            return secret
+
+
 def new_pat() -> tuple[str, str]:
-    return "pat_" + secrets.token_urlsafe(12), secrets.token_urlsafe(32)
+    return "pat_" + secrets.token_urlsafe(12), cli_safe_secret()
 
 
 def new_device_token() -> str:
