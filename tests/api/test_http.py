@@ -227,3 +227,12 @@ async def test_nul_characters_are_400_not_500(hub):
             r = await hub.call(method, path, **kw)
             statuses.append((method, path, r.status_code))
         assert all(s == 400 for *_, s in statuses), statuses
+
+
+async def test_oversized_headers_are_431_and_the_hub_stays_up(hub):
+    """Request headers are capped (16 KiB in all, by hypercorn's HTTP/1.1 parser): 431."""
+    with trio.fail_after(30):
+        r = await hub.client.get(hub.base_url + "/v1/devices", headers={**hub.headers, "X-Padding": "a" * 64 * 1024})
+        assert r.status_code == 431
+        r = await hub.call("GET", "/v1/devices")
+        assert r.status_code == 200
