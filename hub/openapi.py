@@ -54,6 +54,11 @@ class FleethubOpenAPI(OpenAPIProvider):
                 "description": "Prometheus text exposition format",
                 "content": {"text/plain": {"schema": {"type": "string"}}}}
         for path, operations in schema.get("paths", {}).items():
+            stream = operations.get("get") if path.endswith("/events") else None
+            if stream is not None:
+                stream.setdefault("responses", {})[200] = {
+                    "description": "server-sent events: a snapshot first, then each change",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}}}
             for method, op in operations.items():
                 if not isinstance(op, dict) or "responses" not in op:
                     continue

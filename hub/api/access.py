@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from quart import Blueprint
 
 from hub.api.common import errors, jsonable, org, parse_uuid, principal, services
-from hub.api.validation import body, enveloped, responds
+from hub.api.validation import DeletedOut, body, enveloped, responds
 from hub.auth.pat import cli_safe_secret
 from hub.auth.authz import OBJECT_TYPES, RELATIONS, require_admin
 from hub.auth.middleware import no_org
@@ -86,8 +86,15 @@ async def list_members():
     return {"data": [jsonable(dict(r)) for r in rows]}
 
 
+class MemberAdded(BaseModel):
+    id: str
+    email: str
+    role: str
+
+
 @bp.post("/members")
 @body(MemberAdd)
+@responds(enveloped(MemberAdded), 201)
 @errors(400, 401, 403, 404)
 async def add_member(data: MemberAdd):
     await require_admin()
@@ -100,7 +107,27 @@ async def add_member(data: MemberAdd):
     return {"data": {"id": str(user["id"]), "email": user["email"], "role": data.role}}, 201
 
 
+class MemberRemoved(BaseModel):
+    id: str
+    removed: bool
+
+
+class RelationGranted(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    object_type: str
+    object_id: str | None
+    relation: str
+    subject_type: str
+    subject_id: str
+    created: bool
+
+
+class RelationRevoked(BaseModel):
+    revoked: bool
+
+
 @bp.delete("/members/<user_id>")
+@responds(enveloped(MemberRemoved))
 @errors(400, 401, 403, 404)
 async def remove_member(user_id: str):
     await require_admin()
@@ -166,6 +193,8 @@ async def list_relations():
 
 @bp.post("/relations")
 @body(RelationTuple)
+@responds(enveloped(RelationGranted), 201)
+@responds(enveloped(RelationGranted), 200)
 @errors(400, 401, 403)
 async def grant_relation(data: RelationTuple):
     await require_admin()
@@ -180,6 +209,7 @@ async def grant_relation(data: RelationTuple):
 
 @bp.delete("/relations")
 @body(RelationTuple)
+@responds(enveloped(RelationRevoked))
 @errors(400, 401, 403, 404)
 async def revoke_relation(data: RelationTuple):
     await require_admin()
@@ -264,6 +294,7 @@ async def create_service_account(data: ServiceAccountCreate):
 
 
 @bp.delete("/service-accounts/<sa_id>")
+@responds(enveloped(DeletedOut))
 @errors(400, 401, 403, 404)
 async def delete_service_account(sa_id: str):
     await require_admin()

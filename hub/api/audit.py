@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from quart import Blueprint
 
-from hub.api.common import Pagination, errors, jsonable, org, pagination, services
+from hub.api.common import MAX_PAGE, Pagination, errors, jsonable, org, pagination, services
 from hub.api.validation import query, responds
 from hub.auth.authz import require_org
 from hub.billing.state import require_feature
@@ -21,7 +21,7 @@ bp = Blueprint("audit", __name__, url_prefix="/v1")
 class AuditQuery(BaseModel):
     # Unknown parameters are refused too: a typo in a filter must not silently widen the result.
     model_config = ConfigDict(extra="forbid")
-    page: int = Field(1, ge=1)
+    page: int = Field(1, ge=1, le=MAX_PAGE)
     limit: int = Field(50, ge=1, le=1000)
     from_: dt.datetime | None = Field(None, alias="from")
     to: dt.datetime | None = None

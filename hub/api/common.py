@@ -35,9 +35,14 @@ def parse_uuid(value: str, what: str = "id") -> uuid.UUID:
         raise BadRequest(f"{what} is not a valid uuid", code="bad_uuid") from None
 
 
+# The deepest page a list serves: beyond it the offset would overflow PostgreSQL's bigint (a fuzzer
+# found page=2**61), and no caller pages that far.
+MAX_PAGE = 1_000_000
+
+
 class PageQuery(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    page: int = Field(1, ge=1)
+    page: int = Field(1, ge=1, le=MAX_PAGE)
     limit: int = Field(20, ge=1, le=500)
 
     @property

@@ -16,7 +16,7 @@ from quart import Blueprint, g, request
 
 from actors.device import ApplyConfig, RemoveFiles
 from hub.api.common import Pagination, errors, jsonable, org, pagination, parse_uuid, principal, services
-from hub.api.validation import body, invalid, responds
+from hub.api.validation import DeletedOut, body, enveloped, invalid, responds
 from hub.auth.authz import Obj, authorize, require_org, scope_for_list
 from hub.errors import BadRequest, Conflict, NotFound
 from storage.configs import DuplicateConfigName
@@ -266,6 +266,7 @@ async def update_configuration(config_id: str, data: ConfigUpdate):
 
 
 @bp.delete("/<config_id>")
+@responds(enveloped(DeletedOut))
 @errors(400, 401, 403, 404)
 async def delete_configuration(config_id: str):
     s = services()
@@ -285,6 +286,7 @@ async def delete_configuration(config_id: str):
 
 # -- versions -------------------------------------------------------------------------------------
 @bp.get("/<config_id>/versions")
+@responds(enveloped(VersionOut, many=True))
 @errors(400, 401, 403, 404)
 async def list_versions(config_id: str):
     s = services()
@@ -295,6 +297,7 @@ async def list_versions(config_id: str):
 
 @bp.post("/<config_id>/versions")
 @body(VersionCreate)
+@responds(enveloped(VersionOut), 201)
 @errors(400, 401, 403, 404)
 async def create_version(config_id: str, data: VersionCreate):
     s = services()
@@ -316,8 +319,17 @@ class Assignment(BaseModel):
 device_bp = Blueprint("device_configuration", __name__, url_prefix="/v1/devices")
 
 
+class AssignmentOut(BaseModel):
+    deviceId: str
+    configId: str
+    versionId: str
+    version: int
+    status: str | None
+
+
 @device_bp.put("/<device_id>/configuration")
 @body(Assignment)
+@responds(enveloped(AssignmentOut), 202)
 @errors(400, 401, 403, 404)
 async def assign_configuration(device_id: str, data: Assignment):
     """Assign a configuration version to one device; it is sent at once if the device is online,

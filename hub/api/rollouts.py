@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint, g, request
@@ -106,8 +107,28 @@ async def _fleet_devices(fleet: dict) -> list[tuple[dict, dict | None]]:
     return out
 
 
+class ImpactOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    fleet_id: str
+    eligible_devices: int
+    in_window: int
+    queued_for_next_window: int
+
+
+class RolloutOut(BaseModel):
+    """A rollout with its counts per step, its batches and each device's step."""
+    model_config = ConfigDict(extra="allow")
+    id: str
+    state: str
+    counts: dict[str, int]
+    total_devices: int
+    batches: list[dict[str, Any]]
+    devices: list[dict[str, Any]]
+
+
 @bp.post("/impact")
 @body(ImpactRequest)
+@responds(enveloped(ImpactOut))
 @errors(400, 401, 403, 404)
 async def impact(data: ImpactRequest):
     s = services()
@@ -143,6 +164,7 @@ async def impact(data: ImpactRequest):
 
 
 @bp.post("")
+@responds(enveloped(RolloutOut), 201)
 @errors(400, 401, 403, 404, 409)
 async def create_rollout():
     s = services()
@@ -258,6 +280,7 @@ async def _load(rollout_id: str, relation: str) -> dict:
 
 
 @bp.get("/<rollout_id>")
+@responds(enveloped(RolloutOut))
 @errors(400, 401, 403, 404)
 async def get_rollout(rollout_id: str):
     row = await _load(rollout_id, "viewer")
@@ -275,18 +298,21 @@ async def _control(rollout_id: str, event: object):
 
 
 @bp.post("/<rollout_id>/pause")
+@responds(enveloped(RolloutOut))
 @errors(400, 401, 403, 404, 409)
 async def pause_rollout(rollout_id: str):
     return await _control(rollout_id, rm.Pause())
 
 
 @bp.post("/<rollout_id>/resume")
+@responds(enveloped(RolloutOut))
 @errors(400, 401, 403, 404, 409)
 async def resume_rollout(rollout_id: str):
     return await _control(rollout_id, rm.Resume())
 
 
 @bp.post("/<rollout_id>/cancel")
+@responds(enveloped(RolloutOut))
 @errors(400, 401, 403, 404, 409)
 async def cancel_rollout(rollout_id: str):
     return await _control(rollout_id, rm.Cancel())

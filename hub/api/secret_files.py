@@ -19,7 +19,7 @@ from quart import Blueprint
 from actors.device import RemoveFiles, SyncFiles
 from device_client.paths import check_mode, check_path
 from hub.api.common import errors, jsonable, org, parse_uuid, services
-from hub.api.validation import body
+from hub.api.validation import DeletedOut, body, enveloped, responds
 from hub.auth.authz import Obj, authorize
 from hub.errors import BadRequest, Conflict, NotFound, PayloadTooLarge
 from storage.secrets import MAX_FILES, MAX_TOTAL_BYTES, LimitExceeded, Owner, OwnerMissing
@@ -146,7 +146,19 @@ async def _delete(owner: Owner, file_id: str):
     return {"data": {"id": file_id, "path": path, "deleted": True}}
 
 
+class SecretFileOut(BaseModel):
+    """Metadata only: the contents are write-only."""
+    model_config = ConfigDict(extra="allow")
+    id: str
+    path: str
+    mode: str
+    size: int
+    sha256: str
+    status: str
+
+
 @bp.get("/configurations/<config_id>/secret-files")
+@responds(enveloped(SecretFileOut, many=True))
 @errors(400, 401, 403, 404)
 async def list_config_files(config_id: str):
     return await _list(await _owner("config", config_id, "viewer"))
@@ -154,18 +166,22 @@ async def list_config_files(config_id: str):
 
 @bp.post("/configurations/<config_id>/secret-files")
 @body(Upload)
+@responds(enveloped(SecretFileOut), 201)
+@responds(enveloped(SecretFileOut), 200)
 @errors(400, 401, 403, 404, 409, 413)
 async def upload_config_file(config_id: str, data: Upload):
     return await _upload(await _owner("config", config_id, "editor"), data)
 
 
 @bp.delete("/configurations/<config_id>/secret-files/<file_id>")
+@responds(enveloped(DeletedOut))
 @errors(400, 401, 403, 404)
 async def delete_config_file(config_id: str, file_id: str):
     return await _delete(await _owner("config", config_id, "editor"), file_id)
 
 
 @bp.get("/devices/<device_id>/secret-files")
+@responds(enveloped(SecretFileOut, many=True))
 @errors(400, 401, 403, 404)
 async def list_device_files(device_id: str):
     return await _list(await _owner("device", device_id, "viewer"))
@@ -173,12 +189,15 @@ async def list_device_files(device_id: str):
 
 @bp.post("/devices/<device_id>/secret-files")
 @body(Upload)
+@responds(enveloped(SecretFileOut), 201)
+@responds(enveloped(SecretFileOut), 200)
 @errors(400, 401, 403, 404, 409, 413)
 async def upload_device_file(device_id: str, data: Upload):
     return await _upload(await _owner("device", device_id, "editor"), data)
 
 
 @bp.delete("/devices/<device_id>/secret-files/<file_id>")
+@responds(enveloped(DeletedOut))
 @errors(400, 401, 403, 404)
 async def delete_device_file(device_id: str, file_id: str):
     return await _delete(await _owner("device", device_id, "editor"), file_id)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint, g, jsonify, request
 
 from hub.api.common import errors, jsonable, principal, services
-from hub.api.validation import body, responds
+from hub.api.validation import body, enveloped, responds
 from hub.auth.middleware import SESSION_COOKIE, client_addr, no_org, public
 from hub.auth.passwords import hash_password, verify_password
 from hub.auth.pat import digest
@@ -67,8 +67,13 @@ async def login(data: Login):
     return response
 
 
+class SignedOut(BaseModel):
+    signedOut: bool
+
+
 @bp.post("/logout")
 @no_org
+@responds(enveloped(SignedOut))
 @errors(401, 403)
 async def logout():
     s = services()

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ConfigDict, BaseModel, ValidationError
 from quart import request
 from quart_schema import document_querystring, document_request, document_response
 
@@ -100,6 +100,13 @@ def responds(model: type[BaseModel] | None, status: int = 200) -> Callable:
 
 
 _ENVELOPES: dict[tuple, type[BaseModel]] = {}
+
+
+class DeletedOut(BaseModel):
+    """What a DELETE answers: the id and ``deleted: true`` (some add counts or the path)."""
+    model_config = ConfigDict(extra="allow")
+    id: str
+    deleted: bool
 
 
 def enveloped(model: type[BaseModel], *, many: bool = False, paged: bool = False) -> type[BaseModel]:
