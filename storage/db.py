@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 import asyncpg
 import trio
 
+from device_client.bridge import run_on
+
 T = TypeVar("T")
 
 CONNECT_TIMEOUT = 5.0  # seconds to open a connection to PostgreSQL
@@ -164,28 +166,12 @@ class Database:
     async def _cross(self, coro: Awaitable[T]) -> T:
         assert self._loop is not None, "Database.open() was not awaited"
         started = time.perf_counter()
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        token = trio.lowlevel.current_trio_token()
-        done = trio.Event()
-
-        def wake(_f: Any) -> None:
-            try:
-                token.run_sync_soon(done.set)
-            except trio.RunFinishedError:
-                pass
-
-        future.add_done_callback(wake)
         try:
-            await done.wait()
-        except trio.Cancelled:
-            # Cancelling the asyncio task rolls back an open transaction on that side.
-            future.cancel()
-            raise
-        self.stats.observe(time.perf_counter() - started)
-        try:
-            return future.result()
+            return await run_on(self._loop, coro)
         except _UNREACHABLE as exc:
             raise DatabaseUnavailable(f"the database is not reachable ({type(exc).__name__})") from exc
+        finally:
+            self.stats.observe(time.perf_counter() - started)
 
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any, transaction: bool = False) -> T:
         """Run ``fn(conn, *args)`` on the asyncio side with one pooled connection: one crossing."""

@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 import trio
 
+from device_client.bridge import run_on
+
 T = TypeVar("T")
 
 # ICE gathers host candidates on every interface but loopback. Tests, benchmarks and a hub and
@@ -56,23 +58,7 @@ class AsyncioThread:
 
     async def run(self, coro: Awaitable[T]) -> T:
         """Run ``coro`` on the asyncio side; cancelling the trio caller cancels it there."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop())
-        token = trio.lowlevel.current_trio_token()
-        done = trio.Event()
-
-        def wake(_f: Any) -> None:
-            try:
-                token.run_sync_soon(done.set)
-            except trio.RunFinishedError:
-                pass
-
-        future.add_done_callback(wake)
-        try:
-            await done.wait()
-        except trio.Cancelled:
-            future.cancel()
-            raise
-        return future.result()
+        return await run_on(self.loop(), coro)
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the asyncio side without waiting (sync; safe from any thread)."""

@@ -23,6 +23,7 @@ spec's list; they are run by the engine specially (they verify and rewrite in on
 from __future__ import annotations
 
 import ctypes
+import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -92,7 +93,7 @@ class Scratch:
         return t
 
 
-class Step:
+class Step(abc.ABC):
     check = EXPECTED
     address_dependent = False  # its data differs from word to word (it can reveal address aliasing)
 
@@ -109,8 +110,9 @@ class Step:
         """The sweep is over: forget the scratch buffers (the next step reuses them)."""
         self.scratch = None
 
+    @abc.abstractmethod
     def expected(self, idx: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """The words this step writes at word indices ``idx``."""
 
     def _expected_chunk(self, start: int, n: int) -> np.ndarray:
         if self.scratch is not None and n <= self.scratch.words:
