@@ -46,10 +46,13 @@ async def _bridge_side(cfg: dict, noop: bool) -> dict:
 
     from storage.db import Database
     from storage.devices import Devices
+    from storage.rowcache import RowCache
 
     db = Database(cfg["dsn"], max_size=10)
     await db.open()
-    devices = Devices(db)
+    # Every read crosses: the device read cache (entries expire at once here) would otherwise answer
+    # from memory and this would measure a dict lookup, not the bridge.
+    devices = Devices(db, RowCache(ttl=-1))
     org = uuid.UUID(cfg["org"])
     ids = [uuid.UUID(i) for i in cfg["ids"]]
 
