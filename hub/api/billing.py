@@ -28,6 +28,7 @@ from hub.billing.devices import push_telemetry_in_background
 from hub.billing.features import SELF_SERVE, default, enabled_days
 from hub.billing.pricing import PriceBook, price_usage
 from hub.errors import BadRequest, Conflict, NotFound, Unauthenticated, Unavailable
+from hub.tunnels.auth import also_tunnel_token
 
 bp = Blueprint("billing", __name__, url_prefix="/v1/billing")
 
@@ -205,6 +206,7 @@ async def _tunnel_checks(s) -> None:
 
 
 @bp.get("/tunnel/usage")
+@also_tunnel_token
 @query(TunnelUsageQuery)
 @responds(Envelope)
 @errors(400, 401, 403, 503)
@@ -243,6 +245,7 @@ def _record(r: dict) -> dict:
 
 
 @bp.get("/tunnel/usage/records")
+@also_tunnel_token
 @query(TunnelRecordsQuery)
 @responds(Envelope)
 @errors(400, 401, 403, 503)

@@ -20,10 +20,11 @@ from quart_schema import document_querystring, document_request, document_respon
 
 from actors.machines import memtest as mm
 from actors.memtest import CancelTest, ReadStatus, StartTest
-from hub.api.common import jsonable, org, principal, services
+from hub.api.common import jsonable, org, parse_uuid, principal, services
 from hub.api.devices import device_obj
 from hub.auth.authz import authorize
-from hub.errors import BadRequest, FleethubError, Forbidden, NotFound
+from hub.errors import BadRequest, FleethubError, Forbidden, NotFound, Unauthenticated
+from hub.tunnels.auth import also_tunnel_token
 
 bp = Blueprint("memtests", __name__, url_prefix="/v1/devices")
 
@@ -123,11 +124,8 @@ async def _json_object() -> dict[str, Any]:
 
 async def _device(device_id: str, relation: str) -> dict:
     s = services()
-    try:
-        dev_id = uuid.UUID(device_id)
-    except ValueError:
-        raise NotFound("device not found") from None
-    row = await s.devices.get(org().org_id, dev_id)
+    # A malformed id is the caller's 400 bad_uuid, as on every other path (hub/api/common.parse_uuid).
+    row = await s.devices.get(org().org_id, parse_uuid(device_id, "device id"))
     if row is None:
         raise NotFound("device not found")
     await authorize(s, relation, device_obj(row))
@@ -141,6 +139,7 @@ def _ask_timeout() -> float:
 
 # -- endpoints ------------------------------------------------------------------------------------------
 @bp.post("/<device_id>/memory-test")
+@also_tunnel_token
 @document_request(StartRequest)
 @document_response(RunEnvelope, 202)
 @_errors(400, 401, 403, 404, 409, 422, 429, 502, 503, 504)
@@ -159,6 +158,9 @@ async def start_memory_test(device_id: str):
         raise Forbidden("a test boot may only be started by a signed-in person in the dashboard or at the "
                         "device console; API tokens, CLI tokens and service accounts cannot",
                         code="operator_required")
+    if principal().credential_kind == "tunnel_token":
+        # Recognised only so a test boot can be refused as the spec says; it opens nothing else.
+        raise Unauthenticated("a tunnel token is accepted by the tunnel session endpoints only")
     actor = await s.device_actor(row["id"])
     answer = await actor.ask(StartTest(run_id, plan), timeout=_ask_timeout())
     return {"data": jsonable({"deviceId": str(row["id"]), "runId": answer["runId"] or run_id,

@@ -105,6 +105,13 @@ async def authenticate(services) -> None:
         raise Unauthenticated("authentication required: send X-API-Token-ID and X-API-Secret-Key, "
                               "or Authorization: Bearer")
     kind, token_id, secret = cred
+    if kind == "jwt":
+        from hub.tunnels import auth as tunnel_auth
+        if tunnel_auth.accepts_tunnel_token(view, secret):
+            await tunnel_auth.authenticate(services)
+            if needs_org and org_problem is not None:
+                raise org_problem
+            return
     if kind != "session" and getattr(view, "_fleethub_session_only", False):
         # Any other credential, valid or not (PAT, service-account or tunnel token), is the wrong
         # kind here: 403, without looking it up.

@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import jwt
 from quart import g, request
 from quart_schema import security_scheme
 
 from hub.auth import middleware
 from hub.auth.principals import OrgContext, Principal
 from hub.errors import Forbidden, Unauthenticated
-from hub.tunnels.tokens import BadTunnelToken
+from hub.tunnels.tokens import TUNNEL_AUDIENCE, BadTunnelToken
 
 SCHEME = "TunnelToken"
 
@@ -40,6 +41,26 @@ class TunnelPrincipal(Principal):
 def tunnel_token(view: Callable) -> Callable:
     view._fleethub_tunnel_token = True
     return security_scheme([{SCHEME: []}])(view)
+
+
+def also_tunnel_token(view: Callable) -> Callable:
+    """The view also recognises a tunnel token beside the general credentials (the spec's "Bearer"
+    rows: tunnel usage; and a test boot, which must refuse a CLI token as 403 operator_required
+    rather than not knowing it). The view sees a ``TunnelPrincipal`` and decides what it may do."""
+    view._fleethub_also_tunnel_token = True
+    return view
+
+
+def accepts_tunnel_token(view: Callable | None, bearer: str) -> bool:
+    """Whether ``bearer`` on ``view`` is to be checked as a tunnel token: only where the view says so,
+    and only for a JWT whose (unverified) audience is the tunnel one — authenticate() verifies it."""
+    if view is None or not getattr(view, "_fleethub_also_tunnel_token", False):
+        return False
+    try:
+        claims = jwt.decode(bearer, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        return False
+    return claims.get("aud") == TUNNEL_AUDIENCE
 
 
 def is_tunnel_view(view: Callable | None) -> bool:

@@ -194,6 +194,17 @@ async def test_tunnel_usage_takes_bearer_tokens_only_and_503_when_tunnels_are_of
         assert r.json()["data"]["sessions"] == 0
         nobody = await bearer(hub, "viewer")
         assert_error(await hub.call("GET", "/v1/billing/tunnel/usage", headers=nobody), 403)
+        # a tunnel token is a Bearer token too (docs/billing.md); it still needs the Org header
+        r = await hub.call("POST", "/v1/cli/tunnel/token")
+        assert r.status_code == 200, r.text
+        tunnel = {"Authorization": f"Bearer {r.json()['data']['token']}"}
+        for path in ("/v1/billing/tunnel/usage", "/v1/billing/tunnel/usage/records"):
+            r = await hub.call("GET", path, headers={**tunnel, "X-Organization-ID": hub.org_id})
+            assert r.status_code == 200, r.text
+            assert_error(await hub.call("GET", path, headers=tunnel), 400, "missing_organization")
+        # elsewhere it is no credential at all
+        assert_error(await hub.call("GET", "/v1/billing/features",
+                                    headers={**tunnel, "X-Organization-ID": hub.org_id}), 401)
         for params in ({"limit": "0"}, {"limit": "201"}, {"cursor": "!!"}, {"from": "2026-11-02", "to": "2026-11-01"}):
             assert_error(await hub.call("GET", "/v1/billing/tunnel/usage/records", headers=viewer, params=params), 400)
 

@@ -344,6 +344,10 @@ async def test_403_a_test_boot_needs_a_signed_in_dashboard_session(hub, nursery)
             "grant_type": "client_credentials", "client_id": sa["client_id"], "client_secret": sa["client_secret"]})
         sa_headers = {"Authorization": f"Bearer {r.json()['access_token']}", "X-Organization-ID": hub.org_id}
         bare_error(await hub.call("POST", mt(dev_id), json=boot, headers=sa_headers), 403, "operator_required")
+        r = await hub.call("POST", "/v1/cli/tunnel/token")  # a CLI token
+        cli = {"Authorization": f"Bearer {r.json()['data']['token']}", "X-Organization-ID": hub.org_id}
+        bare_error(await hub.call("POST", mt(dev_id), json=boot, headers=cli), 403, "operator_required")
+        bare_error(await hub.call("POST", mt(dev_id), json={}, headers=cli), 401, "unauthenticated")
         assert device.sent("memtest.start") == []
         # the service account may start online modes
         r = await hub.call("POST", mt(dev_id), json={}, headers=sa_headers)
@@ -369,7 +373,7 @@ async def test_403_a_test_boot_needs_a_signed_in_dashboard_session(hub, nursery)
         plan = device.sent("memtest.start")[-1]["plan"]
         assert (plan["mode"], plan["passes"], plan["kernelPasses"], plan["holdOnFailure"]) == ("test_boot", 2, 4, True)
         refused = [e for e in await audit_rows(hub, mt(dev_id)) if e["status"] == 403 and e["path"] == mt(dev_id)]
-        assert sorted(e["details"]["plan"]["mode"] for e in refused) == ["live"] + ["test_boot"] * 3
+        assert sorted(e["details"]["plan"]["mode"] for e in refused) == ["live"] + ["test_boot"] * 4
 
 
 async def test_409_busy_from_the_hubs_knowledge_and_from_the_devices(hub, nursery):
@@ -470,8 +474,11 @@ async def test_503_device_offline_and_404_unknown_device(hub, nursery):
         assert r.status_code == 200 and r.json()["data"]["source"] == "stored"
         missing = str(uuid.uuid4())
         for method, path in (("POST", mt(missing)), ("POST", mt(missing, "/cancel")), ("GET", mt(missing)),
-                             ("GET", mt(missing, "/results")), ("GET", mt("not-a-uuid"))):
+                             ("GET", mt(missing, "/results"))):
             bare_error(await hub.call(method, path, json={} if method == "POST" else None), 404, "not_found")
+        for method, path in (("POST", mt("not-a-uuid")), ("POST", mt("not-a-uuid", "/cancel")),
+                             ("GET", mt("not-a-uuid")), ("GET", mt("not-a-uuid", "/results"))):
+            bare_error(await hub.call(method, path, json={} if method == "POST" else None), 400, "bad_uuid")
 
 
 async def test_504_device_timeout(hub, nursery):
