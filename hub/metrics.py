@@ -58,4 +58,10 @@ class Metrics:
         metric("fleethub_write_behind_rows_total", "counter", "Rows written behind.",
                [('{kind="presence"}', services.presence.written), ('{kind="audit"}', services.audit_log.written)])
         metric("fleethub_event_subscribers", "gauge", "SSE subscribers.", [("", services.events.subscriber_count())])
+        throttle = services.login_throttle
+        metric("fleethub_login_throttle_keys", "gauge", "Accounts and addresses the login throttle holds.",
+               [("", len(throttle))])
+        metric("fleethub_login_throttle_dropped_total", "counter",
+               "Login-throttle entries forgotten while still live because the table was full.",
+               [("", throttle.dropped)])
         return "\n".join(out) + "\n"

@@ -46,17 +46,18 @@ async def login(data: Login):
     s = services()
     now = s.clock.now()
     addr = client_addr()
-    wait = s.login_throttle.retry_after(data.email, addr, now)
-    if wait > 0:
-        raise RateLimited("too many failed sign-in attempts; try again later", retry_after=wait)
+    # Counted before the first await: parallel guesses each take a slot, so at most the limit of
+    # them ever reach the password check.
+    attempt = s.login_throttle.reserve(data.email, addr, now)
+    if not attempt.allowed:
+        raise RateLimited("too many failed sign-in attempts; try again later", retry_after=attempt.wait)
     user = await s.orgs.get_user_by_email(data.email)
     # Hash even for an unknown account so timing does not tell which accounts exist.
     stored = user["password_hash"] if user else None
     ok = await trio.to_thread.run_sync(verify_password, stored or _dummy_hash(), data.password)
     if not (user and stored and ok):
-        s.login_throttle.failed(data.email, addr, now)
-        raise Unauthenticated("wrong email or password", code="invalid_credentials")
-    s.login_throttle.succeeded(data.email)
+        raise Unauthenticated("wrong email or password", code="invalid_credentials")  # stays counted
+    s.login_throttle.succeeded(attempt)
     session_id, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(24)
     expires = now + SESSION_LIFETIME
     await s.identity.create_session(digest(session_id), user["id"], csrf, now, expires, addr)

@@ -1,0 +1,87 @@
+"""Access-control holes of issue 14 section 5, each against a real hub and PostgreSQL: login and
+token-endpoint throttling, streams that end when access ends, rollout listing by relation,
+invitations instead of attaching any registered user, the last admin, admin commands that reach
+running hubs, and the credential rules for PATs and service-account tokens."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import trio
+
+from hub.auth.passwords import hash_password
+from hub.auth.sessions import LoginThrottle
+from tests.hubtools import metric_value, metrics, start_hub
+
+LOGIN = "/v1/auth/login"
+
+
+async def _user_with_password(hub, email: str, password: str, role: str = "admin") -> dict:
+    s = hub.services
+    pw = await trio.to_thread.run_sync(hash_password, password)
+    user = await s.orgs.create_user(email, s.clock.now(), password_hash=pw)
+    await s.orgs.add_member(uuid.UUID(hub.org_id), user["id"], role, s.clock.now())
+    return user
+
+
+# -- login throttling ------------------------------------------------------------------------------
+async def test_parallel_wrong_guesses_cannot_pass_the_login_limit(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        await _user_with_password(hub, "target@example.test", "right")
+        url = hub.base_url + LOGIN
+        statuses: list[int] = []
+
+        async def guess(i: int) -> None:
+            r = await hub.client.post(url, json={"email": "target@example.test", "password": f"wrong{i}"})
+            statuses.append(r.status_code)
+
+        async with trio.open_nursery() as guesses:
+            for i in range(18):
+                guesses.start_soon(guess, i)
+        # Exactly the limit (5) reached the password check; every other guess was refused unchecked.
+        assert sorted(statuses) == [401] * 5 + [429] * 13, statuses
+        r = await hub.client.post(url, json={"email": "target@example.test", "password": "right"})
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) > 0
+
+
+async def test_a_right_password_gives_its_attempt_back(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        await _user_with_password(hub, "ok@example.test", "right")
+        url = hub.base_url + LOGIN
+        for _ in range(8):  # more than the per-account limit, all right: none of them counts
+            r = await hub.client.post(url, json={"email": "ok@example.test", "password": "right"})
+            assert r.status_code == 200, r.text
+        assert len(hub.services.login_throttle) == 0
+
+
+def test_the_login_throttle_is_bounded_and_counts_what_it_drops():
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    t = LoginThrottle(max_keys=6, max_failures_per_address=1000)
+    for i in range(10):
+        assert t.reserve(f"user{i}@example.test", "10.0.0.1", now + dt.timedelta(seconds=i)).allowed
+    assert len(t) == 6  # never more than the bound
+    assert t.dropped == 5  # ten accounts and one address, six kept: five live entries forgotten
+    # the newest accounts are the ones kept, and they are still throttled
+    for _ in range(4):
+        t.reserve("user9@example.test", "10.0.0.1", now + dt.timedelta(seconds=20))
+    assert not t.reserve("user9@example.test", "10.0.0.1", now + dt.timedelta(seconds=21)).allowed
+    # keys whose attempts all left the window are pruned, not counted as dropped
+    later = now + t.window + dt.timedelta(minutes=1)
+    t.reserve("fresh@example.test", "10.0.0.2", later)
+    assert len(t) == 2 and t.dropped == 5
+
+
+async def test_login_throttle_size_and_drops_are_in_metrics(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        hub.services.login_throttle = LoginThrottle(max_keys=3)
+        for i in range(4):
+            r = await hub.client.post(hub.base_url + LOGIN, json={"email": f"nobody{i}@example.test",
+                                                                  "password": "x"})
+            assert r.status_code == 401
+        text = await metrics(hub)
+        assert metric_value(text, "fleethub_login_throttle_keys") == 3
+        assert metric_value(text, "fleethub_login_throttle_dropped_total") == 2
