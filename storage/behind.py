@@ -4,11 +4,23 @@
 sooner when ``max_batch`` rows wait), one crossing per batch. Rows with the same key are merged, so
 a device sending a heartbeat every second costs one row per flush, not one write per heartbeat.
 On shutdown the last batch is flushed under a shield.
+
+Faults stay where they happened:
+
+- PostgreSQL unreachable (``DatabaseUnavailable``): the rows wait for the next flush.
+- A batch the database refuses for another reason (one row it cannot store): the batch is written
+  again in halves, and halves of halves, so every other row is written and only the rows refused on
+  their own are set aside: counted (``set_aside``, /metrics) and logged by safe id, never by content.
+- The buffer is capped (``max_pending``) so a long outage cannot take the hub's memory: past the
+  cap the row that has waited longest is dropped (a presence row is rebuilt by the device's next
+  change; an audit row is kept as long as the cap allows). Drops are counted (``dropped``, /metrics)
+  and logged once per outage.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
@@ -18,6 +30,10 @@ from storage.db import DatabaseUnavailable
 
 log = logging.getLogger("fleethub.storage")
 
+# Rows one writer keeps while PostgreSQL is away. Presence holds one row per device (merged), so the
+# cap is above any fleet one process serves; an audit row is ~1 KiB, so 100,000 are ~100 MiB.
+MAX_PENDING = 100_000
+
 
 def merge_newer(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """Newer values win, but a None never erases a value the older row carried."""
@@ -26,58 +42,124 @@ def merge_newer(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _safe_id(key: Hashable, row: dict) -> str:
+    """What a log may say about a row: its uuid (or the uuids of its key), never its text."""
+    ident = row.get("id")
+    if isinstance(ident, uuid.UUID):
+        return str(ident)
+    parts = key if isinstance(key, tuple) else (key,)
+    ids = [str(p) for p in parts if isinstance(p, uuid.UUID)]
+    return "/".join(ids) or "-"
+
+
+def _reason(exc: BaseException) -> str:
+    """The class and SQLSTATE of a refusal; the message may quote the row, so it is left out."""
+    state = getattr(exc, "sqlstate", None)
+    return f"{type(exc).__name__}{f' (SQLSTATE {state})' if state else ''}"
+
+
 class WriteBehind:
     def __init__(self, flush: Callable[[list[dict]], Awaitable[None]], *, interval: float = 0.5,
-                 max_batch: int = 2000, name: str = "rows") -> None:
+                 max_batch: int = 2000, max_pending: int = MAX_PENDING, name: str = "rows") -> None:
         self._flush = flush
         self.interval = interval
         self.max_batch = max_batch
+        self.max_pending = max_pending
         self.name = name
         self._pending: dict[Hashable, dict] = {}
         self._wake = trio.Event()
         self.written = 0
-        self.failures = 0
+        self.failures = 0  # statements the database refused (a batch is then written again in halves)
+        self.set_aside = 0  # rows refused on their own: never written, counted and logged
+        self.dropped = 0  # rows dropped because the buffer was full (PostgreSQL away too long)
         self.retries = 0  # flushes put back because the database was unreachable
+        self._dropped_this_outage = 0
+
+    def pending(self) -> int:
+        return len(self._pending)
 
     def put(self, key: Hashable, row: dict, *, merge: bool = True) -> None:
         old = self._pending.get(key)
         self._pending[key] = merge_newer(old, row) if (merge and old is not None) else row
-        if len(self._pending) >= self.max_batch:
-            self._wake.set()
+        self._after_put()
 
     def append(self, row: dict) -> None:
         """A row that is never merged (audit events)."""
         self._pending[id(row)] = row
+        self._after_put()
+
+    def _after_put(self) -> None:
+        if len(self._pending) > self.max_pending:
+            self._drop_oldest(len(self._pending) - self.max_pending)
         if len(self._pending) >= self.max_batch:
             self._wake.set()
+
+    def _drop_oldest(self, n: int) -> None:
+        # dicts keep insertion order: the first keys are the rows that have waited longest.
+        for key in list(self._pending)[:n] if n > 1 else [next(iter(self._pending))]:
+            del self._pending[key]
+        self.dropped += n
+        if not self._dropped_this_outage:
+            log.error("write-behind of %s is full (%d rows waiting for the database): dropping the oldest",
+                      self.name, self.max_pending)
+        self._dropped_this_outage += n
 
     async def flush(self) -> None:
         while self._pending:
             taken, self._pending = self._pending, {}
-            batch = list(taken.values())
+            unwritten = dict(taken)  # what is still to write: a refused half is written again by halves
             try:
-                await self._flush(batch)
-                self.written += len(batch)
+                await self._write(list(taken.items()), unwritten)
             except trio.Cancelled:
-                # Shutting down mid-write: put the batch back (under anything newer) so the final,
+                # Shutting down mid-write: put the rest back (under anything newer) so the final,
                 # shielded flush in run() writes it.
-                self._put_back(taken)
+                self._put_back(unwritten)
                 raise
             except DatabaseUnavailable:
                 # PostgreSQL is down or restarting: keep the rows for the next flush.
-                self._put_back(taken)
+                self._put_back(unwritten)
                 self.retries += 1
                 return
-            except Exception:
-                # Keep the hub running; the rows are lost and counted, and the log says why.
-                self.failures += 1
-                log.exception("write-behind of %d %s failed", len(batch), self.name)
-                return
+            if self._dropped_this_outage:
+                log.warning("write-behind of %s writes again; %d rows were dropped while the database was away",
+                            self.name, self._dropped_this_outage)
+                self._dropped_this_outage = 0
 
-    def _put_back(self, taken: dict) -> None:
-        for key, row in taken.items():
-            newer = self._pending.get(key)
-            self._pending[key] = merge_newer(row, newer) if newer is not None else row
+    async def _write(self, items: list[tuple[Hashable, dict]], unwritten: dict) -> None:
+        """Write ``items`` in one statement; when the database refuses it (not unreachable: a row it
+        cannot store), write each half again, down to single rows, which are set aside."""
+        try:
+            await self._flush([row for _, row in items])
+        except (trio.Cancelled, DatabaseUnavailable):
+            raise
+        except Exception as exc:
+            self.failures += 1
+            if len(items) == 1:
+                key, row = items[0]
+                del unwritten[key]
+                self.set_aside += 1
+                log.error("write-behind of %s: the database refused row %s (%s); set aside",
+                          self.name, _safe_id(key, row), _reason(exc))
+                return
+            log.warning("write-behind of %d %s was refused (%s); writing it again in halves",
+                        len(items), self.name, _reason(exc))
+            half = len(items) // 2
+            await self._write(items[:half], unwritten)
+            await self._write(items[half:], unwritten)
+            return
+        for key, _ in items:
+            del unwritten[key]
+        self.written += len(items)
+
+    def _put_back(self, unwritten: dict) -> None:
+        # The older rows go first (they have waited longest), each merged under its newer version.
+        newer, self._pending = self._pending, {}
+        for key, row in unwritten.items():
+            later = newer.pop(key, None)
+            self._pending[key] = merge_newer(row, later) if later is not None else row
+        self._pending.update(newer)
+        if len(self._pending) > self.max_pending:
+            self._drop_oldest(len(self._pending) - self.max_pending)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

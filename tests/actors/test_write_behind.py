@@ -7,11 +7,13 @@ The flush function is an in-memory recorder standing in for the storage write (s
 from __future__ import annotations
 
 import copy
+import uuid
 
 import trio
 import trio.testing
 
 from storage.behind import WriteBehind, merge_newer
+from storage.db import DatabaseUnavailable
 
 
 class Sink:
@@ -148,6 +150,106 @@ async def test_failed_write_is_counted_and_the_writer_goes_on(autojump_clock, ca
             wb.put("d1", {"v": 2})
             await trio.sleep(1)
             nursery.cancel_scope.cancel()
-        assert sink.batches == [(2.0, [{"v": 2}])]  # the failed row was dropped, not retried
-        assert wb.failures == 1 and wb.written == 1
-        assert "write-behind of 1 presence rows failed" in caplog.text
+        assert sink.batches == [(2.0, [{"v": 2}])]  # the refused row was set aside, not retried
+        assert wb.failures == 1 and wb.written == 1 and wb.set_aside == 1
+        assert "write-behind of presence rows: the database refused row - (ConnectionError); set aside" in caplog.text
+
+
+class PoisonSink:
+    """Refuses any batch holding a poisoned row, as PostgreSQL refuses a whole statement for one NUL;
+    ``down`` makes every write fail as an unreachable database does."""
+
+    def __init__(self) -> None:
+        self.written: list[dict] = []
+        self.calls = 0
+        self.down = False
+
+    async def __call__(self, batch: list[dict]) -> None:
+        self.calls += 1
+        if self.down:
+            raise DatabaseUnavailable("connection refused")
+        if any(row.get("poison") for row in batch):
+            raise ValueError(f"invalid byte sequence in {batch!r}")  # the message quotes the rows
+        self.written.extend(batch)
+
+
+async def test_a_poisoned_batch_loses_only_the_poisoned_rows(caplog):
+    with trio.fail_after(5):
+        sink = PoisonSink()
+        wb = WriteBehind(sink, name="audit events")
+        poisoned = {uuid.UUID(int=13), uuid.UUID(int=77)}
+        rows = [{"id": uuid.UUID(int=i), "text": f"row {i}", "poison": uuid.UUID(int=i) in poisoned}
+                for i in range(100)]
+        for row in rows:
+            wb.append(row)
+        await wb.flush()
+        assert sink.written == [r for r in rows if not r["poison"]]  # every other row, in order
+        assert wb.written == 98 and wb.set_aside == 2 and wb.pending() == 0
+        assert sink.calls < 30  # halves, not one write per row
+        # the log names the rows by id and never carries their contents
+        assert str(uuid.UUID(int=13)) in caplog.text and str(uuid.UUID(int=77)) in caplog.text
+        assert "row 13" not in caplog.text and "invalid byte sequence" not in caplog.text
+
+
+async def test_an_outage_in_the_middle_of_the_halves_keeps_the_unwritten_rows():
+    with trio.fail_after(5):
+        sink = PoisonSink()
+        wb = WriteBehind(sink)
+        rows = [{"id": uuid.UUID(int=i), "poison": i == 3} for i in range(8)]
+        for row in rows:
+            wb.append(row)
+        real = sink.__call__
+
+        async def fails_after_two(batch):  # the whole batch, then the first half: then the database goes
+            if sink.calls >= 2:
+                sink.down = True
+            await real(batch)
+        wb._flush = fails_after_two
+        await wb.flush()
+        assert sink.written == [] and wb.retries == 1 and wb.pending() == 8  # nothing lost, nothing doubled
+        sink.down = False
+        wb._flush = sink
+        await wb.flush()
+        assert sink.written == [r for r in rows if not r["poison"]] and wb.set_aside == 1
+
+
+async def test_the_buffer_is_capped_while_the_database_is_away(caplog):
+    with trio.fail_after(5):
+        sink = PoisonSink()
+        sink.down = True
+        wb = WriteBehind(sink, max_pending=5, name="audit events")
+        for i in range(4):
+            wb.append({"n": i})
+        await wb.flush()  # refused: all four kept
+        assert wb.pending() == 4 and wb.dropped == 0
+        for i in range(4, 12):
+            wb.append({"n": i})
+            await wb.flush()
+        assert wb.pending() == 5 and wb.dropped == 7
+        # the oldest went first; the newest five are kept, in order
+        assert [r["n"] for r in wb._pending.values()] == [7, 8, 9, 10, 11]
+        assert caplog.text.count("is full") == 1  # logged once per outage, counted for every row
+        sink.down = False
+        await wb.flush()
+        assert [r["n"] for r in sink.written] == [7, 8, 9, 10, 11]
+        assert "7 rows were dropped while the database was away" in caplog.text
+        # a second outage is logged again
+        sink.down = True
+        for i in range(7):
+            wb.append({"n": i})
+        assert caplog.text.count("is full") == 2 and wb.dropped == 9
+
+
+async def test_merged_rows_do_not_count_against_the_cap():
+    with trio.fail_after(5):
+        sink = PoisonSink()
+        sink.down = True
+        wb = WriteBehind(sink, max_pending=3)
+        for beat in range(50):  # three devices heartbeating through an outage
+            for dev in ("a", "b", "c"):
+                wb.put(dev, {"id": dev, "seen": beat})
+            await wb.flush()
+        assert wb.dropped == 0 and wb.pending() == 3
+        sink.down = False
+        await wb.flush()
+        assert sink.written == [{"id": d, "seen": 49} for d in ("a", "b", "c")]
