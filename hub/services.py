@@ -29,7 +29,7 @@ from hub import gc_tuning
 from hub.auth.cache import AuthCache
 from hub.auth.oauth import TokenSigner
 from hub.auth.signing_keys import SIGNING_KEYS_TAG, SigningKeys
-from hub.auth.ratelimit import RateLimiter
+from hub.auth.ratelimit import BurstLimiter, RateLimiter
 from hub.auth.sessions import LoginThrottle
 from hub.events import EventHub
 from hub.metrics import Metrics
@@ -102,6 +102,7 @@ class Services:
         self.secret_box = SecretBox.from_data_dir(self.settings.data_dir)
         self.auth_cache = AuthCache()
         self.rate_limiter = RateLimiter()
+        self.token_limiter = BurstLimiter(window=60)  # POST /v1/oauth/token, per address and client id
         # One ring for access tokens, tunnel tokens and grants: a rotation reloads all three.
         self.signing_keys = SigningKeys.from_data_dir(self.settings.data_dir)
         self.token_signer = TokenSigner(self.signing_keys)

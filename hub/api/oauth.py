@@ -3,6 +3,12 @@
 Client authentication by HTTP Basic (section 2.3.1, the form every client library uses by default)
 or by client_id/client_secret in the form body — not both. Errors are RFC 6749 section 5.2 bodies
 ``{"error", "error_description"}``, not our general error body: standard clients parse them.
+
+Throttled before any secret is compared (hub/auth/ratelimit.BurstLimiter, counted before the check):
+``PER_ADDRESS`` requests a minute from one client address, whatever they carry, and ``PER_CLIENT``
+attempts a minute for one client id. Every answer carries the X-RateLimit-* headers of the tighter
+of the two; over either, 429 with Retry-After and the RFC 6749 body ``{"error": "slow_down", …}``
+(the token-endpoint code registered for "too fast", RFC 8628 section 3.5).
 """
 
 from __future__ import annotations
@@ -13,11 +19,11 @@ import hmac
 from urllib.parse import unquote_plus
 
 from pydantic import BaseModel
-from quart import Blueprint, jsonify, request
+from quart import Blueprint, g, jsonify, request
 from quart_schema import DataSource, document_request, document_response
 
 from hub.api.common import services
-from hub.auth.middleware import public
+from hub.auth.middleware import client_addr, public
 from hub.auth.oauth import TOKEN_LIFETIME
 from hub.auth.pat import digest
 
@@ -44,6 +50,26 @@ class OAuthErrorBody(BaseModel):
 
 
 _NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
+# A service account needs one token an hour; these leave room for retries and fleets of workers
+# behind one address, and stop online guessing of client secrets.
+PER_ADDRESS = 60
+PER_CLIENT = 10
+
+
+def _throttle(key: tuple) -> object | None:
+    """Count this attempt for ``key``; the 429 answer when over its limit. Keeps the tighter decision
+    in ``g.ratelimit``: the app puts its X-RateLimit-* headers on every answer."""
+    s = services()
+    limit = PER_ADDRESS if key[0] == "addr" else PER_CLIENT
+    decision = s.token_limiter.hit(key, limit, s.clock.now())
+    current = getattr(g, "ratelimit", None)
+    if current is None or not decision.allowed or decision.remaining < current.remaining:
+        g.ratelimit = decision
+    if decision.allowed:
+        return None
+    response = _oauth_error("slow_down", "too many token requests; retry after the time in Retry-After", 429)
+    response.headers["Retry-After"] = str(decision.retry_after)
+    return response
 
 
 def _oauth_error(error: str, description: str, status: int = 400, *, basic_challenge: bool = False):
@@ -76,8 +102,12 @@ def _basic_credentials() -> tuple[str, str] | None | bool:
 @document_response(TokenResponse, 200)
 @document_response(OAuthErrorBody, 400)
 @document_response(OAuthErrorBody, 401)
+@document_response(OAuthErrorBody, 429)
 async def token():
     s = services()
+    refused = _throttle(("addr", client_addr()))
+    if refused is not None:
+        return refused
     mimetype = request.mimetype
     if mimetype != "application/x-www-form-urlencoded":
         return _oauth_error("invalid_request", "the body must be application/x-www-form-urlencoded")
@@ -103,6 +133,9 @@ async def token():
         client_id, client_secret = form_id, form_secret
     if not client_id or not client_secret:
         return _oauth_error("invalid_client", "client authentication is required", 401, basic_challenge=True)
+    refused = _throttle(("client", client_id[:200]))  # real ids are short; a long one is no new key
+    if refused is not None:
+        return refused
     account = await s.identity.find_client(client_id)
     if account is None or not hmac.compare_digest(account["secret_hash"], digest(client_secret)):
         return _oauth_error("invalid_client", "unknown client or wrong secret", 401,

@@ -56,3 +56,46 @@ class RateLimiter:
             return Decision(False, limit, 0, reset, max(1, reset - epoch))
         self._counts[key] = used + 1
         return Decision(True, limit, limit - used - 1, reset, 0)
+
+
+class BurstLimiter:
+    """Attempts per key in a window that starts at the key's first attempt (credential endpoints:
+    ``POST /v1/oauth/token``). Pure: ``now`` comes in. Unlike the hourly API windows, a burst of
+    guesses straddling a clock boundary cannot get twice the limit. Bounded: expired keys are pruned
+    as new ones arrive, and when ``max_keys`` live keys are held the oldest window is dropped
+    (counted in ``dropped``)."""
+
+    def __init__(self, window: int, max_keys: int = 100_000) -> None:
+        self.window = window
+        self.max_keys = max_keys
+        self.dropped = 0
+        self._windows: dict[object, tuple[float, int]] = {}  # key -> (window start, count); oldest first
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+    def hit(self, key: object, limit: int, now: dt.datetime) -> Decision:
+        """Count one attempt for ``key`` before it is checked; over the limit it is refused, not counted."""
+        at = now.timestamp()
+        start, used = self._windows.get(key, (at, 0))
+        if at >= start + self.window:
+            start, used = at, 0
+        reset = int(start + self.window + 0.999)
+        if used >= limit:
+            return Decision(False, limit, 0, reset, max(1, int(start + self.window - at + 0.999)))
+        if used == 0:
+            self._windows.pop(key, None)  # a new window goes to the back: the dict stays oldest first
+            self._make_room(at)
+        self._windows[key] = (start, used + 1)
+        return Decision(True, limit, limit - used - 1, reset, 0)
+
+    def _make_room(self, at: float) -> None:
+        while self._windows:
+            key, (start, _) = next(iter(self._windows.items()))
+            if at >= start + self.window:
+                del self._windows[key]
+            elif len(self._windows) >= self.max_keys:
+                del self._windows[key]
+                self.dropped += 1
+            else:
+                break

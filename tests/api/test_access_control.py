@@ -85,3 +85,59 @@ async def test_login_throttle_size_and_drops_are_in_metrics(nursery, db_url, tmp
         text = await metrics(hub)
         assert metric_value(text, "fleethub_login_throttle_keys") == 3
         assert metric_value(text, "fleethub_login_throttle_dropped_total") == 2
+
+
+# -- the OAuth token endpoint ------------------------------------------------------------------------
+async def _service_account(hub, policies=(), name="ci") -> dict:
+    r = await hub.call("POST", "/v1/service-accounts", json={"name": name, "policies": list(policies)})
+    assert r.status_code == 201, r.text
+    return r.json()["data"]
+
+
+async def test_token_endpoint_throttles_guesses_per_client_id(nursery, db_url, tmp_path):
+    from hub.api.oauth import PER_CLIENT
+
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        sa = await _service_account(hub)
+        url = hub.base_url + "/v1/oauth/token"
+        form = {"grant_type": "client_credentials", "client_id": sa["client_id"]}
+        statuses = []
+
+        async def guess(i: int) -> None:
+            r = await hub.client.post(url, data={**form, "client_secret": f"wrong-{i}"})
+            statuses.append(r.status_code)
+            assert r.headers["X-RateLimit-Limit"] and r.headers["X-RateLimit-Reset"]
+
+        async with trio.open_nursery() as guesses:  # in parallel: counted before the secret is compared
+            for i in range(PER_CLIENT + 15):
+                guesses.start_soon(guess, i)
+        assert sorted(statuses) == [401] * PER_CLIENT + [429] * 15
+        # the right secret is refused too until the window ends: guessing gains nothing
+        r = await hub.client.post(url, data={**form, "client_secret": sa["client_secret"]})
+        assert r.status_code == 429, r.text
+        assert r.json() == {"error": "slow_down", "error_description": r.json()["error_description"]}
+        assert int(r.headers["Retry-After"]) >= 1 and r.headers["X-RateLimit-Remaining"] == "0"
+        assert r.headers["Cache-Control"] == "no-store" and sa["client_secret"] not in r.text
+        # another client is not slowed down by this one's attacker
+        other = await _service_account(hub, name="other")
+        r = await hub.client.post(url, data={"grant_type": "client_credentials", "client_id": other["client_id"],
+                                             "client_secret": other["client_secret"]})
+        assert r.status_code == 200, r.text
+        assert int(r.headers["X-RateLimit-Remaining"]) == PER_CLIENT - 1
+
+
+async def test_token_endpoint_throttles_per_client_address(nursery, db_url, tmp_path):
+    from hub.api.oauth import PER_ADDRESS
+
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        url = hub.base_url + "/v1/oauth/token"
+        statuses = []
+        for i in range(PER_ADDRESS + 1):  # a new client id each time: only the address limit applies
+            r = await hub.client.post(url, data={"grant_type": "client_credentials", "client_id": f"sa_guess{i}",
+                                                 "client_secret": "x"})
+            statuses.append(r.status_code)
+        assert statuses == [401] * PER_ADDRESS + [429]
+        r = await hub.client.post(url, data={"grant_type": "client_credentials"})  # malformed ones count too
+        assert r.status_code == 429 and r.json()["error"] == "slow_down"
