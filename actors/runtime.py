@@ -12,6 +12,20 @@ A ``receive`` that raises a ``FleethubError`` answers the asker with that error 
 (the error is the caller's business: offline device, busy test, ...). Any other exception is a crash:
 the asker gets ``ActorCrashed`` and the supervisor restarts the actor, which rebuilds its state from
 storage. The mailbox survives a restart, so messages queued behind the crash are still handled.
+
+Storage being unreachable (``DatabaseUnavailable``: PostgreSQL down or restarting) is an expected
+condition, not a crash, so a database restart cannot escalate into stopping the process:
+
+- from ``receive``: the asker gets the error (the app answers 503 database_unavailable) and the actor
+  goes on with its state;
+- from ``on_deadline``: the deadline is tried again after a backoff (0.1 s doubling to 5 s, back to
+  0.1 s once a deadline succeeds); meanwhile the mailbox keeps moving;
+- from ``on_start`` after a restart (or a background task): the supervisor starts the actor again
+  after that backoff, without counting a crash. A first start's error still reaches its caller.
+
+An actor whose work must survive the outage keeps it in memory and retries it from ``on_deadline``
+(RolloutActor and TunnelActor keep the storage effects they could not carry out). Each wait is
+counted (``storage_waits``, on /metrics).
 """
 
 from __future__ import annotations
@@ -26,6 +40,7 @@ from typing import Any
 import trio
 
 from hub.errors import FleethubError, ServerError
+from storage.db import DatabaseUnavailable
 
 log = logging.getLogger("fleethub.actors")
 
@@ -56,6 +71,13 @@ class AskTimeout(ActorError):
 
 class Escalation(Exception):
     """An actor crashed more often than its supervisor allows: the process must stop."""
+
+
+def is_storage_outage(exc: BaseException) -> bool:
+    """``DatabaseUnavailable``, alone or as every leaf of an exception group (an actor's nursery)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(is_storage_outage(e) for e in exc.exceptions)
+    return isinstance(exc, DatabaseUnavailable)
 
 
 class Reply:
@@ -102,6 +124,13 @@ class Actor:
     """Base class of DeviceActor, FleetActor, TunnelActor."""
 
     mailbox_size = 64
+    # While storage is unreachable, deadline work waits this long before trying again (doubling).
+    storage_backoff_initial = 0.1
+    storage_backoff_max = 5.0
+    # Class defaults: an actor gets its own values only once it has seen an outage (15,000 devices).
+    storage_waits = 0
+    _storage_delay = storage_backoff_initial
+    _storage_until = -math.inf  # deadlines wait until then: storage was unreachable
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
@@ -111,6 +140,7 @@ class Actor:
         self.stopped = False
         self._current_reply: Reply | None = None
         self._on_stop: Callable[[Actor], None] | None = None
+        self._supervisor: Supervisor | None = None
         self.tasks: trio.Nursery | None = None
 
     # -- what subclasses implement -----------------------------------------------------------
@@ -191,15 +221,26 @@ class Actor:
                 self._stop()
                 return
             envelope = None
-            with trio.move_on_at(self.next_deadline()):
+            with trio.move_on_at(max(self.next_deadline(), self._storage_until)):
                 envelope = await self._mailbox_out.receive()
             if envelope is None:
-                await self.on_deadline()
+                try:
+                    await self.on_deadline()
+                except DatabaseUnavailable:
+                    self.storage_unavailable("a deadline")
+                else:
+                    if self._storage_until != -math.inf:  # storage answers again
+                        self._storage_delay, self._storage_until = self.storage_backoff_initial, -math.inf
                 continue
             msg, reply = envelope
             self._current_reply = reply
             try:
                 result = await self.receive(msg)
+            except DatabaseUnavailable as exc:
+                # Not a crash: the asker hears it (503) and the actor keeps its state and goes on.
+                if reply is not None:
+                    reply.fail(exc)
+                self.storage_unavailable(type(msg).__name__)
             except FleethubError as exc:
                 if reply is not None:
                     reply.fail(exc)
@@ -213,6 +254,19 @@ class Actor:
             finally:
                 self._current_reply = None
                 self.handled += 1
+
+    def storage_unavailable(self, what: str) -> None:
+        """Storage could not be reached: deadlines wait out a backoff; counted, logged once per outage."""
+        now = trio.current_time()
+        if self._storage_until < now - self.storage_backoff_max:
+            self._storage_delay = self.storage_backoff_initial  # a new outage: start gently again
+        if self._storage_delay == self.storage_backoff_initial:
+            log.warning("actor %s: storage unreachable during %s; retrying with backoff", self.key, what)
+        self._storage_until = now + self._storage_delay
+        self._storage_delay = min(self._storage_delay * 2, self.storage_backoff_max)
+        self.storage_waits += 1
+        if self._supervisor is not None:
+            self._supervisor.storage_waits_total += 1
 
     def _stop(self) -> None:
         # No await between the emptiness check and here: nothing can slip into the mailbox.
@@ -251,9 +305,11 @@ class Supervisor:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.restarts_total = 0
+        self.storage_waits_total = 0  # times an actor waited for storage instead of crashing
 
     async def start(self, actor: Actor) -> Actor:
         """Start ``actor``; returns once its ``on_start`` finished (errors there reach the caller)."""
+        actor._supervisor = self
         return await self.nursery.start(self._keep_running, actor)
 
     async def _keep_running(self, actor: Actor, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -281,6 +337,13 @@ class Supervisor:
                     raise  # Cancelled, KeyboardInterrupt: not a crash
                 if first and not flag.started_once:
                     raise  # never came up: the caller of start() hears about it
+                if is_storage_outage(exc):
+                    # PostgreSQL is down (a restart's on_start, a background task): an outage, not
+                    # a bug. Start again after the storage backoff; the mailbox waits meanwhile.
+                    actor.storage_unavailable("a start")
+                    await trio.sleep_until(actor._storage_until)
+                    first = False
+                    continue
                 now = trio.current_time()
                 if crashes is None:
                     crashes = deque()
@@ -354,4 +417,5 @@ class Registry:
             depth_max = max(depth_max, s.mailbox_depth)
             handled += s.handled
         return {"actors": len(self._actors), "by_kind": by_kind, "mailbox_depth_max": depth_max,
-                "handled": handled, "restarts": self.supervisor.restarts_total}
+                "handled": handled, "restarts": self.supervisor.restarts_total,
+                "storage_waits": self.supervisor.storage_waits_total}

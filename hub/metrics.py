@@ -46,6 +46,9 @@ class Metrics:
                [(f'{{kind="{k}"}}', n) for k, n in sorted(reg["by_kind"].items())] or [('{kind="none"}', 0)])
         metric("fleethub_actor_restarts_total", "counter", "Actor restarts by the supervisor.",
                [("", reg["restarts"])])
+        metric("fleethub_actor_storage_waits_total", "counter",
+               "Times an actor found PostgreSQL unreachable and waited to retry (not counted as a crash).",
+               [("", reg["storage_waits"])])
         metric("fleethub_actor_mailbox_depth_max", "gauge", "Deepest actor mailbox right now.",
                [("", reg["mailbox_depth_max"])])
         st = services.db.stats

@@ -26,6 +26,7 @@ from actors.runtime import (
     Supervisor,
 )
 from hub.errors import Conflict, FleethubError, NotFound
+from storage.db import DatabaseUnavailable
 
 
 class Boom(Exception):
@@ -377,6 +378,148 @@ async def test_a_crash_at_the_moment_of_shutdown_does_not_escape_the_supervisor(
             nursery.cancel_scope.cancel()  # shutting down while the crash unwinds
 
 
+# -- storage outages -----------------------------------------------------------------------------
+class Storage:
+    """PostgreSQL as the runtime sees it: while ``down``, every read raises DatabaseUnavailable."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.reads = 0
+
+    def read(self) -> int:
+        if self.down:
+            raise DatabaseUnavailable("the database is not reachable (OSError)")
+        self.reads += 1
+        return self.reads
+
+
+class Ticker(Probe):
+    """Shaped like the RolloutActor: reads storage when it starts and at a deadline every 0.25 s, and
+    keeps what it counted in memory (``ticks``), which a restart would lose."""
+
+    def __init__(self, storage: Storage, key="ticker", **kw) -> None:
+        super().__init__(key, **kw)
+        self.storage = storage
+        self.ticks = 0
+        self.tried: list[float] = []
+        self.next_tick = 0.0
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        self.storage.read()
+        self.next_tick = trio.current_time()
+
+    def next_deadline(self) -> float:
+        return self.next_tick
+
+    async def on_deadline(self) -> None:
+        self.tried.append(trio.current_time())
+        self.storage.read()
+        self.ticks += 1
+        self.next_tick = trio.current_time() + 0.25
+
+    async def receive(self, msg):
+        if msg == ("read",):
+            return self.storage.read()
+        return await super().receive(msg)
+
+
+async def test_deadline_work_waits_out_a_storage_outage_with_backoff(autojump_clock):
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            storage = Storage()
+            sup = Supervisor(nursery)
+            actor = await sup.start(Ticker(storage))
+            await trio.sleep(1.1)
+            assert actor.ticks == 5  # 0, 0.25, 0.5, 0.75, 1.0
+            storage.down = True
+            await trio.sleep_until(30)
+            storage.down = False
+            await trio.sleep_until(33)
+            # tried at the missed tick, then after 0.1, 0.2, 0.4, ... 3.2 and then every 5 s (the cap);
+            # the first try after PostgreSQL is back succeeds and the 0.25 s ticks go on from there
+            outage = [1.25, 1.35, 1.55, 1.95, 2.75, 4.35, 7.55, 12.55, 17.55, 22.55, 27.55]
+            back = [32.55, 32.8]
+            assert actor.tried == pytest.approx([0, 0.25, 0.5, 0.75, 1.0] + outage + back)
+            assert actor.ticks == 5 + len(back)  # counted in memory before and after: nothing rebuilt
+            assert actor.starts == [0] and actor.restarts == 0 and sup.restarts_total == 0
+            assert actor.storage_waits == len(outage) and sup.storage_waits_total == len(outage)
+            # a later outage starts gently again
+            await trio.sleep_until(39.9)
+            storage.down = True
+            await trio.sleep_until(40.2)
+            assert actor.tried[-3:] == pytest.approx([39.8, 40.05, 40.15]) and actor.ticks == 5 + 30
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_hundred_storage_errors_in_a_minute_do_not_escalate(autojump_clock):
+    with trio.fail_after(200):
+        async with trio.open_nursery() as nursery:
+            storage = Storage()
+            sup = Supervisor(nursery, max_restarts=5, window=60.0)
+            actor = await sup.start(Ticker(storage))
+            await trio.sleep(1.1)
+            storage.down = True
+            for _ in range(100):  # every ask reads storage: each asker hears the outage at once
+                asked = trio.current_time()
+                with pytest.raises(DatabaseUnavailable):
+                    await actor.ask(("read",), timeout=5)
+                assert trio.current_time() == asked
+                await trio.sleep(0.59)
+            assert trio.current_time() == pytest.approx(60.1)
+            ticks = actor.ticks
+            assert ticks == 5
+            storage.down = False
+            await trio.sleep(5.25)  # at most one backoff (capped at 5 s) plus a tick
+            assert actor.ticks > ticks
+            assert await actor.ask(("read",), timeout=1) == storage.reads
+            assert actor.starts == [0] and actor.restarts == 0 and sup.restarts_total == 0
+            assert actor.storage_waits >= 100 and sup.storage_waits_total == actor.storage_waits
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_restart_during_an_outage_waits_for_storage_without_counting_crashes(autojump_clock):
+    with trio.fail_after(200):
+        async with trio.open_nursery() as nursery:
+            storage = Storage()
+            sup = Supervisor(nursery, max_restarts=5, window=60.0, backoff_initial=1.0)
+            actor = await sup.start(Ticker(storage))
+            await trio.sleep(1.1)
+            storage.down = True
+            with pytest.raises(ActorCrashed):
+                await actor.ask(("crash",), timeout=5)  # a bug, while PostgreSQL is down
+            actor.tell(("echo", "queued"))
+            await trio.sleep_until(90)
+            # on_start after the crash's backoff (2.1) failed on storage, then every backoff up to 5 s
+            assert actor.starts[:6] == pytest.approx([0, 2.1, 2.2, 2.4, 2.8, 3.6])
+            assert all(b - a == pytest.approx(5) for a, b in zip(actor.starts[8:], actor.starts[9:]))
+            assert actor.seen == []  # not started yet: the mailbox waits
+            storage.down = False
+            await trio.sleep(5.1)
+            assert actor.seen == ["queued"]  # the restart came up and handled what waited
+            assert actor.restarts == 1 and sup.restarts_total == 1  # the bug, and only the bug
+            assert actor.storage_waits == len(actor.starts) - 2 == sup.storage_waits_total  # all but first and last
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_real_bug_still_escalates_during_an_outage(autojump_clock):
+    actor = Ticker(Storage())
+    with trio.fail_after(100):
+        with pytest.RaisesGroup(Escalation):
+            async with trio.open_nursery() as nursery:
+                sup = Supervisor(nursery, max_restarts=2, window=60, backoff_initial=1.0)
+                await sup.start(actor)
+                actor.storage.down = True
+                for _ in range(10):
+                    with pytest.raises(DatabaseUnavailable):
+                        await actor.ask(("read",), timeout=5)
+                actor.storage.down = False
+                for _ in range(3):
+                    actor.tell(("crash",))
+                await trio.sleep_forever()
+        assert actor.restarts == 2 and sup.restarts_total == 2
+
+
 # -- registry and passivation -------------------------------------------------------------------
 class SlowStart(Probe):
     created = 0
@@ -469,7 +612,7 @@ async def test_registry_statistics(autojump_clock):
             b.tell(("echo", 1))
             b.tell(("echo", 2))
             assert registry.statistics() == {"actors": 2, "by_kind": {"Probe": 2}, "mailbox_depth_max": 2,
-                                             "handled": 2, "restarts": 1}
+                                             "handled": 2, "restarts": 1, "storage_waits": 0}
             gate.set()
             nursery.cancel_scope.cancel()
 
