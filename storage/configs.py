@@ -147,9 +147,9 @@ class Configurations:
         return _version(await self.db.fetchrow(
             "SELECT * FROM configuration_versions WHERE org_id = $1 AND id = $2", org_id, version_id))
 
-    async def delete(self, org_id: uuid.UUID, config_id: uuid.UUID) -> list[tuple[uuid.UUID, str]] | None:
-        """Delete it with its versions and secret files; returns (device, path) of files that were on
-        devices, so they can be removed there. None when missing."""
+    async def delete(self, org_id: uuid.UUID, config_id: uuid.UUID) -> tuple[int, list[tuple[uuid.UUID, str]]] | None:
+        """Delete it with its versions and secret files; returns how many secret files it had and
+        (device, path) of those that were on devices, so they can be removed there. None when missing."""
 
         async def body(conn: asyncpg.Connection):
             if not await conn.fetchval("SELECT 1 FROM configurations WHERE org_id = $1 AND id = $2 FOR UPDATE",
@@ -161,13 +161,14 @@ class Configurations:
             await conn.execute("UPDATE devices SET config_status = NULL, config_error = NULL "
                                "WHERE config_id = $1", config_id)
             assigned = await conn.fetch("SELECT id FROM devices WHERE config_id = $1", config_id)
+            files = await conn.fetchval("SELECT count(*) FROM secret_files WHERE config_id = $1", config_id)
             await conn.execute("DELETE FROM configurations WHERE id = $1", config_id)
-            return [(r["device_id"], r["path"]) for r in on_devices], [r["id"] for r in assigned]
+            return files, [(r["device_id"], r["path"]) for r in on_devices], [r["id"] for r in assigned]
 
         result = await self.db.run(body, transaction=True)
         if result is None:
             return None
-        removed, assigned = result
+        files, removed, assigned = result
         if self.device_cache is not None:
             self.device_cache.evict(assigned)
-        return removed
+        return files, removed

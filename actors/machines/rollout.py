@@ -47,8 +47,10 @@ class RolloutState(Enum):
 
 
 class Step(Enum):
+    # The one step the spec names keeps the spec's spelling on the wire and in storage
+    # (migration 0011); the others are ours (DESIGN.md section 12) and lower case.
     PENDING = "pending"                            #: waiting for its batch
-    QUEUED_MAINTENANCE = "queued_maintenance"      #: its fleet's window is closed; starts when it opens
+    QUEUED_MAINTENANCE = "QUEUED_MAINTENANCE"      #: its fleet's window is closed; starts when it opens
     UPDATING = "updating"                          #: the version was assigned and is being sent
     VERIFYING = "verifying"                        #: the device is applying it and checking health
     SUCCEEDED = "succeeded"                        #: applied and healthy

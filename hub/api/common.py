@@ -40,10 +40,14 @@ def parse_uuid(value: str, what: str = "id") -> uuid.UUID:
 MAX_PAGE = 1_000_000
 
 
+# The spec's Limits table: list endpoints default to page 1, limit 10.
+DEFAULT_PAGE, DEFAULT_LIMIT = 1, 10
+
+
 class PageQuery(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    page: int = Field(1, ge=1, le=MAX_PAGE)
-    limit: int = Field(20, ge=1, le=500)
+    page: int = Field(DEFAULT_PAGE, ge=1, le=MAX_PAGE, description="starts at 1; default 1")
+    limit: int = Field(DEFAULT_LIMIT, ge=1, le=500, description="default 10")
 
     @property
     def offset(self) -> int:

@@ -271,9 +271,10 @@ async def update_configuration(config_id: str, data: ConfigUpdate):
 async def delete_configuration(config_id: str):
     s = services()
     config, _ = await _load(config_id, "editor")
-    removed = await s.configs.delete(org().org_id, config["id"])
-    if removed is None:
+    deleted = await s.configs.delete(org().org_id, config["id"])
+    if deleted is None:
         raise NotFound("configuration not found")
+    files, removed = deleted
     by_device: dict[uuid.UUID, list[str]] = {}
     for device_id, path in removed:
         by_device.setdefault(device_id, []).append(path)
@@ -281,7 +282,7 @@ async def delete_configuration(config_id: str):
         actor = s.registry.lookup(("device", device_id))
         if actor is not None:
             actor.tell(RemoveFiles(tuple(paths)))  # offline devices drop them at their next hello
-    return {"data": {"id": str(config["id"]), "deleted": True, "secretFilesDeleted": len(removed)}}
+    return {"data": {"id": str(config["id"]), "deleted": True, "secretFilesDeleted": files}}
 
 
 # -- versions -------------------------------------------------------------------------------------

@@ -109,7 +109,7 @@ async def test_queued_devices_start_exactly_when_the_window_opens(autojump_clock
             await supervisor.start(RolloutActor(store.rollout_id, s))
             await trio.sleep(1)
             assert store.row["state"] == "running"
-            assert [store.steps[d]["step"] for d in devices] == ["queued_maintenance", "pending", "pending"]
+            assert [store.steps[d]["step"] for d in devices] == ["QUEUED_MAINTENANCE", "pending", "pending"]
             # Sunday 29 March 2026: 02:30 Berlin falls in the spring-forward gap, so the window opens at
             # the first valid instant after it, 03:00 CEST = 01:00 UTC.
             opens = dt.datetime(2026, 3, 29, 1, 0, tzinfo=UTC)

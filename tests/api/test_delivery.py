@@ -154,6 +154,8 @@ async def test_configuration_files_arrive_with_the_version_and_a_device_file_ove
         # deleting the configuration removes its files from the device
         r = await hub.call("DELETE", f"/v1/configurations/{cid}")
         assert r.status_code == 200
+        # the configuration's files (token, shared, v2-only), not its deliveries (shared is overridden)
+        assert r.json()["data"]["secretFilesDeleted"] == 3
         await wait_for(lambda: not (root / "var/lib/fleethub/secrets/token").exists(), timeout=10)
         assert (root / "etc/app/shared").read_bytes() == b"device"
 

@@ -63,7 +63,7 @@ async def test_list_filters_and_pagination(hub, nursery, tmp_path):
             return r.json()
 
         body = await listing()
-        assert body["pagination"] == {"page": 1, "limit": 20, "total": 8, "totalPages": 1}
+        assert body["pagination"] == {"page": 1, "limit": 10, "total": 8, "totalPages": 1}
         assert [d["name"] for d in body["data"]] == [f"d{i}" for i in range(7)] + ["loose"]
 
         body = await listing(f"?fleet_id={fleet_a}")

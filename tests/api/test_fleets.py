@@ -54,7 +54,7 @@ async def test_create_get_list(hub):
         body = r.json()
         assert [f["name"] for f in body["data"]] == ["warehouse", "minimal"]
         assert [f["device_count"] for f in body["data"]] == [2, 0]
-        assert body["pagination"] == {"page": 1, "limit": 20, "total": 2, "totalPages": 1}
+        assert body["pagination"] == {"page": 1, "limit": 10, "total": 2, "totalPages": 1}
         r = await hub.call("GET", "/v1/fleets?limit=1&page=2")
         body = r.json()
         assert [f["name"] for f in body["data"]] == ["minimal"]

@@ -113,7 +113,7 @@ async def test_out_of_window_queues_force_bypasses_and_a_restart_continues(nurse
         rid = r.json()["data"]["id"]
 
         async def queued():
-            return (await rollout_state(hub, rid))["counts"]["queued_maintenance"] == 1
+            return (await rollout_state(hub, rid))["counts"]["QUEUED_MAINTENANCE"] == 1
 
         await wait_for(queued, timeout=20, interval=0.1)
         # stop the hub mid-rollout, start another on the same database and port: the agents reconnect
@@ -206,3 +206,29 @@ async def test_pause_holds_new_devices_and_resume_continues(nursery, db_url, tmp
 
         await wait_for(done, timeout=60, interval=0.2)
         assert (await hub.call("POST", f"/v1/rollouts/{rid}/pause")).status_code == 409
+
+
+async def test_steps_stored_with_the_old_spelling_are_renamed_by_the_migration(db_url):
+    """Migration 0011: a step saved as queued_maintenance before the spec's spelling reads back as
+    QUEUED_MAINTENANCE, so a hub restarted on an older database continues the rollout."""
+    from storage.db import Database
+    from storage.migrate import migrate
+
+    with trio.fail_after(30):
+        db = Database(db_url, min_size=1, max_size=1)
+        await db.open()
+        try:
+            async def old_row(conn) -> None:
+                # Only this table matters here: skip its foreign keys for the one synthetic row.
+                await conn.execute("SET session_replication_role = replica")
+                await conn.execute(
+                    "INSERT INTO rollout_devices (rollout_id, device_id, fleet_id, batch, step, updated_at) "
+                    "VALUES (gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 0, 'queued_maintenance', now())")
+                await conn.execute("DELETE FROM schema_migrations WHERE version = '0011_rollout_step_spelling'")
+
+            await db.run(old_row, transaction=True)
+            assert "0011_rollout_step_spelling" in await migrate(db)
+            steps = [r["step"] for r in await db.fetch("SELECT step FROM rollout_devices")]
+            assert steps == ["QUEUED_MAINTENANCE"]
+        finally:
+            await db.close()
