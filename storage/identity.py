@@ -61,6 +61,10 @@ class Identity:
             "SELECT id, org_id, name, client_id, secret_hash FROM service_accounts WHERE client_id = $1", client_id)
         return dict(row) if row else None
 
+    async def service_account_org(self, sa_id: uuid.UUID) -> uuid.UUID | None:
+        """The organisation the account belongs to now (None: no such account)."""
+        return await self.db.fetchval("SELECT org_id FROM service_accounts WHERE id = $1", sa_id)
+
     async def service_account_exists(self, sa_id: uuid.UUID) -> bool:
         return bool(await self.db.fetchval("SELECT EXISTS (SELECT 1 FROM service_accounts WHERE id = $1)", sa_id))
 

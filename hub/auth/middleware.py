@@ -83,6 +83,11 @@ async def authenticate(services) -> None:
     g.started = trio.current_time()
     view = _view()
     if view is None or getattr(view, "_fleethub_public", False) or request.path in PUBLIC_PATHS:
+        if request.path.startswith("/v1/"):
+            # Every /v1 answer carries the X-RateLimit-* headers (spec, Limits), unknown routes and
+            # public ones included: they name no caller, so they count against the client's address
+            # (a prober of unknown paths spends its own budget).
+            _limit(services, ("addr", client_addr()), None, None)
         return  # unknown routes fall through to their 404/405
     if getattr(view, "_fleethub_tunnel_token", False):
         from hub.tunnels import auth as tunnel_auth  # the TunnelToken credential: these routes take only it
@@ -146,6 +151,16 @@ async def authenticate(services) -> None:
         g.org = OrgContext(org_id, role)
 
 
+def answer_decision(services):
+    """The rate-limit decision whose headers an answer carries. A /v1 request answered before any
+    was made (authentication failed on a storage outage, say) is counted against its address then,
+    so no /v1 answer goes without the headers."""
+    decision = getattr(g, "ratelimit", None)
+    if decision is None and request.path.startswith("/v1/"):
+        decision = services.rate_limiter.hit(("addr", client_addr()), limit_for(None, None), services.clock.now())
+    return decision
+
+
 def _limit(services, key: object, tier: str | None, custom: int | None) -> None:
     decision = services.rate_limiter.hit(key, limit_for(tier, custom), services.clock.now())
     g.ratelimit = decision
@@ -156,6 +171,10 @@ def _limit(services, key: object, tier: str | None, custom: int | None) -> None:
 
 
 async def _pat(services, token_id, secret, org_id, kind):
+    if kind == "pat" and token_id is None:
+        # The spec's PAT credential is the pair: a secret alone in X-API-Secret-Key is not one
+        # (the secret alone is accepted only in its documented form, Authorization: Bearer).
+        raise Unauthenticated("X-API-Secret-Key needs X-API-Token-ID beside it")
     h = digest(secret)
     row = await services.auth_cache.get_or_load(
         ("pat", h, org_id), lambda: services.tokens.find_pat_in_org(h, org_id),
@@ -192,11 +211,15 @@ async def _service(services, token, org_id):
         claims = services.token_signer.verify(token, services.clock.now())
     except InvalidToken as exc:
         raise Unauthenticated(str(exc)) from None
-    alive = await services.auth_cache.get_or_load(
-        ("service", claims.service_id), lambda: services.identity.service_account_exists(claims.service_id),
+    if "api" not in claims.scope.split():
+        raise Unauthenticated("the access token's scope does not cover the API")
+    home = await services.auth_cache.get_or_load(
+        ("service-org", claims.service_id), lambda: services.identity.service_account_org(claims.service_id),
         lambda _: (f"service:{claims.service_id}",))
-    if not alive:
+    if home is None:
         raise Unauthenticated("the service account was deleted")
+    if home != claims.org_id:
+        raise Unauthenticated("the service account no longer belongs to the token's organisation")
     org = await org_row(services, claims.org_id)
     principal = Principal(kind="service", id=str(claims.service_id), service_id=claims.service_id, via="oauth")
     role = "service" if org_id == claims.org_id else None

@@ -1,7 +1,8 @@
 """Service-account bearer tokens: JWTs signed with the hub's Ed25519 key (EdDSA, pyjwt).
 
 Claims: iss "fleethub", aud "fleethub-api", sub (service account id), org, scope, iat, exp (one hour).
-Verification checks the signature, expiry and audience; anything else about the token is a 401.
+Verification checks the signature, expiry, not-before and audience; anything else about the token is a
+401. The scope (``api``) and that the account still belongs to ``org`` are checked by the middleware.
 The keys are the hub's signing key ring (hub/auth/signing_keys.py): the header's ``kid`` picks the
 key, so tokens issued before a key rotation stay good until they expire.
 """
@@ -59,6 +60,8 @@ class TokenSigner:
             expires_at = dt.datetime.fromtimestamp(int(claims["exp"]), dt.timezone.utc)
             if expires_at <= now:
                 raise InvalidToken("the access token expired")
+            if "nbf" in claims and float(claims["nbf"]) > now.timestamp():
+                raise InvalidToken("the access token is not valid yet")
             return TokenClaims(uuid.UUID(claims["sub"]), uuid.UUID(claims["org"]), str(claims.get("scope", "")),
                                expires_at)
         except (jwt.PyJWTError, ValueError, KeyError, TypeError):

@@ -141,3 +141,46 @@ async def test_token_endpoint_throttles_per_client_address(nursery, db_url, tmp_
         assert statuses == [401] * PER_ADDRESS + [429]
         r = await hub.client.post(url, data={"grant_type": "client_credentials"})  # malformed ones count too
         assert r.status_code == 429 and r.json()["error"] == "slow_down"
+
+
+# -- credential rules --------------------------------------------------------------------------------
+async def test_a_pat_needs_both_headers_and_the_bearer_form_stays(nursery, db_url, tmp_path):
+    with trio.fail_after(30):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        pat_id, secret = hub.pat
+        org = {"X-Organization-ID": hub.org_id}
+        r = await hub.call("GET", "/v1/devices", headers={**org, "X-API-Secret-Key": secret})
+        assert r.status_code == 401 and r.json()["error"] == "unauthenticated"
+        assert secret not in r.text
+        r = await hub.call("GET", "/v1/devices", headers={**org, "X-API-Token-ID": pat_id})
+        assert r.status_code == 401
+        r = await hub.call("GET", "/v1/devices", headers={**org, "X-API-Token-ID": pat_id, "X-API-Secret-Key": secret})
+        assert r.status_code == 200
+        r = await hub.call("GET", "/v1/devices", headers={**org, "Authorization": f"Bearer {secret}"})
+        assert r.status_code == 200
+
+
+async def test_service_tokens_need_the_api_scope_nbf_passed_and_their_own_organisation(nursery, db_url, tmp_path):
+    with trio.fail_after(30):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        s = hub.services
+        sa = await _service_account(hub, [{"relation": "viewer"}])
+        sa_id, org_id, now = uuid.UUID(sa["id"]), uuid.UUID(hub.org_id), s.clock.now()
+        other = await s.orgs.create_org("Other", now)
+
+        async def status(token: str, org: uuid.UUID = org_id) -> int:
+            r = await hub.client.get(hub.base_url + "/v1/devices",
+                                     headers={"X-Organization-ID": str(org), "Authorization": f"Bearer {token}"})
+            return r.status_code
+
+        assert await status(s.token_signer.issue(sa_id, org_id, now)) == 200
+        # a token of another scope, signed by the hub with the API audience, is not an API token
+        assert await status(s.token_signer.issue(sa_id, org_id, now, scope="tunnel")) == 401
+        # not valid before its nbf
+        claims = {"iss": "fleethub", "aud": "fleethub-api", "sub": str(sa_id), "org": str(org_id), "scope": "api",
+                  "iat": int(now.timestamp()), "exp": int(now.timestamp()) + 3600,
+                  "nbf": int(now.timestamp()) + 600}
+        assert await status(s.signing_keys.sign_jwt(claims)) == 401
+        assert await status(s.signing_keys.sign_jwt({**claims, "nbf": int(now.timestamp()) - 5})) == 200
+        # a token naming an organisation the account does not belong to opens nothing there
+        assert await status(s.token_signer.issue(sa_id, other["id"], now), other["id"]) == 401
