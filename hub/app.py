@@ -83,7 +83,7 @@ def create_app(services: Services) -> QuartTrio:
     @app.after_request
     async def _after(response: Response) -> Response:
         response.headers["X-Request-ID"] = getattr(g, "request_id", None) or str(fast_uuid4())
-        decision = getattr(g, "ratelimit", None)
+        decision = middleware.answer_decision(services)
         if decision is not None:
             response.headers.update(decision.headers())
         if not _body_consumed():

@@ -251,3 +251,25 @@ async def test_a_page_beyond_the_deepest_is_400_not_an_overflow(hub):
     for path in ("/v1/devices", "/v1/fleets", "/v1/rollouts", "/v1/audit-events"):
         r = await hub.call("GET", path, params={"page": 2**61, "limit": 50})
         assert r.status_code == 400, (path, r.status_code, r.text)
+
+
+async def test_every_v1_answer_carries_the_rate_limit_headers(hub):
+    """Spec, Limits: X-RateLimit-* on API responses — unknown routes, wrong methods, public routes
+    and the OpenAPI document too (they count against the client's address)."""
+    with trio.fail_after(20):
+        answers = [await hub.call("GET", "/v1/no-such-thing", headers={}),
+                   await hub.call("GET", "/v1/no-such-thing"),
+                   await hub.call("PUT", "/v1/devices"),
+                   await hub.call("GET", "/v1/openapi.json", headers={}),
+                   await hub.call("POST", "/v1/auth/login", headers={}, json={"email": "a@b.c", "password": "x"}),
+                   await hub.call("GET", "/v1/devices", headers={})]
+        for r in answers:
+            assert {"x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"} <= set(r.headers), \
+                (r.request.method, r.request.url, r.status_code, dict(r.headers))
+        # each anonymous answer spent one from the same address budget
+        remaining = [int(r.headers["x-ratelimit-remaining"]) for r in answers if r.request.headers.get(
+            "x-organization-id") is None]
+        assert remaining == sorted(remaining, reverse=True) and len(set(remaining)) == len(remaining)
+        # outside /v1 (health, metrics) nothing is limited
+        r = await hub.client.get(hub.base_url + "/healthz")
+        assert "x-ratelimit-limit" not in r.headers
