@@ -7,6 +7,12 @@ fleet still has at most one active rollout (storage refuses a second).
 The actor rebuilds from storage (so a hub restarted mid-rollout continues where it was), ticks while
 devices are in flight (one storage crossing per tick for all its devices), sleeps until the next
 window opening when only queued devices remain, and ends once the rollout is settled.
+
+PostgreSQL down or restarting (``DatabaseUnavailable``) is waited out, not a crash: a tick that cannot
+read its devices changes nothing and is retried with the runtime's backoff; what the machine already
+decided but storage has not taken (assignments, steps, the rollout row, and the events announcing
+them) waits in memory and is written, in order, before the next tick. An operator's pause, resume or
+cancel is only done once stored: otherwise it answers 503 and the rollout stays as it was.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from actors.machines.window import UpdateWindow, WindowError, is_open, next_star
 from actors.runtime import Actor
 from device_client.clock import rfc3339
 from hub.errors import Conflict, NotFound
+from storage.db import DatabaseUnavailable
 
 if TYPE_CHECKING:
     from hub.services import Services
@@ -61,9 +68,23 @@ class RolloutActor(Actor):
         self.machine: rm.RolloutMachine | None = None
         self.windows: dict[str, UpdateWindow | None] = {}
         self._tick_now = False
+        self._windows_stale = False  # a reload was asked for while storage was unreachable
+        self._clear_unwritten()
+
+    def _clear_unwritten(self) -> None:
+        # Decided by the machine, not yet in storage: carried out in this order by _write().
+        self._assign: list[uuid.UUID] = []   # devices to assign the version to
+        self._apply: list[uuid.UUID] = []    # assigned; their DeviceActor not told yet
+        self._steps: dict[str, rm.DeviceStep] = {}
+        self._save = False                   # the rollout row changed
+        self._events: list[dict[str, Any]] = []  # published once what they announce is stored
+
+    def _unwritten(self) -> bool:
+        return bool(self._assign or self._apply or self._steps or self._save or self._events)
 
     async def on_start(self) -> None:
         s = self.services
+        self._clear_unwritten()  # a restart rebuilds from storage: what it holds is the truth
         found = await s.rollouts.get_any(self.rollout_id)
         if found is None:
             raise NotFound("rollout not found")
@@ -81,6 +102,7 @@ class RolloutActor(Actor):
         self._tick_now = True  # look at the devices at once after a (re)start
 
     async def _load_windows(self) -> None:
+        self._windows_stale = True  # until read: a tick retries it if storage is unreachable now
         windows: dict[str, UpdateWindow | None] = {}
         stored = await self.services.windows.get_many(self.row["org_id"], self.row["fleet_ids"])
         for fleet_id, raw in stored.items():
@@ -90,6 +112,7 @@ class RolloutActor(Actor):
                 log.warning("fleet %s has an unreadable update window; treating it as none", fleet_id)
                 windows[str(fleet_id)] = None
         self.windows = windows
+        self._windows_stale = False
 
     def _window_open(self, fleet_id: str, instant: dt.datetime) -> bool:
         w = self.windows.get(fleet_id)
@@ -102,11 +125,21 @@ class RolloutActor(Actor):
     # -- messages ----------------------------------------------------------------------------------
     async def receive(self, msg: Any) -> Any:
         if isinstance(msg, Control):
+            await self._write()  # an outage's leftovers first (if still down: 503, nothing changed)
+            m = self.machine
+            before = (m.state, m.reason, m.current_batch, m.accepted_failures, m.accepted_batch)
             try:
-                effects = self.machine.handle(msg.event, self.services.clock.now())
+                effects = m.handle(msg.event, self.services.clock.now())
             except rm.IllegalTransition as exc:
                 raise Conflict(str(exc), code="invalid_state") from None
-            await self._carry_out(effects)
+            try:
+                await self._carry_out(effects)
+            except DatabaseUnavailable:
+                # Not stored, so not done: the operator hears 503 and may try again. Pause, resume
+                # and cancel only change the rollout row, so this undoes them whole.
+                m.state, m.reason, m.current_batch, m.accepted_failures, m.accepted_batch = before
+                self._clear_unwritten()
+                raise
             self._tick_now = True
             return self.snapshot()
         if isinstance(msg, Status):
@@ -129,9 +162,11 @@ class RolloutActor(Actor):
         return m.state is rm.RolloutState.CANCELLED and m.has_in_flight()
 
     def next_deadline(self) -> float:
+        if self._unwritten():
+            return trio.current_time()  # the runtime holds this back while storage is unreachable
         if not self._active():
             return math.inf
-        if self._tick_now:
+        if self._tick_now or self._windows_stale:
             return trio.current_time()
         m = self.machine
         waiting_online = any(st.step in (rm.Step.PENDING, rm.Step.DEFERRED_MEMORY_TEST) and st.batch <= m.current_batch
@@ -142,12 +177,16 @@ class RolloutActor(Actor):
         return self.services.clock.deadline_for(window) if window is not None else math.inf
 
     async def on_deadline(self) -> None:
-        self._tick_now = False
+        # Each step raises DatabaseUnavailable before changing anything it has not stored.
+        await self._write()
+        if self._windows_stale:
+            await self._load_windows()
         views = await self._views()
+        self._tick_now = False
         await self._carry_out(self.machine.handle(rm.Tick(views), self.services.clock.now()))
 
     def should_stop(self) -> bool:
-        return not self._active()
+        return not self._active() and not self._unwritten()
 
     async def _views(self) -> dict[str, rm.DeviceView]:
         s = self.services
@@ -181,37 +220,44 @@ class RolloutActor(Actor):
 
     # -- effects -----------------------------------------------------------------------------------
     async def _carry_out(self, effects: list[object]) -> None:
+        """Queue the effects behind anything still unwritten, then write them all (``_write``)."""
+        now = self.services.clock.now()
+        for effect in effects:
+            if isinstance(effect, rm.Update):
+                self._assign.append(uuid.UUID(effect.device_id))
+            elif isinstance(effect, rm.SaveSteps):
+                self._steps.update({st.device_id: st for st in effect.steps})
+            elif isinstance(effect, rm.SaveRollout):
+                self._save = True
+            elif isinstance(effect, rm.Publish):
+                self._events.append({"kind": effect.kind, "rolloutId": str(self.rollout_id), "at": rfc3339(now),
+                                     "payload": effect.payload})
+        await self._write()
+
+    async def _write(self) -> None:
+        """Carry out what is unwritten, in order; each part is dropped once done, so after a
+        ``DatabaseUnavailable`` the next call goes on from there. Assigning the version to devices
+        starting now is one crossing; each DeviceActor then sends it (now, or when its device next
+        connects) and the result comes back through storage at a later tick."""
         s = self.services
         now = s.clock.now()
-        steps: dict[str, rm.DeviceStep] = {}
-        save: rm.SaveRollout | None = None
-        starting = [uuid.UUID(e.device_id) for e in effects if isinstance(e, rm.Update)]
-        if starting:
-            await self._update(starting, now)
-        for effect in effects:
-            if isinstance(effect, rm.SaveSteps):
-                steps.update({st.device_id: st for st in effect.steps})
-            elif isinstance(effect, rm.SaveRollout):
-                save = effect
-            elif isinstance(effect, rm.Publish):
-                event = {"kind": effect.kind, "rolloutId": str(self.rollout_id), "at": rfc3339(now),
-                         "payload": effect.payload}
-                s.events.publish(("rollout", self.rollout_id), event)
-                s.events.publish(("org", self.row["org_id"]), event)
-        if steps or save is not None:
+        if self._assign:
+            await s.rollouts.assign(self._assign, self.row["config_id"], self.row["version_id"], now)
+            self._apply += self._assign
+            self._assign = []
+        while self._apply:
+            actor = await s.device_actor(self._apply[0])  # a passivated one starts from storage
+            actor.tell(ApplyConfig())
+            self._apply.pop(0)
+        if self._steps or self._save:
             m = self.machine
             await s.rollouts.save(
                 self.rollout_id, now, state=m.state.value, current_batch=m.current_batch, reason=m.reason,
                 accepted_failures=m.accepted_failures, accepted_batch=m.accepted_batch,
                 steps=[(uuid.UUID(st.device_id), st.step.value, st.error, st.updated_at or now)
-                       for st in steps.values()])
-
-    async def _update(self, device_ids: list[uuid.UUID], now: dt.datetime) -> None:
-        """Assign the rollout's version to the devices starting now, in one storage crossing; each
-        DeviceActor sends it (now, or when its device next connects) and the result comes back
-        through storage at a later tick."""
-        s = self.services
-        await s.rollouts.assign(device_ids, self.row["config_id"], self.row["version_id"], now)
-        for device_id in device_ids:
-            actor = await s.device_actor(device_id)
-            actor.tell(ApplyConfig())
+                       for st in self._steps.values()])
+            self._steps, self._save = {}, False
+        events, self._events = self._events, []
+        for event in events:
+            s.events.publish(("rollout", self.rollout_id), event)
+            s.events.publish(("org", self.row["org_id"]), event)
