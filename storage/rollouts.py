@@ -62,12 +62,18 @@ class Rollouts:
         org_id = await self.db.fetchval("SELECT org_id FROM rollouts WHERE id = $1", rollout_id)
         return await self.get(org_id, rollout_id) if org_id else None
 
-    async def list(self, org_id: uuid.UUID, *, offset: int, limit: int, state: str | None) -> tuple[list[dict], int]:
+    async def list(self, org_id: uuid.UUID, *, offset: int, limit: int, state: str | None,
+                   only_fleets: set | None = None) -> tuple[list[dict], int]:
+        """``only_fleets``: only rollouts all of whose fleets are among these (a member's permitted
+        fleets: reading a rollout needs viewer on each of its fleets)."""
+        fleets = list(only_fleets) if only_fleets is not None else None
+
         async def body(conn: asyncpg.Connection):
-            cond = "org_id = $1 AND ($2::text IS NULL OR state = $2)"
-            total = await conn.fetchval(f"SELECT count(*) FROM rollouts WHERE {cond}", org_id, state)
+            cond = ("org_id = $1 AND ($2::text IS NULL OR state = $2) "
+                    "AND ($3::uuid[] IS NULL OR fleet_ids <@ $3::uuid[])")
+            total = await conn.fetchval(f"SELECT count(*) FROM rollouts WHERE {cond}", org_id, state, fleets)
             rows = await conn.fetch(f"SELECT * FROM rollouts WHERE {cond} ORDER BY created_at DESC, id "
-                                    "OFFSET $3 LIMIT $4", org_id, state, offset, limit)
+                                    "OFFSET $4 LIMIT $5", org_id, state, fleets, offset, limit)
             return [dict(r) for r in rows], total
 
         return await self.db.run(body)

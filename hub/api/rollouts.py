@@ -21,7 +21,7 @@ from device_client.clock import rfc3339
 from hub.api.common import PageQuery, errors, jsonable, org, pagination, parse_uuid, principal, services
 from hub.api.sse import stream_response
 from hub.api.validation import body, enveloped, parse_body, query, responds
-from hub.auth.authz import Obj, authorize
+from hub.auth.authz import Obj, authorize, scope_for_list
 from hub.errors import BadRequest, Conflict, NotFound
 from storage.rollouts import FleetBusy
 
@@ -261,8 +261,10 @@ class RolloutSummary(BaseModel):
 @errors(400, 401, 403)
 async def list_rollouts(query_args: RolloutQuery):
     s = services()
+    # As GET /v1/rollouts/{id}: a rollout is listed only to a caller with viewer on each of its fleets.
+    everything, ids, fleets = await scope_for_list(s, "viewer", "fleet")
     rows, total = await s.rollouts.list(org().org_id, offset=query_args.offset, limit=query_args.limit,
-                                        state=query_args.state)
+                                        state=query_args.state, only_fleets=None if everything else ids | fleets)
     return {"data": [jsonable({k: r[k] for k in ("id", "state", "reason", "fleet_ids", "config_id", "version_id",
                                                   "force", "batch_size", "current_batch", "created_at",
                                                   "updated_at")}) for r in rows],

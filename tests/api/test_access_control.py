@@ -184,3 +184,54 @@ async def test_service_tokens_need_the_api_scope_nbf_passed_and_their_own_organi
         assert await status(s.signing_keys.sign_jwt({**claims, "nbf": int(now.timestamp()) - 5})) == 200
         # a token naming an organisation the account does not belong to opens nothing there
         assert await status(s.token_signer.issue(sa_id, other["id"], now), other["id"]) == 401
+
+
+# -- listing rollouts ----------------------------------------------------------------------------------
+def _creds(pat, org_id: str) -> dict:
+    return {"X-API-Token-ID": pat[0], "X-API-Secret-Key": pat[1], "X-Organization-ID": org_id}
+
+
+async def test_rollouts_are_listed_only_to_viewers_of_all_their_fleets(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        fleets = {}
+        for name in ("a", "b"):
+            r = await hub.call("POST", "/v1/fleets", json={"name": name})
+            fleets[name] = r.json()["data"]["id"]
+            await hub.provision(f"in-{name}", fleet_id=fleets[name])
+        r = await hub.call("POST", "/v1/configurations", json={"name": "c", "spec": {"replicas": 1}})
+        config_id = r.json()["data"]["id"]
+        made = {}
+        for key, body in {"a": {"fleet_ids": [fleets["a"]]}, "b": {"fleet_ids": [fleets["b"]]},
+                          "ab": {"fleet_ids": [fleets["a"], fleets["b"]]}}.items():
+            if key == "ab":  # one active rollout per fleet: finish the others first
+                for rid in made.values():
+                    await hub.call("POST", f"/v1/rollouts/{rid}/cancel")
+            r = await hub.call("POST", "/v1/rollouts", json={**body, "configuration_id": config_id, "batch_size": 1})
+            assert r.status_code == 201, r.text
+            made[key] = r.json()["data"]["id"]
+        member = await hub.new_user("member")
+        mh = _creds(member, hub.org_id)
+        me = (await hub.call("GET", "/v1/me", headers=mh)).json()["data"]["userId"]
+
+        async def listed(headers) -> set[str]:
+            r = await hub.call("GET", "/v1/rollouts", headers=headers)
+            assert r.status_code == 200, r.text
+            assert r.json()["pagination"]["total"] == len(r.json()["data"])
+            return {x["id"] for x in r.json()["data"]}
+
+        assert await listed(hub.headers) == set(made.values())  # the admin sees all
+        assert await listed(mh) == set()  # a member without relations sees none
+        r = await hub.call("POST", "/v1/relations", json={"object_type": "fleet", "object_id": fleets["a"],
+                                                          "relation": "viewer", "subject_type": "user", "subject_id": me})
+        assert r.status_code == 201
+        assert await listed(mh) == {made["a"]}  # not b's, and not the one spanning a and b
+        for rid in (made["a"],):
+            assert (await hub.call("GET", f"/v1/rollouts/{rid}", headers=mh)).status_code == 200
+        assert (await hub.call("GET", f"/v1/rollouts/{made['ab']}", headers=mh)).status_code == 403
+        # an org-wide viewer (here a service account's policy) sees them all
+        sa = await _service_account(hub, [{"relation": "viewer"}])
+        r = await hub.client.post(hub.base_url + "/v1/oauth/token", data={
+            "grant_type": "client_credentials", "client_id": sa["client_id"], "client_secret": sa["client_secret"]})
+        bearer = {"Authorization": f"Bearer {r.json()['access_token']}", "X-Organization-ID": hub.org_id}
+        assert await listed(bearer) == set(made.values())
