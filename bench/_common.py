@@ -307,8 +307,12 @@ class HubProcess:
         url = self.env.get("FLEETHUB_DATABASE_URL")
         if url:
             return url
-        lines = (self.data_dir / "pg" / "postmaster.pid").read_text().splitlines()
-        return f"postgresql://postgres@127.0.0.1:{int(lines[3])}/postgres"
+        from storage.embedded import EmbeddedPostgres
+
+        pg = EmbeddedPostgres.running(self.data_dir / "pg")  # its DSN carries the superuser password
+        if pg is None:
+            raise RuntimeError(f"no embedded PostgreSQL runs in {self.data_dir / 'pg'}")
+        return pg.dsn
 
     def pg_pid(self) -> int | None:
         try:

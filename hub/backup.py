@@ -5,13 +5,18 @@
 in the dump) and is meant for a stopped hub. The keys are NOT in the dump — secret-file contents in
 it stay encrypted — so back up ``secret-files.key`` (and ``.previous``) and the hub's signing key
 from the data dir separately, and keep them apart from the dumps. docs/operations.md has the steps.
+
+The DSN's password goes to the tools in PGPASSWORD, never on their command line: any local user
+can read a process's arguments (``ps``), not its environment.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 
 def _tool(name: str) -> str:
@@ -29,11 +34,34 @@ def _tool(name: str) -> str:
     return found
 
 
+def split_password(dsn: str) -> tuple[str, dict[str, str]]:
+    """``dsn`` without its password (userinfo or ``?password=``) and the environment that carries it."""
+    parts = urlsplit(dsn)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    password = parts.password
+    kept = [(k, v) for k, v in query if k != "password"]
+    if password is None:
+        password = next((v for k, v in query if k == "password"), None)
+    else:
+        password = unquote(password)
+    if password is None:
+        return dsn, {}
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    if parts.username is not None:
+        netloc = f"{parts.username}@{netloc}"
+    bare = urlunsplit((parts.scheme, netloc, parts.path, urlencode(kept), parts.fragment))
+    return bare, {"PGPASSWORD": password}
+
+
+def _run(args: list[str], password_env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, env={**os.environ, **password_env})
+
+
 def backup(dsn: str, out: Path) -> dict:
     out = Path(out)
     tmp = out.with_name(out.name + ".partial")
-    result = subprocess.run([_tool("pg_dump"), "--format=custom", "--no-owner", f"--file={tmp}", dsn],
-                            capture_output=True, text=True)
+    dsn, password_env = split_password(dsn)
+    result = _run([_tool("pg_dump"), "--format=custom", "--no-owner", f"--file={tmp}", dsn], password_env)
     if result.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise SystemExit(f"pg_dump failed: {result.stderr.strip()[-1000:]}")
@@ -44,8 +72,9 @@ def backup(dsn: str, out: Path) -> dict:
 def restore(dsn: str, dump: Path) -> dict:
     if not Path(dump).is_file():
         raise SystemExit(f"no backup file {dump}")
-    result = subprocess.run([_tool("pg_restore"), "--clean", "--if-exists", "--no-owner", "--single-transaction",
-                             f"--dbname={dsn}", str(dump)], capture_output=True, text=True)
+    dsn, password_env = split_password(dsn)
+    result = _run([_tool("pg_restore"), "--clean", "--if-exists", "--no-owner", "--single-transaction",
+                   f"--dbname={dsn}", str(dump)], password_env)
     if result.returncode != 0:
         raise SystemExit(f"pg_restore failed: {result.stderr.strip()[-1000:]}")
     return {"restored": str(dump)}

