@@ -10,6 +10,8 @@ Every storage call goes through ``_db``, which takes a slot of the hub-wide deli
 forced rollout starts a job on every device at once, and without the cap those jobs queued for every
 connection of the pool and made ordinary API calls wait behind them (bench/delivery.py measured a
 0.7 s API p50 during a 1,000-device forced rollout). The cap leaves connections free for requests.
+``_db`` also waits out a storage outage (``Actor.until_stored``): every call it makes is a read or an
+idempotent write, so trying it again is safe.
 """
 
 from __future__ import annotations
@@ -56,8 +58,14 @@ class Delivery:
                 **({"configId": str(f["config_id"])} if f["config_id"] else {})}
 
     async def _db(self, fn, *args):
-        async with self.s.delivery_slots:
-            return await fn(*args)
+        # While PostgreSQL is down the job waits (without a slot) and goes on when it is back: a
+        # result the device already sent must reach storage, or its rollout would wait forever.
+        async def in_slot():
+            async with self.s.delivery_slots:
+                return await fn(*args)
+
+        in_slot.__name__ = getattr(fn, "__name__", "storage call")
+        return await self.actor.until_stored(in_slot)
 
     async def _request(self, verb: str, payload: dict, timeout: float | None = None) -> dict | None:
         try:

@@ -217,11 +217,12 @@ class DeviceActor(Actor):
 
     def _job(self, fn, *args) -> None:
         """Delivery work in the background. Its failure is logged, not a crash: one device's bad row
-        must not restart the actor in a loop and escalate to the whole hub; the next hello retries."""
+        must not restart the actor in a loop and escalate to the whole hub; the next hello retries.
+        A storage outage is waited out (every job converges from storage, so it may run again)."""
 
         async def guarded() -> None:
             try:
-                await fn(*args)
+                await self.until_stored(fn, *args)
             except Exception:
                 log.exception("device %s: %s failed", self.device_id, getattr(fn, "__name__", fn))
 

@@ -255,6 +255,17 @@ class Actor:
                 self._current_reply = None
                 self.handled += 1
 
+    async def until_stored(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``await fn(*args)``, waiting out storage outages with this actor's backoff: for background
+        work whose outcome must not be lost (a device's configuration result). ``fn`` must be safe
+        to call again after a ``DatabaseUnavailable``. The actor stopping cancels the wait."""
+        while True:
+            try:
+                return await fn(*args)
+            except DatabaseUnavailable:
+                self.storage_unavailable(getattr(fn, "__name__", "background work"))
+                await trio.sleep_until(self._storage_until)
+
     def storage_unavailable(self, what: str) -> None:
         """Storage could not be reached: deadlines wait out a backoff; counted, logged once per outage."""
         now = trio.current_time()

@@ -37,7 +37,11 @@ LISTEN_CHECK = 1.0  # seconds between checks of the LISTEN connections
 
 
 class DatabaseUnavailable(Exception):
-    """PostgreSQL could not be reached (down, restarting, refusing connections)."""
+    """PostgreSQL could not be reached (down, restarting, refusing connections). An expected condition,
+    not a bug: the app answers 503 database_unavailable, actors wait and retry (actors/runtime.py)."""
+
+    status = 503
+    code = "database_unavailable"
 
 
 # What "the database is not there" looks like from asyncpg: refused or reset sockets, timeouts,

@@ -33,6 +33,7 @@ from actors.runtime import Actor, ActorError, Reply
 from hub.errors import Conflict, DeviceError, FleethubError, NotFound
 from hub.tunnels.grants import GrantSigner
 from hub.tunnels.tokens import TunnelTokens
+from storage.db import DatabaseUnavailable
 from storage.tunnels import Tunnels
 
 if TYPE_CHECKING:
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleethub.tunnels")
 
 DEVICE_REFUSALS = ("target_not_configured", "ssh_disabled", "device_unsupported")
+# Sessions whose tunnel.usage waits for PostgreSQL to come back; past this (a device naming made-up
+# sessions during an outage) reports are dropped, counted and logged.
+UNRECORDED_MAX = 1000
 
 
 def device_failure(exc: BaseException) -> FleethubError:
@@ -116,8 +120,12 @@ class TunnelActor(Actor):
         self.watchers: list[trio.MemorySendChannel] = []
         self._close_replies: list[Reply] = []
         self._over = False
+        # Effects the machine decided, carried out in order; one that needs storage while PostgreSQL
+        # is unreachable stays here, with those after it, until a deadline carries them out.
+        self._undone: list[object] = []
 
     async def on_start(self) -> None:
+        self._undone.clear()  # a restart rebuilds from the row
         row = await self.services.tunnels.store.get(self.sid)
         if row is None:
             raise NotFound("tunnel session not found", code="not_found")
@@ -144,11 +152,18 @@ class TunnelActor(Actor):
             self.tasks.start_soon(self._device, "open", "tunnel.open", msg.payload, self.defer_reply())
             return None
         if isinstance(msg, Renew):
+            expires_at = self.machine.expires_at
             try:
                 await self._feed(tm.Renewed(msg.expires_at))
             except tm.IllegalTransition:
                 raise NotFound("the tunnel session has ended", code="not_found") from None
-            await s.tunnels.store.renew(self.sid, msg.grant_payload, msg.expires_at, s.clock.now())
+            try:
+                await s.tunnels.store.renew(self.sid, msg.grant_payload, msg.expires_at, s.clock.now())
+            except DatabaseUnavailable:
+                # Not stored, so not renewed: the client gets 503 and no new grant, so the session
+                # keeps its old end here too.
+                self.machine.expires_at = expires_at
+                raise
             return None
         if isinstance(msg, Close):
             if self.machine.state in tm.FINAL:
@@ -181,7 +196,7 @@ class TunnelActor(Actor):
                     return
                 msg.reply.set(msg.payload or {})
             else:
-                error = device_failure(msg.error)
+                error = msg.error if isinstance(msg.error, DatabaseUnavailable) else device_failure(msg.error)
                 if self.machine.state is tm.State.OPENING:
                     await self._feed(tm.Refused(error.code))
                 msg.reply.fail(error)
@@ -195,7 +210,7 @@ class TunnelActor(Actor):
             if msg.error is None:
                 msg.reply.set(msg.payload or {})
             else:
-                msg.reply.fail(device_failure(msg.error))
+                msg.reply.fail(msg.error if isinstance(msg.error, DatabaseUnavailable) else device_failure(msg.error))
 
     async def _device(self, kind: str, verb: str, payload: dict[str, Any], reply: Reply | None) -> None:
         s = self.services
@@ -203,14 +218,25 @@ class TunnelActor(Actor):
             device = await s.device_actor(self.row["device_id"])
             answer = await device.ask(Send(verb, payload), timeout=s.settings.command_timeout + 5)
             done = _Done(kind, reply, answer, None)
-        except (FleethubError, ActorError) as exc:
+        except (FleethubError, ActorError, DatabaseUnavailable) as exc:
+            # DatabaseUnavailable: the device's actor could not start from storage (an outage).
             done = _Done(kind, reply, None, exc)
         await self.post(done)  # the outcome must reach the machine
 
     # -- the machine and its effects -------------------------------------------------------------
     async def _feed(self, event: object) -> None:
-        for effect in self.machine.handle(event, self.services.clock.now()):
-            await self._carry_out(effect)
+        """Hand the machine ``event`` and carry out its effects. What the machine decided stands
+        even while storage is unreachable: the rest of the effects wait for a deadline then."""
+        self._undone.extend(self.machine.handle(event, self.services.clock.now()))
+        try:
+            await self._carry_out_undone()
+        except DatabaseUnavailable:
+            self.storage_unavailable(type(event).__name__)
+
+    async def _carry_out_undone(self) -> None:
+        while self._undone:
+            await self._carry_out(self._undone[0])  # storage effects raise before any side effect
+            self._undone.pop(0)
 
     async def _carry_out(self, effect: object) -> None:
         s = self.services
@@ -236,16 +262,20 @@ class TunnelActor(Actor):
             self._over = True
 
     def next_deadline(self) -> float:
+        if self._undone:
+            return trio.current_time()  # the runtime holds this back while storage is unreachable
         at = self.machine.next_deadline() if self.machine else None
         return self.services.clock.deadline_for(at) if at is not None else math.inf
 
     async def on_deadline(self) -> None:
+        await self._carry_out_undone()  # DatabaseUnavailable: the runtime retries after a backoff
         await self._feed(tm.Tick())
 
     def should_stop(self) -> bool:
         # Outstanding device commands (a close in flight) keep the actor until they report back.
         # handled > 0: an actor started on an ended session's row lives until the ask that started it.
-        return self._over and self.handled > 0 and not self._close_replies and len(self.tasks.child_tasks) == 0
+        return (self._over and self.handled > 0 and not self._close_replies and not self._undone
+                and len(self.tasks.child_tasks) == 0)
 
 
 class TunnelService:
@@ -257,6 +287,11 @@ class TunnelService:
         self.grants = GrantSigner(services.signing_keys)  # the ring Services reloads after a rotation
         self.tokens = TunnelTokens(services.signing_keys)
         self.store = Tunnels(services.db)
+        # tunnel.usage reports that arrived while storage was unreachable, newest totals per
+        # (session, device), with the instant they arrived; one task records them when it is back.
+        self._unrecorded: dict[tuple[uuid.UUID, uuid.UUID], _Usage] = {}
+        self._recording = False
+        self.usage_dropped = 0
 
     async def actor(self, sid: uuid.UUID) -> TunnelActor:
         return await self.services.registry.get(("tunnel", sid), lambda: TunnelActor(sid, self.services))
@@ -301,11 +336,58 @@ class TunnelService:
             return
         final = bool(payload.get("final"))
         reason = str(payload.get("reason") or "closed by the device")[:200]
+        report = _Usage(usage, final, reason, s.clock.now())
         try:
-            grown = await self.store.record_usage(sid, device_id, usage, s.clock.now(), final=final, reason=reason)
+            grown = await self.store.record_usage(sid, device_id, usage, report.at, final=final, reason=reason)
+        except DatabaseUnavailable:
+            self._keep_unrecorded(sid, device_id, report)
+            return
         except Exception:
             log.exception("device %s: recording tunnel usage of %s failed", device_id, sid)
             return
+        self._recorded(sid, device_id, grown, final, reason)
+
+    def _keep_unrecorded(self, sid: uuid.UUID, device_id: uuid.UUID, report: "_Usage") -> None:
+        key = (sid, device_id)
+        old = self._unrecorded.get(key)
+        if old is None and len(self._unrecorded) >= UNRECORDED_MAX:
+            self.usage_dropped += 1
+            log.warning("device %s: tunnel usage of %s dropped: %d sessions already wait for storage",
+                        device_id, sid, UNRECORDED_MAX)
+            return
+        self._unrecorded[key] = report if old is None else old.merged(report)
+        if not self._recording:
+            self._recording = True
+            self.services.nursery.start_soon(self._record_unrecorded)
+
+    async def _record_unrecorded(self) -> None:
+        """Record what waited, once storage answers (backoff 0.1 s doubling to 5 s); totals are
+        cumulative, so a report recorded twice changes nothing."""
+        delay = 0.1
+        try:
+            while self._unrecorded:
+                await trio.sleep(delay)
+                for key, report in list(self._unrecorded.items()):
+                    sid, device_id = key
+                    try:
+                        grown = await self.store.record_usage(sid, device_id, report.usage, report.at,
+                                                              final=report.final, reason=report.reason)
+                    except DatabaseUnavailable:
+                        delay = min(delay * 2, 5.0)
+                        break
+                    except Exception:
+                        log.exception("device %s: recording tunnel usage of %s failed", device_id, sid)
+                        grown = None
+                    if self._unrecorded.get(key) is report:  # else a newer report waits its turn
+                        del self._unrecorded[key]
+                    self._recorded(sid, device_id, grown, report.final, report.reason)
+                else:
+                    delay = 0.1
+        finally:
+            self._recording = False
+
+    def _recorded(self, sid: uuid.UUID, device_id: uuid.UUID, grown: dict | None, final: bool, reason: str) -> None:
+        s = self.services
         if grown is None:
             return  # not this device's session (or none): nothing recorded
         self.meter(grown)
@@ -327,6 +409,21 @@ class TunnelService:
                 await self.actor(sid)
             except FleethubError:
                 log.warning("tunnel session %s could not be resumed", sid)
+
+
+@dataclass(frozen=True)
+class _Usage:
+    """A tunnel.usage report waiting for storage."""
+    usage: dict[str, float]
+    final: bool
+    reason: str
+    at: dt.datetime  # when it arrived: a final one closes the session then, not when storage is back
+
+    def merged(self, newer: "_Usage") -> "_Usage":
+        usage = {k: max(v, newer.usage.get(k, 0)) for k, v in self.usage.items()}
+        if self.final and not newer.final:
+            return _Usage(usage, True, self.reason, self.at)
+        return _Usage(usage, newer.final, newer.reason, newer.at)
 
 
 def _number(value: Any) -> float:
