@@ -1,4 +1,4 @@
-"""Service accounts, relation tuples and dashboard sessions."""
+"""Service accounts, relation tuples, dashboard sessions, memberships and invitations."""
 
 from __future__ import annotations
 
@@ -124,3 +124,98 @@ class Identity:
 
     async def delete_session(self, id_hash: bytes) -> None:
         await self.db.execute("DELETE FROM sessions WHERE id_hash = $1", id_hash)
+
+    # -- memberships and invitations ------------------------------------------------------------
+    async def _lock_admins(self, conn: asyncpg.Connection, org_id: uuid.UUID) -> list[uuid.UUID]:
+        """Lock the organisation's row, so two admins demoting or removing each other at once are
+        serialised (each would otherwise see the other still admin), and return its admins."""
+        await conn.execute("SELECT 1 FROM organizations WHERE id = $1 FOR UPDATE", org_id)
+        rows = await conn.fetch("SELECT user_id FROM memberships WHERE org_id = $1 AND role = 'admin'", org_id)
+        return [r["user_id"] for r in rows]
+
+    async def set_role(self, org_id: uuid.UUID, user_id: uuid.UUID, role: str) -> str:
+        """A member's new role: "updated", "not_member", or "last_admin" (refused: the organisation
+        would be left without an admin)."""
+
+        async def body(conn: asyncpg.Connection) -> str:
+            admins = await self._lock_admins(conn, org_id)
+            if role != "admin" and admins == [user_id]:
+                return "last_admin"
+            status = await conn.execute("UPDATE memberships SET role = $3 WHERE org_id = $1 AND user_id = $2",
+                                        org_id, user_id, role)
+            return "updated" if status.endswith(" 1") else "not_member"
+
+        return await self.db.run(body, transaction=True)
+
+    async def remove_member(self, org_id: uuid.UUID, user_id: uuid.UUID) -> str:
+        """"removed" (with the member's relation tuples), "not_member", or "last_admin" (refused)."""
+
+        async def body(conn: asyncpg.Connection) -> str:
+            admins = await self._lock_admins(conn, org_id)
+            if admins == [user_id]:
+                return "last_admin"
+            status = await conn.execute("DELETE FROM memberships WHERE org_id = $1 AND user_id = $2", org_id, user_id)
+            if not status.endswith(" 1"):
+                return "not_member"
+            await conn.execute("DELETE FROM relations WHERE org_id = $1 AND subject_type = 'user' "
+                               "AND subject_id = $2", org_id, user_id)
+            return "removed"
+
+        return await self.db.run(body, transaction=True)
+
+    async def member_by_email(self, org_id: uuid.UUID, email: str) -> dict | None:
+        row = await self.db.fetchrow(
+            "SELECT u.id, u.email, m.role FROM users u JOIN memberships m ON m.user_id = u.id AND m.org_id = $1 "
+            "WHERE u.email = $2", org_id, email.lower())
+        return dict(row) if row else None
+
+    async def invite(self, org_id: uuid.UUID, email: str, role: str, invited_by: uuid.UUID | None,
+                     now: dt.datetime, expires_at: dt.datetime) -> dict:
+        """The open invitation of ``email`` to the organisation, created or refreshed (role, expiry).
+        Never looks at whether the email is a registered user's."""
+        row = await self.db.fetchrow(
+            "INSERT INTO invitations (id, org_id, email, role, invited_by, created_at, expires_at) "
+            "VALUES ($1,$2,$3,$4,$5,$6,$7) "
+            "ON CONFLICT (org_id, email) WHERE accepted_at IS NULL DO UPDATE SET role = EXCLUDED.role, "
+            "invited_by = EXCLUDED.invited_by, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at "
+            "RETURNING *", uuid.uuid4(), org_id, email.lower(), role, invited_by, now, expires_at)
+        return dict(row)
+
+    async def org_invitations(self, org_id: uuid.UUID, now: dt.datetime) -> list[dict]:
+        rows = await self.db.fetch(
+            "SELECT * FROM invitations WHERE org_id = $1 AND accepted_at IS NULL AND expires_at > $2 "
+            "ORDER BY created_at", org_id, now)
+        return [dict(r) for r in rows]
+
+    async def revoke_invitation(self, org_id: uuid.UUID, invitation_id: uuid.UUID) -> bool:
+        status = await self.db.execute("DELETE FROM invitations WHERE org_id = $1 AND id = $2 AND accepted_at IS NULL",
+                                       org_id, invitation_id)
+        return status.endswith(" 1")
+
+    async def invitations_of(self, user_id: uuid.UUID, now: dt.datetime) -> list[dict]:
+        """Open invitations addressed to this user's email."""
+        rows = await self.db.fetch(
+            "SELECT i.*, o.name AS org_name FROM invitations i JOIN users u ON u.email = i.email "
+            "JOIN organizations o ON o.id = i.org_id "
+            "WHERE u.id = $1 AND i.accepted_at IS NULL AND i.expires_at > $2 ORDER BY i.created_at", user_id, now)
+        return [dict(r) for r in rows]
+
+    async def accept_invitation(self, invitation_id: uuid.UUID, user_id: uuid.UUID, now: dt.datetime) -> dict | None:
+        """Join the organisation with the invited role (a current member keeps the role they have);
+        None when there is no open invitation with this id for this user's email."""
+
+        async def body(conn: asyncpg.Connection) -> dict | None:
+            inv = await conn.fetchrow(
+                "UPDATE invitations i SET accepted_at = $3, accepted_by = $2 FROM users u "
+                "WHERE i.id = $1 AND u.id = $2 AND u.email = i.email AND i.accepted_at IS NULL "
+                "AND i.expires_at > $3 RETURNING i.*", invitation_id, user_id, now)
+            if inv is None:
+                return None
+            await conn.execute(
+                "INSERT INTO memberships (org_id, user_id, role, created_at) VALUES ($1,$2,$3,$4) "
+                "ON CONFLICT (org_id, user_id) DO NOTHING", inv["org_id"], user_id, inv["role"], now)
+            role = await conn.fetchval("SELECT role FROM memberships WHERE org_id = $1 AND user_id = $2",
+                                       inv["org_id"], user_id)
+            return {**dict(inv), "member_role": role}
+
+        return await self.db.run(body, transaction=True)

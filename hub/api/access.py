@@ -1,28 +1,36 @@
 """Who may do what: the caller (GET /v1/me), members, relation tuples, service accounts.
 
 Managing access is the organisation admin's job: every mutation here needs the admin role, and
-each one invalidates the cached lookups it affects before it answers (hub/auth/cache.py).
+each one invalidates the cached lookups it affects before it answers (hub/auth/cache.py). People
+join an organisation only by accepting an invitation (or by the operator's ``fleethub admin
+create-user``): an admin cannot attach a registered user, nor learn which emails are registered.
+An organisation always keeps one admin (409 ``last_admin``).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import secrets
 import uuid
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from quart import Blueprint
+from quart import Blueprint, g
 
 from hub.api.common import errors, jsonable, org, parse_uuid, principal, services
 from hub.api.validation import DeletedOut, body, enveloped, responds
 from hub.auth.pat import cli_safe_secret
 from hub.auth.authz import OBJECT_TYPES, RELATIONS, require_admin
 from hub.auth.middleware import no_org
+from hub.auth.principals import OrgContext
 from hub.auth.pat import digest
-from hub.errors import BadRequest, Conflict, NotFound
+from hub.errors import BadRequest, Conflict, Forbidden, NotFound
 from storage.identity import DuplicateServiceAccount
 
 bp = Blueprint("access", __name__, url_prefix="/v1")
+
+# An invitation not accepted within this long lapses (the admin can invite again).
+INVITATION_LIFETIME = dt.timedelta(days=7)
 
 Relation = Literal["viewer", "editor", "billing_viewer", "billing_admin", "tunnel_access", "audit_viewer"]
 ObjectType = Literal["organization", "fleet", "device", "configuration"]
@@ -92,19 +100,126 @@ class MemberAdded(BaseModel):
     role: str
 
 
+class InvitationOut(BaseModel):
+    id: str
+    email: str
+    role: str
+    status: Literal["pending"]
+    created_at: str
+    expires_at: str
+
+
+def _invitation_json(row: dict) -> dict:
+    return jsonable({"id": row["id"], "email": row["email"], "role": row["role"], "status": "pending",
+                     "created_at": row["created_at"], "expires_at": row["expires_at"]})
+
+
 @bp.post("/members")
 @body(MemberAdd)
-@responds(enveloped(MemberAdded), 201)
-@errors(400, 401, 403, 404)
+@responds(enveloped(MemberAdded), 200)
+@responds(enveloped(InvitationOut), 202)
+@errors(400, 401, 403, 409)
 async def add_member(data: MemberAdd):
+    """A current member's email changes their role (200; 409 for the organisation's last admin).
+    Any other email gets an invitation (202), the same answer whether or not it belongs to a
+    registered user, so the endpoint does not tell which emails exist; the person joins when they
+    accept it (``POST /v1/invitations/{id}/accept``)."""
     await require_admin()
     s = services()
-    user = await s.orgs.get_user_by_email(data.email)
-    if user is None:
-        raise NotFound("no user with this email; create users with `fleethub admin create-user`")
-    await s.orgs.add_member(org().org_id, user["id"], data.role, s.clock.now())
-    await s.invalidate(f"user:{user['id']}")
-    return {"data": {"id": str(user["id"]), "email": user["email"], "role": data.role}}, 201
+    member = await s.identity.member_by_email(org().org_id, data.email)
+    if member is not None:
+        await _set_role(member["id"], data.role)
+        return {"data": {"id": str(member["id"]), "email": member["email"], "role": data.role}}, 200
+    now = s.clock.now()
+    invitation = await s.identity.invite(org().org_id, data.email, data.role, principal().user_id, now,
+                                         now + INVITATION_LIFETIME)
+    g.audit_details = {"invitationId": str(invitation["id"]), "role": data.role}
+    return {"data": _invitation_json(invitation)}, 202
+
+
+async def _set_role(user_id: uuid.UUID, role: str) -> None:
+    s = services()
+    outcome = await s.identity.set_role(org().org_id, user_id, role)
+    if outcome == "last_admin":
+        raise Conflict("the organisation's last admin cannot give up the role; make another admin first",
+                       code="last_admin")
+    if outcome == "not_member":
+        raise NotFound("no such member")
+    await s.invalidate(f"user:{user_id}")
+
+
+@bp.get("/invitations")
+@responds(enveloped(InvitationOut, many=True))
+@errors(401, 403)
+async def list_invitations():
+    """The organisation's open invitations (admin)."""
+    await require_admin()
+    s = services()
+    return {"data": [_invitation_json(r) for r in await s.identity.org_invitations(org().org_id, s.clock.now())]}
+
+
+@bp.delete("/invitations/<invitation_id>")
+@responds(enveloped(DeletedOut))
+@errors(400, 401, 403, 404)
+async def revoke_invitation(invitation_id: str):
+    await require_admin()
+    iid = parse_uuid(invitation_id, "invitation_id")
+    if not await services().identity.revoke_invitation(org().org_id, iid):
+        raise NotFound("no open invitation with this id")
+    return {"data": {"id": str(iid), "deleted": True}}
+
+
+class MyInvitation(BaseModel):
+    id: str
+    organization: dict
+    role: str
+    created_at: str
+    expires_at: str
+
+
+@bp.get("/me/invitations")
+@no_org
+@responds(enveloped(MyInvitation, many=True))
+@errors(401, 403)
+async def my_invitations():
+    """Open invitations addressed to the caller's email."""
+    s = services()
+    rows = await s.identity.invitations_of(_person(), s.clock.now())
+    return {"data": [jsonable({"id": r["id"], "organization": {"id": str(r["org_id"]), "name": r["org_name"]},
+                               "role": r["role"], "created_at": r["created_at"], "expires_at": r["expires_at"]})
+                     for r in rows]}
+
+
+class Accepted(BaseModel):
+    organization_id: str
+    role: str
+
+
+@bp.post("/invitations/<invitation_id>/accept")
+@no_org
+@responds(enveloped(Accepted))
+@errors(400, 401, 403, 404)
+async def accept_invitation(invitation_id: str):
+    """Join the inviting organisation. 404 for an invitation that is not the caller's, expired or
+    already accepted, like a missing one."""
+    s = services()
+    user_id = _person()
+    row = await s.identity.accept_invitation(parse_uuid(invitation_id, "invitation_id"), user_id, s.clock.now())
+    if row is None:
+        raise NotFound("no open invitation with this id for you")
+    await s.invalidate(f"user:{user_id}")
+    # Audited in the organisation joined, where its admins read the log.
+    g.org = OrgContext(row["org_id"], row["member_role"])
+    g.audit_details = {"invitationId": str(row["id"]), "role": row["member_role"]}
+    return {"data": {"organization_id": str(row["org_id"]), "role": row["member_role"]}}
+
+
+def _person() -> uuid.UUID:
+    """Invitations are for people: a service account has none."""
+    user_id = principal().user_id
+    if user_id is None:
+        raise Forbidden("invitations are for users, not service accounts", code="user_required")
+    return user_id
 
 
 class MemberRemoved(BaseModel):
@@ -128,18 +243,19 @@ class RelationRevoked(BaseModel):
 
 @bp.delete("/members/<user_id>")
 @responds(enveloped(MemberRemoved))
-@errors(400, 401, 403, 404)
+@errors(400, 401, 403, 404, 409)
 async def remove_member(user_id: str):
     await require_admin()
     s = services()
     uid = parse_uuid(user_id, "user_id")
     if uid == principal().user_id:
         raise BadRequest("you cannot remove yourself; another admin can", code="self_removal")
-    status = await s.db.execute("DELETE FROM memberships WHERE org_id = $1 AND user_id = $2", org().org_id, uid)
-    if not status.endswith(" 1"):
+    # Checked under a lock: two admins removing each other at once must not leave none.
+    outcome = await s.identity.remove_member(org().org_id, uid)
+    if outcome == "last_admin":
+        raise Conflict("the organisation's last admin cannot be removed", code="last_admin")
+    if outcome == "not_member":
         raise NotFound("no such member")
-    await s.db.execute("DELETE FROM relations WHERE org_id = $1 AND subject_type = 'user' AND subject_id = $2",
-                       org().org_id, uid)
     await s.invalidate(f"user:{uid}", f"subject:{uid}")
     return {"data": {"id": str(uid), "removed": True}}
 

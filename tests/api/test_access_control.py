@@ -235,3 +235,76 @@ async def test_rollouts_are_listed_only_to_viewers_of_all_their_fleets(nursery, 
             "grant_type": "client_credentials", "client_id": sa["client_id"], "client_secret": sa["client_secret"]})
         bearer = {"Authorization": f"Bearer {r.json()['access_token']}", "X-Organization-ID": hub.org_id}
         assert await listed(bearer) == set(made.values())
+
+
+# -- invitations and the last admin -------------------------------------------------------------------
+async def test_adding_a_member_by_email_is_an_invitation_that_tells_nothing_about_the_email(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        s = hub.services
+        # someone registered in another organisation, and an email nobody has
+        other = await s.orgs.create_org("Elsewhere", s.clock.now())
+        outsider = await hub.new_user("admin", org_id=str(other["id"]))
+        outsider_me = (await hub.call("GET", "/v1/me", headers=_creds(outsider, str(other["id"])))).json()["data"]
+        email = (await s.db.fetchval("SELECT email FROM users WHERE id = $1", uuid.UUID(outsider_me["userId"])))
+        answers = []
+        for address in (email, "nobody-at-all@example.test"):
+            r = await hub.call("POST", "/v1/members", json={"email": address, "role": "member"})
+            assert r.status_code == 202, r.text
+            answers.append(r.json()["data"])
+        # the same answer for both: no field says whether the email is registered
+        assert [sorted(a) for a in answers] == [sorted(answers[1])] * 2
+        assert {a["status"] for a in answers} == {"pending"} and answers[0]["email"] == email
+        # nobody joined: the outsider is not a member until they accept
+        oh = _creds(outsider, hub.org_id)
+        assert (await hub.call("GET", "/v1/devices", headers=oh)).status_code == 403
+        r = await hub.call("GET", "/v1/invitations")
+        assert {i["email"] for i in r.json()["data"]} == {email, "nobody-at-all@example.test"}
+        # the outsider lists and accepts their own invitation, and only theirs
+        no_org = {"X-API-Token-ID": outsider[0], "X-API-Secret-Key": outsider[1]}
+        r = await hub.call("GET", "/v1/me/invitations", headers=no_org)
+        assert r.status_code == 200, r.text
+        mine = r.json()["data"]
+        assert [i["id"] for i in mine] == [answers[0]["id"]] and mine[0]["organization"]["id"] == hub.org_id
+        r = await hub.call("POST", f"/v1/invitations/{answers[1]['id']}/accept", headers=no_org)
+        assert r.status_code == 404  # another email's invitation is not theirs to take
+        r = await hub.call("POST", f"/v1/invitations/{answers[0]['id']}/accept", headers=no_org)
+        assert r.status_code == 200, r.text
+        assert r.json()["data"] == {"organization_id": hub.org_id, "role": "member"}
+        assert (await hub.call("GET", "/v1/devices", headers=oh)).status_code == 200  # at once
+        r = await hub.call("POST", f"/v1/invitations/{answers[0]['id']}/accept", headers=no_org)
+        assert r.status_code == 404  # once
+        # audited in the organisation joined
+        await s.audit_log.flush()
+        rows = await s.db.fetch("SELECT org_id, action, details FROM audit_events WHERE path LIKE '/v1/invitations/%'"
+                                " AND status = 200")
+        assert [(str(r["org_id"]), r["action"]) for r in rows] == [(hub.org_id, "access.accept_invitation")]
+        # a current member's email changes their role directly
+        r = await hub.call("POST", "/v1/members", json={"email": email, "role": "admin"})
+        assert r.status_code == 200 and r.json()["data"]["role"] == "admin"
+        # a member cannot invite
+        member = await hub.new_user("member")
+        r = await hub.call("POST", "/v1/members", headers=_creds(member, hub.org_id),
+                           json={"email": "x@example.test"})
+        assert r.status_code == 403
+
+
+async def test_the_last_admin_cannot_demote_themselves(nursery, db_url, tmp_path):
+    with trio.fail_after(30):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        s = hub.services
+        me = await s.db.fetchval("SELECT email FROM users WHERE id = $1", hub.user_id)
+        r = await hub.call("POST", "/v1/members", json={"email": me, "role": "member"})
+        assert r.status_code == 409 and r.json()["error"] == "last_admin"
+        assert await s.orgs.role_of(uuid.UUID(hub.org_id), hub.user_id) == "admin"
+        assert (await hub.call("GET", "/v1/members")).status_code == 200  # still admin
+        # with a second admin, stepping down is allowed; then the other is the last one
+        second = await hub.new_user("admin")
+        r = await hub.call("POST", "/v1/members", json={"email": me, "role": "member"})
+        assert r.status_code == 200, r.text
+        assert (await hub.call("GET", "/v1/members")).status_code == 403  # the cached role was forgotten
+        second_me = (await hub.call("GET", "/v1/me", headers=_creds(second, hub.org_id))).json()["data"]["userId"]
+        second_email = await s.db.fetchval("SELECT email FROM users WHERE id = $1", uuid.UUID(second_me))
+        r = await hub.call("POST", "/v1/members", headers=_creds(second, hub.org_id),
+                           json={"email": second_email, "role": "member"})
+        assert r.status_code == 409
