@@ -2,37 +2,76 @@
 
 Two parts of fleethub keep an asyncio-only library on a private loop in a thread: asyncpg
 (storage/db.py) and aiortc (webrtc/loop.py). Both hand that loop a coroutine and sleep in trio until
-the loop's done-callback wakes them through the trio token; cancelling the trio caller cancels the
-coroutine on the asyncio side (which rolls back an open asyncpg transaction).
+the asyncio task's done-callback wakes them through the trio token.
+
+Cancelling the trio caller cancels the task on the asyncio side, and the caller then waits for that
+side to finish — shielded, for at most ``cancel_grace`` seconds — before it goes on: an asyncpg
+rollback and the connection's release happen before the caller moves on, not behind its back. If the
+task finished with a result all the same (it completed at that very instant, say a COMMIT), the
+caller gets the result rather than ``Cancelled``: the work is done, and a caller that saw Cancelled
+would do it again. The cancellation is still delivered, at the caller's next checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+import outcome
 import trio
 
 T = TypeVar("T")
 
+log = logging.getLogger("fleethub.bridge")
 
-async def run_on(loop: asyncio.AbstractEventLoop, coro: Awaitable[T]) -> T:
+# How long a cancelled caller waits for the asyncio side to wind down (an asyncpg cancel, a rollback).
+CANCEL_GRACE = 10.0
+
+
+async def run_on(loop: asyncio.AbstractEventLoop, coro: Awaitable[T], *, cancel_grace: float = CANCEL_GRACE) -> T:
     """Run ``coro`` on ``loop`` (another thread's) and return its result in the calling trio task."""
-    future = asyncio.run_coroutine_threadsafe(coro, loop)
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
+    result: list[outcome.Outcome] = []
+    tasks: list[asyncio.Future] = []
 
-    def wake(_f: Any) -> None:
+    def finished(task: asyncio.Future) -> None:  # on the asyncio thread
+        if task.cancelled():
+            result.append(outcome.Error(asyncio.CancelledError()))
+        else:
+            result.append(outcome.capture(task.result))
         try:
             token.run_sync_soon(done.set)
         except trio.RunFinishedError:
             pass
 
-    future.add_done_callback(wake)
+    def start() -> None:  # on the asyncio thread
+        try:
+            task = asyncio.ensure_future(coro)
+        except BaseException as exc:  # noqa: BLE001 — not awaitable: the caller hears it
+            result.append(outcome.Error(exc))
+            token.run_sync_soon(done.set)
+            return
+        tasks.append(task)
+        task.add_done_callback(finished)
+
+    # Our own task rather than run_coroutine_threadsafe's concurrent future: cancelling that future
+    # reports "cancelled" at once, while the coroutine is still running (and may yet commit).
+    loop.call_soon_threadsafe(start)
     try:
         await done.wait()
     except trio.Cancelled:
-        future.cancel()
+        # Callbacks run in order, so start() has run before this and the task exists.
+        loop.call_soon_threadsafe(lambda: tasks and tasks[0].cancel())
+        with trio.move_on_after(cancel_grace) as grace:
+            grace.shield = True
+            await done.wait()
+        if grace.cancelled_caught:
+            log.warning("the asyncio side did not finish within %.0fs of its caller's cancellation", cancel_grace)
+            raise
+        if isinstance(result[0], outcome.Value):
+            return result[0].unwrap()  # done over there: say so (Cancelled comes at the next checkpoint)
         raise
-    return future.result()
+    return result[0].unwrap()
