@@ -1,4 +1,9 @@
-"""``fleethub admin``: organisations, users and PATs written straight to storage (bootstrap, ops)."""
+"""``fleethub admin``: organisations, users and PATs written straight to storage (bootstrap, ops).
+
+Every command that changes access (create-user and its role, delete-user, set-tier, staff, keys)
+sends the same invalidation the API sends (``Services.invalidate``: PostgreSQL NOTIFY on
+``fleethub_auth``), so running hubs apply it to their very next request.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +40,9 @@ async def run_admin(settings: Settings, args: argparse.Namespace) -> dict:
                 pw = await trio.to_thread.run_sync(hash_password, args.password) if args.password else None
                 user = await s.orgs.create_user(args.email, now, name=args.name, password_hash=pw)
             await s.orgs.add_member(org_id, user["id"], args.role, now)
+            # A new membership or a changed role: running hubs forget the cached one at once (a
+            # cached "not a member" would otherwise refuse a restored admin until it expired).
+            await s.invalidate(f"user:{user['id']}")
             return {"id": str(user["id"]), "email": user["email"], "org_id": str(org_id), "role": args.role}
         if args.admin_command == "create-pat":
             user = await s.orgs.get_user_by_email(args.email)

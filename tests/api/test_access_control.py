@@ -308,3 +308,47 @@ async def test_the_last_admin_cannot_demote_themselves(nursery, db_url, tmp_path
         r = await hub.call("POST", "/v1/members", headers=_creds(second, hub.org_id),
                            json={"email": second_email, "role": "member"})
         assert r.status_code == 409
+
+
+# -- fleethub admin reaches running hubs ----------------------------------------------------------------
+async def test_admin_commands_that_change_access_reach_a_running_hub_at_once(nursery, db_url, tmp_path):
+    import argparse
+
+    from hub.admin import run_admin
+    from hub.settings import Settings
+
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        s = hub.services
+        admin2 = await hub.new_user("admin")
+        me = (await hub.call("GET", "/v1/me", headers=_creds(admin2, hub.org_id))).json()["data"]["userId"]
+        email = await s.db.fetchval("SELECT email FROM users WHERE id = $1", uuid.UUID(me))
+        r = await hub.call("DELETE", f"/v1/members/{me}")
+        assert r.status_code == 200
+        h2 = _creds(admin2, hub.org_id)
+        assert (await hub.call("GET", "/v1/members", headers=h2)).status_code == 403  # "not a member" now cached
+        # the operator restores them, from another process on the same database
+        tool = Settings(data_dir=tmp_path, database_url=db_url)
+        await run_admin(tool, argparse.Namespace(admin_command="create-user", email=email, org=hub.org_id,
+                                                 role="admin", name="", password=None))
+
+        async def status() -> int:
+            return (await hub.call("GET", "/v1/members", headers=h2)).status_code
+
+        # at once: within the NOTIFY's delivery, far below the cache's 30 s
+        with trio.fail_after(2):
+            while await status() != 200:
+                await trio.sleep(0.05)
+        # a role change the same way
+        await run_admin(tool, argparse.Namespace(admin_command="create-user", email=email, org=hub.org_id,
+                                                 role="member", name="", password=None))
+        with trio.fail_after(2):
+            while await status() != 403:
+                await trio.sleep(0.05)
+        # and a tier
+        assert (await hub.call("GET", "/v1/devices")).headers["X-RateLimit-Limit"] == "1000"
+        await run_admin(tool, argparse.Namespace(admin_command="set-tier", org=hub.org_id, tier="professional",
+                                                 rate_limit=None))
+        with trio.fail_after(2):
+            while (await hub.call("GET", "/v1/devices")).headers["X-RateLimit-Limit"] != "10000":
+                await trio.sleep(0.05)
