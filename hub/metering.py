@@ -5,6 +5,11 @@ summed in memory per (organisation, UTC day, product, key) and flushed every few
 statement (storage/usage.py). A hub that stops flushes under a shield; a hub killed with SIGKILL
 loses at most one interval of counts.
 
+Exactly once: each flushed batch carries an id, stored in the same transaction as its sums. A batch
+whose outcome is unknown (the write failed, or was cancelled at the instant of its COMMIT) is kept
+as it is and sent again under the same id, so it counts once whether or not the first try committed;
+newer counts go in a later batch.
+
 Products (the catalogue in hub/billing names their prices):
 
     active_device            devices seen connected, per day (device_active_days, not usage_daily)
@@ -26,6 +31,7 @@ import logging
 import trio
 
 from storage.behind import WriteBehind
+from storage.db import DatabaseUnavailable
 from storage.usage import Usage
 
 log = logging.getLogger("fleethub.metering")
@@ -40,6 +46,7 @@ class Meter:
         self.usage = usage
         self.interval = interval
         self._sums: dict[tuple, Decimal] = {}
+        self._unsent: tuple[uuid.UUID, dict[tuple, Decimal]] | None = None  # (batch id, sums) not known stored
         self._seen = WriteBehind(usage.mark_active_many, interval=interval, name="active-device rows")
         self.failures = 0
 
@@ -57,25 +64,29 @@ class Meter:
                        merge=False)
 
     def pending(self) -> int:
-        return len(self._sums)
+        return len(self._sums) + (len(self._unsent[1]) if self._unsent else 0)
 
     async def flush(self) -> None:
         """Write what is pending now (tests, shutdown, and every ``interval``)."""
-        if self._sums:
-            taken, self._sums = self._sums, {}
+        while self._unsent is not None or self._sums:
+            if self._unsent is None:
+                self._unsent, self._sums = (uuid.uuid4(), self._sums), {}
+            batch_id, taken = self._unsent
             rows = [{"org_id": o, "day": d, "product": p, "key": k, "quantity": q}
                     for (o, d, p, k), q in taken.items()]
             try:
-                await self.usage.add_many(rows)
-            except BaseException as exc:
-                # Put the sums back (added to anything newer) so the next flush carries them.
-                for k, q in taken.items():
-                    self._sums[k] = self._sums.get(k, Decimal(0)) + q
-                if isinstance(exc, Exception):
-                    self.failures += 1
-                    log.exception("metering write of %d rows failed; kept for the next flush", len(rows))
-                else:
-                    raise
+                await self.usage.add_many(rows, batch_id=batch_id)
+            except DatabaseUnavailable:
+                # Kept, with its id, for the next flush (a cancellation leaves it there too).
+                self.failures += 1
+                log.warning("metering write of %d rows: the database is unreachable; kept for the next flush",
+                            len(rows))
+                break
+            except Exception:
+                self.failures += 1
+                log.exception("metering write of %d rows failed; kept for the next flush", len(rows))
+                break
+            self._unsent = None
         await self._seen.flush()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -1,6 +1,7 @@
 """Metering rows: quantities per organisation, UTC day, product and key (0006_metering.sql).
 
-Writes come in batches from hub/metering.py; one statement per batch adds to the stored sums.
+Writes come in batches from hub/metering.py; one transaction per batch adds to the stored sums and
+records the batch's id (0013_usage_flushes.sql), so a batch sent twice counts once.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import datetime as dt
 import uuid
 from decimal import Decimal
 
+import asyncpg
+
 from storage.db import Database
 
 
@@ -16,17 +19,31 @@ class Usage:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    async def add_many(self, rows: list[dict]) -> None:
-        """rows: {org_id, day, product, key, quantity}; quantities are added to what is stored."""
+    async def add_many(self, rows: list[dict], *, batch_id: uuid.UUID) -> bool:
+        """rows: {org_id, day, product, key, quantity}; quantities are added to what is stored, once
+        per ``batch_id``: the id is recorded in the same transaction, so a batch sent again (its first
+        outcome unknown to the sender) adds nothing. Returns False for such a replay."""
         if not rows:
-            return
-        await self.db.execute(
-            """INSERT INTO usage_daily (org_id, day, product, key, quantity)
-               SELECT * FROM unnest($1::uuid[], $2::date[], $3::text[], $4::text[], $5::numeric[])
-               ON CONFLICT (org_id, product, day, key)
-               DO UPDATE SET quantity = usage_daily.quantity + EXCLUDED.quantity""",
-            [r["org_id"] for r in rows], [r["day"] for r in rows], [r["product"] for r in rows],
-            [r["key"] for r in rows], [Decimal(str(r["quantity"])) for r in rows])
+            return True
+
+        async def body(conn: asyncpg.Connection) -> bool:
+            fresh = await conn.fetchval(
+                "INSERT INTO usage_flushes (id, at) VALUES ($1, now()) ON CONFLICT DO NOTHING RETURNING true",
+                batch_id)
+            if not fresh:
+                return False
+            await conn.execute(
+                """INSERT INTO usage_daily (org_id, day, product, key, quantity)
+                   SELECT * FROM unnest($1::uuid[], $2::date[], $3::text[], $4::text[], $5::numeric[])
+                   ON CONFLICT (org_id, product, day, key)
+                   DO UPDATE SET quantity = usage_daily.quantity + EXCLUDED.quantity""",
+                [r["org_id"] for r in rows], [r["day"] for r in rows], [r["product"] for r in rows],
+                [r["key"] for r in rows], [Decimal(str(r["quantity"])) for r in rows])
+            # A batch is sent again within seconds or never: a day of ids is plenty.
+            await conn.execute("DELETE FROM usage_flushes WHERE at < now() - interval '1 day'")
+            return True
+
+        return await self.db.run(body, transaction=True)
 
     async def mark_active_many(self, rows: list[dict]) -> None:
         """rows: {org_id, day, device_id}; a device counts once per day however often it is seen."""
