@@ -17,6 +17,7 @@ from actors.device import Reboot, Send
 from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
 from hub.auth.authz import Obj, authorize, require_org, scope_for_list
 from hub.api.sse import stream_response
+from hub.auth.streams import StreamAccess
 from hub.api.validation import body, query, responds
 from hub.auth.pat import digest, new_device_token
 from hub.errors import BadRequest, NotFound
@@ -248,7 +249,8 @@ async def device_events(device_id: str):
     row = await _load(device_id, "viewer")
     first = {"kind": "device.snapshot", "deviceId": str(row["id"]), "payload": device_json(row)}
     subscription = s.events.subscribe(("device", row["id"]), owner=("org", org().org_id))
-    return await stream_response(subscription, first, {"deviceId": str(row["id"])})
+    return await stream_response(subscription, first, {"deviceId": str(row["id"])},
+                                 StreamAccess.of_request(s, "viewer", device_obj(row)))
 
 
 async def _wipe(row: dict) -> dict:

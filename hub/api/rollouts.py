@@ -20,6 +20,7 @@ from actors.rollout import Control
 from device_client.clock import rfc3339
 from hub.api.common import PageQuery, errors, jsonable, org, pagination, parse_uuid, principal, services
 from hub.api.sse import stream_response
+from hub.auth.streams import StreamAccess
 from hub.api.validation import body, enveloped, parse_body, query, responds
 from hub.auth.authz import Obj, authorize, scope_for_list
 from hub.errors import BadRequest, Conflict, NotFound
@@ -328,4 +329,5 @@ async def rollout_events(rollout_id: str):
     row = await _load(rollout_id, "viewer")
     first = {"kind": "rollout.snapshot", "rolloutId": str(row["id"]), "payload": await _rollout_json(row["id"])}
     subscription = s.events.subscribe(("rollout", row["id"]), owner=("org", org().org_id))
-    return await stream_response(subscription, first, {"rolloutId": str(row["id"])})
+    access = StreamAccess.of_request(s, "viewer", *(Obj("fleet", fid, fid) for fid in row["fleet_ids"]))
+    return await stream_response(subscription, first, {"rolloutId": str(row["id"])}, access)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import trio
 from quart import make_response
 
 from hub.api.common import jsonable
+from hub.auth.streams import StreamAccess
 from hub.events import Subscriber
 
 KEEPALIVE = 15.0
@@ -17,23 +19,46 @@ def sse(event: dict) -> bytes:
     return f"event: {event['kind']}\ndata: {json.dumps(jsonable(event), separators=(',', ':'))}\n\n".encode()
 
 
-async def stream_response(subscription: Subscriber, first: dict, dropped: dict):
+async def stream_response(subscription: Subscriber, first: dict, dropped: dict,
+                          access: StreamAccess | None = None):
     """The first event (a snapshot), then every event as it comes. A client that reads too slowly is
     dropped with a final ``dropped`` event rather than buffered without bound; a comment line every
-    15 s keeps proxies from closing an idle stream."""
+    15 s keeps proxies from closing an idle stream. With ``access`` (hub/auth/streams.py), the
+    stream re-checks the caller's credential and relation whenever access changes and ends with a
+    final ``access_revoked`` event saying why when they no longer hold."""
 
     async def stream():
-        with subscription:
+        with subscription, (access.watch() if access is not None else contextlib.nullcontext()) as watch:
             yield sse(first)
             while True:
-                with trio.move_on_after(KEEPALIVE):
+                if access is not None and (watch.changed or trio.current_time() >= access.recheck_at):
+                    watch.rearm()
+                    reason = await access.check()
+                    if reason is not None:
+                        yield sse({"kind": "access_revoked", **dropped, "payload": {"reason": reason}})
+                        return
+                deadline = trio.current_time() + KEEPALIVE
+                if access is not None:
+                    deadline = min(deadline, access.recheck_at)
+                event, ended = None, False
+                # Nothing is yielded inside the cancel scope: an access change cancels only the wait.
+                with trio.move_on_at(deadline) as waiting:
+                    if watch is not None:
+                        watch.on_change = waiting.cancel
+                        if watch.changed:  # changed while the last check ran
+                            waiting.cancel()
                     try:
                         event = await subscription.receive.receive()
                     except trio.EndOfChannel:
-                        break
+                        ended = True
+                if watch is not None:
+                    watch.on_change = None
+                if ended:
+                    break
+                if event is not None:
                     yield sse(event)
-                    continue
-                yield b": keepalive\n\n"
+                elif not waiting.cancel_called or trio.current_time() >= deadline:
+                    yield b": keepalive\n\n"
             if subscription.dropped:
                 yield sse({"kind": "dropped", **dropped,
                            "payload": {"reason": "the client did not keep up with the stream"}})

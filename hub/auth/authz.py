@@ -71,12 +71,13 @@ async def tuples_of(services, org_id: uuid.UUID, subject_type: str, subject_id: 
                                                  lambda _: (f"relations:{org_id}", f"subject:{subject_id}"))
 
 
-async def _caller_tuples(services) -> frozenset | None:
-    """None for an org admin (holds everything); else the caller's tuples in this organisation."""
-    org = g.org
+async def _caller_tuples(services, org=None, p=None) -> frozenset | None:
+    """None for an org admin (holds everything); else the caller's tuples in this organisation.
+    The request's caller unless ``org`` and ``p`` are given (an open stream re-checking)."""
+    org = org or g.org
     if org.is_admin:
         return None
-    p = g.principal
+    p = p or g.principal
     subject_type, subject_id = ("service", p.service_id) if p.kind == "service" else ("user", p.user_id)
     return await tuples_of(services, org.org_id, subject_type, subject_id)
 
@@ -86,6 +87,12 @@ async def authorize(services, relation: str, obj: Obj) -> None:
     if tuples is None or holds(tuples, relation, obj, g.org.org_id):
         return
     raise Forbidden(f"you need the {relation} relation on this {obj.type}", code="missing_relation")
+
+
+async def still_holds(services, org, principal, relation: str, obj: Obj) -> bool:
+    """``authorize`` for a caller given explicitly, outside its request (hub/auth/streams.py)."""
+    tuples = await _caller_tuples(services, org, principal)
+    return tuples is None or holds(tuples, relation, obj, org.org_id)
 
 
 async def require_org(services, relation: str) -> None:

@@ -7,14 +7,49 @@ account deleted, a relation granted or revoked — calls ``Services.invalidate(t
 answers: that forgets the tag here at once and sends it with PostgreSQL NOTIFY to every other process
 on the database (``fleethub admin`` included), which forget it too. Expiry of a PAT or session is
 checked on every request against the cached expiry, never cached away.
+
+Long-lived requests (SSE streams) ``watch`` the tags their access depends on: a forgotten tag, or the
+whole cache cleared (after PostgreSQL reconnects, when invalidations may have been missed), wakes
+the watch so the stream re-checks its credential and relation at once (hub/auth/streams.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import trio
+
+
+class Watch:
+    """Tags one long-lived request depends on; ``changed`` turns true when any of them is forgotten,
+    and ``on_change`` (the waiting stream's cancel, say) is called. ``rearm`` before re-checking."""
+
+    def __init__(self, cache: "AuthCache", tags: frozenset[str]) -> None:
+        self.cache, self.tags = cache, tags
+        self.changed = False
+        self.on_change: Callable[[], None] | None = None
+
+    def signal(self) -> None:
+        self.changed = True
+        if self.on_change is not None:
+            self.on_change()
+
+    def rearm(self) -> None:
+        self.changed = False
+
+    def __enter__(self) -> "Watch":
+        for tag in self.tags:
+            self.cache._watches.setdefault(tag, set()).add(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for tag in self.tags:
+            watchers = self.cache._watches.get(tag)
+            if watchers is not None:
+                watchers.discard(self)
+                if not watchers:
+                    del self.cache._watches[tag]
 
 
 class AuthCache:
@@ -22,6 +57,7 @@ class AuthCache:
         self.ttl = ttl
         self.max_entries = max_entries
         self._entries: dict[Hashable, tuple[float, frozenset, Any]] = {}
+        self._watches: dict[str, set[Watch]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -51,6 +87,14 @@ class AuthCache:
     def forget(self, tag: str) -> None:
         for key in [k for k, (_, tags, _) in self._entries.items() if tag in tags]:
             del self._entries[key]
+        for watch in list(self._watches.get(tag, ())):
+            watch.signal()
 
     def clear(self) -> None:
         self._entries.clear()
+        for watch in {w for watchers in self._watches.values() for w in watchers}:
+            watch.signal()
+
+    def watch(self, tags) -> Watch:
+        """``with cache.watch(tags) as w:`` — woken whenever one of ``tags`` is forgotten."""
+        return Watch(self, frozenset(tags))

@@ -24,7 +24,7 @@ from quart_schema import security_scheme
 
 from hub.auth.oauth import InvalidToken, looks_like_jwt
 from hub.auth.pat import digest
-from hub.auth.principals import OrgContext, Principal
+from hub.auth.principals import Credential, OrgContext, Principal
 from hub.auth.ratelimit import limit_for
 from hub.ids import fast_uuid4
 from hub.errors import BadRequest, Forbidden, RateLimited, Unauthenticated
@@ -133,6 +133,7 @@ async def authenticate(services) -> None:
         _limit(services, ("addr", client_addr()), None, None)
         raise
     g.principal = principal
+    g.credential = Credential.of(kind, token_id, secret)  # what an open stream re-checks
     # A call counts against its organisation's tier whenever it names one the caller belongs to,
     # including calls that do not need one (/v1/me); only calls without one count per principal.
     in_org = org_problem is None and role is not None
@@ -171,11 +172,16 @@ def _limit(services, key: object, tier: str | None, custom: int | None) -> None:
 
 
 async def _pat(services, token_id, secret, org_id, kind):
+    return await pat_principal(services, token_id, digest(secret), org_id, kind)
+
+
+async def pat_principal(services, token_id, h: bytes, org_id, kind):
+    """The PAT with secret digest ``h`` and its user's role in ``org_id``; also how an open stream
+    re-checks it (hub/auth/streams.py), so it never reads the request."""
     if kind == "pat" and token_id is None:
         # The spec's PAT credential is the pair: a secret alone in X-API-Secret-Key is not one
         # (the secret alone is accepted only in its documented form, Authorization: Bearer).
         raise Unauthenticated("X-API-Secret-Key needs X-API-Token-ID beside it")
-    h = digest(secret)
     row = await services.auth_cache.get_or_load(
         ("pat", h, org_id), lambda: services.tokens.find_pat_in_org(h, org_id),
         lambda r: (f"pat:{r['id']}", f"user:{r['user_id']}", f"org:{org_id}"))
@@ -193,6 +199,14 @@ async def _pat(services, token_id, secret, org_id, kind):
 
 async def _session(services, cookie, org_id):
     h = digest(cookie)
+    principal, role, tier, custom, csrf_token = await session_principal(services, h, org_id)
+    g.csrf_token = csrf_token
+    g.session_hash = h
+    return principal, role, tier, custom
+
+
+async def session_principal(services, h: bytes, org_id):
+    """The session with cookie digest ``h``, its user's role in ``org_id`` and its CSRF token."""
     row = await services.auth_cache.get_or_load(
         ("session", h, org_id), lambda: services.identity.find_session_in_org(h, org_id),
         lambda r: (f"session:{h.hex()}", f"user:{r['user_id']}", f"org:{org_id}"))
@@ -200,10 +214,8 @@ async def _session(services, cookie, org_id):
         raise Unauthenticated("the session ended; sign in again")
     if row["expires_at"] <= services.clock.now():
         raise Unauthenticated("the session expired; sign in again")
-    g.csrf_token = row["csrf_token"]
-    g.session_hash = h
     principal = Principal(kind="user", id="session", user_id=row["user_id"], is_staff=row["is_staff"], via="session")
-    return principal, row["role"], row["tier"], row["rate_limit"]
+    return principal, row["role"], row["tier"], row["rate_limit"], row["csrf_token"]
 
 
 async def _service(services, token, org_id):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -28,3 +29,20 @@ class OrgContext:
     @property
     def is_admin(self) -> bool:
         return self.role == "admin"
+
+
+@dataclass(frozen=True)
+class Credential:
+    """How a request authenticated, kept so a long-lived request (an SSE stream) can check again
+    later that it still holds: PAT and session secrets only as their SHA-256 (as stored), a
+    service-account token as itself (short-lived; it is re-verified). Never logged (repr hides it)."""
+    kind: str                                   # pat | bearer | jwt | session
+    token_id: str | None = None
+    digest: bytes | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, kind: str, token_id: str | None, secret: str) -> "Credential":
+        if kind == "jwt":
+            return cls(kind, token=secret)
+        return cls(kind, token_id, hashlib.sha256(secret.encode()).digest())

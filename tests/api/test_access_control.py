@@ -352,3 +352,124 @@ async def test_admin_commands_that_change_access_reach_a_running_hub_at_once(nur
         with trio.fail_after(2):
             while (await hub.call("GET", "/v1/devices")).headers["X-RateLimit-Limit"] != "10000":
                 await trio.sleep(0.05)
+
+
+# -- open streams end when access does ---------------------------------------------------------------
+async def _sse_events(response):
+    """(event name, data) pairs of an SSE response as they arrive."""
+    import json
+
+    name, data = None, []
+    async for line in response.aiter_lines():
+        if line.startswith("event:"):
+            name = line.split(":", 1)[1].strip()
+        elif line.startswith("data:"):
+            data.append(line.split(":", 1)[1].strip())
+        elif line == "" and name is not None:
+            yield name, json.loads("\n".join(data))
+            name, data = None, []
+
+
+async def _member_with_viewer(hub, fleet_id: str) -> tuple[tuple[str, str], str]:
+    member = await hub.new_user("member")
+    me = (await hub.call("GET", "/v1/me", headers=_creds(member, hub.org_id))).json()["data"]["userId"]
+    r = await hub.call("POST", "/v1/relations", json={"object_type": "fleet", "object_id": fleet_id,
+                                                      "relation": "viewer", "subject_type": "user", "subject_id": me})
+    assert r.status_code == 201, r.text
+    return member, me
+
+
+async def test_open_device_streams_end_when_the_pat_membership_or_relation_goes(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        s = hub.services
+        r = await hub.call("POST", "/v1/fleets", json={"name": "f"})
+        fleet = r.json()["data"]["id"]
+        dev, _ = await hub.provision("d", fleet_id=fleet)
+        url = hub.base_url + f"/v1/devices/{dev}/events"
+
+        async def watch_until_revoked(headers, revoke, *, bystander=None) -> dict:
+            async with hub.client.stream("GET", url, headers=headers) as stream:
+                assert stream.status_code == 200
+                events = _sse_events(stream)
+                assert (await events.__anext__())[0] == "device.snapshot"
+                if bystander is not None:  # an unrelated access change: the stream goes on delivering
+                    await bystander()
+                    s.events.publish(("device", uuid.UUID(dev)), {"kind": "probe", "deviceId": dev, "payload": {}})
+                    assert (await events.__anext__())[0] == "probe"
+                await revoke()
+                with trio.fail_after(5):  # at once, not at the next keepalive or cache expiry
+                    name, body = await events.__anext__()
+                assert name == "access_revoked" and body["deviceId"] == dev, (name, body)
+                # and the stream is over
+                rest = [e async for e in events]
+                assert rest == []
+                return body
+
+        # 1. the PAT the stream was opened with is deleted
+        member, me = await _member_with_viewer(hub, fleet)
+        r = await hub.call("POST", "/v1/pats", headers={"X-API-Token-ID": member[0], "X-API-Secret-Key": member[1]},
+                           json={"description": "stream"})
+        second = (r.json()["data"]["id"], r.json()["data"]["secret"])
+        other_member, _ = await _member_with_viewer(hub, fleet)
+
+        async def delete_pat():
+            r = await hub.call("DELETE", f"/v1/pats/{second[0]}",
+                               headers={"X-API-Token-ID": member[0], "X-API-Secret-Key": member[1]})
+            assert r.status_code == 200
+
+        async def unrelated():
+            r = await hub.call("DELETE", f"/v1/members/{(await _user_id(hub, other_member))}")
+            assert r.status_code == 200
+
+        body = await watch_until_revoked(_creds(second, hub.org_id), delete_pat, bystander=unrelated)
+        assert "credential" in body["payload"]["reason"] and second[1] not in str(body)
+
+        # 2. the member is removed from the organisation
+        async def remove_member():
+            assert (await hub.call("DELETE", f"/v1/members/{me}")).status_code == 200
+
+        body = await watch_until_revoked(_creds(member, hub.org_id), remove_member)
+        assert "member" in body["payload"]["reason"]
+
+        # 3. the relation that let them see the device is revoked
+        member3, me3 = await _member_with_viewer(hub, fleet)
+
+        async def revoke_relation():
+            r = await hub.call("DELETE", "/v1/relations", json={"object_type": "fleet", "object_id": fleet,
+                                                                "relation": "viewer", "subject_type": "user",
+                                                                "subject_id": me3})
+            assert r.status_code == 200
+
+        body = await watch_until_revoked(_creds(member3, hub.org_id), revoke_relation)
+        assert "viewer" in body["payload"]["reason"]
+        assert s.events.subscriber_count() == 0
+
+
+async def _user_id(hub, pat) -> str:
+    return (await hub.call("GET", "/v1/me", headers=_creds(pat, hub.org_id))).json()["data"]["userId"]
+
+
+async def test_open_rollout_streams_end_when_a_service_account_is_deleted(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        r = await hub.call("POST", "/v1/fleets", json={"name": "f"})
+        fleet = r.json()["data"]["id"]
+        await hub.provision("d", fleet_id=fleet)
+        r = await hub.call("POST", "/v1/configurations", json={"name": "c", "spec": {"replicas": 1}})
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fleet], "batch_size": 1,
+                                                         "configuration_id": r.json()["data"]["id"]})
+        rid = r.json()["data"]["id"]
+        sa = await _service_account(hub, [{"relation": "viewer"}])
+        r = await hub.client.post(hub.base_url + "/v1/oauth/token", data={
+            "grant_type": "client_credentials", "client_id": sa["client_id"], "client_secret": sa["client_secret"]})
+        bearer = {"Authorization": f"Bearer {r.json()['access_token']}", "X-Organization-ID": hub.org_id}
+        async with hub.client.stream("GET", hub.base_url + f"/v1/rollouts/{rid}/events", headers=bearer) as stream:
+            assert stream.status_code == 200
+            events = _sse_events(stream)
+            assert (await events.__anext__())[0] == "rollout.snapshot"
+            assert (await hub.call("DELETE", f"/v1/service-accounts/{sa['id']}")).status_code == 200
+            with trio.fail_after(5):
+                name, body = await events.__anext__()
+            assert name == "access_revoked" and body["rolloutId"] == rid
+            assert [e async for e in events] == []
