@@ -93,6 +93,12 @@ class _CommandDone:
 
 class DeviceActor(Actor):
     mailbox_size = 128
+    # Storage work a device's own events start (file and config results, billing reports) runs at most
+    # this many at a time per device. Past it the actor waits for a slot, its mailbox fills and the
+    # device's link stops reading its socket (hub/api/link.py): a flooding device slows itself only.
+    # Only storage-only work takes a slot: work that waits for the device's answer must not, since
+    # the answer is read by that same link.
+    event_jobs = 4
     # An offline device's actor ends after this long without messages; the next message restarts it.
     idle_timeout = 300.0
 
@@ -108,6 +114,7 @@ class DeviceActor(Actor):
         self.memtests = MemTests(self)
         self.facts: dict[str, Any] | None = None  # the last hello's facts
         self._active_day: Any = None  # the UTC day this device was last metered as active
+        self._event_slots = trio.Semaphore(self.event_jobs)
 
     async def on_start(self) -> None:
         # After a crash, commands that were in flight have lost their task: answer their askers.
@@ -174,12 +181,13 @@ class DeviceActor(Actor):
         if isinstance(msg, DeviceEvent):
             self._publish(f"device.{msg.kind}", msg.payload)
             if msg.kind == "files.result":
-                self._job(self.services.secrets.record, self.device_id, msg.payload.get("results", []),
-                          self.services.clock.now())
+                await self._event_job(self.services.secrets.record, self.device_id, msg.payload.get("results", []),
+                                      self.services.clock.now())
             elif msg.kind == "config.result":
-                self._job(self.delivery.record_config_result, msg.payload)
+                await self._event_job(self.delivery.record_config_result, msg.payload)
             elif msg.kind in billing_devices.EVENT_KINDS:
-                self._job(billing_devices.on_event, self.services, self.org_id, self.device_id, msg.kind, msg.payload)
+                await self._event_job(billing_devices.on_event, self.services, self.org_id, self.device_id,
+                                      msg.kind, msg.payload)
             return None
         if isinstance(msg, Hello):
             self._job(self.delivery.after_hello, msg.digests, msg.config_version_applied)
@@ -227,6 +235,19 @@ class DeviceActor(Actor):
                 log.exception("device %s: %s failed", self.device_id, getattr(fn, "__name__", fn))
 
         self.tasks.start_soon(guarded)
+
+    async def _event_job(self, fn, *args) -> None:
+        """``_job`` for storage work a device event started, bounded by ``event_jobs`` (waits for a slot)."""
+        await self._event_slots.acquire()
+
+        async def release_after() -> None:
+            try:
+                await fn(*args)
+            finally:
+                self._event_slots.release()
+
+        release_after.__name__ = getattr(fn, "__name__", "job")  # what _job's log names
+        self._job(release_after)
 
     def live(self) -> dict[str, Any]:
         m = self.machine

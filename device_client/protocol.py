@@ -102,15 +102,53 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, field_validator
 
 PROTOCOL_VERSION = 1
 LINK_PATH = "/v1/device/link"
 TOKEN_HEADER = "Authorization"  # "Bearer <device token>" on the WebSocket handshake
 
 
+# An event kind names the event in the hub's streams (an SSE ``event:`` line): lowercase words and dots,
+# never a line break or anything else a stream reader could take for framing.
+EVENT_KIND_PATTERN = r"^[a-z][a-z0-9_.]{0,63}$"
+EventKind = Annotated[str, StringConstraints(pattern=EVENT_KIND_PATTERN)]
+
+
+def _unstorable(value: Any, where: str = "") -> str | None:
+    """Where in ``value`` a string holds a NUL (which PostgreSQL cannot store, in text or jsonb), or
+    None. The JSON parser already refuses lone surrogates, the other text PostgreSQL cannot take."""
+    if isinstance(value, str):
+        return (where or "the value") if "\x00" in value else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _unstorable(k, f"{where}.<key>") or _unstorable(v, f"{where}.{k}"[:60])
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _unstorable(v, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
 class _Frame(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable_text(cls, value: Any) -> Any:
+        # One NUL in a device's string would make the hub's batched writes (presence, audit) fail
+        # for every device: such a frame is refused here, for every string field of every frame.
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise ValueError("contains a NUL character")
+            return value
+        found = _unstorable(value)
+        if found:
+            raise ValueError(f"NUL character in {found.lstrip('.')}")
+        return value
 
 
 class MemoryTestCapabilities(_Frame):
@@ -182,7 +220,7 @@ class Reply(_Frame):
 
 class Event(_Frame):
     type: Literal["event"] = "event"
-    kind: str
+    kind: EventKind
     payload: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -197,7 +235,12 @@ class ProtocolError(ValueError):
 def decode(text: str | bytes) -> Hello | Welcome | Command | Reply | Event:
     try:
         return _frame_adapter.validate_json(text)
-    except ValueError as exc:  # pydantic.ValidationError is a ValueError
+    except ValidationError as exc:
+        # Name the field (``hello.bootReason: ...``) so a device's operator can find what was refused.
+        first = exc.errors(include_url=False, include_input=False)[0]
+        loc = ".".join(str(part) for part in first["loc"])
+        raise ProtocolError(f"{loc}: {first['msg']}" if loc else first["msg"]) from None
+    except ValueError as exc:
         raise ProtocolError(str(exc).splitlines()[0]) from None
 
 

@@ -1,4 +1,5 @@
-"""Bounded broadcast of hub events per topic (an organisation, a device), for SSE subscribers.
+"""Bounded broadcast of hub events per topic (an organisation, a device), for SSE subscribers, and
+``sse_frame``, the one writer of server-sent event frames (device, rollout and assistant streams).
 
 A subscriber whose buffer is full is dropped, never buffered without bound: its stream ends and
 ``dropped`` tells the SSE endpoint to send a final event saying so. Streams held open at once are
@@ -8,6 +9,7 @@ memory (``MAX_STREAMS_PER_OWNER``, docs/operations.md).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable
 from typing import Any
 
@@ -16,6 +18,27 @@ import trio
 from hub.errors import RateLimited
 
 MAX_STREAMS_PER_OWNER = 100
+
+# What ends a line in an event stream (the SSE grammar): CRLF, LF or CR alone.
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+class UnsafeEventName(ValueError):
+    """An event name holding a line break: written out, it would end the ``event:`` line and let the
+    rest of the name forge fields and whole events in the stream."""
+
+
+def sse_frame(data: str, *, event: str | None = None) -> bytes:
+    """One server-sent event: an optional ``event:`` line, then every line of ``data`` framed as its
+    own ``data:`` line (a reader joins them with LF), then the blank line that ends the event. Nothing
+    in ``data`` can end the event early or add a field; an event name with CR or LF is refused."""
+    head = ""
+    if event is not None:
+        if "\r" in event or "\n" in event:
+            raise UnsafeEventName(f"an event name may not hold a line break: {event[:40]!r}")
+        head = f"event: {event}\n"
+    body = "".join(f"data: {line}\n" for line in _LINE_END.split(data))
+    return f"{head}{body}\n".encode()
 
 
 class Subscriber:

@@ -66,6 +66,11 @@ class Meter:
     def pending(self) -> int:
         return len(self._sums) + (len(self._unsent[1]) if self._unsent else 0)
 
+    @property
+    def active_writer(self) -> WriteBehind:
+        """The write-behind of active-device rows (its counters are on /metrics)."""
+        return self._seen
+
     async def flush(self) -> None:
         """Write what is pending now (tests, shutdown, and every ``interval``)."""
         while self._unsent is not None or self._sums:

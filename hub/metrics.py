@@ -21,6 +21,7 @@ class Metrics:
         self.requests: Counter[tuple[str, int]] = Counter()  # (method, status) -> count
         self.device_connects = 0
         self.device_rejects = 0
+        self.device_link_waits = 0  # times a link stopped reading its device until its actor had room
 
     def observe_request(self, method: str, status: int) -> None:
         self.requests[(method, status)] += 1
@@ -58,8 +59,21 @@ class Metrics:
         out.append("# HELP fleethub_storage_crossing_seconds Time of one trio-to-asyncpg crossing.")
         out.append("# TYPE fleethub_storage_crossing_seconds histogram")
         out.extend(f"fleethub_storage_crossing_seconds{suffix} {_number(value)}" for suffix, value in samples)
+        writers = [("presence", services.presence), ("audit", services.audit_log),
+                   ("active_device", services.meter.active_writer)]
         metric("fleethub_write_behind_rows_total", "counter", "Rows written behind.",
-               [('{kind="presence"}', services.presence.written), ('{kind="audit"}', services.audit_log.written)])
+               [(f'{{kind="{k}"}}', w.written) for k, w in writers])
+        metric("fleethub_write_behind_set_aside_total", "counter",
+               "Rows the database refused on their own (the rest of their batch was written); see the log.",
+               [(f'{{kind="{k}"}}', w.set_aside) for k, w in writers])
+        metric("fleethub_write_behind_dropped_total", "counter",
+               "Rows dropped because the write-behind buffer was full while the database was away.",
+               [(f'{{kind="{k}"}}', w.dropped) for k, w in writers])
+        metric("fleethub_write_behind_pending", "gauge", "Rows waiting to be written behind.",
+               [(f'{{kind="{k}"}}', w.pending()) for k, w in writers])
+        metric("fleethub_device_link_waits_total", "counter",
+               "Times a device link stopped reading its socket until the device's actor had room (back-pressure).",
+               [("", self.device_link_waits)])
         metric("fleethub_event_subscribers", "gauge", "SSE subscribers.", [("", services.events.subscriber_count())])
         throttle = services.login_throttle
         metric("fleethub_login_throttle_keys", "gauge", "Accounts and addresses the login throttle holds.",

@@ -74,6 +74,9 @@ class WriteBehind:
         self.dropped = 0  # rows dropped because the buffer was full (PostgreSQL away too long)
         self.retries = 0  # flushes put back because the database was unreachable
         self._dropped_this_outage = 0
+        # One flush at a time: a caller of flush() (a reader of the audit log, shutdown) waits for the
+        # batch already on its way, so "flushed" means every row put before the call was written.
+        self._flushing = trio.Lock()
 
     def pending(self) -> int:
         return len(self._pending)
@@ -105,6 +108,10 @@ class WriteBehind:
         self._dropped_this_outage += n
 
     async def flush(self) -> None:
+        async with self._flushing:
+            await self._flush_pending()
+
+    async def _flush_pending(self) -> None:
         while self._pending:
             taken, self._pending = self._pending, {}
             unwritten = dict(taken)  # what is still to write: a refused half is written again by halves

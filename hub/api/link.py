@@ -4,6 +4,11 @@ One handler per connected device. It authenticates the device token before accep
 hello, registers the link, subscribes ``cmd.<device_id>.>`` on the bus (the newest connection of a
 device wins) and then relays: replies resolve pending commands, heartbeats and events go to the
 device's actor. Handlers elsewhere never touch this socket; they ask the actor or the bus.
+
+A device can slow only itself: when its actor's mailbox is full the handler waits for room (it stops
+reading that socket; TCP pushes back on the device) rather than dropping events, and its tunnel.usage
+records in flight are bounded. A frame with a string the hub could not store (NUL) or an event kind
+outside ``protocol.EVENT_KIND_PATTERN`` closes the link with 4400 and a reason naming the field.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from quart import Blueprint, websocket
 
 from actors.device import DeviceEvent, Hello
 from actors.machines.connection import Heartbeat, LinkDown, LinkUp
-from actors.runtime import ActorError, Reply
+from actors.runtime import ActorError, MailboxFull, Reply
 from device_client import protocol as p
 from hub.api.common import services
 from hub.auth.middleware import public
@@ -35,6 +40,11 @@ HELLO_TIMEOUT = 10.0
 CLOSE_BAD_FRAME = 4400
 CLOSE_OUT_OF_ORDER = 4409
 MAX_FRAME_BYTES = 1024 * 1024
+# tunnel.usage records of one link in flight at once (a session reports every 30 s): past it the link
+# waits, i.e. stops reading that device's socket.
+USAGE_IN_FLIGHT = 2
+# How long a closing link waits for room in its actor's mailbox to say LinkDown.
+LINK_DOWN_WITHIN = 5.0
 
 
 def _device_token() -> str | None:
@@ -59,25 +69,28 @@ async def device_link():
     return None
 
 
-async def _receive_hello(ws, device_id: uuid.UUID) -> p.Hello | None:
+async def _receive_hello(ws, device_id: uuid.UUID) -> tuple[p.Hello | None, str]:
+    """The hello, or None and the reason to close with (naming the refused field, if one was)."""
     with trio.move_on_after(HELLO_TIMEOUT):
         try:
             frame = p.decode(await ws.receive())
         except p.ProtocolError as exc:
             log.info("device %s sent a bad first frame: %s", device_id, exc)
-            return None
-        return frame if isinstance(frame, p.Hello) else None
-    return None
+            return None, f"malformed hello: {str(exc)[:80]}"
+        if isinstance(frame, p.Hello):
+            return frame, ""
+    return None, "the first frame must be a hello"
 
 
 async def _serve(s, ws, device_id: uuid.UUID) -> None:
-    hello = await _receive_hello(ws, device_id)
+    hello, refusal = await _receive_hello(ws, device_id)
     if hello is None:
-        await ws.close(4400, "the first frame must be a hello")
+        await ws.close(CLOSE_BAD_FRAME, refusal)
         return
     conn_id = uuid.uuid4().hex
     pending: dict[str, Reply] = {}
     send_lock = trio.Lock()
+    usage_slots = trio.Semaphore(USAGE_IN_FLIGHT)
 
     async def send(frame: Any) -> None:
         async with send_lock:
@@ -109,10 +122,10 @@ async def _serve(s, ws, device_id: uuid.UUID) -> None:
             await send(p.Welcome(deviceId=str(device_id), heartbeatInterval=s.settings.heartbeat_interval,
                                  hubKeys=s.tunnels.grants.hub_keys))
             facts = hello.model_dump(exclude={"type", "secretFileDigests", "retiredPages", "lastMemoryTest"})
-            _tell(s, actor, device_id, LinkUp(conn_id, hello.bootReason, facts, hello.maintenance))
-            _tell(s, actor, device_id, Hello(hello.secretFileDigests, hello.configVersionApplied,
-                                             {"lastMemoryTest": hello.lastMemoryTest,
-                                              "retiredPages": hello.retiredPages}))
+            await _deliver(s, actor, device_id, LinkUp(conn_id, hello.bootReason, facts, hello.maintenance))
+            await _deliver(s, actor, device_id, Hello(hello.secretFileDigests, hello.configVersionApplied,
+                                                      {"lastMemoryTest": hello.lastMemoryTest,
+                                                       "retiredPages": hello.retiredPages}))
             hello = None  # held for the connection's lifetime otherwise: ~2 KiB a device, measured
             while True:
                 try:
@@ -133,22 +146,38 @@ async def _serve(s, ws, device_id: uuid.UUID) -> None:
                         waiting.set(frame)
                 elif isinstance(frame, p.Event):
                     if frame.kind == "tunnel.usage":
-                        s.tunnels.on_usage(device_id, frame.payload)  # hub/tunnels/sessions.py
+                        await s.tunnels.on_usage(device_id, frame.payload, usage_slots)  # hub/tunnels/sessions.py
                     msg = Heartbeat(conn_id) if frame.kind == "heartbeat" else DeviceEvent(frame.kind, frame.payload)
-                    _tell(s, actor, device_id, msg, required=not isinstance(msg, Heartbeat))
+                    await _deliver(s, actor, device_id, msg)
         finally:
             subscription.close()
             if s.links.get(device_id) is link:
                 del s.links[device_id]
             for waiting in pending.values():
                 waiting.fail(DeviceOffline("the device disconnected before answering"))
-            _tell(s, actor, device_id, LinkDown(conn_id))
+            # Also when this link was cancelled (a newer connection won): shielded, and bounded.
+            with trio.move_on_after(LINK_DOWN_WITHIN) as link_down:
+                link_down.shield = True
+                await _deliver(s, actor, device_id, LinkDown(conn_id))
+            if link_down.cancelled_caught:
+                log.warning("device %s: its actor took no LinkDown within %ss", device_id, LINK_DOWN_WITHIN)
 
 
-def _tell(s, actor, device_id: uuid.UUID, msg: object, *, required: bool = True) -> None:
-    """Tell the device's actor; a full mailbox loses only heartbeats, which the next one replaces."""
+async def _deliver(s, actor, device_id: uuid.UUID, msg: object) -> None:
+    """Hand ``msg`` to the device's actor. A full mailbox makes the link wait for room, so it stops
+    reading this device's socket (back-pressure on the device that floods, nobody else) instead of
+    dropping what it said. Only a heartbeat is dropped when the mailbox is full: the next one replaces it."""
     try:
         actor.tell(msg)
+        return
+    except MailboxFull:
+        if isinstance(msg, Heartbeat):
+            return
+        s.metrics.device_link_waits += 1
     except ActorError as exc:
-        if required:
-            log.warning("device %s: could not deliver %s to its actor: %s", device_id, type(msg).__name__, exc)
+        log.warning("device %s: could not deliver %s to its actor: %s", device_id, type(msg).__name__, exc)
+        return
+    try:
+        await actor.post(msg)
+    except ActorError as exc:
+        log.warning("device %s: could not deliver %s to its actor: %s", device_id, type(msg).__name__, exc)

@@ -10,17 +10,20 @@ from __future__ import annotations
 import json
 import secrets
 
-DONE = b"data: [DONE]\n\n"
+from hub.events import sse_frame
+
+DONE = sse_frame("[DONE]")
 KEEPALIVE = b": keepalive\n\n"
 
 
 def event(data: dict) -> bytes:
-    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+    return sse_frame(json.dumps(data, separators=(",", ":")))
 
 
 def raw(data_line: str) -> bytes:
-    """An upstream chunk passed through as it came (its JSON text unchanged)."""
-    return b"data: " + data_line.encode() + b"\n\n"
+    """An upstream chunk passed through as it came (its JSON text unchanged; a line break in it, which
+    the upstream's own framing should never let through, becomes a new ``data:`` line, never a field)."""
+    return sse_frame(data_line)
 
 
 def error_event(message: str, code: str = "upstream_error") -> bytes:

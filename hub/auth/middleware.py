@@ -27,6 +27,7 @@ from hub.auth.pat import digest
 from hub.auth.principals import Credential, OrgContext, Principal
 from hub.auth.ratelimit import limit_for
 from hub.ids import fast_uuid4
+from storage.text import storable_value
 from hub.errors import BadRequest, Forbidden, RateLimited, Unauthenticated
 
 ORG_HEADER = "X-Organization-ID"
@@ -264,11 +265,13 @@ def audit(services, status: int) -> None:
         return
     o = getattr(g, "org", None)
     started = getattr(g, "started", None)
-    services.audit_log.append({
+    # storable_value: the request's own text (path, query, details) may hold what PostgreSQL refuses (a
+    # NUL from %00); the row records it escaped instead of failing its batch.
+    services.audit_log.append(storable_value({
         "id": fast_uuid4(), "org_id": o.org_id if o else None, "at": services.clock.now(),
         "actor_type": p.kind if p else "anonymous", "actor_id": p.id if p else None,
         "actor_user_id": p.user_id if p else None, "credential_kind": p.credential_kind if p else None,
         "method": request.method, "path": request.path, "query": _query_for_audit(), "status": status,
         "request_id": g.request_id, "client_addr": client_addr(),
         "duration_ms": round((trio.current_time() - started) * 1000, 3) if started is not None else None,
-        "action": request.endpoint, "target": None, "details": getattr(g, "audit_details", None)})
+        "action": request.endpoint, "target": None, "details": getattr(g, "audit_details", None)}))

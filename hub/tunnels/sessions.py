@@ -322,9 +322,18 @@ class TunnelService:
             "details": {"operation": operation, "sessionId": str(row["id"]), "deviceId": str(row["device_id"]),
                         "reason": reason}})
 
-    def on_usage(self, device_id: uuid.UUID, payload: dict[str, Any]) -> None:
-        """The device link's tunnel.usage event: record and meter it off the link's task."""
-        self.services.nursery.start_soon(self._usage, device_id, payload)
+    async def on_usage(self, device_id: uuid.UUID, payload: dict[str, Any], slots: trio.Semaphore) -> None:
+        """The device link's tunnel.usage event: record and meter it off the link's task. ``slots`` is
+        the link's own bound on records in flight: a device flooding usage events waits here, so its
+        link stops reading its socket, instead of adding tasks to the hub without end."""
+        await slots.acquire()
+        self.services.nursery.start_soon(self._usage_in_slot, slots, device_id, payload)
+
+    async def _usage_in_slot(self, slots: trio.Semaphore, device_id: uuid.UUID, payload: dict[str, Any]) -> None:
+        try:
+            await self._usage(device_id, payload)
+        finally:
+            slots.release()
 
     async def _usage(self, device_id: uuid.UUID, payload: dict[str, Any]) -> None:
         s = self.services
@@ -346,6 +355,10 @@ class TunnelService:
             log.exception("device %s: recording tunnel usage of %s failed", device_id, sid)
             return
         self._recorded(sid, device_id, grown, final, reason)
+
+    def usage_unrecorded(self) -> int:
+        """Sessions whose usage waits for storage (for /metrics)."""
+        return len(self._unrecorded)
 
     def _keep_unrecorded(self, sid: uuid.UUID, device_id: uuid.UUID, report: "_Usage") -> None:
         key = (sid, device_id)

@@ -253,3 +253,19 @@ async def test_merged_rows_do_not_count_against_the_cap():
         sink.down = False
         await wb.flush()
         assert sink.written == [{"id": d, "seen": 49} for d in ("a", "b", "c")]
+
+
+async def test_flush_waits_for_the_batch_already_on_its_way(autojump_clock):
+    """A reader that flushes (GET /v1/audit-events) must see every row put before its call, also the
+    ones the periodic flush has taken and is still writing."""
+    with trio.fail_after(10):
+        sink = Sink(delay=1.0)
+        wb = WriteBehind(sink, interval=0.5)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(wb.run)
+            wb.append({"event": "call 1"})
+            await trio.sleep(0.75)  # the periodic write of call 1 started at 0.5 and ends at 1.5
+            await wb.flush()
+            assert [rows for _, rows in sink.batches] == [[{"event": "call 1"}]]
+            assert trio.current_time() == 1.5
+            nursery.cancel_scope.cancel()
