@@ -20,7 +20,7 @@ from hub.api import (access, assistant, audit, billing, configurations, devices,
                      memtests, oauth, pats, rollouts, secret_files, sessions, tunnels, windows)
 from hub.auth import middleware
 from hub.ids import fast_uuid4
-from hub.openapi import FleethubOpenAPI
+from hub.openapi import EITHER, FleethubOpenAPI
 from hub.errors import FleethubError, Unavailable, general_body, memtest_body, tunnel_body
 from storage.db import DatabaseUnavailable
 from hub.services import Services
@@ -64,8 +64,10 @@ def create_app(services: Services) -> QuartTrio:
             "BearerAuth": HttpSecurityScheme(scheme="bearer", bearer_format="JWT"),
             # A 15-minute JWT with scope tunnel from POST /v1/cli/tunnel/token (hub/tunnels/tokens.py).
             "TunnelToken": HttpSecurityScheme(scheme="bearer", bearer_format="JWT"),
+            # The dashboard session (POST /v1/auth/login); mutating calls also send X-CSRF-Token.
+            "SessionCookie": APIKeySecurityScheme(in_="cookie", name=middleware.SESSION_COOKIE),
         },
-        security=[{"ApiTokenAuth": [], "ApiSecretAuth": []}, {"BearerAuth": []}],
+        security=EITHER,  # hub/openapi.py sets each operation's own
         openapi_provider_class=FleethubOpenAPI,
     )
     for module in (health, pats, sessions, oauth, access, audit, devices, fleets, configurations, secret_files,

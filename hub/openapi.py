@@ -1,11 +1,24 @@
-"""The OpenAPI document: quart-schema's, plus the error answers every operation can give.
+"""The OpenAPI document: quart-schema's, completed from the same markers the middleware obeys.
 
-Views document their own successes and specific errors (``hub/api/common.errors``). Some answers
-can come from any authenticated operation whatever its view does — 401 (credential), 403 (role or
-organisation), 400 (missing organisation header, malformed input), 429 (rate limit), 500 and 503
-(storage failure or outage) — and 404 from any operation with a path parameter, 413 from any with a
-body. They are added here, with the error body the path uses (DESIGN.md section 7), so the document
-is the whole contract and a fuzzer reading it finds no undocumented status.
+What a client generator and a fuzzer need beside the views' own models, derived here so the
+document cannot drift from behaviour:
+
+- security per operation, from the view's markers (hub/auth/middleware.py, hub/tunnels/auth.py):
+  ``@public`` none; ``@tunnel_token`` TunnelToken; ``@session_only`` the dashboard cookie; an
+  explicit ``security_scheme`` on the view (the Bearer-only tunnel usage rows); otherwise the
+  spec's "Either" (ApiTokenAuth with ApiSecretAuth, or BearerAuth) and the dashboard cookie;
+- ``X-Organization-ID`` as a header parameter: required on every organisation-scoped operation,
+  optional where the view is ``@no_org``, absent on public and tunnel-token routes (the token
+  names its organisation);
+- enums of path parameters a view declares (``hub/api/validation.path_values``); request bodies
+  required unless the view is ``@optional_body`` (hub/api/validation.py);
+- tags: the spec's section for each operation the spec lists (``SPEC_OPERATIONS``); every other
+  operation is tagged ``extensions``, marked ``x-fleethub-extension`` and described
+  (``EXTENSIONS``);
+- the error answers any call can give — 401 (credential), 403 (role or organisation), 400 (missing
+  organisation header, malformed input), 429 (rate limit), 500 and 503 (storage failure or
+  outage) — and 404 on any operation with a path parameter, 413 on any with a body, with the error
+  body the path uses (DESIGN.md section 7), so a fuzzer finds no undocumented status.
 """
 
 from __future__ import annotations
@@ -13,6 +26,108 @@ from __future__ import annotations
 from typing import Any
 
 from quart_schema.openapi import OpenAPIProvider
+from werkzeug.routing import Rule
+
+ORG_HEADER = "X-Organization-ID"
+EITHER = [{"ApiTokenAuth": [], "ApiSecretAuth": []}, {"BearerAuth": []}, {"SessionCookie": []}]
+SESSION_ONLY = [{"SessionCookie": []}]
+EXTENSION_TAG = "extensions"
+
+# Every operation the spec's Endpoints part lists, with the section it is under. Paths as the
+# spec writes them; where the spec names a path parameter differently ({id} of the memory-test
+# rows) the hub keeps its own name for that device id, and the URL is the same.
+SPEC_OPERATIONS: dict[tuple[str, str], str] = {
+    ("post", "/v1/assistant/chat/completions"): "Assistant",
+    ("get", "/v1/assistant/usage"): "Assistant",
+    ("get", "/v1/audit-events"): "Audit",
+    ("get", "/v1/billing/tunnel/usage"): "Billing and registry fallback",
+    ("get", "/v1/billing/tunnel/usage/records"): "Billing and registry fallback",
+    ("get", "/v1/billing/features"): "Billing and registry fallback",
+    ("put", "/v1/billing/features/{feature}"): "Billing and registry fallback",
+    ("get", "/v1/billing/pricing"): "Billing and registry fallback",
+    ("get", "/v1/billing/registry-fallback"): "Billing and registry fallback",
+    ("get", "/v1/billing/usage"): "Billing and registry fallback",
+    ("get", "/v1/cli/tunnel/entitlements"): "Tunnel sessions",
+    ("post", "/v1/cli/tunnel/session"): "Tunnel sessions",
+    ("delete", "/v1/cli/tunnel/session/{sid}"): "Tunnel sessions",
+    ("post", "/v1/cli/tunnel/session/{sid}/renew"): "Tunnel sessions",
+    ("get", "/v1/configurations"): "Configurations",
+    ("post", "/v1/configurations"): "Configurations",
+    ("get", "/v1/configurations/summary"): "Configurations",
+    ("get", "/v1/configurations/{configId}"): "Configurations",
+    ("put", "/v1/configurations/{configId}"): "Configurations",
+    ("get", "/v1/configurations/{configId}/secret-files"): "Secret files",
+    ("post", "/v1/configurations/{configId}/secret-files"): "Secret files",
+    ("delete", "/v1/configurations/{configId}/secret-files/{fileId}"): "Secret files",
+    ("get", "/v1/devices/{deviceId}/secret-files"): "Secret files",
+    ("post", "/v1/devices/{deviceId}/secret-files"): "Secret files",
+    ("delete", "/v1/devices/{deviceId}/secret-files/{fileId}"): "Secret files",
+    ("put", "/v1/fleets/{fleetId}/update-window"): "Fleet update window",
+    ("get", "/v1/fleets/{fleetId}/update-window/check"): "Fleet update window",
+    ("post", "/v1/rollouts/impact"): "Rollouts",
+    ("post", "/v1/rollouts"): "Rollouts",
+    ("get", "/v1/rollouts/{rollout_id}"): "Rollouts",
+    ("post", "/v1/rollouts/{rollout_id}/pause"): "Rollouts",
+    ("get", "/v1/devices"): "Devices, fleets and configuration versions",
+    ("get", "/v1/devices/{device_id}"): "Devices, fleets and configuration versions",
+    ("post", "/v1/devices/{device_id}/reboot"): "Devices, fleets and configuration versions",
+    ("patch", "/v1/devices/{device_id}"): "Devices, fleets and configuration versions",
+    ("get", "/v1/fleets"): "Devices, fleets and configuration versions",
+    ("post", "/v1/fleets"): "Devices, fleets and configuration versions",
+    ("patch", "/v1/fleets/{fleet_id}"): "Devices, fleets and configuration versions",
+    ("get", "/v1/configurations/{config_id}/versions"): "Devices, fleets and configuration versions",
+    ("post", "/v1/configurations/{config_id}/versions"): "Devices, fleets and configuration versions",
+    ("post", "/v1/devices/{device_id}/memory-test"): "Memory test",
+    ("post", "/v1/devices/{device_id}/memory-test/cancel"): "Memory test",
+    ("get", "/v1/devices/{device_id}/memory-test"): "Memory test",
+    ("get", "/v1/devices/{device_id}/memory-test/results"): "Memory test",
+    ("post", "/v1/oauth/token"): "Authentication",
+}
+
+# Operations the spec does not list: what each is for (DESIGN.md section 12 and docs/).
+EXTENSIONS: dict[tuple[str, str], str] = {
+    ("get", "/healthz"): "Liveness: the process is up.",
+    ("get", "/readyz"): "Readiness: the database is reachable (503 while draining or without it).",
+    ("get", "/metrics"): "Prometheus metrics of the hub process.",
+    ("post", "/v1/pats"): "Create a personal API token for the caller; its secret is shown once.",
+    ("get", "/v1/pats"): "The caller's personal API tokens (metadata only).",
+    ("delete", "/v1/pats/{pat_id}"): "Delete (revoke) one of the caller's personal API tokens at once.",
+    ("post", "/v1/auth/login"): "Dashboard sign-in: sets the session cookie and returns the CSRF token.",
+    ("post", "/v1/auth/logout"): "End the dashboard session.",
+    ("get", "/v1/auth/session"): "The current dashboard session.",
+    ("get", "/v1/me"): "Who is calling, and their role in the organisation when one is named.",
+    ("get", "/v1/members"): "Members of the organisation and their roles.",
+    ("post", "/v1/members"): "Add a member to the organisation (admins).",
+    ("delete", "/v1/members/{user_id}"): "Remove a member from the organisation (admins).",
+    ("get", "/v1/invitations"): "Open invitations to the organisation.",
+    ("delete", "/v1/invitations/{invitation_id}"): "Revoke an open invitation.",
+    ("get", "/v1/me/invitations"): "Invitations addressed to the caller.",
+    ("post", "/v1/invitations/{invitation_id}/accept"): "Accept an invitation: the caller joins the organisation.",
+    ("get", "/v1/relations"): "Relation tuples (viewer, editor, billing roles, tunnel access) of the organisation.",
+    ("post", "/v1/relations"): "Grant a relation on an object to a user or service account (admins).",
+    ("delete", "/v1/relations"): "Revoke a relation tuple (admins).",
+    ("get", "/v1/service-accounts"): "Service accounts of the organisation.",
+    ("post", "/v1/service-accounts"): "Create a service account with IAM policies; its client secret is shown once.",
+    ("delete", "/v1/service-accounts/{sa_id}"): "Delete a service account; its tokens stop working at once.",
+    ("post", "/v1/devices"): "Provision a device; its device token is shown once.",
+    ("delete", "/v1/devices/{device_id}"): "Remove an offline device from the organisation (its files are deleted).",
+    ("post", "/v1/devices/{device_id}/ping"): "A live round trip to the device with no side effect.",
+    ("get", "/v1/devices/{device_id}/events"): "The device state stream (server-sent events).",
+    ("post", "/v1/devices/{device_id}/factory-reset"): "Wipe the device's secret files and its configuration assignment.",
+    ("post", "/v1/devices/{device_id}/unpair"): "Wipe the device's secret files, then remove it from the organisation.",
+    ("get", "/v1/devices/{device_id}/diagnosis"): "The device's issues: MemoryFault (critical), an interrupted memory test (warning).",
+    ("put", "/v1/devices/{device_id}/configuration"): "Assign a configuration version to one device.",
+    ("get", "/v1/fleets/{fleet_id}"): "One fleet.",
+    ("delete", "/v1/configurations/{configId}"): "Delete a configuration with its versions and secret files.",
+    ("get", "/v1/rollouts"): "Rollouts of the organisation, newest first.",
+    ("post", "/v1/rollouts/{rollout_id}/resume"): "Resume a paused rollout, accepting the failures so far.",
+    ("post", "/v1/rollouts/{rollout_id}/cancel"): "Cancel a rollout; devices in flight finish.",
+    ("get", "/v1/rollouts/{rollout_id}/events"): "The rollout's progress stream (server-sent events).",
+    ("get", "/v1/fleets/{fleetId}/update-window"): "The fleet's update window.",
+    ("delete", "/v1/fleets/{fleetId}/update-window"): "Remove the fleet's update window (rollouts are then never held).",
+    ("post", "/v1/cli/tunnel/token"): "A 15-minute tunnel token (the TunnelToken credential of the session routes).",
+    ("get", "/v1/assistant/system-prompt"): "The assistant's dashboard system prompt, tools and limits (public).",
+}
 
 _GENERAL = {"type": "object", "required": ["error", "message"],
             "properties": {"error": {"type": "string"}, "message": {"type": "string"}, "details": {}}}
@@ -36,7 +151,60 @@ def _error_ref(path: str) -> str:
     return "#/components/schemas/Error"
 
 
+# Inline models quart-schema repeats per response are hoisted into components under these names (the
+# error bodies keep the names the document always gave them).
+_COMPONENT_NAMES = {"ErrorBody": "Error", "MemtestError": "MemoryTestError", "TunnelError": "TunnelError"}
+
+
+def _hoist(media: dict, schemas: dict) -> None:
+    """Replace a named inline schema (a pydantic model's title) by a $ref to one component, so a
+    generator builds one model rather than one per response and status (openapi-python-client
+    refuses the duplicates)."""
+    schema = media.get("schema")
+    if not isinstance(schema, dict) or "$ref" in schema or "title" not in schema:
+        return
+    if schema.get("type") != "object":
+        return
+    name = _COMPONENT_NAMES.get(schema["title"], schema["title"])
+    if name not in _COMPONENT_NAMES.values():  # the error bodies' components are set by schema()
+        if schemas.get(name, schema) != schema:
+            return  # another model of that name: leave this one inline
+        schemas[name] = schema
+    media["schema"] = {"$ref": f"#/components/schemas/{name}"}
+
+
+def _org_parameter(required: bool) -> dict[str, Any]:
+    return {"name": ORG_HEADER, "in": "header", "required": required,
+            "description": "the organisation the call acts in" if required else
+            "optional: an organisation the caller belongs to (its rate limit and role apply)",
+            # a plain string, as the spec types it (generators turn "format: uuid" into objects that
+            # their own header code does not turn back into text)
+            "schema": {"type": "string"}}
+
+
 class FleethubOpenAPI(OpenAPIProvider):
+    def build_paths(self, rule: Rule) -> tuple[dict, dict]:
+        paths, components = super().build_paths(rule)
+        view = self._app.view_functions[rule.endpoint]
+        public = getattr(view, "_fleethub_public", False)
+        tunnel = getattr(view, "_fleethub_tunnel_token", False)
+        enums = getattr(view, "_fleethub_path_values", {})
+        for operations in paths.values():
+            for method, op in operations.items():
+                # quart-schema shares one parameter list between a rule's methods: copy it.
+                op["parameters"] = [dict(p) for p in op.get("parameters", [])]
+                for p in op["parameters"]:
+                    if p["in"] == "path" and p["name"] in enums:
+                        p["schema"] = {**p.get("schema", {}), "type": "string", "enum": list(enums[p["name"]])}
+                if "requestBody" in op:
+                    op["requestBody"] = {**op["requestBody"],
+                                         "required": not getattr(view, "_fleethub_body_optional", False)}
+                if "security" not in op:
+                    op["security"] = SESSION_ONLY if getattr(view, "_fleethub_session_only", False) else EITHER
+                if not (public or tunnel):
+                    op["parameters"].append(_org_parameter(not getattr(view, "_fleethub_no_org", False)))
+        return paths, components
+
     def schema(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         schema = super().schema(*args, **kwargs)
         schemas = schema.setdefault("components", {}).setdefault("schemas", {})
@@ -53,6 +221,9 @@ class FleethubOpenAPI(OpenAPIProvider):
             metrics.setdefault("responses", {})[200] = {
                 "description": "Prometheus text exposition format",
                 "content": {"text/plain": {"schema": {"type": "string"}}}}
+        sections = sorted(set(SPEC_OPERATIONS.values()))
+        schema["tags"] = [{"name": name, "description": f"the spec's Endpoints: {name}"} for name in sections] + [
+            {"name": EXTENSION_TAG, "description": "operations the spec does not list: the hub's own"}]
         for path, operations in schema.get("paths", {}).items():
             stream = operations.get("get") if path.endswith("/events") else None
             if stream is not None:
@@ -62,6 +233,19 @@ class FleethubOpenAPI(OpenAPIProvider):
             for method, op in operations.items():
                 if not isinstance(op, dict) or "responses" not in op:
                     continue
+                section = SPEC_OPERATIONS.get((method, path))
+                if section is not None:
+                    op["tags"] = [section]
+                else:
+                    op["tags"] = [EXTENSION_TAG]
+                    op["x-fleethub-extension"] = True
+                    described = EXTENSIONS.get((method, path))
+                    if described:
+                        op["summary"] = op.get("summary") or described
+                        op["description"] = op.get("description") or described
+                for answer in list(op.get("responses", {}).values()) + [op.get("requestBody") or {}]:
+                    for media in (answer.get("content") or {}).values():
+                        _hoist(media, schemas)
                 public = op.get("security") == []
                 statuses: list[int] = [] if public else [400, 401, 403, 429, 500, 503]
                 if not public and "{" in path:

@@ -18,10 +18,11 @@ from decimal import Decimal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from quart import Blueprint, g
+from quart_schema import document_request, security_scheme
 
 from device_client.clock import rfc3339
 from hub.api.common import errors, jsonable, org, services
-from hub.api.validation import parse_body, query, responds
+from hub.api.validation import parse_body, path_values, query, responds
 from hub.auth.authz import require_org
 from hub.billing import catalogue, periods, state
 from hub.billing.devices import push_telemetry_in_background
@@ -162,6 +163,9 @@ async def get_features():
 
 
 @bp.put("/features/<feature>")
+# The spec's path enum: the three it names (audit_log is a feature too, but no more self-serve).
+@path_values(feature=("telemetry", "signature_policy", "usb_policy"))
+@document_request(FeatureBody)
 @responds(Envelope)
 @errors(400, 401, 402, 403, 409)
 async def put_feature(feature: str):
@@ -189,6 +193,10 @@ async def put_feature(feature: str):
 
 
 # ---- tunnel usage -------------------------------------------------------------------------------
+# Bearer rows of the spec: a service account's token (or a PAT secret sent as Bearer, refused below
+# with 401 bearer_required), or a tunnel token.
+BEARER_SCHEMES = [{"BearerAuth": []}, {"TunnelToken": []}]
+
 
 def _bearer_only() -> None:
     if g.principal.via in ("pat", "bearer", "session"):
@@ -207,6 +215,7 @@ async def _tunnel_checks(s) -> None:
 
 @bp.get("/tunnel/usage")
 @also_tunnel_token
+@security_scheme(BEARER_SCHEMES)
 @query(TunnelUsageQuery)
 @responds(Envelope)
 @errors(400, 401, 403, 503)
@@ -246,6 +255,7 @@ def _record(r: dict) -> dict:
 
 @bp.get("/tunnel/usage/records")
 @also_tunnel_token
+@security_scheme(BEARER_SCHEMES)
 @query(TunnelRecordsQuery)
 @responds(Envelope)
 @errors(400, 401, 403, 503)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from quart import Blueprint, g, request
+from quart_schema import document_querystring
 
 from actors.device import ApplyConfig, RemoveFiles
 from hub.api.common import Pagination, errors, jsonable, org, pagination, parse_uuid, principal, services
@@ -147,6 +148,23 @@ def config_json(c: dict, version: dict | None = None) -> dict:
 
 # -- list and summary -----------------------------------------------------------------------------
 _SORT = ("name", "createdAt", "updatedAt", "status", "currentVersion")
+SortBy = Literal["name", "createdAt", "updatedAt", "status", "currentVersion"]
+
+
+class ListQuery(BaseModel):
+    """The list's query, for the OpenAPI document (``_list_args`` parses it)."""
+    page: int = Field(1, ge=1, le=1_000_000, description="starts at 1; default 1")
+    limit: int = Field(10, ge=1, le=100, description="default 10")
+    search: str | None = Field(None, description="matches the name or the description")
+    status: Literal["active", "archived"] | None = None
+    sortBy: SortBy = "createdAt"
+    sortOrder: Literal["asc", "desc"] = "desc"
+
+
+class SummaryQuery(ListQuery):
+    """As the list's, but page 1 and limit 10 replace a missing or invalid value (spec)."""
+    page: int = Field(1, description="default 1, also when invalid")
+    limit: int = Field(10, description="default 10, also when invalid or above 100")
 
 
 def _list_args(*, lenient: bool) -> dict:
@@ -191,6 +209,7 @@ async def _list(lenient: bool):
 
 
 @bp.get("")
+@document_querystring(ListQuery)
 @responds(ConfigList)
 @errors(400, 401, 403, 500)
 async def list_configurations():
@@ -198,6 +217,7 @@ async def list_configurations():
 
 
 @bp.get("/summary")
+@document_querystring(SummaryQuery)
 @responds(ConfigList)
 @errors(400, 401, 403, 500)
 async def configuration_summary():
@@ -235,21 +255,21 @@ async def create_configuration(data: ConfigCreate):
     return {"data": config_json(config, version)}, 201
 
 
-@bp.get("/<config_id>")
+@bp.get("/<configId>")
 @responds(ConfigEnvelope)
 @errors(400, 401, 403, 404)
-async def get_configuration(config_id: str):
-    config, version = await _load(config_id, "viewer")
+async def get_configuration(configId: str):
+    config, version = await _load(configId, "viewer")
     return {"data": config_json(config, version)}
 
 
-@bp.put("/<config_id>")
+@bp.put("/<configId>")
 @body(ConfigUpdate)
 @responds(ConfigEnvelope)
 @errors(400, 401, 403, 404, 409)
-async def update_configuration(config_id: str, data: ConfigUpdate):
+async def update_configuration(configId: str, data: ConfigUpdate):
     s = services()
-    config, _ = await _load(config_id, "editor")
+    config, _ = await _load(configId, "editor")
     changes = data.model_dump(exclude_unset=True)
     spec = changes.pop("spec", None)
     for key in list(changes):
@@ -265,12 +285,12 @@ async def update_configuration(config_id: str, data: ConfigUpdate):
     return {"data": config_json(config, new_version)}
 
 
-@bp.delete("/<config_id>")
+@bp.delete("/<configId>")
 @responds(enveloped(DeletedOut))
 @errors(400, 401, 403, 404)
-async def delete_configuration(config_id: str):
+async def delete_configuration(configId: str):
     s = services()
-    config, _ = await _load(config_id, "editor")
+    config, _ = await _load(configId, "editor")
     deleted = await s.configs.delete(org().org_id, config["id"])
     if deleted is None:
         raise NotFound("configuration not found")

@@ -24,6 +24,7 @@ from hub.api.common import jsonable, org, parse_uuid, principal, services
 from hub.api.devices import device_obj
 from hub.auth.authz import authorize
 from hub.errors import BadRequest, FleethubError, Forbidden, NotFound, Unauthenticated
+from hub.api.validation import optional_body
 from hub.tunnels.auth import also_tunnel_token
 
 bp = Blueprint("memtests", __name__, url_prefix="/v1/devices")
@@ -139,6 +140,7 @@ def _ask_timeout() -> float:
 
 # -- endpoints ------------------------------------------------------------------------------------------
 @bp.post("/<device_id>/memory-test")
+@optional_body
 @also_tunnel_token
 @document_request(StartRequest)
 @document_response(RunEnvelope, 202)
@@ -168,6 +170,7 @@ async def start_memory_test(device_id: str):
 
 
 @bp.post("/<device_id>/memory-test/cancel")
+@optional_body
 @document_request(CancelRequest)
 @document_response(RunEnvelope, 202)
 @_errors(400, 401, 403, 404, 409, 502, 503, 504)

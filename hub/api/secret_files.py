@@ -157,47 +157,47 @@ class SecretFileOut(BaseModel):
     status: str
 
 
-@bp.get("/configurations/<config_id>/secret-files")
+@bp.get("/configurations/<configId>/secret-files")
 @responds(enveloped(SecretFileOut, many=True))
 @errors(400, 401, 403, 404)
-async def list_config_files(config_id: str):
-    return await _list(await _owner("config", config_id, "viewer"))
+async def list_config_files(configId: str):
+    return await _list(await _owner("config", configId, "viewer"))
 
 
-@bp.post("/configurations/<config_id>/secret-files")
+@bp.post("/configurations/<configId>/secret-files")
 @body(Upload)
 @responds(enveloped(SecretFileOut), 201)
 @responds(enveloped(SecretFileOut), 200)
 @errors(400, 401, 403, 404, 409, 413)
-async def upload_config_file(config_id: str, data: Upload):
-    return await _upload(await _owner("config", config_id, "editor"), data)
+async def upload_config_file(configId: str, data: Upload):
+    return await _upload(await _owner("config", configId, "editor"), data)
 
 
-@bp.delete("/configurations/<config_id>/secret-files/<file_id>")
+@bp.delete("/configurations/<configId>/secret-files/<fileId>")
 @responds(enveloped(DeletedOut))
 @errors(400, 401, 403, 404)
-async def delete_config_file(config_id: str, file_id: str):
-    return await _delete(await _owner("config", config_id, "editor"), file_id)
+async def delete_config_file(configId: str, fileId: str):
+    return await _delete(await _owner("config", configId, "editor"), fileId)
 
 
-@bp.get("/devices/<device_id>/secret-files")
+@bp.get("/devices/<deviceId>/secret-files")
 @responds(enveloped(SecretFileOut, many=True))
 @errors(400, 401, 403, 404)
-async def list_device_files(device_id: str):
-    return await _list(await _owner("device", device_id, "viewer"))
+async def list_device_files(deviceId: str):
+    return await _list(await _owner("device", deviceId, "viewer"))
 
 
-@bp.post("/devices/<device_id>/secret-files")
+@bp.post("/devices/<deviceId>/secret-files")
 @body(Upload)
 @responds(enveloped(SecretFileOut), 201)
 @responds(enveloped(SecretFileOut), 200)
 @errors(400, 401, 403, 404, 409, 413)
-async def upload_device_file(device_id: str, data: Upload):
-    return await _upload(await _owner("device", device_id, "editor"), data)
+async def upload_device_file(deviceId: str, data: Upload):
+    return await _upload(await _owner("device", deviceId, "editor"), data)
 
 
-@bp.delete("/devices/<device_id>/secret-files/<file_id>")
+@bp.delete("/devices/<deviceId>/secret-files/<fileId>")
 @responds(enveloped(DeletedOut))
 @errors(400, 401, 403, 404)
-async def delete_device_file(device_id: str, file_id: str):
-    return await _delete(await _owner("device", device_id, "editor"), file_id)
+async def delete_device_file(deviceId: str, fileId: str):
+    return await _delete(await _owner("device", deviceId, "editor"), fileId)

@@ -95,6 +95,22 @@ def query(model: type[M]) -> Callable:
     return decorator
 
 
+def path_values(**values: tuple[str, ...]) -> Callable:
+    """Document the values a path parameter takes (an enum in /v1/openapi.json, hub/openapi.py);
+    the view still answers any other value itself, with its own error."""
+    def decorator(func: Callable) -> Callable:
+        func._fleethub_path_values = {**getattr(func, "_fleethub_path_values", {}), **values}
+        return func
+
+    return decorator
+
+
+def optional_body(func: Callable) -> Callable:
+    """The view accepts no body at all (an empty object's defaults): the document says not required."""
+    func._fleethub_body_optional = True
+    return func
+
+
 def responds(model: type[BaseModel] | None, status: int = 200) -> Callable:
     return document_response(model, status) if model is not None else (lambda f: f)
 

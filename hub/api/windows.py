@@ -148,33 +148,33 @@ def _reload(fleet_id: uuid.UUID) -> None:
     services().fleet_changed(fleet_id)  # the fleet's actor and its running rollouts re-read the window
 
 
-@bp.put("/<fleet_id>/update-window")
+@bp.put("/<fleetId>/update-window")
 @_window_body
 @responds(UpdateWindowSavedEnvelope)
 @errors(400, 401, 403, 404)
-async def put_window(fleet_id: str, window: UpdateWindow):
+async def put_window(fleetId: str, window: UpdateWindow):
     s = services()
-    found = await _load(fleet_id, "editor")
+    found = await _load(fleetId, "editor")
     if not await _windows().set(org().org_id, found.fleet_id, window.to_json(), s.clock.now()):
         raise NotFound("fleet not found")
     _reload(found.fleet_id)
     return {"data": {**_window_json(found.fleet_id, window), "check": _check_json(window)}}
 
 
-@bp.get("/<fleet_id>/update-window")
+@bp.get("/<fleetId>/update-window")
 @responds(UpdateWindowEnvelope)
 @errors(400, 401, 403, 404)
-async def get_window(fleet_id: str):
-    found = await _load(fleet_id, "viewer")
+async def get_window(fleetId: str):
+    found = await _load(fleetId, "viewer")
     return {"data": _window_json(found.fleet_id, _stored(found))}
 
 
-@bp.delete("/<fleet_id>/update-window")
+@bp.delete("/<fleetId>/update-window")
 @responds(UpdateWindowEnvelope)
 @errors(400, 401, 403, 404)
-async def delete_window(fleet_id: str):
+async def delete_window(fleetId: str):
     s = services()
-    found = await _load(fleet_id, "editor")
+    found = await _load(fleetId, "editor")
     if found.window is not None:
         if not await _windows().set(org().org_id, found.fleet_id, None, s.clock.now()):
             raise NotFound("fleet not found")
@@ -182,9 +182,9 @@ async def delete_window(fleet_id: str):
     return {"data": _window_json(found.fleet_id, None)}
 
 
-@bp.get("/<fleet_id>/update-window/check")
+@bp.get("/<fleetId>/update-window/check")
 @responds(WindowCheckEnvelope)
 @errors(400, 401, 403, 404)
-async def check_window(fleet_id: str):
-    found = await _load(fleet_id, "viewer")
+async def check_window(fleetId: str):
+    found = await _load(fleetId, "viewer")
     return {"data": _check_json(_stored(found))}

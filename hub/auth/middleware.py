@@ -84,10 +84,11 @@ async def authenticate(services) -> None:
     g.started = trio.current_time()
     view = _view()
     if view is None or getattr(view, "_fleethub_public", False) or request.path in PUBLIC_PATHS:
-        if request.path.startswith("/v1/"):
-            # Every /v1 answer carries the X-RateLimit-* headers (spec, Limits), unknown routes and
-            # public ones included: they name no caller, so they count against the client's address
-            # (a prober of unknown paths spends its own budget).
+        if view is None and request.path.startswith("/v1/"):
+            # Every /v1 answer carries the X-RateLimit-* headers (spec, Limits). An unknown route
+            # names no caller, so it counts against the client's address (a prober of unknown paths
+            # spends its own budget); public routes keep their own limits (the token endpoint's,
+            # sign-in's) and show the address budget without spending it (answer_decision).
             _limit(services, ("addr", client_addr()), None, None)
         return  # unknown routes fall through to their 404/405
     if getattr(view, "_fleethub_tunnel_token", False):
@@ -155,11 +156,11 @@ async def authenticate(services) -> None:
 
 def answer_decision(services):
     """The rate-limit decision whose headers an answer carries. A /v1 request answered before any
-    was made (authentication failed on a storage outage, say) is counted against its address then,
-    so no /v1 answer goes without the headers."""
+    was made (a public route, or authentication failed on a storage outage) shows its address's
+    budget as it stands, so no /v1 answer goes without the headers."""
     decision = getattr(g, "ratelimit", None)
     if decision is None and request.path.startswith("/v1/"):
-        decision = services.rate_limiter.hit(("addr", client_addr()), limit_for(None, None), services.clock.now())
+        decision = services.rate_limiter.peek(("addr", client_addr()), limit_for(None, None), services.clock.now())
     return decision
 
 

@@ -43,6 +43,14 @@ class RateLimiter:
         self._window_start: int | None = None
         self._counts: dict[object, int] = {}
 
+    def peek(self, key: object, limit: int, now: dt.datetime) -> Decision:
+        """Where ``key`` stands, without counting a request (answers of routes with their own limits)."""
+        epoch = int(now.timestamp())
+        start = epoch - epoch % self.window
+        used = self._counts.get(key, 0) if start == self._window_start else 0
+        return Decision(used < limit, limit, max(0, limit - used), start + self.window,
+                        0 if used < limit else max(1, start + self.window - epoch))
+
     def hit(self, key: object, limit: int, now: dt.datetime) -> Decision:
         """Count one request for ``key``; a request over the limit is refused and not counted."""
         epoch = int(now.timestamp())

@@ -244,12 +244,12 @@ async def test_openapi_documents_the_window_endpoints(hub):
         r = await hub.client.get(hub.base_url + "/v1/openapi.json")
         assert r.status_code == 200
         doc = r.json()
-        path = doc["paths"]["/v1/fleets/{fleet_id}/update-window"]
+        path = doc["paths"]["/v1/fleets/{fleetId}/update-window"]
         assert set(path) >= {"put", "get", "delete"}
         put = path["put"]
         assert "requestBody" in put
         assert {"200", "400", "403", "404"} <= set(put["responses"])
-        check_path = doc["paths"]["/v1/fleets/{fleet_id}/update-window/check"]["get"]
+        check_path = doc["paths"]["/v1/fleets/{fleetId}/update-window/check"]["get"]
         assert "200" in check_path["responses"]
         text = r.text
         for name in ("days_of_week", "next_window_at", "start_time", "end_time", "timezone"):
