@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 from quart import Blueprint, g, request
+from quart_schema import document_request
 
 from actors.machines import rollout as rm
 from actors.machines.window import UpdateWindow, WindowError, is_open, next_start_after
@@ -59,8 +60,18 @@ class BatchedRollout(_Thresholds):
     force: bool = False
 
 
+class RolloutRequest(RootModel[ForcedRollout | BatchedRollout]):
+    """Either form of the spec: forced {fleet_id, config_id, force} or batched {fleet_ids,
+    configuration_id, batch_size} (documentation: the view tells them apart by fleet_ids)."""
+
+
+# The enumerations as the machine spells them (actors/machines/rollout.py), for the document.
+RolloutStateName = Literal[tuple(st.value for st in rm.RolloutState)]  # type: ignore[valid-type]
+StepName = Literal[tuple(st.value for st in rm.Step)]  # type: ignore[valid-type]
+
+
 class RolloutQuery(PageQuery):
-    state: str | None = None
+    state: RolloutStateName | None = None
 
 
 async def _fleets(fleet_ids: list[uuid.UUID]) -> list[dict]:
@@ -116,15 +127,25 @@ class ImpactOut(BaseModel):
     queued_for_next_window: int
 
 
+class RolloutDeviceOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    device_id: str
+    fleet_id: str
+    batch: int
+    step: StepName
+    error: str | None
+    updated_at: str
+
+
 class RolloutOut(BaseModel):
     """A rollout with its counts per step, its batches and each device's step."""
     model_config = ConfigDict(extra="allow")
     id: str
-    state: str
-    counts: dict[str, int]
+    state: RolloutStateName
+    counts: dict[StepName, int]
     total_devices: int
     batches: list[dict[str, Any]]
-    devices: list[dict[str, Any]]
+    devices: list[RolloutDeviceOut]
 
 
 @bp.post("/impact")
@@ -165,6 +186,7 @@ async def impact(data: ImpactRequest):
 
 
 @bp.post("")
+@document_request(RolloutRequest)
 @responds(enveloped(RolloutOut), 201)
 @errors(400, 401, 403, 404, 409)
 async def create_rollout():
@@ -244,7 +266,7 @@ async def _rollout_json(rollout_id: uuid.UUID) -> dict:
 
 class RolloutSummary(BaseModel):
     id: str
-    state: str
+    state: RolloutStateName
     reason: str | None
     fleet_ids: list[str]
     config_id: str
