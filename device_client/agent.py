@@ -42,7 +42,7 @@ from .registry_proxy import RegistryProxy
 from .telemetry import Telemetry
 from .state import DeviceStore
 from .tunnel import attach as attach_tunnel
-from .workload import Workload
+from .workload import RunAs, Workload
 
 log = logging.getLogger("fleethub.agent")
 
@@ -139,7 +139,8 @@ class Agent:
                  connect_limiter: trio.CapacityLimiter | None = None, connect_timeout: float = 10.0,
                  handshake_timeout: float = 10.0, ssl_context: Any = None,
                  rng: random.Random | None = None, ignore_owner: bool | None = None,
-                 tunnel: Any = None, memtest: MemtestConfig | None = None) -> None:
+                 tunnel: Any = None, memtest: MemtestConfig | None = None,
+                 workload_user: RunAs | None = None, owner_for_all_files: tuple[int, int] | None = None) -> None:
         if reboot_mode not in ("restart", "exec"):
             raise ValueError(f"reboot_mode must be 'restart' or 'exec', got {reboot_mode!r}")
         self.hub_url = hub_url
@@ -188,8 +189,11 @@ class Agent:
         self._stats = dict(links=0, link_failures=0, heartbeats_sent=0)
         self._last_error: str | None = None
         # the device's parts; the order of attach is the order of their boot hooks
-        self.files = SecretFileStore(self.data_dir, self.root, ignore_owner=ignore_owner)
-        self.workload = Workload(self.data_dir, self.root)
+        # workload_user: the account the workload runs as (None: ours); owner_for_all_files: a
+        # simulated device gives every delivered file to that one account (device_client/sim.py)
+        self.files = SecretFileStore(self.data_dir, self.root, ignore_owner=ignore_owner,
+                                     owner_for_all=owner_for_all_files)
+        self.workload = Workload(self.data_dir, self.root, run_as=workload_user)
         self.configs = ConfigManager(self.data_dir, self.files, self.workload, device_id=lambda: self.device_id)
         self.files.attach(self)
         # before the configuration: a test boot holds the workload before its boot hook starts it
