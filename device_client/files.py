@@ -16,7 +16,10 @@ the hello reports their digests so the hub can see what is missing or different.
 Owners: every file gets the uid and gid asked for, which needs root (CAP_CHOWN). Without it, a file
 whose owner cannot be set fails with that reason, unless FLEETHUB_AGENT_IGNORE_OWNER=1: then the
 agent keeps the owner it can give, records the intended one in the manifest, and reports the file
-on_device (meant for unprivileged simulations, never for a real device).
+on_device (meant for unprivileged simulations, never for a real device). A simulated device run by
+root (``owner_for_all``) gives every file to its one workload account instead: the uids a
+configuration names mean nothing on the simulator's host, and must not hand tenants' files to
+whichever host user happens to have them; the manifest still records the owner asked for.
 
 Files under the platform secrets directory are mounted read-only into the workload: their mode is the
 asked mode masked with 0444 (no write, execute or special bits) and their directories are 0755. A
@@ -146,8 +149,10 @@ def _sha256_of(path: Path) -> str:
 
 
 class SecretFileStore:
-    def __init__(self, data_dir: Path, root: Path, *, ignore_owner: bool | None = None) -> None:
+    def __init__(self, data_dir: Path, root: Path, *, ignore_owner: bool | None = None,
+                 owner_for_all: tuple[int, int] | None = None) -> None:
         self.data_dir = Path(data_dir)
+        self.owner_for_all = owner_for_all
         self.root = Path(root)
         self.manifest = StateFile(self.data_dir / MANIFEST_NAME)  # path -> entry
         if ignore_owner is None:
@@ -318,6 +323,7 @@ class SecretFileStore:
 
     def _chown(self, path: str, target: int | Path, uid: int, gid: int) -> bool:
         """True when the owner is now uid:gid; False when it could not be and that is allowed."""
+        uid, gid = self.owner_for_all or (uid, gid)
         try:
             if isinstance(target, int):
                 os.fchown(target, uid, gid)
@@ -334,7 +340,7 @@ class SecretFileStore:
 
     def _fix_attributes(self, path: str, local: Path, st: os.stat_result, mode: int, uid: int, gid: int) -> bool:
         fixed = False
-        if (st.st_uid, st.st_gid) != (uid, gid) and self._chown(path, local, uid, gid):
+        if (st.st_uid, st.st_gid) != (self.owner_for_all or (uid, gid)) and self._chown(path, local, uid, gid):
             log.info("secret file %s: owner %d:%d corrected to %d:%d", path, st.st_uid, st.st_gid, uid, gid)
             fixed = True
         if stat.S_IMODE(st.st_mode) != mode:

@@ -9,6 +9,11 @@ is what lets 15,000 agents come up (or come back after a hub restart) without a 
 Devices are remembered in ``<data_dir>/sim.json`` = ``{"devices": [{"id", "token"}, ...]}`` so a
 second run reuses them. Missing ones are provisioned through ``POST /v1/devices`` with a personal
 access token, or handed in already provisioned with ``devices=[(id, token), ...]``.
+
+The simulator usually shares a host with the hub, and configuration workloads are commands chosen by
+the hub's tenants: when it runs as root, every simulated workload runs as one unprivileged account
+(FLEETHUB_WORKLOAD_USER, default ``nobody``; device_client/workload.py), which owns every file
+delivered to a simulated device. Not root: they run as the simulator's own user (no other choice).
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ from .agent import Agent
 from .clock import Clock
 from .memtest import sim_config
 from .state import write_json_atomic
+from .workload import RunAs, simulator_user
 
 log = logging.getLogger("fleethub.agent.sim")
 
+_AUTO: Any = object()
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # becomes a directory name
 
 
@@ -103,7 +110,7 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
                   ready_timeout: float = 120.0, agent_options: dict[str, Any] | None = None,
                   http_transport: httpx.AsyncBaseTransport | None = None,
                   registry_bytes_per_minute: int = 0, memory_faults: list[str] | None = None,
-                  memory_budget: int | None = None,
+                  memory_budget: int | None = None, workload_user: RunAs | None = _AUTO,
                   task_status: trio.TaskStatus[list[Agent]] = trio.TASK_STATUS_IGNORED) -> None:
     """Run ``n`` agents until cancelled.
 
@@ -111,6 +118,7 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
     ``ready_timeout`` seconds, whichever is first: a sim with a few unreachable devices still starts,
     and the caller reads ``agent.connected`` / ``statistics()`` to see which ones are linked.
     Devices handed in with ``devices`` come first, then those in sim.json, then new ones.
+    ``workload_user``: the account of every workload (default: ``simulator_user()``).
     """
     data_dir = Path(data_dir)
     registry = await trio.to_thread.run_sync(load_registry, data_dir)
@@ -143,7 +151,15 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
     clock = clock or Clock()
     # Simulated devices share one user account: file owners other than ours cannot be set, so they
     # are recorded as intended (a real device agent runs as root and sets them).
-    options = {"ignore_owner": True, **(agent_options or {})}
+    options: dict[str, Any] = {"ignore_owner": True}
+    try:
+        user = simulator_user() if workload_user is _AUTO else workload_user
+    except ValueError as exc:
+        raise SimError(str(exc)) from None
+    if user is not None and user.is_other():
+        options.update(workload_user=user, owner_for_all_files=(user.uid, user.gid))
+        log.info("sim: workloads run as %s (uid %d)", user.name, user.uid)
+    options.update(agent_options or {})
     # memory tests: the i-th --memory-fault to the i-th device, each capped at its memory budget
     agents = [Agent(hub_url, d["token"], data_dir / "devices" / d["id"], clock=clock,
                     connect_limiter=limiter, **{"memtest": sim_config(i, memory_faults, memory_budget), **options})

@@ -16,6 +16,15 @@ SIGKILL after ``stop_grace``) also stops whatever it started. Its stdout and std
 spec's env and the platform's FLEETHUB_* variables) so the agent's own secrets, such as
 FLEETHUB_DEVICE_TOKEN, never reach the workload.
 
+The account (``run_as``): by default the workload runs as the agent's own user; a real device's
+operator chooses (``fleethub agent --workload-user`` or FLEETHUB_WORKLOAD_USER). Simulated devices
+(``device_client/sim.py``) run in the hub's host, so when the simulator is root their workloads run
+as an unprivileged account (``simulator_user``: FLEETHUB_WORKLOAD_USER, default ``nobody``), never
+root. Without root nothing else is possible: the workload runs as the simulator's own user. For
+another account the agent makes the path to the device root traversable (execute only: nothing is
+listed, and the agent's files stay 0600) and gives the account the volumes directory; secret files
+keep the mode and owner they were delivered with.
+
 Supervision (when ``nursery`` is set, or inside ``run()``): a workload that exits on its own is
 reported through ``on_health`` and restarted with backoff. The agent stops the workload when it
 stops. A held workload (memory tests) is stopped and stays stopped until released; the hold is not
@@ -27,6 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pwd
 import signal
 import subprocess
 from dataclasses import dataclass, field
@@ -46,6 +56,57 @@ LOG_ROTATE_BYTES = 1 << 20
 _PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "HOME")
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _KEEP: Any = object()
+WORKLOAD_USER_ENV = "FLEETHUB_WORKLOAD_USER"
+SIMULATOR_DEFAULT_USER = "nobody"
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The account a workload runs as when it is not the agent's own."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+    @classmethod
+    def lookup(cls, name: str) -> RunAs:
+        """``name`` is a user name or a numeric uid; ValueError when the system has no such user."""
+        try:
+            entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+        except (KeyError, ValueError):
+            raise ValueError(f"no user {name!r} on this system (workload user)") from None
+        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+    def is_other(self) -> bool:
+        return self.uid != os.geteuid()
+
+
+def configured_user(name: str | None = None) -> RunAs | None:
+    """A real agent's workload account: ``name``, else FLEETHUB_WORKLOAD_USER, else the agent's own."""
+    name = name or os.environ.get(WORKLOAD_USER_ENV)
+    return RunAs.lookup(name) if name else None
+
+
+def simulator_user(name: str | None = None) -> RunAs | None:
+    """Simulated devices' workload account: unprivileged when the simulator is root (configuration
+    commands come from the hub's tenants, and this host holds the hub's keys); None when not root,
+    where switching is impossible and the workload runs as the simulator's own user."""
+    if os.geteuid() != 0:
+        return None
+    user = RunAs.lookup(name or os.environ.get(WORKLOAD_USER_ENV) or SIMULATOR_DEFAULT_USER)
+    if user.uid == 0:
+        raise ValueError(f"simulated workloads must not run as root ({user.name!r} has uid 0)")
+    return user
+
+
+def _make_traversable(path: Path) -> None:
+    """Execute (not read) for others on ``path`` and its parents, so another account can reach a
+    known path below without listing anything on the way."""
+    for parent in [path, *path.parents]:
+        mode = parent.stat().st_mode
+        if mode & 0o001 != 0o001:
+            parent.chmod(mode | 0o001)
 
 
 @dataclass(frozen=True)
@@ -145,8 +206,10 @@ async def _kill_now(proc: trio.Process) -> None:
 class Workload:
     def __init__(self, data_dir: Path, root: Path, *, stop_grace: float = 5.0,
                  restart_backoff: tuple[float, float] = (1.0, 30.0),
-                 on_health: Callable[[Health], Awaitable[Any]] | None = None) -> None:
+                 on_health: Callable[[Health], Awaitable[Any]] | None = None,
+                 run_as: RunAs | None = None) -> None:
         self.data_dir = Path(data_dir)
+        self.run_as = run_as if run_as is not None and run_as.is_other() else None
         self.root = Path(root)
         self.log_path = self.data_dir / "workload.log"
         self.stop_grace = stop_grace
@@ -181,7 +244,25 @@ class Workload:
         env["FLEETHUB_SECRETS_DIR"] = str(self.root / SECRETS_DIR.lstrip("/"))
         env["FLEETHUB_VOLUMES_DIR"] = str(self.root / VOLUMES_DIR.lstrip("/"))
         env.update(self._env)
+        if self.run_as is not None:
+            env.update(HOME=self.run_as.home, USER=self.run_as.name, LOGNAME=self.run_as.name)
         return env
+
+    def _account(self) -> dict[str, Any]:
+        """Popen options that drop to ``run_as``: its uid and gid, and none of our groups."""
+        if self.run_as is None:
+            return {}
+        return {"user": self.run_as.uid, "group": self.run_as.gid, "extra_groups": []}
+
+    def _prepare_for_account(self) -> None:
+        if self.run_as is None:
+            return
+        _make_traversable(self.root)  # again at every start: a parent may have been tightened since
+        volumes = self.root / VOLUMES_DIR.lstrip("/")
+        os.makedirs(volumes, mode=0o700, exist_ok=True)
+        st = volumes.stat()
+        if (st.st_uid, st.st_gid) != (self.run_as.uid, self.run_as.gid):
+            os.chown(volumes, self.run_as.uid, self.run_as.gid)  # the workload's own persistent data
 
     # ---- control ----
 
@@ -273,7 +354,7 @@ class Workload:
                     result = await trio.run_process(
                         list(spec.health_command), check=False, stdin=subprocess.DEVNULL, stdout=out,
                         stderr=subprocess.STDOUT, env=self.environment(), cwd=self.root,
-                        deliver_cancel=_kill_now)
+                        deliver_cancel=_kill_now, **self._account())
             except OSError as exc:
                 return f"the health check could not start: {exc.strerror or exc}"
         if scope.cancelled_caught:
@@ -339,6 +420,12 @@ class Workload:
         # the workload may list its secrets before the first one arrives
         os.makedirs(self.root / SECRETS_DIR.lstrip("/"), mode=0o755, exist_ok=True)
         try:
+            self._prepare_for_account()
+        except OSError as exc:
+            self.last_error = f"the workload could not be given its account: {exc.strerror or exc}"
+            log.warning("%s", self.last_error)
+            return
+        try:
             if self.log_path.stat().st_size > LOG_ROTATE_BYTES:
                 os.replace(self.log_path, self.log_path.with_name("workload.log.1"))
         except FileNotFoundError:
@@ -349,7 +436,7 @@ class Workload:
             try:
                 proc = await trio.lowlevel.open_process(
                     list(spec.command), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    env=self.environment(), cwd=self.root, start_new_session=True)
+                    env=self.environment(), cwd=self.root, start_new_session=True, **self._account())
             except OSError as exc:
                 self.last_error = f"the workload could not start: {exc.strerror or exc}"
                 log.warning("%s (%s)", self.last_error, spec.command[0])

@@ -54,7 +54,7 @@ def split_password(dsn: str) -> tuple[str, dict[str, str]]:
 
 
 def _run(args: list[str], password_env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(args, capture_output=True, text=True, env={**os.environ, **password_env})
+    return subprocess.run(args, check=False, capture_output=True, text=True, env={**os.environ, **password_env})
 
 
 def backup(dsn: str, out: Path) -> dict:

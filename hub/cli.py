@@ -115,9 +115,14 @@ def cmd_agent(args: argparse.Namespace) -> None:
     if not token:
         raise SystemExit("fleethub agent needs --token, --token-file or FLEETHUB_DEVICE_TOKEN")
     from device_client.memtest import agent_config
+    from device_client.workload import configured_user
 
+    try:
+        workload_user = configured_user(args.workload_user)  # the device operator's choice; default: ours
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     agent = Agent(args.hub, token, Path(args.data_dir), reboot_mode="exec", tunnel=_tunnel_config(args),
-                  memtest=agent_config(args.memory_fault, args.memory_budget))
+                  memtest=agent_config(args.memory_fault, args.memory_budget), workload_user=workload_user)
     _run(agent.run)
 
 
@@ -184,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--token-file or FLEETHUB_DEVICE_TOKEN on a shared machine)")
     p.add_argument("--token-file", help="a file holding the device token")
     p.add_argument("--data-dir", required=True)
+    p.add_argument("--workload-user", help="run configuration workloads as this user (default: "
+                                           "FLEETHUB_WORKLOAD_USER, else the agent's own user)")
     tunnel_flags(p)
     memtest_flags(p, sim=False)
     p.set_defaults(func=cmd_agent)

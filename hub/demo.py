@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from decimal import Decimal
 from functools import partial
 from pathlib import Path
@@ -24,6 +23,7 @@ from device_client.sim import run_sim
 from hub.auth.passwords import hash_password
 from hub.auth.pat import cli_safe_secret, digest, new_pat
 from hub.services import Services
+from storage.private import write_private
 
 DEMO_ORG = "Demo Robotics"
 DEMO_EMAIL = "admin@demo.fleethub.local"
@@ -35,12 +35,7 @@ DEMO_PRICES = {"active_device": "2.00", "tunnel_minutes": "0.01", "tunnel_relaye
 
 
 def _write_private(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_private(path, (json.dumps(data, indent=2) + "\n").encode())  # 0600: it holds the admin's password
 
 
 async def bootstrap(services: Services, data_dir: Path) -> dict:

@@ -37,6 +37,7 @@ from hub.settings import Settings
 from storage.audit import Audit
 from storage.behind import WriteBehind
 from storage.db import Database
+from storage.private import secure_data_dir
 from storage.devices import Devices
 from storage.configs import Configurations
 from storage.crypto import SecretBox
@@ -191,8 +192,8 @@ async def open_services(settings: Settings, clock: Clock | None = None, *,
     clock = clock or Clock()
     pg = None
     dsn = settings.database_url
+    secure_data_dir(settings.data_dir)  # keys live here: nobody else lists or reads it
     if dsn is None:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
         pg = await trio.to_thread.run_sync(start_embedded, settings.data_dir)
         dsn = pg.dsn
         log.info("embedded PostgreSQL on 127.0.0.1:%d, data in %s", pg.port, pg.data_dir)

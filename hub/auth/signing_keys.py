@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from storage.crypto import _write_private
+from storage.private import create_private, read_private
 
 log = logging.getLogger("fleethub.auth")
 KEY_FILE = "jwt-ed25519.pem"
@@ -72,15 +73,11 @@ def load_or_create_key(data_dir: Path) -> Ed25519PrivateKey:
         return _load_pem(pem.encode())
     path = data_dir / KEY_FILE
     if path.exists():
-        return _load_pem(path.read_bytes())
+        return _load_pem(read_private(path))
     key = Ed25519PrivateKey.generate()
     data_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process of this hub (an admin command) created it meanwhile
-        return _load_pem(path.read_bytes())
-    with os.fdopen(fd, "wb") as f:
-        f.write(_pem(key))
+    if not create_private(path, _pem(key)):  # another process of this hub (an admin command) won
+        return _load_pem(read_private(path))
     return key
 
 
@@ -91,7 +88,7 @@ def load_ring(data_dir: Path) -> list[Ed25519PrivateKey]:
         for name in PREVIOUS_FILES:
             path = data_dir / name
             if path.exists():
-                ring.append(_load_pem(path.read_bytes()))
+                ring.append(_load_pem(read_private(path)))
     return ring
 
 

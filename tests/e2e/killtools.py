@@ -11,18 +11,22 @@ import subprocess
 import threading
 from pathlib import Path
 
+from device_client.paths import VOLUMES_DIR
 from device_client.state import TMP_SUFFIX
 from tests.e2e.clitools import Proc, clean_env, fleethub_exe
 
 STARTS_LOG = "workload-starts.log"
 
-# The workload of the rolled-out version: it appends the version it runs for to a log in the device's
-# data dir (FLEETHUB_CONFIG_FILE is <data dir>/configs/<versionId>.json) every time it is started, then
-# lives as long as the agent that started it. One line per start is what "applied once" means: the
-# agent restarts the workload for every version it applies and never for a version it already runs.
+# The workload of the rolled-out version: it appends the version it runs for (FLEETHUB_CONFIG_FILE is
+# <data dir>/configs/<versionId>.json) to a log in its volumes directory every time it is started,
+# then lives as long as the agent that started it. One line per start is what "applied once" means:
+# the agent restarts the workload for every version it applies and never for a version it already
+# runs. Simulated workloads run as an unprivileged account (device_client/workload.py): the volumes
+# directory is theirs, the agent's data dir is not, and they may not signal the agent (kill -0), so
+# the agent's liveness is read from /proc.
 COUNTING_WORKLOAD = {
-    "command": ["sh", "-c", 'echo "$FLEETHUB_CONFIG_FILE" >> "${FLEETHUB_CONFIG_FILE%/configs/*}/'
-                + STARTS_LOG + '"; while kill -0 "$PPID" 2>/dev/null; do sleep 0.5; done'],
+    "command": ["sh", "-c", 'echo "$FLEETHUB_CONFIG_FILE" >> "$FLEETHUB_VOLUMES_DIR/' + STARTS_LOG
+                + '"; while [ -e "/proc/$PPID" ]; do sleep 0.5; done'],
     "healthCheck": {"graceSeconds": 1.5, "timeoutSeconds": 5},
 }
 
@@ -43,7 +47,7 @@ class EnvProc(Proc):
 def workload_starts(device_dir: Path) -> list[str]:
     """The version ids the device's workload was started for, in order."""
     try:
-        lines = (device_dir / STARTS_LOG).read_text().split()
+        lines = (device_dir / "root" / VOLUMES_DIR.lstrip("/") / STARTS_LOG).read_text().split()
     except FileNotFoundError:
         return []
     return [Path(line).stem for line in lines]

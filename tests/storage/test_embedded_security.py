@@ -40,7 +40,7 @@ def psql_as_other_user(host: str, port: int, password: str | None) -> subprocess
     return subprocess.run(
         [str(POSTGRES_BIN_PATH / "psql"), "-w", "-X", "-h", host, "-p", str(port), "-U", "postgres",
          "-d", "postgres", "-tAc", "SELECT 1"],
-        capture_output=True, text=True, env=env, timeout=30,
+        check=False, capture_output=True, text=True, env=env, timeout=30,
         user=OTHER.pw_uid, group=OTHER.pw_gid, extra_groups=[])
 
 

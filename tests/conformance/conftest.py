@@ -1,0 +1,183 @@
+"""ONE real hub (embedded PostgreSQL, real agents on 127.0.0.1) for the whole conformance suite.
+
+pytest-trio runs every test in its own trio run, so a hub shared between tests lives in a thread
+with a trio run of its own. Tests are plain functions: they call the hub over HTTP with ``spec.call``
+(a synchronous httpx client with a timeout) and reach into the hub's trio run with ``spec.run``
+(``trio.from_thread.run``) for what only the hub process can do (a service account, a tier).
+Every test makes what it needs under fresh names, so the order of tests does not matter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import trio
+
+from device_client.memtest import MemtestConfig
+from tests.hubtools import Hub, start_agent, start_hub
+
+SMALL_MEMORY = 256 << 10
+
+
+@dataclass
+class SpecHub:
+    hub: Hub
+    token: trio.lowlevel.TrioToken
+    http: httpx.Client
+    device_id: str            # linked, with a real agent that runs memory tests
+    offline_device_id: str    # provisioned, never linked
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return self.hub.base_url
+
+    @property
+    def org_id(self) -> str:
+        return self.hub.org_id
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.hub.headers
+
+    def call(self, method: str, path: str, *, headers: dict | None = None, **kw) -> httpx.Response:
+        return self.http.request(method, self.base_url + path, headers=self.headers if headers is None else headers,
+                                 **kw)
+
+    def run(self, afn, *args):
+        """``await afn(*args)`` in the hub's trio run; its result."""
+        return trio.from_thread.run(afn, *args, trio_token=self.token)
+
+    def new_user(self, role: str, org_id: str | None = None) -> dict[str, str]:
+        pat_id, secret = self.run(self.hub.new_user, role, org_id)
+        return {"X-API-Token-ID": pat_id, "X-API-Secret-Key": secret, "X-Organization-ID": org_id or self.org_id}
+
+    def new_org(self, tier: str = "standard", rate_limit: int | None = None) -> dict[str, str]:
+        """A second organisation, with an admin's PAT headers for it."""
+        async def make() -> str:
+            s = self.hub.services
+            org = await s.orgs.create_org(f"org-{uuid.uuid4().hex[:6]}", s.clock.now())
+            await s.db.execute("UPDATE organizations SET tier = $2, rate_limit = $3 WHERE id = $1",
+                               org["id"], tier, rate_limit)
+            await s.invalidate(f"org:{org['id']}")
+            return str(org["id"])
+
+        org_id = self.run(make)
+        return self.new_user("admin", org_id)
+
+    def linked_device(self, name: str = "dev") -> str:
+        """A new device with its own real agent (small memory for memory tests), linked; its id."""
+        async def make() -> str:
+            device_id, token = await self.hub.provision(f"{name}-{uuid.uuid4().hex[:6]}")
+            await start_agent(self.extra["nursery"], self.base_url, token, self.extra["root"] / f"agent-{device_id}",
+                              memtest=MemtestConfig(budget=SMALL_MEMORY, chunk_words=1 << 13))
+            return device_id
+
+        return self.run(make)
+
+    def service_bearer(self, relation: str = "editor") -> dict[str, str]:
+        """Headers with a service account's access token (OAuth client credentials)."""
+        r = self.call("POST", "/v1/service-accounts", json={
+            "name": f"sa-{uuid.uuid4().hex[:6]}", "policies": [{"relation": relation, "object_type": "organization"}]})
+        assert r.status_code == 201, r.text
+        sa = r.json()["data"]
+        r = self.http.post(self.base_url + "/v1/oauth/token", data={
+            "grant_type": "client_credentials", "client_id": sa["client_id"], "client_secret": sa["client_secret"]})
+        assert r.status_code == 200, r.text
+        return {"Authorization": f"Bearer {r.json()['access_token']}", "X-Organization-ID": self.org_id}
+
+
+def _create_database(server_dsn: str, template: str) -> str:
+    name = f"conformance_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(server_dsn)
+        try:
+            await conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    return name
+
+
+def _drop_database(server_dsn: str, name: str) -> None:
+    async def drop() -> None:
+        conn = await asyncpg.connect(server_dsn)
+        try:
+            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())
+
+
+@pytest.fixture(scope="session")
+def spec(pg_server_dsn, pg_template):
+    name = _create_database(pg_server_dsn, pg_template)
+    db_url = pg_server_dsn.rsplit("/", 1)[0] + "/" + name
+    root = Path(tempfile.mkdtemp(prefix="fleethub-conformance-"))
+    ready: dict[str, Any] = {}
+    started = threading.Event()
+    stop = threading.Event()
+
+    async def serve() -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                with trio.fail_after(60):
+                    hub = await start_hub(nursery, db_url, root / "hub", heartbeat_interval=1.0)
+                    # The suite is one caller making a few hundred calls: room for all of them.
+                    await hub.services.db.execute(
+                        "UPDATE organizations SET tier = 'enterprise', rate_limit = 1000000 WHERE id = $1::uuid",
+                        hub.org_id)
+                    await hub.services.invalidate(f"org:{hub.org_id}")
+                    device_id, token = await hub.provision("conformance-device")
+                    await start_agent(nursery, hub.base_url, token, root / "agent",
+                                      memtest=MemtestConfig(budget=SMALL_MEMORY, chunk_words=1 << 13))
+                    offline_id, _ = await hub.provision("conformance-offline")
+                ready.update(hub=hub, token=trio.lowlevel.current_trio_token(), device_id=device_id,
+                             offline_id=offline_id, nursery=nursery, root=root)
+                started.set()
+                await trio.to_thread.run_sync(stop.wait)
+                await hub.client.aclose()
+                nursery.cancel_scope.cancel()
+        except BaseException as exc:  # noqa: BLE001 — handed to the main thread below
+            ready["error"] = exc
+            started.set()
+
+    thread = threading.Thread(target=trio.run, args=(serve,), name="conformance-hub", daemon=True)
+    thread.start()
+    started.wait(90)
+    if "hub" not in ready:
+        stop.set()
+        raise RuntimeError(f"the conformance hub did not start: {ready.get('error')!r}")
+    http = httpx.Client(timeout=30)
+    try:
+        yield SpecHub(ready["hub"], ready["token"], http, ready["device_id"], ready["offline_id"],
+                      {"nursery": ready["nursery"], "root": ready["root"]})
+    finally:
+        http.close()
+        stop.set()
+        thread.join(30)
+        _drop_database(pg_server_dsn, name)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def wait_until(spec: SpecHub, predicate, timeout: float = 10.0, interval: float = 0.05) -> None:
+    """Poll ``predicate`` until true, sleeping on the hub's trio clock between tries; bounded."""
+    for _ in range(int(timeout / interval)):
+        if predicate():
+            return
+        spec.run(trio.sleep, interval)
+    raise AssertionError(f"not true within {timeout} s")
