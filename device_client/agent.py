@@ -36,6 +36,7 @@ from . import linkctl
 from .commands import CommandError, CommandTable, Handler, Hook, Hooks, current_command
 from .configs import ConfigManager
 from .files import SecretFileStore
+from .linkframes import FrameGuard
 from .memtest import MemtestConfig
 from .memtest import attach as attach_memtest
 from .registry_proxy import RegistryProxy
@@ -140,7 +141,8 @@ class Agent:
                  handshake_timeout: float = 10.0, ssl_context: Any = None,
                  rng: random.Random | None = None, ignore_owner: bool | None = None,
                  tunnel: Any = None, memtest: MemtestConfig | None = None,
-                 workload_user: RunAs | None = None, owner_for_all_files: tuple[int, int] | None = None) -> None:
+                 workload_user: RunAs | None = None, owner_for_all_files: tuple[int, int] | None = None,
+                 max_frame_bytes: int = protocol.MAX_FRAME_BYTES) -> None:
         if reboot_mode not in ("restart", "exec"):
             raise ValueError(f"reboot_mode must be 'restart' or 'exec', got {reboot_mode!r}")
         self.hub_url = hub_url
@@ -170,6 +172,7 @@ class Agent:
         linkctl.attach(self)  # link.drain, link.keys
         self._reconnect_after: float | None = None  # set by link.drain: leave the link, come back then
         self.hooks = Hooks()
+        self.frames = FrameGuard(self.data_dir, self.clock, max_frame_bytes)  # the link's frame limit
         self._backoff = Backoff(backoff_initial, backoff_max, rng)
         self._limiter = connect_limiter
         self._limiter_held = False
@@ -244,8 +247,11 @@ class Agent:
         ws = self._ws
         if ws is None:
             return False
+        text = self.frames.encode_event(kind, payload or {})
+        if text is None:
+            return True  # too big even trimmed: dropped and recorded (linkframes.py), never to be resent
         try:
-            await ws.send_message(protocol.encode(protocol.Event(kind=kind, payload=payload or {})))
+            await ws.send_message(text)
         except _LINK_ERRORS:
             return False
         return True
@@ -310,7 +316,7 @@ class Agent:
                 await self._limiter.acquire_on_behalf_of(self)
                 self._limiter_held = True
             async with open_websocket_url(
-                self.link_url, self._ssl_context, extra_headers=self._auth,
+                self.link_url, self._ssl_context, extra_headers=self._auth, max_message_size=protocol.MAX_FRAME_BYTES,
                 connect_timeout=self._connect_timeout, disconnect_timeout=5,
             ) as ws:
                 with trio.CancelScope() as self._scope:
@@ -333,6 +339,9 @@ class Agent:
         except _LINK_ERRORS as exc:
             log.log(logging.INFO if self._link_welcomed else logging.WARNING, "%s: link %s: %s",
                     self._who(), "lost" if self._link_welcomed else "failed", self._link_failed(exc))
+            if isinstance(exc, ConnectionClosed) and exc.reason.code == protocol.CLOSE_TOO_BIG:
+                # the hub refused a frame as too big: trim or drop it before coming back, never resend it
+                self.frames.refused_by_hub(exc.reason.reason or "")
         finally:
             self._release_limiter()
             self._scope = None
@@ -343,7 +352,7 @@ class Agent:
         return self._link_welcomed
 
     async def _session(self, ws: Any) -> None:
-        await ws.send_message(protocol.encode(self._hello()))
+        await ws.send_message(self.frames.encode_hello(self._hello()))
         welcome = None
         with trio.move_on_after(self._handshake_timeout):
             welcome = protocol.decode(await ws.get_message())
@@ -353,6 +362,7 @@ class Agent:
             raise _LinkLost(f"expected a welcome, the hub sent {welcome.type!r}")
         self.device_id = welcome.deviceId
         self.hub_keys = dict(welcome.hubKeys)
+        self.frames.linked(welcome.maxFrameBytes)
         self._ws = ws
         self.connected = True
         self._link_welcomed = True
@@ -364,6 +374,9 @@ class Agent:
             started()
         log.info("%s: linked to %s (boot reason %s)", self._who(), self.link_url, self.boot_reason)
         interval = max(welcome.heartbeatInterval, MIN_HEARTBEAT)
+        refusals = self.frames.take_report()
+        if refusals:  # what the hub or the agent refused as too big since the last link
+            await self.send_event("link.refused", {"refusals": refusals})
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._guard, nursery.cancel_scope, self._heartbeats, ws, interval)
             nursery.start_soon(self.hooks.run, self.hooks.link, self._who())
@@ -392,9 +405,15 @@ class Agent:
             if isinstance(frame, protocol.Command):
                 # each command in its own task: a slow handler must not delay a ping
                 nursery.start_soon(self._guard, nursery.cancel_scope, self.commands.dispatch, frame,
-                                   lambda reply: ws.send_message(protocol.encode(reply)), self.device_id, self._who())
+                                   functools.partial(self._send_reply, ws), self.device_id, self._who())
             else:
                 log.debug("%s: ignoring a %s frame", self._who(), frame.type)
+
+    async def _send_reply(self, ws: Any, reply: protocol.Reply) -> None:
+        text, sent = self.frames.encode_reply(reply)
+        if sent is not reply:  # too big: a repeated command gets the too_large answer, not the original
+            self.commands.remember(reply.id, sent)
+        await ws.send_message(text)
 
     async def _heartbeats(self, ws: Any, interval: float) -> None:
         deadline = trio.current_time()
@@ -406,17 +425,17 @@ class Agent:
             await ws.send_message(protocol.encode(protocol.Event(kind="heartbeat", payload=payload)))
             self._stats["heartbeats_sent"] += 1
 
-    def _hello(self) -> protocol.Hello:
+    def _hello(self) -> dict[str, Any]:
         fields: dict[str, Any] = dict(
             agentVersion=AGENT_VERSION,
-            firmware=str(self.facts.get("firmware") or _default_firmware()),
-            architecture=str(self.facts.get("architecture") or platform.machine()),
+            firmware=str(self.facts.get("firmware") or _default_firmware())[:protocol.FACT_MAX],
+            architecture=str(self.facts.get("architecture") or platform.machine())[:protocol.FACT_MAX],
             capabilities=self.capabilities,
             bootReason=self.boot_reason or "power_on",
             deviceClock=rfc3339(self.clock.now()),
             tunnelPublicKey=self.public_key_b64,
         )
-        return protocol.Hello(**{**fields, **self.hooks.hello_fields()})
+        return {**fields, **self.hooks.hello_fields()}
 
     def _link_failed(self, exc: BaseException) -> str:
         # trio-websocket wraps the OSError that says what went wrong ("connection refused")

@@ -108,6 +108,16 @@ PROTOCOL_VERSION = 1
 LINK_PATH = "/v1/device/link"
 TOKEN_HEADER = "Authorization"  # "Bearer <device token>" on the WebSocket handshake
 
+# The largest frame either side may send, in UTF-8 bytes. ``encode`` refuses to produce a bigger one
+# (FrameTooLarge), so a sender learns it before the peer closes the link; the hub closes a link that
+# sends one with CLOSE_TOO_BIG and a reason naming the frame (the device then trims or drops it, and
+# never sends it again). The welcome tells the device the hub's limit (``maxFrameBytes``). Frames are
+# bounded by construction below this: tests/device_client/test_frame_bounds.py builds the worst case
+# of each frame from the limits named in the code and checks it fits.
+MAX_FRAME_BYTES = 1024 * 1024
+CLOSE_TOO_BIG = 1009  # RFC 6455: message too big
+FACT_MAX = 256  # characters of a hello's free-text facts (firmware, architecture): the agent cuts there
+
 
 # An event kind names the event in the hub's streams (an SSE ``event:`` line): lowercase words and dots,
 # never a line break or anything else a stream reader could take for framing.
@@ -196,6 +206,7 @@ class Welcome(_Frame):
     deviceId: str
     heartbeatInterval: float
     hubKeys: dict[str, str] = Field(default_factory=dict)  # kid -> base64 Ed25519 public key (tunnel grants)
+    maxFrameBytes: int = MAX_FRAME_BYTES  # the largest frame the hub takes from this device
 
 
 class Command(_Frame):
@@ -244,8 +255,29 @@ def decode(text: str | bytes) -> Hello | Welcome | Command | Reply | Event:
         raise ProtocolError(str(exc).splitlines()[0]) from None
 
 
-def encode(frame: _Frame) -> str:
-    return frame.model_dump_json(exclude_none=True)
+class FrameTooLarge(ProtocolError):
+    """``encode`` would have made a frame over the limit: it was not sent (the sender trims or drops it)."""
+
+    def __init__(self, frame: _Frame, size: int, limit: int) -> None:
+        self.what = describe(frame)
+        self.size, self.limit = size, limit
+        super().__init__(f"{self.what} frame of {size} bytes is over the link's limit of {limit} bytes")
+
+
+def describe(frame: _Frame) -> str:
+    """``event memtest.result``, ``reply``, ``hello``: what a refused frame was, for logs and reasons."""
+    kind = getattr(frame, "kind", None)
+    return f"{frame.type} {kind}" if kind else str(getattr(frame, "type", "frame"))
+
+
+def encode(frame: _Frame, limit: int = MAX_FRAME_BYTES) -> str:
+    text = frame.model_dump_json(exclude_none=True)
+    # UTF-8 takes at most 4 bytes a character: only a frame that might be too big is measured
+    if len(text) * 4 > limit:
+        size = len(text.encode())
+        if size > limit:
+            raise FrameTooLarge(frame, size, limit)
+    return text
 
 
 def subject(device_id: str, verb: str) -> str:

@@ -159,6 +159,10 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
     if user is not None and user.is_other():
         options.update(workload_user=user, owner_for_all_files=(user.uid, user.gid))
         log.info("sim: workloads run as %s (uid %d)", user.name, user.uid)
+    devices_dir = data_dir / "devices"
+    devices_dir.mkdir(parents=True, exist_ok=True)
+    # the workload account passes through to its own device, but lists no other device's id
+    devices_dir.chmod(0o711 if options.get("workload_user") else 0o700)
     options.update(agent_options or {})
     # memory tests: the i-th --memory-fault to the i-th device, each capped at its memory budget
     agents = [Agent(hub_url, d["token"], data_dir / "devices" / d["id"], clock=clock,

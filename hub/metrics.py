@@ -21,7 +21,22 @@ class Metrics:
         self.requests: Counter[tuple[str, int]] = Counter()  # (method, status) -> count
         self.device_connects = 0
         self.device_rejects = 0
+        self.frames_refused = 0  # device frames over the link's limit, closed with 1009 (hub/frames.py)
+        self.refused_frames: dict = {}  # device id -> hub.frames.Refusals (the first LABELLED_DEVICES)
         self.device_link_waits = 0  # times a link stopped reading its device until its actor had room
+
+    def frame_refused(self, device_id, frame: str, size: int, at) -> None:
+        """The link refused a frame of this device as too big (hub/frames.py)."""
+        from hub.frames import LABELLED_DEVICES, Refusals
+
+        entry = self.refused_frames.get(device_id)
+        if entry is None:
+            entry = Refusals()
+            if len(self.refused_frames) < LABELLED_DEVICES:
+                self.refused_frames[device_id] = entry
+        entry.count += 1
+        entry.last_at, entry.last_frame, entry.last_bytes = at, frame, size
+        self.frames_refused += 1
 
     def observe_request(self, method: str, status: int) -> None:
         self.requests[(method, status)] += 1
@@ -74,6 +89,12 @@ class Metrics:
         metric("fleethub_device_link_waits_total", "counter",
                "Times a device link stopped reading its socket until the device's actor had room (back-pressure).",
                [("", self.device_link_waits)])
+        metric("fleethub_device_frames_refused_total", "counter",
+               "Device frames over the link's limit: the link was closed with 1009 and the reason.",
+               [("", self.frames_refused)])
+        metric("fleethub_device_frames_refused_by_device_total", "counter",
+               "Device frames over the link's limit, per device (the first 1000 devices that sent one).",
+               [(f'{{device_id="{d}"}}', r.count) for d, r in sorted(self.refused_frames.items(), key=str)])
         metric("fleethub_event_subscribers", "gauge", "SSE subscribers.", [("", services.events.subscriber_count())])
         throttle = services.login_throttle
         metric("fleethub_login_throttle_keys", "gauge", "Accounts and addresses the login throttle holds.",

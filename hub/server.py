@@ -10,7 +10,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from device_client.clock import Clock
-from hub.api.link import MAX_FRAME_BYTES
+from hub.frames import HARD_CAP
 from hub.app import create_app
 from hub.services import Services, open_services
 from hub.settings import Settings
@@ -34,9 +34,10 @@ def hypercorn_config(host: str, port: int, settings: Settings | None = None) -> 
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = 3
-    # Device frames are small (the largest, a memory-test result, is tens of KiB); a larger one is a
-    # broken or hostile peer and its connection is closed with 1009.
-    config.websocket_max_message_size = MAX_FRAME_BYTES
+    # Device frames are bounded by construction below MAX_FRAME_BYTES (device_client/protocol.py); the
+    # link refuses a bigger one itself, with a reason the device can act on (hub/frames.py). hypercorn
+    # closes (1009, no reason) only past HARD_CAP, so a broken or hostile peer cannot make it buffer more.
+    config.websocket_max_message_size = HARD_CAP
     return config
 
 

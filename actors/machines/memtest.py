@@ -435,9 +435,12 @@ def memory_fault(*, retired: int, bad_bytes: int, verdict: str | None,
             "since": since}
 
 
-def diagnosis(conditions: list[dict[str, Any]], newest_result: dict[str, Any] | None) -> list[dict[str, Any]]:
+def diagnosis(conditions: list[dict[str, Any]], newest_result: dict[str, Any] | None,
+              refused: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The device's issues: a MemoryFault is critical; a newest memory test that was interrupted
-    is a warning (it says where it stopped; it is never retried as a test boot by itself)."""
+    is a warning (it says where it stopped; it is never retried as a test boot by itself); frames the
+    link refused as too big are a warning (``refused``: count, lastAt, lastFrame, lastBytes); a newest
+    result whose page map was summarised is an info saying how much of it the result lists."""
     issues = []
     for c in conditions:
         if c.get("type") == "MemoryFault":
@@ -451,4 +454,25 @@ def diagnosis(conditions: list[dict[str, Any]], newest_result: dict[str, Any] | 
                                    f"{where.get('phase')}, pass {where.get('pass')}, pattern {where.get('pattern')}"),
                        "since": newest_result.get("finishedAt") or newest_result.get("startedAt"),
                        "details": {"runId": newest_result.get("runId"), **where}})
+    if refused and refused.get("count"):
+        issues.append({"severity": "warning", "code": "LinkFramesRefused", "title": "Frames refused as too big",
+                       "message": (f"the hub refused {refused['count']} frame(s) from this device as over the "
+                                   f"link's limit, the last a {refused.get('lastFrame')} frame of "
+                                   f"{refused.get('lastBytes')} bytes; the device trims or drops such a frame "
+                                   "and reconnects"),
+                       "since": refused.get("lastAt"), "details": dict(refused)})
+    summary = (newest_result or {}).get("pageSummary")
+    if isinstance(summary, dict) and (summary.get("omittedPages") or (newest_result or {}).get("trimmed")):
+        trimmed = (newest_result or {}).get("trimmed")
+        issues.append({"severity": "info", "code": "MemoryTestPageMapSummarised",
+                       "title": "Memory test page map summarised",
+                       "message": (f"memory test {newest_result.get('runId')} found errors on "
+                                   f"{summary.get('pagesWithErrors')} pages; its result lists the "
+                                   f"{summary.get('listedPages')} with the most errors and sums up the other "
+                                   f"{summary.get('omittedPages')} pages ({summary.get('omittedErrors')} errors)"
+                                   + (f"; the device trimmed it after a refusal: {trimmed.get('reason')}"
+                                      if isinstance(trimmed, dict) else "")),
+                       "since": newest_result.get("finishedAt"),
+                       "details": {"runId": newest_result.get("runId"), **summary,
+                                   **({"trimmed": trimmed} if isinstance(trimmed, dict) else {})}})
     return issues

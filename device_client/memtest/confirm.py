@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from .engine import PAGE_WORDS, Engine
-from .patterns import Step, targeted_steps
+from .patterns import targeted_steps
 from .verdict import Findings, PageFinding
 
 ROUNDS = 3
@@ -32,8 +32,7 @@ IDLE_DECAY_S = 300.0
 
 
 def candidates(findings: Findings) -> list[PageFinding]:
-    pages = sorted(findings.pages.values(), key=lambda p: (-p.errors, p.page))
-    return pages[:CONFIRM_MAX_PAGES]
+    return [findings.page(p) for p in findings.top(CONFIRM_MAX_PAGES)]
 
 
 def _decided(page: PageFinding) -> bool:
@@ -54,11 +53,11 @@ def _settle(page: PageFinding) -> None:
         page.confirmed = page.reproduced >= INTERMITTENT_MIN
 
 
-def _where(page: PageFinding, step: Step) -> tuple[int, int]:
-    """Global word offset of the page and the index its first word's data is computed at."""
-    sample = next(m for m in page.samples if m.step is step)
+def _where(page: PageFinding) -> tuple[int, int]:
+    """Global word offset of the page and the index its first word's data was computed at by the
+    step that failed there (for a compare of halves, the upper half's data is the lower's)."""
     start = page.page * PAGE_WORDS
-    return start, sample.index - (sample.offset - start)
+    return start, start - page.shift
 
 
 async def confirm(findings: Findings, engine: Engine, *, pause: Callable[[], Awaitable[None]],
@@ -69,14 +68,15 @@ async def confirm(findings: Findings, engine: Engine, *, pause: Callable[[], Awa
         todo = [p for p in pages if not _decided(p)]
         if not todo:
             break
-        decaying = [p for p in todo if p.samples[0].step.pattern == "idle_decay"]
+        decaying = [p for p in todo if p.step is not None and p.step.pattern == "idle_decay"]
         for page in todo:
             if page in decaying:
                 continue
-            failed = page.samples[0].step
+            failed = page.step
+            assert failed is not None  # a candidate has errors, so a first failing step
             hit = False
             for step in targeted_steps(failed):
-                offset, index = _where(page, failed) if step is failed else (page.page * PAGE_WORDS,) * 2
+                offset, index = _where(page) if step is failed else (page.page * PAGE_WORDS,) * 2
                 if engine.retest(step, offset, index).size:
                     hit = True
                 await pause()
@@ -84,14 +84,12 @@ async def confirm(findings: Findings, engine: Engine, *, pause: Callable[[], Awa
             page.reproduced += hit
         if decaying:
             for page in decaying:
-                step = page.samples[0].step
-                engine.place(step, page.page * PAGE_WORDS, *_where(page, step)[1:])
+                engine.place(page.step, *_where(page))
             await idle_wait(IDLE_DECAY_S)
             for page in decaying:
-                step = page.samples[0].step
-                offset, index = _where(page, step)
+                offset, index = _where(page)
                 page.rounds += 1
-                page.reproduced += bool(engine.check(step, offset, index).size)
+                page.reproduced += bool(engine.check(page.step, offset, index).size)
             engine.conditions(idle_seconds=0.0)
     for page in pages:
         _settle(page)

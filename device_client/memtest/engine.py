@@ -11,8 +11,10 @@ default: big enough that numpy and memcmp run at memory bandwidth and Python's p
 stays small, small enough that the agent's trio loop gets a turn every millisecond or so). Each sweep is a generator that yields after every chunk, so the same
 code runs flat out in the benchmark and cooperatively in the agent. Between a step's write and its
 verify the fault model (faults.py), when one is configured, corrupts the region the way a faulty
-part would. Mismatches go to ``sink(step, offsets, indices, values)`` with the global word offsets
-(ascending), the index the step's ``expected`` was evaluated at, and a getter of the values.
+part would. Mismatches go to ``sink(step, offset, index, mask, values)``: a chunk's mismatch mask
+(whole pages: chunks and halves start on page boundaries), the global word offset of its first word,
+the index the step's ``expected`` was evaluated at for that word, and a getter of the values at some
+positions. Nothing here costs per mismatch: a line fault failing every word is one mask a chunk.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ _PRESENT = 1 << 63
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mlock.argtypes = _libc.munlock.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 
-# sink(step, offsets, indices, values): ``values(positions)`` gives (actual, expected) for some of
-# the mismatches only, so a line fault failing every word does not cost a gather of every word
-Sink = Callable[[Step, np.ndarray, np.ndarray, Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]], None]
+# sink(step, offset, index, mask, values): ``values(positions)`` gives (actual, expected) at some
+# positions of the mask only, so a line fault failing every word does not cost a gather of every word
+Values = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+Sink = Callable[[Step, int, int, np.ndarray, Values], None]
 
 
 class Region:
@@ -159,6 +162,7 @@ class Engine:
         self.fault = fault  # a faults.FaultModel, or None for memory as it is
         self.verified_bytes = 0  # every verified word counts once per sweep
         self._mask = np.empty(self.chunk, dtype=bool)
+        self._differ = np.empty(self.chunk, dtype=bool)
         self.scratch = Scratch(self.chunk)
 
     def _chunks(self, n: int, reverse: bool = False) -> list[tuple[int, int]]:
@@ -214,9 +218,7 @@ class Engine:
             a, b, h = self._halves()
             for s, e in self._chunks(h):
                 if not same(a[s:e], b[s:e]):
-                    mask = self._mask[: e - s]
-                    np.not_equal(a[s:e], b[s:e], out=mask)
-                    self._halves_mismatch(step, a, b, h, s + np.flatnonzero(mask))
+                    self._halves_mismatch(step, a, b, h, s, e)
                 self.verified_bytes += 2 * (e - s) * WORD
                 yield
         else:
@@ -229,26 +231,22 @@ class Engine:
     def _check(self, step: Step, view: np.ndarray, s: int, e: int) -> None:
         mask = self._mask[: e - s]
         if step.mismatch(view[s:e], s, mask):
-            offsets = s + np.flatnonzero(mask).astype(np.int64)
-            idx = offsets.astype(U64)
-
-            def values(pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-                return view[offsets[pos]].copy(), step.expected(idx[pos])
-
-            self.sink(step, offsets, idx, values)
+            self.sink(step, s, s, mask, lambda pos: (view[s + pos], step.expected(pos.astype(U64) + U64(s))))
         self.verified_bytes += (e - s) * WORD
 
-    def _halves_mismatch(self, step: Step, a: np.ndarray, b: np.ndarray, h: int, where: np.ndarray) -> None:
-        # the halves differ: the expected value says which of the two is wrong (or both are)
-        idx = where.astype(U64)
-        want = step.expected(idx)
+    def _halves_mismatch(self, step: Step, a: np.ndarray, b: np.ndarray, h: int, s: int, e: int) -> None:
+        # the halves differ: the expected value says which of the two is wrong (or both are); a word
+        # counts only where the halves differ, as memtester's compare sees it
+        differ = self._differ[: e - s]
+        np.not_equal(a[s:e], b[s:e], out=differ)
+        want = step.expected(np.arange(s, e, dtype=U64))
+        mask = self._mask[: e - s]
         for half, base in ((a, 0), (b, h)):
-            got = half[where]
-            bad = got != want
-            if bad.any():
-                got_bad, want_bad = got[bad], want[bad]
-                self.sink(step, base + where[bad].astype(np.int64), idx[bad],
-                          lambda pos, g=got_bad, w=want_bad: (g[pos], w[pos]))
+            np.not_equal(half[s:e], want, out=mask)
+            mask &= differ
+            if mask.any():
+                self.sink(step, base + s, s, mask,
+                          lambda pos, half=half: (half[s + pos], want[pos]))
 
     # ---- moving inversions (memtest86+): verify and rewrite in one sweep, up then down ----
 

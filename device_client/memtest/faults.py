@@ -124,6 +124,12 @@ class FaultModel:
         elif self.kind == "address_line":
             bit = 1 << ADDRESS_LINE_BIT
             for s, e in spans:
+                e = min(e, n)
+                if s % (2 * bit) == 0 and e % (2 * bit) == 0:
+                    # whole blocks (the engine's sweeps): each low half takes its high partner's data
+                    blocks = view[s:e].reshape(-1, 2, bit)
+                    blocks[:, 0, :] = blocks[:, 1, :]
+                    continue
                 low = np.arange(s, e, dtype=np.int64)
                 low = low[(low & bit) == 0]
                 high = low | bit

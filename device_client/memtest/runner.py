@@ -33,7 +33,8 @@ from .faults import FaultModel
 from .hwsim import Hardware
 from .patterns import Address, Pair, Pattern, full_suite
 from .plan import BACKOFF_WAIT_S, MIN_BYTES, MemInfo
-from .verdict import RESULT_ERRORS, Findings, error_entry, verdict
+from .bounds import KERNEL_RANGES, MESSAGE_MAX, RESULT_ERRORS, RESULT_PAGES, page_summary
+from .verdict import Findings, error_entry, verdict
 
 log = logging.getLogger("fleethub.agent.memtest")
 
@@ -155,6 +156,8 @@ class Run:
         fault = (FaultModel(self.fault_kind, self.region.words.size, seed=self.fault_seed)
                  if self.fault_kind else None)
         self.engine = Engine(self.region, self._sink, chunk_words=self.chunk_words, fault=fault)
+        self.findings.reserve(self.region.nbytes // PAGE)
+        self.kernel.reserve(self.region.nbytes // PAGE)
         self.hw.heat_bytes = 64 * self.region.nbytes if self.hw.simulated else self.hw.heat_bytes
         suite = full_suite(self.seed, idle_decay=False)
         sweeps = sum(len(p.steps) for p in suite) + 2
@@ -169,7 +172,7 @@ class Run:
                 await self._pattern(pattern)
         if self.plan["bitFade"]:
             await self._idle_decay(full_suite(self.seed, idle_decay=True)[-1])
-        if self.findings.pages:
+        if self.findings.count:
             await self._enter("confirming")
             self.pages_retested = await confirm(self.findings, self.engine, pause=self._pause,
                                                 idle_wait=self._idle_wait)
@@ -257,16 +260,20 @@ class Run:
         if outcome is None:
             outcome = "pass" if f.count + self.kernel.count == 0 else "fail"
         line = verdict_ in LINE_VERDICTS
+        # only the pages confirmation retested can be confirmed, so retired: at most CONFIRM_MAX_PAGES
+        for retested in f.pages.values():
+            retested.retired = bool(retested.confirmed) and not line
+        retired = sorted(address(p.page) for p in f.pages.values() if p.retired)
         pages = []
-        for page in sorted(f.pages.values(), key=lambda p: p.page):
-            page.retired = bool(page.confirmed) and not line
+        for number in f.top(RESULT_PAGES):  # bounded: the pages with the most errors first
+            page = f.page(number)
             pages.append({"page": address(page.page), "physAddr": address(page.page) if region and
                           region.address_kind == "physical" else None, "offset": page.page * PAGE,
                           "errors": page.errors, "confirmed": page.confirmed, "rounds": page.rounds,
                           "reproduced": page.reproduced, "intermittent": page.intermittent,
                           "retired": page.retired})
-        retired = [p["page"] for p in pages if p["retired"]]
-        bad_bytes = len([p for p in pages if p["confirmed"]]) * PAGE
+        summary = page_summary([], pages, f.count, f.pages_with_errors())
+        bad_bytes = len(f.confirmed_pages()) * PAGE
         reasons = []
         if len(retired) > FAULT_PAGES:
             reasons.append(f"{len(retired)} pages retired (more than {FAULT_PAGES})")
@@ -276,14 +283,15 @@ class Run:
             reasons.append(f"verdict {verdict_}")
         kernel = None
         if self.plan["mode"] == "test_boot":
-            kpages = sorted(self.kernel.pages)
+            kpages = self.kernel.bad_page_numbers(KERNEL_RANGES)
             kernel = {"passes": self.plan.get("kernelPasses", 4), "errors": self.kernel.count,
-                      "simulated": True,
-                      "badRanges": [{"start": address(p), "end": address(p) + PAGE} for p in kpages[:256]]}
+                      "simulated": True, "badPages": self.kernel.pages_with_errors(),
+                      "badRanges": [{"start": address(p), "end": address(p) + PAGE} for p in kpages]}
         status = self.status()
         return {
             "runId": self.run_id, "plan": self.plan, "mode": self.plan["mode"], "outcome": outcome,
-            "message": message, "verdict": verdict_, "seed": self.seed,
+            "verdict": verdict_, "seed": self.seed,
+            "message": None if message is None else message[:MESSAGE_MAX],
             "startedAt": rfc3339(self.started_at), "finishedAt": rfc3339(self.clock.now()),
             "durationSeconds": round(trio.current_time() - self.started, 3),
             "passesCompleted": self.pass_no if outcome in ("pass", "fail") else max(0, self.pass_no - 1),
@@ -292,7 +300,8 @@ class Run:
             "addressKind": region.address_kind if region is not None else "virtual",
             "locked": bool(region and region.locked), "backoffs": self.backoffs,
             "errorCount": f.count, "errors": [error_entry(m, address) for m in f.details[:RESULT_ERRORS]],
-            "confirmedErrors": status["confirmedErrors"], "pages": pages, "retired": retired,
+            "confirmedErrors": status["confirmedErrors"], "pages": pages, "pageSummary": summary,
+            "retired": retired,
             "kernel": kernel, "interrupted": None, "fault": bool(reasons),
             "faultReason": "; ".join(reasons) or None, "tempMilliC": status["tempMilliC"],
             "simulatedFault": self.fault_kind,

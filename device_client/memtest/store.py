@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..state import StateFile, write_json_atomic
+from . import bounds
 
 HISTORY = 10
 
@@ -53,19 +54,29 @@ class MemtestStore:
     # ---- results ----
 
     def add_result(self, result: dict[str, Any]) -> None:
+        result = bounds.bound(result)
         history = [r for r in self.state.get("history", []) if r.get("runId") != result["runId"]]
         unacked = [r for r in self.state.get("unacked", []) if r.get("runId") != result["runId"]]
         self.state.update(history=([result] + history)[:HISTORY], unacked=unacked + [result])
 
     def history(self) -> list[dict[str, Any]]:
-        return list(self.state.get("history", []))
+        # bound: results an older agent stored may hold a page map past any frame's limit
+        return [bounds.bound(r) for r in self.state.get("history", [])]
 
     def unacked(self) -> list[dict[str, Any]]:
-        return list(self.state.get("unacked", []))
+        return [bounds.bound(r) for r in self.state.get("unacked", [])]
+
+    def replace_result(self, run_id: Any, result: dict[str, Any] | None) -> None:
+        """Keep ``result`` in place of the stored one with this runId; None: stop sending it (the
+        history keeps its brief form)."""
+        history = [(result or bounds.brief(r)) if r.get("runId") == run_id else r
+                   for r in self.state.get("history", [])]
+        unacked = [result if r.get("runId") == run_id else r for r in self.state.get("unacked", [])]
+        self.state.update(history=history, unacked=[r for r in unacked if r is not None])
 
     def ack(self, run_ids: list[str]) -> None:
         gone = set(run_ids)
-        self.state.update(unacked=[r for r in self.unacked() if r.get("runId") not in gone])
+        self.state.update(unacked=[r for r in self.state.get("unacked", []) if r.get("runId") not in gone])
 
     # ---- retired pages, test boots ----
 

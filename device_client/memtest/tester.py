@@ -37,6 +37,7 @@ import trio
 from .. import protocol
 from ..clock import rfc3339
 from ..commands import CommandError
+from . import bounds
 from . import plan as plans
 from .hwsim import Hardware
 from .retire import soft_offline
@@ -89,6 +90,7 @@ class MemoryTester:
             offlineReason=None if enabled and self.config.test_boot else (
                 TEST_BOOT_UNSUPPORTED if enabled else NO_MEMORY_TEST))
         agent.add_hello_provider(self._hello)
+        agent.frames.on_too_big("memtest.result", self._trim_result)
         if not enabled:
             return self
         agent.register("memtest.start", self._start)
@@ -106,7 +108,8 @@ class MemoryTester:
 
     def _hello(self) -> dict[str, Any]:
         history = self.store.history()
-        return {"retiredPages": self.store.retired(), "lastMemoryTest": history[0] if history else None,
+        return {"retiredPages": bounds.retired_listed(self.store.retired()),
+                "lastMemoryTest": history[0] if history else None,
                 "memoryTestRunning": self.run.status() if self.running else None,  # type: ignore[union-attr]
                 "workloadHeld": self.agent.workload.held, "maintenance": self.maintenance}
 
@@ -120,8 +123,11 @@ class MemoryTester:
         return {"capabilities": self.agent.capabilities.memoryTest.model_dump(),
                 "hardwareCorruptedBytes": self.hw.hardware_corrupted_bytes(len(retired), PAGE),
                 "edac": self.hw.edac(), "simulated": self.config.simulated,
-                "retiredPages": len(retired), "retired": retired, "fault": fault, "faultReason": reason,
-                "kernelErrors": self.hw.kernel_lines(retired), "lastResult": last}
+                "retiredPages": len(retired), "retired": bounds.retired_listed(retired), "fault": fault,
+                "faultReason": reason,
+                "kernelErrors": [line[:bounds.KERNEL_LINE_MAX] for line in
+                                 self.hw.kernel_lines(retired)[-bounds.KERNEL_LINES:]],
+                "lastResult": bounds.brief(last)}
 
     # ---- verbs ----
 
@@ -199,8 +205,9 @@ class MemoryTester:
         if status is None:
             history = self.store.history()
             status = _ended_status(history[0]) if history else None
+        # brief: eleven full results could pass the frame limit; the hub has them in full
         return {"supported": self.config.enabled, "status": status, "health": self.health(),
-                "history": self.store.history()}
+                "history": [bounds.brief(r) for r in self.store.history()]}
 
     async def _ack(self, payload: dict[str, Any]) -> dict[str, Any]:
         ids = payload.get("runIds")
@@ -305,6 +312,15 @@ class MemoryTester:
         self.maintenance = True
         run = self._new_run(record["runId"], record["plan"])
         self._launch(run, stopped=True, test_boot=True)
+
+    def _trim_result(self, payload: dict[str, Any], reason: str) -> dict[str, Any] | None:
+        """The hub refused this result as too big: keep (and from now on send) a trimmed one."""
+        result = payload.get("result")
+        if not isinstance(result, dict):
+            return None
+        smaller = bounds.trim(result, reason)
+        self.store.replace_result(result.get("runId"), smaller)
+        return None if smaller is None else {"result": smaller}
 
     async def _link(self) -> None:
         for result in self.store.unacked():

@@ -26,20 +26,19 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .bounds import RESULT_ERRORS
 from .engine import PAGE_WORDS, WORD
 from .patterns import EXPECTED, U64, Step
 
 DETAIL_CAP = 4096
-RESULT_ERRORS = 256
 LINE_MIN_ERRORS = 4
 LINE_MIN_PAGES = 8
 THERMAL_C = 70.0
-MAX_SAMPLES_PER_PAGE = 4
 
 
 @dataclass
@@ -55,9 +54,11 @@ class Mismatch:
 
 @dataclass
 class PageFinding:
+    """A page confirmation retests (or a result lists): made on demand, never one per failing page."""
     page: int
     errors: int = 0
-    samples: list[Mismatch] = field(default_factory=list)  # for the in-place retest
+    step: Step | None = None  # the first step that failed on this page
+    shift: int = 0  # word offset minus the index that step's data was evaluated at (halves: the half)
     rounds: int = 0
     reproduced: int = 0
     confirmed: bool | None = None  # None: not retested (over the confirmation cap)
@@ -65,58 +66,120 @@ class PageFinding:
     retired: bool = False
 
 
-_EMPTY = PageFinding(-1)
-
-
 class Findings:
+    """Every mismatch counted, at a cost per page, not per mismatch: the engine hands over a chunk's
+    mismatch mask, and a page's count is one vectorised row sum. Kept per page of the region (numpy
+    arrays, 12 bytes a page: 0.3% of the memory tested): the error count and the first step that
+    failed there (what confirmation replays). Only the first ``DETAIL_CAP`` mismatches are kept in
+    detail, so a line fault failing every word costs the same as a page with one bad cell."""
+
     def __init__(self, ignored_pages: set[int] | None = None) -> None:
         self.count = 0
         self.address_dependent = 0  # mismatches of steps whose data differs from word to word
         self.details: list[Mismatch] = []
-        self.pages: dict[int, PageFinding] = {}
-        self.ignored = ignored_pages or set()  # retired pages of a simulated device: out of use
+        # a page's count: 512 words a sweep, a few thousand sweeps a run: far below 2**32
+        self.counts = np.zeros(0, dtype=np.uint32)
+        self.first_step = np.zeros(0, dtype=np.int32)  # index into self.steps; -1: no error yet
+        self.first_shift = np.zeros(0, dtype=np.int32)  # in pages: offset - index of that step
+        self.steps: list[Step] = []
+        self._step_ids: dict[int, int] = {}
+        self.pages: dict[int, PageFinding] = {}  # the pages retested or described, by page number
+        self.ignored = np.array(sorted(ignored_pages or ()), dtype=np.int64)  # retired pages: out of use
         self.pass_no = 1
         self.temp_c: float | None = None
 
-    def add(self, step: Step, offsets: np.ndarray, idx: np.ndarray,
-            values: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]) -> None:
-        """The engine's sink: ``offsets`` ascending; ``values(positions)`` → (actual, expected)."""
-        pages = offsets // PAGE_WORDS
-        pos = np.arange(offsets.size)
-        if self.ignored:
-            keep = ~np.isin(pages, np.fromiter(self.ignored, dtype=np.int64))
-            pages, pos = pages[keep], pos[keep]
-        if pos.size == 0:
+    def reserve(self, n_pages: int) -> None:
+        """Room for page numbers below ``n_pages`` (the runner calls it once the region is mapped)."""
+        if n_pages <= self.counts.size:
             return
-        self.count += int(pos.size)
+        n = max(n_pages, 2 * self.counts.size)
+        grow = n - self.counts.size
+        self.counts = np.concatenate((self.counts, np.zeros(grow, dtype=np.uint32)))
+        self.first_step = np.concatenate((self.first_step, np.full(grow, -1, dtype=np.int32)))
+        self.first_shift = np.concatenate((self.first_shift, np.zeros(grow, dtype=np.int32)))
+
+    def _step_id(self, step: Step) -> int:
+        key = id(step)
+        if key not in self._step_ids:
+            self._step_ids[key] = len(self.steps)
+            self.steps.append(step)
+        return self._step_ids[key]
+
+    def add(self, step: Step, offset: int, index: int, mask: np.ndarray,
+            values: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]) -> None:
+        """The engine's sink: ``mask[i]`` true when word ``offset + i`` failed, its data evaluated at
+        ``index + i``; ``values(positions)`` gives (actual, expected) at positions of the mask."""
+        if offset % PAGE_WORDS or mask.size % PAGE_WORDS:
+            raise ValueError("the engine hands over whole pages")
+        rows = mask.reshape(-1, PAGE_WORDS)
+        per_page = np.add.reduce(rows.view(np.uint8), axis=1, dtype=np.uint16)  # <= 512 a page
+        first = offset // PAGE_WORDS
+        if self.ignored.size:
+            lo, hi = np.searchsorted(self.ignored, (first, first + per_page.size))
+            per_page[self.ignored[lo:hi] - first] = 0
+        bad = np.flatnonzero(per_page)
+        if bad.size == 0:
+            return
+        found = per_page[bad]
+        total = int(found.sum(dtype=np.int64))
+        self.count += total
         if step.address_dependent:
-            self.address_dependent += int(pos.size)
-        starts = np.concatenate(([0], np.flatnonzero(np.diff(pages)) + 1))
-        counts = np.diff(np.concatenate((starts, [pages.size])))
-        want_pages = [i for i, page in enumerate(pages[starts].tolist())
-                      if len(self.pages.get(page, _EMPTY).samples) < MAX_SAMPLES_PER_PAGE]
-        room = max(0, DETAIL_CAP - len(self.details))
-        chosen = np.unique(np.concatenate((pos[starts[want_pages]] if want_pages else pos[:0],
-                                           pos[:room])))
-        actual, expected = values(chosen)
-        found = {int(p): Mismatch(int(offsets[p]), int(idx[p]), int(expected[k]), int(actual[k]), step,
-                                  self.pass_no, self.temp_c) for k, p in enumerate(chosen.tolist())}
-        for k, page in enumerate(pages[starts].tolist()):
-            pf = self.pages.get(page)
-            if pf is None:
-                pf = self.pages[page] = PageFinding(page)
-            pf.errors += int(counts[k])
-            first = found.get(int(pos[starts[k]]))
-            if first is not None and len(pf.samples) < MAX_SAMPLES_PER_PAGE:
-                pf.samples.append(first)
-        self.details.extend(found[int(p)] for p in pos[:room].tolist())
+            self.address_dependent += total
+        self.reserve(first + per_page.size)
+        pages = first + bad
+        self.counts[pages] += found
+        new = pages[self.first_step[pages] < 0]
+        if new.size:
+            self.first_step[new] = self._step_id(step)
+            self.first_shift[new] = (offset - index) // PAGE_WORDS
+        room = DETAIL_CAP - len(self.details)
+        if room > 0:
+            # the first ``room`` mismatches, from as few pages as hold them
+            upto = int(np.searchsorted(np.cumsum(found), room)) + 1
+            r, c = np.nonzero(rows[bad[:upto]])
+            pos = (bad[:upto][r] * PAGE_WORDS + c)[:room]
+            actual, expected = values(pos)
+            self.details.extend(
+                Mismatch(offset + p, index + p, int(expected[k]), int(actual[k]), step, self.pass_no, self.temp_c)
+                for k, p in enumerate(pos.tolist()))
+
+    # ---- what was found, page by page ----
+
+    def pages_with_errors(self) -> int:
+        return int(np.count_nonzero(self.counts))
+
+    def top(self, n: int) -> list[int]:
+        """Up to ``n`` page numbers with errors, the most errors first (then the lowest page)."""
+        bad = np.flatnonzero(self.counts)
+        if bad.size > n:
+            # the n-th largest count, then every page above it and the lowest pages equal to it
+            cut = np.partition(self.counts[bad], bad.size - n)[bad.size - n]
+            above = bad[self.counts[bad] > cut]
+            bad = np.concatenate((above, bad[self.counts[bad] == cut][: n - above.size]))
+        order = np.lexsort((bad, -self.counts[bad].astype(np.int64)))
+        return bad[order].tolist()
+
+    def page(self, page: int) -> PageFinding:
+        """The page's finding (made once, then the same object: confirmation settles it)."""
+        pf = self.pages.get(page)
+        if pf is None:
+            sid = int(self.first_step[page]) if page < self.first_step.size else -1
+            pf = self.pages[page] = PageFinding(
+                page, errors=int(self.counts[page]) if page < self.counts.size else 0,
+                step=self.steps[sid] if sid >= 0 else None,
+                shift=int(self.first_shift[page]) * PAGE_WORDS if sid >= 0 else 0)
+        return pf
+
+    def bad_page_numbers(self, limit: int) -> list[int]:
+        """The first ``limit`` failing page numbers in address order."""
+        return np.flatnonzero(self.counts)[:limit].tolist()
 
     def confirmed_pages(self) -> list[PageFinding]:
         return [p for p in self.pages.values() if p.confirmed]
 
 
 def _address_line(findings: Findings) -> bool:
-    if len(findings.pages) < LINE_MIN_PAGES or findings.address_dependent < 0.9 * findings.count:
+    if findings.pages_with_errors() < LINE_MIN_PAGES or findings.address_dependent < 0.9 * findings.count:
         return False
     candidates = [m for m in findings.details if m.step.address_dependent and m.step.check == EXPECTED]
     candidates = candidates[:RESULT_ERRORS]
@@ -133,7 +196,7 @@ def _address_line(findings: Findings) -> bool:
 
 def _data_line(findings: Findings) -> bool:
     constant = findings.count - findings.address_dependent
-    if len(findings.pages) < LINE_MIN_PAGES or not findings.details or constant == 0:
+    if findings.pages_with_errors() < LINE_MIN_PAGES or not findings.details or constant == 0:
         return False
     bits: Counter[int] = Counter()
     for m in findings.details:

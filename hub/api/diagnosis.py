@@ -1,7 +1,9 @@
 """GET /v1/devices/{id}/diagnosis (DESIGN.md section 12): the device's issues, worst first.
 
-A MemoryFault condition is a critical issue; a newest memory test that was interrupted is a
-warning. The device keeps running either way: this tells an operator what to look at.
+A MemoryFault condition is a critical issue; a newest memory test that was interrupted, and frames
+the link refused as too big (counted by this hub process, hub/frames.py), are warnings; a newest
+result whose page map was summarised is an info saying how much of it the result lists. The device
+keeps running either way: this tells an operator what to look at.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ bp = Blueprint("diagnosis", __name__, url_prefix="/v1/devices")
 
 
 class Issue(BaseModel):
-    severity: Literal["critical", "warning"]
-    code: str = Field(description="MemoryFault or MemoryTestInterrupted")
+    severity: Literal["critical", "warning", "info"]
+    code: str = Field(description="MemoryFault (critical), MemoryTestInterrupted or LinkFramesRefused "
+                                  "(warning), MemoryTestPageMapSummarised (info)")
     title: str
     message: str
     since: str | None
@@ -46,8 +49,12 @@ async def device_diagnosis(device_id: str):
     s = services()
     row = await _load(device_id, "viewer")
     newest = await s.memtests.results(org().org_id, row["id"], 1)
-    issues = diagnosis(row.get("conditions") or [], newest[0] if newest else None)
+    refused = s.metrics.refused_frames.get(row["id"])
+    issues = diagnosis(row.get("conditions") or [], newest[0] if newest else None,
+                       None if refused is None else {"count": refused.count, "lastAt": refused.last_at,
+                                                     "lastFrame": refused.last_frame,
+                                                     "lastBytes": refused.last_bytes})
     severities = {i["severity"] for i in issues}
-    status = "critical" if "critical" in severities else "warning" if severities else "ok"
+    status = "critical" if "critical" in severities else "warning" if "warning" in severities else "ok"
     return {"data": jsonable({"deviceId": str(row["id"]), "status": status, "issues": issues,
                               "checkedAt": s.clock.now()})}

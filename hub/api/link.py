@@ -24,6 +24,7 @@ from actors.device import DeviceEvent, Hello
 from actors.machines.connection import Heartbeat, LinkDown, LinkUp
 from actors.runtime import ActorError, MailboxFull, Reply
 from device_client import protocol as p
+from hub import frames
 from hub.api.common import services
 from hub.auth.middleware import public
 from hub.auth.pat import digest
@@ -36,10 +37,10 @@ bp = Blueprint("link", __name__)
 HELLO_TIMEOUT = 10.0
 # WebSocket close codes of the link (4000-4999 are the application's): the frame was not JSON or
 # not a frame; a frame came out of order (a second hello, a welcome or a command from a device).
-# Frames over MAX_FRAME_BYTES are closed by hypercorn with 1009 (hub/server.py).
+# Frames over MAX_FRAME_BYTES are closed with 1009 and a reason, and counted (hub/frames.py).
 CLOSE_BAD_FRAME = 4400
 CLOSE_OUT_OF_ORDER = 4409
-MAX_FRAME_BYTES = 1024 * 1024
+MAX_FRAME_BYTES = p.MAX_FRAME_BYTES
 # tunnel.usage records of one link in flight at once (a session reports every 30 s): past it the link
 # waits, i.e. stops reading that device's socket.
 USAGE_IN_FLIGHT = 2
@@ -73,7 +74,7 @@ async def _receive_hello(ws, device_id: uuid.UUID) -> tuple[p.Hello | None, str]
     """The hello, or None and the reason to close with (naming the refused field, if one was)."""
     with trio.move_on_after(HELLO_TIMEOUT):
         try:
-            frame = p.decode(await ws.receive())
+            frame = p.decode(await frames.receive(services(), ws, device_id))
         except p.ProtocolError as exc:
             log.info("device %s sent a bad first frame: %s", device_id, exc)
             return None, f"malformed hello: {str(exc)[:80]}"
@@ -83,7 +84,11 @@ async def _receive_hello(ws, device_id: uuid.UUID) -> tuple[p.Hello | None, str]
 
 
 async def _serve(s, ws, device_id: uuid.UUID) -> None:
-    hello, refusal = await _receive_hello(ws, device_id)
+    try:
+        hello, refusal = await _receive_hello(ws, device_id)
+    except frames.FrameRefused as exc:
+        log.info("device %s: %s; link closed", device_id, exc)
+        return
     if hello is None:
         await ws.close(CLOSE_BAD_FRAME, refusal)
         return
@@ -100,7 +105,11 @@ async def _serve(s, ws, device_id: uuid.UUID) -> None:
         command = p.Command(id=uuid.uuid4().hex, subject=subject, payload=payload)
         reply = pending[command.id] = Reply()
         try:
-            await send(command)
+            try:
+                await send(command)
+            except p.FrameTooLarge as exc:
+                # never sent: the device would close the link (1009); the caller hears why instead
+                raise DeviceError(str(exc), code="frame_too_large") from None
             answer: p.Reply = await reply.wait()
         finally:
             pending.pop(command.id, None)
@@ -120,7 +129,7 @@ async def _serve(s, ws, device_id: uuid.UUID) -> None:
         s.metrics.device_connects += 1
         try:
             await send(p.Welcome(deviceId=str(device_id), heartbeatInterval=s.settings.heartbeat_interval,
-                                 hubKeys=s.tunnels.grants.hub_keys))
+                                 hubKeys=s.tunnels.grants.hub_keys, maxFrameBytes=MAX_FRAME_BYTES))
             facts = hello.model_dump(exclude={"type", "secretFileDigests", "retiredPages", "lastMemoryTest"})
             await _deliver(s, actor, device_id, LinkUp(conn_id, hello.bootReason, facts, hello.maintenance))
             await _deliver(s, actor, device_id, Hello(hello.secretFileDigests, hello.configVersionApplied,
@@ -129,7 +138,10 @@ async def _serve(s, ws, device_id: uuid.UUID) -> None:
             hello = None  # held for the connection's lifetime otherwise: ~2 KiB a device, measured
             while True:
                 try:
-                    frame = p.decode(await ws.receive())
+                    frame = p.decode(await frames.receive(s, ws, device_id))
+                except frames.FrameRefused as exc:
+                    log.info("device %s: %s; link closed", device_id, exc)
+                    return
                 except p.ProtocolError as exc:
                     # A device that sends what is not a frame is broken or hostile: end the link with
                     # the reason (it reconnects and starts over); nothing else is affected.

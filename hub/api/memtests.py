@@ -219,16 +219,31 @@ async def memory_test_status(device_id: str):
             live = {"supported": False} if exc.code == "unsupported" else None
     stored = await s.memtests.stored(org().org_id, row["id"], HISTORY)
     if live is not None:
+        history = live.get("history") if isinstance(live.get("history"), list) else stored["history"]
         data = {"source": "live", "supported": bool(live.get("supported", True)),
                 "status": live.get("status") if "status" in live else stored["status"],
-                "health": live.get("health") or stored["health"] or {"capabilities": caps},
-                "history": (live.get("history") if isinstance(live.get("history"), list)
-                            else stored["history"])[:HISTORY]}
+                "health": _health_in_full(live.get("health") or stored["health"] or {"capabilities": caps},
+                                          stored["history"]),
+                "history": [_in_full(r, stored["history"]) for r in history[:HISTORY]]}
     else:
         data = {"source": "stored", "supported": supported, "status": stored["status"],
-                "health": stored["health"] or {"capabilities": caps}, "history": stored["history"],
+                "health": _health_in_full(stored["health"] or {"capabilities": caps}, stored["history"]),
+                "history": stored["history"],
                 "healthReportedAt": stored["healthReportedAt"]}
     return {"data": jsonable(data)}
+
+
+def _in_full(result: Any, stored: list[dict]) -> Any:
+    """A device sends results ``brief`` in a status reply (a frame could not hold eleven in full):
+    the stored result with that runId in its place, when the hub has it."""
+    if not isinstance(result, dict) or not result.get("brief"):
+        return result
+    return next((r for r in stored if r.get("runId") == result.get("runId")), result)
+
+
+def _health_in_full(health: dict, stored: list[dict]) -> dict:
+    last = health.get("lastResult")
+    return {**health, "lastResult": _in_full(last, stored)} if isinstance(last, dict) else health
 
 
 @bp.get("/<device_id>/memory-test/results")

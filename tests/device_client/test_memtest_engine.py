@@ -100,7 +100,7 @@ def test_a_flipped_bit_is_reported_at_its_word_with_values():
         assert found.count == 1
         m = found.details[0]
         assert (m.offset, m.expected, m.actual) == (1000, ALL, ALL ^ (1 << 5))
-        assert list(found.pages) == [1000 // PAGE_WORDS]
+        assert found.top(10) == [1000 // PAGE_WORDS] and found.pages_with_errors() == 1
         # random data compared in halves: the expected value says which half is wrong
         found2 = Findings()
         engine.sink = found2.add

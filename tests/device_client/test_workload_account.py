@@ -100,7 +100,7 @@ async def test_a_simulated_workload_is_not_root_and_cannot_read_the_hubs_keys(
         dev, token = await hub.provision("sim-probe")
         device_dir = hub_dir / "devices" / dev
         targets = [hub_dir / "jwt-ed25519.pem", hub_dir / "secret-files.key", hub_dir / "sim.json",
-                   device_dir / "identity.key", device_dir / "state.json", hub_dir]
+                   device_dir / "identity.key", device_dir / "state.json", hub_dir, hub_dir / "devices"]
         if embedded_pg is not None:
             targets.append(embedded_pg.password_file)
         agents = await nursery.start(partial(run_sim, hub.base_url, 1, hub_dir, devices=[(dev, token)],

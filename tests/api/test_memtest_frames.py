@@ -1,0 +1,98 @@
+"""A device is never locked out by its own data (issue 19, item 2), against a real hub and agent.
+
+The hub here refuses frames past 48 KiB (``hub.frames.MAX_FRAME_BYTES`` lowered; its welcome still
+says 1 MiB, as a hub behind a stricter proxy would): so a real memory-test result of a data-line
+fault is refused with 1009 and a reason. The agent must trim it, record that it did, come back online
+and never send the refused frame again; the hub counts the refusal on /metrics and in the diagnosis.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import trio
+
+from device_client.memtest import MemtestConfig
+from hub import frames
+from tests.hubtools import metric_value, metrics, start_agent, start_hub, wait_for
+
+SMALL_LIMIT = 48 << 10
+
+
+@pytest.fixture
+async def strict_hub(nursery, db_url, tmp_path, monkeypatch):
+    monkeypatch.setattr(frames, "MAX_FRAME_BYTES", SMALL_LIMIT)
+    return await start_hub(nursery, db_url, tmp_path / "hub", command_timeout=2.0)
+
+
+async def _results(hub, dev_id: str) -> list[dict]:
+    r = await hub.call("GET", f"/v1/devices/{dev_id}/memory-test/results")
+    assert r.status_code == 200, r.text
+    return r.json()["data"]["results"]
+
+
+async def _refused(hub, dev_id: str) -> float:
+    return metric_value(await metrics(hub), "fleethub_device_frames_refused_by_device_total",
+                        {"device_id": dev_id}) or 0
+
+
+async def test_a_result_the_hub_refuses_is_trimmed_once_and_the_device_comes_back(strict_hub, nursery, tmp_path):
+    hub = strict_hub
+    with trio.fail_after(120):
+        dev_id, token = await hub.provision("faulty")
+        running = await start_agent(nursery, hub.base_url, token, tmp_path / "agent",
+                                    memtest=MemtestConfig(budget=2 << 20, fault="data_line"))
+        r = await hub.call("POST", f"/v1/devices/{dev_id}/memory-test", json={"quick": True})
+        assert r.status_code == 202, r.text
+        run_id = r.json()["data"]["runId"]
+
+        async def stored() -> bool:
+            return any(x["runId"] == run_id for x in await _results(hub, dev_id))
+
+        await wait_for(stored, timeout=60, interval=0.2)
+        [res] = await _results(hub, dev_id)
+        assert (res["outcome"], res["verdict"]) == ("fail", "data_line")
+        assert res["errorCount"] > 1_000_000 and res["trimmed"]["stage"] == 0
+        assert "over the limit of 49152 bytes" in res["trimmed"]["reason"]
+        assert len(res["pages"]) == 16 and res["pageSummary"]["omittedPages"] == 512 - 16
+        # the device is back and stays: the refused frame was not sent again
+        await wait_for(lambda: running.agent.connected, timeout=10)
+        await trio.sleep(1.0)
+        assert await _refused(hub, dev_id) == 1
+        assert running.agent.statistics().links == 2
+        [record] = running.agent.frames.records()
+        assert (record["frame"], record["by"], record["action"]) == ("event memtest.result", "hub", "trimmed")
+        assert record["reported"] is True  # sent to the hub as link.refused at the next link
+        await wait_for(lambda: running.agent.memtest.store.unacked() == [], timeout=10)
+
+        async def faulted() -> bool:
+            d = (await hub.call("GET", f"/v1/devices/{dev_id}")).json()["data"]
+            return d["online"] and any(c["type"] == "MemoryFault" for c in d["conditions"])
+
+        await wait_for(faulted, timeout=10)
+        diag = (await hub.call("GET", f"/v1/devices/{dev_id}/diagnosis")).json()["data"]
+        codes = {i["code"]: i for i in diag["issues"]}
+        assert diag["status"] == "critical" and codes["MemoryFault"]["details"]["verdict"] == "data_line"
+        assert codes["LinkFramesRefused"]["details"]["lastFrame"] == "event memtest.result"
+        summarised = codes["MemoryTestPageMapSummarised"]
+        assert summarised["severity"] == "info" and summarised["details"]["pagesWithErrors"] == 512
+        assert "496 pages" in summarised["message"] and "trimmed" in summarised["message"]
+
+
+async def test_a_refused_frame_nobody_can_trim_is_dropped_and_never_sent_again(strict_hub, nursery, tmp_path):
+    hub = strict_hub
+    with trio.fail_after(60):
+        dev_id, token = await hub.provision("chatty")
+        running = await start_agent(nursery, hub.base_url, token, tmp_path / "agent")
+        blob = {"blob": "x" * (SMALL_LIMIT + 1)}
+        assert await running.agent.send_event("test.blob", blob)
+        await wait_for(lambda: running.agent.statistics().links == 2 and running.agent.connected, timeout=10)
+        assert await _refused(hub, dev_id) == 1
+        # the same frame again: the agent knows the hub refused it and does not send it
+        assert await running.agent.send_event("test.blob", blob)
+        await trio.sleep(0.5)
+        assert await _refused(hub, dev_id) == 1 and running.agent.statistics().links == 2
+        assert [r["action"] for r in running.agent.frames.records()] == ["dropped"]
+        actor = hub.services.registry.lookup(("device", uuid.UUID(dev_id)))
+        assert actor is not None and actor.machine.online
