@@ -172,12 +172,3 @@ def spec(pg_server_dsn, pg_template):
         thread.join(30)
         _drop_database(pg_server_dsn, name)
         shutil.rmtree(root, ignore_errors=True)
-
-
-def wait_until(spec: SpecHub, predicate, timeout: float = 10.0, interval: float = 0.05) -> None:
-    """Poll ``predicate`` until true, sleeping on the hub's trio clock between tries; bounded."""
-    for _ in range(int(timeout / interval)):
-        if predicate():
-            return
-        spec.run(trio.sleep, interval)
-    raise AssertionError(f"not true within {timeout} s")

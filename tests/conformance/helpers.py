@@ -6,6 +6,7 @@ import base64
 import uuid
 
 import httpx
+import trio
 
 
 def error_code(r: httpx.Response, status: int, field: str = "error") -> str:
@@ -32,3 +33,12 @@ def new_fleet(spec, **body) -> dict:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+def wait_until(spec: SpecHub, predicate, timeout: float = 10.0, interval: float = 0.05) -> None:
+    """Poll ``predicate`` until true, sleeping on the hub's trio clock between tries; bounded."""
+    for _ in range(int(timeout / interval)):
+        if predicate():
+            return
+        spec.run(trio.sleep, interval)
+    raise AssertionError(f"not true within {timeout} s")
