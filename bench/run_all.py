@@ -16,7 +16,8 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 SCRIPTS = ["bridge.py", "http_ratio.py", "command_rtt.py", "capacity.py", "auth_overhead.py", "delivery.py",
-           "rollout.py", "tunnel.py", "memtest_engine.py", "memtest_live.py", "storm.py", "soak.py"]
+           "rollout.py", "tunnel.py", "memtest_engine.py", "memtest_faults.py", "memtest_live.py", "storm.py",
+           "soak.py"]
 
 
 def main() -> int:

@@ -632,25 +632,43 @@ async def test_agent_live_quick_run_is_stored_acknowledged_and_read_live(hub, nu
         assert d["conditions"] == []
 
 
-@pytest.mark.parametrize("fault, verdict, faulted", [("data_line", "data_line", True),
-                                                     ("address_line", "address_line", True),
-                                                     ("stuck", "weak_cells", False)])
+# Each fault kind at a realistic size (issue 19, item 4): 16 MiB is 4,096 pages, and a data line fails
+# every word of most sweeps, so its count passes a billion; the result lists the pages with the most
+# errors and sums up the rest, fits its frame, and the device stays online. (Weak cells need idle
+# decay's 5-minute wait: test_memtest_engine.py runs them on the virtual clock.)
+@pytest.mark.parametrize("fault, verdict, faulted, at_least", [
+    ("data_line", "data_line", True, 1_000_000_000),
+    ("address_line", "address_line", True, 10_000_000),
+    ("stuck", "weak_cells", False, 100),
+    ("thermal", "thermal", False, 3),
+    ("intermittent", "unknown", False, 10),
+])
 async def test_agent_injected_fault_is_classified_and_raises_memory_fault_as_the_rules_say(
-        hub, nursery, tmp_path, fault, verdict, faulted):
+        hub, nursery, tmp_path, fault, verdict, faulted, at_least):
     from tests.hubtools import start_agent
 
-    with trio.fail_after(120):
+    with trio.fail_after(180):
         dev_id, token = await hub.provision("faulty")
-        await start_agent(nursery, hub.base_url, token, tmp_path / "agent", **_agent_options(fault=fault))
+        running = await start_agent(nursery, hub.base_url, token, tmp_path / "agent",
+                                    **_agent_options(fault=fault, budget=16 << 20))
         r = await hub.call("POST", mt(dev_id), json={"quick": True})
         assert r.status_code == 202, r.text
-        res = await _wait_result(hub, dev_id, r.json()["data"]["runId"])
+        res = await _wait_result(hub, dev_id, r.json()["data"]["runId"], timeout=150)
         assert (res["outcome"], res["verdict"]) == ("fail", verdict)
-        assert res["errorCount"] > 0
+        assert res["errorCount"] >= at_least and len(res["errors"]) <= 256
+        summary = res["pageSummary"]
+        assert len(res["pages"]) == summary["listedPages"] <= 256
+        assert summary["listedPages"] + summary["omittedPages"] == summary["pagesWithErrors"]
+        assert sum(p["errors"] for p in res["pages"]) + summary["omittedErrors"] == res["errorCount"]
+        assert [p["errors"] for p in res["pages"]] == sorted((p["errors"] for p in res["pages"]), reverse=True)
+        await wait_for(lambda: running.agent.memtest.store.unacked() == [], timeout=10)
+        assert running.agent.connected and running.agent.statistics().links == 1  # never kicked off
+        assert running.agent.frames.records() == []
 
         async def condition() -> list:
             return (await hub.call("GET", f"/v1/devices/{dev_id}")).json()["data"]["conditions"]
 
+        diag = None
         if faulted:
             await wait_for(lambda: _truthy(condition()), timeout=10)
             [c] = await condition()
@@ -658,9 +676,16 @@ async def test_agent_injected_fault_is_classified_and_raises_memory_fault_as_the
             diag = (await hub.call("GET", f"/v1/devices/{dev_id}/diagnosis")).json()["data"]
             assert diag["status"] == "critical"
         else:
-            assert res["retired"], "reproducible single-cell faults retire their pages"
             await trio.sleep(0.5)
-            assert await condition() == [], "a few retired pages are no MemoryFault"
+            assert await condition() == [], "a few retired pages or one-off errors are no MemoryFault"
+            if fault == "stuck":
+                assert res["retired"], "reproducible single-cell faults retire their pages"
+        if summary["omittedPages"]:
+            diag = diag or (await hub.call("GET", f"/v1/devices/{dev_id}/diagnosis")).json()["data"]
+            [info] = [i for i in diag["issues"] if i["code"] == "MemoryTestPageMapSummarised"]
+            assert info["details"]["omittedPages"] == summary["omittedPages"]
+        d = (await hub.call("GET", f"/v1/devices/{dev_id}")).json()["data"]
+        assert d["online"] is True
 
 
 async def _truthy(value) -> bool:
