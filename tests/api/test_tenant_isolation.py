@@ -63,6 +63,8 @@ async def test_another_organisation_sees_and_touches_nothing(nursery, db_url, tm
         fill = {"device_id": device_a, "fleet_id": fleet_a, "sa_id": sa_a, "user_id": user_a, "pat_id": hub.pat[0],
                 "config_id": config_a, "file_id": file_a, "rollout_id": rollout_a,
                 "invitation_id": invitation_a,
+                # the spec's own spelling of the same parameters (issue 15)
+                "deviceId": device_a, "fleetId": fleet_a, "configId": config_a, "fileId": file_a,
                 "feature": "telemetry",
                 # Session routes take tunnel tokens only (401 here); their isolation with B's own
                 # tunnel token is tested in tests/api/test_tunnels.py.
