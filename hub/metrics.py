@@ -65,6 +65,13 @@ class Metrics:
         metric("fleethub_actor_storage_waits_total", "counter",
                "Times an actor found PostgreSQL unreachable and waited to retry (not counted as a crash).",
                [("", reg["storage_waits"])])
+        tunnels = services.tunnels
+        metric("fleethub_tunnel_usage_unrecorded", "gauge",
+               "Tunnel sessions whose device usage report waits for PostgreSQL to come back.",
+               [("", tunnels.usage_unrecorded())])
+        metric("fleethub_tunnel_usage_dropped_total", "counter",
+               "Tunnel usage reports dropped while PostgreSQL was away (too many sessions waiting).",
+               [("", tunnels.usage_dropped)])
         metric("fleethub_actor_mailbox_depth_max", "gauge", "Deepest actor mailbox right now.",
                [("", reg["mailbox_depth_max"])])
         st = services.db.stats
