@@ -34,8 +34,11 @@ class Audit:
         columns = [[e.get(c) for e in events] for c in _COLUMNS]
         columns[-1] = [json.dumps(d) if d is not None else "{}" for d in columns[-1]]
         params = ", ".join(f"${i + 1}::{t}[]" for i, t in enumerate(_TYPES))
+        # ON CONFLICT: a batch whose first write's outcome was unknown (cancelled at its COMMIT) and is
+        # written again adds each event once (ids are the events' own).
         await self.db.execute(
-            f"INSERT INTO audit_events ({', '.join(_COLUMNS)}) SELECT * FROM unnest({params})", *columns)
+            f"INSERT INTO audit_events ({', '.join(_COLUMNS)}) SELECT * FROM unnest({params}) "
+            "ON CONFLICT (id) DO NOTHING", *columns)
 
     async def query(self, org_id: uuid.UUID, *, offset: int, limit: int, since: dt.datetime | None = None,
                     until: dt.datetime | None = None, method: str | None = None, path_prefix: str | None = None,

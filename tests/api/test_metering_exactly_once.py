@@ -68,3 +68,19 @@ async def test_a_flush_cancelled_after_its_commit_is_not_counted_twice(nursery, 
         await meter.flush()  # what the shielded final flush does: the kept batch again, then the new
         assert await stored(usage, org) == {("tunnel_minutes", ""): 7}
         assert meter.pending() == 0
+
+
+async def test_an_audit_batch_written_again_adds_each_event_once(nursery, db_url, tmp_path):
+    # The write-behind puts a batch back when its write was cancelled without a known outcome
+    # (storage/behind.py); written again, it must neither double the rows nor be refused whole.
+    with trio.fail_after(30):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        s, org = hub.services, uuid.UUID(hub.org_id)
+        at = s.clock.now()
+        events = [{"id": uuid.uuid4(), "org_id": org, "at": at, "actor_type": "system", "method": "EVENT",
+                   "path": f"/replayed/{i}", "status": 200, "request_id": f"replay-{i}", "details": {}}
+                  for i in range(3)]
+        await s.audit.write_many(events)
+        await s.audit.write_many(events)
+        count = await s.db.fetchval("SELECT count(*) FROM audit_events WHERE path LIKE '/replayed/%'")
+        assert count == 3
