@@ -100,9 +100,11 @@ carried on that day since the last report (sent about once a minute while there 
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, ValidationInfo,
+                      field_validator)
 
 PROTOCOL_VERSION = 1
 LINK_PATH = "/v1/device/link"
@@ -126,10 +128,13 @@ EventKind = Annotated[str, StringConstraints(pattern=EVENT_KIND_PATTERN)]
 
 
 def _unstorable(value: Any, where: str = "") -> str | None:
-    """Where in ``value`` a string holds a NUL (which PostgreSQL cannot store, in text or jsonb), or
-    None. The JSON parser already refuses lone surrogates, the other text PostgreSQL cannot take."""
+    """What in ``value`` PostgreSQL could not store (text, jsonb) and where: a string with a NUL, a number
+    that is not finite (NaN, Infinity, 1e999); None when all is well. (The JSON parser already refuses
+    lone surrogates.)"""
     if isinstance(value, str):
-        return (where or "the value") if "\x00" in value else None
+        return f"a NUL character in {where.lstrip('.') or 'the value'}" if "\x00" in value else None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"a number that is not finite in {where.lstrip('.') or 'the value'}"
     if isinstance(value, dict):
         for k, v in value.items():
             found = _unstorable(k, f"{where}.<key>") or _unstorable(v, f"{where}.{k}"[:60])
@@ -143,21 +148,34 @@ def _unstorable(value: Any, where: str = "") -> str | None:
     return None
 
 
+# The validation context of a frame received from the other side (``decode``): only then are values
+# PostgreSQL cannot store refused. A sender building a frame is not refused; ``encode`` escapes instead.
+_RECEIVED = {"storable": True}
+
+
+def _escape_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\\x00")
+    if isinstance(value, dict):
+        return {_escape_nul(k): _escape_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_escape_nul(v) for v in value]
+    return value
+
+
 class _Frame(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     @field_validator("*", mode="after")
     @classmethod
-    def _storable_text(cls, value: Any) -> Any:
-        # One NUL in a device's string would make the hub's batched writes (presence, audit) fail
-        # for every device: such a frame is refused here, for every string field of every frame.
-        if isinstance(value, str):
-            if "\x00" in value:
-                raise ValueError("contains a NUL character")
+    def _storable_text(cls, value: Any, info: ValidationInfo) -> Any:
+        # One NUL (or NaN) from a device would make the hub's batched writes (presence, audit) fail for
+        # every device: such a frame is refused here, whatever field of whatever frame holds it.
+        if info.context is not _RECEIVED:
             return value
         found = _unstorable(value)
         if found:
-            raise ValueError(f"NUL character in {found.lstrip('.')}")
+            raise ValueError(found)
         return value
 
 
@@ -244,8 +262,10 @@ class ProtocolError(ValueError):
 
 
 def decode(text: str | bytes) -> Hello | Welcome | Command | Reply | Event:
+    """A received frame; ProtocolError (naming the field) for anything else, including a NUL in any
+    string, a number that is not finite and an event kind outside ``EVENT_KIND_PATTERN``."""
     try:
-        return _frame_adapter.validate_json(text)
+        return _frame_adapter.validate_json(text, context=_RECEIVED)
     except ValidationError as exc:
         # Name the field (``hello.bootReason: ...``) so a device's operator can find what was refused.
         first = exc.errors(include_url=False, include_input=False)[0]
@@ -271,7 +291,10 @@ def describe(frame: _Frame) -> str:
 
 
 def encode(frame: _Frame, limit: int = MAX_FRAME_BYTES) -> str:
-    text = frame.model_dump_json(exclude_none=True)
+    text = frame.model_dump_json(exclude_none=True)  # NaN and Infinity become null
+    if "\\u0000" in text:
+        # A NUL would get the frame refused by the peer (decode): send it as the visible text \x00.
+        text = dumps(_escape_nul(frame.model_dump(mode="json", exclude_none=True)))
     # UTF-8 takes at most 4 bytes a character: only a frame that might be too big is measured
     if len(text) * 4 > limit:
         size = len(text.encode())

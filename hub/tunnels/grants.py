@@ -112,9 +112,15 @@ class GrantSigner:
         return body
 
 
-async def push_hub_keys(services: Any, *, timeout: float = 10.0) -> int:
+# Devices told at once after a key rotation: 10,000 links must not mean 10,000 commands (and tasks) in
+# flight; a few workers go through the links instead.
+PUSH_CONCURRENCY = 32
+
+
+async def push_hub_keys(services: Any, *, timeout: float = 10.0, concurrency: int | None = None) -> int:
     """After a key rotation: tell every device connected here the keys that sign grants now
-    (``link.keys``), so it accepts new grants without reconnecting. Returns how many acknowledged."""
+    (``link.keys``), so it accepts new grants without reconnecting, at most ``concurrency`` devices at
+    a time. Returns how many acknowledged."""
     payload = {"hubKeys": services.tunnels.grants.hub_keys}
     acknowledged = 0
 
@@ -126,7 +132,13 @@ async def push_hub_keys(services: Any, *, timeout: float = 10.0) -> int:
         except Exception as exc:  # noqa: BLE001 — it learns them from its next welcome instead
             log.info("device %s did not take the new hub keys: %s", device_id, type(exc).__name__)
 
+    devices = iter(list(services.links))
+
+    async def worker() -> None:
+        for device_id in devices:  # one shared iterator: each worker takes the next device
+            await tell(device_id)
+
     async with trio.open_nursery() as nursery:
-        for device_id in list(services.links):
-            nursery.start_soon(tell, device_id)
+        for _ in range(min(concurrency or PUSH_CONCURRENCY, len(services.links))):
+            nursery.start_soon(worker)
     return acknowledged

@@ -1,6 +1,6 @@
 """Device frames the hub could not store or stream are refused when decoded, naming the field: a NUL
-anywhere in a string (PostgreSQL refuses it, in text and jsonb alike) and an event kind outside
-``EVENT_KIND_PATTERN`` (it becomes an SSE event name)."""
+anywhere in a string and a number that is not finite (PostgreSQL refuses both, in text and jsonb
+alike) and an event kind outside ``EVENT_KIND_PATTERN`` (it becomes an SSE event name)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,21 @@ def test_a_nul_in_any_string_of_a_frame_is_refused_naming_the_field(frame, where
         p.decode(json.dumps(frame))
 
 
+@pytest.mark.parametrize("text, where", [
+    ('{"type": "event", "kind": "tunnel.usage", "payload": {"bytesIn": Infinity}}', "event.payload: .*not finite in bytesIn"),
+    ('{"type": "event", "kind": "telemetry", "payload": {"load": [0.5, NaN]}}', r"event.payload: .*not finite in load\[1\]"),
+    ('{"type": "hello", "lastMemoryTest": {"tempC": 1e999}}', "hello.lastMemoryTest: .*not finite in tempC"),
+])
+def test_a_number_postgresql_cannot_store_is_refused_naming_the_field(text, where):
+    with pytest.raises(p.ProtocolError, match="^" + where):
+        p.decode(text)
+
+
+def test_finite_numbers_pass():
+    assert p.decode('{"type": "event", "kind": "telemetry", "payload": {"load": [0.5, 1e300, -2]}}').payload == {
+        "load": [0.5, 1e300, -2]}
+
+
 def test_the_escaped_text_of_a_nul_is_ordinary_text():
     frame = p.decode(json.dumps({"type": "hello", "bootReason": "\\u0000 is how JSON writes NUL"}))
     assert frame.bootReason == "\\u0000 is how JSON writes NUL"
@@ -49,3 +64,14 @@ def test_the_escaped_text_of_a_nul_is_ordinary_text():
 def test_a_lone_surrogate_never_gets_through():
     with pytest.raises(p.ProtocolError):
         p.decode('{"type": "hello", "bootReason": "\\ud800"}')
+
+
+def test_a_sender_is_never_refused_its_own_nul_or_nan_it_sends_them_storable():
+    """An agent whose text holds a NUL (an error message, a file name) or whose numbers overflow must
+    not have its link closed again and again: encode sends the NUL as the text \\x00 and NaN as null."""
+    event = p.Event(kind="files.result", payload={"results": [{"error": "bad\x00name", "load": float("nan")}],
+                                                 "k\x00": float("inf")})
+    frame = p.decode(p.encode(event))
+    assert frame.payload == {"results": [{"error": "bad\\x00name", "load": None}], "k\\x00": None}
+    hello = p.decode(p.encode(p.Hello(bootReason="power\x00on", firmware="\\u0000 stays as it is")))
+    assert hello.bootReason == "power\\x00on" and hello.firmware == "\\u0000 stays as it is"
