@@ -256,6 +256,14 @@ class Agent:
             return False
         return True
 
+    def device_auth(self) -> dict[str, str]:
+        """The device's credential for the hub's device HTTP endpoints (memory-test page maps)."""
+        return {k.decode(): v.decode() for k, v in self._auth}
+
+    @property
+    def ssl_context(self) -> Any:
+        return self._ssl_context
+
     async def wait_connected(self) -> None:
         await self._connected_event.wait()
 

@@ -58,7 +58,10 @@ answers after the workload was stopped (full online) and before the test runs; f
 answers with phase ``rebooting`` and then reboots with boot reason ``memory_test``.
 Events: ``memtest.progress`` Status (at most about one a second), ``memtest.result`` {result: Result},
 sent at the end of a run and again at every link until the hub acknowledges it with memtest.ack;
-``memtest.health`` {health: Health} at every link. Hello: capabilities.memoryTest, retiredPages,
+``memtest.health`` {health: Health} at every link. Results are bounded (memtest/bounds.py: 256 errors,
+the 256 pages with the most errors and ``pageSummary``); a run's full page map goes over HTTP, not a
+frame (memtest/pagemap.py). Event ``link.refused`` {refusals} reports frames refused as too big
+(linkframes.py). Hello: capabilities.memoryTest, retiredPages,
 lastMemoryTest (the newest Result, or the interrupted report), workloadHeld, maintenance, and
 ``memoryTestRunning`` (Status of a run in progress, e.g. in a test boot's maintenance).
 

@@ -17,7 +17,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from hub.api import (access, assistant, audit, billing, configurations, devices, diagnosis, fleets, health, link,
-                     memtests, oauth, pats, rollouts, secret_files, sessions, tunnels, windows)
+                     memtests, oauth, pagemaps, pats, rollouts, secret_files, sessions, tunnels, windows)
 from hub.auth import middleware
 from hub.ids import fast_uuid4
 from hub.openapi import EITHER, FleethubOpenAPI
@@ -71,7 +71,7 @@ def create_app(services: Services) -> QuartTrio:
         openapi_provider_class=FleethubOpenAPI,
     )
     for module in (health, pats, sessions, oauth, access, audit, devices, fleets, configurations, secret_files,
-                   rollouts, link, windows, memtests, diagnosis, tunnels, billing, assistant):
+                   rollouts, link, windows, memtests, pagemaps, diagnosis, tunnels, billing, assistant):
         app.register_blueprint(module.bp)
     app.register_blueprint(configurations.device_bp)
 

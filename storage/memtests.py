@@ -123,3 +123,18 @@ class MemoryTests:
         if self.device_cache is not None:
             self.device_cache.evict([device_id])
         return condition
+
+    async def save_page_map(self, org_id: uuid.UUID, device_id: uuid.UUID, run_id: str, *, pages: int,
+                            complete: bool, body: bytes, at: dt.datetime) -> None:
+        """Store (or replace: a device may upload again after a lost answer) a run's page map."""
+        await self.db.execute(
+            "INSERT INTO memtest_page_maps (device_id, run_id, org_id, at, pages, complete, body) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (device_id, run_id) DO UPDATE SET "
+            "at = EXCLUDED.at, pages = EXCLUDED.pages, complete = EXCLUDED.complete, body = EXCLUDED.body",
+            device_id, run_id, org_id, at, pages, complete, body)
+
+    async def page_map(self, org_id: uuid.UUID, device_id: uuid.UUID, run_id: str) -> dict[str, Any] | None:
+        row = await self.db.fetchrow(
+            "SELECT at, pages, complete, body FROM memtest_page_maps "
+            "WHERE org_id = $1 AND device_id = $2 AND run_id = $3", org_id, device_id, run_id)
+        return dict(row) if row is not None else None

@@ -24,9 +24,11 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
 import trio
 
 from ..clock import Clock, rfc3339
+from . import pagemap
 from .confirm import IDLE_DECAY_S, confirm
 from .engine import PAGE, Engine, Region
 from .faults import FaultModel
@@ -247,6 +249,18 @@ class Run:
 
     # ---- the result ----
 
+    def page_map(self, result: dict[str, Any]) -> bytes | None:
+        """The full per-page error map (pagemap.py), when the result could not list every page."""
+        if not (result.get("pageSummary") or {}).get("omittedPages"):
+            return None
+        f = self.findings
+        bad = np.flatnonzero(f.counts)
+        pfns = self.region.pfns if self.region is not None else None
+        addresses = pfns[bad].astype(np.int64) * PAGE if pfns is not None else bad.astype(np.int64) * PAGE
+        runs = pagemap.runs_of(addresses, f.counts[bad], PAGE)
+        return pagemap.encode(self.run_id, runs, page_size=PAGE, address_kind=result["addressKind"],
+                              error_count=f.count)
+
     def failed(self, message: str) -> dict[str, Any]:
         """The result of a run that broke (outcome error), with what it had found."""
         if self.region is not None:
@@ -273,6 +287,7 @@ class Run:
                           "reproduced": page.reproduced, "intermittent": page.intermittent,
                           "retired": page.retired})
         summary = page_summary([], pages, f.count, f.pages_with_errors())
+        summary["fullMap"] = bool(summary["omittedPages"])  # the device uploads it (pagemap.py)
         bad_bytes = len(f.confirmed_pages()) * PAGE
         reasons = []
         if len(retired) > FAULT_PAGES:

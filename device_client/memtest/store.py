@@ -19,10 +19,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..state import StateFile, write_json_atomic
+from ..state import StateFile, write_atomic, write_json_atomic
 from . import bounds
 
 HISTORY = 10
+PAGE_MAP_GLOB = "memtest-pagemap-*.json.gz"
 
 
 class MemtestStore:
@@ -30,6 +31,7 @@ class MemtestStore:
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
         self.state = StateFile(Path(data_dir) / "memtest.json")
         self.run_path = Path(data_dir) / "memtest-run.json"
+        self.dir = Path(data_dir)
 
     # ---- checkpoint ----
 
@@ -77,6 +79,29 @@ class MemtestStore:
     def ack(self, run_ids: list[str]) -> None:
         gone = set(run_ids)
         self.state.update(unacked=[r for r in self.state.get("unacked", []) if r.get("runId") not in gone])
+
+    # ---- full page maps waiting for their upload (pagemap.py) ----
+
+    def save_page_map(self, run_id: str, body: bytes) -> None:
+        write_atomic(self._map_path(run_id), body)
+
+    def page_maps(self) -> list[tuple[str, Path]]:
+        """(runId, file) of each map not uploaded yet."""
+        out = []
+        for path in sorted(self.dir.glob(PAGE_MAP_GLOB)):
+            run_id = bytes.fromhex(path.name[len("memtest-pagemap-"):-len(".json.gz")]).decode(errors="replace")
+            out.append((run_id, path))
+        return out[-HISTORY:]
+
+    def page_map_done(self, path: Path) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def _map_path(self, run_id: str) -> Path:
+        # hex: a runId is the hub's, any text; a file name must not be
+        return self.dir / f"memtest-pagemap-{run_id.encode().hex()[:200]}.json.gz"
 
     # ---- retired pages, test boots ----
 

@@ -31,7 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import trio
 
 from .. import protocol
@@ -47,6 +49,7 @@ from .store import MemtestStore
 log = logging.getLogger("fleethub.agent.memtest")
 
 HOLD_SECONDS = 1800.0  # spec: Limits, hold in maintenance
+UPLOAD_TIMEOUT = 30.0
 CANCEL_WAIT = 10.0
 TEST_BOOT_UNSUPPORTED = "test boot is not supported by this board's bootloader yet"
 NO_MEMORY_TEST = "this device's firmware has no memory test"
@@ -80,6 +83,7 @@ class MemoryTester:
         self._task_scope: trio.CancelScope | None = None
         self._last_status: dict[str, Any] | None = None
         self._starting = False
+        self._uploading = False
 
     # ---- wiring ----
 
@@ -251,7 +255,9 @@ class MemoryTester:
                 if stopped and not test_boot:  # restored before the hub hears the run has ended
                     with trio.CancelScope(shield=True):
                         await self.agent.workload.release()
+                self._keep_page_map(run, result)
                 await self._finish(run, result)
+                self.agent.nursery.start_soon(self._upload_page_maps)
                 if test_boot:
                     await self._end_test_boot(run, result)
         finally:
@@ -322,7 +328,46 @@ class MemoryTester:
         self.store.replace_result(result.get("runId"), smaller)
         return None if smaller is None else {"result": smaller}
 
+    def _keep_page_map(self, run: Run, result: dict[str, Any]) -> None:
+        try:
+            body = run.page_map(result)
+        except Exception:  # the result matters more than its full map
+            log.exception("memtest %s: the page map could not be made", run.run_id)
+            return
+        if body is not None:
+            self.store.save_page_map(run.run_id, body)
+
+    async def _upload_page_maps(self) -> None:
+        """PUT each waiting full page map to the hub (pagemap.py); kept for the next link on a
+        network error, a 429 or a 5xx, dropped on any other refusal (it would never be taken)."""
+        maps = self.store.page_maps()
+        if not maps or self._uploading:
+            return
+        self._uploading = True
+        try:
+            async with httpx.AsyncClient(verify=self.agent.ssl_context or True, timeout=UPLOAD_TIMEOUT) as client:
+                for run_id, path in maps:
+                    url = f"{self.agent.hub_url.rstrip('/')}/v1/device/memory-tests/{quote(run_id, safe='')}/page-map"
+                    try:
+                        r = await client.put(url, content=path.read_bytes(), headers={
+                            **self.agent.device_auth(), "Content-Type": "application/json",
+                            "Content-Encoding": "gzip"})
+                    except (httpx.HTTPError, OSError) as exc:
+                        log.info("memtest %s: page map upload failed (%s); again at the next link", run_id, exc)
+                        return
+                    if r.status_code >= 500 or r.status_code == 429:
+                        log.info("memtest %s: page map upload answered %d; again at the next link",
+                                 run_id, r.status_code)
+                        return
+                    if r.status_code >= 300:
+                        log.warning("memtest %s: the hub refused the page map (%d): %s", run_id, r.status_code,
+                                    r.text[:200])
+                    self.store.page_map_done(path)
+        finally:
+            self._uploading = False
+
     async def _link(self) -> None:
+        self.agent.nursery.start_soon(self._upload_page_maps)
         for result in self.store.unacked():
             if not await self.agent.send_event("memtest.result", {"result": result}):
                 return

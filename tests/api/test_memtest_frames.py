@@ -96,3 +96,43 @@ async def test_a_refused_frame_nobody_can_trim_is_dropped_and_never_sent_again(s
         assert [r["action"] for r in running.agent.frames.records()] == ["dropped"]
         actor = hub.services.registry.lookup(("device", uuid.UUID(dev_id)))
         assert actor is not None and actor.machine.online
+
+
+# -- the full page map goes over HTTP (issue 19, item 3) -------------------------------------------------
+async def test_the_full_page_map_is_uploaded_stored_and_read_by_operators(nursery, db_url, tmp_path):
+    import gzip
+
+    hub = await start_hub(nursery, db_url, tmp_path / "hub", command_timeout=2.0)
+    with trio.fail_after(120):
+        dev_id, token = await hub.provision("faulty")
+        running = await start_agent(nursery, hub.base_url, token, tmp_path / "agent",
+                                    memtest=MemtestConfig(budget=2 << 20, fault="data_line"))
+        r = await hub.call("POST", f"/v1/devices/{dev_id}/memory-test", json={"quick": True})
+        run_id = r.json()["data"]["runId"]
+        path = f"/v1/devices/{dev_id}/memory-test/results/{run_id}/page-map"
+
+        async def uploaded() -> bool:
+            return (await hub.call("GET", path)).status_code == 200
+
+        await wait_for(uploaded, timeout=60, interval=0.2)
+        [res] = await _results(hub, dev_id)
+        assert res["pageSummary"]["fullMap"] is True and len(res["pages"]) == 256
+        full = (await hub.call("GET", path)).json()["data"]
+        assert full["complete"] is True and full["pagesWithErrors"] == 512 == res["pageSummary"]["pagesWithErrors"]
+        assert sum(n for _, n, _ in full["runs"]) == 512
+        assert sum(n * e for _, n, e in full["runs"]) == res["errorCount"] == full["errorCount"]
+        assert len(full["runs"]) < 10  # a data line fails every page alike: a few runs, whatever the size
+        await wait_for(lambda: running.agent.memtest.store.page_maps() == [], timeout=10)
+
+        put = f"{hub.base_url}/v1/device/memory-tests/{run_id}/page-map"
+        auth = {"Authorization": f"Bearer {token}"}
+        assert (await hub.client.put(put, content=b"x")).status_code == 401
+        assert (await hub.client.put(put, content=b"not gzip", headers=auth)).status_code == 400
+        bomb = gzip.compress(b" " * (64 << 20))  # inflates past 16 MiB
+        r = await hub.client.put(put, content=bomb, headers=auth)
+        assert r.status_code == 400 and "inflates" in r.json()["message"]
+        r = await hub.client.put(put, content=b"\0" * ((1 << 20) + 1), headers=auth)
+        assert r.status_code == 413
+        assert (await hub.call("GET", path.replace(run_id, "other"))).status_code == 404
+        other_id, _ = await hub.provision("other")
+        assert (await hub.call("GET", path.replace(dev_id, other_id))).status_code == 404
