@@ -78,6 +78,15 @@ class TunnelConfig:
                 raise ValueError(f"--tunnel-allow-port {port} is not a TCP port")
         return cls(targets=named, allowed_ports=frozenset(ports or []), ssh=bool(ssh))
 
+    def describe(self) -> str:
+        """One line for the agent's log at start: what a tunnel to this device can reach."""
+        ssh = f"ssh on ({':'.join(map(str, self.targets.get('ssh', SSH_DEFAULT)))})" if self.ssh else \
+            "ssh off (--ssh)"
+        named = [f"{name}={host}:{port}" for name, (host, port) in sorted(self.targets.items())
+                 if name != "ssh" or not self.ssh]
+        ports = [f"port {port}" for port in sorted(self.allowed_ports)]
+        return ", ".join([ssh, *named, *ports])
+
     def resolve(self, target: str) -> tuple[str, int]:
         """Where ``target`` goes, or CommandError target_not_configured / ssh_disabled."""
         if target == "ssh":
@@ -305,4 +314,6 @@ def attach(agent: "Agent", config: TunnelConfig | None = None) -> TunnelService:
     agent.add_hello_provider(service.hello_fields)
     agent.add_link_hook(service._on_link)
     agent.capabilities.tunnel = True
+    # an operator's first question when a tunnel is refused: what does this device offer?
+    log.info("tunnel targets: %s", service.config.describe())
     return service

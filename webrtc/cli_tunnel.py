@@ -1,26 +1,52 @@
-"""``fleethub tunnel --hub URL --device ID --target NAME --listen 127.0.0.1:PORT``.
+"""``fleethub tunnel --hub URL --device ID --target NAME [--listen HOST:PORT | --stdio]``.
 
 Credentials as for the other commands that call the hub: ``--pat-id``/``--pat-secret`` (or
 FLEETHUB_PAT_ID / FLEETHUB_PAT_SECRET, which keep the secret out of ``ps``), or a bearer token in
-FLEETHUB_TOKEN; the organisation with ``--org`` or FLEETHUB_ORG_ID. Prints one line when the
-listener is up, runs until Ctrl-C (exit 0) or until the device or the connection ends the session
-(exit 1), and deletes the session on the hub on the way out. Exit 2: the session never opened.
+FLEETHUB_TOKEN; the organisation with ``--org`` or FLEETHUB_ORG_ID; the hub with ``--hub`` or
+FLEETHUB_HUB_URL.
+
+``--listen`` (default 127.0.0.1:0, a free port) binds before the hub is asked, so a port in use costs
+no session. The CLI prints one line when the listener is up (with the port it got), runs until Ctrl-C
+(exit 0) or until the device or the connection ends the session (exit 1), and deletes the session on
+the hub on the way out, printing the bytes each way, the duration and whether the path was direct or
+relayed.
+
+``--stdio`` forwards stdin/stdout instead, one connection, for OpenSSH's ProxyCommand:
+
+    ssh -o ProxyCommand='fleethub tunnel --stdio --device %h --target ssh' root@<device id>
+
+It ends (exit 0) when ssh closes the connection or stops it (SIGHUP); it prints nothing but
+failures unless ``--verbose``, since whatever it prints lands in the ssh user's terminal.
+
+Every failure is one line on stderr saying what to do (webrtc/failures.py) and exit 2: the session
+never opened. No traceback reaches the user; ``--log-level DEBUG`` shows one for an unexpected fault.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
+import signal
+import socket
 import sys
 from typing import Any, Callable
 
+log = logging.getLogger("fleethub.tunnel")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hub", required=True, help="hub base URL, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--hub", default=None,
+                        help="hub base URL, e.g. http://127.0.0.1:8080 (default $FLEETHUB_HUB_URL)")
     parser.add_argument("--device", required=True, help="device id")
     parser.add_argument("--target", required=True, help="a target the device offers (e.g. ssh) or a port it allows")
-    parser.add_argument("--listen", default="127.0.0.1:0", help="local HOST:PORT to listen on (default 127.0.0.1:0)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--listen", default="127.0.0.1:0",
+                       help="local HOST:PORT to listen on (default 127.0.0.1:0: a free port, printed)")
+    where.add_argument("--stdio", action="store_true",
+                       help="forward stdin/stdout instead of listening (an OpenSSH ProxyCommand)")
+    parser.add_argument("--verbose", action="store_true", help="with --stdio: print the ready and closing lines")
     parser.add_argument("--org", default=None, help="organisation id (default $FLEETHUB_ORG_ID)")
     parser.add_argument("--pat-id", default=None, help="PAT id (default $FLEETHUB_PAT_ID)")
     parser.add_argument("--pat-secret", default=None,
@@ -28,46 +54,143 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=command)
 
 
-def command(args: argparse.Namespace, run: Callable[[Any], None] | None = None) -> None:
+def fail(message: str) -> None:
+    """The one line a failure prints, and exit 2 (the session never opened)."""
+    print(f"fleethub tunnel: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` with port 0 allowed (the system picks a free one)."""
     from device_client.tunnel import parse_hostport
 
-    from .client import Credentials, Ready, TunnelError, run_tunnel
+    host, sep, port = text.strip().rpartition(":")
+    if sep and port.strip() == "0":
+        return parse_hostport(f"{host}:1")[0], 0
+    return parse_hostport(text)
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now (before any session exists); a failure is one line."""
+    from .failures import one_line
 
     try:
-        listen = parse_hostport(args.listen)
-    except ValueError as exc:
-        raise SystemExit(f"--listen: {exc}") from None
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        fail(one_line(f"--listen {host}:{port}: {exc.strerror}", "address_refused"))
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's create_server does
+        sock.bind(address)
+        sock.listen(100)
+    except OSError as exc:
+        sock.close()
+        code = "address_in_use" if exc.errno == errno.EADDRINUSE else "address_refused"
+        what = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc.strerror})"
+        fail(one_line(f"--listen {host}:{port} {what}", code))
+    sock.setblocking(False)
+    return sock
+
+
+def take_stdio() -> tuple[int, int]:
+    """The ssh stream's fds for the tunnel alone: 0 and 1 are moved aside and /dev/null put in their
+    place, so no stray print can corrupt the stream and closing ours reaches ssh as EOF."""
+    fd_in, fd_out = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    return fd_in, fd_out
+
+
+def run_until_signalled(main: Callable[[], Any]) -> None:
+    """Run ``main`` in trio until it returns or SIGINT, SIGTERM or SIGHUP arrives (ssh sends SIGHUP to
+    its ProxyCommand when it exits); either way ``main`` closes its session in its own finally."""
+    import trio
+
+    async def runner() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            async with trio.open_nursery() as nursery:
+                async def watch() -> None:
+                    async for _ in signals:
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(watch)
+                await main()
+                nursery.cancel_scope.cancel()
+
+    trio.run(runner)
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The one exception inside (nested) groups of one, else the group itself."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def command(args: argparse.Namespace, run: Callable[[Any], None] | None = None) -> None:
+    from .client import Credentials, Ready, Summary, TunnelError, run_tunnel
+    from .failures import one_line
+    from .peer import quiet_ice_logs
+
+    hub = args.hub or os.environ.get("FLEETHUB_HUB_URL")
+    if not hub:
+        fail("no hub: give --hub URL (or FLEETHUB_HUB_URL)")
+    if not hub.startswith(("http://", "https://")):
+        fail(f"--hub {hub!r} is not a URL; give the hub's base URL, e.g. http://127.0.0.1:8080")
     credentials = Credentials(org_id=args.org or os.environ.get("FLEETHUB_ORG_ID"),
                               pat_id=args.pat_id or os.environ.get("FLEETHUB_PAT_ID"),
                               pat_secret=args.pat_secret or os.environ.get("FLEETHUB_PAT_SECRET"),
                               bearer=os.environ.get("FLEETHUB_TOKEN"))
     if not ((credentials.pat_id and credentials.pat_secret) or credentials.bearer):
-        raise SystemExit("fleethub tunnel needs --pat-id and --pat-secret (or FLEETHUB_PAT_ID and "
-                         "FLEETHUB_PAT_SECRET), or FLEETHUB_TOKEN")
+        fail(one_line("no credentials", "no_credentials"))
+    talk = not args.stdio or args.verbose
+    listener = stdio = None
+    if args.stdio:
+        stdio = take_stdio()
+    else:
+        try:
+            host, port = parse_listen(args.listen)
+        except ValueError as exc:
+            fail(f"--listen: {exc}; give HOST:PORT, e.g. 127.0.0.1:7022 (port 0: a free one)")
+        listener = bind_listener(host, port)
 
     def ready(r: Ready) -> None:
-        print(f"tunnel ready: {r.host}:{r.port} -> device {args.device} target {args.target} "
-              f"(session {r.session_id}, connected in {r.seconds_to_connect:.3f}s)", flush=True)
+        where = "stdin/stdout" if args.stdio else f"{r.host}:{r.port}"
+        if talk:
+            print(f"tunnel ready: {where} -> device {args.device} target {args.target} "
+                  f"(session {r.session_id}, connected in {r.seconds_to_connect:.3f}s)",
+                  file=sys.stderr if args.stdio else sys.stdout, flush=True)
 
-    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
-        # every ICE check and HTTP request at INFO drowns the one line a user looks for
-        for noisy in ("aioice", "aiortc", "httpx"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+    summaries: list[Summary] = []
+    quiet_ice_logs(("httpx",))  # and a line per HTTP request
     outcome: list[str] = []
+    failure: list[str] = []
 
     async def main() -> None:
         try:
-            outcome.append(await run_tunnel(args.hub, credentials, args.device, args.target,
-                                            listen=listen, on_ready=ready))
-        except TunnelError as exc:
-            outcome.append(f"error: {exc}")
+            outcome.append(await run_tunnel(hub, credentials, args.device, args.target, listener=listener,
+                                            stdio=stdio, on_ready=ready, on_summary=summaries.append))
+        except BaseException as exc:  # noqa: BLE001 — reported as one line below
+            leaf = _leaf(exc)
+            if isinstance(leaf, TunnelError):
+                failure.append(one_line(str(leaf), leaf.code))
+            elif isinstance(leaf, Exception):
+                log.debug("tunnel failed", exc_info=leaf)
+                failure.append(f"unexpected failure: {type(leaf).__name__}: {leaf} "
+                               "(--log-level DEBUG shows where)")
+            else:
+                raise  # cancellation (a signal) and KeyboardInterrupt go on as they are
 
-    if run is None:
-        from hub.cli import _run as run
-    run(main)
+    (run or run_until_signalled)(main)
+    if failure:
+        fail(failure[0])
     message = outcome[0] if outcome else "stopped"
-    print(f"tunnel closed: {message}", file=sys.stderr, flush=True)
-    if message.startswith("error:"):
-        sys.exit(2)  # never connected: the hub or the device refused, or no ICE path
-    if message != "stopped":
+    if talk:
+        totals = f"; {summaries[0].line()}" if summaries else ""
+        print(f"tunnel closed: {message}{totals}", file=sys.stderr, flush=True)
+    if message not in ("stopped", "done"):
         sys.exit(1)  # the device or the connection ended it, not the user

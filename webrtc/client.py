@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import socket
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -96,9 +97,21 @@ class HubTunnels:
         self._token: str | None = None
         self._token_at = 0.0
 
+    async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One request; a transport failure becomes TunnelError hub_unreachable (never a traceback)."""
+        try:
+            return await self.client.request(method, path, **kw)
+        except httpx.TimeoutException:
+            raise TunnelError(f"the hub at {self.client.base_url} did not answer {method} {path} within "
+                              f"{HTTP_TIMEOUT:.0f}s", code="hub_unreachable") from None
+        except httpx.HTTPError as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise TunnelError(f"cannot reach the hub at {self.client.base_url} ({reason})",
+                              code="hub_unreachable") from None
+
     async def _auth(self) -> dict[str, str]:
         if self._token is None or trio.current_time() - self._token_at > TOKEN_REFRESH:
-            body = _data(await self.client.post("/v1/cli/tunnel/token", headers=self.credentials.headers()))
+            body = _data(await self._call("POST", "/v1/cli/tunnel/token", headers=self.credentials.headers()))
             token = body.get("token") or body.get("access_token") or body.get("tunnel_token")
             if not isinstance(token, str):
                 raise TunnelError("the hub's tunnel token answer has no token")
@@ -109,15 +122,15 @@ class HubTunnels:
         return headers
 
     async def open(self, device_id: str, target: str, offer: dict[str, str]) -> dict[str, Any]:
-        return _data(await self.client.post("/v1/cli/tunnel/session", headers=await self._auth(),
-                                            json={"device_id": device_id, "target": target, "offer": offer}))
+        return _data(await self._call("POST", "/v1/cli/tunnel/session", headers=await self._auth(),
+                                      json={"device_id": device_id, "target": target, "offer": offer}))
 
     async def renew(self, sid: str, grant: str) -> dict[str, Any]:
-        return _data(await self.client.post(f"/v1/cli/tunnel/session/{sid}/renew", headers=await self._auth(),
-                                            json={"grant": grant}))
+        return _data(await self._call("POST", f"/v1/cli/tunnel/session/{sid}/renew", headers=await self._auth(),
+                                      json={"grant": grant}))
 
     async def delete(self, sid: str) -> None:
-        response = await self.client.delete(f"/v1/cli/tunnel/session/{sid}", headers=await self._auth())
+        response = await self._call("DELETE", f"/v1/cli/tunnel/session/{sid}", headers=await self._auth())
         if response.status_code != 404:  # already gone is what we wanted
             _data(response)
 
@@ -138,23 +151,59 @@ def grant_expiry(session: dict[str, Any]) -> dt.datetime:
 
 @dataclass
 class Ready:
-    host: str
+    host: str  # where the CLI listens ("" with stdio)
     port: int
     session_id: str
     seconds_to_connect: float  # from the session request to the open control channel
 
 
+@dataclass
+class Summary:
+    """A session's totals as the CLI saw them, for the line it prints on close."""
+
+    session_id: str | None
+    sent: int  # bytes from the local side onto the tunnel (towards the device)
+    received: int  # bytes from the device
+    seconds: float  # from the open control channel to the close (0 when it never opened)
+    path: str  # "direct", "relayed" or "not connected"
+    candidates: tuple[str, str] | None  # the selected ICE pair's (local, remote) candidate types
+
+    def line(self) -> str:
+        pair = f" ({self.candidates[0]}/{self.candidates[1]} candidates)" if self.candidates else ""
+        return (f"{self.sent} bytes sent ({_size(self.sent)}), {self.received} bytes received "
+                f"({_size(self.received)}) in {self.seconds:.1f}s, {self.path}{pair}")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024 or unit == "MiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _path(pair: tuple[str, str] | None) -> str:
+    if pair is None:
+        return "not connected"
+    return "relayed" if "relay" in pair else "direct"
+
+
 async def run_tunnel(hub_url: str, credentials: Credentials, device_id: str, target: str, *,
-                     listen: tuple[str, int] = ("127.0.0.1", 0), clock: Clock | None = None,
+                     listen: tuple[str, int] = ("127.0.0.1", 0), listener: socket.socket | None = None,
+                     stdio: tuple[int, int] | None = None, clock: Clock | None = None,
                      transport: httpx.AsyncBaseTransport | None = None,
                      on_ready: Callable[[Ready], None] | None = None,
+                     on_summary: Callable[[Summary], None] | None = None,
                      task_status: trio.TaskStatus[Ready] = trio.TASK_STATUS_IGNORED) -> str:
-    """Forward ``listen`` to ``target`` on the device until cancelled (Ctrl-C) or the device closes
-    the session; returns why it ended. The session is deleted on the hub either way."""
+    """Forward ``listen`` (or connections accepted on ``listener``, a socket the caller bound, or the
+    ``stdio`` pair of fds: one connection) to ``target`` on the device until cancelled (Ctrl-C), the
+    device closes the session or, with stdio, that one connection ends ("done"); returns why it ended.
+    The session is deleted on the hub either way; ``on_summary`` gets its totals."""
     clock = clock or Clock()
     ended: list[str] = []
     renewed: list[dict[str, Any]] = []
     stop = trio.Event()
+    connected_at: list[float] = []
 
     def on_control(message: dict[str, Any]) -> None:
         kind = message.get("type")
@@ -169,10 +218,14 @@ async def run_tunnel(hub_url: str, credentials: Credentials, device_id: str, tar
             ended.append(f"the peer connection {state}")
             stop.set()
 
+    def stdio_closed() -> None:
+        stop.set()  # ssh is done with the connection: so is the session
+
     async with httpx.AsyncClient(base_url=hub_url, timeout=HTTP_TIMEOUT, transport=transport) as http:
         hub = HubTunnels(http, credentials)
         peer = TunnelPeer(on_control=on_control, on_state=on_state)
         session: dict[str, Any] | None = None
+        pair: tuple[str, str] | None = None
         try:
             offer = await peer.create_offer()
             asked = trio.current_time()
@@ -184,7 +237,12 @@ async def run_tunnel(hub_url: str, credentials: Credentials, device_id: str, tar
             if waited.cancelled_caught:
                 raise TunnelError(f"no connection to device {device_id} within {CONNECT_TIMEOUT:.0f}s "
                                   "(no usable ICE candidate pair)", code="not_connected")
-            host, port = await peer.listen(*listen)
+            connected_at.append(trio.current_time())
+            if stdio is not None:
+                await peer.stdio(*stdio, on_closed=stdio_closed)
+                host, port = "", 0
+            else:
+                host, port = await peer.listen(*listen, sock=listener)
             ready = Ready(host, port, sid, trio.current_time() - asked)
             if on_ready is not None:
                 on_ready(ready)
@@ -193,12 +251,18 @@ async def run_tunnel(hub_url: str, credentials: Credentials, device_id: str, tar
                 nursery.start_soon(_renewals, hub, peer, session, clock, renewed)
                 await stop.wait()
                 nursery.cancel_scope.cancel()
-            return ended[0] if ended else "stopped"
+            return ended[0] if ended else ("done" if stdio is not None else "stopped")
         finally:
             with trio.CancelScope(shield=True):
+                pair = peer.candidate_pair() if connected_at else None
                 if session is not None and not ended:
                     peer.send_control({"type": "closing", "reason": "client_closed"})
                 await peer.close()
+                if on_summary is not None:
+                    on_summary(Summary(str(session["session_id"]) if session else None, peer.counters.sent,
+                                       peer.counters.received,
+                                       trio.current_time() - connected_at[0] if connected_at else 0.0,
+                                       _path(pair), pair))
                 if session is not None:
                     with trio.move_on_after(10):
                         try:

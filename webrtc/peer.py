@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 from typing import Any, Callable
 
 import trio
@@ -28,6 +29,21 @@ from .sctp import batch_sacks
 log = logging.getLogger("fleethub.webrtc")
 
 CLOSE_FLUSH = 0.5  # seconds to let a last control message (closing) leave before the abort
+# aioice logs every ICE check and state change at INFO (about 18 lines a session on each peer);
+# aiortc its transports' states. Operators read the agent's and the CLI's logs for the one line
+# that says a tunnel opened or closed, so below DEBUG these libraries only speak up for WARNING.
+CHATTY = ("aioice", "aiortc")
+
+
+def quiet_ice_logs(extra: tuple[str, ...] = ()) -> None:
+    """Send the ICE libraries' INFO chatter (and ``extra`` loggers') to DEBUG: shown only when the
+    process logs at DEBUG. A level someone set on those loggers explicitly is left alone."""
+    if logging.getLogger().getEffectiveLevel() <= logging.DEBUG:
+        return
+    for name in CHATTY + extra:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
 
 
 def _ice_configuration(ice_servers: list[dict[str, Any]], relay_only: bool) -> Any:
@@ -48,6 +64,7 @@ class TunnelPeer:
         """Construct in trio: the callbacks are bound to the current trio run."""
         loop_mod.restrict_host_addresses()
         batch_sacks()
+        quiet_ice_logs()
         self._thread = thread or loop_mod.shared()
         self._ice_servers = list(ice_servers or [])
         self._relay_only = relay_only
@@ -84,9 +101,16 @@ class TunnelPeer:
     async def wait_control_open(self) -> None:
         await self._control_open.wait()
 
-    async def listen(self, host: str, port: int) -> tuple[str, int]:
-        """Client: forward every TCP connection to ``host:port`` over its own channel."""
-        return await self._thread.run(self._listen(host, port))
+    async def listen(self, host: str = "127.0.0.1", port: int = 0, *,
+                     sock: socket.socket | None = None) -> tuple[str, int]:
+        """Client: forward every TCP connection to ``host:port`` (or accepted on ``sock``, a socket the
+        caller bound and listens on) over its own channel; returns the address it listens on."""
+        return await self._thread.run(self._listen(host, port, sock))
+
+    async def stdio(self, fd_in: int, fd_out: int, on_closed: Callable[[], None]) -> None:
+        """Client: forward ``fd_in``/``fd_out`` (an OpenSSH ProxyCommand's pipes) over one channel;
+        ``on_closed`` is called (in trio) once that channel and the pipes are done."""
+        await self._thread.run(self._stdio(fd_in, fd_out, loop_mod.to_trio(on_closed)))
 
     def send_control(self, message: dict[str, Any]) -> None:
         """Queue a control message (sync: nothing to wait for; order is kept)."""
@@ -188,16 +212,34 @@ class TunnelPeer:
             log.info("tunnel target %s:%d refused a connection: %s", host, port, exc)
             pump.close()
 
-    async def _listen(self, host: str, port: int) -> tuple[str, int]:
+    async def _listen(self, host: str, port: int, sock: socket.socket | None) -> tuple[str, int]:
         def accept() -> asyncio.Protocol:
             sctp = self._pc.sctp
             if sctp is None or sctp.state != "connected":
                 return _Refuse()  # the peer connection is gone: a channel would never open
             return self._pump(self._pc.createDataChannel("tcp"))
 
-        self._server = await asyncio.get_running_loop().create_server(accept, host, port)
+        loop = asyncio.get_running_loop()
+        if sock is not None:
+            self._server = await loop.create_server(accept, sock=sock)
+        else:
+            self._server = await loop.create_server(accept, host, port)
         address = self._server.sockets[0].getsockname()
         return address[0], address[1]
+
+    async def _stdio(self, fd_in: int, fd_out: int, on_closed: Callable[[], None]) -> None:
+        from .stdio import connect_stdio
+
+        pump = self._pump(self._pc.createDataChannel("tcp"))
+        discard = pump.on_closed
+
+        def closed(p: Pump) -> None:
+            if discard is not None:
+                discard(p)
+            on_closed()
+
+        pump.on_closed = closed
+        await connect_stdio(pump, fd_in, fd_out)
 
     def _send_control(self, text: str) -> None:
         if self._control is not None and self._control.readyState == "open":

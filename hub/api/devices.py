@@ -60,6 +60,8 @@ class DeviceOut(BaseModel):
     architecture: str | None
     conditions: list[dict]
     has_tunnel_identity: bool
+    tunnel_targets: dict | None = Field(None, description="what the device's agent offers tunnels, from its "
+                                        "last hello: {names, ports, ssh} (null: it never said)")
     configuration: dict = Field(description="assigned configuration, applied version, status (pending, "
                                             "applied, rejected) and the device's error")
     created_at: str
@@ -117,6 +119,7 @@ def device_json(row: dict) -> dict:
         "boot_reason": conn["bootReason"], "firmware": facts.get("firmware") or row["firmware"],
         "architecture": facts.get("architecture") or row["architecture"], "conditions": row["conditions"],
         "has_tunnel_identity": bool(facts.get("tunnelPublicKey") or row["tunnel_public_key"]),
+        "tunnel_targets": facts.get("tunnelTargets") or (row.get("facts") or {}).get("tunnelTargets"),
         "configuration": {"config_id": row.get("config_id"), "version_id": row.get("config_version_id"),
                           "applied_version_id": row.get("applied_version_id"), "status": row.get("config_status"),
                           "error": row.get("config_error")},
