@@ -14,6 +14,7 @@ not per chunk.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,8 @@ T = TypeVar("T")
 # ICE gathers host candidates on every interface but loopback. Tests, benchmarks and a hub and
 # devices on one machine set this ("127.0.0.1") so the peers meet on loopback only.
 ICE_ADDRESSES_ENV = "FLEETHUB_ICE_ADDRESSES"
+
+log = logging.getLogger("fleethub.webrtc")
 
 
 class AsyncioThread:
@@ -45,6 +48,7 @@ class AsyncioThread:
 
                 def main() -> None:
                     loop = asyncio.new_event_loop()
+                    loop.set_exception_handler(_exception_handler)
                     asyncio.set_event_loop(loop)
                     box.append(loop)
                     ready.set()
@@ -63,6 +67,31 @@ class AsyncioThread:
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the asyncio side without waiting (sync; safe from any thread)."""
         self.loop().call_soon_threadsafe(fn, *args)
+
+
+def closed_send(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a send that met a closed peer connection: aiortc's DTLS transport raises
+    ConnectionError once it is no longer connected and OpenSSL's error ("protocol is shutdown") when
+    the TLS state is shut down under it. Both happen when a session ends while SCTP still had a SACK,
+    a retransmission or a flush scheduled; nothing is lost that anyone still wanted."""
+    if isinstance(exc, ConnectionError):
+        return True
+    try:
+        from OpenSSL import SSL
+    except ImportError:  # pragma: no cover — aiortc depends on pyOpenSSL
+        return False
+    return isinstance(exc, SSL.Error)
+
+
+def _exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """aiortc starts many tasks nobody awaits (ensure_future of SCTP sends, flushes, timers); when a
+    session ends, those still queued fail with a closed-send error and asyncio would log each as
+    "Task exception was never retrieved" with a traceback. Those go to DEBUG; anything else is
+    reported as asyncio would."""
+    if closed_send(context.get("exception")):
+        log.debug("after a peer connection closed: %s", context.get("exception"))
+        return
+    loop.default_exception_handler(context)
 
 
 _shared = AsyncioThread()

@@ -21,6 +21,8 @@ import asyncio
 import os
 from typing import Any
 
+from .loop import closed_send
+
 _applied = False
 
 
@@ -33,6 +35,15 @@ def batch_sacks() -> None:
 
     send_now = RTCSctpTransport._send_sack
 
+    async def send_or_drop(self: Any) -> None:
+        # a SACK scheduled just before the association or DTLS closed has nobody to go to; nobody
+        # awaits this task, so an exception here would be "Task exception was never retrieved"
+        try:
+            await send_now(self)
+        except Exception as exc:  # noqa: BLE001 — see loop.closed_send
+            if not closed_send(exc):
+                raise
+
     async def send_later(self: Any) -> None:
         if getattr(self, "_fleethub_sack_scheduled", False):
             return
@@ -41,7 +52,7 @@ def batch_sacks() -> None:
         def fire() -> None:
             self._fleethub_sack_scheduled = False
             if self._sack_needed:
-                asyncio.ensure_future(send_now(self))
+                asyncio.ensure_future(send_or_drop(self))
 
         asyncio.get_running_loop().call_soon(fire)
 

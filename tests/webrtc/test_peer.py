@@ -12,7 +12,7 @@ import trio
 
 from webrtc.forward import TokenBucket
 
-from .peers import connect_pair, exchange, start_echo
+from .peers import connect_pair, echo_handler, exchange, start_echo
 
 
 async def test_bytes_come_back_unchanged(nursery):
@@ -113,3 +113,46 @@ async def test_bytes_sent_just_before_a_full_close_still_arrive(nursery):
         finally:
             await pair.client.close()
             await pair.device.close()
+
+
+async def test_a_session_ended_mid_transfer_leaves_no_stray_task_errors(nursery, caplog):
+    """Closing either peer while bulk bytes flow used to leave aiortc's unawaited SCTP tasks (SACKs,
+    flushes) failing on the closed DTLS transport: "Task exception was never retrieved" with a
+    traceback in the agent's log, once per session ended early."""
+    import gc
+    import logging
+
+    caplog.set_level(logging.ERROR, logger="asyncio")
+
+    async def echo(stream: trio.SocketStream) -> None:
+        try:
+            await echo_handler(stream)
+        except trio.BrokenResourceError:
+            pass  # the device peer dropped the connection mid-transfer
+
+    listeners = await nursery.start(partial(trio.serve_tcp, echo, 0, host="127.0.0.1"))
+    echo_port = listeners[0].socket.getsockname()[1]
+    for closing in ("client", "device", "client", "device"):
+        with trio.fail_after(30):
+            pair = await connect_pair(echo_port)
+            ended = trio.Event()
+
+            async def bulk(port: int = pair.listen_port, ended: trio.Event = ended) -> None:
+                try:
+                    await exchange(port, os.urandom(20_000_000))
+                except (OSError, trio.BrokenResourceError, BaseExceptionGroup):
+                    pass  # the session was cut under it: that is the point
+                ended.set()
+
+            nursery.start_soon(bulk)
+            await trio.sleep(0.4)  # bytes in flight both ways
+            await getattr(pair, closing).close()
+            await trio.sleep(0.3)
+            await pair.client.close()
+            await pair.device.close()
+            await ended.wait()
+    await trio.sleep(0.5)
+    gc.collect()  # unretrieved task exceptions are reported when the task is collected
+    await trio.sleep(0.2)
+    stray = [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert stray == []
