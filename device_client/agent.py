@@ -33,6 +33,7 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError,
 from . import protocol
 from .clock import Clock, rfc3339
 from . import linkctl
+from .linkcodes import SUPERSEDED_BACKOFF, Close
 from .commands import CommandError, CommandTable, Handler, Hook, Hooks, current_command
 from .configs import ConfigManager
 from .files import SecretFileStore
@@ -142,7 +143,8 @@ class Agent:
                  rng: random.Random | None = None, ignore_owner: bool | None = None,
                  tunnel: Any = None, memtest: MemtestConfig | None = None,
                  workload_user: RunAs | None = None, owner_for_all_files: tuple[int, int] | None = None,
-                 max_frame_bytes: int = protocol.MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = protocol.MAX_FRAME_BYTES,
+                 superseded_backoff: float = SUPERSEDED_BACKOFF) -> None:
         if reboot_mode not in ("restart", "exec"):
             raise ValueError(f"reboot_mode must be 'restart' or 'exec', got {reboot_mode!r}")
         self.hub_url = hub_url
@@ -174,6 +176,8 @@ class Agent:
         self.hooks = Hooks()
         self.frames = FrameGuard(self.data_dir, self.clock, max_frame_bytes)  # the link's frame limit
         self._backoff = Backoff(backoff_initial, backoff_max, rng)
+        self._superseded_backoff = superseded_backoff
+        self._closed_with: int | None = None  # the close code that ended the last link, if the hub sent one
         self._limiter = connect_limiter
         self._limiter_held = False
         self._connect_timeout = connect_timeout
@@ -305,6 +309,8 @@ class Agent:
                     if self._reconnect_after is not None:
                         # drained by the hub: spread the reconnects over the window it gave
                         delay, self._reconnect_after = self._backoff.within(self._reconnect_after), None
+                    else:
+                        delay = self._after_close(delay)
                     log.debug("%s: reconnecting in %.2fs", self._who(), delay)
                     with trio.CancelScope() as self._scope:
                         await trio.sleep(delay)
@@ -313,6 +319,19 @@ class Agent:
             self.workload.nursery = self.nursery = None
             with trio.CancelScope(shield=True):
                 await self.hooks.run(self.hooks.shutdown, self._who())
+
+    def _after_close(self, delay: float) -> float:
+        """How long to stay away after the hub closed the link with ``_closed_with`` (docs/device-protocol.md,
+        close codes): superseded means another holder of our token took over, and coming straight back
+        would knock it off in a loop; a revoked token or an unknown version will not work sooner."""
+        code, self._closed_with = self._closed_with, None
+        if code == Close.SUPERSEDED:
+            log.warning("%s: another connection with this device's token took over (4001); staying away "
+                        "%.0f s. If this repeats, two devices share one token.", self._who(), self._superseded_backoff)
+            return self._superseded_backoff + delay
+        if code in (Close.CREDENTIAL_REVOKED, Close.UNKNOWN_VERSION):
+            return max(delay, self._backoff.maximum)
+        return delay
 
     async def _connect_once(self) -> bool:
         self._link_welcomed = False
@@ -347,6 +366,10 @@ class Agent:
         except _LINK_ERRORS as exc:
             log.log(logging.INFO if self._link_welcomed else logging.WARNING, "%s: link %s: %s",
                     self._who(), "lost" if self._link_welcomed else "failed", self._link_failed(exc))
+            if isinstance(exc, ConnectionClosed):
+                self._closed_with = exc.reason.code
+                if exc.reason.code != protocol.CLOSE_TOO_BIG and exc.reason.reason:
+                    log.warning("%s: the hub closed the link (%d): %s", self._who(), exc.reason.code, exc.reason.reason)
             if isinstance(exc, ConnectionClosed) and exc.reason.code == protocol.CLOSE_TOO_BIG:
                 # the hub refused a frame as too big: trim or drop it before coming back, never resend it
                 self.frames.refused_by_hub(exc.reason.reason or "")

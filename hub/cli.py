@@ -1,4 +1,4 @@
-"""The ``fleethub`` command: serve | demo | sim | agent | tunnel | admin."""
+"""The ``fleethub`` command: serve | demo | sim | agent | tunnel | device-test | admin."""
 
 from __future__ import annotations
 
@@ -76,11 +76,25 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from hub.demo import curl_examples, run_demo
     from hub.server import run_hub
 
-    settings = _settings(args)
+    from dataclasses import replace
+
+    # The demo's devices live in this process and stop with it: there is nobody to drain for, so no
+    # drain window (it made Ctrl-C take 15 s), and the devices go first, so HTTP has no device
+    # sockets left to wait for when it stops.
+    settings = replace(_settings(args), drain_window=0.0)
+    stop_devices, devices_stopped, hub_stopping = trio.Event(), trio.Event(), trio.Event()
+
+    async def demo_devices(services, base_url, task_status=trio.TASK_STATUS_IGNORED):
+        async with trio.open_nursery() as devices:
+            task_status.started(await run_demo(
+                services, base_url, devices, data_dir=settings.data_dir, devices=args.devices,
+                memory_faults=args.memory_fault, memory_budget=args.memory_budget))
+            await stop_devices.wait()
+            devices.cancel_scope.cancel()
+        devices_stopped.set()
 
     async def on_ready(services, base_url, nursery):
-        info = await run_demo(services, base_url, nursery, data_dir=settings.data_dir, devices=args.devices,
-                              memory_faults=args.memory_fault, memory_budget=args.memory_budget)
+        info = await nursery.start(demo_devices, services, base_url)
         print(f"\nfleethub demo is up at {base_url} with {len(info['devices'])} simulated devices.\n"
               f"  organisation  {info['org_id']}\n  fleet         {info['fleet_id']}\n"
               f"  PAT id        {info['pat']['id']}\n  PAT secret    {info['pat']['secret']}\n"
@@ -88,7 +102,19 @@ def cmd_demo(args: argparse.Namespace) -> None:
               f"  written to    {settings.data_dir / 'demo.json'}\n\nTry:\n{curl_examples(info)}\n\n"
               "Ctrl-C stops the hub, the devices and PostgreSQL.\n", flush=True)
 
-    _run(partial(run_hub, settings, on_ready=on_ready), graceful=True)
+    async def main(stopping: trio.Event) -> None:
+        async with trio.open_nursery() as nursery:
+            async def devices_first() -> None:
+                await stopping.wait()
+                stop_devices.set()
+                with trio.move_on_after(5):
+                    await devices_stopped.wait()
+                hub_stopping.set()
+            nursery.start_soon(devices_first)
+            await run_hub(settings, on_ready=on_ready, stopping=hub_stopping)
+            nursery.cancel_scope.cancel()
+
+    _run(main, graceful=True)
 
 
 def cmd_sim(args: argparse.Namespace) -> None:
@@ -198,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tunnel", help="forward local TCP connections to a device target over WebRTC")
     tunnel_command(p)
 
+    p = sub.add_parser("device-test", help="qualify a device: play the hub for it and check the link protocol's "
+                                           "rules (docs/device-protocol.md)")
+    from device_client.qualify.cli import add_arguments as device_test_args
+    device_test_args(p)
+    p.set_defaults(func=cmd_device_test)
+
     p = sub.add_parser("admin", help="create organisations, users and PATs directly in storage")
     hub_args(p)
     asub = p.add_subparsers(dest="admin_command", required=True)
@@ -235,6 +267,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_assistant_parsers(asub)
     p.set_defaults(func=cmd_admin)
     return parser
+
+
+def cmd_device_test(args: argparse.Namespace) -> None:
+    from device_client.qualify.cli import main as device_test
+
+    code = trio.run(_until_signalled_result, device_test, args)
+    sys.exit(code)
+
+
+async def _until_signalled_result(main, *args):
+    result: list[int] = [1]
+
+    async def run() -> None:
+        result[0] = await main(*args)
+
+    await _until_signalled(run)
+    return result[0]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,20 +13,24 @@ outside ``protocol.EVENT_KIND_PATTERN`` closes the link with 4400 and a reason n
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from typing import Any
 
 import trio
+from pydantic import BaseModel, ConfigDict
 from quart import Blueprint, websocket
 
 from actors.device import DeviceEvent, Hello
 from actors.machines.connection import Heartbeat, LinkDown, LinkUp
 from actors.runtime import ActorError, MailboxFull, Reply
 from device_client import protocol as p
+from device_client import protocol_schema
 from hub import frames
 from hub.api.common import services
 from hub.auth.middleware import public
+from hub.api.validation import responds
 from hub.auth.pat import digest
 from hub.errors import DeviceError, DeviceOffline
 from hub.services import Link
@@ -46,6 +50,33 @@ MAX_FRAME_BYTES = p.MAX_FRAME_BYTES
 USAGE_IN_FLIGHT = 2
 # How long a closing link waits for room in its actor's mailbox to say LinkDown.
 LINK_DOWN_WITHIN = 5.0
+
+
+class ProtocolDocument(BaseModel):
+    """JSON Schema of the device link: every frame, verb payload and reply, event payload; close codes
+    and limits (docs/device-protocol.md)."""
+    model_config = ConfigDict(extra="allow")
+    title: str
+    protocolVersion: int
+    supportedVersions: list[int]
+    frames: dict[str, Any]
+    verbs: dict[str, Any]
+    events: dict[str, Any]
+    closeCodes: list[dict[str, Any]]
+    limits: dict[str, Any]
+
+
+@functools.cache
+def _protocol_document() -> dict[str, Any]:
+    return protocol_schema.document()
+
+
+@bp.get("/v1/device/protocol.json")
+@public
+@responds(ProtocolDocument)
+async def device_protocol():
+    """The device link's contract as JSON Schema, for device makers and their tools (no credential)."""
+    return _protocol_document()
 
 
 def _device_token() -> str | None:

@@ -1,0 +1,70 @@
+"""``fleethub device-test --listen HOST:PORT``: wait for one device, qualify it, print the verdict.
+
+Point the device under test at ``http://HOST:PORT`` (its link URL is ``ws://HOST:PORT/v1/device/link``);
+any bearer token is accepted unless ``--token`` names the one expected. Exit status 0 when every rule
+passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import trio
+
+from .. import linkcodes
+from .link import Listener
+from .report import passed, write
+from .scenarios import Options, Qualification
+
+DEFAULT_DEVICE_ID = "6f1c2a52-0d4e-4c35-9d1b-6a7c0e5f9a10"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--listen", required=True, metavar="HOST:PORT", help="where the kit listens for the device")
+    p.add_argument("--token", help="the bearer token the device must send (default: any)")
+    p.add_argument("--device-id", default=DEFAULT_DEVICE_ID, help="the device id the kit's welcome gives")
+    p.add_argument("--heartbeat", type=float, default=1.0, help="welcome.heartbeatInterval (seconds)")
+    p.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the device's first connection")
+    p.add_argument("--reconnect-timeout", type=float, default=60.0,
+                   help="seconds the device has to come back after a reboot, drain or close")
+    p.add_argument("--superseded-wait", type=float, default=linkcodes.SUPERSEDED_BACKOFF,
+                   help="least seconds the device must stay away after close 4001")
+    p.add_argument("--file-owner", default="0:0", metavar="UID:GID", help="owner of the files the kit writes")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--listen wants HOST:PORT, got {value!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    uid, _, gid = args.file_owner.partition(":")
+    return Options(heartbeat=args.heartbeat, first_timeout=args.wait, reconnect_timeout=args.reconnect_timeout,
+                   superseded_wait=args.superseded_wait, file_owner=(int(uid), int(gid or uid)))
+
+
+async def qualify(listener: Listener, options: Options, *, task_status=trio.TASK_STATUS_IGNORED):
+    """Listen, run the scenarios against the first device that connects, return the verdicts."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.serve)
+        task_status.started(listener)
+        verdicts = await Qualification(listener, options).run()
+        nursery.cancel_scope.cancel()
+    return verdicts
+
+
+async def main(args: argparse.Namespace) -> int:
+    host, port = parse_listen(args.listen)
+    listener = Listener(host, port, token=args.token, device_id=args.device_id)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.serve)
+        print(f"device-test: waiting for a device at ws://{host}:{listener.port}/v1/device/link "
+              f"(point it at http://{host}:{listener.port})", file=sys.stderr, flush=True)
+        verdicts = await Qualification(listener, options_from(args)).run()
+        nursery.cancel_scope.cancel()
+    write(verdicts, sys.stdout, fmt=args.format)
+    return 0 if passed(verdicts) else 1

@@ -1,0 +1,87 @@
+"""docs/device-protocol.md cannot drift from the code: its generated blocks are rendered again from the
+models and compared, every verb a real agent answers and every event kind device code sends is in the
+tables, and the JSON Schema document is a valid schema that the agent's real hello satisfies."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from device_client import linkcodes, protocol, protocol_schema, verbs
+from device_client.agent import Agent
+from device_client.memtest import MemtestConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "device-protocol.md"
+
+
+def test_the_documents_generated_blocks_are_what_the_code_says():
+    text = DOC.read_text()
+    names = set(re.findall(r"<!-- generated:([a-z-]+) -->", text))
+    assert names == set(protocol_schema.tables()), "every generated block is in the document, once"
+    assert protocol_schema.render(text) == text, (
+        "docs/device-protocol.md is stale: run python -m device_client.protocol_schema docs/device-protocol.md")
+
+
+def test_a_changed_model_makes_the_document_stale(monkeypatch):
+    # the check above can fail: a new reply member shows up in the rendered verb table
+    monkeypatch.setattr(verbs.Pong, "model_json_schema",
+                        classmethod(lambda cls, **kw: {"properties": {"pong": {"const": True}, "extra": {"type": "string"}},
+                                                       "required": ["pong"]}))
+    assert protocol_schema.render(DOC.read_text()) != DOC.read_text()
+
+
+def test_every_verb_the_agent_answers_is_in_the_table_and_no_other(tmp_path):
+    agent = Agent("http://127.0.0.1:9", "t", tmp_path, memtest=MemtestConfig())
+    assert set(agent.commands.verbs()) == set(verbs.VERBS)
+
+
+def test_every_event_kind_device_code_sends_is_in_the_table():
+    sent: set[str] = set()
+    for path in (ROOT / "device_client").rglob("*.py"):
+        sent |= set(re.findall(r'(?:send_event|_send)\(\s*"([a-z][a-z0-9_.]*)"', path.read_text()))
+    sent |= {"heartbeat"}  # the agent's heartbeat loop encodes its event directly
+    assert sent and sent <= set(verbs.EVENTS), sorted(sent - set(verbs.EVENTS))
+
+
+def test_every_hello_field_and_close_code_is_described():
+    assert set(protocol.Hello.model_fields) == set(protocol_schema.HELLO_NOTES)
+    assert {r.code for r in linkcodes.CLOSE_RULES} == set(linkcodes.Close)
+
+
+def test_the_served_document_is_json_schema_and_the_agents_hello_satisfies_it(tmp_path):
+    doc = protocol_schema.document()
+    json.dumps(doc)  # serialisable as served
+    schemas = [*doc["frames"].values(), *(v[k] for v in doc["verbs"].values() for k in ("payload", "reply")),
+               *(e["payload"] for e in doc["events"].values())]
+    for schema in schemas:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    agent = Agent("http://127.0.0.1:9", "t", tmp_path, memtest=MemtestConfig())
+    hello = json.loads(agent.frames.encode_hello(agent._hello()))
+    jsonschema.validate(hello, doc["frames"]["hello"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**hello, "protocol": "one"}, doc["frames"]["hello"])
+
+
+def test_strict_results_name_the_field_at_fault():
+    with pytest.raises(verbs.Malformed) as info:
+        verbs.check_reply("config.apply", {"status": "applied", "versionId": "v"})
+    assert str(info.value) == "reply to config.apply: configId: Field required"
+    with pytest.raises(verbs.Malformed) as info:
+        verbs.check_reply("files.put", {"results": [{"path": "/etc/x"}]})
+    assert info.value.where == "results.0.status"
+    assert verbs.check_reply("files.put", {"results": [{"path": "/etc/x", "status": "on_device", "new": 1}]})
+
+
+@pytest.mark.parametrize("text, limit", [("word " * 40, 123), ("é" * 100, 123), ("short", 123)])
+def test_close_reasons_fit_and_are_cut_at_a_word(text, limit):
+    reason = linkcodes.bounded_reason(text, limit)
+    assert len(reason.encode()) <= limit
+    if reason != text:
+        assert reason.endswith("…")
+        kept = reason[:-1]
+        assert text.startswith(kept) and (" " not in text or text[len(kept)] == " ")

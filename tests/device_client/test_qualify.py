@@ -1,0 +1,103 @@
+"""The qualification kit (``fleethub device-test``): our agent passes every rule, and a deliberately
+broken device fails exactly the rules it breaks, with evidence."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+from trio_websocket import ConnectionClosed, open_websocket_url
+
+from device_client import protocol
+from device_client.agent import Agent, link_url
+from device_client.qualify.cli import DEFAULT_DEVICE_ID, qualify
+from device_client.qualify.link import Listener
+from device_client.qualify.rules import RULES
+from device_client.qualify.scenarios import Options
+
+TOKEN = "dev_qualify"
+FAST = Options(heartbeat=0.5, reconnect_timeout=10, superseded_wait=1.0)
+
+
+async def _qualify(nursery, device, options: Options = FAST):
+    listener = Listener("127.0.0.1", 0, token=TOKEN, device_id=DEFAULT_DEVICE_ID)
+    result = {}
+    done = trio.Event()
+
+    async def run(task_status=trio.TASK_STATUS_IGNORED):
+        result["verdicts"] = await qualify(listener, options, task_status=task_status)
+        done.set()
+
+    await nursery.start(run)
+    device_scope = trio.CancelScope()
+
+    async def run_device() -> None:
+        with device_scope:
+            await device(f"http://127.0.0.1:{listener.port}")
+
+    nursery.start_soon(run_device)
+    await done.wait()
+    device_scope.cancel()
+    return result["verdicts"]
+
+
+async def test_our_agent_passes_every_rule(nursery, tmp_path):
+    with trio.fail_after(60):
+        async def agent(url):
+            await Agent(url, TOKEN, tmp_path / "agent", backoff_initial=0.05, backoff_max=0.2,
+                        superseded_backoff=1.0).run()
+
+        verdicts = await _qualify(nursery, agent)
+        failed = {k: (v.status, v.evidence) for k, v in verdicts.items() if not v.passed}
+        assert failed == {}
+        assert set(verdicts) == {r.id for r in RULES}
+        assert all(v.checks for v in verdicts.values())
+
+
+async def _broken_device(url: str) -> None:
+    """Speaks the frames but breaks rules: no heartbeats, a wrong pong, results without status, no
+    memory of command ids, every verb 'handled' (unknown ones, other devices' ones too), and it never
+    comes back after a reboot."""
+    headers = [(b"authorization", f"Bearer {TOKEN}".encode())]
+    async with open_websocket_url(link_url(url), extra_headers=headers, max_message_size=4 << 20) as ws:
+        await ws.send_message(json.dumps({"type": "hello", "protocol": 1, "bootReason": "power_on"}))
+        protocol.decode(await ws.get_message())
+        n = 0
+        while True:
+            try:
+                frame = protocol.decode(await ws.get_message())
+            except protocol.ProtocolError:
+                continue
+            except ConnectionClosed:
+                return
+            if not isinstance(frame, protocol.Command):
+                continue
+            verb = protocol.verb_of(frame.subject)
+            n += 1
+            payload = {"n": n}
+            if verb == "ping":
+                payload = {"pong": "yes"}
+            elif verb in ("files.put", "files.delete"):
+                payload = {"results": [{"path": f.get("path") if isinstance(f, dict) else f}
+                                       for f in frame.payload.get("files") or frame.payload.get("paths") or []]}
+            elif verb == "reboot":
+                payload = {"rebooting": True}
+            await ws.send_message(json.dumps({"type": "reply", "id": frame.id, "ok": True, "payload": payload}))
+            if verb == "reboot":
+                return
+
+
+async def test_a_broken_device_fails_the_rules_it_breaks(nursery):
+    with trio.fail_after(60):
+        verdicts = await _qualify(nursery, _broken_device, Options(heartbeat=0.5, reconnect_timeout=2,
+                                                                    superseded_wait=1.0, event_timeout=1.0))
+        status = {k: v.status for k, v in verdicts.items()}
+        assert {k for k, s in status.items() if s == "PASS"} == {"T1", "H1", "H2", "H3", "H4", "C2", "C6", "R1"}
+        assert {k for k, s in status.items() if s == "FAIL"} == {
+            "B1", "B2", "C1", "C3", "C4", "C5", "I1", "F1", "F2", "F3", "F4", "F5", "A1", "A2", "K1", "K2"}
+        assert {k for k, s in status.items() if s == "NOT RUN"} == {"F6", "A3", "R2", "R3", "D1", "L1", "X1", "X2"}
+        assert "results.0.status: Field required" in verdicts["F1"].evidence
+        assert "pong" in verdicts["C1"].evidence
+        assert "0 heartbeats" in verdicts["B1"].evidence
+        assert "did not come back after reboot" in verdicts["R2"].evidence
