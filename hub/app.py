@@ -18,6 +18,7 @@ from werkzeug.exceptions import HTTPException
 
 from hub.api import (access, assistant, audit, billing, configurations, devices, diagnosis, fleets, health, link,
                      memtests, oauth, pagemaps, pats, rollouts, secret_files, sessions, tunnels, windows)
+from hub.api import validation
 from hub.auth import middleware
 from hub.ids import fast_uuid4
 from hub.openapi import EITHER, FleethubOpenAPI
@@ -81,6 +82,8 @@ def create_app(services: Services) -> QuartTrio:
         g.principal = None
         g.org = None
         await middleware.authenticate(services)
+        # after authentication, so an anonymous caller still gets 401 and counts against its limit
+        validation.refuse_unstorable_request_text()
 
     @app.after_request
     async def _after(response: Response) -> Response:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
 from hub.api.common import MAX_PAGE, Pagination, errors, jsonable, org, pagination, services
@@ -14,6 +13,7 @@ from hub.api.validation import query, responds
 from hub.auth.authz import require_org
 from hub.billing.state import require_feature
 from hub.errors import BadRequest
+from hub.instants import Instant
 
 bp = Blueprint("audit", __name__, url_prefix="/v1")
 
@@ -23,18 +23,11 @@ class AuditQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
     page: int = Field(1, ge=1, le=MAX_PAGE)
     limit: int = Field(50, ge=1, le=1000)
-    from_: dt.datetime | None = Field(None, alias="from")
-    to: dt.datetime | None = None
+    from_: Instant | None = Field(None, alias="from")  # aware, in range (hub/instants.py), in UTC
+    to: Instant | None = None
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"] | None = None
     pathPrefix: str | None = Field(None, min_length=1, max_length=1000)
     actorUserId: uuid.UUID | None = None
-
-    @field_validator("from_", "to")
-    @classmethod
-    def _aware(cls, value: dt.datetime | None) -> dt.datetime | None:
-        if value is not None and value.tzinfo is None:
-            raise ValueError("must be RFC 3339 with a time zone offset")
-        return value
 
 
 class AuditEvent(BaseModel):

@@ -29,6 +29,7 @@ from hub.billing.devices import push_telemetry_in_background
 from hub.billing.features import SELF_SERVE, default, enabled_days
 from hub.billing.pricing import PriceBook, price_usage
 from hub.errors import BadRequest, Conflict, NotFound, Unauthenticated, Unavailable
+from hub.instants import check_instant
 from hub.tunnels.auth import also_tunnel_token
 
 bp = Blueprint("billing", __name__, url_prefix="/v1/billing")
@@ -240,11 +241,10 @@ def _encode_cursor(opened_at: dt.datetime, sid: uuid.UUID) -> str:
 def _decode_cursor(cursor: str) -> tuple[dt.datetime, uuid.UUID]:
     try:
         raw = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        opened_at = dt.datetime.fromisoformat(raw["o"])
-        if opened_at.tzinfo is None:
-            raise ValueError
+        # in range and aware (hub/instants.py): 0001-01-01T00:00:00+01:00 overflowed in storage
+        opened_at = check_instant(dt.datetime.fromisoformat(raw["o"]))
         return opened_at, uuid.UUID(raw["i"])
-    except (ValueError, TypeError, KeyError, binascii.Error, UnicodeDecodeError):
+    except (ValueError, TypeError, KeyError, AttributeError, binascii.Error, UnicodeDecodeError):
         raise BadRequest("cursor: not a cursor this endpoint returned", code="invalid_cursor") from None
 
 

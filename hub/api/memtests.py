@@ -10,7 +10,6 @@ is the DeviceActor's (actors/memtest.py); this module validates, authorises, aud
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any, Literal
 
@@ -22,6 +21,7 @@ from actors.machines import memtest as mm
 from actors.memtest import CancelTest, ReadStatus, StartTest
 from hub.api.common import jsonable, org, parse_uuid, principal, services
 from hub.api.devices import device_obj
+from hub.api.validation import MalformedJSON, strict_loads
 from hub.auth.authz import authorize
 from hub.errors import BadRequest, FleethubError, Forbidden, NotFound, Unauthenticated
 from hub.api.validation import optional_body
@@ -115,9 +115,9 @@ async def _json_object() -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise invalid("body: not valid JSON") from None
+        data = strict_loads(raw)  # NaN, Infinity and deep nesting are not JSON either
+    except MalformedJSON as exc:
+        raise invalid(f"body: {exc}") from None
     if not isinstance(data, dict):
         raise invalid("body: must be a JSON object")
     return data

@@ -23,9 +23,11 @@ from quart import Blueprint, g, jsonify, request
 from quart_schema import DataSource, document_request, document_response
 
 from hub.api.common import services
+from hub.api.validation import form_problem
 from hub.auth.middleware import client_addr, public
 from hub.auth.oauth import TOKEN_LIFETIME
 from hub.auth.pat import digest
+from storage.text import refusal
 
 bp = Blueprint("oauth", __name__, url_prefix="/v1/oauth")
 
@@ -93,7 +95,10 @@ def _basic_credentials() -> tuple[str, str] | None | bool:
     client_id, sep, secret = decoded.partition(":")
     if not sep:
         return False
-    return unquote_plus(client_id), unquote_plus(secret)
+    client_id, secret = unquote_plus(client_id), unquote_plus(secret)
+    if refusal(client_id) or refusal(secret):  # NUL or a lone surrogate: no client has it, storage refuses it
+        return False
+    return client_id, secret
 
 
 @bp.post("/token")
@@ -112,6 +117,9 @@ async def token():
     if mimetype != "application/x-www-form-urlencoded":
         return _oauth_error("invalid_request", "the body must be application/x-www-form-urlencoded")
     form = await request.form
+    problem = form_problem(form)  # NUL in client_id was a 500 from storage
+    if problem is not None:
+        return _oauth_error("invalid_request", problem)
     if any(len(form.getlist(k)) > 1 for k in form):
         return _oauth_error("invalid_request", "a parameter was sent more than once")
     grant_type = form.get("grant_type")

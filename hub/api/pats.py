@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
-
 from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
@@ -12,6 +10,7 @@ from hub.api.validation import body, enveloped, responds
 from hub.auth.middleware import no_org
 from hub.auth.pat import digest, new_pat
 from hub.errors import BadRequest, Forbidden, NotFound
+from hub.instants import Instant
 
 bp = Blueprint("pats", __name__, url_prefix="/v1/pats")
 
@@ -19,7 +18,7 @@ bp = Blueprint("pats", __name__, url_prefix="/v1/pats")
 class PatCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     description: str = Field("", max_length=200)
-    expires_at: dt.datetime | None = None
+    expires_at: Instant | None = None  # aware and in range (hub/instants.py)
 
 
 class PatOut(BaseModel):
@@ -62,8 +61,6 @@ async def create_pat(data: PatCreate):
     s = services()
     now = s.clock.now()
     if data.expires_at is not None:
-        if data.expires_at.tzinfo is None:
-            raise BadRequest("expires_at: must carry a time zone offset", code="invalid_field")
         if data.expires_at <= now:
             raise BadRequest("expires_at: must be in the future", code="invalid_field")
     pat_id, secret = new_pat()

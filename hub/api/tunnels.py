@@ -37,7 +37,7 @@ from quart_schema import document_response
 from actors.runtime import ActorError
 from device_client.clock import rfc3339
 from hub.api.common import jsonable, org, parse_uuid, principal, services
-from hub.api.validation import body, enveloped, responds
+from hub.api.validation import body, enveloped, responds, strict_loads
 from hub.auth.middleware import public
 from hub.errors import BadRequest, FleethubError, NotFound
 from hub.tunnels import opening
@@ -266,7 +266,7 @@ async def signal(sid: str):
             # A client that sends what is not a message, or a second restart while one is running,
             # is broken: its socket closes with the reason (the session itself is not affected).
             try:
-                message = json.loads(await ws.receive())
+                message = strict_loads(await ws.receive())  # deep nesting is malformed too, not a crash
             except ValueError:
                 message = None
             problem = _malformed(message)

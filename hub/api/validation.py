@@ -3,11 +3,18 @@
 ``body(Model)`` and ``query(Model)`` both document the model for /v1/openapi.json (through
 quart-schema) and validate with our error bodies: malformed JSON, an unknown field, a missing field
 and an invalid value each get their own code and a message that names the field.
+
+Every input that is not valid is the caller's error (400), never a 500 (issue 14): ``strict_loads``
+is the one JSON reader of request bodies and frames — nesting deeper than ``MAX_JSON_DEPTH`` and
+NaN/Infinity (which PostgreSQL's jsonb refuses) are malformed JSON; ``refuse_unstorable_request_text``
+refuses NUL and lone surrogates in the query string and path of every request, ``form_problem`` in a
+form. Dates and instants go through hub/instants.py.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
@@ -17,6 +24,7 @@ from quart import request
 from quart_schema import document_querystring, document_request, document_response
 
 from hub.errors import BadRequest
+from storage.text import refusal
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -33,31 +41,111 @@ def invalid(exc: ValidationError, *, where: str = "body") -> BadRequest:
                       details=[{"field": p["field"], "problem": p["problem"]} for p in problems])
 
 
-def _reject_nul(value: Any, where: str) -> None:
-    """PostgreSQL text and jsonb cannot hold NUL; refuse it here as the caller's error, not a 500."""
+# Deeper than any document the API takes; deeper input exhausted Python's recursion (json, pydantic,
+# the jsonb encoder) and each such request was a 500 and a traceback.
+MAX_JSON_DEPTH = 64
+
+
+class MalformedJSON(ValueError):
+    """Not JSON this hub accepts: invalid, NaN/Infinity, too deep, or not UTF-8."""
+
+
+def json_depth(value: Any) -> int:
+    """How deep lists and dicts nest in a parsed value, level by level: no recursion, so any depth
+    is safe to measure."""
+    depth, level = 0, [value]
+    while True:
+        containers = [node for node in level if isinstance(node, (dict, list))]
+        if not containers:
+            return depth
+        depth += 1
+        level = []
+        for node in containers:
+            level.extend(node.values() if isinstance(node, dict) else node)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses as inf
+        raise MalformedJSON(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise MalformedJSON(f"{name} is not a JSON number")
+
+
+def strict_loads(raw: bytes | str) -> Any:
+    """JSON as RFC 8259 has it (no NaN or Infinity), nested at most MAX_JSON_DEPTH deep."""
+    too_deep = MalformedJSON(f"the JSON nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        data = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+    except MalformedJSON:
+        raise
+    except RecursionError:
+        # the C decoder stops cleanly at Python's recursion limit (about 900 levels from here):
+        # far deeper than MAX_JSON_DEPTH, so the answer is the same as for 65 levels
+        raise too_deep from None
+    except (ValueError, UnicodeDecodeError):  # JSONDecodeError, an int over 4,300 digits
+        raise MalformedJSON("the body is not valid JSON") from None
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise too_deep
+    return data
+
+
+def _reject_unstorable(value: Any, where: str, code: str = "invalid_field") -> None:
+    """PostgreSQL text and jsonb cannot hold NUL or lone surrogates (JSON's "\\ud800"); refuse
+    them here as the caller's error, not a 500 from storage."""
     if isinstance(value, str):
-        if "\x00" in value:
-            raise BadRequest(f"{where}: NUL characters are not allowed", code="invalid_field")
+        problem = refusal(value)
+        if problem is not None:
+            raise BadRequest(f"{(where or 'value')[:100]}: {problem}", code=code)  # a name the caller chose
     elif isinstance(value, dict):
         for k, v in value.items():
-            _reject_nul(k, where)
-            _reject_nul(v, f"{where}.{k}" if where else str(k))
+            _reject_unstorable(k, where, code)
+            _reject_unstorable(v, f"{where}.{k}" if where else str(k), code)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            _reject_nul(v, f"{where}[{i}]")
+            _reject_unstorable(v, f"{where}[{i}]", code)
+
+
+def json_object(raw: bytes, what: str = "the body") -> dict:
+    """``raw`` as a JSON object of storable text; BadRequest malformed_json / invalid_field."""
+    try:
+        data = strict_loads(raw)
+    except MalformedJSON as exc:
+        raise BadRequest(str(exc), code="malformed_json") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"{what} must be a JSON object", code="malformed_json")
+    _reject_unstorable(data, "")
+    return data
+
+
+def refuse_unstorable_request_text() -> None:
+    """Every request: a query string or path parameter with NUL or a lone surrogate is 400 before
+    any view reads it (views read request.args in many ways; this is the one place for all)."""
+    for key, value in request.args.items(multi=True):
+        _reject_unstorable(key, "query", "invalid_query")
+        _reject_unstorable(value, key, "invalid_query")
+    for key, value in (request.view_args or {}).items():
+        _reject_unstorable(value, key, "invalid_path")
+
+
+def form_problem(form: Any) -> str | None:
+    """Why a form (a MultiDict) cannot be taken as it is, or None: the caller answers 400 in its
+    own error shape (the OAuth token endpoint answers RFC 6749 bodies)."""
+    for key, value in form.items(multi=True):
+        problem = refusal(key) or refusal(value)
+        if problem is not None:
+            return f"a form field {problem}"
+    return None
 
 
 async def parse_body(model: type[M]) -> M:
     raw = await request.get_data(as_text=False)
     if not raw:
         raise BadRequest("a JSON body is required", code="malformed_json")
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequest("the body is not valid JSON", code="malformed_json") from None
-    if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object", code="malformed_json")
-    _reject_nul(data, "")
+    data = json_object(raw)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -66,7 +154,7 @@ async def parse_body(model: type[M]) -> M:
 
 def parse_query(model: type[M]) -> M:
     args = request.args.to_dict()
-    _reject_nul(args, "")
+    _reject_unstorable(args, "", "invalid_query")
     try:
         return model.model_validate(args)
     except ValidationError as exc:

@@ -7,12 +7,11 @@ The caps and the prompt are published in docs/assistant.md and at GET /v1/assist
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hub.api.validation import invalid
+from hub.api.validation import invalid, json_object
 from hub.assistant.tools import TOOL_NAMES
 from hub.errors import BadRequest, PayloadTooLarge
 
@@ -142,12 +141,7 @@ def parse(raw: bytes) -> ChatRequest:
         raise PayloadTooLarge(f"the request is over {MAX_BODY_BYTES} bytes", code="request_too_large")
     if not raw:
         raise BadRequest("a JSON body is required", code="malformed_json")
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequest("the body is not valid JSON", code="malformed_json") from None
-    if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object", code="malformed_json")
+    data = json_object(raw)  # the hub's one JSON body reader: depth, NaN, unstorable text
     try:
         req = ChatRequest.model_validate(data)
     except ValidationError as exc:

@@ -143,7 +143,8 @@ async def authenticate(services) -> None:
            tier if in_org else None, custom if in_org else None)
     if principal.via == "session" and request.method in MUTATING:
         expected = getattr(g, "csrf_token", None)
-        if not expected or not hmac.compare_digest(request.headers.get(CSRF_HEADER, ""), expected):
+        # bytes: compare_digest refuses str with non-ASCII characters (a TypeError, a 500)
+        if not expected or not hmac.compare_digest(request.headers.get(CSRF_HEADER, "").encode(), expected.encode()):
             raise Forbidden(f"a request made with the session cookie needs the {CSRF_HEADER} header",
                             code="csrf_required")
     if needs_org:
@@ -190,7 +191,7 @@ async def pat_principal(services, token_id, h: bytes, org_id, kind):
     if row is None:
         raise Unauthenticated("invalid API token")
     # One message for every failure: never tell a caller which half of a credential was wrong.
-    if token_id is not None and not hmac.compare_digest(row["id"], token_id):
+    if token_id is not None and not hmac.compare_digest(row["id"].encode(), token_id.encode()):  # bytes: any header
         raise Unauthenticated("invalid API token")
     if row["expires_at"] is not None and row["expires_at"] <= services.clock.now():
         raise Unauthenticated("API token expired")

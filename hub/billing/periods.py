@@ -19,6 +19,8 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 
+from hub import instants
+
 UTC = dt.UTC
 MAX_USAGE_DAYS = 400
 DAY = dt.timedelta(days=1)
@@ -43,19 +45,25 @@ class Days:
 
 
 def parse(value: str, name: str) -> dt.date | dt.datetime:
-    """A bare date (YYYY-MM-DD) or an RFC 3339 instant with an offset."""
+    """A bare date (YYYY-MM-DD) or an RFC 3339 instant with an offset, in UTC; either within the
+    years hub/instants.py allows, so the day steps below cannot overflow."""
     value = value.strip()
     try:
         if _DATE.match(value):
-            return dt.date.fromisoformat(value)
+            return instants.check_date(dt.date.fromisoformat(value), name)
         if "T" not in value.upper() and " " not in value:
             raise ValueError
         instant = dt.datetime.fromisoformat(value)
+    except instants.OutOfRange as exc:
+        raise InvalidPeriod(str(exc)) from None
     except ValueError:
         raise InvalidPeriod(f"{name}: expected YYYY-MM-DD or an RFC 3339 timestamp") from None
     if instant.tzinfo is None:
         raise InvalidPeriod(f"{name}: an RFC 3339 timestamp needs a time zone offset (e.g. Z)")
-    return instant.astimezone(UTC)
+    try:
+        return instants.check_instant(instant, name)
+    except instants.OutOfRange as exc:
+        raise InvalidPeriod(str(exc)) from None
 
 
 def _start_day(value: dt.date | dt.datetime) -> dt.date:

@@ -159,7 +159,8 @@ async def test_signalling_socket(hub, nursery):
             assert device.sent("tunnel.ice_restart") == [{"sessionId": sid, "offer": OFFER}]
         # What is not a signalling message closes that socket with the reason; the session lives on.
         for bad, code in (({"type": "dance"}, 4400), ("not json", 4400), ([1, 2], 4400),
-                          ({"type": "ice_restart", "offer": {"sdp": 5}}, 4400)):
+                          ({"type": "ice_restart", "offer": {"sdp": 5}}, 4400),
+                          ("[" * 5000 + "]" * 5000, 4400)):  # too deep for json: was a crash of the socket
             async with open_websocket_url(signal_url(hub, sid) + "?token=" + data["signalling_token"]) as ws:
                 await ws.send_message(bad if isinstance(bad, str) else json.dumps(bad))
                 with pytest.raises(ConnectionClosed) as closed:
