@@ -100,7 +100,7 @@ class GrantSigner:
         head, sig = token.split(".")
         try:
             body = json.loads(_unb64url(head))
-        except ValueError:
+        except (ValueError, RecursionError):  # a caller's payload nested 1,000 deep is not a grant, not a 500
             raise InvalidGrant("the grant's payload is not JSON") from None
         public = self.keys.public(body.get("kid")) if isinstance(body, dict) and "kid" in body else None
         if public is None or body.get("v") != GRANT_VERSION:

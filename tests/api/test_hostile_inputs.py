@@ -19,6 +19,7 @@ from hub import instants
 from hub.api.validation import MAX_JSON_DEPTH, MalformedJSON, json_depth, strict_loads
 from hub.auth.oauth import ISSUER, InvalidToken, TokenSigner
 from hub.billing import periods
+from hub.tunnels.grants import GrantSigner, InvalidGrant
 from hub.tunnels.tokens import SIGNAL_AUDIENCE, TUNNEL_AUDIENCE, BadTunnelToken, TunnelTokens
 from tests.api.assistant_helpers import sign_in
 from tests.api.billing_helpers import admin, bearer
@@ -112,6 +113,12 @@ def test_tunnel_and_signalling_tokens_with_any_bad_claim_are_invalid(patch):
     if "sub" not in patch:  # another subject is another session's token, refused before the org
         with pytest.raises(BadTunnelToken):
             tokens.verify_signal(_signed(signal), sid, NOW)
+
+
+def test_a_grant_presented_for_renewal_nested_too_deep_is_invalid():
+    deep = base64.urlsafe_b64encode(b"[" * 5000 + b"]" * 5000).rstrip(b"=").decode()
+    with pytest.raises(InvalidGrant):
+        GrantSigner(KEY).verify(f"{deep}.c2ln")
 
 
 def test_a_token_nested_too_deep_is_invalid_everywhere():
