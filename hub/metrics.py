@@ -83,16 +83,18 @@ class Metrics:
         out.extend(f"fleethub_storage_crossing_seconds{suffix} {_number(value)}" for suffix, value in samples)
         writers = [("presence", services.presence), ("audit", services.audit_log),
                    ("active_device", services.meter.active_writer)]
+        # Metering sums (hub/metering.py) are batched too; they merge per key, so none is ever dropped.
+        batched = writers + [("metering", services.meter)]
         metric("fleethub_write_behind_rows_total", "counter", "Rows written behind.",
-               [(f'{{kind="{k}"}}', w.written) for k, w in writers])
+               [(f'{{kind="{k}"}}', w.written) for k, w in batched])
         metric("fleethub_write_behind_set_aside_total", "counter",
                "Rows the database refused on their own (the rest of their batch was written); see the log.",
-               [(f'{{kind="{k}"}}', w.set_aside) for k, w in writers])
+               [(f'{{kind="{k}"}}', w.set_aside) for k, w in batched])
         metric("fleethub_write_behind_dropped_total", "counter",
                "Rows dropped because the write-behind buffer was full while the database was away.",
                [(f'{{kind="{k}"}}', w.dropped) for k, w in writers])
         metric("fleethub_write_behind_pending", "gauge", "Rows waiting to be written behind.",
-               [(f'{{kind="{k}"}}', w.pending()) for k, w in writers])
+               [(f'{{kind="{k}"}}', w.pending()) for k, w in batched])
         metric("fleethub_device_link_waits_total", "counter",
                "Times a device link stopped reading its socket until the device's actor had room (back-pressure).",
                [("", self.device_link_waits)])

@@ -1,7 +1,9 @@
 """Metering rows: quantities per organisation, UTC day, product and key (0006_metering.sql).
 
 Writes come in batches from hub/metering.py; one transaction per batch adds to the stored sums and
-records the batch's id (0013_usage_flushes.sql), so a batch sent twice counts once.
+records the batch's id (0013_usage_flushes.sql), so a batch sent twice counts once. A batch with a
+row PostgreSQL refuses rolls back whole, id included: the meter writes it again in halves, each under
+an id of its own.
 """
 
 from __future__ import annotations
