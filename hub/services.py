@@ -12,7 +12,7 @@ from functools import partial
 import logging
 import uuid
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +87,9 @@ class Services:
     links: dict[uuid.UUID, Link] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
     draining: bool = False  # set by drain(): /readyz answers 503 so balancers stop sending work
+    stopping: bool = False  # set as open_services begins to close: spawn() starts nothing more
+    _pushing_keys: bool = field(default=False, repr=False)  # a link.keys push runs (_push_keys_soon)
+    _push_keys_again: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         self.orgs = Orgs(self.db)
@@ -141,14 +144,46 @@ class Services:
                     nursery.start_soon(tell, device_id)
         return acknowledged
 
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> bool:
+        """Start background work in the services nursery from a callback (a NOTIFY handler, a sync
+        hook). Once shutdown has begun the nursery is cancelled, then closed to new tasks, where
+        ``start_soon`` raises — from a ``run_sync_soon`` callback that ends the whole trio run — so
+        the work is dropped (it would have been cancelled at once anyway). Returns whether it started."""
+        if not self.stopping:
+            try:
+                self.nursery.start_soon(fn, *args, name=name)
+                return True
+            except RuntimeError:  # closed to new arrivals: shutdown, whoever began it
+                pass
+        log.info("shutting down: %s not started", name or getattr(fn, "__name__", "background work"))
+        return False
+
     def on_notify(self, tag: str) -> None:
         if tag == SECRET_KEYS_TAG:
             self.secret_box.reload()  # a rotation beside us: seal under the new key from now on
         elif tag == SIGNING_KEYS_TAG:
             self.signing_keys.reload()  # sign with the new key from now on, still verify the old ones
-            self.nursery.start_soon(push_hub_keys, self)  # connected devices learn the new grant key
+            self._push_keys_soon()  # connected devices learn the new grant key
         else:
             self.auth_cache.forget(tag)
+
+    def _push_keys_soon(self) -> None:
+        """One key push at a time: rotations heard while one runs are pushed once more after it, so a
+        burst of NOTIFYs costs two pushes, not a task each."""
+        if self._pushing_keys:
+            self._push_keys_again = True
+        elif self.spawn(self._push_keys, name="push hub keys"):
+            self._pushing_keys = True
+
+    async def _push_keys(self) -> None:
+        try:
+            again = True
+            while again:
+                self._push_keys_again = False
+                await push_hub_keys(self)
+                again = self._push_keys_again
+        finally:
+            self._pushing_keys = False
 
     async def invalidate(self, *tags: str) -> None:
         """Make an access change take effect now: forget cached lookups with these tags here, and
@@ -229,6 +264,7 @@ async def open_services(settings: Settings, clock: Clock | None = None, *,
                 try:
                     yield services
                 finally:
+                    services.stopping = True  # before the nursery is cancelled, then closed
                     nursery.cancel_scope.cancel()
         finally:
             await db.close()

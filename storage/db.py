@@ -18,6 +18,7 @@ and tells the caller, who must assume it missed notifications.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -30,6 +31,7 @@ import trio
 from device_client.bridge import run_on
 
 T = TypeVar("T")
+log = logging.getLogger("fleethub.storage")
 
 CONNECT_TIMEOUT = 5.0  # seconds to open a connection to PostgreSQL
 ACQUIRE_TIMEOUT = 10.0  # seconds to wait for a pooled connection
@@ -87,9 +89,11 @@ class Database:
         self._listeners: list[asyncpg.Connection] = []
         self._listen_specs: list[tuple[str, Any]] = []  # (channel, asyncpg callback) to re-listen
         self.reconnects = 0  # LISTEN connections re-opened after PostgreSQL came back
+        self._closing = False  # set by close(): notifications still in flight are dropped
 
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
+        self._closing = False
         ready = threading.Event()
 
         def loop_main() -> None:
@@ -113,14 +117,29 @@ class Database:
         self._pool = await self._cross(create_pool())
 
     async def listen(self, channel: str, callback: Callable[[str], None]) -> None:
-        """Call ``callback(payload)`` in trio for every NOTIFY on ``channel`` (a dedicated connection)."""
+        """Call ``callback(payload)`` in trio for every NOTIFY on ``channel`` (a dedicated connection).
+
+        A notification may come at any moment, shutdown included, and the callback runs straight from
+        trio's scheduler (``run_sync_soon``), where an exception would end the whole trio run. So it
+        must not start tasks in a nursery that may be closed (hub/services.py ``Services.spawn``), and
+        whatever it raises anyway is logged here and goes no further: not into trio, not back into
+        asyncpg's reader. Nothing is delivered once ``close`` has begun."""
         token = trio.lowlevel.current_trio_token()
 
-        def on_notify(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        def deliver(payload: str) -> None:  # in trio
+            if self._closing:
+                return
             try:
-                token.run_sync_soon(callback, payload)
+                callback(payload)
+            except Exception:  # noqa: BLE001 — see the docstring; the payload may name a user: left out
+                log.exception("LISTEN %s: the handler of a notification failed; the notification is dropped",
+                              channel)
+
+        def on_notify(_conn: Any, _pid: int, _channel: str, payload: str) -> None:  # in asyncio
+            try:
+                token.run_sync_soon(deliver, payload)
             except trio.RunFinishedError:
-                pass
+                pass  # the hub has stopped: nobody is left to tell
 
         self._listen_specs.append((channel, on_notify))
         self._listeners.append(await self._cross(self._listen_connection([(channel, on_notify)])))
@@ -154,6 +173,7 @@ class Database:
     async def close(self) -> None:
         if self._loop is None:
             return
+        self._closing = True
         for conn in self._listeners:
             with trio.CancelScope(shield=True):
                 await self._cross(conn.close())
