@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.bus import BusError
+from actors.errors import AskError
 from actors.machines.delivery import reconcile
 from device_client.protocol import subject
-from hub.errors import FleethubError
 
 if TYPE_CHECKING:
     from actors.device import DeviceActor
@@ -71,7 +71,7 @@ class Delivery:
         try:
             return await self.s.bus.request(subject(str(self.device_id), verb), payload,
                                              timeout=timeout or self.s.settings.command_timeout)
-        except (BusError, FleethubError) as exc:
+        except (BusError, AskError) as exc:
             # Left pending: the next link, upload or reconcile tries again.
             log.info("device %s: %s not delivered: %s", self.device_id, verb, type(exc).__name__)
             return None

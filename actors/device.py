@@ -19,17 +19,16 @@ import trio
 
 from actors.bus import NoResponders, RequestTimeout
 from actors.delivery import Delivery
+from actors.errors import Conflict, DeviceOffline, DeviceRefused, DeviceTimeout
 from actors.machines import connection as cm
 from actors.memtest import MESSAGES as MEMTEST_MESSAGES
 from actors.memtest import MemTests
 from actors.runtime import Actor, ActorCrashed
 from device_client.clock import rfc3339
 from device_client.protocol import subject
-from hub.errors import Conflict, DeviceError, DeviceOffline, DeviceTimeout
-from hub.billing import devices as billing_devices
 
 if TYPE_CHECKING:
-    from hub.services import Services
+    from actors.services import Services
 
 log = logging.getLogger("fleethub.device")
 
@@ -91,6 +90,19 @@ class _CommandDone:
     error: Exception | None
 
 
+class DeviceHooks:
+    """What the rest of the hub does with a device's link and events (billing: hub/billing/devices.py),
+    passed in by whoever builds the actor. This default does nothing."""
+
+    event_kinds: frozenset[str] = frozenset()  # DeviceEvent kinds handed to ``on_event``
+
+    async def on_link(self, org_id: uuid.UUID, device_id: uuid.UUID, facts: dict[str, Any]) -> None:
+        """The device said hello (a storage job: its failure is logged, never a crash)."""
+
+    async def on_event(self, org_id: uuid.UUID, device_id: uuid.UUID, kind: str, payload: dict[str, Any]) -> None:
+        """An event of one of ``event_kinds`` (an event job, bounded per device)."""
+
+
 class DeviceActor(Actor):
     mailbox_size = 128
     # Storage work a device's own events start (file and config results, billing reports) runs at most
@@ -102,10 +114,11 @@ class DeviceActor(Actor):
     # An offline device's actor ends after this long without messages; the next message restarts it.
     idle_timeout = 300.0
 
-    def __init__(self, device_id: uuid.UUID, services: "Services") -> None:
+    def __init__(self, device_id: uuid.UUID, services: "Services", hooks: DeviceHooks | None = None) -> None:
         super().__init__(("device", device_id))
         self.device_id = device_id
         self.services = services
+        self.hooks = hooks or DeviceHooks()
         self.org_id: uuid.UUID | None = None
         self.machine: cm.ConnectionMachine | None = None
         self._pending: dict[str, Any] = {}  # command id -> Reply of the asker
@@ -147,6 +160,21 @@ class DeviceActor(Actor):
 
     # -- messages --------------------------------------------------------------------------
     async def receive(self, msg: Any) -> Any:
+        facts = msg.facts if isinstance(msg, cm.LinkUp) else self.facts
+        try:
+            return await self._receive(msg)
+        finally:
+            if self.facts is not facts and self.facts is not None:
+                self._store_facts()
+
+    def _store_facts(self) -> None:
+        """The facts changed after the hello (a memory test holds or frees the workload): they go to
+        the presence row, which is where others (a rollout) read them; no actor reads another's."""
+        m = self.machine
+        self.services.presence.put(self.device_id, {"id": self.device_id, "online": m.online,
+                                                    "state": m.state.value, "facts": self.facts})
+
+    async def _receive(self, msg: Any) -> Any:
         self._last_activity = trio.current_time()
         if isinstance(msg, GetLive):
             return self.live()
@@ -185,9 +213,8 @@ class DeviceActor(Actor):
                                       self.services.clock.now())
             elif msg.kind == "config.result":
                 await self._event_job(self.delivery.record_config_result, msg.payload)
-            elif msg.kind in billing_devices.EVENT_KINDS:
-                await self._event_job(billing_devices.on_event, self.services, self.org_id, self.device_id,
-                                      msg.kind, msg.payload)
+            elif msg.kind in self.hooks.event_kinds:
+                await self._event_job(self.hooks.on_event, self.org_id, self.device_id, msg.kind, msg.payload)
             return None
         if isinstance(msg, Hello):
             self._job(self.delivery.after_hello, msg.digests, msg.config_version_applied)
@@ -207,7 +234,7 @@ class DeviceActor(Actor):
             return None
         if isinstance(msg, cm.LinkUp):
             self.facts = msg.facts  # served live until the presence row is written behind
-            self._job(billing_devices.on_link, self.services, self.org_id, self.device_id, msg.facts or {})
+            self._job(self.hooks.on_link, self.org_id, self.device_id, msg.facts or {})
             self.memtests.on_link_up(msg.facts)
         if isinstance(msg, cm.LinkDown) and msg.conn_id == self.machine.conn_id:
             self.memtests.on_link_down()
@@ -308,7 +335,7 @@ class DeviceActor(Actor):
         except RequestTimeout:
             done = _CommandDone(effect.command_id, False, None,
                                 DeviceTimeout("the device did not answer in time"))
-        except DeviceError as exc:
+        except DeviceRefused as exc:
             done = _CommandDone(effect.command_id, False, None, exc)
         except Exception:
             # A bug, not the device's answer: the actor crashes (and restarts), but the asker hears

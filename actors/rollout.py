@@ -27,16 +27,15 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.device import ApplyConfig
+from actors.errors import Conflict, NotFound
 from actors.machines import rollout as rm
-from actors.machines.connection import Conn
 from actors.machines.window import UpdateWindow, WindowError, is_open, next_start_after
 from actors.runtime import Actor
 from device_client.clock import rfc3339
-from hub.errors import Conflict, NotFound
 from storage.db import DatabaseUnavailable
 
 if TYPE_CHECKING:
-    from hub.services import Services
+    from actors.services import Services
 
 log = logging.getLogger("fleethub.rollout")
 
@@ -202,11 +201,10 @@ class RolloutActor(Actor):
             row = rows.get(device_id)
             if row is None:
                 continue  # the device was removed: it waits; its step stays visible
-            actor = s.registry.lookup(("device", uuid.UUID(device_id)))
-            machine = getattr(actor, "machine", None)
-            online = machine is not None and machine.online
-            facts = getattr(actor, "facts", None) or {}
-            held = bool(machine is not None and machine.state is Conn.MAINTENANCE) or bool(facts.get("workloadHeld"))
+            # What each DeviceActor wrote (presence, written behind within a second), never the
+            # actor itself: the device's actor may live in another process.
+            online = bool(row["online"])
+            held = row["state"] == "maintenance" or bool(row["workload_held"])
             ours = row["config_version_id"] == version
             result = None
             if ours and row["config_status"] == "applied" and row["applied_version_id"] == version:

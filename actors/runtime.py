@@ -8,8 +8,8 @@
                  ``window`` seconds escalates: ``Escalation`` propagates and the process exits non-zero.
     Registry     gets or starts the actor for a key, and forgets it when it stops.
 
-A ``receive`` that raises a ``FleethubError`` answers the asker with that error and the actor goes on
-(the error is the caller's business: offline device, busy test, ...). Any other exception is a crash:
+A ``receive`` that raises an ``AskError`` (actors/errors.py) answers the asker with that error and the
+actor goes on (the error is the caller's business: offline device, busy test, ...). Any other exception is a crash:
 the asker gets ``ActorCrashed`` and the supervisor restarts the actor, which rebuilds its state from
 storage. The mailbox survives a restart, so messages queued behind the crash are still handled.
 
@@ -39,34 +39,13 @@ from typing import Any
 
 import trio
 
-from hub.errors import FleethubError, ServerError
+from actors.errors import ActorCrashed, ActorError, ActorStopped, AskError, AskTimeout, MailboxFull
 from storage.db import DatabaseUnavailable
 
+__all__ = ["Actor", "ActorCrashed", "ActorError", "ActorStopped", "AskTimeout", "Escalation", "MailboxFull",
+           "Registry", "Reply", "Supervisor"]
+
 log = logging.getLogger("fleethub.actors")
-
-
-class ActorError(ServerError):
-    """The actor could not take or answer the message."""
-
-
-class MailboxFull(ActorError):
-    """The actor's mailbox is full; the message was not queued."""
-    status = 503
-    code = "busy"
-
-
-class ActorStopped(ActorError):
-    """The actor stopped before it handled the message."""
-
-
-class ActorCrashed(ActorError):
-    """The actor crashed while handling the message; it is being restarted."""
-
-
-class AskTimeout(ActorError):
-    """The actor did not answer within the timeout."""
-    status = 504
-    code = "timeout"
 
 
 class Escalation(Exception):
@@ -121,7 +100,7 @@ class ActorStatistics:
 
 
 class Actor:
-    """Base class of DeviceActor, FleetActor, TunnelActor."""
+    """Base class of DeviceActor, RolloutActor, TunnelActor."""
 
     mailbox_size = 64
     # While storage is unreachable, deadline work waits this long before trying again (doubling).
@@ -241,7 +220,7 @@ class Actor:
                 if reply is not None:
                     reply.fail(exc)
                 self.storage_unavailable(type(msg).__name__)
-            except FleethubError as exc:
+            except AskError as exc:
                 if reply is not None:
                     reply.fail(exc)
             except Exception as exc:

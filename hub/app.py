@@ -22,7 +22,8 @@ from hub.api import validation
 from hub.auth import middleware
 from hub.ids import fast_uuid4
 from hub.openapi import EITHER, FleethubOpenAPI
-from hub.errors import FleethubError, Unavailable, general_body, memtest_body, tunnel_body
+from actors.errors import AskError
+from hub.errors import FleethubError, Unavailable, from_actor, general_body, memtest_body, tunnel_body
 from storage.db import DatabaseUnavailable
 from hub.services import Services
 
@@ -108,6 +109,11 @@ def create_app(services: Services) -> QuartTrio:
         response.status_code = exc.status
         response.headers.update(exc.headers)
         return response
+
+    @app.errorhandler(AskError)
+    async def _actor_error(exc: AskError):
+        # An actor's refusal or failure: the hub decides its status (hub/errors.py ACTOR_STATUS).
+        return await _fleethub_error(from_actor(exc))
 
     @app.errorhandler(DatabaseUnavailable)
     async def _database_unavailable(exc: DatabaseUnavailable):

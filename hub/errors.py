@@ -16,6 +16,12 @@
         ├── Unavailable            503 unavailable: feature not available on this deployment
         └── DeviceTimeout          504 device_timeout: the device did not answer in time
 
+Actors raise their own tree (actors/errors.py), which knows nothing of HTTP; ``from_actor`` gives
+each of those errors its status here (``ACTOR_STATUS``), keeping the actor's code, message and details.
+The arrow points one way: this tree refines the actors' (``FleethubError`` is an ``AskError``, so a
+hub error raised inside an actor still answers its asker), and ``DeviceError``/``DeviceOffline`` are
+also the actors' ``DeviceRefused``/``DeviceOffline``, which the device link answers bus requests with.
+
 Error bodies (DESIGN.md section 7) are built here and nowhere else: ``general_body`` for most
 endpoints ``{"error", "message", "details"?}``; memory-test and tunnel endpoints get their own shapes
 from their blueprints through ``memtest_body`` and ``tunnel_body``. Messages never carry secrets.
@@ -25,8 +31,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors import errors as actor_errors
 
-class FleethubError(Exception):
+
+class FleethubError(actor_errors.AskError):
     status = 500
     code = "internal"
 
@@ -104,13 +112,13 @@ class StorageError(ServerError):
     code = "storage_error"
 
 
-class DeviceError(ServerError):
+class DeviceError(ServerError, actor_errors.DeviceRefused):
     """The device failed to handle the request."""
     status = 502
     code = "device_error"
 
 
-class DeviceOffline(ServerError):
+class DeviceOffline(ServerError, actor_errors.DeviceOffline):
     """The device is not connected."""
     status = 503
     code = "device_offline"
@@ -126,6 +134,39 @@ class DeviceTimeout(ServerError):
     """The device did not answer in time."""
     status = 504
     code = "device_timeout"
+
+
+# The status of each actor error (the nearest class in its MRO decides); codes stay the actor's.
+ACTOR_STATUS: dict[type[actor_errors.AskError], int] = {
+    actor_errors.AskError: 500,
+    actor_errors.Refused: 400,
+    actor_errors.Invalid: 400,
+    actor_errors.NotFound: 404,
+    actor_errors.Conflict: 409,
+    actor_errors.Unsupported: 422,
+    actor_errors.TooSoon: 429,
+    actor_errors.DeviceFailure: 502,
+    actor_errors.DeviceRefused: 502,
+    actor_errors.DeviceOffline: 503,
+    actor_errors.DeviceTimeout: 504,
+    actor_errors.DeviceUnreachable: 504,
+    actor_errors.ActorError: 500,
+    actor_errors.MailboxFull: 503,
+    actor_errors.AskTimeout: 504,
+    actor_errors.ActorStopped: 500,
+    actor_errors.ActorCrashed: 500,
+}
+
+
+def from_actor(exc: actor_errors.AskError) -> FleethubError:
+    """An actor's error as the hub answers it: the status from ``ACTOR_STATUS``, the actor's code,
+    message and details; a ``TooSoon`` carries Retry-After."""
+    if isinstance(exc, FleethubError):
+        return exc  # already the hub's (the link's device errors)
+    status = next(ACTOR_STATUS[cls] for cls in type(exc).__mro__ if cls in ACTOR_STATUS)
+    if isinstance(exc, actor_errors.TooSoon):
+        return RateLimited(exc.message, code=exc.code, details=exc.details, retry_after=exc.retry_after)
+    return FleethubError(exc.message, code=exc.code, details=exc.details, status=status)
 
 
 def general_body(exc: FleethubError) -> dict[str, Any]:

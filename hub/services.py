@@ -20,13 +20,12 @@ import trio
 
 from actors.bus import Bus
 from actors.device import DeviceActor
-from actors.fleet import FleetActor
-from actors.fleet import Reload as FleetReload
 from actors.rollout import ReloadWindows, RolloutActor
 from actors.runtime import Registry, Supervisor
 from device_client.clock import Clock
 from hub import gc_tuning
 from hub.auth.cache import AuthCache
+from hub.billing.devices import BillingHooks
 from hub.auth.oauth import TokenSigner
 from hub.auth.signing_keys import SIGNING_KEYS_TAG, SigningKeys
 from hub.auth.ratelimit import BurstLimiter, RateLimiter
@@ -120,6 +119,7 @@ class Services:
         self.delivery_slots = trio.CapacityLimiter(max(1, self.settings.db_pool_max - 4))
         self.meter = Meter(self.usage)
         self.tunnels = TunnelService(self)
+        self.device_hooks = BillingHooks(self)  # what billing does with each device's link and events
 
     async def drain(self, timeout: float = 5.0) -> int:
         """Graceful shutdown, first step: readiness turns false and every connected device is told to
@@ -193,22 +193,18 @@ class Services:
             await self.db.execute("SELECT pg_notify($1, $2)", AUTH_CHANNEL, tag)
 
     async def device_actor(self, device_id: uuid.UUID) -> DeviceActor:
-        return await self.registry.get(("device", device_id), lambda: DeviceActor(device_id, self))
+        return await self.registry.get(("device", device_id),
+                                       lambda: DeviceActor(device_id, self, self.device_hooks))
 
     def fleet_changed(self, fleet_id: uuid.UUID) -> None:
-        """A fleet's row or update window changed: its actor and the rollouts running on it re-read."""
-        fleet = self.registry.lookup(("fleet", fleet_id))
-        if fleet is not None:
-            fleet.tell(FleetReload())
+        """A fleet's update window changed: the rollouts running on it re-read their windows. (A fleet
+        has no actor: its window and its one active rollout live in storage — docs/architecture.md.)"""
         for actor in self.registry.actors():
             if isinstance(actor, RolloutActor) and fleet_id in actor.row.get("fleet_ids", ()):
                 actor.tell(ReloadWindows())
 
     async def rollout_actor(self, rollout_id: uuid.UUID) -> RolloutActor:
         return await self.registry.get(("rollout", rollout_id), lambda: RolloutActor(rollout_id, self))
-
-    async def fleet_actor(self, org_id: uuid.UUID, fleet_id: uuid.UUID) -> FleetActor:
-        return await self.registry.get(("fleet", fleet_id), lambda: FleetActor(org_id, fleet_id, self))
 
 
 def start_embedded(data_dir) -> Any:

@@ -103,9 +103,12 @@ class Rollouts:
         await self.db.run(body, transaction=True)
 
     async def device_views(self, version_id: uuid.UUID, device_ids: list[uuid.UUID]) -> list[dict]:
-        """What the rollout needs of its devices each tick, in one statement."""
+        """What the rollout needs of its devices each tick, in one statement: the configuration
+        result, and the presence the DeviceActor wrote (online, state, and whether a memory test
+        holds the workload: ``workloadHeld`` of its facts)."""
         rows = await self.db.fetch(
-            "SELECT id, config_version_id, applied_version_id, config_status, config_error "
+            "SELECT id, config_version_id, applied_version_id, config_status, config_error, online, state, "
+            "COALESCE(facts->>'workloadHeld' = 'true', false) AS workload_held "
             "FROM devices WHERE id = ANY($1::uuid[])", device_ids)
         return [dict(r) for r in rows]
 

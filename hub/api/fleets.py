@@ -8,7 +8,6 @@ import uuid
 from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
-from actors.fleet import Reload
 from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
 from hub.auth.authz import Obj, authorize, require_org, scope_for_list
 from hub.api.validation import body, query, responds
@@ -134,8 +133,5 @@ async def update_fleet(fleet_id: str, data: FleetUpdate):
         raise Conflict(f"a fleet named {changes.get('name')!r} already exists", code="name_exists") from None
     if row is None:
         raise NotFound("fleet not found")
-    actor = s.registry.lookup(("fleet", fid))
-    if actor is not None:
-        actor.tell(Reload())
     full = await s.fleets.get(org().org_id, fid)
     return {"data": fleet_json(full)}

@@ -34,16 +34,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint, g, websocket
 from quart_schema import document_response
 
-from actors.runtime import ActorError
+from actors.errors import ActorError, AskError
+from actors.tunnel import Close, IceRestart, Watch
 from device_client.clock import rfc3339
 from hub.api.common import jsonable, org, parse_uuid, principal, services
 from hub.api.validation import body, enveloped, responds, strict_loads
 from hub.auth.middleware import public
-from hub.errors import BadRequest, FleethubError, NotFound
+from hub.errors import BadRequest, NotFound
 from hub.tunnels import opening
 from hub.tunnels.auth import tunnel_token
 from hub.tunnels.limits import Entitlement
-from hub.tunnels.sessions import Close, IceRestart, Watch
 from hub.tunnels.tokens import TUNNEL_TOKEN_LIFETIME, BadTunnelToken
 from webrtc.sdp import fingerprint
 
@@ -238,7 +238,7 @@ async def signal(sid: str):
     try:
         actor = await s.tunnels.actor(session_id)
         closed = await actor.ask(Watch(), timeout=10)
-    except (ActorError, FleethubError):
+    except AskError:  # no such session (its actor's NotFound), or its actor could not answer
         return {"error_code": "not_found", "message": "tunnel session not found"}, 404
     await websocket.accept()
     ws = websocket._get_current_object()
@@ -302,7 +302,7 @@ async def _signal_message(s, session_id, message: dict[str, Any], send) -> None:
         actor = await s.tunnels.actor(session_id)
         reply = await actor.ask(IceRestart({"sdp": offer["sdp"], "type": "offer"}),
                                 timeout=s.settings.command_timeout + 10)
-    except FleethubError as exc:
+    except AskError as exc:  # the session's refusal (actors/errors.py) or the hub's
         await send({"type": "error", "error_code": exc.code, "message": exc.message})
         return
     await send({"type": "answer", "answer": reply.get("answer")})

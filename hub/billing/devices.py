@@ -25,6 +25,7 @@ from collections import Counter
 import trio
 
 from actors.bus import BusError
+from actors.device import DeviceHooks
 from device_client.protocol import subject
 from hub.billing.state import org_billing
 from hub.errors import FleethubError
@@ -113,3 +114,19 @@ async def push_telemetry_in_background(s, org_id: uuid.UUID, enabled: bool) -> N
         await push_telemetry(s, org_id, enabled)
     except Exception:  # noqa: BLE001 - anything here must stay out of the services nursery
         log.exception("telemetry.set %s for organisation %s: push failed", enabled, org_id)
+
+
+class BillingHooks(DeviceHooks):
+    """Billing's part of every DeviceActor, passed in by ``Services.device_actor`` (actors import
+    nothing from the hub): telemetry and registry-bytes events, and telemetry.set at link time."""
+
+    event_kinds = EVENT_KINDS
+
+    def __init__(self, services) -> None:
+        self.services = services
+
+    async def on_link(self, org_id: uuid.UUID, device_id: uuid.UUID, facts: dict) -> None:
+        await on_link(self.services, org_id, device_id, facts)
+
+    async def on_event(self, org_id: uuid.UUID, device_id: uuid.UUID, kind: str, payload: dict) -> None:
+        await on_event(self.services, org_id, device_id, kind, payload)

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.runtime import ActorError
+from actors.tunnel import Open, Renew, device_failure
 from hub.auth.authz import Obj, authorize
 from hub.billing.state import org_billing
 from hub.errors import Forbidden, NotFound, Unavailable
 from hub.tunnels import grants, turn
 from hub.tunnels.auth import TunnelPrincipal
 from hub.tunnels.limits import Entitlement, LimitHit, slot_refused
-from hub.tunnels.sessions import Open, Renew, device_failure
 
 
 @dataclass(frozen=True)

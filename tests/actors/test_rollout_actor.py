@@ -3,7 +3,8 @@ window opens, and a restarted actor continues from what storage holds.
 
 Storage and the device side are in-memory stand-ins here (FakeStore below stands in for the
 PostgreSQL tables of rollouts, devices, deliveries and windows; FakeDeviceActor for a DeviceActor whose device
-applies a version the moment it is assigned). The integration layer (tests/api/test_rollouts.py)
+applies a version the moment it is assigned). The rollout learns whether a device is online or held by a
+memory test from the device's row (what its DeviceActor wrote), never from the DeviceActor itself. The integration layer (tests/api/test_rollouts.py)
 runs the same path against PostgreSQL and real agents.
 """
 
@@ -15,7 +16,6 @@ import uuid
 
 import trio
 
-from actors.machines.connection import Conn
 from actors.rollout import RolloutActor
 from actors.runtime import Registry, Supervisor
 from device_client.clock import TestClock
@@ -38,7 +38,8 @@ class FakeStore:
         self.steps = {d: {"device_id": d, "fleet_id": FLEET, "batch": 0 if i == 0 else 1, "step": "pending",
                           "error": None, "updated_at": None} for i, d in enumerate(devices)}
         self.devices = {d: {"id": d, "org_id": ORG, "config_id": None, "config_version_id": None,
-                            "applied_version_id": None, "config_status": None, "config_error": None}
+                            "applied_version_id": None, "config_status": None, "config_error": None,
+                            "online": True, "state": "online", "workload_held": False}
                         for d in devices}
         self.window = window
         self.assigned_at: dict[uuid.UUID, float] = {}
@@ -69,12 +70,11 @@ class FakeStore:
 
 
 class FakeDeviceActor:
-    """A connected device that applies what it is assigned at once."""
+    """A connected device that applies what it is assigned at once. It has no state to peek at: the
+    rollout may only message it (``tell``) and read storage."""
 
     def __init__(self, store: FakeStore, device_id: uuid.UUID) -> None:
         self.store, self.device_id = store, device_id
-        self.machine = types.SimpleNamespace(online=True, state=Conn.ONLINE)
-        self.facts = {}
 
     def tell(self, msg) -> None:
         row = self.store.devices[self.device_id]
@@ -145,4 +145,23 @@ async def test_a_restarted_actor_continues_where_storage_left_it(autojump_clock)
             store.devices[devices[2]].update(config_status="applied", applied_version_id=VERSION)
             await trio.sleep(1)
             assert store.row["state"] == "completed" and store.assigned_at == {}
+            nursery.cancel_scope.cancel()
+
+
+async def test_online_and_held_come_from_what_the_device_actor_stored(autojump_clock):
+    devices = [uuid.uuid4() for _ in range(2)]  # canary, then one
+    store = FakeStore(devices, None)
+    store.devices[devices[0]].update(online=False, state="offline")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            s, supervisor = services_for(nursery, store)
+            await supervisor.start(RolloutActor(store.rollout_id, s))
+            await trio.sleep(5)
+            assert store.steps[devices[0]]["step"] == "pending" and store.assigned_at == {}  # offline: waits
+            store.devices[devices[0]].update(online=True, state="online", workload_held=True)
+            await trio.sleep(1)
+            assert store.steps[devices[0]]["step"] == "deferred_memory_test"  # a memory test holds it
+            store.devices[devices[0]]["workload_held"] = False
+            await trio.sleep(1)
+            assert store.row["state"] == "completed" and set(store.assigned_at) == set(devices)
             nursery.cancel_scope.cancel()
