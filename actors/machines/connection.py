@@ -1,7 +1,9 @@
 """The device connection machine: is the device reachable, and why did it last boot.
 
 Pure: no trio, storage or quart. Time comes in as ``now`` (aware UTC); ``next_deadline()`` tells the
-actor when to wake it with ``Tick``. Links are identified by ``conn_id`` so that when a device
+actor when to wake it with ``Tick``. The next state comes from one table, ``TRANSITIONS[state][key]``,
+where the key is the event's type refined by what the event says (``key()``: a stale link, a due
+deadline, the pending reboot); the actions only compute effects. Links are identified by ``conn_id`` so that when a device
 reconnects before its old socket is noticed dead, the newest connection wins and the old one's
 ``LinkDown`` changes nothing.
 """
@@ -104,19 +106,56 @@ class NotConnected(IllegalTransition):
 
 _UP = (Conn.ONLINE, Conn.MAINTENANCE)
 
-# Which events each state accepts. Events absent from a state's row are illegal there.
-TRANSITIONS: dict[Conn, dict[type, str]] = {
-    Conn.OFFLINE: {LinkUp: "_link_up", LinkDown: "_ignore", Heartbeat: "_ignore", Tick: "_ignore",
-                   CommandFailed: "_command_failed", CommandSucceeded: "_ignore"},
-    Conn.ONLINE: {LinkUp: "_link_up", LinkDown: "_link_down", Heartbeat: "_heartbeat", Tick: "_tick",
-                  RebootRequested: "_reboot", CommandSucceeded: "_command_succeeded",
-                  CommandFailed: "_command_failed"},
-    Conn.MAINTENANCE: {LinkUp: "_link_up", LinkDown: "_link_down", Heartbeat: "_heartbeat", Tick: "_tick",
-                       RebootRequested: "_reboot", CommandSucceeded: "_command_succeeded",
-                       CommandFailed: "_command_failed"},
-    Conn.REBOOTING: {LinkUp: "_link_up", LinkDown: "_ignore", Heartbeat: "_ignore", Tick: "_tick",
-                     CommandSucceeded: "_ignore", CommandFailed: "_ignore"},
+# What an event says beyond its type, read off the event and the machine's own data (which link is
+# current, which reboot is pending, whether the deadline passed) — never a choice of state. A key is
+# the event type alone or (type, guard), as h11 keys (Response, _SWITCH_UPGRADE).
+MAINTENANCE_HELLO = "maintenance"  # LinkUp of a device in maintenance (a test boot)
+STALE = "stale"                    # LinkDown/Heartbeat of a link that is not the current one
+REBOOT_PENDING = "reboot_pending"  # LinkDown of the current link while a reboot reply is in flight
+DUE = "due"                        # Tick at or after next_deadline()
+THE_REBOOT = "the_reboot"          # CommandSucceeded/CommandFailed of the pending reboot
+
+Key = type | tuple[type, str]
+
+# The next state for each (state, key): the one place a state is chosen. A key absent from a state's
+# row is illegal there (an event type with no key at all in the row raises; see handle()).
+TRANSITIONS: dict[Conn, dict[Key, Conn]] = {
+    Conn.OFFLINE: {
+        LinkUp: Conn.ONLINE, (LinkUp, MAINTENANCE_HELLO): Conn.MAINTENANCE,
+        (LinkDown, STALE): Conn.OFFLINE, (Heartbeat, STALE): Conn.OFFLINE, Tick: Conn.OFFLINE,
+        CommandSucceeded: Conn.OFFLINE, CommandFailed: Conn.OFFLINE,
+    },
+    Conn.ONLINE: {
+        LinkUp: Conn.ONLINE, (LinkUp, MAINTENANCE_HELLO): Conn.MAINTENANCE,
+        LinkDown: Conn.OFFLINE, (LinkDown, REBOOT_PENDING): Conn.REBOOTING, (LinkDown, STALE): Conn.ONLINE,
+        Heartbeat: Conn.ONLINE, (Heartbeat, STALE): Conn.ONLINE,
+        Tick: Conn.ONLINE, (Tick, DUE): Conn.OFFLINE,
+        RebootRequested: Conn.ONLINE,
+        CommandSucceeded: Conn.ONLINE, (CommandSucceeded, THE_REBOOT): Conn.REBOOTING,
+        CommandFailed: Conn.ONLINE, (CommandFailed, THE_REBOOT): Conn.ONLINE,
+    },
+    Conn.MAINTENANCE: {
+        LinkUp: Conn.ONLINE, (LinkUp, MAINTENANCE_HELLO): Conn.MAINTENANCE,
+        LinkDown: Conn.OFFLINE, (LinkDown, REBOOT_PENDING): Conn.REBOOTING, (LinkDown, STALE): Conn.MAINTENANCE,
+        Heartbeat: Conn.MAINTENANCE, (Heartbeat, STALE): Conn.MAINTENANCE,
+        Tick: Conn.MAINTENANCE, (Tick, DUE): Conn.OFFLINE,
+        RebootRequested: Conn.MAINTENANCE,
+        CommandSucceeded: Conn.MAINTENANCE, (CommandSucceeded, THE_REBOOT): Conn.REBOOTING,
+        CommandFailed: Conn.MAINTENANCE, (CommandFailed, THE_REBOOT): Conn.MAINTENANCE,
+    },
+    Conn.REBOOTING: {
+        LinkUp: Conn.ONLINE, (LinkUp, MAINTENANCE_HELLO): Conn.MAINTENANCE,
+        # the old socket may still report in while the device reboots: nothing changes
+        LinkDown: Conn.REBOOTING, (LinkDown, STALE): Conn.REBOOTING,
+        Heartbeat: Conn.REBOOTING, (Heartbeat, STALE): Conn.REBOOTING,
+        Tick: Conn.REBOOTING, (Tick, DUE): Conn.OFFLINE,
+        CommandSucceeded: Conn.REBOOTING, CommandFailed: Conn.REBOOTING,
+    },
 }
+
+
+def event_type(key: Key) -> type:
+    return key[0] if isinstance(key, tuple) else key
 
 
 class ConnectionMachine:
@@ -137,13 +176,34 @@ class ConnectionMachine:
     def online(self) -> bool:
         return self.state in _UP
 
+    def key(self, event: object, now: dt.datetime) -> Key:
+        """The event's key in TRANSITIONS: its type, refined by what it says (see the guards above)."""
+        kind = type(event)
+        if isinstance(event, LinkUp):
+            return (LinkUp, MAINTENANCE_HELLO) if event.maintenance else LinkUp
+        if isinstance(event, (LinkDown, Heartbeat)):
+            if event.conn_id != self.conn_id:
+                return (kind, STALE)
+            if isinstance(event, LinkDown) and self.reboot_pending is not None:
+                return (LinkDown, REBOOT_PENDING)
+            return kind
+        if isinstance(event, Tick):
+            deadline = self.next_deadline()
+            return (Tick, DUE) if deadline is not None and now >= deadline else Tick
+        if isinstance(event, (CommandSucceeded, CommandFailed)):
+            pending = self.reboot_pending is not None and event.command_id == self.reboot_pending
+            return (kind, THE_REBOOT) if pending else kind
+        return kind
+
     def handle(self, event: object, now: dt.datetime) -> list[object]:
-        method = TRANSITIONS[self.state].get(type(event))
-        if method is None:
+        key = self.key(event, now)
+        new = TRANSITIONS[self.state].get(key)
+        if new is None:
             if isinstance(event, RebootRequested):
                 raise NotConnected(self.state, event)
             raise IllegalTransition(self.state, event)
-        return getattr(self, method)(event, now)
+        old, self.state = self.state, new
+        return _ACTIONS[event_type(key)](self, event, now, key, old)
 
     def next_deadline(self) -> dt.datetime | None:
         if self.state in _UP and self.last_seen_at is not None:
@@ -152,7 +212,8 @@ class ConnectionMachine:
             return self.rebooting_since + self.reboot_timeout
         return None
 
-    # -- transitions (each computes effects, then commits) -------------------------------------
+    # -- actions: the effects and data of a transition TRANSITIONS already chose ---------------
+    # Each runs after the new state is set; ``old`` is the state the event found.
     def _persist(self, facts: dict[str, Any] | None = None) -> Persist:
         return Persist(self.state, self.online, self.boot_reason, self.last_seen_at, self.connected_at, facts)
 
@@ -160,57 +221,58 @@ class ConnectionMachine:
         return Publish("device.state", {"state": self.state.value, "online": self.online,
                                         "bootReason": self.boot_reason})
 
-    def _ignore(self, event: object, now: dt.datetime) -> list[object]:
-        return []
-
-    def _link_up(self, event: LinkUp, now: dt.datetime) -> list[object]:
+    def _link_up(self, event: LinkUp, now: dt.datetime, key: Key, old: Conn) -> list[object]:
         effects: list[object] = []
-        if self.conn_id is not None and self.conn_id != event.conn_id and self.state in _UP:
+        if self.conn_id is not None and self.conn_id != event.conn_id and old in _UP:
             effects.append(DropLink(self.conn_id))  # the newest connection wins
         self.conn_id = event.conn_id
-        self.state = Conn.MAINTENANCE if event.maintenance else Conn.ONLINE
         self.boot_reason = event.boot_reason
         self.last_seen_at = self.connected_at = now
         self.reboot_pending = None
         self.rebooting_since = None
         return [*effects, self._persist(event.facts), self._publish()]
 
-    def _link_down(self, event: LinkDown, now: dt.datetime) -> list[object]:
-        if event.conn_id != self.conn_id:
-            return []  # an older link closing after a newer one took over
+    def _link_down(self, event: LinkDown, now: dt.datetime, key: Key, old: Conn) -> list[object]:
+        if self.state is old:
+            return []  # an older link closing after a newer one took over, or the old socket of a reboot
         self.conn_id = None
-        if self.reboot_pending is not None:
+        if key == (LinkDown, REBOOT_PENDING):
             # The device dropped the link while its reboot reply was in flight: it is rebooting.
-            self.state, self.rebooting_since, self.reboot_pending = Conn.REBOOTING, now, None
-        else:
-            self.state = Conn.OFFLINE
+            self.rebooting_since, self.reboot_pending = now, None
         return [self._persist(), self._publish()]
 
-    def _heartbeat(self, event: Heartbeat, now: dt.datetime) -> list[object]:
-        if event.conn_id != self.conn_id:
-            return []
+    def _heartbeat(self, event: Heartbeat, now: dt.datetime, key: Key, old: Conn) -> list[object]:
+        if key != Heartbeat or self.state not in _UP:
+            return []  # an old socket's heartbeat, or one arriving while the device reboots
         self.last_seen_at = now
         return [self._persist()]
 
-    def _tick(self, event: Tick, now: dt.datetime) -> list[object]:
-        deadline = self.next_deadline()
-        if deadline is None or now < deadline:
+    def _tick(self, event: Tick, now: dt.datetime, key: Key, old: Conn) -> list[object]:
+        if key != (Tick, DUE):
             return []
         effects: list[object] = [DropLink(self.conn_id)] if self.conn_id else []
-        self.state, self.conn_id, self.rebooting_since, self.reboot_pending = Conn.OFFLINE, None, None, None
+        self.conn_id, self.rebooting_since, self.reboot_pending = None, None, None
         return [*effects, self._persist(), self._publish()]
 
-    def _reboot(self, event: RebootRequested, now: dt.datetime) -> list[object]:
+    def _reboot(self, event: RebootRequested, now: dt.datetime, key: Key, old: Conn) -> list[object]:
         self.reboot_pending = event.command_id
         return [SendCommand(event.command_id, "reboot", {})]
 
-    def _command_succeeded(self, event: CommandSucceeded, now: dt.datetime) -> list[object]:
-        if event.command_id != self.reboot_pending:
+    def _command_succeeded(self, event: CommandSucceeded, now: dt.datetime, key: Key, old: Conn) -> list[object]:
+        if key != (CommandSucceeded, THE_REBOOT):
             return []
-        self.state, self.rebooting_since, self.reboot_pending = Conn.REBOOTING, now, None
+        self.rebooting_since, self.reboot_pending = now, None
         return [self._persist(), self._publish()]
 
-    def _command_failed(self, event: CommandFailed, now: dt.datetime) -> list[object]:
-        if event.command_id == self.reboot_pending:
+    def _command_failed(self, event: CommandFailed, now: dt.datetime, key: Key, old: Conn) -> list[object]:
+        if key == (CommandFailed, THE_REBOOT):
             self.reboot_pending = None
         return []
+
+
+_ACTIONS = {
+    LinkUp: ConnectionMachine._link_up, LinkDown: ConnectionMachine._link_down,
+    Heartbeat: ConnectionMachine._heartbeat, Tick: ConnectionMachine._tick,
+    RebootRequested: ConnectionMachine._reboot, CommandSucceeded: ConnectionMachine._command_succeeded,
+    CommandFailed: ConnectionMachine._command_failed,
+}

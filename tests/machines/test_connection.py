@@ -8,6 +8,11 @@ import datetime as dt
 import pytest
 
 from actors.machines.connection import (
+    DUE,
+    MAINTENANCE_HELLO,
+    REBOOT_PENDING,
+    STALE,
+    THE_REBOOT,
     TRANSITIONS,
     CommandFailed,
     CommandSucceeded,
@@ -24,6 +29,7 @@ from actors.machines.connection import (
     RebootRequested,
     SendCommand,
     Tick,
+    event_type,
 )
 
 UTC = dt.timezone.utc
@@ -82,70 +88,111 @@ def rebooting() -> ConnectionMachine:
 SETUPS = {Conn.OFFLINE: offline, Conn.ONLINE: online, Conn.MAINTENANCE: maintenance, Conn.REBOOTING: rebooting}
 
 
-# -- the whole table: every legal (state, event) with its next state and exact effects --------------
-# Each case: (state, event, now, next state, effects). The event instants are chosen so that Tick lands
-# exactly on the deadline of the state it is fed to.
+# -- the whole table: every legal (state, key) with its next state and exact effects ----------------
+# Each case: (state, events first fed to get there, event, now, its key, next state, effects). The
+# event instants are chosen so that Tick lands exactly on the deadline of the state it is fed to.
+R1 = ((RebootRequested("r1"), at(1)),)  # a reboot sent, its reply not in yet
+M = MAINTENANCE_HELLO
 CASES = [
-    # OFFLINE (down at +5 s, last seen T0)
-    (Conn.OFFLINE, LinkUp("c2", "watchdog", FACTS), at(60), Conn.ONLINE,
+    # OFFLINE (down at +5 s, last seen T0; no current link)
+    (Conn.OFFLINE, (), LinkUp("c2", "watchdog", FACTS), at(60), LinkUp, Conn.ONLINE,
      [Persist(Conn.ONLINE, True, "watchdog", at(60), at(60), FACTS), publish("online", True, "watchdog")]),
-    (Conn.OFFLINE, LinkDown("c1"), at(60), Conn.OFFLINE, []),
-    (Conn.OFFLINE, Heartbeat("c1"), at(60), Conn.OFFLINE, []),
-    (Conn.OFFLINE, Tick(), at(10_000), Conn.OFFLINE, []),
-    (Conn.OFFLINE, CommandSucceeded("x"), at(60), Conn.OFFLINE, []),
-    (Conn.OFFLINE, CommandFailed("x"), at(60), Conn.OFFLINE, []),
+    (Conn.OFFLINE, (), LinkUp("c2", "memtest", FACTS, maintenance=True), at(60), (LinkUp, M), Conn.MAINTENANCE,
+     [Persist(Conn.MAINTENANCE, True, "memtest", at(60), at(60), FACTS), publish("maintenance", True, "memtest")]),
+    (Conn.OFFLINE, (), LinkDown("c1"), at(60), (LinkDown, STALE), Conn.OFFLINE, []),
+    (Conn.OFFLINE, (), Heartbeat("c1"), at(60), (Heartbeat, STALE), Conn.OFFLINE, []),
+    (Conn.OFFLINE, (), Tick(), at(10_000), Tick, Conn.OFFLINE, []),
+    (Conn.OFFLINE, (), CommandSucceeded("x"), at(60), CommandSucceeded, Conn.OFFLINE, []),
+    (Conn.OFFLINE, (), CommandFailed("x"), at(60), CommandFailed, Conn.OFFLINE, []),
     # ONLINE on c1 since T0
-    (Conn.ONLINE, LinkUp("c2", "watchdog", FACTS), at(30), Conn.ONLINE,
+    (Conn.ONLINE, (), LinkUp("c2", "watchdog", FACTS), at(30), LinkUp, Conn.ONLINE,
      [DropLink("c1"), Persist(Conn.ONLINE, True, "watchdog", at(30), at(30), FACTS),
       publish("online", True, "watchdog")]),
-    (Conn.ONLINE, LinkDown("c1"), at(30), Conn.OFFLINE,
+    (Conn.ONLINE, (), LinkUp("c2", "memtest", FACTS, maintenance=True), at(30), (LinkUp, M), Conn.MAINTENANCE,
+     [DropLink("c1"), Persist(Conn.MAINTENANCE, True, "memtest", at(30), at(30), FACTS),
+      publish("maintenance", True, "memtest")]),
+    (Conn.ONLINE, (), LinkDown("c1"), at(30), LinkDown, Conn.OFFLINE,
      [Persist(Conn.OFFLINE, False, "power_on", T0, T0), publish("offline", False, "power_on")]),
-    (Conn.ONLINE, Heartbeat("c1"), at(30), Conn.ONLINE, [Persist(Conn.ONLINE, True, "power_on", at(30), T0)]),
-    (Conn.ONLINE, Tick(), at(HB), Conn.OFFLINE,
+    (Conn.ONLINE, R1, LinkDown("c1"), at(12), (LinkDown, REBOOT_PENDING), Conn.REBOOTING,
+     [Persist(Conn.REBOOTING, False, "power_on", T0, T0), publish("rebooting", False, "power_on")]),
+    (Conn.ONLINE, (), LinkDown("c0"), at(30), (LinkDown, STALE), Conn.ONLINE, []),
+    (Conn.ONLINE, (), Heartbeat("c1"), at(30), Heartbeat, Conn.ONLINE,
+     [Persist(Conn.ONLINE, True, "power_on", at(30), T0)]),
+    (Conn.ONLINE, (), Heartbeat("c0"), at(30), (Heartbeat, STALE), Conn.ONLINE, []),
+    (Conn.ONLINE, (), Tick(), at(30), Tick, Conn.ONLINE, []),
+    (Conn.ONLINE, (), Tick(), at(HB), (Tick, DUE), Conn.OFFLINE,
      [DropLink("c1"), Persist(Conn.OFFLINE, False, "power_on", T0, T0), publish("offline", False, "power_on")]),
-    (Conn.ONLINE, RebootRequested("r9"), at(30), Conn.ONLINE, [SendCommand("r9", "reboot", {})]),
-    (Conn.ONLINE, CommandSucceeded("other"), at(30), Conn.ONLINE, []),
-    (Conn.ONLINE, CommandFailed("other"), at(30), Conn.ONLINE, []),
+    (Conn.ONLINE, (), RebootRequested("r9"), at(30), RebootRequested, Conn.ONLINE, [SendCommand("r9", "reboot", {})]),
+    (Conn.ONLINE, (), CommandSucceeded("other"), at(30), CommandSucceeded, Conn.ONLINE, []),
+    (Conn.ONLINE, R1, CommandSucceeded("r1"), at(2), (CommandSucceeded, THE_REBOOT), Conn.REBOOTING,
+     [Persist(Conn.REBOOTING, False, "power_on", T0, T0), publish("rebooting", False, "power_on")]),
+    (Conn.ONLINE, (), CommandFailed("other"), at(30), CommandFailed, Conn.ONLINE, []),
+    (Conn.ONLINE, R1, CommandFailed("r1"), at(2), (CommandFailed, THE_REBOOT), Conn.ONLINE, []),
     # MAINTENANCE on c1 since T0
-    (Conn.MAINTENANCE, LinkUp("c2", "power_on", FACTS), at(30), Conn.ONLINE,
+    (Conn.MAINTENANCE, (), LinkUp("c2", "power_on", FACTS), at(30), LinkUp, Conn.ONLINE,
      [DropLink("c1"), Persist(Conn.ONLINE, True, "power_on", at(30), at(30), FACTS),
       publish("online", True, "power_on")]),
-    (Conn.MAINTENANCE, LinkDown("c1"), at(30), Conn.OFFLINE,
+    (Conn.MAINTENANCE, (), LinkUp("c2", "memtest", FACTS, maintenance=True), at(30), (LinkUp, M),
+     Conn.MAINTENANCE, [DropLink("c1"), Persist(Conn.MAINTENANCE, True, "memtest", at(30), at(30), FACTS),
+                        publish("maintenance", True, "memtest")]),
+    (Conn.MAINTENANCE, (), LinkDown("c1"), at(30), LinkDown, Conn.OFFLINE,
      [Persist(Conn.OFFLINE, False, "memtest", T0, T0), publish("offline", False, "memtest")]),
-    (Conn.MAINTENANCE, Heartbeat("c1"), at(30), Conn.MAINTENANCE,
+    (Conn.MAINTENANCE, R1, LinkDown("c1"), at(12), (LinkDown, REBOOT_PENDING), Conn.REBOOTING,
+     [Persist(Conn.REBOOTING, False, "memtest", T0, T0), publish("rebooting", False, "memtest")]),
+    (Conn.MAINTENANCE, (), LinkDown("c0"), at(30), (LinkDown, STALE), Conn.MAINTENANCE, []),
+    (Conn.MAINTENANCE, (), Heartbeat("c1"), at(30), Heartbeat, Conn.MAINTENANCE,
      [Persist(Conn.MAINTENANCE, True, "memtest", at(30), T0)]),
-    (Conn.MAINTENANCE, Tick(), at(HB), Conn.OFFLINE,
+    (Conn.MAINTENANCE, (), Heartbeat("c0"), at(30), (Heartbeat, STALE), Conn.MAINTENANCE, []),
+    (Conn.MAINTENANCE, (), Tick(), at(30), Tick, Conn.MAINTENANCE, []),
+    (Conn.MAINTENANCE, (), Tick(), at(HB), (Tick, DUE), Conn.OFFLINE,
      [DropLink("c1"), Persist(Conn.OFFLINE, False, "memtest", T0, T0), publish("offline", False, "memtest")]),
-    (Conn.MAINTENANCE, RebootRequested("r9"), at(30), Conn.MAINTENANCE, [SendCommand("r9", "reboot", {})]),
-    (Conn.MAINTENANCE, CommandSucceeded("other"), at(30), Conn.MAINTENANCE, []),
-    (Conn.MAINTENANCE, CommandFailed("other"), at(30), Conn.MAINTENANCE, []),
+    (Conn.MAINTENANCE, (), RebootRequested("r9"), at(30), RebootRequested, Conn.MAINTENANCE,
+     [SendCommand("r9", "reboot", {})]),
+    (Conn.MAINTENANCE, (), CommandSucceeded("other"), at(30), CommandSucceeded, Conn.MAINTENANCE, []),
+    (Conn.MAINTENANCE, R1, CommandSucceeded("r1"), at(2), (CommandSucceeded, THE_REBOOT), Conn.REBOOTING,
+     [Persist(Conn.REBOOTING, False, "memtest", T0, T0), publish("rebooting", False, "memtest")]),
+    (Conn.MAINTENANCE, (), CommandFailed("other"), at(30), CommandFailed, Conn.MAINTENANCE, []),
+    (Conn.MAINTENANCE, R1, CommandFailed("r1"), at(2), (CommandFailed, THE_REBOOT), Conn.MAINTENANCE, []),
     # REBOOTING since +2 s (link c1 never reported down)
-    (Conn.REBOOTING, LinkUp("c2", "reboot", FACTS), at(40), Conn.ONLINE,
+    (Conn.REBOOTING, (), LinkUp("c2", "reboot", FACTS), at(40), LinkUp, Conn.ONLINE,
      [Persist(Conn.ONLINE, True, "reboot", at(40), at(40), FACTS), publish("online", True, "reboot")]),
-    (Conn.REBOOTING, LinkDown("c1"), at(40), Conn.REBOOTING, []),
-    (Conn.REBOOTING, Heartbeat("c1"), at(40), Conn.REBOOTING, []),
-    (Conn.REBOOTING, Tick(), at(2 + RB), Conn.OFFLINE,
+    (Conn.REBOOTING, (), LinkUp("c2", "memtest", FACTS, maintenance=True), at(40), (LinkUp, M), Conn.MAINTENANCE,
+     [Persist(Conn.MAINTENANCE, True, "memtest", at(40), at(40), FACTS), publish("maintenance", True, "memtest")]),
+    (Conn.REBOOTING, (), LinkDown("c1"), at(40), LinkDown, Conn.REBOOTING, []),
+    (Conn.REBOOTING, (), LinkDown("c0"), at(40), (LinkDown, STALE), Conn.REBOOTING, []),
+    (Conn.REBOOTING, (), Heartbeat("c1"), at(40), Heartbeat, Conn.REBOOTING, []),
+    (Conn.REBOOTING, (), Heartbeat("c0"), at(40), (Heartbeat, STALE), Conn.REBOOTING, []),
+    (Conn.REBOOTING, (), Tick(), at(40), Tick, Conn.REBOOTING, []),
+    (Conn.REBOOTING, (), Tick(), at(2 + RB), (Tick, DUE), Conn.OFFLINE,
      [DropLink("c1"), Persist(Conn.OFFLINE, False, "power_on", T0, T0), publish("offline", False, "power_on")]),
-    (Conn.REBOOTING, CommandSucceeded("r1"), at(40), Conn.REBOOTING, []),
-    (Conn.REBOOTING, CommandFailed("r1"), at(40), Conn.REBOOTING, []),
+    (Conn.REBOOTING, (), CommandSucceeded("r1"), at(40), CommandSucceeded, Conn.REBOOTING, []),
+    (Conn.REBOOTING, (), CommandFailed("r1"), at(40), CommandFailed, Conn.REBOOTING, []),
 ]
 
-ILLEGAL = [(state, ev) for state in Conn for ev in EVENT_TYPES if ev not in TRANSITIONS[state]]
+# Illegal: an event type with no key at all in its state's row.
+ILLEGAL = [(state, ev) for state in Conn for ev in EVENT_TYPES
+           if not any(event_type(key) is ev for key in TRANSITIONS[state])]
 
 
 def test_cases_cover_exactly_the_transition_table():
-    table = {(state, ev) for state, row in TRANSITIONS.items() for ev in row}
-    assert {(state, type(event)) for state, event, *_ in CASES} == table
+    table = {(state, key) for state, row in TRANSITIONS.items() for key in row}
+    assert [(c[0], c[4]) for c in CASES if (c[0], c[4]) in table] == [(c[0], c[4]) for c in CASES]
+    assert {(c[0], c[4]) for c in CASES} == table and len(CASES) == len(table)
     assert set(TRANSITIONS) == set(Conn)
     assert set(ILLEGAL) == {(Conn.OFFLINE, RebootRequested), (Conn.REBOOTING, RebootRequested)}
 
 
-@pytest.mark.parametrize(("state", "event", "now", "after", "effects"), CASES,
-                         ids=[f"{c[0].name}-{type(c[1]).__name__}" for c in CASES])
-def test_transition(state, event, now, after, effects):
+@pytest.mark.parametrize(("state", "before", "event", "now", "key", "after", "effects"), CASES,
+                         ids=[f"{c[0].name}-{c[4].__name__ if isinstance(c[4], type) else c[4][0].__name__ + '.' + c[4][1]}"
+                              for c in CASES])
+def test_transition(state, before, event, now, key, after, effects):
     m = SETUPS[state]()
+    for e, t in before:
+        m.handle(e, t)
+    assert m.state is state
+    assert m.key(event, now) == key
     assert m.handle(event, now) == effects
-    assert m.state is after
+    assert m.state is after is TRANSITIONS[state][key]
     assert m.online is (after in (Conn.ONLINE, Conn.MAINTENANCE))
 
 
