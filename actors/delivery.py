@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from actors.bus import BusError
-from actors.errors import AskError
+from actors.bus import BusError, NoResponders, RequestTimeout
+from actors.errors import AskError, DeviceOffline, DeviceRefused
 from actors.machines.delivery import reconcile
+from device_client import verbs
 from device_client.protocol import subject
 
 if TYPE_CHECKING:
@@ -34,8 +35,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleethub.delivery")
 
 UNKNOWN = object()
-# A configuration apply restarts the workload and waits for its health check on the device.
+# A configuration apply restarts the workload and waits for its health check on the device. Past it
+# the apply has failed (docs/device-protocol.md: every command that moves a state ends in a terminal one).
 APPLY_TIMEOUT = 120.0
+NOTICE_TIMEOUT = 2.0
+
+
+class NotDone(Exception):
+    """A command that moves a state did not produce a usable result; ``reason`` says why, for the
+    delivery's or the configuration's error. ``offline``: the device was not linked when it was sent
+    (nothing was in flight: what was pending stays pending until it connects)."""
+
+    def __init__(self, reason: str, *, offline: bool = False) -> None:
+        super().__init__(reason)
+        self.reason, self.offline = reason, offline
 
 
 class Delivery:
@@ -76,6 +89,66 @@ class Delivery:
             log.info("device %s: %s not delivered: %s", self.device_id, verb, type(exc).__name__)
             return None
 
+    async def _strict(self, verb: str, payload: dict, timeout: float | None = None) -> Any:
+        """Send a command whose result moves a state and return the result as its model
+        (device_client/verbs.py). NotDone says why there is none: no link, no answer in time, the link
+        dropped, the device refused (its error), or a malformed result (a protocol error, recorded for
+        the device's diagnosis and told to the device)."""
+        timeout = timeout or self.s.settings.command_timeout
+        try:
+            reply = await self.s.bus.request(subject(str(self.device_id), verb), payload, timeout=timeout)
+        except NoResponders:
+            raise NotDone("the device is not connected", offline=True) from None
+        except RequestTimeout:
+            raise NotDone(f"the device did not answer {verb} within {timeout:.0f} s") from None
+        except DeviceRefused as exc:
+            raise NotDone(f"the device refused {verb}: {exc.code}: {exc.message}"[:500]) from None
+        except DeviceOffline:
+            raise NotDone(f"the device disconnected before answering {verb}") from None
+        except (BusError, AskError) as exc:
+            raise NotDone(f"{verb} was not delivered: {type(exc).__name__}") from None
+        try:
+            return verbs.check_reply(verb, reply)
+        except verbs.Malformed as exc:
+            await self.protocol_error(str(exc))
+            raise NotDone(f"the device's result was malformed ({exc})"[:500]) from None
+
+    async def record_file_results(self, payload: dict) -> None:
+        """Event ``files.result``: work the device did on its own (drift found at boot). A malformed one
+        is a protocol error and changes nothing."""
+        try:
+            checked = verbs.check_event("files.result", payload)
+        except verbs.Malformed as exc:
+            await self.protocol_error(str(exc))
+            return
+        await self._db(self.s.secrets.record, self.device_id,
+                       _ours([r.model_dump() for r in checked.results]), self.s.clock.now())
+
+    async def protocol_error(self, what: str) -> None:
+        """The device sent a result the hub cannot use: count it for the diagnosis and tell the device
+        (``link.notice``; a device without that verb answers unknown_command, which is fine)."""
+        log.warning("device %s: protocol error: %s", self.device_id, what)
+        health = getattr(self.s, "link_health", None)  # hub/linkhealth.py; absent in actor tests' stand-ins
+        if health is not None:
+            health.protocol_error(self.device_id, what, self.s.clock.now())
+        await self._request("link.notice", {"code": "malformed_result", "message": what[:500]}, timeout=NOTICE_TIMEOUT)
+
+    async def _put_files(self, files: list[dict]) -> None:
+        """``files.put`` and its results recorded: each file on_device or failed with the device's error;
+        a refused, unanswered or malformed put fails every file it carried with the reason (the next link
+        or upload sends them again). Sent to a device that is not linked: they stay pending."""
+        s = self.s
+        sent = [self.file_payload(f) for f in files]
+        try:
+            put = await self._strict("files.put", {"files": sent})
+        except NotDone as exc:
+            if exc.offline:
+                return
+            await self._db(s.secrets.record, self.device_id, [{"fileId": p["fileId"], "status": "failed",
+                                                               "error": exc.reason} for p in sent], s.clock.now())
+            return
+        await self._db(s.secrets.record, self.device_id, file_results(sent, put.results), s.clock.now())
+
     # -- jobs -------------------------------------------------------------------------------------
     async def after_hello(self, digests: dict[str, str], applied_version: str | None) -> None:
         """A device (re)connected: bring its configuration, then its files, to what storage says."""
@@ -88,9 +161,7 @@ class Delivery:
         async with self.lock:
             files = await self._db(self.s.secrets.device_files_to_push, self.device_id)
             if files:
-                reply = await self._request("files.put", {"files": [self.file_payload(f) for f in files]})
-                if reply is not None:
-                    await self._db(self.s.secrets.record, self.device_id, reply.get("results", []), self.s.clock.now())
+                await self._put_files(files)
 
     async def remove(self, paths: list[str]) -> None:
         async with self.lock:
@@ -125,9 +196,7 @@ class Delivery:
                 files += [f for f in await self._db(s.secrets.config_files_for, self.device_id, device["config_id"])
                           if str(f["id"]) in wanted]
             if files:
-                reply = await self._request("files.put", {"files": [self.file_payload(f) for f in files]})
-                if reply is not None:
-                    await self._db(s.secrets.record, self.device_id, reply.get("results", []), s.clock.now())
+                await self._put_files(files)
         if plan.remove:
             await self._request("files.delete", {"paths": plan.remove})
 
@@ -153,29 +222,74 @@ class Delivery:
                    "spec": version["spec"], "files": [self.file_payload(f) for f in files]}
         # "applying": the version is on its way and the device will verify it (rollouts show it).
         await self._db(s.devices.set_config_result, self.device_id, "applying", None, device["applied_version_id"], s.clock.now())
-        reply = await self._request("config.apply", payload, timeout=APPLY_TIMEOUT)
-        if reply is not None:
-            await self.record_config_result(reply)
+        try:
+            result = await self._strict("config.apply", payload, timeout=APPLY_TIMEOUT)
+        except NotDone as exc:
+            # "applying" must end: failed with the reason (the diagnosis shows it); the version is sent
+            # again at the device's next link. A result the device sends later (config.result) still counts.
+            await self._db(s.devices.set_config_result, self.device_id, "failed", exc.reason,
+                           device["applied_version_id"], s.clock.now())
+            await self._db(s.secrets.mark_config_files, self.device_id, device["config_id"], "failed",
+                           f"configuration not applied: {exc.reason}", s.clock.now())
+            return
+        await self.record_config_result(result.model_dump())
 
     async def record_config_result(self, result: dict) -> None:
+        """A ConfigApplyResult (the reply to config.apply, or event config.result). A malformed one is a
+        protocol error; if it can name the version the device was applying, that apply has failed."""
         s = self.s
         now = s.clock.now()
         try:
-            version_id = uuid.UUID(str(result.get("versionId")))
-            config_id = uuid.UUID(str(result.get("configId")))
-        except ValueError:
-            log.warning("device %s sent a config result without valid ids", self.device_id)
+            checked = verbs.check_event("config.result", result)
+            version_id = uuid.UUID(checked.versionId)
+            config_id = uuid.UUID(checked.configId)
+        except (verbs.Malformed, ValueError) as exc:
+            what = str(exc) if isinstance(exc, verbs.Malformed) else "event config.result: versionId or configId is not an id"
+            await self.protocol_error(what)
+            device = await self._db(s.devices.get_any, self.device_id)
+            if device is not None and device["config_status"] == "applying":
+                await self._db(s.devices.set_config_result, self.device_id, "failed",
+                               f"the device's result was malformed ({what})"[:500], device["applied_version_id"], now)
             return
+        result = checked.model_dump()
         device = await self._db(s.devices.get_any, self.device_id)
         if device is None or device["config_version_id"] != version_id:
             return  # a result for a version no longer assigned
         if result.get("status") == "applied":
             await self._db(s.devices.set_config_result, self.device_id, "applied", None, version_id, now)
-            await self._db(s.secrets.record, self.device_id, result.get("files", []), now)
+            await self._db(s.secrets.record, self.device_id, _ours(result.get("files", [])), now)
         else:
             error = str(result.get("error") or "the device rejected the configuration")[:500]
-            rolled_back = result.get("rolledBackTo")
             await self._db(s.devices.set_config_result, self.device_id, "rejected", error,
-                                              uuid.UUID(rolled_back) if rolled_back else None, now)
+                           _uuid(result.get("rolledBackTo")), now)
             await self._db(s.secrets.mark_config_files, self.device_id, config_id, "failed",
                                               f"configuration rejected by the device: {error}", now)
+
+
+def file_results(sent: list[dict], results: list[Any]) -> list[dict]:
+    """The storable result of each file sent, matched by file id (else path): the device's status and
+    error, or failed when the device said nothing about a file. Ids are the hub's own, never the device's."""
+    by_id = {r.fileId: r for r in results if r.fileId}
+    by_path = {r.path: r for r in results}
+    out = []
+    for p in sent:
+        r = by_id.get(p["fileId"]) or by_path.get(p["path"])
+        if r is None:
+            out.append({"fileId": p["fileId"], "status": "failed", "error": "the device's result did not mention this file"})
+        elif r.status == "on_device":
+            out.append({"fileId": p["fileId"], "status": "on_device", "sha256": r.sha256})
+        elif r.status == "failed":
+            out.append({"fileId": p["fileId"], "status": "failed", "error": (r.error or "failed on the device")[:500]})
+    return out
+
+
+def _uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+def _ours(results: list[dict]) -> list[dict]:
+    """File results whose fileId is an id the hub could have given (storage takes nothing else)."""
+    return [r for r in results if _uuid(r.get("fileId")) is not None]

@@ -25,6 +25,7 @@ from actors.memtest import MESSAGES as MEMTEST_MESSAGES
 from actors.memtest import MemTests
 from actors.runtime import Actor, ActorCrashed
 from device_client.clock import rfc3339
+from device_client.linkcodes import Close
 from device_client.protocol import subject
 
 if TYPE_CHECKING:
@@ -207,10 +208,10 @@ class DeviceActor(Actor):
             self.memtests.on_event(msg.kind, msg.payload)  # published as an operation of kind memory_test
             return None
         if isinstance(msg, DeviceEvent):
-            self._publish(f"device.{msg.kind}", msg.payload)
+            # in their own namespace: device.state, device.snapshot and device.operation are the hub's alone
+            self._publish(f"device.event.{msg.kind}", msg.payload)
             if msg.kind == "files.result":
-                await self._event_job(self.services.secrets.record, self.device_id, msg.payload.get("results", []),
-                                      self.services.clock.now())
+                await self._event_job(self.delivery.record_file_results, msg.payload)
             elif msg.kind == "config.result":
                 await self._event_job(self.delivery.record_config_result, msg.payload)
             elif msg.kind in self.hooks.event_kinds:
@@ -233,7 +234,9 @@ class DeviceActor(Actor):
                 self._job(self.delivery.apply_config)
             return None
         if isinstance(msg, cm.LinkUp):
-            self.facts = msg.facts  # served live until the presence row is written behind
+            # served live until the presence row is written behind; a fact the hello left out
+            # (hub/api/link.py KEPT_UNLESS_SENT) keeps the value the last hello gave
+            self.facts = {**(self.facts or {}), **(msg.facts or {})}
             self._job(self.hooks.on_link, self.org_id, self.device_id, msg.facts or {})
             self.memtests.on_link_up(msg.facts)
         if isinstance(msg, cm.LinkDown) and msg.conn_id == self.machine.conn_id:
@@ -316,7 +319,10 @@ class DeviceActor(Actor):
         elif isinstance(effect, cm.DropLink):
             link = s.links.get(self.device_id)
             if link is not None and link.conn_id == effect.conn_id:
-                link.close()
+                # the machine drops a link only when its heartbeats stopped (a newer link closes the
+                # older one itself, hub/api/link.py)
+                link.close(Close.HEARTBEAT_TIMEOUT,
+                           f"no heartbeat for {s.settings.heartbeat_timeout:g} s (3 heartbeat intervals)")
 
     def _publish(self, kind: str, payload: dict[str, Any]) -> None:
         event = {"kind": kind, "deviceId": str(self.device_id), "at": rfc3339(self.services.clock.now()),

@@ -173,6 +173,7 @@ class Agent:
         self.commands.register("reboot", self._reboot)
         linkctl.attach(self)  # link.drain, link.keys
         self._reconnect_after: float | None = None  # set by link.drain: leave the link, come back then
+        self.notices = 0  # link.notice commands: the hub refused something this device sent
         self.hooks = Hooks()
         self.frames = FrameGuard(self.data_dir, self.clock, max_frame_bytes)  # the link's frame limit
         self._backoff = Backoff(backoff_initial, backoff_max, rng)

@@ -6,11 +6,14 @@
     link.keys   {hubKeys}                   the hub rotated its signing key: these keys replace
                                             welcome.hubKeys, so grants it signs now verify without a
                                             new link
+    link.notice {code, message}             the hub refused something the device sent (a malformed
+                                            result): logged, so the device's own log says what and why
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -19,12 +22,15 @@ from .commands import CommandError
 if TYPE_CHECKING:
     from .agent import Agent
 
+log = logging.getLogger("fleethub.agent")
+
 MAX_RECONNECT_AFTER = 600.0
 
 
 def attach(agent: "Agent") -> None:
     agent.register("link.drain", partial(drain, agent))
     agent.register("link.keys", partial(keys, agent))
+    agent.register("link.notice", partial(notice, agent))
 
 
 def _is_ed25519_key(encoded: str) -> bool:
@@ -53,3 +59,9 @@ async def keys(agent: "Agent", payload: dict[str, Any]) -> dict[str, Any]:
         raise CommandError("invalid_payload", "hubKeys must map key ids to base64 Ed25519 public keys")
     agent.hub_keys = dict(hub_keys)
     return {"kids": list(hub_keys)}
+
+
+async def notice(agent: "Agent", payload: dict[str, Any]) -> dict[str, Any]:
+    log.warning("%s: the hub says %s: %s", agent._who(), str(payload.get("code"))[:64], str(payload.get("message"))[:500])
+    agent.notices += 1
+    return {}

@@ -128,6 +128,11 @@ class KeyIds(Body):
     kids: list[str]
 
 
+class Notice(Body):
+    code: str = Field(description="malformed_result")
+    message: str = Field(description="what was refused and why, naming the field")
+
+
 class TelemetrySet(Body):
     enabled: bool
 
@@ -272,6 +277,8 @@ VERBS: dict[str, Verb] = {v.name: v for v in (
     Verb("link.drain", "the hub is stopping: close the link (1001) after the replies in flight, reconnect "
          "within reconnectAfter seconds (to url when given)", Drain, Draining),
     Verb("link.keys", "the hub rotated its signing key: these replace welcome.hubKeys", Keys, KeyIds),
+    Verb("link.notice", "the hub refused something the device sent (a malformed result): log it", Notice, Empty,
+         optional=True),
     Verb("telemetry.set", "switch telemetry events on or off; persisted", TelemetrySet, TelemetryState,
          optional=True),
     Verb("memtest.start", "start a memory test (docs/memtests.md)", MemtestStart, MemtestStatusReply,

@@ -23,6 +23,7 @@ from actors.device import DeviceActor
 from actors.rollout import ReloadWindows, RolloutActor
 from actors.runtime import Registry, Supervisor
 from device_client.clock import Clock
+from device_client.linkcodes import Close
 from hub import gc_tuning
 from hub.auth.cache import AuthCache
 from hub.billing.devices import BillingHooks
@@ -31,6 +32,7 @@ from hub.auth.signing_keys import SIGNING_KEYS_TAG, SigningKeys
 from hub.auth.ratelimit import BurstLimiter, RateLimiter
 from hub.auth.sessions import LoginThrottle
 from hub.events import EventHub
+from hub.linkhealth import LinkHealth
 from hub.metrics import Metrics
 from hub.settings import Settings
 from storage.audit import Audit
@@ -67,8 +69,13 @@ class Link:
     device_id: uuid.UUID
     conn_id: str
     cancel_scope: trio.CancelScope
+    close_code: int = 1000  # what the link handler closes the socket with (device_client/linkcodes.py)
+    close_reason: str = ""
 
-    def close(self) -> None:
+    def close(self, code: int = 1000, reason: str = "") -> None:
+        """End the link; the handler closes the socket with ``code`` and ``reason`` (the first close wins)."""
+        if not self.cancel_scope.cancel_called:
+            self.close_code, self.close_reason = code, reason
         self.cancel_scope.cancel()
 
 
@@ -89,6 +96,7 @@ class Services:
     stopping: bool = False  # set as open_services begins to close: spawn() starts nothing more
     _pushing_keys: bool = field(default=False, repr=False)  # a link.keys push runs (_push_keys_soon)
     _push_keys_again: bool = field(default=False, repr=False)
+    link_health: LinkHealth = field(default_factory=LinkHealth)  # takeovers, protocol errors (diagnosis)
 
     def __post_init__(self) -> None:
         self.orgs = Orgs(self.db)
@@ -129,12 +137,14 @@ class Services:
         if self.settings.successor_url:
             payload["url"] = self.settings.successor_url
         acknowledged = 0
+        leaving: set[uuid.UUID] = set()
 
         async def tell(device_id: uuid.UUID) -> None:
             nonlocal acknowledged
             try:
                 await self.bus.request(f"cmd.{device_id}.link.drain", payload, timeout=timeout)
                 acknowledged += 1
+                leaving.add(device_id)
             except Exception as exc:  # noqa: BLE001 — a device that cannot be told just loses its link
                 log.info("device %s was not drained: %s", device_id, type(exc).__name__)
 
@@ -142,6 +152,12 @@ class Services:
             async with trio.open_nursery() as nursery:
                 for device_id in list(self.links):
                     nursery.start_soon(tell, device_id)
+        # devices that did not leave on link.drain (an agent without it, or one that did not answer) are
+        # told the same by the close code
+        for device_id, link in list(self.links.items()):
+            if device_id not in leaving:
+                link.close(Close.DRAINING, f"the hub is shutting down; reconnect within "
+                                           f"{self.settings.drain_window:.0f} s")
         return acknowledged
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> bool:

@@ -7,6 +7,7 @@ actor when it runs, since presence is written behind and the actor is its only w
 from __future__ import annotations
 
 import uuid
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
@@ -14,6 +15,7 @@ from quart import Blueprint
 import trio
 
 from actors.device import Reboot, Send
+from device_client.linkcodes import Close
 from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
 from hub.auth.authz import Obj, authorize, require_org, scope_for_list
 from hub.api.sse import stream_response
@@ -47,6 +49,16 @@ class DeviceQuery(PageQuery):
     tag: str | None = None
 
 
+class DeviceConfiguration(BaseModel):
+    config_id: uuid.UUID | None
+    version_id: uuid.UUID | None
+    applied_version_id: uuid.UUID | None
+    status: Literal["pending", "applying", "applied", "rejected", "failed"] | None = Field(
+        description="pending (assigned), applying (sent to the device), applied, rejected (by the device, "
+                    "rolled back) or failed (no valid result in time; sent again at the next link)")
+    error: str | None = Field(description="why it was rejected or failed")
+
+
 class DeviceOut(BaseModel):
     id: uuid.UUID
     name: str
@@ -62,8 +74,7 @@ class DeviceOut(BaseModel):
     has_tunnel_identity: bool
     tunnel_targets: dict | None = Field(None, description="what the device's agent offers tunnels, from its "
                                         "last hello: {names, ports, ssh} (null: it never said)")
-    configuration: dict = Field(description="assigned configuration, applied version, status (pending, "
-                                            "applied, rejected) and the device's error")
+    configuration: DeviceConfiguration
     created_at: str
     updated_at: str
 
@@ -215,7 +226,8 @@ async def delete_device(device_id: str):
         raise NotFound("device not found")
     link = s.links.get(dev_id)
     if link is not None:
-        link.close()  # its token no longer exists; the agent's reconnects are refused
+        # its token no longer exists; the agent's reconnects are refused
+        link.close(Close.CREDENTIAL_REVOKED, "the device was removed: its token is revoked")
     return {"data": {"id": str(dev_id), "deleted": True}}
 
 
@@ -290,5 +302,5 @@ async def unpair_device(device_id: str):
     await s.devices.delete(org().org_id, row["id"])
     link = s.links.get(row["id"])
     if link is not None:
-        link.close()
+        link.close(Close.CREDENTIAL_REVOKED, "the device was unpaired: its token is revoked")
     return {"data": {"deviceId": str(row["id"]), "state": "unpaired", "device": wiped}}

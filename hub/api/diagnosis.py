@@ -23,7 +23,8 @@ bp = Blueprint("diagnosis", __name__, url_prefix="/v1/devices")
 
 class Issue(BaseModel):
     severity: Literal["critical", "warning", "info"]
-    code: str = Field(description="MemoryFault (critical), MemoryTestInterrupted or LinkFramesRefused "
+    code: str = Field(description="MemoryFault (critical), MemoryTestInterrupted, LinkFramesRefused, "
+                                  "IdentityInUseTwice, DeviceProtocolError or ConfigurationNotApplied "
                                   "(warning), MemoryTestPageMapSummarised (info)")
     title: str
     message: str
@@ -54,7 +55,27 @@ async def device_diagnosis(device_id: str):
                        None if refused is None else {"count": refused.count, "lastAt": refused.last_at,
                                                      "lastFrame": refused.last_frame,
                                                      "lastBytes": refused.last_bytes})
+    issues += _link_issues(s, row)
     severities = {i["severity"] for i in issues}
     status = "critical" if "critical" in severities else "warning" if "warning" in severities else "ok"
     return {"data": jsonable({"deviceId": str(row["id"]), "status": status, "issues": issues,
                               "checkedAt": s.clock.now()})}
+
+
+def _link_issues(s, row: dict) -> list[dict]:
+    """The device link's own issues (docs/device-protocol.md): two holders of its token, results it sent
+    that the hub could not use (this process's counts, hub/linkhealth.py), and a configuration the
+    device did not apply (stored: the reason survives restarts)."""
+    issues = s.link_health.issues(row["id"], s.clock.now())
+    if row.get("config_status") in ("failed", "rejected"):
+        failed = row["config_status"] == "failed"
+        issues.append({"severity": "warning", "code": "ConfigurationNotApplied",
+                       "title": "The assigned configuration is not applied",
+                       "message": (f"configuration version {row.get('config_version_id')} "
+                                   f"{'failed' if failed else 'was rejected by the device'}: "
+                                   f"{row.get('config_error') or 'no reason given'}"
+                                   + ("; it is sent again at the device's next link" if failed else "")),
+                       "since": row.get("updated_at"),
+                       "details": {"status": row["config_status"], "versionId": row.get("config_version_id"),
+                                   "error": row.get("config_error")}})
+    return issues

@@ -9,6 +9,13 @@ A device can slow only itself: when its actor's mailbox is full the handler wait
 reading that socket; TCP pushes back on the device) rather than dropping events, and its tunnel.usage
 records in flight are bounded. A frame with a string the hub could not store (NUL) or an event kind
 outside ``protocol.EVENT_KIND_PATTERN`` closes the link with 4400 and a reason naming the field.
+
+Every way the hub ends a link has its own close code and a reason cut at a word
+(device_client/linkcodes.py): a hello timeout 4408, an unknown protocol version 4426, a newer link of
+the same device 4001 (superseded), silence 4002, a revoked token 4003, shutdown 4004. A takeover
+soon after others (two holders of one token) is held back before it is accepted, and counted for the
+device's diagnosis (hub/linkhealth.py). A hello that omits a fact (firmware, architecture) leaves it
+as it was.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from actors.machines.connection import Heartbeat, LinkDown, LinkUp
 from actors.runtime import ActorError, MailboxFull, Reply
 from device_client import protocol as p
 from device_client import protocol_schema
+from device_client.linkcodes import SUPPORTED_VERSIONS, Close, bounded_reason
 from hub import frames
 from hub.api.common import services
 from hub.auth.middleware import public
@@ -39,11 +47,13 @@ log = logging.getLogger("fleethub.link")
 bp = Blueprint("link", __name__)
 
 HELLO_TIMEOUT = 10.0
-# WebSocket close codes of the link (4000-4999 are the application's): the frame was not JSON or
-# not a frame; a frame came out of order (a second hello, a welcome or a command from a device).
-# Frames over MAX_FRAME_BYTES are closed with 1009 and a reason, and counted (hub/frames.py).
-CLOSE_BAD_FRAME = 4400
-CLOSE_OUT_OF_ORDER = 4409
+# WebSocket close codes of the link, one per cause (device_client/linkcodes.py, docs/device-protocol.md):
+# a frame that is not JSON or not a frame; one out of order (a second hello, a welcome or a command
+# from a device). Frames over MAX_FRAME_BYTES are closed with 1009 and a reason (hub/frames.py).
+CLOSE_BAD_FRAME = Close.BAD_FRAME
+CLOSE_OUT_OF_ORDER = Close.OUT_OF_ORDER
+# Hello facts a hello may leave out: the hub keeps what it had (a partial hello blanks nothing).
+KEPT_UNLESS_SENT = ("firmware", "architecture", "agentVersion", "tunnelPublicKey")
 MAX_FRAME_BYTES = p.MAX_FRAME_BYTES
 # tunnel.usage records of one link in flight at once (a session reports every 30 s): past it the link
 # waits, i.e. stops reading that device's socket.
@@ -97,31 +107,37 @@ async def device_link():
     del row, token  # this frame lives as long as the connection: keep nothing in it we don't need
     await websocket.accept()
     ws = websocket._get_current_object()  # used from bus handlers running in other tasks
-    await _serve(s, ws, device_id)
+    address = websocket.remote_addr
+    await _serve(s, ws, device_id, address)
     return None
 
 
-async def _receive_hello(ws, device_id: uuid.UUID) -> tuple[p.Hello | None, str]:
-    """The hello, or None and the reason to close with (naming the refused field, if one was)."""
+async def _receive_hello(ws, device_id: uuid.UUID) -> tuple[p.Hello | None, int, str]:
+    """The hello, or None with the close code and reason (naming the refused field, if one was)."""
     with trio.move_on_after(HELLO_TIMEOUT):
         try:
             frame = p.decode(await frames.receive(services(), ws, device_id))
         except p.ProtocolError as exc:
             log.info("device %s sent a bad first frame: %s", device_id, exc)
-            return None, f"malformed hello: {str(exc)[:80]}"
-        if isinstance(frame, p.Hello):
-            return frame, ""
-    return None, "the first frame must be a hello"
+            return None, Close.BAD_FRAME, f"malformed hello: {exc}"
+        if not isinstance(frame, p.Hello):
+            return None, Close.BAD_FRAME, f"the first frame must be a hello, not {p.describe(frame)}"
+        if frame.protocol not in SUPPORTED_VERSIONS:
+            return None, Close.UNKNOWN_VERSION, (f"hello.protocol: version {frame.protocol} is not supported; "
+                                                 f"this hub speaks {', '.join(map(str, SUPPORTED_VERSIONS))}")
+        return frame, 0, ""
+    return None, Close.HELLO_TIMEOUT, f"no hello within {HELLO_TIMEOUT:g} s"
 
 
-async def _serve(s, ws, device_id: uuid.UUID) -> None:
+async def _serve(s, ws, device_id: uuid.UUID, address: str | None = None) -> None:
     try:
-        hello, refusal = await _receive_hello(ws, device_id)
+        hello, code, refusal = await _receive_hello(ws, device_id)
     except frames.FrameRefused as exc:
         log.info("device %s: %s; link closed", device_id, exc)
         return
     if hello is None:
-        await ws.close(CLOSE_BAD_FRAME, refusal)
+        log.info("device %s: link refused (%d): %s", device_id, code, refusal)
+        await ws.close(code, bounded_reason(refusal))
         return
     conn_id = uuid.uuid4().hex
     pending: dict[str, Reply] = {}
@@ -150,18 +166,30 @@ async def _serve(s, ws, device_id: uuid.UUID) -> None:
         return answer.payload or {}
 
     actor = await s.device_actor(device_id)
+    if s.links.get(device_id) is not None:
+        # A takeover. Now and then it is a device back before its old socket was noticed dead; in a
+        # loop it is two holders of one token: each takeover soon after others waits, growing.
+        delay = s.link_health.takeover(device_id, s.clock.now(), address)
+        if delay:
+            log.warning("device %s: another takeover of its link within a minute (from %s); accepting it in "
+                        "%.0f s: two holders of one token?", device_id, address, delay)
+            await trio.sleep(delay)
     with trio.CancelScope() as scope:
         link = Link(device_id, conn_id, scope)
         previous = s.links.get(device_id)
         s.links[device_id] = link
         if previous is not None:
-            previous.close()  # the newest connection of a device wins
+            # the newest connection of a device wins
+            previous.close(Close.SUPERSEDED, "another connection with this device's token took over")
         subscription = s.bus.subscribe(p.subject(str(device_id), ">"), on_command)
         s.metrics.device_connects += 1
         try:
             await send(p.Welcome(deviceId=str(device_id), heartbeatInterval=s.settings.heartbeat_interval,
                                  hubKeys=s.tunnels.grants.hub_keys, maxFrameBytes=MAX_FRAME_BYTES))
             facts = hello.model_dump(exclude={"type", "secretFileDigests", "retiredPages", "lastMemoryTest"})
+            for name in KEPT_UNLESS_SENT:
+                if name not in hello.model_fields_set:
+                    del facts[name]
             await _deliver(s, actor, device_id, LinkUp(conn_id, hello.bootReason, facts, hello.maintenance))
             await _deliver(s, actor, device_id, Hello(hello.secretFileDigests, hello.configVersionApplied,
                                                       {"lastMemoryTest": hello.lastMemoryTest,
@@ -177,7 +205,7 @@ async def _serve(s, ws, device_id: uuid.UUID) -> None:
                     # A device that sends what is not a frame is broken or hostile: end the link with
                     # the reason (it reconnects and starts over); nothing else is affected.
                     log.info("device %s: bad frame, closing the link: %s", device_id, exc)
-                    await ws.close(CLOSE_BAD_FRAME, f"malformed frame: {str(exc)[:80]}")
+                    await ws.close(CLOSE_BAD_FRAME, bounded_reason(f"malformed frame: {exc}"))
                     return
                 if isinstance(frame, (p.Hello, p.Welcome, p.Command)):
                     log.info("device %s: unexpected %s frame, closing the link", device_id, frame.type)
@@ -204,6 +232,12 @@ async def _serve(s, ws, device_id: uuid.UUID) -> None:
                 await _deliver(s, actor, device_id, LinkDown(conn_id))
             if link_down.cancelled_caught:
                 log.warning("device %s: its actor took no LinkDown within %ss", device_id, LINK_DOWN_WITHIN)
+    if scope.cancelled_caught:
+        # ended by the hub (superseded, heartbeat timeout, revoked, drained): say which, so the device
+        # knows what to do next (docs/device-protocol.md, close codes)
+        with trio.move_on_after(2) as closing:
+            closing.shield = True
+            await ws.close(link.close_code, bounded_reason(link.close_reason))
 
 
 async def _deliver(s, actor, device_id: uuid.UUID, msg: object) -> None:

@@ -79,9 +79,11 @@ class LinkStub:
     def __init__(self, conn_id: str) -> None:
         self.conn_id = conn_id
         self.closed_at: float | None = None
+        self.close_code: int | None = None
 
-    def close(self) -> None:
+    def close(self, code: int = 1000, reason: str = "") -> None:
         self.closed_at = trio.current_time()
+        self.close_code = code
 
 
 class RecordingRegistry(Registry):
@@ -173,7 +175,7 @@ async def test_state_changes_and_device_events_are_published_to_device_and_org_t
             actor.tell(LinkDown("c1"))
             await actor.ask(GetLive(), timeout=1)
             expected = [state_event("online", 1),
-                        {"kind": "device.workload", "deviceId": str(DEV), "at": "2026-01-05T12:00:01.000Z",
+                        {"kind": "device.event.workload", "deviceId": str(DEV), "at": "2026-01-05T12:00:01.000Z",
                          "payload": {"status": "running"}},
                         state_event("offline", 2)]
             assert drain(dev_sub) == expected
@@ -204,7 +206,7 @@ async def test_heartbeat_silence_is_offline_exactly_at_last_seen_plus_timeout(au
             offline = await sub.receive.receive()
             assert offline == state_event("offline", 3.5 + SETTINGS.heartbeat_timeout)
             assert trio.current_time() == 6.5
-            assert link.closed_at == 6.5
+            assert link.closed_at == 6.5 and link.close_code == 4002  # heartbeat timeout, its own code
             live = await actor.ask(GetLive(), timeout=1)
             assert (live["state"], live["lastSeenAt"]) == ("offline", at(3.5))
             await trio.sleep(1)

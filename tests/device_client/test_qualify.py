@@ -101,3 +101,32 @@ async def test_a_broken_device_fails_the_rules_it_breaks(nursery):
         assert "pong" in verdicts["C1"].evidence
         assert "0 heartbeats" in verdicts["B1"].evidence
         assert "did not come back after reboot" in verdicts["R2"].evidence
+
+
+async def test_the_command_line_prints_each_rule_and_exits_0_for_our_agent(nursery, tmp_path, capsys):
+    import socket
+
+    from hub.cli import build_parser
+    from device_client.qualify.cli import main
+
+    with socket.socket() as probe:  # a free port for --listen
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = build_parser().parse_args(["device-test", "--listen", f"127.0.0.1:{port}", "--token", TOKEN,
+                                      "--heartbeat", "0.5", "--superseded-wait", "1", "--reconnect-timeout", "10"])
+    with trio.fail_after(60):
+        agent_scope = trio.CancelScope()
+
+        async def agent():
+            with agent_scope:
+                await trio.sleep(0.3)  # the kit is listening by then; the agent retries anyway
+                await Agent(f"http://127.0.0.1:{port}", TOKEN, tmp_path / "agent", backoff_initial=0.05,
+                            backoff_max=0.2, superseded_backoff=1.0).run()
+
+        nursery.start_soon(agent)
+        code = await main(args)
+        agent_scope.cancel()
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.count("PASS ") == len(RULES) and f"{len(RULES)} passed, 0 failed, 0 not run: QUALIFIED" in out
+    assert "evidence: reconnected" in out
