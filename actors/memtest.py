@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ from actors.bus import NoResponders, RequestTimeout
 from actors.machines import memtest as mm
 from actors.runtime import ActorCrashed
 from device_client.clock import rfc3339
-from device_client.protocol import subject
+from device_client.protocol import memtest_result, memtest_status, subject
 from hub.errors import (
     BadRequest,
     ClientError,
@@ -107,6 +108,8 @@ class MemTests:
         # The hello's workloadHeld (say, a test boot's hold after a failure) stands until a test
         # the hub saw running has ended.
         self._hello_held = False
+        self._jobs: deque[tuple[Any, tuple[Any, ...]]] = deque()  # storage work in the device's order
+        self._working = False
 
     @property
     def s(self):
@@ -153,10 +156,10 @@ class MemTests:
         elif msg.verb == "memtest.cancel" and msg.error.code == "not_running":
             self._handle(mm.Observed(None))
         elif msg.verb == "memtest.status" and msg.error is None:
-            self._handle(mm.Observed((msg.payload or {}).get("status")))
+            self._handle(mm.Observed(memtest_status((msg.payload or {}).get("status"))))
             health = (msg.payload or {}).get("health")
             if isinstance(health, dict):
-                self._spawn(self._store_health, health)
+                self._in_order(self._store_health, health)
         if reply is None:
             return
         if msg.error is not None:
@@ -174,26 +177,31 @@ class MemTests:
             reply.fail(ActorCrashed(f"actor {self.actor.key} restarted while a memory-test command was in flight"))
         self._pending.clear()
         self._handle(mm.Reset())
+        self._working = False  # its task went with the old nursery; what is queued goes on now
+        if self._jobs:
+            self._working = True
+            self._spawn(self._work_in_order)
 
     # -- what the device tells ----------------------------------------------------------------------
     def on_event(self, kind: str, payload: dict[str, Any]) -> None:
+        # An older agent's sub-steps as phases and null verdicts read as the spec's (protocol.memtest_*)
         if kind == "memtest.progress":
             status = payload.get("status", payload) if isinstance(payload.get("status"), dict) else payload
-            self._handle(mm.Progress(status))
+            self._handle(mm.Progress(memtest_status(status)))
         elif kind == "memtest.result":
             result = payload.get("result")
             if isinstance(result, dict) and result.get("runId"):
-                self._handle(mm.Finished(result))
+                self._handle(mm.Finished(memtest_result(result)))
         elif kind == "memtest.health":
             health = payload.get("health")
             if isinstance(health, dict):
-                self._spawn(self._store_health, health)
+                self._in_order(self._store_health, health)
         else:
             log.info("device %s: unknown memory-test event %s", self.actor.device_id, kind)
 
     def on_link_up(self, facts: dict[str, Any]) -> None:
         self._hello_held = bool(facts.get("workloadHeld"))
-        self._handle(mm.Observed(facts.get("memoryTestRunning")))
+        self._handle(mm.Observed(memtest_status(facts.get("memoryTestRunning"))))
 
     def on_link_down(self) -> None:
         if self.machine.status is not None:
@@ -203,10 +211,10 @@ class MemTests:
         memtest = memtest or {}
         last = memtest.get("lastMemoryTest")
         if isinstance(last, dict) and last.get("runId") and last.get("outcome"):
-            self._handle(mm.Finished(last))
+            self._handle(mm.Finished(memtest_result(last)))
         retired = [p for p in memtest.get("retiredPages") or [] if isinstance(p, int)]
         if retired:
-            self._spawn(self._merge, retired, [], None)
+            self._in_order(self._merge, retired, [], None)
 
     # -- effects ------------------------------------------------------------------------------------
     def _handle(self, event: object) -> list[object]:
@@ -238,7 +246,7 @@ class MemTests:
         elif isinstance(effect, mm.SaveStatus):
             self._spawn(self._save_status)
         elif isinstance(effect, mm.StoreResult):
-            self._spawn(self._store_result, effect.result)
+            self._in_order(self._store_result, effect.result)
 
     def _sync_facts(self) -> None:
         """Rollouts read the actor's facts: a device whose workload a test holds is deferred."""
@@ -249,6 +257,27 @@ class MemTests:
         running = self.machine.running
         if bool(facts.get("workloadHeld")) != held or facts.get("memoryTestRunning") != running:
             self.actor.facts = {**facts, "workloadHeld": held, "memoryTestRunning": running}
+
+    def _in_order(self, fn, *args) -> None:
+        """Storage work from what the device said, done one job at a time in the order it said it:
+        a health report's retired pages and the next result's verdict decide MemoryFault together,
+        and trio runs spawned tasks in no promised order."""
+        self._jobs.append((fn, args))
+        if not self._working:
+            self._working = True
+            self._spawn(self._work_in_order)
+
+    async def _work_in_order(self) -> None:
+        try:
+            while self._jobs:
+                fn, args = self._jobs.popleft()
+                try:
+                    await fn(*args)
+                except Exception:
+                    # as _spawn: the device re-sends results until acknowledged
+                    log.exception("device %s: %s failed", self.actor.device_id, getattr(fn, "__name__", fn))
+        finally:
+            self._working = False
 
     def _spawn(self, fn, *args) -> None:
         async def guarded() -> None:

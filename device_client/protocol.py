@@ -182,6 +182,47 @@ class _Frame(BaseModel):
         return value
 
 
+# Memory tests: the spec's enumerations (Resources → Memory test). ``phase`` takes only these; a
+# sub-step the spec does not name is the status's ``step``. Older agents sent the sub-steps as phases:
+# ``memtest_phase`` reads those as the spec's phase and a step.
+MEMTEST_PHASES = ("idle", "preparing", "stopping_workload", "rebooting", "kernel_sweep", "testing", "confirming",
+                  "retiring", "restoring", "done", "failed", "cancelled", "interrupted")
+MEMTEST_VERDICTS = ("ok", "weak_cells", "data_line", "address_line", "thermal", "unknown")
+MEMTEST_OUTCOMES = ("pass", "fail", "cancelled", "interrupted", "error")
+_LEGACY_PHASES = {"patterns": ("testing", "patterns"), "idle_decay": ("testing", "idle_decay"),
+                  "holding": ("failed", "holding"), "unknown": ("interrupted", None)}
+
+
+def memtest_phase(phase: Any, step: Any = None) -> tuple[str, Any]:
+    """(phase, step) with phase one of MEMTEST_PHASES (an unknown one reads as interrupted)."""
+    if phase in MEMTEST_PHASES:
+        return phase, step
+    legacy, legacy_step = _LEGACY_PHASES.get(phase, ("interrupted", phase))
+    return legacy, step if step is not None else legacy_step
+
+
+def memtest_status(status: Any) -> Any:
+    """A status dict with its phase read as the spec's (see memtest_phase); anything else unchanged."""
+    if not isinstance(status, dict) or "phase" not in status or status["phase"] in MEMTEST_PHASES:
+        return status
+    phase, step = memtest_phase(status["phase"], status.get("step"))
+    return {**status, "phase": phase, "step": step}
+
+
+def memtest_result(result: Any) -> Any:
+    """A result with a verdict the spec names (an interrupted run of an older agent had null) and its
+    interrupted.phase read as the spec's."""
+    if not isinstance(result, dict):
+        return result
+    out = result
+    if out.get("verdict") not in MEMTEST_VERDICTS:
+        out = {**out, "verdict": "unknown"}
+    where = out.get("interrupted")
+    if isinstance(where, dict) and "phase" in where and where["phase"] not in MEMTEST_PHASES:
+        out = {**out, "interrupted": memtest_status(where)}
+    return out
+
+
 class MemoryTestCapabilities(_Frame):
     online: bool = False
     offline: bool = False

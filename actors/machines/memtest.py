@@ -265,7 +265,10 @@ class MemtestMachine:
 
     @property
     def workload_held(self) -> bool:
-        """A stopped-mode test is under way: the workload is held, rollouts defer the device."""
+        """A stopped-mode test is under way, or a failed test boot holds the device in maintenance
+        (phase failed, step holding): the workload is held, rollouts defer the device."""
+        if self.status is not None and self.status.get("step") == "holding":
+            return True
         return (self.state is not RunState.IDLE and self.status is not None
                 and (self.status.get("plan") or {}).get("impact") == "stopped")
 

@@ -1,8 +1,11 @@
 """One memory test run: phases, passes, patterns, the time budget, cancellation and progress.
 
-Phases in order: ``preparing`` (map and lock the memory), ``kernel_sweep`` (test boot only),
-``patterns`` (the suite, ``passes`` times), ``idle_decay`` (once, after the last pass, when bitFade
-is on: write, wait 5 minutes on the clock, verify), ``confirming`` (confirm.py), then the result.
+Phases are the spec's only (``PHASES``); what the spec does not name is the status's ``step``. In
+order: ``preparing`` (map and lock the memory), ``kernel_sweep`` (test boot only; step ``kernel``),
+``testing`` (step ``patterns``: the suite, ``passes`` times; then step ``idle_decay``, once after the
+last pass when bitFade is on: write, wait 5 minutes on the clock, verify), ``confirming``
+(confirm.py), then the result. The tester adds ``stopping_workload``, ``retiring``, ``restoring``,
+``rebooting`` and the ends (``done``, ``failed``, ``cancelled``, ``interrupted``; ``idle`` before any).
 
 Numpy work runs in the trio thread in chunks of 4 MiB with a checkpoint every other chunk, so
 the agent keeps answering commands and heartbeats, and time passes only in real waits: on trio's
@@ -28,6 +31,7 @@ import numpy as np
 import trio
 
 from ..clock import Clock, rfc3339
+from ..protocol import MEMTEST_PHASES
 from . import pagemap
 from .confirm import IDLE_DECAY_S, confirm
 from .engine import PAGE, Engine, Region
@@ -45,6 +49,7 @@ YIELD_EVERY = 2  # chunks between trio checkpoints
 FAULT_PAGES = 32
 FAULT_BYTES = 1 << 20
 LINE_VERDICTS = ("data_line", "address_line")
+PHASES = MEMTEST_PHASES  # the spec's: the only values ``phase`` takes
 BUDGET_MESSAGE = "time budget reached"
 
 
@@ -65,6 +70,9 @@ class Run:
         self.started_at = clock.now()
         self.started = trio.current_time()
         self.phase, self.pass_no, self.pattern = "preparing", 0, None
+        self.step: str | None = None  # the sub-step of a phase the spec does not name (see PHASES)
+        self.patterns_run: list[str] = []
+        self.max_temp: float | None = None
         self.backoffs = 0
         self.cancelled = False
         self.region: Region | None = None
@@ -88,8 +96,8 @@ class Run:
         total = self.region.active_bytes if self.region else self.size
         elapsed = max(trio.current_time() - self.started, 1e-9)
         rate = int(done / elapsed) if done else 0
-        temp = self.hw.temp_c()
-        return {"runId": self.run_id, "plan": self.plan, "phase": self.phase, "pass": self.pass_no,
+        temp = self._temp()
+        return {"runId": self.run_id, "plan": self.plan, "phase": self.phase, "step": self.step, "pass": self.pass_no,
                 "passes": self.plan["passes"], "pattern": self.pattern, "testedBytes": done,
                 "coverageBytes": min(done, total), "totalBytes": total, "rateBps": rate,
                 "etaSeconds": int(max(0, self._planned - done) / rate) if rate else None,
@@ -100,10 +108,19 @@ class Run:
 
     def where(self) -> dict[str, Any]:
         return {"runId": self.run_id, "plan": self.plan, "startedAt": rfc3339(self.started_at),
-                "phase": self.phase, "pass": self.pass_no, "pattern": self.pattern}
+                "phase": self.phase, "step": self.step, "pass": self.pass_no, "pattern": self.pattern}
 
-    async def _enter(self, phase: str, pattern: str | None = None) -> None:
-        self.phase, self.pattern = phase, pattern
+    def _temp(self) -> float | None:
+        temp = self.hw.temp_c()
+        if temp is not None and (self.max_temp is None or temp > self.max_temp):
+            self.max_temp = temp
+        return temp
+
+    async def _enter(self, phase: str, pattern: str | None = None, step: str | None = None) -> None:
+        assert phase in PHASES, phase
+        self.phase, self.pattern, self.step = phase, pattern, step
+        if pattern is not None and pattern not in self.patterns_run:
+            self.patterns_run.append(pattern)
         self._checkpoint(self.where())
         await self._tick(force=True)
 
@@ -183,7 +200,7 @@ class Run:
         self._current.add(*args)
 
     async def _conditions(self) -> None:
-        temp = self.hw.temp_c()
+        temp = self._temp()
         self.findings.temp_c = self.kernel.temp_c = temp
         assert self.engine is not None
         self.engine.conditions(idle_seconds=0.0, temp_c=temp if temp is not None else 0.0)
@@ -195,7 +212,7 @@ class Run:
         self._current = self.kernel
         for k in range(self.plan.get("kernelPasses", 4)):
             self.pass_no = k + 1
-            await self._enter("kernel_sweep", "kernel")
+            await self._enter("kernel_sweep", "kernel", step="kernel")
             await self._conditions()
             await self._sweep(self.engine.step(Address("kernel", k)))
             await self._sweep(self.engine.moving_inversion(Pair("kernel", k, 0)))
@@ -205,7 +222,7 @@ class Run:
     async def _pattern(self, pattern: Pattern) -> None:
         assert self.engine is not None and self.region is not None
         self._current = self.findings
-        await self._enter("patterns", pattern.name)
+        await self._enter("testing", pattern.name, step="patterns")
         for step in pattern.steps:
             await self._back_off_if_tight()
             await self._conditions()
@@ -218,7 +235,7 @@ class Run:
     async def _idle_decay(self, pattern: Pattern) -> None:
         assert self.engine is not None
         self._current = self.findings
-        await self._enter("idle_decay", pattern.name)
+        await self._enter("testing", pattern.name, step="idle_decay")
         step = pattern.steps[0]
         await self._sweep(self.engine.write(step))
         await self._idle_wait(IDLE_DECAY_S)
@@ -232,7 +249,7 @@ class Run:
         while trio.current_time() < end:  # progress goes on while the data sits (and cools)
             await trio.sleep_until(min(end, trio.current_time() + PROGRESS_EVERY))
             await self._tick()
-        temp = self.hw.temp_c()
+        temp = self._temp()
         self.findings.temp_c = temp
         self.engine.conditions(idle_seconds=seconds, temp_c=temp if temp is not None else 0.0)
 
@@ -268,6 +285,8 @@ class Run:
         return self._result("error", message)
 
     def _result(self, outcome: str | None, message: str | None) -> dict[str, Any]:
+        """The spec's result members (Resources → Memory test) and our documented extensions
+        (docs/memtests.md)."""
         region, f = self.region, self.findings
         address = region.page_address if region is not None else (lambda page: page * PAGE)
         verdict_ = verdict(f) if f.count else ("ok" if not self.kernel.count else "unknown")
@@ -288,6 +307,7 @@ class Run:
                           "retired": page.retired})
         summary = page_summary([], pages, f.count, f.pages_with_errors())
         summary["fullMap"] = bool(summary["omittedPages"])  # the device uploads it (pagemap.py)
+        confirmed = {p.page for p in f.pages.values() if p.confirmed}
         bad_bytes = len(f.confirmed_pages()) * PAGE
         reasons = []
         if len(retired) > FAULT_PAGES:
@@ -303,22 +323,35 @@ class Run:
                       "simulated": True, "badPages": self.kernel.pages_with_errors(),
                       "badRanges": [{"start": address(p), "end": address(p) + PAGE} for p in kpages]}
         status = self.status()
+        kind = region.address_kind if region is not None else "virtual"
         return {
-            "runId": self.run_id, "plan": self.plan, "mode": self.plan["mode"], "outcome": outcome,
-            "verdict": verdict_, "seed": self.seed,
+            "runId": self.run_id, "plan": self.plan, "source": "simulated" if self.fault_kind or not self.physical
+            else kind, "mode": self.plan["mode"], "outcome": outcome,
+            "verdict": verdict_, "summary": one_line(outcome, verdict_, f.count, summary["pagesWithErrors"],
+                                                     len(retired), message),
+            "patternsRun": list(self.patterns_run), "seed": self.seed,
             "message": None if message is None else message[:MESSAGE_MAX],
             "startedAt": rfc3339(self.started_at), "finishedAt": rfc3339(self.clock.now()),
             "durationSeconds": round(trio.current_time() - self.started, 3),
             "passesCompleted": self.pass_no if outcome in ("pass", "fail") else max(0, self.pass_no - 1),
             "testedBytes": status["testedBytes"], "coverageBytes": status["coverageBytes"],
             "totalBytes": status["totalBytes"], "pageSize": PAGE,
-            "addressKind": region.address_kind if region is not None else "virtual",
+            "addressKind": kind,
             "locked": bool(region and region.locked), "backoffs": self.backoffs,
-            "errorCount": f.count, "errors": [error_entry(m, address) for m in f.details[:RESULT_ERRORS]],
+            "errorCount": f.count,
+            "errors": [error_entry(m, address, confirmed) for m in f.details[:RESULT_ERRORS]],
             "confirmedErrors": status["confirmedErrors"], "pages": pages, "pageSummary": summary,
             "retired": retired,
             "kernel": kernel, "interrupted": None, "fault": bool(reasons),
-            "faultReason": "; ".join(reasons) or None, "tempMilliC": status["tempMilliC"],
+            "faultReason": "; ".join(reasons) or None,
+            "maxTempMilliC": None if self.max_temp is None else int(self.max_temp * 1000),
             "simulatedFault": self.fault_kind,
         }
 
+
+def one_line(outcome: str, verdict_: str, errors: int, pages: int, retired: int, message: str | None) -> str:
+    """The result's ``summary``: what an operator reads first."""
+    text = f"{outcome}: {verdict_}"
+    if errors:
+        text += f", {errors:,} errors on {pages:,} pages, {retired} retired"
+    return text + (f" ({message[:100]})" if message and outcome not in ("pass", "fail") else "")

@@ -11,10 +11,15 @@ the workload at the end, whatever the end. A test boot records the request, answ
 ``rebooting`` and reboots with boot reason ``memory_test``; the boot with that reason holds the
 workload before it starts (this module's boot hook runs before the configuration's), comes up in
 maintenance, runs the (simulated) kernel sweep and the full suite, sends the result and reboots with
-reason ``memory_test_done``, after which the workload starts. With holdOnFailure a failed test boot
-stays held in maintenance (phase ``holding``) for ``HOLD_SECONDS`` on the clock, or until
-memtest.cancel. A test boot is never run twice: a boot that finds it already started reports it
-interrupted.
+reason ``memory_test_done`` (a documented extension: the spec names only ``memory_test``), after
+which the workload starts. With holdOnFailure a failed test boot stays held in maintenance (phase
+``failed``, step ``holding``) for ``HOLD_SECONDS`` on the clock, or until memtest.cancel. A test boot
+is never run twice: a boot that finds it already started reports it interrupted.
+
+Phases the tester reports around the runner's (all the spec's): ``stopping_workload`` (full online,
+before the workload stops), ``rebooting`` (a test boot's start), ``retiring`` (pages taken out of
+use), ``restoring`` (the workload released; a test boot's reboot back to service), and ``idle`` in a
+status read when no test ever ran.
 
 Simulated devices (``MemtestConfig.simulated``, the default outside ``fleethub agent`` on real
 hardware) test at most ``budget`` bytes, may carry a fault model (faults.py), report addresses as
@@ -26,7 +31,9 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import secrets
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +41,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import numpy as np
 import trio
 
 from .. import protocol
@@ -49,6 +57,7 @@ from .store import MemtestStore
 log = logging.getLogger("fleethub.agent.memtest")
 
 HOLD_SECONDS = 1800.0  # spec: Limits, hold in maintenance
+TEST_BOOT_DONE = "memory_test_done"  # boot reason of the reboot back to service (documented extension)
 UPLOAD_TIMEOUT = 30.0
 CANCEL_WAIT = 10.0
 TEST_BOOT_UNSUPPORTED = "test boot is not supported by this board's bootloader yet"
@@ -151,6 +160,7 @@ class MemoryTester:
         stopped = plan["mode"] == "full_online"
         try:
             if stopped:
+                await self._progress(_pending_status(run_id, plan, "stopping_workload", self.agent.clock))
                 await self._stop_workload()
             try:
                 run = self._new_run(run_id, plan)
@@ -184,9 +194,7 @@ class MemoryTester:
         self.store.set_test_boot({**record, "started": False})
         self.store.checkpoint(record)
         self.agent.request_reboot("memory_test")
-        status = {"runId": run_id, "plan": plan, "phase": "rebooting", "pass": 0, "passes": plan["passes"],
-                  "pattern": None, "testedBytes": 0, "coverageBytes": 0, "totalBytes": 0, "rateBps": 0,
-                  "etaSeconds": None, "errors": 0, "confirmedErrors": 0, "tempMilliC": None, "startedAt": now}
+        status = _pending_status(run_id, plan, "rebooting", self.agent.clock)
         self._last_status = status
         return {"status": status}
 
@@ -208,7 +216,7 @@ class MemoryTester:
         status = self.run.status() if self.run is not None and (self.running or self.holding) else self._last_status
         if status is None:
             history = self.store.history()
-            status = _ended_status(history[0]) if history else None
+            status = _ended_status(history[0]) if history else _pending_status(None, None, "idle", self.agent.clock)
         # brief: eleven full results could pass the frame limit; the hub has them in full
         return {"supported": self.config.enabled, "status": status, "health": self.health(),
                 "history": [bounds.brief(r) for r in self.store.history()]}
@@ -253,6 +261,7 @@ class MemoryTester:
                     log.exception("memtest %s: the run failed", run.run_id)
                     result = run.failed(f"the tester failed: {type(exc).__name__}: {exc}")
                 if stopped and not test_boot:  # restored before the hub hears the run has ended
+                    await self._phase(run, "restoring")
                     with trio.CancelScope(shield=True):
                         await self.agent.workload.release()
                 self._keep_page_map(run, result)
@@ -269,11 +278,13 @@ class MemoryTester:
     async def _finish(self, run: Run, result: dict[str, Any]) -> None:
         retired = result["retired"]
         if retired:
+            await self._phase(run, "retiring")
             self.store.add_retired(retired, physical=result["addressKind"] == "physical")
             soft_offline(retired, real=not self.config.simulated, address_kind=result["addressKind"])
         if self.config.simulated:
             self.hw.ce += sum(1 for p in result["pages"] if not p["confirmed"])
             self.hw.ue += sum(1 for p in result["pages"] if p["confirmed"])
+        result.update(self._details())
         self.store.add_result(result)
         self.store.clear_checkpoint()
         self._last_status = _ended_status(result)
@@ -281,10 +292,35 @@ class MemoryTester:
                  result["errorCount"])
         await self.agent.send_event("memtest.result", {"result": result})
 
+    def _details(self) -> dict[str, Any]:
+        """The hardware and versions a result was made with (the spec's run-report details)."""
+        facts = getattr(self.agent, "facts", None) or {}
+        try:
+            total = (self.config.meminfo or plans.read_meminfo)().total
+        except (OSError, ValueError, KeyError):
+            total = None
+        agent_module = sys.modules.get("device_client.agent")
+        return {"hardware": {"architecture": str(facts.get("architecture") or platform.machine())[:64],
+                             "memTotalBytes": total, "simulated": self.config.simulated,
+                             "budgetBytes": self.config.budget, "edac": self.hw.edac()},
+                "versions": {"agent": getattr(agent_module, "AGENT_VERSION", None),
+                             "firmware": str(facts.get("firmware") or platform.platform())[:protocol.FACT_MAX],
+                             "engine": f"fleethub memtest 1 (numpy {np.__version__})"}}
+
+    async def _phase(self, run: Run, phase: str, step: str | None = None) -> None:
+        """A phase of the run's end the runner does not see (retiring, restoring)."""
+        run.phase, run.step = phase, step
+        status = run.status()
+        try:
+            await self._progress(status)
+        except Exception:  # a report that cannot go out must not stop the ending
+            log.exception("memtest %s: progress report failed", run.run_id)
+
     async def _end_test_boot(self, run: Run, result: dict[str, Any]) -> None:
         if result["outcome"] == "fail" and run.plan.get("holdOnFailure"):
             self.holding = True
-            run.phase = "holding"
+            # the test failed; the device holds in maintenance (step holding) until cancel or 30 min
+            run.phase, run.step = "failed", "holding"
             self._last_status = run.status()
             await self.agent.send_event("memtest.progress", self._last_status)
             with trio.move_on_after(HOLD_SECONDS):
@@ -293,7 +329,10 @@ class MemoryTester:
             self._last_status = _ended_status(result)
         self.store.set_test_boot(None)
         self.maintenance = False
-        self.agent.request_reboot("memory_test_done")
+        self._last_status = {**(self._last_status or {}), "phase": "restoring", "step": None}
+        await self.agent.send_event("memtest.progress", self._last_status)
+        self._last_status = _ended_status(result)
+        self.agent.request_reboot(TEST_BOOT_DONE)
 
     # ---- hooks ----
 
@@ -307,7 +346,7 @@ class MemoryTester:
             await self._begin_test_boot(test_boot)
             return
         if checkpoint is not None:
-            self.store.add_result(_interrupted(checkpoint, self.agent.clock))
+            self.store.add_result(_interrupted(checkpoint, self.agent.clock, self._details()))
             self.store.clear_checkpoint()
         if test_boot:
             self.store.set_test_boot(None)
@@ -388,24 +427,36 @@ def _ended_status(result: dict[str, Any]) -> dict[str, Any]:
     phase = {"pass": "done", "fail": "failed", "cancelled": "cancelled", "interrupted": "interrupted",
              "error": "failed"}.get(result.get("outcome"), "done")
     plan = result.get("plan") or {}
-    return {"runId": result.get("runId"), "plan": plan, "phase": phase,
+    return {"runId": result.get("runId"), "plan": plan, "phase": phase, "step": None,
             "pass": result.get("passesCompleted", 0), "passes": plan.get("passes"),
             "pattern": (result.get("interrupted") or {}).get("pattern"),
             "testedBytes": result.get("testedBytes", 0), "coverageBytes": result.get("coverageBytes", 0),
             "totalBytes": result.get("totalBytes", 0), "rateBps": 0, "etaSeconds": 0,
             "errors": result.get("errorCount", 0), "confirmedErrors": result.get("confirmedErrors", 0),
-            "tempMilliC": result.get("tempMilliC"), "startedAt": result.get("startedAt")}
+            "tempMilliC": result.get("maxTempMilliC"), "startedAt": result.get("startedAt")}
 
 
-def _interrupted(checkpoint: dict[str, Any], clock: Any) -> dict[str, Any]:
+def _pending_status(run_id: str | None, plan: dict[str, Any] | None, phase: str, clock: Any) -> dict[str, Any]:
+    """The status before a run exists: stopping the workload, rebooting into a test boot, or idle."""
+    return {"runId": run_id, "plan": plan, "phase": phase, "step": None, "pass": 0,
+            "passes": (plan or {}).get("passes"), "pattern": None, "testedBytes": 0, "coverageBytes": 0,
+            "totalBytes": 0, "rateBps": 0, "etaSeconds": None, "errors": 0, "confirmedErrors": 0,
+            "tempMilliC": None, "startedAt": rfc3339(clock.now()) if run_id else None}
+
+
+def _interrupted(checkpoint: dict[str, Any], clock: Any, hardware: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The result of a run the device reset or crashed in: where it was (the spec's phase), and the
+    verdict unknown (what it found died with it)."""
     plan = checkpoint.get("plan") or {}
-    where = {k: checkpoint.get(k) for k in ("phase", "pass", "pattern")}
-    return {"runId": checkpoint.get("runId") or "unknown", "plan": plan, "mode": plan.get("mode"),
-            "outcome": "interrupted", "verdict": None,
-            "message": (f"the device reset or the agent died during the test (phase {where['phase']}, "
-                        f"pass {where['pass']}, pattern {where['pattern']})"),
-            "startedAt": checkpoint.get("startedAt"), "finishedAt": rfc3339(clock.now()),
-            "passesCompleted": max(0, (where["pass"] or 1) - 1), "testedBytes": 0, "coverageBytes": 0,
-            "totalBytes": 0, "pageSize": PAGE, "errorCount": 0, "errors": [], "confirmedErrors": 0,
-            "pages": [], "retired": [], "kernel": None, "interrupted": where, "fault": False,
-            "faultReason": None}
+    phase, step = protocol.memtest_phase(checkpoint.get("phase"), checkpoint.get("step"))
+    where = {"phase": phase, "pass": checkpoint.get("pass"), "pattern": checkpoint.get("pattern"), "step": step}
+    message = (f"the device reset or the agent died during the test (phase {where['phase']}, "
+               f"pass {where['pass']}, pattern {where['pattern']})")
+    return {"runId": checkpoint.get("runId") or "unknown", "plan": plan, "source": "unknown",
+            "mode": plan.get("mode"), "outcome": "interrupted", "verdict": "unknown",
+            "summary": f"interrupted in phase {phase}, pass {where['pass']}, pattern {where['pattern']}",
+            "message": message, "startedAt": checkpoint.get("startedAt"), "finishedAt": rfc3339(clock.now()),
+            "passesCompleted": max(0, (where["pass"] or 1) - 1), "patternsRun": [], "testedBytes": 0,
+            "coverageBytes": 0, "totalBytes": 0, "maxTempMilliC": None, "pageSize": PAGE, "errorCount": 0,
+            "errors": [], "confirmedErrors": 0, "pages": [], "retired": [], "kernel": None, "interrupted": where,
+            "fault": False, "faultReason": None, **(hardware or {})}

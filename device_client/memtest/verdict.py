@@ -223,11 +223,16 @@ def verdict(findings: Findings) -> str:
     return "unknown"
 
 
-def error_entry(m: Mismatch, address_of_page: Any) -> dict[str, Any]:
+def error_entry(m: Mismatch, address_of_page: Any, confirmed_pages: set[int] | frozenset[int] = frozenset()
+                ) -> dict[str, Any]:
+    """One entry of a result's ``errors``: the spec's members (physAddr, expected, actual, mask,
+    pattern, pass, tempMilliC, confirmed) and two documented extensions (offset: bytes into the tested
+    region; iteration: the step of the pattern). physAddr is physical when the result's addressKind is
+    physical, else the address in the tested mapping."""
     page = m.offset // PAGE_WORDS
-    base = address_of_page(page)
-    return {"address": base + (m.offset % PAGE_WORDS) * WORD, "page": base, "offset": m.offset * WORD,
+    return {"physAddr": address_of_page(page) + (m.offset % PAGE_WORDS) * WORD,
             "expected": f"{m.expected:#018x}", "actual": f"{m.actual:#018x}",
-            "bits": f"{m.expected ^ m.actual:#018x}", "pattern": m.step.pattern,
-            "iteration": m.step.iteration, "pass": m.pass_no,
-            "tempMilliC": None if m.temp_c is None else int(m.temp_c * 1000)}
+            "mask": f"{m.expected ^ m.actual:#018x}", "pattern": m.step.pattern, "pass": m.pass_no,
+            "tempMilliC": None if m.temp_c is None else int(m.temp_c * 1000),
+            "confirmed": page in confirmed_pages,
+            "offset": m.offset * WORD, "iteration": m.step.iteration}

@@ -18,6 +18,7 @@ from quart import Blueprint, g, request
 from quart_schema import document_querystring, document_request, document_response
 
 from actors.machines import memtest as mm
+from device_client.protocol import memtest_result, memtest_status
 from actors.memtest import CancelTest, ReadStatus, StartTest
 from hub.api.common import jsonable, org, parse_uuid, principal, services
 from hub.api.devices import device_obj
@@ -221,7 +222,7 @@ async def memory_test_status(device_id: str):
     if live is not None:
         history = live.get("history") if isinstance(live.get("history"), list) else stored["history"]
         data = {"source": "live", "supported": bool(live.get("supported", True)),
-                "status": live.get("status") if "status" in live else stored["status"],
+                "status": memtest_status(live.get("status") if "status" in live else stored["status"]),
                 "health": _health_in_full(live.get("health") or stored["health"] or {"capabilities": caps},
                                           stored["history"]),
                 "history": [_in_full(r, stored["history"]) for r in history[:HISTORY]]}
@@ -237,8 +238,8 @@ def _in_full(result: Any, stored: list[dict]) -> Any:
     """A device sends results ``brief`` in a status reply (a frame could not hold eleven in full):
     the stored result with that runId in its place, when the hub has it."""
     if not isinstance(result, dict) or not result.get("brief"):
-        return result
-    return next((r for r in stored if r.get("runId") == result.get("runId")), result)
+        return memtest_result(result)
+    return next((r for r in stored if r.get("runId") == result.get("runId")), memtest_result(result))
 
 
 def _health_in_full(health: dict, stored: list[dict]) -> dict:

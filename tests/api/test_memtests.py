@@ -758,3 +758,27 @@ async def test_agent_test_boot_from_a_dashboard_session(hub, nursery, tmp_path):
 
         await wait_for(back_in_service, timeout=30, interval=0.2)
         assert not running.agent.workload.held
+
+
+async def test_an_older_agents_phases_and_null_verdict_read_as_the_spec_names_them(hub, nursery):
+    """Issue 15 §1: phase takes only the spec's values (a sub-step goes in ``step``) and verdict is
+    always one of the spec's, also when an older agent sends ``patterns`` or a null verdict."""
+    with trio.fail_after(30):
+        old = result("old-1", "interrupted", "ok", interrupted={"phase": "idle_decay", "pass": 1,
+                                                                "pattern": "idle_decay"})
+        old["verdict"] = None
+        dev_id, device = await connect(hub, nursery, lastMemoryTest=old)
+        await wait_for(lambda: "old-1" in device.acked, timeout=5)
+        [stored] = (await hub.call("GET", mt(dev_id, "/results"))).json()["data"]["results"]
+        assert stored["verdict"] == "unknown"
+        assert (stored["interrupted"]["phase"], stored["interrupted"]["step"]) == ("testing", "idle_decay")
+        r = await hub.call("POST", mt(dev_id), json={"quick": True})
+        assert r.status_code == 202, r.text
+        run_id = r.json()["data"]["runId"]
+        device.running = {**device.running, "phase": "patterns", "pattern": "walking_ones"}
+        await device.event("memtest.progress", device.running)
+        actor = hub.services.registry.lookup(("device", uuid.UUID(dev_id)))
+        await wait_for(lambda: (actor.memtests.machine.status or {}).get("pattern") == "walking_ones", timeout=5)
+        assert (actor.memtests.machine.status["phase"], actor.memtests.machine.status["step"]) == ("testing", "patterns")
+        live = (await hub.call("GET", mt(dev_id))).json()["data"]
+        assert live["status"]["runId"] == run_id and live["status"]["phase"] == "testing"

@@ -77,7 +77,11 @@ def worst_result():
     result["retired"] = [0] * CONFIRM_MAX_PAGES
     result["message"] = "x"
     result["faultReason"] = "x"
-    worst = widen(result, {"message": bounds.MESSAGE_MAX, "faultReason": 200})
+    # what the tester adds (tester.MemoryTester._details): the hardware and versions of the run
+    result["hardware"] = {"architecture": "x" * 64, "memTotalBytes": 0, "simulated": True, "budgetBytes": 0,
+                          "edac": {"correctable": 0, "uncorrectable": 0}}
+    result["versions"] = {"agent": "x" * 64, "firmware": "x", "engine": "x" * 64}
+    worst = widen(result, {"message": bounds.MESSAGE_MAX, "faultReason": 200, "firmware": protocol.FACT_MAX})
     assert bounds.bound(worst) == worst, "the real result is at the caps: bound() leaves it alone"
     return worst
 

@@ -15,6 +15,7 @@ import pytest
 import trio
 from device_fakehub import FakeHub
 
+from device_client import protocol
 from device_client.agent import Agent
 from device_client.memtest import MemtestConfig
 from device_client.workload import parse_spec
@@ -52,10 +53,12 @@ async def start(nursery, agent):
     return scope
 
 
-async def progress_until(link, phase):
+async def progress_until(link, phase, step=None):
+    """The first progress in ``phase`` (a spec phase; or a step, e.g. idle_decay of phase testing)."""
     while True:
         event = await link.next_event("memtest.progress")
-        if event.payload["phase"] == phase:
+        assert event.payload["phase"] in protocol.MEMTEST_PHASES, event.payload["phase"]
+        if phase in (event.payload["phase"], event.payload.get("step")) and step in (None, event.payload.get("step")):
             return event.payload
 
 
@@ -78,7 +81,8 @@ async def test_live_run_start_busy_cancel_status_ack(hub, nursery, tmp_path):
         busy = await link.command("memtest.start", {"runId": "r2", "plan": plan()})
         assert busy.error.code == "busy"
         running = await link.command("memtest.status", {})
-        assert running.payload["supported"] is True and running.payload["status"]["phase"] == "idle_decay"
+        assert running.payload["supported"] is True and running.payload["status"]["phase"] == "testing"
+        assert running.payload["status"]["step"] == "idle_decay"
         assert (await link.command("memtest.cancel", {"runId": "other"})).error.code == "not_running"
 
         cancelled = await link.command("memtest.cancel", {"runId": "r1"})
@@ -226,7 +230,8 @@ async def test_a_killed_agent_reports_the_run_interrupted_and_never_retries_it(h
             assert link.hello.memoryTestRunning is None
             last = link.hello.lastMemoryTest
             assert last["runId"] == "k1" and last["outcome"] == "interrupted"
-            assert last["interrupted"] == {"phase": "idle_decay", "pass": 1, "pattern": "idle_decay"}
+            assert last["interrupted"] == {"phase": "testing", "step": "idle_decay", "pass": 1, "pattern": "idle_decay"}
+            assert last["verdict"] == "unknown"  # the spec's values only: what it found died with it
             sent = (await link.next_event("memtest.result")).payload["result"]
             assert sent["outcome"] == "interrupted"
             status = (await link.command("memtest.status", {})).payload

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import trio
 
+from device_client import protocol
 from device_client.clock import TestClock
 from device_client.memtest import confirm as confirm_mod
 from device_client.memtest.engine import PAGE_WORDS, Engine, Region, drain
@@ -171,7 +172,7 @@ async def test_data_line_is_a_memory_fault_and_retires_nothing(autojump_clock):
     assert result["verdict"] == "data_line" and result["fault"] is True
     assert "verdict data_line" in result["faultReason"]
     assert result["retired"] == []
-    assert {int(e["bits"], 16) for e in result["errors"]} == {1 << DATA_LINE_BIT}
+    assert {int(e["mask"], 16) for e in result["errors"]} == {1 << DATA_LINE_BIT}
     assert len(result["errors"]) == 256 and result["errorCount"] > 100_000
     assert len(result["pages"]) == 64
 
@@ -242,3 +243,32 @@ async def test_confirmation_rules(autojump_clock):
         assert (by_page[3].rounds, by_page[3].reproduced, by_page[3].confirmed) == (3, 0, False)
         assert by_page[6].rounds == 8 and by_page[6].intermittent and by_page[6].reproduced == 2
         assert by_page[6].confirmed is True
+
+
+SPEC_RESULT = {"runId", "plan", "source", "startedAt", "finishedAt", "outcome", "verdict", "summary",
+               "passesCompleted", "patternsRun", "testedBytes", "coverageBytes", "totalBytes", "maxTempMilliC",
+               "kernel", "errors", "errorCount", "retired", "fault", "interrupted", "pages"}
+# our extensions, each documented in docs/memtests.md
+EXTENSIONS = {"mode", "message", "seed", "durationSeconds", "pageSize", "addressKind", "locked", "backoffs",
+              "confirmedErrors", "faultReason", "simulatedFault", "pageSummary"}
+SPEC_ERROR = {"physAddr", "expected", "actual", "mask", "pattern", "pass", "tempMilliC", "confirmed"}
+
+
+@pytest.mark.parametrize("kind", ["stuck", "thermal"])
+async def test_a_result_has_the_spec_members_and_each_error_exactly_the_spec_fields(autojump_clock, kind):
+    """Issue 15 §1: result members as the spec lists them; errors entries as the spec names them
+    (two documented extensions: offset, iteration); verdict one of the spec's."""
+    with trio.fail_after(60):
+        _, result = await _run(kind)
+    assert SPEC_RESULT <= set(result) <= SPEC_RESULT | EXTENSIONS
+    assert result["source"] == "simulated" and result["verdict"] in protocol.MEMTEST_VERDICTS
+    assert result["patternsRun"][:2] == ["stuck_address", "random_value"]
+    assert "moving_inversions" in result["patternsRun"] and "idle_decay" not in result["patternsRun"]
+    assert result["maxTempMilliC"] >= max(e["tempMilliC"] for e in result["errors"])
+    assert result["summary"].startswith(f"fail: {result['verdict']}, {result['errorCount']:,} errors")
+    for e in result["errors"]:
+        assert set(e) == SPEC_ERROR | {"offset", "iteration"}
+        assert int(e["mask"], 16) == int(e["expected"], 16) ^ int(e["actual"], 16)
+    confirmed = {p["page"] for p in result["pages"] if p["confirmed"]}
+    assert {e["confirmed"] for e in result["errors"]} == ({True} if kind == "stuck" else {False})
+    assert all(e["confirmed"] == (e["physAddr"] // 4096 * 4096 in confirmed) for e in result["errors"])

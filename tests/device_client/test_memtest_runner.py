@@ -42,7 +42,8 @@ async def test_idle_decay_waits_five_minutes_on_the_clock(autojump_clock):
         events = []
         result = await make_run(plan(bitFade=True), events=events).execute()
     assert result["outcome"] == "pass" and result["durationSeconds"] == 300.0
-    decay = [t for t, s in events if s["phase"] == "idle_decay"]
+    assert {s["phase"] for t, s in events} <= {"preparing", "testing"}
+    decay = [t for t, s in events if s["step"] == "idle_decay"]
     assert decay[0] == 0.0  # everything else took no virtual time
     # progress goes on about once a second while the data sits
     assert decay == [float(t) for t in range(301)]
@@ -98,7 +99,7 @@ async def test_a_failed_test_boot_is_held_exactly_1800_seconds(autojump_clock, n
         finished, result = _finished(tester)
         assert result["outcome"] == "fail"
         status = (await tester._status({}))["status"]
-        assert status["phase"] == "holding"
+        assert (status["phase"], status["step"]) == ("failed", "holding")
         assert agent._reboot_reason is None  # still held: no reboot yet
         await tester._done.wait()
     assert agent.clock.now() - finished == dt.timedelta(seconds=HOLD_SECONDS) == dt.timedelta(seconds=1800)

@@ -310,3 +310,27 @@ def test_diagnosis_reports_fault_as_critical_and_an_interruption_as_a_warning():
                                                             ("warning", "MemoryTestInterrupted")]
     assert "phase testing, pass 2, pattern moving_inversions" in issues[1]["message"]
     assert mm.diagnosis([], result("r8")) == []
+
+
+def test_a_failed_test_boot_holding_in_maintenance_holds_the_workload():
+    """Phase failed, step holding (issue 15 §1: holding is not a spec phase): rollouts still defer."""
+    m = mm.MemtestMachine()
+    m.handle(mm.Observed({"runId": "b", "plan": {"impact": "stopped"}, "phase": "failed", "step": "holding"}), T0)
+    assert m.state is mm.RunState.IDLE and m.workload_held
+    m.handle(mm.Observed({"runId": "b", "plan": {"impact": "stopped"}, "phase": "done", "step": None}), T0)
+    assert not m.workload_held
+
+
+def test_phases_and_verdicts_of_an_older_agent_read_as_the_spec_names_them():
+    from device_client.protocol import MEMTEST_PHASES, memtest_phase, memtest_result, memtest_status
+
+    assert memtest_phase("patterns") == ("testing", "patterns")
+    assert memtest_phase("idle_decay") == ("testing", "idle_decay")
+    assert memtest_phase("holding") == ("failed", "holding")
+    assert memtest_phase("confirming", None) == ("confirming", None)
+    assert memtest_phase("teleporting")[0] == "interrupted"
+    assert all(memtest_phase(p)[0] == p for p in MEMTEST_PHASES)
+    assert memtest_status({"phase": "patterns", "pattern": "x"}) == {"phase": "testing", "step": "patterns",
+                                                                    "pattern": "x"}
+    assert memtest_result({"verdict": None})["verdict"] == "unknown"
+    assert memtest_result({"verdict": "thermal"})["verdict"] == "thermal"
