@@ -123,6 +123,13 @@ async def test_the_full_page_map_is_uploaded_stored_and_read_by_operators(nurser
         assert sum(n * e for _, n, e in full["runs"]) == res["errorCount"] == full["errorCount"]
         assert len(full["runs"]) < 10  # a data line fails every page alike: a few runs, whatever the size
         await wait_for(lambda: running.agent.memtest.store.page_maps() == [], timeout=10)
+        # the device's status reply carries its history brief (eleven full results could pass the
+        # frame limit); the hub serves the stored full result in its place
+        status = (await running.agent.memtest._status({}))
+        assert status["history"][0]["brief"] is True and status["history"][0]["pages"] == []
+        live = (await hub.call("GET", f"/v1/devices/{dev_id}/memory-test")).json()["data"]
+        assert live["source"] == "live" and len(live["history"][0]["pages"]) == 256
+        assert "brief" not in live["history"][0] and len(live["health"]["lastResult"]["errors"]) == 256
 
         put = f"{hub.base_url}/v1/device/memory-tests/{run_id}/page-map"
         auth = {"Authorization": f"Bearer {token}"}
@@ -136,3 +143,20 @@ async def test_the_full_page_map_is_uploaded_stored_and_read_by_operators(nurser
         assert (await hub.call("GET", path.replace(run_id, "other"))).status_code == 404
         other_id, _ = await hub.provision("other")
         assert (await hub.call("GET", path.replace(dev_id, other_id))).status_code == 404
+
+
+async def test_a_command_too_big_for_the_link_is_never_sent_and_the_caller_hears_why(nursery, db_url, tmp_path):
+    """Hub → device: a command over the limit is refused before it is sent (the device would close
+    the link with 1009 and come back to the same command); the device stays linked."""
+    from device_client.protocol import subject
+    from hub.errors import DeviceError
+
+    hub = await start_hub(nursery, db_url, tmp_path / "hub", command_timeout=2.0)
+    with trio.fail_after(30):
+        dev_id, token = await hub.provision("dev")
+        running = await start_agent(nursery, hub.base_url, token, tmp_path / "agent")
+        with pytest.raises(DeviceError) as info:
+            await hub.services.bus.request(subject(dev_id, "ping"), {"blob": "x" * (1 << 20)}, timeout=5)
+        assert info.value.code == "frame_too_large" and "1048576" in info.value.message
+        r = await hub.call("POST", f"/v1/devices/{dev_id}/ping")
+        assert r.status_code == 200 and running.agent.statistics().links == 1
