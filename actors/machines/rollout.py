@@ -26,6 +26,10 @@ still run). Otherwise the first batch is a canary (5% of the devices, at least o
 get the update when their test ends) and its success ratio met ``success_threshold``. A canary
 failure pauses; so does the failed share of all attempted devices passing ``failure_threshold``.
 Pause stops devices from starting; devices already updating finish.
+
+The next state is decided in one place, ``TRANSITIONS[state][key]``: a Tick's key says what it found
+(canary failed, failures over the threshold, a batch below the success threshold, settled); the
+actions only move device steps and compute effects.
 """
 
 from __future__ import annotations
@@ -144,14 +148,39 @@ class IllegalTransition(Exception):
         self.state, self.event = state, event
 
 
-TRANSITIONS: dict[RolloutState, dict[type, str]] = {
-    RolloutState.PENDING: {Start: "_start", Cancel: "_cancel", Tick: "_ignore"},
-    RolloutState.RUNNING: {Tick: "_tick", Pause: "_pause", Cancel: "_cancel"},
-    RolloutState.PAUSED: {Tick: "_tick", Resume: "_resume", Cancel: "_cancel", Pause: "_ignore"},
-    RolloutState.COMPLETED: {Tick: "_ignore"},
-    RolloutState.FAILED: {Tick: "_ignore"},
-    RolloutState.CANCELLED: {Tick: "_tick_in_flight"},
+# What a Tick found while the rollout runs (read off its devices' steps, never a choice of state); a
+# key is the event type alone or (Tick, finding), as h11 keys (Response, _SWITCH_UPGRADE).
+CANARY_FAILED = "canary_failed"                      # a canary device failed (and none was accepted)
+FAILURES_OVER_THRESHOLD = "failures_over_threshold"  # failed share of updated devices above the threshold
+BATCH_BELOW_THRESHOLD = "batch_below_threshold"      # a settled batch's success ratio below the threshold
+SETTLED = "settled"                                  # every device terminal, none failed
+SETTLED_WITH_FAILURES = "settled_with_failures"      # every device terminal, some failed
+
+Key = type | tuple[type, str]
+
+# The next state for each (state, key): the one place a state is chosen. An event type with no key in
+# its state's row is illegal there and changes nothing.
+TRANSITIONS: dict[RolloutState, dict[Key, RolloutState]] = {
+    RolloutState.PENDING: {Start: RolloutState.RUNNING, Cancel: RolloutState.CANCELLED, Tick: RolloutState.PENDING},
+    RolloutState.RUNNING: {
+        Tick: RolloutState.RUNNING,
+        (Tick, CANARY_FAILED): RolloutState.PAUSED,
+        (Tick, FAILURES_OVER_THRESHOLD): RolloutState.PAUSED,
+        (Tick, BATCH_BELOW_THRESHOLD): RolloutState.PAUSED,
+        (Tick, SETTLED): RolloutState.COMPLETED,
+        (Tick, SETTLED_WITH_FAILURES): RolloutState.FAILED,
+        Pause: RolloutState.PAUSED, Cancel: RolloutState.CANCELLED,
+    },
+    RolloutState.PAUSED: {Tick: RolloutState.PAUSED, Resume: RolloutState.RUNNING, Cancel: RolloutState.CANCELLED,
+                          Pause: RolloutState.PAUSED},
+    RolloutState.COMPLETED: {Tick: RolloutState.COMPLETED},
+    RolloutState.FAILED: {Tick: RolloutState.FAILED},
+    RolloutState.CANCELLED: {Tick: RolloutState.CANCELLED},  # devices already updating still report in
 }
+
+
+def event_type(key: Key) -> type:
+    return key[0] if isinstance(key, tuple) else key
 
 
 def plan_batches(device_ids: list[str], *, batch_size: int | None, force: bool) -> list[list[str]]:
@@ -211,47 +240,39 @@ class RolloutMachine:
 
     # -- handling ----------------------------------------------------------------------------------
     def handle(self, event: object, now: dt.datetime) -> list[object]:
-        method = TRANSITIONS[self.state].get(type(event))
-        if method is None:
+        row = TRANSITIONS[self.state]
+        if not any(event_type(key) is type(event) for key in row):
             raise IllegalTransition(self.state, event)
-        return getattr(self, method)(event, now)
-
-    def _ignore(self, event: object, now: dt.datetime) -> list[object]:
-        return []
-
-    def _set_state(self, state: RolloutState, reason: str | None, effects: list[object]) -> None:
-        self.state, self.reason = state, reason
-        effects.append(self._save())
-        effects.append(Publish("rollout.state", {"state": state.value, "reason": reason,
-                                                 "currentBatch": self.current_batch, "counts": self.counts()}))
-
-    def _start(self, event: Start, now: dt.datetime) -> list[object]:
-        effects: list[object] = []
-        self._set_state(RolloutState.RUNNING, None, effects)
+        key, reason, effects = _ACTIONS[type(event)](self, event, now)
+        new = row[key]
+        if new is not self.state:
+            self.state, self.reason = new, reason
+            effects.append(self._save())
+            effects.append(Publish("rollout.state", {"state": new.value, "reason": reason,
+                                                     "currentBatch": self.current_batch, "counts": self.counts()}))
         return effects
 
-    def _pause(self, event: Pause, now: dt.datetime) -> list[object]:
-        effects: list[object] = []
-        self._set_state(RolloutState.PAUSED, event.reason, effects)
-        return effects
+    # -- actions: each returns (key, the reason a new state would carry, effects) ------------------
+    def _start(self, event: Start, now: dt.datetime) -> tuple[Key, str | None, list[object]]:
+        return Start, None, []
+
+    def _pause(self, event: Pause, now: dt.datetime) -> tuple[Key, str | None, list[object]]:
+        return Pause, event.reason, []
+
+    def _resume(self, event: Resume, now: dt.datetime) -> tuple[Key, str | None, list[object]]:
+        # What the operator accepts by resuming: the failures so far and the batch reached.
+        self.accepted_failures = self._failed_count()
+        self.accepted_batch = self.current_batch
+        return Resume, None, []
+
+    def _cancel(self, event: Cancel, now: dt.datetime) -> tuple[Key, str | None, list[object]]:
+        return Cancel, "cancelled by an operator", []
 
     def _save(self) -> SaveRollout:
         return SaveRollout(self.state, self.current_batch, self.reason, self.accepted_failures, self.accepted_batch)
 
     def _failed_count(self) -> int:
         return sum(1 for s in self.steps.values() if s.step is Step.FAILED)
-
-    def _resume(self, event: Resume, now: dt.datetime) -> list[object]:
-        self.accepted_failures = self._failed_count()
-        self.accepted_batch = self.current_batch
-        effects: list[object] = []
-        self._set_state(RolloutState.RUNNING, None, effects)
-        return effects
-
-    def _cancel(self, event: Cancel, now: dt.datetime) -> list[object]:
-        effects: list[object] = []
-        self._set_state(RolloutState.CANCELLED, "cancelled by an operator", effects)
-        return effects
 
     def _move(self, st: DeviceStep, step: Step, now: dt.datetime, changed: list[DeviceStep],
               error: str | None = None) -> None:
@@ -275,29 +296,30 @@ class RolloutMachine:
             elif view.applying and st.step is Step.UPDATING:
                 self._move(st, Step.VERIFYING, now, changed)
 
-    def _tick_in_flight(self, event: Tick, now: dt.datetime) -> list[object]:
-        changed: list[DeviceStep] = []
-        self._collect(event.views, now, changed)
-        return [SaveSteps(tuple(changed))] if changed else []
-
-    def _tick(self, event: Tick, now: dt.datetime) -> list[object]:
+    def _tick(self, event: Tick, now: dt.datetime) -> tuple[Key, str | None, list[object]]:
         changed: list[DeviceStep] = []
         effects: list[object] = []
-        self._collect(event.views, now, changed)
+        key: Key = Tick
+        reason: str | None = None
+        self._collect(event.views, now, changed)  # nothing is in flight while pending or settled
+        if self.state is RolloutState.CANCELLED:
+            return key, reason, [SaveSteps(tuple(changed))] if changed else []
         if self.state is RolloutState.RUNNING:
-            self._check_thresholds(effects)
-        if self.state is RolloutState.RUNNING:
-            # Devices of batches already reached (a deferred one may sit in an earlier batch).
-            for st in self.steps.values():
-                if st.batch <= self.current_batch and st.step in WAITING:
-                    self._start_device(st, event.views.get(st.device_id), now, changed, effects)
-            self._advance(event.views, now, changed, effects)
+            finding, reason = self._threshold_breach()
+            if finding is None:
+                # Devices of batches already reached (a deferred one may sit in an earlier batch).
+                for st in self.steps.values():
+                    if st.batch <= self.current_batch and st.step in WAITING:
+                        self._start_device(st, event.views.get(st.device_id), now, changed, effects)
+                finding, reason = self._advance(event.views, now, changed, effects)
+            if finding is not None:
+                key = (Tick, finding)
         if changed:
             effects.insert(0, SaveSteps(tuple(changed)))
             effects.append(Publish("rollout.progress", {"counts": self.counts(), "currentBatch": self.current_batch,
                                                         "devices": [{"deviceId": s.device_id, "step": s.step.value,
                                                                      "error": s.error} for s in changed]}))
-        return effects
+        return key, reason, effects
 
     def _start_device(self, st: DeviceStep, view: DeviceView | None, now: dt.datetime, changed: list[DeviceStep],
                       effects: list[object]) -> None:
@@ -312,41 +334,46 @@ class RolloutMachine:
         self._move(st, Step.UPDATING, now, changed)
         effects.append(Update(st.device_id))
 
-    def _check_thresholds(self, effects: list[object]) -> None:
+    def _threshold_breach(self) -> tuple[str | None, str | None]:
+        """A failure finding (and its reason) the operator has not accepted yet, or (None, None)."""
         if self.force:
-            return  # one batch, all at once: nothing left to hold back
+            return None, None  # one batch, all at once: nothing left to hold back
         attempted = [s for s in self.steps.values() if s.step in (Step.SUCCEEDED, Step.FAILED)]
         failed = sum(1 for s in attempted if s.step is Step.FAILED)
         if failed <= self.accepted_failures:
-            return
+            return None, None
         canary = self.in_batch(0)
         if self.batch_count > 1 and any(s.step is Step.FAILED for s in canary) and self.accepted_batch < 0:
-            self._set_state(RolloutState.PAUSED, "the canary batch failed", effects)
-            return
+            return CANARY_FAILED, "the canary batch failed"
         if failed / len(attempted) > self.failure_threshold:
-            self._set_state(RolloutState.PAUSED, f"{failed} of {len(attempted)} updated devices failed, "
-                                                 f"above the failure threshold", effects)
+            return FAILURES_OVER_THRESHOLD, (f"{failed} of {len(attempted)} updated devices failed, "
+                                             f"above the failure threshold")
+        return None, None
 
     def _advance(self, views: dict[str, DeviceView], now: dt.datetime, changed: list[DeviceStep],
-                 effects: list[object]) -> None:
+                 effects: list[object]) -> tuple[str | None, str | None]:
+        """Start the next batches while the current one settled well; a finding when it did not, or
+        when the whole rollout settled."""
         while True:
             batch = self.in_batch(self.current_batch)
             if any(s.step not in SETTLED_FOR_BATCH for s in batch):
-                return
+                return None, None
             counted = [s for s in batch if s.step in (Step.SUCCEEDED, Step.FAILED)]
             ok = sum(1 for s in counted if s.step is Step.SUCCEEDED)
             if (counted and 0 < self.current_batch and self.current_batch > self.accepted_batch
                     and ok / len(counted) < self.success_threshold):
-                self._set_state(RolloutState.PAUSED, f"batch {self.current_batch} is below the success threshold",
-                                effects)
-                return
+                return BATCH_BELOW_THRESHOLD, f"batch {self.current_batch} is below the success threshold"
             if self.current_batch + 1 >= self.batch_count:
                 if all(s.step in TERMINAL for s in self.steps.values()):
                     failed = any(s.step is Step.FAILED for s in self.steps.values())
-                    self._set_state(RolloutState.FAILED if failed else RolloutState.COMPLETED, None, effects)
-                return
+                    return (SETTLED_WITH_FAILURES if failed else SETTLED), None
+                return None, None
             self.current_batch += 1
             effects.append(self._save())
             for st in self.in_batch(self.current_batch):
                 if st.step in WAITING:
                     self._start_device(st, views.get(st.device_id), now, changed, effects)
+
+
+_ACTIONS = {Start: RolloutMachine._start, Pause: RolloutMachine._pause, Resume: RolloutMachine._resume,
+            Cancel: RolloutMachine._cancel, Tick: RolloutMachine._tick}

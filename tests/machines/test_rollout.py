@@ -3,6 +3,7 @@ resume and cancel — with exact instants."""
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 
 import pytest
@@ -178,3 +179,145 @@ def test_offline_devices_wait_and_illegal_events_change_nothing():
             m.handle(event, T0)
         assert (m.state, m.reason, m.current_batch) == before
     assert updates(m.handle(rm.Tick(views(m)), T0)) == []
+
+
+# -- the whole table: every legal (state, key) and every illegal (state, event type) ---------------
+def fresh(n: int = 2, **kw) -> rm.RolloutMachine:
+    """Created, not started (PENDING)."""
+    ids = [f"d{i:03}" for i in range(n)]
+    steps = [rm.DeviceStep(d, "f1", b, rm.Step.PENDING)
+             for b, batch in enumerate(rm.plan_batches(ids, batch_size=kw.get("batch_size", 10), force=False))
+             for d in batch]
+    return rm.RolloutMachine(steps=steps, force=False, window_open=lambda f, t: True, next_window=lambda f, t: None)
+
+
+def running_tick(m, **tick):
+    """A running machine after its first tick (the canary started), and the event to feed it."""
+    m.handle(rm.Tick(views(m)), T0)
+    return m, rm.Tick(results(m, **tick))
+
+
+def paused():
+    m = machine(2)
+    m.handle(rm.Pause(), T0)
+    return m
+
+
+def completed():
+    m, tick = running_tick(machine(1), ok=["d000"])
+    m.handle(tick, T0)
+    return m
+
+
+def failed():
+    m, tick = running_tick(machine(2, batch_size=None, force=True), ok=["d000"], bad=["d001"])
+    m.handle(tick, T0)
+    return m
+
+
+def cancelled():
+    m = machine(2)
+    m.handle(rm.Cancel(), T0)
+    return m
+
+
+def failures_over_threshold():
+    m = machine(25, batch_size=10, failure_threshold=0.1, success_threshold=0.5)
+    m.handle(rm.Tick(views(m)), T0)
+    m.handle(rm.Tick(applied(m, ["d000", "d001"])), T0)
+    return m, rm.Tick(results(m, ok=["d000", "d001"], bad=["d002", "d003"]))
+
+
+def batch_below_threshold():
+    m = machine(25, batch_size=10, failure_threshold=1.0, success_threshold=0.9)
+    m.handle(rm.Tick(views(m)), T0)
+    m.handle(rm.Tick(applied(m, ["d000", "d001"])), T0)
+    batch1 = [f"d{i:03}" for i in range(2, 12)]
+    return m, rm.Tick(results(m, ok=["d000", "d001", *batch1[:8]], bad=batch1[8:]))
+
+
+S = rm.RolloutState
+# (state, build -> (machine in that state, event), key, next state, reason after)
+TABLE_CASES = [
+    (S.PENDING, lambda: (fresh(), rm.Start()), rm.Start, S.RUNNING, None),
+    (S.PENDING, lambda: (fresh(), rm.Cancel()), rm.Cancel, S.CANCELLED, "cancelled by an operator"),
+    (S.PENDING, lambda: (fresh(), rm.Tick({})), rm.Tick, S.PENDING, None),
+    (S.RUNNING, lambda: ((m := machine(25)), rm.Tick(views(m))), rm.Tick, S.RUNNING, None),
+    (S.RUNNING, lambda: running_tick(machine(25), ok=["d000"], bad=["d001"]), (rm.Tick, rm.CANARY_FAILED),
+     S.PAUSED, "the canary batch failed"),
+    (S.RUNNING, failures_over_threshold, (rm.Tick, rm.FAILURES_OVER_THRESHOLD), S.PAUSED,
+     "2 of 4 updated devices failed, above the failure threshold"),
+    (S.RUNNING, batch_below_threshold, (rm.Tick, rm.BATCH_BELOW_THRESHOLD), S.PAUSED,
+     "batch 1 is below the success threshold"),
+    (S.RUNNING, lambda: running_tick(machine(1), ok=["d000"]), (rm.Tick, rm.SETTLED), S.COMPLETED, None),
+    (S.RUNNING, lambda: running_tick(machine(2, batch_size=None, force=True), ok=["d000"], bad=["d001"]),
+     (rm.Tick, rm.SETTLED_WITH_FAILURES), S.FAILED, None),
+    (S.RUNNING, lambda: (machine(2), rm.Pause("hold on")), rm.Pause, S.PAUSED, "hold on"),
+    (S.RUNNING, lambda: (machine(2), rm.Cancel()), rm.Cancel, S.CANCELLED, "cancelled by an operator"),
+    (S.PAUSED, lambda: ((m := paused()), rm.Tick(views(m))), rm.Tick, S.PAUSED, "paused by an operator"),
+    (S.PAUSED, lambda: (paused(), rm.Resume()), rm.Resume, S.RUNNING, None),
+    (S.PAUSED, lambda: (paused(), rm.Cancel()), rm.Cancel, S.CANCELLED, "cancelled by an operator"),
+    (S.PAUSED, lambda: (paused(), rm.Pause("again")), rm.Pause, S.PAUSED, "paused by an operator"),
+    (S.COMPLETED, lambda: (completed(), rm.Tick({})), rm.Tick, S.COMPLETED, None),
+    (S.FAILED, lambda: (failed(), rm.Tick({})), rm.Tick, S.FAILED, None),
+    (S.CANCELLED, lambda: (cancelled(), rm.Tick({})), rm.Tick, S.CANCELLED, "cancelled by an operator"),
+]
+EVENTS = {rm.Start: rm.Start(), rm.Tick: rm.Tick({}), rm.Pause: rm.Pause(), rm.Resume: rm.Resume(),
+          rm.Cancel: rm.Cancel()}
+SETUPS = {S.PENDING: fresh, S.RUNNING: machine, S.PAUSED: paused, S.COMPLETED: completed,
+          S.FAILED: failed, S.CANCELLED: cancelled}
+ILLEGAL = [(state, kind) for state in S for kind in EVENTS
+           if not any(rm.event_type(key) is kind for key in rm.TRANSITIONS[state])]
+
+
+def _key_name(key) -> str:
+    return key.__name__ if isinstance(key, type) else f"{key[0].__name__}.{key[1]}"
+
+
+def test_table_cases_cover_exactly_the_transition_table():
+    pairs = [(c[0], c[2]) for c in TABLE_CASES]
+    assert len(pairs) == len(set(pairs))
+    assert set(pairs) == {(state, key) for state, row in rm.TRANSITIONS.items() for key in row}
+    assert set(rm.TRANSITIONS) == set(S)
+    assert set(ILLEGAL) == {(S.PENDING, rm.Pause), (S.PENDING, rm.Resume), (S.RUNNING, rm.Start),
+                            (S.RUNNING, rm.Resume), (S.PAUSED, rm.Start),
+                            *((s, k) for s in (S.COMPLETED, S.FAILED, S.CANCELLED)
+                              for k in (rm.Start, rm.Pause, rm.Resume, rm.Cancel))}
+
+
+@pytest.mark.parametrize(("state", "build", "key", "after", "reason"), TABLE_CASES,
+                         ids=[f"{c[0].name}-{_key_name(c[2])}" for c in TABLE_CASES])
+def test_table_transition(state, build, key, after, reason):
+    m, event = build()
+    assert m.state is state
+    changed = after is not state
+    effects = m.handle(event, T0)
+    assert m.state is after is rm.TRANSITIONS[state][key] and m.reason == reason
+    saved = [e for e in effects if isinstance(e, rm.SaveRollout) and e.state is after]
+    announced = [e for e in effects if isinstance(e, rm.Publish) and e.kind == "rollout.state"]
+    # a new state is saved and announced once, after everything else the event did; no change, no news
+    assert len(announced) == (1 if changed else 0)
+    if changed:
+        assert saved and effects[-1] == announced[0] and announced[0].payload["state"] == after.value
+
+
+def test_machine_setups_reach_their_states():
+    for state, setup in SETUPS.items():
+        assert (setup(2) if state is S.RUNNING else setup()).state is state
+
+
+@pytest.mark.parametrize(("state", "kind"), ILLEGAL, ids=[f"{s.name}-{k.__name__}" for s, k in ILLEGAL])
+def test_illegal_event_raises_and_changes_nothing_at_all(state, kind):
+    m = SETUPS[state](2) if state is S.RUNNING else SETUPS[state]()
+    before = copy.deepcopy({k: v for k, v in vars(m).items() if not callable(v)})
+    with pytest.raises(rm.IllegalTransition):
+        m.handle(EVENTS[kind], T0)
+    assert {k: v for k, v in vars(m).items() if not callable(v)} == before
+
+
+def test_an_unknown_event_is_illegal_in_every_state():
+    for state, setup in SETUPS.items():
+        m = setup(2) if state is S.RUNNING else setup()
+        with pytest.raises(rm.IllegalTransition):
+            m.handle(object(), T0)
+        assert m.state is state
