@@ -299,7 +299,10 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 — a CLI reports and exits non-zero
-        logging.getLogger("fleethub").critical("fatal: %s", exc, exc_info=True)
+        reason = exc
+        while isinstance(reason, BaseExceptionGroup) and len(reason.exceptions) == 1:
+            reason = reason.exceptions[0]  # say what failed, not "Exceptions from Trio nursery"
+        logging.getLogger("fleethub").critical("fatal: %s", reason, exc_info=True)
         sys.exit(1)
 
 
