@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+import trio
 from quart import Response, g, jsonify, request
 from quart_schema import QuartSchema
 from quart_schema.openapi import APIKeySecurityScheme, HttpSecurityScheme, Info
@@ -79,6 +80,7 @@ def create_app(services: Services) -> QuartTrio:
 
     @app.before_request
     async def _before() -> None:
+        g.started = trio.current_time()  # trio's clock: virtual under a test's autojump clock
         g.request_id = request.headers.get("X-Request-ID") or str(fast_uuid4())
         g.principal = None
         g.org = None
@@ -97,7 +99,9 @@ def create_app(services: Services) -> QuartTrio:
             # server stops reading a request whose body nobody consumes, so the connection cannot
             # carry another request — close it rather than leave the client's next request hanging.
             response.headers["Connection"] = "close"
-        services.metrics.observe_request(request.method, response.status_code)
+        started = getattr(g, "started", None)
+        services.metrics.observe_request(request.method, response.status_code,
+                                         None if started is None else trio.current_time() - started)
         middleware.audit(services, response.status_code)
         return response
 

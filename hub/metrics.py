@@ -1,29 +1,62 @@
-"""Prometheus text exposition for /metrics: counters kept here, gauges read from the services."""
+"""/metrics: every metric of the hub, defined here, exposed with ``prometheus_client``.
+
+Each ``Metrics`` (one per ``Services``) has its own ``CollectorRegistry``: never the library's global
+default registry, so several hubs in one process (the tests start many) never collide or see each
+other's counts. Three kinds of samples go into it:
+
+- instruments this module owns and the request path updates: HTTP requests by method and status, and
+  their latency as a histogram (``observe_request``);
+- ``_HubCollector``: values read at scrape time from the state that owns them (live links, actors,
+  write-behind buffers, the storage crossing and pool-wait histograms kept by storage/db.py, which
+  must not import the hub), plus the plain integers below that hub/api/link.py bumps on its hot path;
+- the process collector (``process_cpu_seconds_total``, ``process_resident_memory_bytes``,
+  ``process_open_fds``…), which the benchmarks read instead of /proc.
+
+The hub is one trio thread, so the plain integers need no lock; prometheus_client's own instruments
+take theirs.
+"""
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import TYPE_CHECKING
 
-from storage.db import CROSSING_BUCKETS
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from hub.services import Services
 
+# No ``*_created`` series beside each counter and histogram: nothing reads them, they would double the
+# page, and they carry the wall-clock time of creation. (A library-wide switch; the hub is its only user.)
+prometheus_client.disable_created_metrics()
 
-def _number(value: float) -> str:
-    """Exact integers (``:g`` would print 1234567 as 1.23457e+06), floats in full."""
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
+# Text exposition format 0.0.4, the one generate_latest writes.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Seconds from the start of ``_before`` to the end of ``_after`` (hub/app.py): from a cached lookup
+# (well under a millisecond) to a slow crossing or an upload (seconds).
+REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class Metrics:
     def __init__(self) -> None:
-        self.requests: Counter[tuple[str, int]] = Counter()  # (method, status) -> count
+        self.registry = CollectorRegistry()
+        # ``_total`` is added by the Counter itself.
+        self.requests = Counter("fleethub_http_requests", "HTTP requests by method and status.",
+                                ["method", "status"], registry=self.registry)
+        self.request_seconds = Histogram("fleethub_http_request_duration_seconds",
+                                         "Time from the start of a request's handling to its answer.",
+                                         ["method"], buckets=REQUEST_BUCKETS, registry=self.registry)
         self.device_connects = 0
         self.device_rejects = 0
         self.frames_refused = 0  # device frames over the link's limit, closed with 1009 (hub/frames.py)
         self.refused_frames: dict = {}  # device id -> hub.frames.Refusals (the first LABELLED_DEVICES)
         self.device_link_waits = 0  # times a link stopped reading its device until its actor had room
+        self._collector = _HubCollector(self)
+        self.registry.register(self._collector)
+        ProcessCollector(registry=self.registry)
 
     def frame_refused(self, device_id, frame: str, size: int, at) -> None:
         """The link refused a frame of this device as too big (hub/frames.py)."""
@@ -38,77 +71,102 @@ class Metrics:
         entry.last_at, entry.last_frame, entry.last_bytes = at, frame, size
         self.frames_refused += 1
 
-    def observe_request(self, method: str, status: int) -> None:
-        self.requests[(method, status)] += 1
+    def observe_request(self, method: str, status: int, seconds: float | None = None) -> None:
+        self.requests.labels(method, str(status)).inc()
+        if seconds is not None:
+            self.request_seconds.labels(method).observe(seconds)
 
     def render(self, services: "Services") -> str:
-        out: list[str] = []
+        # The collector reads this hub's services at scrape time (Services owns this Metrics).
+        self._collector.services = services
+        return generate_latest(self.registry).decode()
 
-        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-            out.append(f"# HELP {name} {help_}")
-            out.append(f"# TYPE {name} {kind}")
-            out.extend(f"{name}{labels} {_number(value)}" for labels, value in samples)
 
-        metric("fleethub_connected_devices", "gauge", "Devices with a live WebSocket link to this process.",
-               [("", len(services.links))])
-        metric("fleethub_device_connects_total", "counter", "Device links accepted.",
-               [("", self.device_connects)])
-        metric("fleethub_device_rejects_total", "counter", "Device link handshakes refused.",
-               [("", self.device_rejects)])
-        metric("fleethub_http_requests_total", "counter", "HTTP requests by method and status.",
-               [(f'{{method="{m}",status="{s}"}}', n) for (m, s), n in sorted(self.requests.items())])
+def _histogram(name: str, help_: str, stats) -> HistogramMetricFamily:
+    """A storage/db.py ``CrossingStats`` (cumulative bucket counts) as a Prometheus histogram."""
+    buckets = [(floatToGoString(bound), count) for bound, count in zip(stats.bounds, stats.buckets)]
+    buckets.append(("+Inf", stats.count))
+    return HistogramMetricFamily(name, help_, buckets=buckets, sum_value=stats.total_seconds)
+
+
+def _family(kind, name: str, help_: str, value=None, *, labels: list[str] | None = None, samples=()):
+    family = kind(name, help_, value=value, labels=labels) if labels is None else kind(name, help_, labels=labels)
+    for label_values, v in samples:
+        family.add_metric(label_values, v)
+    return family
+
+
+class _HubCollector:
+    """Values owned elsewhere, read when /metrics is scraped."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.services: "Services | None" = None
+
+    def describe(self):
+        return []  # names unknown until the first scrape: nothing to check for clashes at register time
+
+    def collect(self):
+        services, m = self.services, self.metrics
+        if services is None:
+            return
+        G, C = GaugeMetricFamily, CounterMetricFamily
+        # CounterMetricFamily names are given without ``_total``: it adds the suffix itself.
+        yield _family(G, "fleethub_connected_devices", "Devices with a live WebSocket link to this process.",
+                      len(services.links))
+        yield _family(C, "fleethub_device_connects", "Device links accepted.", m.device_connects)
+        yield _family(C, "fleethub_device_rejects", "Device link handshakes refused.", m.device_rejects)
         reg = services.registry.statistics()
-        metric("fleethub_actors", "gauge", "Live actors by kind.",
-               [(f'{{kind="{k}"}}', n) for k, n in sorted(reg["by_kind"].items())] or [('{kind="none"}', 0)])
-        metric("fleethub_actor_restarts_total", "counter", "Actor restarts by the supervisor.",
-               [("", reg["restarts"])])
-        metric("fleethub_actor_storage_waits_total", "counter",
-               "Times an actor found PostgreSQL unreachable and waited to retry (not counted as a crash).",
-               [("", reg["storage_waits"])])
+        yield _family(G, "fleethub_actors", "Live actors by kind.", labels=["kind"],
+                      samples=[([k], n) for k, n in sorted(reg["by_kind"].items())] or [(["none"], 0)])
+        yield _family(C, "fleethub_actor_restarts", "Actor restarts by the supervisor.", reg["restarts"])
+        yield _family(C, "fleethub_actor_storage_waits",
+                      "Times an actor found PostgreSQL unreachable and waited to retry (not counted as a crash).",
+                      reg["storage_waits"])
         tunnels = services.tunnels
-        metric("fleethub_tunnel_usage_unrecorded", "gauge",
-               "Tunnel sessions whose device usage report waits for PostgreSQL to come back.",
-               [("", tunnels.usage_unrecorded())])
-        metric("fleethub_tunnel_usage_dropped_total", "counter",
-               "Tunnel usage reports dropped while PostgreSQL was away (too many sessions waiting).",
-               [("", tunnels.usage_dropped)])
-        metric("fleethub_actor_mailbox_depth_max", "gauge", "Deepest actor mailbox right now.",
-               [("", reg["mailbox_depth_max"])])
-        st = services.db.stats
-        # The buckets are already cumulative: observe() counts a crossing in every bound it is under.
-        samples = [(f'_bucket{{le="{bound:g}"}}', count) for bound, count in zip(CROSSING_BUCKETS, st.buckets)]
-        samples += [('_bucket{le="+Inf"}', st.count), ("_sum", st.total_seconds), ("_count", st.count)]
-        out.append("# HELP fleethub_storage_crossing_seconds Time of one trio-to-asyncpg crossing.")
-        out.append("# TYPE fleethub_storage_crossing_seconds histogram")
-        out.extend(f"fleethub_storage_crossing_seconds{suffix} {_number(value)}" for suffix, value in samples)
+        yield _family(G, "fleethub_tunnel_usage_unrecorded",
+                      "Tunnel sessions whose device usage report waits for PostgreSQL to come back.",
+                      tunnels.usage_unrecorded())
+        yield _family(C, "fleethub_tunnel_usage_dropped",
+                      "Tunnel usage reports dropped while PostgreSQL was away (too many sessions waiting).",
+                      tunnels.usage_dropped)
+        yield _family(G, "fleethub_actor_mailbox_depth_max", "Deepest actor mailbox right now.",
+                      reg["mailbox_depth_max"])
+        db = services.db
+        yield _histogram("fleethub_storage_crossing_seconds",
+                         "Time of one trio-to-asyncpg crossing, less any wait for a pooled connection.",
+                         db.stats)
+        yield _histogram("fleethub_storage_pool_wait_seconds",
+                         "Time a crossing waited for a pooled connection (a full pool, or a reconnect).",
+                         db.pool_wait_stats)
         writers = [("presence", services.presence), ("audit", services.audit_log),
                    ("active_device", services.meter.active_writer)]
         # Metering sums (hub/metering.py) are batched too; they merge per key, so none is ever dropped.
         batched = writers + [("metering", services.meter)]
-        metric("fleethub_write_behind_rows_total", "counter", "Rows written behind.",
-               [(f'{{kind="{k}"}}', w.written) for k, w in batched])
-        metric("fleethub_write_behind_set_aside_total", "counter",
-               "Rows the database refused on their own (the rest of their batch was written); see the log.",
-               [(f'{{kind="{k}"}}', w.set_aside) for k, w in batched])
-        metric("fleethub_write_behind_dropped_total", "counter",
-               "Rows dropped because the write-behind buffer was full while the database was away.",
-               [(f'{{kind="{k}"}}', w.dropped) for k, w in writers])
-        metric("fleethub_write_behind_pending", "gauge", "Rows waiting to be written behind.",
-               [(f'{{kind="{k}"}}', w.pending()) for k, w in batched])
-        metric("fleethub_device_link_waits_total", "counter",
-               "Times a device link stopped reading its socket until the device's actor had room (back-pressure).",
-               [("", self.device_link_waits)])
-        metric("fleethub_device_frames_refused_total", "counter",
-               "Device frames over the link's limit: the link was closed with 1009 and the reason.",
-               [("", self.frames_refused)])
-        metric("fleethub_device_frames_refused_by_device_total", "counter",
-               "Device frames over the link's limit, per device (the first 1000 devices that sent one).",
-               [(f'{{device_id="{d}"}}', r.count) for d, r in sorted(self.refused_frames.items(), key=str)])
-        metric("fleethub_event_subscribers", "gauge", "SSE subscribers.", [("", services.events.subscriber_count())])
+        yield _family(C, "fleethub_write_behind_rows", "Rows written behind.", labels=["kind"],
+                      samples=[([k], w.written) for k, w in batched])
+        yield _family(C, "fleethub_write_behind_set_aside",
+                      "Rows the database refused on their own (the rest of their batch was written); see the log.",
+                      labels=["kind"], samples=[([k], w.set_aside) for k, w in batched])
+        yield _family(C, "fleethub_write_behind_dropped",
+                      "Rows dropped because the write-behind buffer was full while the database was away.",
+                      labels=["kind"], samples=[([k], w.dropped) for k, w in writers])
+        yield _family(G, "fleethub_write_behind_pending", "Rows waiting to be written behind.", labels=["kind"],
+                      samples=[([k], w.pending()) for k, w in batched])
+        yield _family(C, "fleethub_device_link_waits",
+                      "Times a device link stopped reading its socket until the device's actor had room "
+                      "(back-pressure).", m.device_link_waits)
+        yield _family(C, "fleethub_device_frames_refused",
+                      "Device frames over the link's limit: the link was closed with 1009 and the reason.",
+                      m.frames_refused)
+        yield _family(C, "fleethub_device_frames_refused_by_device",
+                      "Device frames over the link's limit, per device (the first 1000 devices that sent one).",
+                      labels=["device_id"],
+                      samples=[([str(d)], r.count) for d, r in sorted(m.refused_frames.items(), key=str)])
+        yield _family(G, "fleethub_event_subscribers", "SSE subscribers.", services.events.subscriber_count())
         throttle = services.login_throttle
-        metric("fleethub_login_throttle_keys", "gauge", "Accounts and addresses the login throttle holds.",
-               [("", len(throttle))])
-        metric("fleethub_login_throttle_dropped_total", "counter",
-               "Login-throttle entries forgotten while still live because the table was full.",
-               [("", throttle.dropped)])
-        return "\n".join(out) + "\n"
+        yield _family(G, "fleethub_login_throttle_keys", "Accounts and addresses the login throttle holds.",
+                      len(throttle))
+        yield _family(C, "fleethub_login_throttle_dropped",
+                      "Login-throttle entries forgotten while still live because the table was full.",
+                      throttle.dropped)

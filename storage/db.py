@@ -54,20 +54,29 @@ _UNREACHABLE = (OSError, asyncio.TimeoutError, asyncpg.exceptions.PostgresConnec
 
 # Buckets (seconds) for the storage crossing histogram exported on /metrics.
 CROSSING_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
+# Buckets (seconds) for the wait for a pooled connection: none at all while the pool has a free one,
+# up to ACQUIRE_TIMEOUT when every connection is busy or PostgreSQL is away.
+POOL_WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, ACQUIRE_TIMEOUT)
 
 
 @dataclass
 class CrossingStats:
-    """Time spent per crossing, trio side to trio side (includes the statements themselves)."""
+    """A histogram of seconds with cumulative buckets (hub/metrics.py exports it): ``stats`` is each
+    crossing, trio side to trio side (the statements included) less its wait for a pooled connection,
+    which ``pool_wait_stats`` counts apart: a full pool must not look like slow statements."""
 
+    bounds: tuple[float, ...] = CROSSING_BUCKETS
     count: int = 0
     total_seconds: float = 0.0
-    buckets: list[int] = field(default_factory=lambda: [0] * len(CROSSING_BUCKETS))
+    buckets: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.buckets = self.buckets or [0] * len(self.bounds)
 
     def observe(self, seconds: float) -> None:
         self.count += 1
         self.total_seconds += seconds
-        for i, bound in enumerate(CROSSING_BUCKETS):
+        for i, bound in enumerate(self.bounds):
             if seconds <= bound:
                 self.buckets[i] += 1
 
@@ -83,6 +92,7 @@ class Database:
         self.min_size = min_size
         self.max_size = max_size
         self.stats = CrossingStats()
+        self.pool_wait_stats = CrossingStats(POOL_WAIT_BUCKETS)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._pool: asyncpg.Pool | None = None
@@ -187,7 +197,9 @@ class Database:
         self._loop = None
 
     # -- the crossing ----------------------------------------------------------------------
-    async def _cross(self, coro: Awaitable[T]) -> T:
+    async def _cross(self, coro: Awaitable[T], waited: list[float] | None = None) -> T:
+        """One crossing; ``waited`` receives, from the asyncio side, the seconds it spent waiting for a
+        pooled connection (read here only after the coroutine finished, so no lock is needed)."""
         assert self._loop is not None, "Database.open() was not awaited"
         started = time.perf_counter()
         try:
@@ -195,30 +207,43 @@ class Database:
         except _UNREACHABLE as exc:
             raise DatabaseUnavailable(f"the database is not reachable ({type(exc).__name__})") from exc
         finally:
-            self.stats.observe(time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            if waited:
+                self.pool_wait_stats.observe(waited[0])
+                seconds = max(0.0, seconds - waited[0])
+            self.stats.observe(seconds)
 
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any, transaction: bool = False) -> T:
         """Run ``fn(conn, *args)`` on the asyncio side with one pooled connection: one crossing."""
         pool = self._pool
+        waited: list[float] = []
 
         async def body() -> T:
-            async with pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
+            # Acquired by hand (not pool.fetch & co.) to time the wait for a connection on its own.
+            asked = time.perf_counter()
+            try:
+                conn = await pool.acquire(timeout=ACQUIRE_TIMEOUT)
+            finally:
+                waited.append(time.perf_counter() - asked)
+            try:
                 if transaction:
                     async with conn.transaction():
                         return await fn(conn, *args)
                 return await fn(conn, *args)
+            finally:
+                await pool.release(conn)
 
-        return await self._cross(body())
+        return await self._cross(body(), waited)
 
     # Single statements, each one crossing.
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
-        return await self._cross(self._pool.fetch(sql, *args))
+        return await self.run(lambda conn: conn.fetch(sql, *args))
 
     async def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
-        return await self._cross(self._pool.fetchrow(sql, *args))
+        return await self.run(lambda conn: conn.fetchrow(sql, *args))
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
-        return await self._cross(self._pool.fetchval(sql, *args))
+        return await self.run(lambda conn: conn.fetchval(sql, *args))
 
     async def execute(self, sql: str, *args: Any) -> str:
-        return await self._cross(self._pool.execute(sql, *args))
+        return await self.run(lambda conn: conn.execute(sql, *args))

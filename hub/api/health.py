@@ -11,6 +11,7 @@ from hub.api.common import services
 from hub.api.validation import enveloped, responds
 from hub.auth.middleware import public
 from hub.errors import Unavailable
+from hub.metrics import CONTENT_TYPE
 
 bp = Blueprint("health", __name__)
 
@@ -47,4 +48,4 @@ async def readyz():
 @public
 async def metrics():
     s = services()
-    return Response(s.metrics.render(s), content_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(s.metrics.render(s), content_type=CONTENT_TYPE)

@@ -1,0 +1,94 @@
+"""/metrics from prometheus_client: a registry per hub, histograms with buckets, the process collector,
+and the wait for a pooled connection counted apart from the crossing (storage/db.py)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from hub.metrics import Metrics
+from storage.db import Database
+from tests.hubtools import metric_value, metrics, start_hub
+
+
+@pytest.fixture
+async def hub(nursery, db_url, tmp_path):
+    return await start_hub(nursery, db_url, tmp_path)
+
+
+def _samples(text: str, name: str) -> list:
+    """The samples of one family, read by prometheus_client's own parser (labels in any order)."""
+    return [s for f in text_string_to_metric_families(text) if f.name == name for s in f.samples]
+
+
+def _buckets(text: str, name: str, **labels: str) -> list[tuple[str, float]]:
+    """(le, count) of a histogram's buckets with these labels, in the order exposed."""
+    return [(s.labels["le"], s.value) for s in _samples(text, name) if s.name == name + "_bucket"
+            and all(s.labels.get(k) == v for k, v in labels.items())]
+
+
+async def test_request_latency_histogram_process_collector_and_pool_wait(hub):
+    with trio.fail_after(30):
+        for _ in range(3):
+            assert (await hub.call("GET", "/v1/devices")).status_code == 200
+        text = await metrics(hub)
+        assert "# TYPE fleethub_http_request_duration_seconds histogram" in text
+        buckets = _buckets(text, "fleethub_http_request_duration_seconds", method="GET")
+        assert len(buckets) > 5 and buckets[-1][0] == "+Inf", buckets
+        counts = [n for _, n in buckets]
+        assert counts == sorted(counts), "buckets are cumulative"
+        count = metric_value(text, "fleethub_http_request_duration_seconds_count", {"method": "GET"})
+        assert count == counts[-1] >= 3
+        assert count == metric_value(text, "fleethub_http_requests_total", {"method": "GET", "status": "200"})
+        assert metric_value(text, "fleethub_http_request_duration_seconds_sum", {"method": "GET"}) > 0
+        # the process collector: what the benchmarks read instead of /proc
+        assert metric_value(text, "process_resident_memory_bytes") > 10_000_000
+        assert metric_value(text, "process_open_fds") > 0
+        assert metric_value(text, "process_cpu_seconds_total") > 0
+        # each crossing waited for a pooled connection (maybe for no time at all): one wait per crossing
+        assert "# TYPE fleethub_storage_pool_wait_seconds histogram" in text
+        waits = metric_value(text, "fleethub_storage_pool_wait_seconds_count")
+        assert waits and waits > 0
+        assert metric_value(text, "fleethub_storage_pool_wait_seconds_bucket", {"le": "+Inf"}) == waits
+
+
+async def test_each_hub_has_its_own_registry():
+    # Two hubs in one process (the tests start many): on prometheus_client's global registry the second
+    # would fail with "Duplicated timeseries", or both would count each other's requests.
+    with trio.fail_after(5):
+        first, second = Metrics(), Metrics()
+        first.observe_request("GET", 200, 0.003)
+        first.observe_request("GET", 200, 0.2)
+        one = generate_latest(first.registry).decode()
+        other = generate_latest(second.registry).decode()
+        assert metric_value(one, "fleethub_http_requests_total", {"method": "GET", "status": "200"}) == 2
+        assert metric_value(other, "fleethub_http_requests_total", {"method": "GET", "status": "200"}) is None
+        latency = dict(_buckets(one, "fleethub_http_request_duration_seconds", method="GET"))
+        assert (latency["0.0025"], latency["0.005"], latency["0.1"], latency["0.25"]) == (0, 1, 1, 2)
+        assert _buckets(other, "fleethub_http_request_duration_seconds") == []
+
+
+async def test_waiting_for_a_pooled_connection_is_not_counted_as_the_crossing(db_url):
+    # One connection: a statement holding it for 1 s makes the next one wait ~0.9 s for the pool. That
+    # wait lands in pool_wait_stats; the second crossing itself stays short (under 0.1 s).
+    db = Database(db_url, min_size=1, max_size=1)
+    with trio.fail_after(30):
+        await db.open()
+        try:
+            await db.fetchval("SELECT 1")  # warm: the pool's connection exists
+            fast = db.stats.bounds.index(0.1)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(db.execute, "SELECT pg_sleep(1.0)")
+                await trio.sleep(0.1)  # the sleeper has the only connection
+                waits_before, fast_before = db.pool_wait_stats.count, db.stats.buckets[fast]
+                assert await db.fetchval("SELECT 2") == 2
+            waited = db.pool_wait_stats
+            assert waited.count == waits_before + 2  # the sleeper's wait and ours
+            assert waited.total_seconds >= 0.5, "our wait for the held connection was counted"
+            assert waited.buckets[waited.bounds.index(0.1)] < waited.count, "a wait over 0.1 s is in no ≤ 0.1 bucket"
+            # of the two crossings (the sleeper's 1 s, ours) ours is in the ≤ 0.1 s bucket: its wait is apart
+            assert db.stats.buckets[fast] == fast_before + 1
+        finally:
+            await db.close()
