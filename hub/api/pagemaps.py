@@ -19,7 +19,7 @@ from quart import Blueprint, request
 from quart_schema import document_response
 
 from device_client.memtest import pagemap
-from hub.api.common import jsonable, org, services
+from hub.api.common import errors, jsonable, org, services
 from hub.api.memtests import MemtestError, _device
 from hub.auth.middleware import public
 from hub.auth.pat import digest
@@ -75,6 +75,7 @@ async def _device_from_token() -> dict[str, Any]:
 @bp.put("/v1/device/memory-tests/<run_id>/page-map")
 @public
 @document_response(PageMapStoredEnvelope, 201)
+@errors(400, 401, 413)
 async def upload_page_map(run_id: str):
     """The device uploads a run's full page map (its own token; gzip JSON, at most 1 MiB)."""
     s = services()
