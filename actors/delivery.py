@@ -133,6 +133,15 @@ class Delivery:
             health.protocol_error(self.device_id, what, self.s.clock.now())
         await self._request("link.notice", {"code": "malformed_result", "message": what[:500]}, timeout=NOTICE_TIMEOUT)
 
+    async def _delete(self, paths: list[str]) -> None:
+        """``files.delete``: nothing in storage waits on it (the hub forgot those files already), but a
+        malformed result is a protocol error like any other; anything else is tried again at the next
+        hello (the device's digests still list what it kept)."""
+        try:
+            await self._strict("files.delete", {"paths": paths})
+        except NotDone as exc:
+            log.info("device %s: files.delete not done: %s", self.device_id, exc.reason)
+
     async def _put_files(self, files: list[dict]) -> None:
         """``files.put`` and its results recorded: each file on_device or failed with the device's error;
         a refused, unanswered or malformed put fails every file it carried with the reason (the next link
@@ -166,7 +175,7 @@ class Delivery:
     async def remove(self, paths: list[str]) -> None:
         async with self.lock:
             if paths:
-                await self._request("files.delete", {"paths": paths})
+                await self._delete(paths)
 
     async def apply_config(self) -> None:
         async with self.lock:
@@ -198,7 +207,7 @@ class Delivery:
             if files:
                 await self._put_files(files)
         if plan.remove:
-            await self._request("files.delete", {"paths": plan.remove})
+            await self._delete(plan.remove)
 
     async def _apply_config(self, reported: str | None | object) -> None:
         """Send the assigned configuration version unless the device already runs it. ``reported``

@@ -358,3 +358,35 @@ async def test_the_protocol_schema_is_served_without_a_credential(hub):
     assert doc["protocolVersion"] == 1 and doc["supportedVersions"] == [1]
     assert "config.apply" in doc["verbs"] and doc["verbs"]["config.apply"]["strict"] is True
     assert {c["code"] for c in doc["closeCodes"]} >= {4001, 4002, 4003, 4004, 4400, 4408, 4409, 4426}
+
+
+async def test_a_malformed_delete_result_is_a_protocol_error_too(hub, nursery):
+    with trio.fail_after(60):
+        dev_id, token = await hub.provision("node")
+
+        async def answer(verb, payload):
+            if verb == "files.put":
+                return {"results": [{"fileId": f["fileId"], "path": f["path"], "status": "on_device",
+                                     "sha256": f["sha256"]} for f in payload["files"]]}
+            if verb == "files.delete":
+                return {"results": [{"path": p, "status": "gone"} for p in payload["paths"]]}
+            return {}
+
+        await connect(nursery, hub, token, answer=answer)
+        r = await hub.call("POST", f"/v1/devices/{dev_id}/secret-files",
+                           json={"path": "/etc/app/key", "content_base64": b64(b"k")})
+        file_id = r.json()["data"]["id"]
+
+        async def on_device():
+            f = await file_of(hub, dev_id, "/etc/app/key")
+            return f is not None and f["status"] == "on_device"
+
+        await wait_for(on_device, timeout=10)
+        r = await hub.call("DELETE", f"/v1/devices/{dev_id}/secret-files/{file_id}")
+        assert r.status_code in (200, 204), r.text
+
+        async def reported():
+            return "DeviceProtocolError" in await diagnosis(hub, dev_id)
+
+        await wait_for(reported, timeout=10)
+        assert "reply to files.delete: results.0.status" in (await diagnosis(hub, dev_id))["DeviceProtocolError"]["message"]
