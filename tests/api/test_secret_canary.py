@@ -66,6 +66,9 @@ async def test_secret_plaintexts_appear_nowhere_but_on_the_device(nursery, db_ur
                 "sa_id": str(uuid.uuid4())}
         files = (await hub.call("GET", f"/v1/configurations/{config}/secret-files")).json()["data"]
         fill["file_id"] = files[0]["id"]
+        # the spec's own spelling of the same parameters (issue 15)
+        fill |= {"deviceId": fill["device_id"], "fleetId": fill["fleet_id"], "configId": fill["config_id"],
+                 "fileId": fill["file_id"], "invitation_id": str(uuid.uuid4()), "run_id": str(uuid.uuid4())}
         from hub.app import create_app
         bodies: list[str] = []
         for rule in create_app(hub.services).url_map.iter_rules():
