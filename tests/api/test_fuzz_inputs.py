@@ -9,7 +9,9 @@ negative numbers, NaN and Infinity, overlong strings. Each goes to
   view commonly reads without documenting it (``EXTRA_QUERY``);
 - every path parameter (the others get real ids, so the request reaches the view's storage reads);
 - every property of a JSON request body (the rest of the body is plausible), plus whole bodies that
-  are deeply nested or carry NaN; every field of a form body.
+  are deeply nested or carry NaN; every field of a form body;
+- the headers every request may carry (request id, organisation, token id, CSRF token), not ASCII
+  or overlong.
 
 Operations are read from the document at run time, so a new operation is covered without touching
 this file; each gets the first credential (PAT, dashboard session, service-account token, tunnel
@@ -95,6 +97,11 @@ WHOLE_BODIES: list[tuple[str, bytes]] = [
     ("bare-nan", b"NaN"),
     ("lone-surrogate-key", b'{"\\udc00": 1}'),
 ]
+
+# Headers every request may carry, with bytes that are not ASCII (compare_digest refused such str)
+# or a value far longer than any id; sent with the operation's credential.
+HEADER_NAMES = ("X-Request-ID", "X-Organization-ID", "X-API-Token-ID", "X-CSRF-Token")
+HEADER_VALUES: list[tuple[str, bytes]] = [("not-ascii", "pat_\u00e9\u00ff".encode()), ("overlong", b"x" * 8000)]
 
 # Parameter names views read from the query string; the document may not list them all.
 EXTRA_QUERY = ("page", "limit", "search", "status", "sortBy", "sortOrder", "state", "cursor", "from", "to",
@@ -207,6 +214,7 @@ class Case:
     url: str
     content: bytes | None = None
     content_type: str | None = None
+    headers: dict[str, bytes] = field(default_factory=dict)
 
 
 def cases(op: Operation, fx: Fixture) -> list[Case]:
@@ -222,6 +230,9 @@ def cases(op: Operation, fx: Fixture) -> list[Case]:
             out.append(Case(op, f"common query parameters={label}", base + "?" + "&".join(f"{n}={raw}" for n in extra)))
         for name in op.path_params:
             out.append(Case(op, f"path {name}={label}", _url(op, fx, (name, raw))))
+    for name in HEADER_NAMES:
+        for label, value in HEADER_VALUES:
+            out.append(Case(op, f"header {name}={label}", base, headers={name: value}))
     if op.method != "GET":
         for label, body in WHOLE_BODIES:
             out.append(Case(op, f"body {label}", base, body, "application/json"))
@@ -296,7 +307,7 @@ async def test_hostile_values_never_answer_5xx(nursery, db_url, tmp_path, caplog
         async def worker() -> None:
             nonlocal answered
             async for c in receive:
-                headers = dict(c.op.auth)
+                headers = {**c.op.auth, **c.headers}
                 if c.content_type:
                     headers["Content-Type"] = c.content_type
                 try:
