@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ KEEP = 16  # refusals kept on disk and reported
 REMEMBERED = 64  # digests of refused frames never sent again
 WATCHED_BYTES = 4 << 10  # frames this big may be the one a 1009 refers to: watched, by digest
 
+_LIMIT_IN_REASON = re.compile(r"over the (?:link's )?limit of (\d+) bytes")
 _HELLO_STAGES = ((), ("lastMemoryTest", "memoryTestRunning"), ("retiredPages", "secretFileDigests"))
 # kind -> trimmer(payload, reason) -> a smaller payload, or None to drop the frame
 Trimmer = Callable[[dict[str, Any], str], dict[str, Any] | None]
@@ -65,12 +67,16 @@ class FrameGuard:
         self.largest: Sent | None = None
         self.refused = 0
         self.hello_stage = 0
+        # the hub's real limit as a refusal showed it (a proxy, or a hub stricter than its welcome):
+        # frames past it are trimmed or dropped here, so one refusal is not followed by more
+        self.learned: int | None = None
 
     # ---- the link's limit ----
 
     def linked(self, hub_limit: int | None) -> None:
-        """A new link: the hub's limit from its welcome; forget the previous link's largest frame."""
-        self.limit = min(self.own_limit, hub_limit) if hub_limit else self.own_limit
+        """A new link: the hub's limit from its welcome (and what a refusal taught us); forget the
+        previous link's largest frame."""
+        self.limit = min(self.own_limit, hub_limit or self.own_limit, self.learned or self.own_limit)
         self.largest = None
 
     def on_too_big(self, kind: str, trimmer: Trimmer) -> None:
@@ -131,8 +137,14 @@ class FrameGuard:
     # ---- the hub refused a frame ----
 
     def refused_by_hub(self, reason: str) -> None:
-        """The hub closed the link with 1009: deal with the frame it names (else the largest sent)."""
+        """The hub closed the link with 1009: deal with the frame it names (else the largest sent),
+        and keep every later frame under the limit it showed."""
         sent = self.largest
+        said = _LIMIT_IN_REASON.search(reason)
+        shown = int(said.group(1)) if said else (sent.size - 1 if sent is not None else None)
+        if shown is not None and shown > 0:
+            self.learned = min(self.learned or shown, shown)
+            self.limit = min(self.limit, self.learned)
         if sent is None:
             self._record("frame", 0, "hub", "unknown", reason)
             return

@@ -91,9 +91,13 @@ async def test_a_refused_frame_nobody_can_trim_is_dropped_and_never_sent_again(s
         assert await _refused(hub, dev_id) == 1
         # the same frame again: the agent knows the hub refused it and does not send it
         assert await running.agent.send_event("test.blob", blob)
+        # nor another one over the limit the refusal showed (the welcome said 1 MiB)
+        assert running.agent.frames.limit == SMALL_LIMIT
+        assert await running.agent.send_event("test.other", {"blob": "y" * (SMALL_LIMIT + 1)})
         await trio.sleep(0.5)
         assert await _refused(hub, dev_id) == 1 and running.agent.statistics().links == 2
-        assert [r["action"] for r in running.agent.frames.records()] == ["dropped"]
+        assert [(r["by"], r["action"]) for r in running.agent.frames.records()] == [
+            ("hub", "dropped"), ("agent", "dropped"), ("agent", "dropped")]
         actor = hub.services.registry.lookup(("device", uuid.UUID(dev_id)))
         assert actor is not None and actor.machine.online
 

@@ -178,3 +178,16 @@ async def test_a_hello_past_the_limit_drops_what_the_hub_learns_again_later(tmp_
     hello = protocol.decode(text)
     assert hello.lastMemoryTest is None and hello.retiredPages == [1] * 10
     assert guard.records()[0]["frame"] == "hello" and guard.records()[0]["action"] == "trimmed"
+
+
+async def test_a_hello_the_hub_refused_starts_one_stage_smaller_next_time(tmp_path, worst_result):
+    with trio.fail_after(10):
+        await trio.lowlevel.checkpoint()
+    guard = FrameGuard(tmp_path, TestClock())
+    fields = {"agentVersion": "1", "bootReason": "power_on", "lastMemoryTest": worst_result}
+    assert protocol.decode(guard.encode_hello(dict(fields))).lastMemoryTest is not None
+    guard.refused_by_hub("hello frame of 160000 bytes is over the limit of 100000 bytes")
+    assert guard.learned == 100_000 and guard.hello_stage == 1
+    assert protocol.decode(guard.encode_hello(dict(fields))).lastMemoryTest is None
+    guard.linked(1 << 20)  # a welcome that says more does not undo what the refusal showed
+    assert guard.limit == 100_000
