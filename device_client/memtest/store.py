@@ -23,6 +23,7 @@ from ..state import StateFile, write_atomic, write_json_atomic
 from . import bounds
 
 HISTORY = 10
+UNACKED = 32  # results kept for a hub that has not acknowledged them (each is sent in its own frame)
 PAGE_MAP_GLOB = "memtest-pagemap-*.json.gz"
 
 
@@ -59,7 +60,8 @@ class MemtestStore:
         result = bounds.bound(result)
         history = [r for r in self.state.get("history", []) if r.get("runId") != result["runId"]]
         unacked = [r for r in self.state.get("unacked", []) if r.get("runId") != result["runId"]]
-        self.state.update(history=([result] + history)[:HISTORY], unacked=unacked + [result])
+        # bounded, whatever the history: results the hub never acknowledged past UNACKED are dropped
+        self.state.update(history=([result] + history)[:HISTORY], unacked=(unacked + [result])[-UNACKED:])
 
     def history(self) -> list[dict[str, Any]]:
         # bound: results an older agent stored may hold a page map past any frame's limit

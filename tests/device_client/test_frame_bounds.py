@@ -191,3 +191,16 @@ async def test_a_hello_the_hub_refused_starts_one_stage_smaller_next_time(tmp_pa
     assert protocol.decode(guard.encode_hello(dict(fields))).lastMemoryTest is None
     guard.linked(1 << 20)  # a welcome that says more does not undo what the refusal showed
     assert guard.limit == 100_000
+
+
+def test_what_the_device_keeps_for_the_hub_is_bounded_whatever_the_history(tmp_path):
+    from device_client.memtest.store import HISTORY, UNACKED, MemtestStore
+
+    store = MemtestStore(tmp_path)
+    big = {"errorCount": 10**10, "errors": [{"physAddr": 1}] * 1000, "pages": [{"page": 0, "errors": 1}] * 1000}
+    for i in range(UNACKED + 8):
+        store.add_result({"runId": f"r{i}", **big})
+    assert len(store.history()) == HISTORY and len(store.unacked()) == UNACKED
+    assert store.unacked()[-1]["runId"] == f"r{UNACKED + 7}"  # the newest are kept
+    assert all(len(r["errors"]) == bounds.RESULT_ERRORS and len(r["pages"]) == bounds.RESULT_PAGES
+               for r in store.unacked())
