@@ -45,19 +45,39 @@ CHUNK = 64 * 1024
 # ---- workers ---------------------------------------------------------------------------------------
 
 def target_worker() -> None:
-    """First byte picks the service: b"S" sink (answer 8-byte count at EOF), b"E" echo."""
+    """First byte picks the service: b"S" sink (answer 8-byte count at EOF), b"E" echo, b"G" + an
+    8-byte count: a source that sends that many bytes, then closes (bench/tunnel_interactive.py)."""
+
+    block = os.urandom(CHUNK)
 
     class Target(asyncio.Protocol):
         def connection_made(self, transport):
-            self.t, self.mode, self.count = transport, None, 0
+            self.t, self.mode, self.count, self.header, self.paused = transport, None, 0, b"", False
 
         def data_received(self, data):
             if self.mode is None:
                 self.mode, data = data[:1], data[1:]
             if self.mode == b"E":
                 self.t.write(data)
+            elif self.mode == b"G":
+                self.header += data
+                if len(self.header) >= 8 and not self.count:
+                    self.count = struct.unpack("!Q", self.header[:8])[0]
+                    self.resume_writing()
             else:
                 self.count += len(data)
+
+        def pause_writing(self):
+            self.paused = True
+
+        def resume_writing(self):
+            self.paused = False
+            while self.mode == b"G" and self.count > 0 and not self.paused:
+                n = min(self.count, CHUNK)
+                self.count -= n
+                self.t.write(block[:n])
+            if self.mode == b"G" and self.count == 0:
+                self.t.close()
 
         def eof_received(self):
             if self.mode == b"S":
@@ -73,7 +93,11 @@ def target_worker() -> None:
 
 
 def peer_worker(role: str, target_port: int) -> None:
+    import logging
+
     import trio
+
+    logging.basicConfig(level=os.environ.get("BENCH_LOG_LEVEL", "WARNING"))  # to bench/out/tunnel-*.log
 
     from webrtc.peer import TunnelPeer
 
@@ -107,6 +131,13 @@ def peer_worker(role: str, target_port: int) -> None:
                 await current.wait_control_open()
                 _, port = await current.listen("127.0.0.1", 0)
                 out = {"port": port}
+            elif cmd["cmd"] == "state":
+                out = {"state": current.state if current else None}
+            elif cmd["cmd"] == "sctp":  # what sits in the association (bench/tunnel_interactive.py)
+                sctp = current._pc.sctp
+                out = {"queued": sum(len(m[2]) for m in list(sctp._data_channel_queue)),
+                       "outbound": sum(len(c.user_data) for c in list(sctp._outbound_queue)),
+                       "flight": sctp._flight_size, "cwnd": sctp._cwnd}
             elif cmd["cmd"] == "close":
                 for p in peers:
                     await p.close()

@@ -13,17 +13,92 @@ less CPU per MiB forwarded in the two peers (87-98 ms instead of 119-122 ms per 
 machine) and more MB/s (median 17.0 against 13.4, bench/RESULTS.md). The patch is applied once per process when the first peer is made and
 only to the method it expects to find; with another aiortc, check the method still exists and is
 only called from ``_handle_data`` before trusting the figures.
+
+A second change keeps the sender from queueing far more than the path needs (``DelayWindow``).
+aiortc grows its congestion window until packets are lost; on loopback, or towards a busy peer, the
+bottleneck is the receiving process, and everything in flight waits in its socket buffer. A
+keystroke sent on another channel waits behind all of it (about 200 KB, 50 ms at 4 MB/s, measured
+with bench/tunnel_interactive.py). Like TCP Vegas or LEDBAT, the window is held so that the queueing
+delay the association adds (a round trip beyond the smallest one seen lately) stays near
+``QUEUE_TARGET``: when a round trip is longer, the window shrinks in proportion, at most once per
+window of data. On a long path whose round trip is all propagation the window grows as before.
+
+A third serves the channels in turn (``FairQueue``): aiortc moves messages from its data-channel
+queue into SCTP in the order they were sent, so a keystroke waits for every bulk message queued
+before it. The queue's ``popleft`` takes the oldest message of the channel served longest ago
+instead; each channel's own order is kept.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from .loop import closed_send
 
 _applied = False
+
+QUEUE_TARGET = 0.004  # seconds of queueing the association may add to a round trip
+MIN_RTT_EPOCH = 256  # round-trip samples per epoch; the smallest is taken over this and the last one
+
+
+class FairQueue(deque):
+    """aiortc's ``_data_channel_queue`` of (channel, protocol, data), served round-robin by channel.
+
+    Bounded buffering in forward.py keeps it short (about a message per channel), so a scan is cheap.
+    The turn a channel was last served is kept on the channel, so nothing outlives it here."""
+
+    def __init__(self, items: Any = ()) -> None:
+        super().__init__(items)
+        self._turn = 0
+
+    def popleft(self) -> Any:
+        if len(self) > 1:
+            best, best_turn = 0, None
+            for i, (channel, _protocol, _data) in enumerate(self):
+                turn = getattr(channel, "_fleethub_turn", -1)
+                if best_turn is None or turn < best_turn:
+                    best, best_turn = i, turn
+                    if turn < 0:
+                        break  # never served: nobody can be before it
+            item = self[best]
+            del self[best]
+        else:
+            item = super().popleft()
+        self._turn += 1
+        item[0]._fleethub_turn = self._turn
+        return item
+
+
+@dataclass
+class DelayWindow:
+    """The delay-based cap on one association's congestion window. Pure: round trips come in."""
+
+    floor: int  # never below this many bytes (a few packets)
+    target: float = QUEUE_TARGET
+    _min_now: float = float("inf")
+    _min_before: float = float("inf")
+    _samples: int = 0
+
+    @property
+    def base_rtt(self) -> float:
+        return min(self._min_now, self._min_before)
+
+    def sample(self, rtt: float, cwnd: int) -> int | None:
+        """A new round trip; the window to use instead of ``cwnd``, or None to leave it."""
+        # the smallest round trip of the last one or two epochs: a path that got longer (a relay,
+        # a new route) is learnt within two epochs instead of being taken for queueing for ever
+        self._samples += 1
+        if self._samples > MIN_RTT_EPOCH:
+            self._samples, self._min_before, self._min_now = 1, self._min_now, float("inf")
+        self._min_now = min(self._min_now, rtt)
+        allowed = self.base_rtt + self.target
+        if rtt <= allowed:
+            return None
+        return max(self.floor, min(cwnd, int(cwnd * allowed / rtt)))
 
 
 def batch_sacks() -> None:
@@ -57,4 +132,43 @@ def batch_sacks() -> None:
         asyncio.get_running_loop().call_soon(fire)
 
     RTCSctpTransport._send_sack = send_later
+    if not os.environ.get("FLEETHUB_SCTP_LOSS_BASED_ONLY"):  # bench/tunnel_interactive.py compares
+        _hold_queueing_delay(RTCSctpTransport)
+    if not os.environ.get("FLEETHUB_SCTP_FIFO"):  # bench/tunnel_interactive.py compares
+        _serve_channels_in_turn(RTCSctpTransport)
     _applied = True
+
+
+def _hold_queueing_delay(cls: Any) -> None:
+    from aiortc.rtcsctptransport import USERDATA_MAX_LENGTH, tsn_minus_one, uint32_gte
+
+    update_rto = cls._update_rto
+
+    def update_rto_and_window(self: Any, rtt: float) -> None:
+        update_rto(self, rtt)
+        window = getattr(self, "_fleethub_delay", None)
+        if window is None:
+            window = self._fleethub_delay = DelayWindow(floor=4 * USERDATA_MAX_LENGTH)
+        cwnd = window.sample(rtt, self._cwnd)
+        # once per window of data, as for a loss: the samples of the packets already in flight
+        # still carry the queue the last reduction is draining
+        until = getattr(self, "_fleethub_delay_until", None)
+        if cwnd is None or (until is not None and not uint32_gte(self._last_sacked_tsn, until)):
+            return
+        self._cwnd = cwnd
+        self._ssthresh = min(self._ssthresh, cwnd)  # grow again by congestion avoidance, not slow start
+        self._partial_bytes_acked = 0
+        self._fleethub_delay_until = tsn_minus_one(self._local_tsn)
+
+    cls._update_rto = update_rto_and_window
+
+
+
+def _serve_channels_in_turn(cls: Any) -> None:
+    init = cls.__init__
+
+    def init_with_fair_queue(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self._data_channel_queue = FairQueue(self._data_channel_queue)
+
+    cls.__init__ = init_with_fair_queue

@@ -1,0 +1,175 @@
+"""Interactive beside bulk in one session (issue 21 item 3): bounded buffering per channel, channels
+served in turn, a queueing-delay cap on the SCTP window, and one connection's failure kept to itself.
+
+The pair tests use real aiortc peers over loopback UDP (tests/webrtc/peers.py) on trio's real clock;
+the queue and window tests drive the pure pieces of webrtc/sctp.py directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+from functools import partial
+
+import trio
+
+from webrtc.forward import MESSAGE
+from webrtc.sctp import FairQueue, DelayWindow
+
+from .peers import connect_pair, echo_handler, exchange, start_echo
+
+CONTROL_SLACK = 1024  # credit/eof control messages that may sit beside the data
+
+
+def _queued(peer) -> int:
+    """Bytes the peer's SCTP association holds that are not on the wire yet: messages waiting in
+    aiortc's data-channel queue and fragments of the message being sent. Runs on the asyncio thread."""
+    sctp = peer._pc.sctp
+    return (sum(len(data) for _channel, _protocol, data in list(sctp._data_channel_queue))
+            + sum(len(chunk.user_data) for chunk in list(sctp._outbound_queue)))
+
+
+async def test_a_bulk_copy_queues_at_most_two_messages_ahead_of_another_channel(nursery):
+    with trio.fail_after(60):
+        pair = await connect_pair(await start_echo(nursery))
+        try:
+            done = False
+            samples: list[int] = []
+
+            async def sample() -> None:  # on the asyncio thread, beside the pumps
+                while not done:
+                    samples.append(_queued(pair.client))
+                    await asyncio.sleep(0.001)
+
+            payload = os.urandom(6 * 1024 * 1024)
+
+            async def bulk_then_stop() -> None:
+                nonlocal done
+                try:
+                    assert await exchange(pair.listen_port, payload) == payload
+                finally:
+                    done = True
+
+            async with trio.open_nursery() as both:
+                both.start_soon(bulk_then_stop)
+                both.start_soon(pair.client._thread.run, sample())
+            busy = [n for n in samples if n]
+            assert len(busy) > 20, samples  # the copy was watched while it ran
+            # a message waiting in the queue plus the rest of the one being sent; the old 1 MiB
+            # high-water mark let a megabyte sit ahead of a keystroke
+            assert max(samples) <= 2 * MESSAGE + CONTROL_SLACK, max(samples)
+        finally:
+            await pair.client.close()
+            await pair.device.close()
+
+
+async def test_keystrokes_beside_a_bulk_copy_come_back_in_order(nursery):
+    # not timed (the machine is shared): both connections of one session carry their own bytes
+    with trio.fail_after(60):
+        pair = await connect_pair(await start_echo(nursery))
+        try:
+            payload = os.urandom(4 * 1024 * 1024)
+            keys = bytes(range(32, 96))
+            echoed = bytearray()
+
+            async def type_keys() -> None:
+                stream = await trio.open_tcp_stream("127.0.0.1", pair.listen_port)
+                async with stream:
+                    for key in keys:
+                        await stream.send_all(bytes([key]))
+                        echoed.extend(await stream.receive_some(1))
+
+            async with trio.open_nursery() as both:
+                both.start_soon(type_keys)
+                assert await exchange(pair.listen_port, payload) == payload
+            assert bytes(echoed) == keys
+        finally:
+            await pair.client.close()
+            await pair.device.close()
+
+
+async def test_a_connection_failing_under_aiortc_leaves_the_session_up(nursery):
+    """A local client resets its connection while the pump has stopped reading it (credit ran out), so
+    asyncio has not seen the reset; then the target's end half-closes and the pump's write_eof raises
+    ENOTCONN inside aiortc's receive path. Raised into aiortc, that ended the whole association."""
+    blocked: list[trio.SocketStream] = []
+    release = trio.Event()
+
+    async def target(stream: trio.SocketStream) -> None:
+        if not blocked:  # the first connection: never read, half-close when released
+            blocked.append(stream)
+            await release.wait()
+            await stream.send_eof()
+            await trio.sleep_forever()
+        await echo_handler(stream)
+
+    with trio.fail_after(60):
+        listeners = await nursery.start(partial(trio.serve_tcp, target, 0, host="127.0.0.1"))
+        pair = await connect_pair(listeners[0].socket.getsockname()[1])
+        try:
+            sock = socket.create_connection(("127.0.0.1", pair.listen_port))
+            sock.setblocking(False)
+            chunk = bytes(256 * 1024)
+            with trio.move_on_after(3):  # until the credit window and every buffer are full
+                while True:
+                    try:
+                        sock.send(chunk)
+                    except BlockingIOError:
+                        await trio.sleep(0.05)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()  # a reset the paused pump does not read
+            await trio.sleep(0.2)
+            release.set()
+            await trio.sleep(1.0)  # the eof crosses the tunnel and meets the reset socket
+            assert pair.client.state == "connected"
+            assert await exchange(pair.listen_port, b"still here") == b"still here"
+        finally:
+            await pair.client.close()
+            await pair.device.close()
+
+
+class _Channel:
+    """Only an identity for FairQueue (it keeps each channel's last turn on the channel)."""
+
+
+def test_the_queue_serves_a_waiting_channel_before_the_next_bulk_message():
+    bulk, keys = _Channel(), _Channel()
+    queue = FairQueue()
+    queue.append((bulk, 53, b"b1"))
+    assert queue.popleft()[2] == b"b1"  # bulk was served last
+    queue.append((bulk, 53, b"b2"))
+    queue.append((bulk, 53, b"b3"))
+    queue.append((keys, 51, b"k1"))
+    queue.append((keys, 51, b"k2"))
+    order = [queue.popleft()[2] for _ in range(4)]
+    # the keystroke goes before the bulk message queued ahead of it; then they alternate and each
+    # channel keeps its own order
+    assert order == [b"k1", b"b2", b"k2", b"b3"]
+    assert not queue
+
+
+def test_the_queue_keeps_deque_behaviour_for_one_channel():
+    only = _Channel()
+    queue = FairQueue([(only, 53, b"a"), (only, 53, b"b")])
+    queue.append((only, 53, b"c"))
+    assert [queue.popleft()[2] for _ in range(3)] == [b"a", b"b", b"c"]
+
+
+def test_the_window_shrinks_in_proportion_to_the_queueing_delay():
+    window = DelayWindow(floor=4_000, target=0.004)
+    assert window.sample(0.001, 100_000) is None  # the smallest round trip: no queue
+    assert window.sample(0.005, 100_000) is None  # 4 ms of queue: on target
+    # 19 ms of queue: held to what fits in base + target (5 ms of a 20 ms round trip)
+    assert window.sample(0.020, 100_000) == 25_000
+    assert window.sample(1.0, 100_000) == 4_000  # never below the floor
+
+
+def test_the_base_round_trip_follows_a_path_that_got_longer():
+    window = DelayWindow(floor=4_000, target=0.004)
+    window.sample(0.001, 100_000)
+    for _ in range(3 * 256):  # a relay: 50 ms round trips from now on, all propagation
+        window.sample(0.050, 100_000)
+    assert window.base_rtt == 0.050
+    assert window.sample(0.050, 100_000) is None
