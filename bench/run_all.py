@@ -16,7 +16,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 SCRIPTS = ["bridge.py", "http_ratio.py", "command_rtt.py", "capacity.py", "auth_overhead.py", "delivery.py",
-           "rollout.py", "tunnel.py", "tunnel_interactive.py", "memtest_engine.py", "memtest_faults.py", "memtest_live.py", "storm.py",
+           "rollout.py", "tunnel.py", "tunnel_interactive.py", "tunnel_scp.py", "memtest_engine.py", "memtest_faults.py", "memtest_live.py", "storm.py",
            "soak.py"]
 
 
