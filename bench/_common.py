@@ -226,6 +226,73 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[k]
 
 
+# -- aims and verdicts -------------------------------------------------------------------------------
+VERDICTS_DIR = OUT_DIR / "verdicts"  # one JSON per script and run kind; run_all.py gathers them
+
+
+@dataclass
+class Aim:
+    """One aim of a benchmark and what the run measured: ``met`` is None when nothing was measured
+    (the run ended first), which counts as missed."""
+
+    what: str
+    op: str  # "<=" or ">="
+    target: float
+    measured: float | None
+    unit: str = ""
+
+    @property
+    def met(self) -> bool:
+        if self.measured is None:
+            return False
+        return self.measured <= self.target if self.op == "<=" else self.measured >= self.target
+
+    def row(self) -> list[str]:
+        sign = {"<=": "≤", ">=": "≥"}[self.op]
+        got = "—" if self.measured is None else f"{self.measured:g}{self.unit}"
+        return [self.what, f"{sign} {self.target:g}{self.unit}", got, "met" if self.met else "**missed**"]
+
+
+class Verdicts:
+    """The aims of one benchmark run. A full run exits non-zero when one is missed (so a regression
+    fails the run); a smoke run (CI, tiny sizes, where the aims cannot mean anything) only reports them
+    and fails only when the run itself is broken (errors, a crash)."""
+
+    def __init__(self, script: str, *, smoke: bool) -> None:
+        self.script, self.smoke = script, smoke
+        self.aims: list[Aim] = []
+
+    def at_most(self, what: str, measured: float | None, target: float, unit: str = "") -> Aim:
+        self.aims.append(Aim(what, "<=", target, measured, unit))
+        return self.aims[-1]
+
+    def at_least(self, what: str, measured: float | None, target: float, unit: str = "") -> Aim:
+        self.aims.append(Aim(what, ">=", target, measured, unit))
+        return self.aims[-1]
+
+    def missed(self) -> list[Aim]:
+        return [a for a in self.aims if not a.met]
+
+    def markdown(self) -> str:
+        """The aims table for the script's RESULTS.md section."""
+        kind = " (smoke run: tiny sizes, the verdicts are informative)" if self.smoke else ""
+        return (f"Aims{kind}:\n\n"
+                + md_table(["aim", "target", "measured", "verdict"], [a.row() for a in self.aims]))
+
+    def exit_code(self, *, broken: bool = False) -> int:
+        """Write the verdicts for run_all.py, print them, and return the script's exit status."""
+        VERDICTS_DIR.mkdir(parents=True, exist_ok=True)
+        doc = {"script": self.script, "smoke": self.smoke, "broken": broken,
+               "aims": [{"what": a.what, "op": a.op, "target": a.target, "measured": a.measured,
+                         "unit": a.unit, "met": a.met} for a in self.aims]}
+        (VERDICTS_DIR / f"{self.script}{'-smoke' if self.smoke else ''}.json").write_text(json.dumps(doc, indent=1))
+        for a in self.aims:
+            print(f"aim {self.script}: {' | '.join(a.row())}", flush=True)
+        if broken:
+            return 1
+        return 0 if self.smoke or not self.missed() else 2
+
+
 # -- the hub in its own process ---------------------------------------------------------------------
 @dataclass
 class HubProcess:
@@ -348,6 +415,20 @@ class HubProcess:
                 pass
         if self.owns_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+# The hub's own process figures, from prometheus_client's process collector on /metrics (the hub reads
+# its /proc/self for us: no pid to find, and the same numbers an operator's Prometheus would scrape).
+def hub_cpu_seconds(metrics: dict[str, float]) -> float:
+    return metrics["process_cpu_seconds_total"]
+
+
+def hub_rss_kib(metrics: dict[str, float]) -> int:
+    return int(metrics["process_resident_memory_bytes"] // 1024)
+
+
+def hub_open_fds(metrics: dict[str, float]) -> int:
+    return int(metrics["process_open_fds"])
 
 
 def parse_metrics(text: str) -> dict[str, float]:

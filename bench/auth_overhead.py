@@ -48,9 +48,9 @@ from statistics import fmean
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import (OUT_DIR, PY, REPO, HubProcess, _cpu_times, PySpy, command_line, cpu_seconds, facts_line,  # noqa: E402
-                     free_port, http_get, http_json, loadavg, log, machine_facts, md_table, wait_http,
-                     wait_quiet, write_section)
+from _common import (OUT_DIR, PY, REPO, HubProcess, _cpu_times, PySpy, Verdicts, command_line,  # noqa: E402
+                     cpu_seconds, facts_line, free_port, http_get, http_json, loadavg, log, machine_facts,
+                     md_table, wait_http, wait_quiet, write_section)
 
 AIM = 0.8
 # frames of the work the open process leaves out (py-spy "function (file:line)" frames)
@@ -287,13 +287,16 @@ def main() -> int:
         hub.stop()
 
     (OUT_DIR / f"auth_overhead{'-smoke' if args.smoke else ''}.json").write_text(json.dumps(results, indent=1))
-    body = render(results, facts, args)
+    verdicts = Verdicts("auth_overhead", smoke=args.smoke)
+    for route, res in results["routes"].items():
+        verdicts.at_least(f"full/open req/s ({route})", res.get("ratio"), AIM)
+    body = render(results, facts, args) + "\n" + verdicts.markdown() + "\n"
     print(body)
     if not args.no_write or args.smoke:
         log(f"wrote {write_section('auth_overhead', body, smoke=args.smoke)}")
     bad = any(r["non2xx"] or r["socket_errors"] or not r["rps"]
               for res in results["routes"].values() for r in res["full"] + res["open"])
-    return 1 if (args.smoke and bad) else 0
+    return verdicts.exit_code(broken=bad)
 
 
 def render(r: dict, facts: dict, args) -> str:

@@ -11,7 +11,10 @@
    until the hub's ``fleethub_connected_devices`` reaches N, the hub's VmRSS, then a hold of
    ``--hold-intervals`` heartbeat intervals during which the gauge must never drop, no device may
    reconnect (``fleethub_device_connects_total`` unchanged), and the heartbeats must arrive (presence
-   rows written behind: one per heartbeat). The first step that fails ends the ramp.
+   rows written behind: one per heartbeat). The first step that fails ends the ramp. Once every
+   listed step held (the last is the aim, 15,000), the ramp goes on past it by ``--ramp-step`` devices
+   until a step fails or the next would pass the machine's limit (loopback source ports, the file limit,
+   available memory, ``--max-devices``): the largest N held is the hub's capacity here, not the aim.
 3. All links are dropped and every device held reconnects at once (the hub-restart herd): the time.
 4. For comparison, a bare Quart-Trio WebSocket echo app on hypercorn (bench/_bare_app.py) holds the same
    N links from the same kind of workers (one heartbeat-sized frame each interval): its VmRSS per link.
@@ -30,9 +33,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (OUT_DIR, PY, BENCH_DIR, REPO, HubProcess, PySpy, Worker, command_line, cpu_seconds,  # noqa: E402
-                     facts_line, free_port, http_get, insert_devices, loadavg, log, machine_facts, md_table,
-                     open_fds, rss_kib, shm_tempdir, sum_stats, wait_http, write_section)
+from _common import (OUT_DIR, PY, BENCH_DIR, REPO, HubProcess, PySpy, Verdicts, Worker, command_line,  # noqa: E402
+                     facts_line, free_port, http_get, hub_cpu_seconds, hub_open_fds, hub_rss_kib, insert_devices,
+                     loadavg, log, machine_facts, md_table, rss_kib, shm_tempdir, sum_stats, wait_http,
+                     write_section)
+
+AIM_DEVICES = 15_000
+AIM_KIB_PER_DEVICE = 48.8  # 50 KB
 
 PRESENCE = 'fleethub_write_behind_rows_total{kind="presence"}'
 # /metrics walks every actor (Registry.statistics), so the gauge is polled gently: the reading costs the hub
@@ -120,7 +127,7 @@ def wait_connected(hub: HubProcess, target: int, timeout: float,
 def hold(hub: HubProcess, workers: list[Worker], n: int, seconds: float, interval: float) -> dict:
     m0 = read_retry(hub)
     w0 = sum_stats([w.request({"cmd": "stats"}) for w in workers])
-    cpu0, t0 = cpu_seconds(hub.pid), time.monotonic()
+    cpu0, t0 = hub_cpu_seconds(m0), time.monotonic()
     min_seen = n
     probe = Probe(hub)
     while time.monotonic() - t0 < seconds:
@@ -130,9 +137,9 @@ def hold(hub: HubProcess, workers: list[Worker], n: int, seconds: float, interva
         if m is not None:
             min_seen = min(min_seen, int(m.get("fleethub_connected_devices", 0)))
         time.sleep(min(5.0, max(0.2, interval / 4)))
-    elapsed = time.monotonic() - t0
-    cpu = cpu_seconds(hub.pid) - cpu0
     m1 = read_retry(hub)
+    elapsed = time.monotonic() - t0
+    cpu = hub_cpu_seconds(m1) - cpu0
     w1 = sum_stats([w.request({"cmd": "stats"}) for w in workers])
     min_seen = min(min_seen, int(m1.get("fleethub_connected_devices", 0)))
     reconnects = int(m1["fleethub_device_connects_total"] - m0["fleethub_device_connects_total"])
@@ -146,7 +153,32 @@ def hold(hub: HubProcess, workers: list[Worker], n: int, seconds: float, interva
     return {"ok": ok, "why": why, "seconds": round(elapsed, 1), "min_connected": min_seen,
             "reconnects": reconnects, "heartbeats_persisted": persisted, "heartbeats_expected": round(expected),
             "heartbeats_sent": sent, "cpu_percent": round(100 * cpu / elapsed, 1),
-            "hold_metrics_max_seconds": round(probe.max_seconds, 2), "hold_metrics_failures": probe.failures}
+            "hold_metrics_max_seconds": round(probe.max_seconds, 2), "hold_metrics_failures": probe.failures,
+            "rss_held_kib": hub_rss_kib(m1), "hub_fds": hub_open_fds(m1)}
+
+
+def machine_limit(n: int, added: int, kib_per_device: float, sim_procs: int, max_devices: int) -> str | None:
+    """Why this machine cannot try ``n`` devices (``added`` more than now), or None if it can."""
+    import resource
+
+    if n > max_devices:
+        return f"--max-devices {max_devices:,}"
+    lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = hi - lo + 1  # every link is one loopback connection to the hub's one port
+    if n > ports - 1000:
+        return f"{n:,} links need more loopback source ports than ip_local_port_range has ({ports:,})"
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]  # the hub and the load generators inherit it
+    if n + 500 > soft:
+        return f"the hub's file limit (ulimit -n {soft:,}) is under {n:,} links + its own files"
+    if n / sim_procs + 200 > soft:
+        return f"{sim_procs} load generators cannot hold {n:,} links under ulimit -n {soft:,}"
+    available = int(Path("/proc/meminfo").read_text().split("MemAvailable:")[1].split()[0])
+    # the hub's share per device, as much again for the load generator's agents, 512 MiB kept free
+    need = added * max(kib_per_device, AIM_KIB_PER_DEVICE) * 2 + 512 * 1024
+    if need > available:
+        return (f"{added:,} more devices need ~{need / 1024:,.0f} MiB, the machine has "
+                f"{available / 1024:,.0f} MiB available")
+    return None
 
 
 def run_echo(n: int, procs: int, interval: float, hold_s: float, timeout: float, cc: int) -> dict:
@@ -196,6 +228,9 @@ def main() -> int:
     p.add_argument("--sim-procs", type=int, default=2, help="load-generator processes")
     p.add_argument("--connect-concurrency", type=int, default=200, help="handshakes in flight per process")
     p.add_argument("--connect-timeout", type=float, default=240.0, help="per step (s)")
+    p.add_argument("--ramp-step", type=int, default=5000, help="devices added per step past the last of --steps")
+    p.add_argument("--max-devices", type=int, default=100_000, help="the ramp stops here at the latest")
+    p.add_argument("--no-ramp", action="store_true", help="stop after --steps")
     p.add_argument("--no-herd", action="store_true", help="skip the all-at-once reconnect")
     p.add_argument("--no-echo", action="store_true", help="skip the bare echo comparison")
     p.add_argument("--py-spy", action="store_true", help="record the hub with py-spy during the last step")
@@ -205,6 +240,7 @@ def main() -> int:
     args = p.parse_args()
     if args.smoke:
         args.steps, args.interval, args.sim_procs, args.connect_timeout = "20,60", 1.0, 1, 20.0
+        args.ramp_step, args.max_devices = 20, 80  # the ramp past the last step, kept tiny: one step, 80
     steps = [int(s) for s in args.steps.split(",")]
     facts = machine_facts(0 if args.smoke else args.quiet_wait)
     log(f"capacity: steps {steps}, heartbeat interval {args.interval}s, {args.sim_procs} sim processes")
@@ -223,12 +259,21 @@ def main() -> int:
                           "--connect-concurrency", str(args.connect_concurrency), name=f"capacity-sim{i}")
                    for i in range(args.sim_procs)]
         time.sleep(2)
-        rss0 = rss_kib(hub.pid)
+        rss0 = hub_rss_kib(read_retry(hub))  # the same source as the held figures (the process collector)
         results["rss_baseline_kib"] = rss0
         log(f"hub pid {hub.pid}, baseline VmRSS {rss0 / 1024:.1f} MiB")
         current = 0
         spy = None
-        for n in steps:
+        for n in sizes(steps, 0 if args.no_ramp else args.ramp_step):
+            if n > steps[-1]:  # past the aim: only as far as this machine can go
+                held = [s for s in results["steps"] if s["ok"]]
+                limit = machine_limit(n, n - current, held[-1].get("kib_per_device", 0) if held else 0,
+                                      args.sim_procs, args.max_devices)
+                if limit:
+                    results["ramp_stop"] = f"the machine's limit before {n:,}: {limit}"
+                    break
+                if n > len(devices):
+                    devices += insert_devices(hub.dsn(), hub.org_id, n - len(devices), prefix=f"bench-r{n}")
             if args.py_spy and n == steps[-1]:
                 spy = PySpy(hub.pid, OUT_DIR / "capacity-hub.pyspy.txt")
             add_devices(workers, devices[current:n], sim_root, n, args.connect_timeout)
@@ -252,15 +297,17 @@ def main() -> int:
                 log(f"{n} connected (+{added} in {seconds:.1f}s, {added / seconds:.0f}/s), "
                     f"VmRSS {rss1 / 1024:.1f} MiB; holding {args.hold_intervals} intervals")
                 step.update(hold(hub, workers, n, args.hold_intervals * args.interval, args.interval))
-                step["rss_held_kib"] = rss_kib(hub.pid)
-                step["kib_per_device"] = round((step["rss_held_kib"] - rss0) / n, 1)
-                step["hub_fds"] = open_fds(hub.pid)
+                if "rss_held_kib" in step:
+                    step["kib_per_device"] = round((step["rss_held_kib"] - rss0) / n, 1)
             results["steps"].append(step)
             save(results, args)
             log(f"step {n}: {json.dumps(step)}")
             if not step["ok"]:
+                results["ramp_stop"] = f"the step to {n:,} failed: {step.get('why', '')}"
                 break
             max_held = n
+        else:
+            results["ramp_stop"] = "--no-ramp: the listed steps only"
         results["max_held"] = max_held
 
         if not args.no_herd and max_held:
@@ -300,14 +347,29 @@ def main() -> int:
         log(f"echo: {json.dumps(results['echo'])}")
 
     save(results, args)
-    body = render(results, facts, args)
+    verdicts = Verdicts("capacity", smoke=args.smoke)
+    verdicts.at_least("largest N held by one hub process", max_held, AIM_DEVICES)
+    # memory per device where the aim is (or at the largest N held short of it)
+    at_aim = [s for s in results["steps"] if s["ok"] and s["n"] <= AIM_DEVICES]
+    verdicts.at_most("hub memory per connected device", at_aim[-1]["kib_per_device"] if at_aim else None,
+                     AIM_KIB_PER_DEVICE, " KiB")
+    body = render(results, facts, args) + "\n" + verdicts.markdown() + "\n"
     print(body)
     if not args.no_write or args.smoke:
         path = write_section("capacity", body, smoke=args.smoke)
         log(f"wrote {path}")
-    ok = (max_held == steps[-1] and all(s["ok"] for s in results["steps"])
-          and not results.get("echo", {}).get("error"))
-    return 0 if (ok or not args.smoke) else 1
+    # broken: the listed steps (small in a smoke run) did not all hold, or the comparison failed
+    held_listed = max_held >= steps[-1]
+    return verdicts.exit_code(broken=args.smoke and not (held_listed and not results.get("echo", {}).get("error")))
+
+
+def sizes(steps: list[int], ramp_step: int):
+    """The listed steps, then on past the last by ``ramp_step`` (the caller stops at a limit)."""
+    yield from steps
+    n = steps[-1]
+    while ramp_step > 0:
+        n += ramp_step
+        yield n
 
 
 def save(results: dict, args) -> None:
@@ -350,7 +412,8 @@ def render(r: dict, facts: dict, args) -> str:
                   "KiB/device", "hold s", "min connected in hold", "reconnects", "heartbeats persisted / expected",
                   "hub CPU % in hold", "load-gen link failures", "/metrics slowest s / failed (connecting)",
                   "verdict"], rows), "",
-        f"**Largest N held: {r['max_held']:,}** (aim 15,000).",
+        f"**Largest N held: {r['max_held']:,}** (aim {AIM_DEVICES:,}); the ramp stopped at "
+        f"{r.get('ramp_stop', '—')}.",
     ]
     errs = merge_counts(s.get("sim_last_errors", {}) for s in r["steps"])
     if errs:
@@ -359,7 +422,8 @@ def render(r: dict, facts: dict, args) -> str:
     held = [s for s in r["steps"] if s["ok"]]
     if held:
         last = held[-1]
-        out.append(f"**Memory per connected device at {last['n']:,}: {last['kib_per_device']} KiB** (aim ≤ 50 KB ≈ 48.8 KiB).")
+        out.append(f"**Memory per connected device at {last['n']:,}: {last['kib_per_device']} KiB** "
+                   f"(aim ≤ 50 KB ≈ {AIM_KIB_PER_DEVICE} KiB).")
     if r.get("herd"):
         h = r["herd"]
         out.append(f"All {h['n']:,} links dropped and reconnecting at once: "

@@ -28,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (BENCH_DIR, OUT_DIR, PY, REPO, HubProcess, PySpy, Worker, command_line, cpu_seconds,  # noqa: E402
-                     facts_line, free_port, http_json, insert_devices, loadavg, log, machine_facts, md_table,
-                     shm_tempdir, wait_http, write_section)
+from _common import (BENCH_DIR, OUT_DIR, PY, REPO, HubProcess, PySpy, Verdicts, Worker, command_line,  # noqa: E402
+                     facts_line, free_port, http_json, hub_cpu_seconds, insert_devices, loadavg, log,
+                     machine_facts, md_table, shm_tempdir, wait_http, write_section)
 
 
 def load(cfg: dict, timeout: float) -> dict:
@@ -110,10 +110,11 @@ def main() -> int:
                 paths = [f"/v1/devices/{ids[i]}/reboot" for i in range(n)]
                 cfg = {**base_cfg, "paths": paths, "concurrency": c, "warmup": 0}
             spy = PySpy(hub.pid, OUT_DIR / "command_rtt-hub.pyspy.txt") if args.py_spy and c == max(levels) else None
-            cpu0, t0 = cpu_seconds(hub.pid), time.monotonic()
+            # the hub's CPU seconds from its own /metrics (the process collector), not /proc
+            cpu0, t0 = hub_cpu_seconds(hub.metrics()), time.monotonic()
             r = load(cfg, timeout=600)
-            cpu = cpu_seconds(hub.pid) - cpu0
             wall = time.monotonic() - t0
+            cpu = hub_cpu_seconds(hub.metrics()) - cpu0
             if spy:
                 spy.stop()
                 r["py_spy"] = spy.summary()
@@ -154,12 +155,15 @@ def main() -> int:
                 app.kill()
 
     (OUT_DIR / f"command_rtt{'-smoke' if args.smoke else ''}.json").write_text(json.dumps(results, indent=1))
-    body = render(results, facts, args)
+    verdicts = Verdicts("command_rtt", smoke=args.smoke)
+    for lv in results["levels"]:
+        verdicts.at_most(f"p99 round trip at concurrency {lv['concurrency']}", lv["summary"].get("p99"), 50, " ms")
+    body = render(results, facts, args) + "\n" + verdicts.markdown() + "\n"
     print(body)
     if not args.no_write or args.smoke:
         log(f"wrote {write_section('command_rtt', body, smoke=args.smoke)}")
     bad = [r for r in results["levels"] if r["error_count"] or set(r["statuses"]) - {"200", "202"}]
-    return 1 if (args.smoke and bad) else 0
+    return verdicts.exit_code(broken=bool(bad))
 
 
 def render(r: dict, facts: dict, args) -> str:

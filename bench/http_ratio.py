@@ -31,9 +31,9 @@ from statistics import fmean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (BENCH_DIR, OUT_DIR, PY, REPO, HubProcess, PySpy, command_line, cpu_seconds, facts_line,  # noqa: E402
-                     free_port, http_get, http_json, loadavg, log, machine_facts, md_table, wait_http,
-                     write_section)
+from _common import (BENCH_DIR, OUT_DIR, PY, REPO, HubProcess, PySpy, Verdicts, command_line,  # noqa: E402
+                     cpu_seconds, facts_line, free_port, http_get, http_json, loadavg, log, machine_facts,
+                     md_table, wait_http, write_section)
 
 _UNIT = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}
 
@@ -170,12 +170,14 @@ def main() -> int:
     bare_rps = fmean(r["rps"] for r in results["bare"])
     results["ratio"] = round(hub_rps / bare_rps, 3) if bare_rps else 0.0
     (OUT_DIR / f"http_ratio{'-smoke' if args.smoke else ''}.json").write_text(json.dumps(results, indent=1))
-    body = render(results, facts, args, hub_rps, bare_rps)
+    verdicts = Verdicts("http_ratio", smoke=args.smoke)
+    verdicts.at_least("hub/bare req/s of GET /v1/devices/{id}", results["ratio"], 0.7)
+    body = render(results, facts, args, hub_rps, bare_rps) + "\n" + verdicts.markdown() + "\n"
     print(body)
     if not args.no_write or args.smoke:
         log(f"wrote {write_section('http_ratio', body, smoke=args.smoke)}")
     bad = any(r["non2xx"] or r["socket_errors"] or not r["rps"] for r in results["hub"] + results["bare"])
-    return 1 if (args.smoke and bad) else 0
+    return verdicts.exit_code(broken=bad)
 
 
 def render(r: dict, facts: dict, args, hub_rps: float, bare_rps: float) -> str:

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import (
     OUT_DIR,
+    Verdicts,
     command_line,
     facts_line,
     log,
@@ -220,10 +221,14 @@ def main() -> int:
     (OUT_DIR / f"memtest_engine{'-smoke' if args.smoke else ''}.json").write_text(json.dumps(
         {"size": size, "ours": ours, "extra": extra, "memtester": theirs, "memtesterTotal": total,
          "ratio": ratio, "liveQuick": quick}, indent=1))
+    verdicts = Verdicts("memtest_engine", smoke=args.smoke)
+    if exe:  # without memtester there is nothing to hold ours against (the section says so)
+        verdicts.at_most("ours / memtester, same tests", None if ratio is None else round(ratio, 3), AIM, "x")
+        body += "\n\n" + verdicts.markdown() + "\n"
     print(body, flush=True)
     if not args.no_write or args.smoke:
         log(f"wrote {write_section('memtest_engine', body, smoke=args.smoke)}")
-    return 0
+    return verdicts.exit_code()
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (OUT_DIR, PySpy, command_line, cpu_seconds, facts_line, loadavg, log,  # noqa: E402
+from _common import (OUT_DIR, PySpy, Verdicts, command_line, cpu_seconds, facts_line, loadavg, log,  # noqa: E402
                      machine_facts, md_table, wait_quiet, write_section)
 from delivery import code_version, crossing_delta, crossings, expect, pg_cpu_seconds, start_fleet, stats_ms  # noqa: E402  (the same fleet set-up)
 
@@ -155,11 +155,15 @@ def main() -> int:
         fleet.stop()
 
     (OUT_DIR / f"rollout{'-smoke' if args.smoke else ''}.json").write_text(json.dumps(r, indent=1))
-    body = render(r, facts, args)
+    verdicts = Verdicts("rollout", smoke=args.smoke)
+    # a rollout that never completed has no time to completion: missed, not met
+    verdicts.at_most(f"POST → completed, {args.devices:,} devices",
+                     r["seen_seconds"] if r["state"] == "completed" else None, AIM_SECONDS, " s")
+    body = render(r, facts, args) + "\n" + verdicts.markdown() + "\n"
     print(body)
     if not args.no_write or args.smoke:
         log(f"wrote {write_section('rollout', body, smoke=args.smoke)}")
-    return 1 if (args.smoke and r["state"] != "completed") else 0
+    return verdicts.exit_code(broken=args.smoke and r["state"] != "completed")
 
 
 def render(r: dict, facts: dict, args) -> str:
