@@ -165,8 +165,18 @@ class DeviceActor(Actor):
         try:
             return await self._receive(msg)
         finally:
+            self._fold_memtests()
             if self.facts is not facts and self.facts is not None:
                 self._store_facts()
+
+    def _fold_memtests(self) -> None:
+        """What the memory-test half knows, in the facts others read: whether a test holds the
+        workload (a rollout defers the device) and what runs."""
+        if self.facts is None:
+            return  # no hello yet: nothing to correct
+        held, running = self.memtests.workload_held, self.memtests.running
+        if bool(self.facts.get("workloadHeld")) != held or self.facts.get("memoryTestRunning") != running:
+            self.facts = {**self.facts, "workloadHeld": held, "memoryTestRunning": running}
 
     def _store_facts(self) -> None:
         """The facts changed after the hello (a memory test holds or frees the workload): they go to
@@ -209,7 +219,7 @@ class DeviceActor(Actor):
             return None
         if isinstance(msg, DeviceEvent):
             # in their own namespace: device.state, device.snapshot and device.operation are the hub's alone
-            self._publish(f"device.event.{msg.kind}", msg.payload)
+            self.publish(f"device.event.{msg.kind}", msg.payload)
             if msg.kind == "files.result":
                 await self._event_job(self.delivery.record_file_results, msg.payload)
             elif msg.kind == "config.result":
@@ -313,7 +323,7 @@ class DeviceActor(Actor):
                            tunnel_public_key=effect.facts.get("tunnelPublicKey"), facts=effect.facts)
             s.presence.put(self.device_id, row)
         elif isinstance(effect, cm.Publish):
-            self._publish(effect.kind, effect.payload)
+            self.publish(effect.kind, effect.payload)
         elif isinstance(effect, cm.SendCommand):
             self.tasks.start_soon(self._send_command, effect)
         elif isinstance(effect, cm.DropLink):
@@ -324,7 +334,8 @@ class DeviceActor(Actor):
                 link.close(Close.HEARTBEAT_TIMEOUT,
                            f"no heartbeat for {s.settings.heartbeat_timeout:g} s (3 heartbeat intervals)")
 
-    def _publish(self, kind: str, payload: dict[str, Any]) -> None:
+    def publish(self, kind: str, payload: dict[str, Any]) -> None:
+        """An event on the device's and its organisation's streams (the halves publish through it)."""
         event = {"kind": kind, "deviceId": str(self.device_id), "at": rfc3339(self.services.clock.now()),
                  "payload": payload}
         self.services.events.publish(("device", self.device_id), event)

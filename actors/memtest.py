@@ -7,7 +7,8 @@ moving while a device stops its workload) and their outcome comes back as ``_Ans
 the machine and answers the asker. Device events (memtest.progress, .result, .health) and the hello's
 memory-test facts come in through ``on_event``, ``on_link_up`` and ``on_hello``.
 
-A device's reply error codes become the spec's errors here: busy (after a status read, so the 409
+A device's reply error codes become the spec's errors here (actors/errors.py; the hub gives them
+their statuses): busy (after a status read, so the 409
 carries the running test), not_running, unsupported (also an agent that has no memtest verbs),
 workload_stop_failed, invalid; anything else is internal (502).
 """
@@ -23,20 +24,21 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.bus import NoResponders, RequestTimeout
+from actors.errors import (
+    AskError,
+    Conflict,
+    DeviceOffline,
+    DeviceRefused,
+    DeviceTimeout,
+    Invalid,
+    TooSoon,
+    Unsupported,
+)
+from actors.machines import memory_fault as mf
 from actors.machines import memtest as mm
 from actors.runtime import ActorCrashed
 from device_client.clock import rfc3339
 from device_client.protocol import memtest_result, memtest_status, subject
-from hub.errors import (
-    BadRequest,
-    ClientError,
-    Conflict,
-    DeviceError,
-    DeviceOffline,
-    DeviceTimeout,
-    FleethubError,
-    RateLimited,
-)
 
 if TYPE_CHECKING:
     from actors.device import DeviceActor
@@ -71,18 +73,18 @@ class _Answered:
     key: str
     verb: str
     payload: dict[str, Any] | None
-    error: FleethubError | None
+    error: AskError | None
     running: dict[str, Any] | None = None  # the status read after a busy refusal
 
 
 MESSAGES = (StartTest, CancelTest, ReadStatus, _Answered)
 
 
-def unsupported(message: str) -> ClientError:
-    return ClientError(message, code="unsupported", status=422)
+def unsupported(message: str) -> Unsupported:
+    return Unsupported(message, code="unsupported")
 
 
-def device_error(exc: DeviceError) -> FleethubError:
+def device_error(exc: DeviceRefused) -> AskError:
     """A device's refusal as the spec's error (the code the device sent decides)."""
     code, message = exc.code, exc.message
     if code == "not_running":
@@ -90,13 +92,13 @@ def device_error(exc: DeviceError) -> FleethubError:
     if code in ("unsupported", "unknown_command"):
         return unsupported(message or mm.NO_MEMORY_TEST)
     if code == "workload_stop_failed":
-        return DeviceError(message or "the workload could not be stopped; nothing was started",
+        return DeviceRefused(message or "the workload could not be stopped; nothing was started",
                            code="workload_stop_failed")
     if code == "invalid":
-        return BadRequest(message or "the device refused the plan", code="invalid")
+        return Invalid(message or "the device refused the plan", code="invalid")
     if code == "busy":
         return Conflict(message or "a memory test is already running", code="busy")
-    return DeviceError(message or "the device failed to handle the request", code="internal")
+    return DeviceRefused(message or "the device failed to handle the request", code="internal")
 
 
 class MemTests:
@@ -226,12 +228,11 @@ class MemTests:
         except mm.NotRunning as exc:
             raise Conflict(str(exc), code="not_running") from None
         except mm.TooSoon as exc:
-            raise RateLimited(str(exc), retry_after=exc.retry_after) from None
+            raise TooSoon(str(exc), retry_after=exc.retry_after) from None
         except mm.Unsupported as exc:
             raise unsupported(str(exc)) from None
         if was is not mm.RunState.IDLE and self.machine.state is mm.RunState.IDLE:
             self._hello_held = False
-        self._sync_facts()
         for effect in effects:
             self._carry_out(effect)
         return effects
@@ -242,21 +243,21 @@ class MemTests:
             self._spawn(self._command, effect.run_id, "memtest.start",
                         {"runId": effect.run_id, "plan": effect.plan}, timeout)
         elif isinstance(effect, mm.Publish):
-            self.actor._publish("device.operation", effect.payload)
+            self.actor.publish("device.operation", effect.payload)
         elif isinstance(effect, mm.SaveStatus):
             self._spawn(self._save_status)
         elif isinstance(effect, mm.StoreResult):
             self._in_order(self._store_result, effect.result)
 
-    def _sync_facts(self) -> None:
-        """Rollouts read the actor's facts: a device whose workload a test holds is deferred."""
-        facts = self.actor.facts
-        if facts is None:
-            return  # no hello yet: nothing to correct
-        held = self.machine.workload_held or self._hello_held
-        running = self.machine.running
-        if bool(facts.get("workloadHeld")) != held or facts.get("memoryTestRunning") != running:
-            self.actor.facts = {**facts, "workloadHeld": held, "memoryTestRunning": running}
+    @property
+    def workload_held(self) -> bool:
+        """A test holds the device's workload (rollouts defer it); the DeviceActor folds this into
+        its facts, this half never writes them."""
+        return self.machine.workload_held or self._hello_held
+
+    @property
+    def running(self) -> dict[str, Any] | None:
+        return self.machine.running
 
     def _in_order(self, fn, *args) -> None:
         """Storage work from what the device said, done one job at a time in the order it said it:
@@ -297,13 +298,13 @@ class MemTests:
             raise DeviceOffline("the device is not connected") from None
         except RequestTimeout:
             raise DeviceTimeout("the device did not answer in time") from None
-        except DeviceError as exc:
+        except DeviceRefused as exc:
             raise device_error(exc) from None
 
     async def _command(self, key: str, verb: str, payload: dict[str, Any], timeout: float) -> None:
         running = None
         answer: dict[str, Any] | None = None
-        error: FleethubError | None = None
+        error: AskError | None = None
         try:
             answer = await self._request(verb, payload, timeout)
             if verb == "memtest.start":
@@ -312,14 +313,14 @@ class MemTests:
                     await self._save(status)  # accepted starts are on record before the 202
                 except Exception:
                     log.exception("device %s: the status of run %s was not stored", self.actor.device_id, key)
-        except FleethubError as exc:
+        except AskError as exc:
             error = exc
             if verb == "memtest.start" and exc.code == "busy":
                 running = await self._running_status()
                 exc.details = running
         except Exception:
             # A bug, not the device's answer: the asker hears now rather than at its timeout.
-            await self.actor.post(_Answered(key, verb, None, FleethubError("internal error"), None))
+            await self.actor.post(_Answered(key, verb, None, AskError("internal error"), None))
             raise
         await self.actor.post(_Answered(key, verb, answer, error, running))
 
@@ -327,7 +328,7 @@ class MemTests:
         """After the device said busy: what runs, for the 409 body (None if the read fails)."""
         try:
             answer = await self._request("memtest.status", {}, self.s.settings.command_timeout)
-        except FleethubError:
+        except AskError:
             return None
         return answer.get("status")
 
@@ -353,16 +354,16 @@ class MemTests:
         await s.memtests.save_result(self.actor.org_id, self.actor.device_id, result, s.clock.now())
         complete = result.get("outcome") in ("pass", "fail")
         retired = [p for p in result.get("retired") or [] if isinstance(p, int)]
-        await self._merge(retired, sorted(mm.bad_pages(result)), result.get("verdict") if complete else None)
+        await self._merge(retired, sorted(mf.bad_pages(result)), result.get("verdict") if complete else None)
         try:
             await self._request("memtest.ack", {"runIds": [str(result["runId"])]}, s.settings.command_timeout)
-        except FleethubError as exc:
+        except AskError as exc:
             # Stored already: the device sends it again at its next link and is acknowledged then.
             log.info("device %s: memtest.ack not delivered: %s", self.actor.device_id, exc.code)
 
     async def _merge(self, retired: list[int], bad: list[int], verdict: str | None) -> None:
         def rule(retired_count: int, bad_count: int, v: str | None) -> dict[str, Any] | None:
-            return mm.memory_fault(retired=retired_count, bad_bytes=bad_count * mm.PAGE_SIZE, verdict=v)
+            return mf.memory_fault(retired=retired_count, bad_bytes=bad_count * mf.PAGE_SIZE, verdict=v)
 
         await self.s.memtests.merge_memory(self.actor.org_id, self.actor.device_id, retired=retired, bad=bad,
                                            verdict=verdict, rule=rule, since=rfc3339(self.s.clock.now()))

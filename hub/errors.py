@@ -18,9 +18,9 @@
 
 Actors raise their own tree (actors/errors.py), which knows nothing of HTTP; ``from_actor`` gives
 each of those errors its status here (``ACTOR_STATUS``), keeping the actor's code, message and details.
-The arrow points one way: this tree refines the actors' (``FleethubError`` is an ``AskError``, so a
-hub error raised inside an actor still answers its asker), and ``DeviceError``/``DeviceOffline`` are
-also the actors' ``DeviceRefused``/``DeviceOffline``, which the device link answers bus requests with.
+The arrow points one way (the hub imports actors, never the reverse): ``DeviceError`` and
+``DeviceOffline`` are also the actors' ``DeviceRefused`` and ``DeviceOffline``, because the device link
+(hub/api/link.py) answers the actors' bus requests with them.
 
 Error bodies (DESIGN.md section 7) are built here and nowhere else: ``general_body`` for most
 endpoints ``{"error", "message", "details"?}``; memory-test and tunnel endpoints get their own shapes
@@ -34,7 +34,7 @@ from typing import Any
 from actors import errors as actor_errors
 
 
-class FleethubError(actor_errors.AskError):
+class FleethubError(Exception):
     status = 500
     code = "internal"
 
@@ -162,7 +162,7 @@ def from_actor(exc: actor_errors.AskError) -> FleethubError:
     """An actor's error as the hub answers it: the status from ``ACTOR_STATUS``, the actor's code,
     message and details; a ``TooSoon`` carries Retry-After."""
     if isinstance(exc, FleethubError):
-        return exc  # already the hub's (the link's device errors)
+        return exc  # already the hub's: the link's DeviceError and DeviceOffline are both
     status = next(ACTOR_STATUS[cls] for cls in type(exc).__mro__ if cls in ACTOR_STATUS)
     if isinstance(exc, actor_errors.TooSoon):
         return RateLimited(exc.message, code=exc.code, details=exc.details, retry_after=exc.retry_after)

@@ -18,7 +18,7 @@ from storage.db import Database
 from storage.rowcache import RowCache
 
 # How a device's merged memory state turns into its MemoryFault condition (or None): pure, given
-# by the caller (actors/machines/memtest.py holds the rule), run inside the same transaction.
+# by the caller (actors/machines/memory_fault.py holds the rule), run inside the same transaction.
 ConditionRule = Callable[[int, int, str | None], dict[str, Any] | None]
 
 

@@ -1,15 +1,12 @@
-"""The hub's side of a device's memory tests: what runs, what may start, and what a result means.
+"""The hub's memory-test machine for one device: what runs and what may start.
 
-Pure: no trio, storage or quart. Time comes in as ``now`` (aware UTC). Three parts:
-
-- ``plan_for(request)``: the spec's start-request table — field types and ranges, the mode a
-  combination means, and every default of that mode applied — or ``PlanInvalid`` naming the field.
-- ``MemtestMachine``: one per device, fed by its DeviceActor. It knows whether a test runs (from
-  the hub's own start, the device's progress, its hello and status reads), refuses a second start
-  (``Busy``, carrying the running test's status), a start within 5 s of an accepted one
-  (``TooSoon``) and a mode the device cannot run (``Unsupported``), and says what to send, publish
-  and persist.
-- ``memory_fault`` and ``diagnosis``: the MemoryFault condition and the device's diagnosis issues.
+Pure: no trio, storage or quart. Time comes in as ``now`` (aware UTC). ``MemtestMachine`` is fed by
+the DeviceActor's memory-test half. It knows whether a test runs (from the hub's own start, the
+device's progress, its hello and status reads), refuses a second start (``Busy``, carrying the
+running test's status), a start within 5 s of an accepted one (``TooSoon``) and a mode the device
+cannot run (``Unsupported``), and says what to send, publish and persist. The start request's plan
+is actors/machines/memtest_plan.py; what results mean (MemoryFault, diagnosis) is
+actors/machines/memory_fault.py.
 
 The device is the authority on what runs: the machine answers from its own knowledge when it has
 it, and otherwise forwards and lets the device's answer (busy, not_running) decide.
@@ -20,88 +17,13 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from enum import Enum
+from collections.abc import Callable
 from typing import Any
 
-# -- the start request (spec: Resources → Memory test, Limits) ------------------------------------
 RATE_LIMIT = dt.timedelta(seconds=5)  # a device accepts one start every 5 seconds
 TEST_BOOT_UNSUPPORTED = "test boot is not supported by this board's bootloader yet"
 NO_MEMORY_TEST = "this device's firmware has no memory test"
 TERMINAL_PHASES = frozenset({"idle", "done", "failed", "cancelled", "interrupted"})
-PAGE_SIZE = 4096
-FAULT_PAGES = 32            # more than this many retired pages is a MemoryFault
-FAULT_BYTES = 1024 * 1024   # more than this much distinct bad memory is a MemoryFault
-FAULT_VERDICTS = frozenset({"data_line", "address_line"})
-
-_INTS = {"passes": (1, 20), "kernelPasses": (1, 17), "timeBudgetSeconds": (60, 43200),
-         "maxBytes": (PAGE_SIZE, 2**50)}
-_BOOLS = ("quick", "bitFade", "holdOnFailure")
-_ENUMS = {"impact": ("running", "stopped"), "placement": ("online", "offline")}
-FIELDS = frozenset({*_INTS, *_BOOLS, *_ENUMS})
-
-
-class PlanInvalid(ValueError):
-    """The start request breaks a rule of the spec's table; ``field`` names the culprit."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field = field
-
-
-def _typed(request: dict[str, Any]) -> dict[str, Any]:
-    """The request's fields with their types and ranges checked; null counts as omitted."""
-    out: dict[str, Any] = {}
-    for name, value in request.items():
-        if name not in FIELDS:
-            raise PlanInvalid(name, "unknown field")
-        if value is None:
-            continue
-        if name in _ENUMS:
-            if value not in _ENUMS[name]:
-                raise PlanInvalid(name, f"must be {' or '.join(_ENUMS[name])}")
-        elif name in _BOOLS:
-            if not isinstance(value, bool):
-                raise PlanInvalid(name, "must be a boolean")
-        else:
-            low, high = _INTS[name]
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise PlanInvalid(name, "must be an integer")
-            if not low <= value <= high:
-                raise PlanInvalid(name, f"must be between {low} and {high}")
-        out[name] = value
-    return out
-
-
-def plan_for(request: dict[str, Any]) -> dict[str, Any]:
-    """The full plan the device receives: mode, and every field with its mode default applied."""
-    f = _typed(request)
-    impact = f.get("impact", "running")
-    placement = f.get("placement", "online")
-    quick = f.get("quick", False)
-    if placement == "offline" and impact == "running":
-        raise PlanInvalid("placement", "offline (a test boot) requires impact stopped")
-    stopped = impact == "stopped"
-    if quick and stopped:
-        raise PlanInvalid("quick", "the Quick preset is for Live (impact running) only")
-    mode = ("test_boot" if placement == "offline" else "full_online") if stopped else (
-        "live_quick" if quick else "live")
-    if mode != "test_boot":
-        for name in ("kernelPasses", "holdOnFailure"):
-            if f.get(name):
-                raise PlanInvalid(name, "applies to a test boot (placement offline) only")
-    if mode == "live_quick":
-        if f.get("passes", 1) != 1:
-            raise PlanInvalid("passes", "the Quick preset runs one pass")
-        if f.get("bitFade"):
-            raise PlanInvalid("bitFade", "the Quick preset has no idle-decay check")
-    plan = {"mode": mode, "impact": impact, "placement": placement, "quick": quick,
-            "passes": f.get("passes", 2 if stopped else 1),
-            "kernelPasses": f.get("kernelPasses", 4),
-            "bitFade": f.get("bitFade", stopped),
-            "holdOnFailure": f.get("holdOnFailure", False),
-            "timeBudgetSeconds": f.get("timeBudgetSeconds", 7200)}
-    if "maxBytes" in f:
-        plan["maxBytes"] = f["maxBytes"]
-    return plan
 
 
 # -- the machine ------------------------------------------------------------------------------------
@@ -220,16 +142,80 @@ class IllegalTransition(Exception):
         super().__init__(f"{type(event).__name__} is not allowed in state {state.value}")
 
 
-_ANY = {Start: "_start", Cancel: "_cancel", Progress: "_progress", Observed: "_observed",
-        Finished: "_finished", Reset: "_reset"}
-# Device-sent events are legal everywhere (the device may report at any moment). A start's
-# acceptance may arrive after the run's own result (a short run; replies and events take different
-# paths to the actor), so it is legal everywhere too; a refusal only while the start is in flight.
-TRANSITIONS: dict[RunState, dict[type, str]] = {
-    RunState.IDLE: {**_ANY, StartAccepted: "_accepted_late"},
-    RunState.STARTING: {**_ANY, StartAccepted: "_accepted", StartRefused: "_refused"},
-    RunState.RUNNING: {**_ANY, StartAccepted: "_accepted_late"},
+# What an event says beyond its type, read off the event and the machine's own data (never a choice
+# of state); a key is the event type alone or (type, guard), as h11 keys (Response, _SWITCH_UPGRADE).
+ENDED = "ended"              # the status it carries has a terminal phase
+STALE = "stale"              # progress of the last run from before its end, arriving after it
+BUSY = "busy"                # a refusal carrying the device's running test
+BUSY_ENDED = "busy_ended"    # a refusal carrying a test whose phase is terminal
+OTHER_RUN = "other_run"      # names a run that is not the one the machine holds
+NOTHING = "nothing"          # a status read or hello: nothing runs
+UNSUPPORTED = "unsupported"  # a start of a mode the device's capabilities rule out
+TOO_SOON = "too_soon"        # a start within RATE_LIMIT of the last accepted one
+
+Key = type | tuple[type, str]
+S = RunState
+
+# The next state for each (state, key): the one place a state is chosen. Device-sent events are legal
+# everywhere (the device may report at any moment); a start's acceptance may arrive after the run's
+# own result (replies and events take different paths), so it is legal everywhere too; a refusal
+# only while the start is in flight.
+TRANSITIONS: dict[RunState, dict[Key, RunState]] = {
+    S.IDLE: {
+        Start: S.STARTING,
+        StartAccepted: S.IDLE, (StartAccepted, ENDED): S.IDLE,
+        Cancel: S.IDLE, (Cancel, OTHER_RUN): S.IDLE,
+        Progress: S.RUNNING, (Progress, ENDED): S.IDLE, (Progress, STALE): S.IDLE,
+        Observed: S.RUNNING, (Observed, NOTHING): S.IDLE,
+        Finished: S.IDLE, (Finished, OTHER_RUN): S.IDLE,
+        Reset: S.IDLE,
+    },
+    S.STARTING: {
+        StartAccepted: S.RUNNING, (StartAccepted, ENDED): S.IDLE,
+        StartRefused: S.IDLE, (StartRefused, BUSY): S.RUNNING, (StartRefused, BUSY_ENDED): S.IDLE,
+        Progress: S.STARTING, (Progress, ENDED): S.STARTING, (Progress, STALE): S.STARTING,
+        Observed: S.STARTING, (Observed, NOTHING): S.STARTING,
+        Finished: S.IDLE, (Finished, OTHER_RUN): S.STARTING,
+        Reset: S.IDLE,
+    },
+    S.RUNNING: {
+        StartAccepted: S.RUNNING, (StartAccepted, ENDED): S.RUNNING,
+        Cancel: S.RUNNING,
+        Progress: S.RUNNING, (Progress, ENDED): S.IDLE,
+        Observed: S.RUNNING, (Observed, NOTHING): S.IDLE,
+        Finished: S.IDLE, (Finished, OTHER_RUN): S.RUNNING,
+        Reset: S.RUNNING,
+    },
 }
+
+# Pairs refused with the caller's error (the state unchanged) rather than as illegal.
+_STARTS = (Start, (Start, UNSUPPORTED), (Start, TOO_SOON))
+REFUSALS: dict[tuple[RunState, Key], Callable[["MemtestMachine", Any, dt.datetime], Refused]] = {
+    **{(state, key): (lambda m, e, now: Busy(m.status)) for state in (S.STARTING, S.RUNNING) for key in _STARTS},
+    (S.IDLE, (Start, UNSUPPORTED)): lambda m, e, now: Unsupported(_unsupported_reason(e)),
+    (S.IDLE, (Start, TOO_SOON)): lambda m, e, now: TooSoon((m.last_accepted_at + RATE_LIMIT - now).total_seconds()),
+    # its start is still on the way; cancel once it answered
+    (S.STARTING, Cancel): lambda m, e, now: Busy(m.status),
+    (S.STARTING, (Cancel, OTHER_RUN)): lambda m, e, now: Busy(m.status),
+    (S.RUNNING, (Cancel, OTHER_RUN)): lambda m, e, now: NotRunning(
+        f"memory test {e.run_id} is not the one running on this device"),
+}
+
+
+def event_type(key: Key) -> type:
+    return key[0] if isinstance(key, tuple) else key
+
+
+def _unsupported_reason(event: Start) -> str | None:
+    """Why the device cannot run this start's mode, or None when it can."""
+    caps = event.capabilities or {}
+    if event.plan["mode"] == "test_boot":
+        return None if caps.get("offline") else (caps.get("offlineReason") or TEST_BOOT_UNSUPPORTED)
+    return None if caps.get("online") else NO_MEMORY_TEST
+
+
+def _ended(status: dict[str, Any] | None) -> bool:
+    return status is not None and status.get("phase") in TERMINAL_PHASES
 
 
 def operation(status: dict[str, Any], result: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -272,210 +258,138 @@ class MemtestMachine:
         return (self.state is not RunState.IDLE and self.status is not None
                 and (self.status.get("plan") or {}).get("impact") == "stopped")
 
+    def key(self, event: object, now: dt.datetime) -> Key:
+        """The event's key in TRANSITIONS: its type, refined by what it says (see the guards above)."""
+        kind = type(event)
+        status = self.status or {}
+        if isinstance(event, Start):
+            if _unsupported_reason(event) is not None:
+                return (Start, UNSUPPORTED)
+            if self.last_accepted_at is not None and now - self.last_accepted_at < RATE_LIMIT:
+                return (Start, TOO_SOON)
+            return Start
+        if isinstance(event, StartAccepted):
+            return (kind, ENDED) if _ended({"phase": status.get("phase"), **event.status}) else kind
+        if isinstance(event, StartRefused):
+            if event.running is None:
+                return kind
+            return (kind, BUSY_ENDED) if _ended(event.running) else (kind, BUSY)
+        if isinstance(event, Cancel):
+            return (kind, OTHER_RUN) if event.run_id is not None and event.run_id != status.get("runId") else kind
+        if isinstance(event, Progress):
+            if (status.get("runId") == event.status.get("runId") and _ended(self.status)
+                    and not _ended(event.status)):
+                return (kind, STALE)
+            return (kind, ENDED) if _ended(event.status) else kind
+        if isinstance(event, Observed):
+            return (kind, NOTHING) if event.status is None or _ended(event.status) else kind
+        if isinstance(event, Finished):
+            ours = self.status is not None and status.get("runId") == event.result.get("runId")
+            return kind if ours else (kind, OTHER_RUN)
+        return kind
+
     def handle(self, event: object, now: dt.datetime) -> list[object]:
-        method = TRANSITIONS[self.state].get(type(event))
-        if method is None:
+        key = self.key(event, now)
+        refusal = REFUSALS.get((self.state, key))
+        if refusal is not None:
+            raise refusal(self, event, now)
+        new = TRANSITIONS[self.state].get(key)
+        if new is None:
             raise IllegalTransition(self.state, event)
-        return getattr(self, method)(event, now)
+        old, self.state = self.state, new
+        return _ACTIONS[event_type(key)](self, event, now, key, old)
 
     def next_deadline(self) -> dt.datetime | None:
         return None  # nothing here waits on time: the rate limit is checked when a start arrives
 
-    # -- transitions (each checks, computes effects, then commits) -------------------------------
-    def _start(self, event: Start, now: dt.datetime) -> list[object]:
-        if self.state is not RunState.IDLE:
-            raise Busy(self.status)
-        caps = event.capabilities or {}
-        if event.plan["mode"] == "test_boot":
-            if not caps.get("offline"):
-                raise Unsupported(caps.get("offlineReason") or TEST_BOOT_UNSUPPORTED)
-        elif not caps.get("online"):
-            raise Unsupported(NO_MEMORY_TEST)
-        if self.last_accepted_at is not None and now - self.last_accepted_at < RATE_LIMIT:
-            raise TooSoon((self.last_accepted_at + RATE_LIMIT - now).total_seconds())
-        self.state = RunState.STARTING
+    # -- actions: the data and effects of a transition TRANSITIONS already chose ----------------------
+    # Each runs after the new state is set; ``old`` is the state the event found.
+    def _start(self, event: Start, now: dt.datetime, key: Key, old: RunState) -> list[object]:
         # What a second caller is told while the device has not answered yet.
         self.status = {"runId": event.run_id, "plan": event.plan, "phase": "preparing"}
         return [SendStart(event.run_id, event.plan)]
 
-    def _accepted(self, event: StartAccepted, now: dt.datetime) -> list[object]:
+    def _accepted(self, event: StartAccepted, now: dt.datetime, key: Key, old: RunState) -> list[object]:
+        self.last_accepted_at = now
+        if old is not S.STARTING:
+            return []  # the run already reported; only the start rate is left to record
         pending = self.status or {}
         status = {**pending, **event.status}
         status.setdefault("plan", pending.get("plan"))
-        self.last_accepted_at = now
-        return self._become(status)
+        return self._adopt(status)
 
-    def _accepted_late(self, event: StartAccepted, now: dt.datetime) -> list[object]:
-        self.last_accepted_at = now  # the run already reported; only the start rate is left to record
-        return []
-
-    def _refused(self, event: StartRefused, now: dt.datetime) -> list[object]:
+    def _refused(self, event: StartRefused, now: dt.datetime, key: Key, old: RunState) -> list[object]:
         if event.running:
-            return self._become(event.running)
-        self.state, self.status = RunState.IDLE, None
+            return self._adopt(event.running)
+        self.status = None
         return []
 
-    def _cancel(self, event: Cancel, now: dt.datetime) -> list[object]:
-        if self.state is RunState.STARTING:
-            raise Busy(self.status)  # its start is still on the way; cancel once it answered
-        if (self.state is RunState.RUNNING and event.run_id is not None
-                and event.run_id != (self.status or {}).get("runId")):
-            raise NotRunning(f"memory test {event.run_id} is not the one running on this device")
+    def _cancel(self, event: Cancel, now: dt.datetime, key: Key, old: RunState) -> list[object]:
         return [SendCancel(event.run_id)]
 
-    def _progress(self, event: Progress, now: dt.datetime) -> list[object]:
-        if self.state is RunState.STARTING and event.status.get("runId") == (self.status or {}).get("runId"):
+    def _progress(self, event: Progress, now: dt.datetime, key: Key, old: RunState) -> list[object]:
+        if old is S.STARTING:
+            if event.status.get("runId") != (self.status or {}).get("runId"):
+                return []  # another run's late report: the start's answer decides
             self.status = {**self.status, **event.status}  # early progress of the start in flight
             return [Publish(operation(self.status))]
-        if self.state is RunState.STARTING:
-            return []  # another run's late report: the start's answer decides
-        last = self.status or {}
-        if (self.state is RunState.IDLE and last.get("runId") == event.status.get("runId")
-                and last.get("phase") in TERMINAL_PHASES and event.status.get("phase") not in TERMINAL_PHASES):
-            return []  # a report from before the run's end, arriving after it: stale
-        return self._become(event.status, publish=True)
-
-    def _observed(self, event: Observed, now: dt.datetime) -> list[object]:
-        if self.state is RunState.STARTING:
+        if key == (Progress, STALE):
             return []
-        if event.status is None or event.status.get("phase") in TERMINAL_PHASES:
-            if self.state is RunState.IDLE:
-                if event.status is not None and event.status != self.status:
-                    self.status = event.status
-                    return [SaveStatus(event.status)]
-                return []
-            self.state = RunState.IDLE
-            return [SaveStatus(self.status)] if self.status is not None else []
-        return self._become(event.status, publish=event.status != self.status)
+        return self._adopt(event.status)
 
-    def _finished(self, event: Finished, now: dt.datetime) -> list[object]:
+    def _observed(self, event: Observed, now: dt.datetime, key: Key, old: RunState) -> list[object]:
+        if old is S.STARTING:
+            return []
+        if key == Observed:
+            return self._adopt(event.status, publish=event.status != self.status)
+        if old is S.IDLE:  # nothing runs, and nothing did: keep the device's last word on record
+            if event.status is not None and event.status != self.status:
+                self.status = event.status
+                return [SaveStatus(event.status)]
+            return []
+        return [SaveStatus(self.status)] if self.status is not None else []
+
+    def _finished(self, event: Finished, now: dt.datetime, key: Key, old: RunState) -> list[object]:
         result = event.result
         effects: list[object] = [StoreResult(result)]
-        run_id = result.get("runId")
-        ours = self.status is not None and self.status.get("runId") == run_id
-        if self.state is RunState.STARTING and not ours:
-            return effects  # an older run's report (an interrupted test) while a new one starts
-        if ours and self.state is RunState.IDLE and self.status.get("phase") in TERMINAL_PHASES \
-                and self.status.get("outcome") == result.get("outcome"):
+        ours = key == Finished
+        if self.state is not S.IDLE:
+            return effects  # an older run's report (an interrupted test) while another starts or runs
+        if ours and old is S.IDLE and _ended(self.status) and self.status.get("outcome") == result.get("outcome"):
             return effects  # the device re-sent a result the hub already ended the run with
-        if ours or self.state is RunState.IDLE:
-            ended = {**(self.status if ours else {}), "runId": run_id, "plan": result.get("plan")
-                     or (self.status or {}).get("plan"),
-                     "phase": _END_PHASE.get(result.get("outcome"), "done"),
-                     "testedBytes": result.get("testedBytes"), "coverageBytes": result.get("coverageBytes"),
-                     "totalBytes": result.get("totalBytes"), "errors": result.get("errorCount"),
-                     "startedAt": result.get("startedAt"), "outcome": result.get("outcome")}
-            if self.state is RunState.IDLE and not ours and self.status is not None \
-                    and _newer(self.status, ended):
-                return effects  # a late re-send of an older result: the last run stays the newer one
-            self.state, self.status = RunState.IDLE, ended
-            effects += [SaveStatus(ended), Publish(operation(ended, result))]
-        return effects
+        ended = {**(self.status if ours else {}), "runId": result.get("runId"),
+                 "plan": result.get("plan") or (self.status or {}).get("plan"),
+                 "phase": _END_PHASE.get(result.get("outcome"), "done"),
+                 "testedBytes": result.get("testedBytes"), "coverageBytes": result.get("coverageBytes"),
+                 "totalBytes": result.get("totalBytes"), "errors": result.get("errorCount"),
+                 "startedAt": result.get("startedAt"), "outcome": result.get("outcome")}
+        if old is S.IDLE and not ours and self.status is not None and _newer(self.status, ended):
+            return effects  # a late re-send of an older result: the last run stays the newer one
+        self.status = ended
+        return effects + [SaveStatus(ended), Publish(operation(ended, result))]
 
-    def _reset(self, event: Reset, now: dt.datetime) -> list[object]:
-        if self.state is RunState.STARTING:
-            self.state, self.status = RunState.IDLE, None
+    def _reset(self, event: Reset, now: dt.datetime, key: Key, old: RunState) -> list[object]:
+        if old is S.STARTING:
+            self.status = None  # the start in flight lost its task and its answer
         return []
 
-    def _become(self, status: dict[str, Any], *, publish: bool = True) -> list[object]:
-        if status.get("phase") in TERMINAL_PHASES:
-            self.state = RunState.IDLE
-        else:
-            self.state = RunState.RUNNING
+    def _adopt(self, status: dict[str, Any], *, publish: bool = True) -> list[object]:
+        """Take the device's word for the run (the state is already chosen): publish it, and save it
+        when it is another run or the run ended."""
         changed_run = (self.status or {}).get("runId") != status.get("runId")
         self.status = status
         effects: list[object] = [Publish(operation(status))] if publish else []
-        if changed_run or self.state is RunState.IDLE:
+        if changed_run or self.state is S.IDLE:
             effects.append(SaveStatus(status))
         return effects
+
+
+_ACTIONS = {Start: MemtestMachine._start, StartAccepted: MemtestMachine._accepted,
+            StartRefused: MemtestMachine._refused, Cancel: MemtestMachine._cancel,
+            Progress: MemtestMachine._progress, Observed: MemtestMachine._observed,
+            Finished: MemtestMachine._finished, Reset: MemtestMachine._reset}
 
 
 def _newer(current: dict[str, Any], other: dict[str, Any]) -> bool:
     a, b = current.get("startedAt"), other.get("startedAt")
     return isinstance(a, str) and isinstance(b, str) and a > b
-
-
-# -- MemoryFault and diagnosis ---------------------------------------------------------------------
-def bad_pages(result: dict[str, Any]) -> set[int]:
-    """Distinct page addresses a result found bad: its retired pages, pages with confirmed errors,
-    and the kernel sweep's bad ranges (page by page, capped: past the cap the fault is certain)."""
-    page = int(result.get("pageSize") or PAGE_SIZE)
-    out = {int(a) // page * page for a in result.get("retired") or [] if isinstance(a, int)}
-    for entry in result.get("pages") or []:
-        if not isinstance(entry, dict):
-            continue
-        addr = entry.get("physAddr")
-        if addr is None:
-            addr = entry.get("page")  # the mapping's address where physical ones were not readable
-        confirmed = entry.get("confirmed", entry.get("confirmedErrors", 0))
-        if isinstance(addr, int) and confirmed:
-            out.add(addr // page * page)
-    for r in (result.get("kernel") or {}).get("badRanges") or []:
-        if not isinstance(r, dict) or not isinstance(r.get("start"), int):
-            continue
-        end = r.get("end") if isinstance(r.get("end"), int) else r["start"] + int(r.get("length") or page)
-        for addr in range(r["start"] // page * page, end, page):
-            out.add(addr)
-            if len(out) > 4 * FAULT_BYTES // page:
-                return out
-    return out
-
-
-def memory_fault(*, retired: int, bad_bytes: int, verdict: str | None,
-                 since: str | None = None) -> dict[str, Any] | None:
-    """The MemoryFault condition (spec: States → MemoryFault condition), or None when none holds."""
-    reasons = []
-    if retired > FAULT_PAGES:
-        reasons.append(f"{retired} pages retired (more than {FAULT_PAGES})")
-    if bad_bytes > FAULT_BYTES:
-        reasons.append(f"{bad_bytes} bytes of distinct memory bad (more than 1 MiB)")
-    if verdict in FAULT_VERDICTS:
-        reasons.append(f"verdict {verdict}")
-    if not reasons:
-        return None
-    return {"type": "MemoryFault", "badge": "Memory fault", "severity": "critical", "status": True,
-            "reason": "; ".join(reasons), "retiredPages": retired, "badBytes": bad_bytes, "verdict": verdict,
-            "since": since}
-
-
-def diagnosis(conditions: list[dict[str, Any]], newest_result: dict[str, Any] | None,
-              refused: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The device's issues: a MemoryFault is critical; a newest memory test that was interrupted
-    is a warning (it says where it stopped; it is never retried as a test boot by itself); frames the
-    link refused as too big are a warning (``refused``: count, lastAt, lastFrame, lastBytes); a newest
-    result whose page map was summarised is an info saying how much of it the result lists."""
-    issues = []
-    for c in conditions:
-        if c.get("type") == "MemoryFault":
-            issues.append({"severity": "critical", "code": "MemoryFault", "title": "Memory fault",
-                           "message": f"memory fault: {c.get('reason')}", "since": c.get("since"),
-                           "details": {k: c.get(k) for k in ("retiredPages", "badBytes", "verdict")}})
-    if newest_result is not None and newest_result.get("outcome") == "interrupted":
-        where = newest_result.get("interrupted") or {}
-        issues.append({"severity": "warning", "code": "MemoryTestInterrupted", "title": "Memory test interrupted",
-                       "message": (f"memory test {newest_result.get('runId')} was interrupted in phase "
-                                   f"{where.get('phase')}, pass {where.get('pass')}, pattern {where.get('pattern')}"),
-                       "since": newest_result.get("finishedAt") or newest_result.get("startedAt"),
-                       "details": {"runId": newest_result.get("runId"), **where}})
-    if refused and refused.get("count"):
-        issues.append({"severity": "warning", "code": "LinkFramesRefused", "title": "Frames refused as too big",
-                       "message": (f"the hub refused {refused['count']} frame(s) from this device as over the "
-                                   f"link's limit, the last a {refused.get('lastFrame')} frame of "
-                                   f"{refused.get('lastBytes')} bytes; the device trims or drops such a frame "
-                                   "and reconnects"),
-                       "since": refused.get("lastAt"), "details": dict(refused)})
-    summary = (newest_result or {}).get("pageSummary")
-    if isinstance(summary, dict) and (summary.get("omittedPages") or (newest_result or {}).get("trimmed")):
-        trimmed = (newest_result or {}).get("trimmed")
-        issues.append({"severity": "info", "code": "MemoryTestPageMapSummarised",
-                       "title": "Memory test page map summarised",
-                       "message": (f"memory test {newest_result.get('runId')} found errors on "
-                                   f"{summary.get('pagesWithErrors')} pages; its result lists the "
-                                   f"{summary.get('listedPages')} with the most errors and sums up the other "
-                                   f"{summary.get('omittedPages')} pages ({summary.get('omittedErrors')} errors)"
-                                   + (f"; the device trimmed it after a refusal: {trimmed.get('reason')}"
-                                      if isinstance(trimmed, dict) else "")),
-                       "since": newest_result.get("finishedAt"),
-                       "details": {"runId": newest_result.get("runId"), **summary,
-                                   **({"trimmed": trimmed} if isinstance(trimmed, dict) else {})}})
-    return issues

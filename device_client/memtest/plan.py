@@ -1,6 +1,6 @@
 """Modes and sizes: how much memory a plan tests, and when Live must back off.
 
-The hub applies the spec's defaults (actors/machines/memtest.py ``plan_for``); ``check`` re-checks the
+The hub applies the spec's defaults (actors/machines/memtest_plan.py ``plan_for``); ``check`` re-checks the
 plan it sends, so a bad command is refused with ``invalid`` rather than half run.
 
 Sizes (before ``maxBytes`` and the device's memory budget cap them):

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from quart import Blueprint
 
-from actors.machines.memtest import diagnosis
+from actors.machines.memory_fault import diagnosis
 from hub.api.common import errors, jsonable, org, services
 from hub.api.devices import _load
 from hub.api.validation import responds

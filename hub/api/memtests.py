@@ -17,14 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint, g, request
 from quart_schema import document_querystring, document_request, document_response
 
-from actors.machines import memtest as mm
+from actors.errors import AskError
+from actors.machines import memtest_plan
 from device_client.protocol import memtest_result, memtest_status
 from actors.memtest import CancelTest, ReadStatus, StartTest
 from hub.api.common import jsonable, org, parse_uuid, principal, services
 from hub.api.devices import device_obj
 from hub.api.validation import MalformedJSON, strict_loads
 from hub.auth.authz import authorize
-from hub.errors import BadRequest, FleethubError, Forbidden, NotFound, Unauthenticated
+from hub.errors import BadRequest, Forbidden, NotFound, Unauthenticated
 from hub.api.validation import optional_body
 from hub.tunnels.auth import also_tunnel_token
 
@@ -47,7 +48,7 @@ class StartRequest(BaseModel):
     bitFade: bool | None = Field(None, description="idle-decay check; default on for stopped modes")
     holdOnFailure: bool | None = Field(None, description="test boot only")
     timeBudgetSeconds: int | None = Field(None, ge=60, le=43200, description="default 7200")
-    maxBytes: int | None = Field(None, ge=mm.PAGE_SIZE, description="optional cap on memory tested")
+    maxBytes: int | None = Field(None, ge=memtest_plan.PAGE_SIZE, description="optional cap on memory tested")
 
 
 class CancelRequest(BaseModel):
@@ -150,8 +151,8 @@ async def start_memory_test(device_id: str):
     s = services()
     raw = await _json_object()
     try:
-        plan = mm.plan_for(raw)
-    except mm.PlanInvalid as exc:
+        plan = memtest_plan.plan_for(raw)
+    except memtest_plan.PlanInvalid as exc:
         raise invalid(str(exc)) from None
     run_id = str(uuid.uuid4())
     # Every start is in the audit log with its plan, refused ones too (the row carries the status).
@@ -214,7 +215,7 @@ async def memory_test_status(device_id: str):
     if online:
         try:
             live = await actor.ask(ReadStatus(), timeout=s.settings.command_timeout + 5)
-        except FleethubError as exc:
+        except AskError as exc:
             # Firmware without memory tests answers live (supported false); a device that is gone,
             # silent or failing is read from what the hub stored.
             live = {"supported": False} if exc.code == "unsupported" else None

@@ -19,12 +19,12 @@ import trio
 from actors.bus import Bus
 from actors.device import DeviceActor, DeviceEvent
 from actors.machines.connection import LinkDown, LinkUp
-from actors.machines.memtest import plan_for
+from actors.machines.memtest_plan import plan_for
 from actors.memtest import CancelTest, ReadStatus, StartTest
 from actors.runtime import Registry, Supervisor
 from device_client.clock import TestClock
 from device_client.protocol import subject
-from hub.errors import Conflict, DeviceError, RateLimited
+from actors.errors import Conflict, DeviceRefused, TooSoon
 from hub.events import EventHub
 from hub.settings import Settings
 from storage.behind import WriteBehind
@@ -39,11 +39,14 @@ FULL = plan_for({"impact": "stopped"})
 
 
 class FakeDevices:
+    def __init__(self) -> None:
+        self.presence: list[dict] = []  # presence rows as flushed (what a rollout reads)
+
     async def get_any(self, device_id):
         return {"org_id": ORG, "state": "offline", "boot_reason": "power_on", "last_seen_at": None}
 
     async def write_presence(self, rows):
-        pass
+        self.presence += rows
 
 
 class FakeMemoryTests:
@@ -83,7 +86,7 @@ class Device:
         self.calls.append((trio.current_time(), verb, payload))
         if verb == "memtest.start":
             if self.running:
-                raise DeviceError("a test runs", code="busy")
+                raise DeviceRefused("a test runs", code="busy")
             await trio.sleep(0.25)  # stopping the workload, say
             self.running = {"runId": payload["runId"], "plan": payload["plan"], "phase": "testing"}
             return {"status": self.running}
@@ -91,13 +94,13 @@ class Device:
             return {"supported": True, "status": self.running, "health": {}, "history": []}
         if verb == "memtest.cancel":
             if not self.running:
-                raise DeviceError("nothing runs", code="not_running")
+                raise DeviceRefused("nothing runs", code="not_running")
             ended, self.running = {**self.running, "phase": "cancelled"}, None
             return {"status": ended}
         if verb == "memtest.ack":
             self.acked += payload["runIds"]
             return {}
-        raise DeviceError("unknown", code="unknown_command")
+        raise DeviceRefused("unknown", code="unknown_command")
 
 
 @contextlib.asynccontextmanager
@@ -134,9 +137,9 @@ async def test_start_is_stored_before_it_is_answered_and_rate_limited_for_exactl
                                                                    "verdict": "ok"}}))
             s.device.running = None
             await trio.sleep(4.7499)
-            with pytest.raises(RateLimited) as info:
+            with pytest.raises(TooSoon) as info:
                 await start(s, "r2")
-            assert info.value.headers["Retry-After"] == "1"
+            assert info.value.retry_after == pytest.approx(5 - 4.7499)  # the hub answers Retry-After: 1
             await trio.sleep_until(15.25)
             assert (await start(s, "r2"))["runId"] == "r2"
             assert [c[2]["runId"] for c in s.device.calls if c[1] == "memtest.start"] == ["r1", "r2"]
@@ -163,6 +166,20 @@ async def test_concurrent_starts_one_wins_the_other_is_busy_with_its_status(auto
             assert isinstance(busy, Conflict) and busy.code == "busy" and busy.details["runId"] == "a"
             assert len([c for c in s.device.calls if c[1] == "memtest.start"]) == 1
             assert s.actor.facts["workloadHeld"] is True  # rollouts defer this device
+
+
+async def test_a_held_workload_reaches_the_presence_row_a_rollout_reads(autojump_clock):
+    # No actor reads another's state: a rollout learns that a test holds the workload from storage.
+    with trio.fail_after(60):
+        async with hub() as s:
+            await start(s, "r1", FULL)
+            await trio.sleep(1)  # the presence rows are written behind (0.5 s)
+            assert s.devices.presence[-1]["facts"]["workloadHeld"] is True
+            assert s.devices.presence[-1]["facts"]["memoryTestRunning"]["runId"] == "r1"
+            await s.actor.ask(CancelTest(None), timeout=10)
+            await trio.sleep(1)
+            assert s.devices.presence[-1]["facts"]["workloadHeld"] is False
+            assert s.devices.presence[-1]["state"] == "online"
 
 
 async def test_progress_is_published_cancel_ends_it_and_the_workload_is_released(autojump_clock):

@@ -7,6 +7,7 @@ import datetime as dt
 
 import pytest
 
+from actors.machines import memory_fault as mf
 from actors.machines import memtest as mm
 from actors.machines.memtest import (
     TRANSITIONS,
@@ -16,7 +17,6 @@ from actors.machines.memtest import (
     MemtestMachine,
     NotRunning,
     Observed,
-    PlanInvalid,
     Progress,
     Publish,
     Reset,
@@ -29,8 +29,8 @@ from actors.machines.memtest import (
     StoreResult,
     TooSoon,
     Unsupported,
-    plan_for,
 )
+from actors.machines.memtest_plan import PlanInvalid, plan_for
 
 UTC = dt.UTC
 T0 = dt.datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
@@ -282,15 +282,15 @@ def test_a_stale_progress_after_the_end_does_not_revive_the_run():
 
 # -- MemoryFault and diagnosis ----------------------------------------------------------------------------
 def test_memory_fault_rules():
-    assert mm.memory_fault(retired=32, bad_bytes=1024 * 1024, verdict="weak_cells") is None
-    assert "33 pages retired" in mm.memory_fault(retired=33, bad_bytes=0, verdict="ok")["reason"]
-    assert "bytes of distinct memory bad" in mm.memory_fault(retired=0, bad_bytes=1024 * 1024 + 1, verdict=None)["reason"]
+    assert mf.memory_fault(retired=32, bad_bytes=1024 * 1024, verdict="weak_cells") is None
+    assert "33 pages retired" in mf.memory_fault(retired=33, bad_bytes=0, verdict="ok")["reason"]
+    assert "bytes of distinct memory bad" in mf.memory_fault(retired=0, bad_bytes=1024 * 1024 + 1, verdict=None)["reason"]
     for verdict in ("data_line", "address_line"):
-        fault = mm.memory_fault(retired=0, bad_bytes=0, verdict=verdict, since="2026-01-05T12:00:00.000Z")
+        fault = mf.memory_fault(retired=0, bad_bytes=0, verdict=verdict, since="2026-01-05T12:00:00.000Z")
         assert fault["type"] == "MemoryFault" and fault["severity"] == "critical" and fault["verdict"] == verdict
         assert fault["since"] == "2026-01-05T12:00:00.000Z"
     for verdict in ("ok", "weak_cells", "thermal", "unknown"):
-        assert mm.memory_fault(retired=0, bad_bytes=0, verdict=verdict) is None
+        assert mf.memory_fault(retired=0, bad_bytes=0, verdict=verdict) is None
 
 
 def test_bad_pages_counts_distinct_pages_from_every_source():
@@ -298,18 +298,18 @@ def test_bad_pages_counts_distinct_pages_from_every_source():
                                                         {"physAddr": 0x4000, "confirmed": False},
                                                         {"page": 0x7000, "physAddr": None, "confirmed": True}],
          "kernel": {"passes": 4, "badRanges": [{"start": 0x10000, "end": 0x12000}]}}
-    assert mm.bad_pages(r) == {0x1000, 0x2000, 0x3000, 0x7000, 0x10000, 0x11000}
+    assert mf.bad_pages(r) == {0x1000, 0x2000, 0x3000, 0x7000, 0x10000, 0x11000}
 
 
 def test_diagnosis_reports_fault_as_critical_and_an_interruption_as_a_warning():
-    fault = mm.memory_fault(retired=40, bad_bytes=0, verdict="ok", since="2026-01-05T12:00:00.000Z")
+    fault = mf.memory_fault(retired=40, bad_bytes=0, verdict="ok", since="2026-01-05T12:00:00.000Z")
     interrupted = {"runId": "r7", "outcome": "interrupted",
                    "interrupted": {"phase": "testing", "pass": 2, "pattern": "moving_inversions"}}
-    issues = mm.diagnosis([{"type": "Other"}, fault], interrupted)
+    issues = mf.diagnosis([{"type": "Other"}, fault], interrupted)
     assert [(i["severity"], i["code"]) for i in issues] == [("critical", "MemoryFault"),
                                                             ("warning", "MemoryTestInterrupted")]
     assert "phase testing, pass 2, pattern moving_inversions" in issues[1]["message"]
-    assert mm.diagnosis([], result("r8")) == []
+    assert mf.diagnosis([], result("r8")) == []
 
 
 def test_a_failed_test_boot_holding_in_maintenance_holds_the_workload():
