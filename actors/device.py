@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.bus import NoResponders, RequestTimeout
-from actors.delivery import Delivery
+from actors.device_delivery import DeviceDelivery
 from actors.errors import Conflict, DeviceOffline, DeviceRefused, DeviceTimeout
 from actors.machines import connection as cm
-from actors.memtest import MESSAGES as MEMTEST_MESSAGES
-from actors.memtest import MemTests
+from actors.device_memtests import MESSAGES as MEMTEST_MESSAGES
+from actors.device_memtests import DeviceMemtests
 from actors.runtime import Actor, ActorCrashed
 from device_client.clock import rfc3339
 from device_client.linkcodes import Close
@@ -64,7 +64,7 @@ class Hello:
     """Tell: what a (re)connected device holds: secret-file digests and the applied configuration."""
     digests: dict[str, str]
     config_version_applied: str | None
-    memtest: dict[str, Any] | None = None  # lastMemoryTest and retiredPages (actors/memtest.py)
+    memtest: dict[str, Any] | None = None  # lastMemoryTest and retiredPages (actors/device_memtests.py)
 
 
 @dataclass(frozen=True)
@@ -124,8 +124,8 @@ class DeviceActor(Actor):
         self.machine: cm.ConnectionMachine | None = None
         self._pending: dict[str, Any] = {}  # command id -> Reply of the asker
         self._last_activity = 0.0
-        self.delivery = Delivery(self)
-        self.memtests = MemTests(self)
+        self.delivery = DeviceDelivery(self)
+        self.memtests = DeviceMemtests(self)
         self.facts: dict[str, Any] | None = None  # the last hello's facts
         self._active_day: Any = None  # the UTC day this device was last metered as active
         self._event_slots = trio.Semaphore(self.event_jobs)

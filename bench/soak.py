@@ -13,8 +13,9 @@ device secret-file uploads (delivered to the device). Every ``--rollout-every`` 
 starts a rollout of a new configuration to the canary fleet (``POST /v1/rollouts``) if the previous one
 has ended.
 
-Every ``--sample`` seconds the hub's VmRSS (``/proc/PID/status``), its CPU and the connected-devices gauge
-are read; REST p50/p99 and errors per interval come from the client's samples (client-side, request
+Every ``--sample`` seconds the hub's VmRSS, its CPU and the connected-devices gauge are read from one
+/metrics scrape (``process_resident_memory_bytes``, ``process_cpu_seconds_total``: the process
+collector); REST p50/p99 and errors per interval come from the client's samples (client-side, request
 sent → answer read). Memory growth: the slope of a least-squares line through the RSS samples of the
 first third and of the last third of the run; growth "levels off" when the last third's slope is at
 most half the first third's, or under 0.5 MiB/min.
@@ -38,14 +39,14 @@ from _common import (
     HubProcess,
     Worker,
     command_line,
-    cpu_seconds,
     facts_line,
+    hub_cpu_seconds,
+    hub_rss_kib,
     insert_devices,
     loadavg,
     log,
     machine_facts,
     md_table,
-    rss_kib,
     shm_tempdir,
     write_section,
 )
@@ -134,7 +135,7 @@ def main() -> int:
         pg.execute("UPDATE devices SET fleet_id = $1 WHERE org_id = $2", uuid.UUID(fleets[0]), uuid.UUID(hub.org_id))
         pg.execute("UPDATE devices SET fleet_id = $1 WHERE id = ANY($2::uuid[])", uuid.UUID(fleets[1]),
                    [uuid.UUID(d) for d in ids[:args.canary]])
-        r["rss_no_devices_kib"] = rss_kib(hub.pid)
+        r["rss_no_devices_kib"] = hub_rss_kib(hub.metrics())
         t0 = time.monotonic()
         workers = start_workers(hub, devices, procs, root, args.connect_timeout)
         while gauge(hub) < args.devices:
@@ -154,14 +155,18 @@ def main() -> int:
         time.sleep(2.0)  # the client process starts; not measured
         start = time.monotonic()
         ticks, rollouts, rollout_id, next_rollout = [], [], None, start + args.rollout_every / 2
-        last_cpu, last_t = cpu_seconds(hub.pid), start
-        ticks.append({"t": 0.0, "rss_kib": rss_kib(hub.pid), "gauge": gauge(hub), "hub_cpu_percent": None})
+        m = hub.metrics()
+        last_cpu, last_t = hub_cpu_seconds(m), start
+        ticks.append({"t": 0.0, "rss_kib": hub_rss_kib(m), "gauge": int(m.get("fleethub_connected_devices", 0)),
+                      "hub_cpu_percent": None})
         k = 1
         while True:
             now = time.monotonic()
             if now >= start + k * args.sample:
-                c = cpu_seconds(hub.pid)
-                ticks.append({"t": round(now - start, 1), "rss_kib": rss_kib(hub.pid), "gauge": gauge(hub),
+                m = hub.metrics()  # one scrape: RSS, CPU and the gauge of the same moment
+                c = hub_cpu_seconds(m)
+                ticks.append({"t": round(now - start, 1), "rss_kib": hub_rss_kib(m),
+                              "gauge": int(m.get("fleethub_connected_devices", 0)),
                               "hub_cpu_percent": round(100 * (c - last_cpu) / (now - last_t), 1)})
                 last_cpu, last_t = c, now
                 log(f"soak t={ticks[-1]['t']} s: {ticks[-1]}")

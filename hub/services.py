@@ -122,7 +122,7 @@ class Services:
         self.audit_log = WriteBehind(self.audit.write_many, interval=1.0, name="audit events")
         self.usage = Usage(self.db)
         self.billing = Billing(self.db)
-        # Storage work of delivery jobs (actors/delivery.py) never takes more than this many of the
+        # Storage work of delivery jobs (actors/device_delivery.py) never takes more than this many of the
         # pool's connections at once; the rest stay free for API requests.
         self.delivery_slots = trio.CapacityLimiter(max(1, self.settings.db_pool_max - 4))
         self.meter = Meter(self.usage)

@@ -5,7 +5,7 @@ A test boot (placement offline) may only be started by a signed-in person in the
 other credential is refused with 403 operator_required. Errors on these paths have the spec's bare
 body ``{error, message, status?}`` (hub/app.py picks it by path; ``status`` carries the running test
 of a 409 busy). The live work — one test at a time, the 5-second start rate, the device's answers —
-is the DeviceActor's (actors/memtest.py); this module validates, authorises, audits and shapes.
+is the DeviceActor's (actors/device_memtests.py); this module validates, authorises, audits and shapes.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from quart_schema import document_querystring, document_request, document_respon
 from actors.errors import AskError
 from actors.machines import memtest_plan
 from device_client.protocol import memtest_result, memtest_status
-from actors.memtest import CancelTest, ReadStatus, StartTest
+from actors.device_memtests import CancelTest, ReadStatus, StartTest
 from hub.api.common import jsonable, org, parse_uuid, principal, services
 from hub.api.devices import device_obj
 from hub.api.validation import MalformedJSON, strict_loads

@@ -1,4 +1,4 @@
-"""The DeviceActor's memory tests (actors/memtest.py) on trio's virtual clock: exact instants.
+"""The DeviceActor's memory tests (actors/device_memtests.py) on trio's virtual clock: exact instants.
 
 As in test_device_actor.py, storage is the one fake: ``FakeMemoryTests`` stands in for the
 PostgreSQL memtest tables (recording what the actor stores) and ``FakeDevices`` for the devices
@@ -20,7 +20,7 @@ from actors.bus import Bus
 from actors.device import DeviceActor, DeviceEvent
 from actors.machines.connection import LinkDown, LinkUp
 from actors.machines.memtest_plan import plan_for
-from actors.memtest import CancelTest, ReadStatus, StartTest
+from actors.device_memtests import CancelTest, ReadStatus, StartTest
 from actors.runtime import Registry, Supervisor
 from device_client.clock import TestClock
 from device_client.protocol import subject

@@ -146,7 +146,7 @@ async def test_a_config_result_without_config_id_fails_the_apply_and_the_device_
 
 
 async def test_an_unanswered_apply_ends_failed_within_the_stated_time(hub, nursery, monkeypatch):
-    monkeypatch.setattr("actors.delivery.APPLY_TIMEOUT", 1.5)
+    monkeypatch.setattr("actors.device_delivery.APPLY_TIMEOUT", 1.5)
     with trio.fail_after(60):
         dev_id, token = await hub.provision("silent")
 

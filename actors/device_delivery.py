@@ -1,4 +1,5 @@
-"""Getting configurations and secret files onto one device: the IO half of the DeviceActor's work.
+"""Getting configurations and secret files onto one device: a part of the DeviceActor (its IO work), not
+an actor of its own (no mailbox, no task of its own).
 
 It runs in the actor's background tasks (so the mailbox keeps moving while a device writes files or
 verifies a workload), one job at a time per device (a lock), and always works from storage: after a
@@ -51,7 +52,7 @@ class NotDone(Exception):
         self.reason, self.offline = reason, offline
 
 
-class Delivery:
+class DeviceDelivery:
     def __init__(self, actor: "DeviceActor") -> None:
         self.actor = actor
         self.lock = trio.Lock()

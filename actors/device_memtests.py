@@ -1,4 +1,5 @@
-"""Memory tests of one device: the IO half of the DeviceActor's work (the machine is
+"""Memory tests of one device: a part of the DeviceActor, not an actor of its own (no mailbox, no
+task): it runs inside the DeviceActor's ``receive`` and its background tasks (the machine is
 actors/machines/memtest.py).
 
 REST views ask the DeviceActor with ``StartTest``, ``CancelTest`` and ``ReadStatus``; the actor hands
@@ -101,7 +102,7 @@ def device_error(exc: DeviceRefused) -> AskError:
     return DeviceRefused(message or "the device failed to handle the request", code="internal")
 
 
-class MemTests:
+class DeviceMemtests:
     def __init__(self, actor: DeviceActor) -> None:
         self.actor = actor
         self.machine = mm.MemtestMachine()
