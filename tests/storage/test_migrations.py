@@ -81,3 +81,15 @@ def test_the_fleethub_command_says_why_in_one_line(db_url, tmp_path, monkeypatch
     fatal = [line for line in capfd.readouterr().err.splitlines() if " CRITICAL " in line]
     assert len(fatal) == 1 and "fatal: migration 0005_rollouts was edited after it was applied" in fatal[0]
     assert "put the change in a new migration" in fatal[0]
+
+
+def test_a_failure_inside_a_nursery_is_named_not_the_group(monkeypatch, capfd):
+    # `fleethub serve` meets the error inside its nurseries: the fatal line names it all the same
+    def serve_fails(args) -> None:
+        raise ExceptionGroup("Exceptions from Trio nursery", [migrations.MigrationChanged("0005_rollouts", "a" * 64,
+                                                                                          "b" * 64)])
+    monkeypatch.setattr("hub.cli.cmd_admin", serve_fails)
+    with pytest.raises(SystemExit):
+        main(["admin", "create-org", "acme"])
+    fatal = [line for line in capfd.readouterr().err.splitlines() if " CRITICAL " in line]
+    assert len(fatal) == 1 and "fatal: migration 0005_rollouts was edited after it was applied" in fatal[0]
