@@ -47,6 +47,6 @@ class Services(Protocol):
     rollouts: "Rollouts"
     windows: "UpdateWindows"
     memtests: "MemoryTests"
-    tunnels: Any             # the tunnel sessions' repository, metering and audit (hub/tunnels/service.py)
+    tunnels: Any             # the tunnel sessions' repository, metering and audit (hub/tunnels/sessions.py)
 
     async def device_actor(self, device_id: uuid.UUID) -> "Actor": ...
