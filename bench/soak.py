@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     OUT_DIR,
     HubProcess,
+    Verdicts,
     Worker,
     command_line,
     facts_line,
@@ -225,12 +226,15 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
 
     (OUT_DIR / f"soak{'-smoke' if args.smoke else ''}.json").write_text(json.dumps(r, indent=1))
-    body = render(r, facts, args)
+    verdicts = Verdicts("soak", smoke=args.smoke)
+    verdicts.at_most("REST errors (non-2xx, transport) over the run", r["overall"]["errors"], 0)
+    verdicts.at_least("fewest devices connected at a sample", min(t["gauge"] for t in r["ticks"]), args.devices)
+    body = render(r, facts, args) + "\n" + verdicts.markdown() + "\n"
     print(body)
     if not args.no_write or args.smoke:
         log(f"wrote {write_section('soak', body, smoke=args.smoke)}")
     ok = r["overall"]["errors"] == 0 and all(t["gauge"] >= args.devices for t in r["ticks"])
-    return 0 if ok else 1
+    return verdicts.exit_code(broken=not ok)  # as before: an error or a lost device fails either run
 
 
 def render(r: dict, facts: dict, args) -> str:

@@ -41,6 +41,7 @@ from _common import (
     OUT_DIR,
     PY,
     REPO,
+    Verdicts,
     Worker,
     command_line,
     cpu_seconds,
@@ -327,12 +328,16 @@ def main() -> int:
         fleet.stop()
 
     (OUT_DIR / f"storm{'-smoke' if args.smoke else ''}.json").write_text(json.dumps(r, indent=1))
-    body = render(r, facts, args)
+    verdicts = Verdicts("storm", smoke=args.smoke)
+    verdicts.at_most("REST errors (non-2xx) before, during and after the storm", r["error_count"], 0)
+    last_seen = r["gauge_timeline"][-1][1] if r.get("gauge_timeline") else None
+    verdicts.at_least("devices connected again after the storm", last_seen, args.devices)
+    body = render(r, facts, args) + "\n" + verdicts.markdown() + "\n"
     print(body)
     if not args.no_write or args.smoke:
         log(f"wrote {write_section('storm', body, smoke=args.smoke)}")
     ok = r["all_back"] and r["error_count"] == 0 and r["online_total_end"] == args.devices
-    return 0 if ok else 1
+    return verdicts.exit_code(broken=not ok)  # as before: a storm that loses a device or errs fails either run
 
 
 def render(r: dict, facts: dict, args) -> str:
