@@ -16,7 +16,7 @@ from functools import partial
 import trio
 
 from webrtc.forward import MESSAGE
-from webrtc.sctp import FairQueue, DelayWindow
+from webrtc.sctp import DelayWindow, FairQueue
 
 from .peers import connect_pair, echo_handler, exchange, start_echo
 
