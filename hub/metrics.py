@@ -40,6 +40,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -72,6 +75,9 @@ class Metrics:
         self.frames_refused += 1
 
     def observe_request(self, method: str, status: int, seconds: float | None = None) -> None:
+        # The method is the client's text: any other word is "other", or each new one would be a new
+        # series (and 15 latency buckets) kept for the life of the process.
+        method = method if method in _METHODS else "other"
         self.requests.labels(method, str(status)).inc()
         if seconds is not None:
             self.request_seconds.labels(method).observe(seconds)

@@ -68,6 +68,12 @@ async def test_each_hub_has_its_own_registry():
         latency = dict(_buckets(one, "fleethub_http_request_duration_seconds", method="GET"))
         assert (latency["0.0025"], latency["0.005"], latency["0.1"], latency["0.25"]) == (0, 1, 1, 2)
         assert _buckets(other, "fleethub_http_request_duration_seconds") == []
+        # a client's made-up methods share one series instead of one each
+        for k in range(50):
+            second.observe_request(f"BREW{k}", 405, 0.001)
+        other = generate_latest(second.registry).decode()
+        assert metric_value(other, "fleethub_http_requests_total", {"method": "other", "status": "405"}) == 50
+        assert "BREW" not in other
 
 
 async def test_waiting_for_a_pooled_connection_is_not_counted_as_the_crossing(db_url):
