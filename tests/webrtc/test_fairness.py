@@ -1,5 +1,6 @@
-"""Interactive beside bulk in one session (issue 21 item 3): bounded buffering per channel, channels
-served in turn, a queueing-delay cap on the SCTP window, and one connection's failure kept to itself.
+"""Interactive beside bulk in one session (issue 21 items 3 and 2): bounded buffering per channel,
+channels served in turn, a queueing-delay cap on the SCTP window, one connection's failure kept to
+itself, and a SACK per batch of packets.
 
 The pair tests use real aiortc peers over loopback UDP (tests/webrtc/peers.py) on trio's real clock;
 the queue and window tests drive the pure pieces of webrtc/sctp.py directly.
@@ -173,3 +174,25 @@ def test_the_base_round_trip_follows_a_path_that_got_longer():
         window.sample(0.050, 100_000)
     assert window.base_rtt == 0.050
     assert window.sample(0.050, 100_000) is None
+
+
+async def test_a_bulk_copy_is_acknowledged_a_batch_of_packets_at_a_time(nursery):
+    with trio.fail_after(60):
+        pair = await connect_pair(await start_echo(nursery))
+        try:
+            async def counts() -> tuple[int, int]:
+                sctp = pair.device._pc.sctp
+                return sctp._last_received_tsn, getattr(sctp, "_fleethub_sacks", 0)
+
+            tsn0, sacks0 = await pair.device._thread.run(counts())
+            payload = os.urandom(4 * 1024 * 1024)
+            assert await exchange(pair.listen_port, payload) == payload
+            tsn1, sacks1 = await pair.device._thread.run(counts())
+            packets = (tsn1 - tsn0) % (1 << 32)  # aiortc sends one DATA chunk per packet
+            assert packets > 3000, packets
+            # SACK_EVERY packets per SACK under load (a lone packet gets its own after SACK_DELAY);
+            # aiortc sends one per packet
+            assert sacks1 - sacks0 <= packets / 3, (sacks1 - sacks0, packets)
+        finally:
+            await pair.client.close()
+            await pair.device.close()
