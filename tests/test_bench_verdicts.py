@@ -76,3 +76,25 @@ def test_the_capacity_ramp_goes_past_the_aim_until_a_limit(monkeypatch):
     assert "MiB available" in capacity.machine_limit(10_000, 10**9, 50, 2, max_devices=10**9)
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (8000, 8000))
     assert "ulimit -n 8,000" in capacity.machine_limit(10_000, 5000, 50, 2, max_devices=10**9)
+
+
+def test_run_all_fails_a_full_run_that_missed_an_aim_and_passes_the_smoke_run(tmp_path, monkeypatch, verdicts_dir):
+    # a stand-in benchmark (its own process, as run_all runs every script) that misses its one aim
+    script = tmp_path / "fake.py"
+    script.write_text(f"""import sys
+from pathlib import Path
+sys.path.insert(0, {str(BENCH)!r})
+import _common
+_common.VERDICTS_DIR = Path({str(verdicts_dir)!r})
+verdicts = _common.Verdicts("fake", smoke="--smoke" in sys.argv)
+verdicts.at_least("calls/s", 1, 2)
+sys.exit(verdicts.exit_code())
+""")
+    sections = {}
+    monkeypatch.setattr(run_all, "write_section", lambda name, body, smoke: sections.setdefault(smoke, body))
+    monkeypatch.setattr(sys, "argv", ["run_all.py", "--only", str(script)])
+    assert run_all.main() == 1
+    monkeypatch.setattr(sys, "argv", ["run_all.py", "--smoke", "--only", str(script)])
+    assert run_all.main() == 0
+    for smoke in (False, True):
+        assert f"| {script} | calls/s | ≥ 2 | 1 | **missed** |" in sections[smoke]
