@@ -103,7 +103,9 @@ class DelayWindow:
         allowed = self.base_rtt + self.target
         if rtt <= allowed:
             return None
-        return max(self.floor, min(cwnd, int(cwnd * allowed / rtt)))
+        # at most halved at a time, as for a loss: one late round trip (jitter on a radio link, a
+        # scheduling stall) costs no more than a lost packet would
+        return max(self.floor, cwnd // 2, min(cwnd, int(cwnd * allowed / rtt)))
 
 
 def batch_sacks() -> None:

@@ -162,9 +162,11 @@ def test_the_window_shrinks_in_proportion_to_the_queueing_delay():
     window = DelayWindow(floor=4_000, target=0.004)
     assert window.sample(0.001, 100_000) is None  # the smallest round trip: no queue
     assert window.sample(0.005, 100_000) is None  # 4 ms of queue: on target
-    # 19 ms of queue: held to what fits in base + target (5 ms of a 20 ms round trip)
-    assert window.sample(0.020, 100_000) == 25_000
-    assert window.sample(1.0, 100_000) == 4_000  # never below the floor
+    # 2 ms of queue over target: held to what fits in base + target (5 ms of a 7 ms round trip)
+    assert window.sample(0.007, 100_000) == 71_428
+    # 19 ms of queue: halved, no more at a time (as for a loss)
+    assert window.sample(0.020, 100_000) == 50_000
+    assert window.sample(1.0, 6_000) == 4_000  # never below the floor
 
 
 def test_the_base_round_trip_follows_a_path_that_got_longer():
