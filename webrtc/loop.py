@@ -102,12 +102,21 @@ def shared() -> AsyncioThread:
 
 
 def to_trio(fn: Callable[..., Any]) -> Callable[..., None]:
-    """Wrap a trio-side sync callback so the asyncio side can call it: it runs in the trio thread."""
+    """Wrap a trio-side sync callback so the asyncio side can call it: it runs in the trio thread.
+
+    An exception raised by a ``run_sync_soon`` callback ends the whole trio run (TrioInternalError),
+    so one peer's failing callback would take the process down: it is logged and goes no further."""
     token = trio.lowlevel.current_trio_token()
+
+    def guarded(*args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("a peer callback (%s) failed", getattr(fn, "__name__", "callback"))
 
     def call(*args: Any) -> None:
         try:
-            token.run_sync_soon(fn, *args)
+            token.run_sync_soon(guarded, *args)
         except trio.RunFinishedError:
             pass
 

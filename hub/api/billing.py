@@ -189,7 +189,7 @@ async def put_feature(feature: str):
         await state.changed(s, org_id)
         g.audit_details = {"feature": feature, "enabled": data.enabled}
         if feature == "telemetry":
-            s.nursery.start_soon(push_telemetry_in_background, s, org_id, data.enabled)
+            s.spawn(push_telemetry_in_background, s, org_id, data.enabled, name="telemetry push")
     return {"data": (await state.org_billing(s, org_id)).view()}
 
 

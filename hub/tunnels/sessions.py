@@ -84,7 +84,8 @@ class TunnelService:
         the link's own bound on records in flight: a device flooding usage events waits here, so its
         link stops reading its socket, instead of adding tasks to the hub without end."""
         await slots.acquire()
-        self.services.nursery.start_soon(self._usage_in_slot, slots, device_id, payload)
+        if not self.services.spawn(self._usage_in_slot, slots, device_id, payload, name="tunnel usage"):
+            slots.release()  # shutting down: the device reports its totals again at its next link
 
     async def _usage_in_slot(self, slots: trio.Semaphore, device_id: uuid.UUID, payload: dict[str, Any]) -> None:
         try:
@@ -127,8 +128,7 @@ class TunnelService:
             return
         self._unrecorded[key] = report if old is None else old.merged(report)
         if not self._recording:
-            self._recording = True
-            self.services.nursery.start_soon(self._record_unrecorded)
+            self._recording = self.services.spawn(self._record_unrecorded, name="unrecorded tunnel usage")
 
     async def _record_unrecorded(self) -> None:
         """Record what waited, once storage answers (backoff 0.1 s doubling to 5 s); totals are
