@@ -27,7 +27,7 @@ from statistics import median
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import (command_line, cpu_seconds, facts_line, loadavg, log, machine_facts, md_table,  # noqa: E402
+from _common import (Verdicts, command_line, cpu_seconds, facts_line, loadavg, log, machine_facts, md_table,  # noqa: E402
                      write_section)
 from tunnel import Proc  # noqa: E402
 
@@ -125,7 +125,6 @@ def main() -> int:
     rows = [[f"scp {way} ({'to' if way == 'up' else 'from'} the device)", f"{m(f'tunnel {way}'):.1f}",
              " / ".join(f"{v:.1f}" for v in figures[f"tunnel {way}"]), f"{m(f'direct {way}'):.1f}",
              f"{m(f'client {way}'):.0f}", f"{m(f'device {way}'):.0f}"] for way in ("up", "down")]
-    met = min(m("tunnel up"), m("tunnel down")) >= 15
     body = "\n\n".join([
         "## scp through the tunnel beside direct scp (bench/tunnel_scp.py)", f"`{command_line()}`",
         facts_line(facts) + f"; load average at end {loadavg()}",
@@ -135,12 +134,15 @@ def main() -> int:
         "work: MB/s figures are noisy; CPU per MiB much less so.",
         md_table(["copy", "tunnel MB/s (median)", "tunnel MB/s per round", "direct MB/s (median)",
                   "client peer CPU ms per MiB", "device peer CPU ms per MiB"], rows),
-        f"- goal >= 15 MB/s each way through the tunnel: **{'met' if met else 'NOT met'}**",
     ])
+    verdicts = Verdicts("tunnel_scp", smoke=args.smoke)
+    for way in ("up", "down"):
+        verdicts.at_least(f"scp {way} through the tunnel (median)", round(m(f"tunnel {way}"), 1), 15, " MB/s")
+    body += "\n\n" + verdicts.markdown() + "\n"
     print(body)
     if not args.no_write:
         print(f"wrote {write_section('tunnel_scp', body, smoke=args.smoke)}")
-    return 0
+    return verdicts.exit_code()
 
 
 if __name__ == "__main__":
