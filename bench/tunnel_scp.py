@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -116,8 +117,7 @@ def main() -> int:
         for proc in (client, device):
             proc.stop()
         sshd.stop()
-        for f in (src, remote, back):
-            f.unlink(missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # the copies and sshd's keys
 
     def m(key: str) -> float:
         return median(figures[key])
