@@ -222,3 +222,38 @@ async def test_status_read_and_link_loss_keep_the_last_status_on_record(autojump
             await trio.sleep(1)
             assert len(s.memtests.statuses) == before + 1
             assert s.memtests.statuses[-1][1]["phase"] == "confirming"
+
+
+async def test_a_flood_of_progress_and_health_costs_bounded_tasks_and_keeps_the_newest(autojump_clock):
+    """Issue 14, section 4: device-driven work is bounded. With storage slow (1 s a write), 2,000
+    progress events cost at most two status saves in flight, and health reports past the job bound are counted, not queued without end."""
+    from actors.device_memtests import JOBS_MAX
+
+    with trio.fail_after(600):
+        async with hub() as s:
+            await start(s, "r1", FULL)
+            saves_before = len(s.memtests.statuses)
+            slow = s.memtests.save_status
+
+            async def slow_save(org_id, device_id, status, at):
+                await trio.sleep(1)
+                await slow(org_id, device_id, status, at)
+
+            async def slow_health(org_id, device_id, health, at):
+                await trio.sleep(1)
+
+            s.memtests.save_status, s.memtests.save_health = slow_save, slow_health
+            tasks = []
+            for n in range(2000):
+                await s.actor.post(DeviceEvent("memtest.progress", {"runId": "r1", "plan": FULL, "phase": "testing",
+                                                                     "pass": 1, "pattern": "walking_ones",
+                                                                     "coverageBytes": n, "totalBytes": 4000}))
+                await s.actor.post(DeviceEvent("memtest.health", {"health": {"tempMilliC": n}}))
+                if n % 100 == 0:
+                    await trio.sleep(0)
+                    tasks.append(len(s.actor.tasks.child_tasks))
+            assert max(tasks) <= 4, tasks  # the saver, one queued save, the in-order worker, slack of one
+            assert s.actor.memtests.health_dropped >= 2000 - JOBS_MAX - 1
+            await trio.sleep(5)
+            assert s.memtests.statuses[-1][1]["phase"] == "testing"  # the newest status is on record
+            assert len(s.memtests.statuses) - saves_before < 20  # coalesced, not one write per event
