@@ -140,14 +140,14 @@ class Listener:
 
     async def _handle(self, request: WebSocketRequest) -> None:
         if request.path != protocol.LINK_PATH:
-            self.refused.append(f"path {request.path!r} (expected {protocol.LINK_PATH})")
+            self.refused.append(f"HTTP 404: path {request.path!r} (expected {protocol.LINK_PATH})")
             await request.reject(404)
             return
         headers = {k.decode().lower(): v.decode() for k, v in request.headers}
         auth = headers.get("authorization")
         scheme, _, value = (auth or "").partition(" ")
         if scheme.lower() != "bearer" or not value.strip() or (self.token is not None and value.strip() != self.token):
-            self.refused.append("no Authorization: Bearer header" if not auth else "a token other than --token")
+            self.refused.append("HTTP 401: " + ("no Authorization: Bearer header" if not auth else "a token other than --token"))
             await request.reject(401)
             return
         ws = await request.accept()

@@ -116,6 +116,9 @@ class Qualification:
     async def run(self) -> dict[str, Verdict]:
         conn = await self.listener.next_conn(self.o.first_timeout)
         if conn is None:
+            if self.listener.refused:  # it tried: say why it was turned away, not just "not run"
+                self.check("T1", False, f"handshake refused {len(self.listener.refused)}x, last: "
+                                        f"{self.listener.refused[-1]}")
             self._not_run(f"no device connected within {self.o.first_timeout:.0f} s")
             return self.verdicts
         hello = await self.handshake(conn)
