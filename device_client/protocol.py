@@ -122,6 +122,10 @@ TOKEN_HEADER = "Authorization"  # "Bearer <device token>" on the WebSocket hands
 MAX_FRAME_BYTES = 1024 * 1024
 CLOSE_TOO_BIG = 1009  # RFC 6455: message too big
 FACT_MAX = 256  # characters of a hello's free-text facts (firmware, architecture): the agent cuts there
+# A configuration's spec as JSON (UTF-8, compact, as a frame carries it): config.apply carries it beside
+# the configuration's files (32 files, 512 KB in all, about 700 KB in base64 with their paths), so the
+# hub refuses a larger spec when it is saved rather than meeting a frame it cannot send.
+CONFIG_SPEC_MAX_BYTES = 192 * 1024
 
 
 # An event kind names the event in the hub's streams (an SSE ``event:`` line): lowercase words and dots,

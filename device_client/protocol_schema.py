@@ -28,6 +28,8 @@ LIMITS: dict[str, tuple[Any, str]] = {
     "closeReasonBytes": (linkcodes.REASON_MAX_BYTES, "a close reason is at most this long (RFC 6455)"),
     "factMaxChars": (protocol.FACT_MAX, "hello.firmware and hello.architecture are cut here"),
     "secretFileMaxBytes": (64 * 1024, "decoded contents of one secret file"),
+    "configSpecMaxBytes": (protocol.CONFIG_SPEC_MAX_BYTES,
+                           "a config.apply spec as compact UTF-8 JSON (the hub refuses a larger one when saved)"),
     "eventKindPattern": (protocol.EVENT_KIND_PATTERN, "what an event kind may look like"),
     "repliesRemembered": (256, "the newest command ids a device keeps replies for (at least)"),
     "supersededBackoffSeconds": (linkcodes.SUPERSEDED_BACKOFF, "least wait after close 4001"),

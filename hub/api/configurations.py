@@ -8,6 +8,7 @@ other members are kept as given.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any, Literal
 
@@ -16,6 +17,7 @@ from quart import Blueprint, g, request
 from quart_schema import document_querystring
 
 from actors.device import ApplyConfig, RemoveFiles
+from device_client.protocol import CONFIG_SPEC_MAX_BYTES
 from hub.api.common import Pagination, errors, jsonable, org, pagination, parse_uuid, principal, services
 from hub.api.validation import DeletedOut, body, enveloped, invalid, responds
 from hub.auth.authz import Obj, authorize, require_org, scope_for_list
@@ -70,8 +72,14 @@ def checked_spec(raw: Any) -> dict:
         err = invalid(exc, where="spec")
         err.code, err.message = "invalid_spec", "spec." + err.message
         raise err from None
-    return spec.model_dump(exclude_none=True, exclude_unset=False) | {
+    stored = spec.model_dump(exclude_none=True, exclude_unset=False) | {
         k: v for k, v in raw.items() if k not in ("ports", "workload")}
+    size = len(json.dumps(stored, ensure_ascii=False, separators=(",", ":")).encode())
+    if size > CONFIG_SPEC_MAX_BYTES:
+        # config.apply carries the spec and the files in one frame, bounded by construction
+        raise BadRequest(f"spec: {size} bytes as JSON, over the limit of {CONFIG_SPEC_MAX_BYTES}",
+                         code="invalid_spec")
+    return stored
 
 
 class ConfigCreate(BaseModel):

@@ -155,6 +155,19 @@ def test_files_put_with_every_device_file_at_its_limit():
                                  payload={"files": files})) <= LIMIT
 
 
+def test_config_apply_with_the_largest_spec_and_every_file_at_its_limit():
+    """The hub refuses a spec over CONFIG_SPEC_MAX_BYTES when it is saved (hub/api/configurations.py), so
+    the largest config.apply is that spec beside a configuration's files at their limits."""
+    each = MAX_TOTAL_BYTES // MAX_FILES
+    files = [{"fileId": "f" * 36, "path": "/" + WIDE_CHAR * ((MAX_PATH_BYTES - 1) // 4), "mode": 0o600,
+              "uid": WIDE_INT, "gid": WIDE_INT, "contentB64": "A" * (4 * -(-each // 3)), "sha256": "0" * 64,
+              "source": "configuration", "configId": "c" * 36} for _ in range(MAX_FILES)]
+    spec = {"blob": "x" * (protocol.CONFIG_SPEC_MAX_BYTES - len('{"blob":""}'))}
+    assert len(json.dumps(spec, separators=(",", ":")).encode()) == protocol.CONFIG_SPEC_MAX_BYTES
+    payload = {"configId": "c" * 36, "versionId": "v" * 36, "version": WIDE_INT, "spec": spec, "files": files}
+    assert size(protocol.Command(id="x" * 32, subject="cmd." + "d" * 36 + ".config.apply", payload=payload)) <= LIMIT
+
+
 async def test_a_frame_over_the_limit_is_never_encoded_and_a_reply_becomes_too_large(tmp_path):
     big = {"blob": "x" * (LIMIT + 1)}
     with trio.fail_after(10):
