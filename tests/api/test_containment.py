@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import uuid
 
-import pytest
 import trio
-from trio_websocket import ConnectionClosed, open_websocket_url
+from trio_websocket import open_websocket_url
 
 from device_client import protocol
 from device_client.agent import link_url
 from hub.api.link import CLOSE_BAD_FRAME
+from tests.api.test_link_abuse import _closed_with
 from tests.hubtools import metric_value, metrics, start_agent, start_hub, wait_for
 
 
@@ -25,14 +25,6 @@ async def _raw_link(hub, token: str, hello: str):
     ws = await cm.__aenter__()
     await ws.send_message(hello)
     return cm, ws
-
-
-async def _closed_with(ws) -> tuple[int, str]:
-    with pytest.raises(ConnectionClosed) as info:
-        with trio.fail_after(10):
-            while True:
-                await ws.get_message()
-    return info.value.reason.code, info.value.reason.reason or ""
 
 
 async def test_a_nul_in_a_path_is_audited_escaped_and_other_tenants_rows_are_written(nursery, db_url, tmp_path):
