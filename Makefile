@@ -18,15 +18,17 @@ run: $(STAMP)
 
 # Debian packages the tests use beside PyPI: coturn (a real TURN relay for the tunnel tests),
 # memtester (the memory-test benchmark's reference) and OpenSSH (ssh and scp through the tunnel:
-# the tests start their own sshd). Installed when missing and apt-get is there.
+# the tests start their own sshd), Chromium (the console's browser tests drive it with Playwright; Playwright
+# cannot download its own browser here). Installed when missing and apt-get is there.
 system-deps:
 	@command -v turnserver >/dev/null && command -v memtester >/dev/null && command -v ssh >/dev/null && \
+	  [ -x /usr/bin/chromium ] && \
 	  { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || \
 	  { command -v apt-get >/dev/null && \
 	    { [ "$$(id -u)" = 0 ] && SUDO= || SUDO=sudo; \
-	      $$SUDO apt-get install -y -q coturn memtester openssh-server openssh-client >/dev/null 2>&1 || \
-	      { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q coturn memtester openssh-server openssh-client >/dev/null; }; } ; } || \
-	  echo "note: coturn/memtester/openssh not installed; the TURN and ssh tests will say so"
+	      $$SUDO apt-get install -y -q coturn memtester openssh-server openssh-client chromium >/dev/null 2>&1 || \
+	      { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q coturn memtester openssh-server openssh-client chromium >/dev/null; }; } ; } || \
+	  echo "note: coturn/memtester/openssh/chromium not installed; the TURN, ssh and browser tests will say so"
 	@# the Debian package starts a system coturn where systemd runs; the tests start their own
 	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now coturn >/dev/null 2>&1; } || true
 
