@@ -71,10 +71,10 @@ Tunnels (device_client/tunnel.py and webrtc/ on the device and CLI, hub/api/tunn
     tunnel.close        {sessionId, reason?}                                  → {closed: bool}
     tunnel.ice_restart  {sessionId, offer: {sdp, type}}                       → {answer: {sdp, type}}
 
-A grant is ``base64url(payload JSON) + "." + base64url(Ed25519 signature over those base64url
-bytes)``, signed with the hub's key; payload: {v: 1, kid, sid, orgId, deviceId, principal, target,
-notBefore, expiresAt (RFC 3339), relay (bool), bandwidthBps, clientFingerprint (the DTLS
-fingerprint of the CLI's offer), deviceKey (the device's tunnel public key)}. The device verifies
+A grant is a JWT signed with EdDSA (Ed25519) by the hub's key named in its header's ``kid``; claims:
+{v: 2, iss: "fleethub", aud: "fleethub:tunnel-grant", sid, orgId, deviceId, principal, target, nbf,
+exp (NumericDate seconds), relay (bool), bandwidthBps, clientFingerprint (the DTLS fingerprint of the
+CLI's offer), deviceKey (the device's tunnel public key)} (webrtc/grant.py). The device verifies
 the grant against the keys the hub sent in ``welcome.hubKeys`` ({kid: base64 public key}; after a
 key rotation ``link.keys`` replaces them on a live link) and that deviceId is its own and the offer's fingerprint is clientFingerprint. Reply error codes:
 target_not_configured, ssh_disabled, device_unsupported, invalid_grant, and rejected (any other

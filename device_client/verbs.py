@@ -176,7 +176,7 @@ class Sdp(Body):
 
 
 class TunnelOpen(Body):
-    grant: str = Field(description="base64url(payload JSON).base64url(Ed25519 signature), signed with a welcome.hubKeys key")
+    grant: str = Field(description="a JWT (EdDSA) signed with the welcome.hubKeys key its header kid names, aud fleethub:tunnel-grant")
     offer: Sdp
     iceServers: list[dict[str, Any]] = Field(default_factory=list)
 

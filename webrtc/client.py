@@ -26,7 +26,7 @@ import trio
 
 from device_client.clock import Clock
 
-from .grant import GrantError, parse_time
+from .grant import GrantError, parse_time, read_unverified
 from .peer import TunnelPeer
 
 log = logging.getLogger("fleethub.tunnel")
@@ -139,13 +139,9 @@ def grant_expiry(session: dict[str, Any]) -> dt.datetime:
     """When the session's grant runs out: the hub's expires_at, else the grant's own expiresAt."""
     if isinstance(session.get("expires_at"), str):
         return parse_time(session["expires_at"], "expires_at")
-    import base64
-
-    head = str(session.get("grant", "")).split(".")[0]
     try:
-        payload = json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
-        return parse_time(payload["expiresAt"], "expiresAt")
-    except (ValueError, KeyError, TypeError, GrantError):
+        return parse_time(read_unverified(session.get("grant"))["expiresAt"], "expiresAt")
+    except (KeyError, GrantError):
         raise TunnelError("the hub's session answer has no expiry") from None
 
 

@@ -1,12 +1,23 @@
 """Tunnel grants: the hub's signed permission for one tunnel session (device_client/protocol.py, "Tunnels").
 
-A grant is ``base64url(payload JSON) + "." + base64url(Ed25519 signature over the first part's ASCII
-bytes)``, unpadded. The device trusts a grant only when its ``kid`` names a key the hub sent in
-``welcome.hubKeys``, the signature checks out under that key, and ``now`` lies in [notBefore,
-expiresAt). Who the grant is for (deviceId, deviceKey, the offer's DTLS fingerprint) is checked by
-``check_for_device``, so the same parse serves the CLI, which only reads its own grant.
+A grant is a JWT (RFC 7519, compact JWS) signed with Ed25519 (``alg: EdDSA``) by a key of the hub's
+signing ring, whose id is the header's ``kid``. Its claims are the session's fields (``sid``, ``orgId``,
+``deviceId``, ``principal``, ``target``, ``relay``, ``bandwidthBps``, ``clientFingerprint``,
+``deviceKey``), ``v`` (the claim set's version), ``iss`` = ``fleethub``, ``aud`` = ``fleethub:tunnel-grant``
+(so no other token of the same ring passes for a grant, nor a grant for another token) and the validity
+window as NumericDate ``nbf`` and ``exp`` (seconds since the epoch, millisecond fractions). Any JWT library
+with EdDSA verifies one; this module is what the device and the CLI use, and the hub signs with it.
 
-Pure: no IO, no clock; time is the ``now`` argument.
+In code a grant's fields travel as a *payload* dict: the claims with ``kid`` beside them and the window as
+RFC 3339 ``notBefore`` / ``expiresAt`` (how the hub stores a session's grant). ``to_claims`` and
+``from_claims`` are the one translation between the two.
+
+The device trusts a grant only when its ``kid`` names a key the hub sent in ``welcome.hubKeys``, the
+signature checks out under that key, and ``now`` lies in [notBefore, expiresAt). Who the grant is for
+(deviceId, deviceKey, the offer's DTLS fingerprint) is checked by ``check_for_device``, so the same parse
+serves the CLI, which only reads its own grant.
+
+Pure: no IO, no clock; time is the ``now`` argument (pyjwt's own time checks are off for that reason).
 """
 
 from __future__ import annotations
@@ -14,18 +25,24 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from nacl.exceptions import BadSignatureError
-from nacl.signing import SigningKey, VerifyKey
+import jwt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-GRANT_VERSION = 1
+from device_client.clock import rfc3339
+
+GRANT_VERSION = 2  # 1 was the hand-rolled "payload.signature" format before grants were JWTs
+ISSUER = "fleethub"
+AUDIENCE = "fleethub:tunnel-grant"
 # A device clock a little ahead of the hub's must not refuse a grant minted a moment ago.
 NOT_BEFORE_SKEW = dt.timedelta(seconds=30)
 _FIELDS = ("kid", "sid", "orgId", "deviceId", "principal", "target", "notBefore", "expiresAt",
            "relay", "bandwidthBps", "clientFingerprint", "deviceKey")
+_WINDOW = {"notBefore": "nbf", "expiresAt": "exp"}
+_REGISTERED = ("iss", "aud", "iat", "nbf", "exp")
 
 
 class GrantError(ValueError):
@@ -55,19 +72,6 @@ class Grant:
     payload: Mapping[str, Any]
 
 
-def b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64url(text: str) -> bytes:
-    if not isinstance(text, str) or not text:
-        raise GrantError("grant is not two base64url parts")
-    try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError):
-        raise GrantError("grant is not two base64url parts") from None
-
-
 def parse_time(value: Any, name: str) -> dt.datetime:
     if not isinstance(value, str):
         raise GrantError(f"grant {name} is not an RFC 3339 time")
@@ -80,36 +84,104 @@ def parse_time(value: Any, name: str) -> dt.datetime:
     return instant
 
 
-def sign_grant(payload: Mapping[str, Any], signing_key: SigningKey) -> str:
-    """Sign ``payload`` (which names its own ``kid``). The hub signs with its key; tests sign their own."""
-    head = b64url(json.dumps(dict(payload), separators=(",", ":"), sort_keys=True).encode()).encode("ascii")
-    return head.decode("ascii") + "." + b64url(signing_key.sign(head).signature)
+def to_claims(payload: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(kid, JWT claims) of a payload: the window as NumericDate, ``kid`` for the header."""
+    claims = {k: v for k, v in payload.items() if k != "kid" and k not in _WINDOW}
+    for name, claim in _WINDOW.items():
+        if name in payload:
+            claims[claim] = round(parse_time(payload[name], name).timestamp(), 3)
+    claims.update(iss=ISSUER, aud=AUDIENCE)
+    return payload.get("kid"), claims
+
+
+def from_claims(kid: Any, claims: Mapping[str, Any]) -> dict[str, Any]:
+    """The payload of verified claims: what ``to_claims`` was given."""
+    payload: dict[str, Any] = {k: v for k, v in claims.items() if k not in _REGISTERED}
+    payload["kid"] = kid
+    for name, claim in _WINDOW.items():
+        value = claims.get(claim)
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise GrantError(f"grant {claim} is not a NumericDate")
+        try:
+            payload[name] = rfc3339(dt.datetime.fromtimestamp(value, dt.timezone.utc))
+        except (OverflowError, OSError, ValueError):
+            raise GrantError(f"grant {claim} is out of range") from None
+    return payload
+
+
+def _private(key: Any) -> Ed25519PrivateKey:
+    if isinstance(key, Ed25519PrivateKey):
+        return key
+    return Ed25519PrivateKey.from_private_bytes(bytes(key))  # a PyNaCl SigningKey: its 32-byte seed
+
+
+def sign_grant(payload: Mapping[str, Any], signing_key: Any) -> str:
+    """Sign ``payload`` (which names its own ``kid``) as a JWT. The hub signs with its ring's current
+    key (hub/tunnels/grants.py); tests sign their own (an Ed25519 key, cryptography's or PyNaCl's)."""
+    kid, claims = to_claims(payload)
+    return jwt.encode(claims, _private(signing_key), algorithm="EdDSA", headers={"kid": kid, "typ": "JWT"})
+
+
+def verify_grant(token: Any, key_for: Callable[[Any], Ed25519PublicKey | None]) -> dict[str, Any]:
+    """The payload of a grant whose header ``kid`` names a key ``key_for`` knows and whose signature,
+    issuer, audience and version check out; GrantError otherwise. The window is not checked here: the
+    device checks it against its ``now`` (``parse_grant``), the hub's renewal does its own."""
+    if not isinstance(token, str) or token.count(".") != 2:
+        raise GrantError("grant is not a JWT (three base64url parts)")
+    try:
+        header = jwt.get_unverified_header(token)
+    except jwt.PyJWTError:
+        raise GrantError("grant is not a JWT (three base64url parts)") from None
+    kid = header.get("kid")
+    key = key_for(kid) if isinstance(kid, str) else None
+    if key is None:
+        raise GrantError(f"grant signed with an unknown key {kid!r}")
+    try:
+        claims = jwt.decode(token, key, algorithms=["EdDSA"], audience=AUDIENCE, issuer=ISSUER,
+                            options={"verify_exp": False, "verify_nbf": False, "verify_iat": False,
+                                     "require": ["iss", "aud", "nbf", "exp"]})
+    except jwt.InvalidSignatureError:
+        raise GrantError("grant signature does not verify") from None
+    except jwt.MissingRequiredClaimError as exc:
+        raise GrantError(f"grant lacks {exc.claim}") from None
+    except (jwt.InvalidAudienceError, jwt.InvalidIssuerError):
+        raise GrantError("the token is not a tunnel grant (issuer or audience)") from None
+    except (jwt.PyJWTError, ValueError, RecursionError):
+        raise GrantError("grant is not a JWT (three base64url parts)") from None
+    if claims.get("v") != GRANT_VERSION:
+        raise GrantError(f"grant version {claims.get('v')!r} is not {GRANT_VERSION}")
+    return from_claims(kid, claims)
+
+
+def read_unverified(token: Any) -> dict[str, Any]:
+    """The payload of a grant without checking its signature: only for the CLI reading the grant the
+    hub just handed it over TLS (its expiry), never to decide anything on the device."""
+    try:
+        header = jwt.get_unverified_header(token)
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except (jwt.PyJWTError, ValueError, TypeError, RecursionError):
+        raise GrantError("grant is not a JWT (three base64url parts)") from None
+    return from_claims(header.get("kid"), claims)
+
+
+def _public_from(hub_keys: Mapping[str, str]) -> Callable[[Any], Ed25519PublicKey | None]:
+    def key_for(kid: Any) -> Ed25519PublicKey | None:
+        encoded = hub_keys.get(kid)
+        if encoded is None:
+            return None
+        try:
+            return Ed25519PublicKey.from_public_bytes(base64.b64decode(encoded))
+        except (ValueError, binascii.Error):
+            return None
+    return key_for
 
 
 def parse_grant(token: str, hub_keys: Mapping[str, str], *, now: dt.datetime) -> Grant:
     """Check the signature against ``hub_keys`` ({kid: base64 Ed25519 public key}) and the validity
     window at ``now``; raise GrantError (code invalid_grant) for anything wrong."""
-    if not isinstance(token, str) or token.count(".") != 1:
-        raise GrantError("grant is not two base64url parts")
-    head, sig = token.split(".")
-    raw = _unb64url(head)
-    signature = _unb64url(sig)
-    try:
-        payload = json.loads(raw)
-    except ValueError:
-        raise GrantError("grant payload is not JSON") from None
-    if not isinstance(payload, dict):
-        raise GrantError("grant payload is not an object")
-    kid = payload.get("kid")
-    encoded_key = hub_keys.get(kid) if isinstance(kid, str) else None
-    if encoded_key is None:
-        raise GrantError(f"grant signed with an unknown key {kid!r}")
-    try:
-        VerifyKey(base64.b64decode(encoded_key)).verify(head.encode("ascii"), signature)
-    except (BadSignatureError, ValueError, binascii.Error):
-        raise GrantError("grant signature does not verify") from None
-    if payload.get("v") != GRANT_VERSION:
-        raise GrantError(f"grant version {payload.get('v')!r} is not {GRANT_VERSION}")
+    payload = verify_grant(token, _public_from(hub_keys))
     missing = [name for name in _FIELDS if name not in payload]
     if missing:
         raise GrantError(f"grant lacks {', '.join(missing)}")
@@ -125,7 +197,7 @@ def parse_grant(token: str, hub_keys: Mapping[str, str], *, now: dt.datetime) ->
     for name in ("sid", "orgId", "deviceId", "principal", "target", "clientFingerprint", "deviceKey"):
         if not isinstance(payload[name], str):
             raise GrantError(f"grant {name} is not a string")
-    return Grant(token=token, kid=kid, sid=payload["sid"], org_id=payload["orgId"],
+    return Grant(token=token, kid=payload["kid"], sid=payload["sid"], org_id=payload["orgId"],
                  device_id=payload["deviceId"], principal=payload["principal"], target=payload["target"],
                  not_before=not_before, expires_at=expires_at, relay=bool(payload["relay"]),
                  bandwidth_bps=bandwidth or None, client_fingerprint=payload["clientFingerprint"],

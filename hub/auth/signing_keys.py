@@ -141,6 +141,10 @@ class SigningKeys:
             return self._publics[self.kid]
         return self._publics.get(kid) if isinstance(kid, str) else None
 
+    def public_of(self, kid: Any) -> Ed25519PublicKey | None:
+        """The key with this id, ``None`` for an unknown or missing id: for tokens that must name theirs."""
+        return self._publics.get(kid) if isinstance(kid, str) else None
+
     def jwt_key(self, token: str) -> Ed25519PublicKey:
         """The key a JWT names in its header; jwt.InvalidTokenError if this hub has no such key."""
         key = self.public(jwt.get_unverified_header(token).get("kid"))

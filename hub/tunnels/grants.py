@@ -1,9 +1,9 @@
 """Tunnel grants, signed with the hub's signing key ring (hub/auth/signing_keys.py, also the JWTs').
 
-Format (device_client/protocol.py, "Tunnels"; webrtc/grant.py reads it on the device and the CLI):
-``base64url(payload JSON) + "." + base64url(Ed25519 signature over those base64url bytes)``,
-unpadded, the JSON with sorted keys and no spaces. The payload's ``kid`` names the signing key
-(``hub-`` + the first 16 hex digits of SHA-256 of its 32 raw bytes). Devices verify with the keys of
+Format (device_client/protocol.py, "Tunnels"): a JWT signed with EdDSA whose header ``kid`` names the
+signing key (``hub-`` + the first 16 hex digits of SHA-256 of its 32 raw bytes); webrtc/grant.py holds the
+claims, the one translation between them and the payload dict kept here, and the device's and CLI's
+checks. Devices verify with the keys of
 ``welcome.hubKeys`` (current and previous keys); after a rotation the hub pushes the new set with the
 ``link.keys`` command (``push_hub_keys``), so connected devices accept grants of the new key at once
 and grants signed before the rotation still verify.
@@ -14,24 +14,19 @@ not the validity window: whether a grant may still be renewed is the session's b
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
-import json
 import logging
 from typing import Any
 
 import trio
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from device_client.clock import rfc3339
 from hub.auth.signing_keys import SigningKeys
 from hub.errors import BadRequest, FleethubError
+from webrtc.grant import GRANT_VERSION, GrantError, sign_grant, verify_grant
 
 log = logging.getLogger("fleethub.tunnels")
-
-GRANT_VERSION = 1
 
 
 class GrantRejected(FleethubError):
@@ -43,17 +38,6 @@ class GrantRejected(FleethubError):
 class InvalidGrant(BadRequest):
     """The grant is not one this hub signed for this session."""
     code = "invalid_grant"
-
-
-def b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64url(text: str) -> bytes:
-    try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError):
-        raise InvalidGrant("the grant is not two base64url parts") from None
 
 
 def payload_time(instant: dt.datetime) -> str:
@@ -88,28 +72,16 @@ class GrantSigner:
         if body.get("kid") != self.keys.kid:
             raise GrantRejected("the grant does not name the hub's current signing key")
         try:
-            head = b64url(json.dumps(body, separators=(",", ":"), sort_keys=True).encode()).encode("ascii")
-            return head.decode("ascii") + "." + b64url(self.keys.current.sign(head))
+            return sign_grant(body, self.keys.current)
         except Exception as exc:  # a key that cannot sign is our fault, never the caller's
             raise GrantRejected(f"the hub could not sign the tunnel grant ({type(exc).__name__})") from None
 
     def verify(self, token: Any) -> dict[str, Any]:
         """The payload of a grant this hub signed with a key of its ring; InvalidGrant otherwise."""
-        if not isinstance(token, str) or token.count(".") != 1:
-            raise InvalidGrant("the grant is not two base64url parts")
-        head, sig = token.split(".")
         try:
-            body = json.loads(_unb64url(head))
-        except (ValueError, RecursionError):  # a caller's payload nested 1,000 deep is not a grant, not a 500
-            raise InvalidGrant("the grant's payload is not JSON") from None
-        public = self.keys.public(body.get("kid")) if isinstance(body, dict) and "kid" in body else None
-        if public is None or body.get("v") != GRANT_VERSION:
-            raise InvalidGrant("the grant is not a version 1 grant of this hub's keys")
-        try:
-            public.verify(_unb64url(sig), head.encode("ascii"))
-        except (InvalidSignature, UnicodeEncodeError):
-            raise InvalidGrant("the grant's signature does not verify") from None
-        return body
+            return verify_grant(token, self.keys.public_of)
+        except GrantError as exc:
+            raise InvalidGrant(f"the grant is not one of this hub's: {exc.reason}") from None
 
 
 # Devices told at once after a key rotation: 10,000 links must not mean 10,000 commands (and tasks) in

@@ -76,11 +76,11 @@ async def test_renew(hub, nursery):
         assert row["expires_at"] == new.expires_at
         url = f"/v1/cli/tunnel/session/{sid}/renew"
         # Altered payload, bad signature, another session's grant, garbage: 400 invalid_grant.
-        head, sig = first["grant"].split(".")
-        altered = json.loads(_unb64(head))
+        head, body, sig = first["grant"].split(".")
+        altered = json.loads(_unb64(body))
         altered["target"] = "web"
-        forged = _b64(json.dumps(altered, separators=(",", ":"), sort_keys=True).encode()) + "." + sig
-        for bad in (forged, head + "." + sig[:-4] + "AAAA", other["grant"], "not-a-grant"):
+        forged = head + "." + _b64(json.dumps(altered, separators=(",", ":"), sort_keys=True).encode()) + "." + sig
+        for bad in (forged, f"{head}.{body}.{sig[:-4]}AAAA", other["grant"], "not-a-grant"):
             tunnel_error(await hub.call("POST", url, headers=bearer(token), json={"grant": bad}), 400, "invalid_grant")
         tunnel_error(await hub.call("POST", f"/v1/cli/tunnel/session/{uuid.uuid4()}/renew", headers=bearer(token),
                                     json={"grant": first["grant"]}), 404, "not_found")

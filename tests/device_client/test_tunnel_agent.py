@@ -18,7 +18,7 @@ from nacl.signing import SigningKey
 from device_client.agent import Agent
 from device_client.clock import rfc3339
 from device_client.tunnel import TunnelConfig
-from webrtc.grant import sign_grant
+from webrtc.grant import GRANT_VERSION, sign_grant
 from webrtc.loop import restrict_host_addresses
 from webrtc.peer import TunnelPeer
 from webrtc.sdp import fingerprint
@@ -54,7 +54,7 @@ class Rig:
 
     def grant(self, offer: dict, *, lifetime: float = 60.0, key: SigningKey = HUB_KEY, **overrides) -> str:
         now = self.agent.clock.now()
-        body = {"v": 1, "kid": KID, "sid": "sess-1", "orgId": "org-1", "deviceId": self.agent.device_id,
+        body = {"v": GRANT_VERSION, "kid": KID, "sid": "sess-1", "orgId": "org-1", "deviceId": self.agent.device_id,
                 "principal": "user:test", "target": "echo", "notBefore": rfc3339(now),
                 "expiresAt": rfc3339(now + dt.timedelta(seconds=lifetime)), "relay": False,
                 "bandwidthBps": None, "clientFingerprint": fingerprint(offer["sdp"]),
@@ -134,9 +134,9 @@ async def test_the_device_refuses_a_bad_grant(rig, case, expected):
         if case == "forged":
             grant = rig.grant(offer, key=SigningKey.generate())
         elif case == "altered":
-            head, sig = rig.grant(offer).split(".")
-            other_head = rig.grant(offer, target=str(rig.echo_port)).split(".")[0]
-            grant = other_head + "." + sig
+            head, _, sig = rig.grant(offer).split(".")
+            other_claims = rig.grant(offer, target=str(rig.echo_port)).split(".")[1]
+            grant = f"{head}.{other_claims}.{sig}"
         elif case == "wrong_device":
             grant = rig.grant(offer, deviceId="dev-other")
         elif case == "expired":

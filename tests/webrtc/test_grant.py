@@ -9,7 +9,11 @@ import json
 import pytest
 from nacl.signing import SigningKey
 
-from webrtc.grant import GrantError, check_for_device, parse_grant, same_session, sign_grant
+import jwt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from webrtc.grant import (GRANT_VERSION, GrantError, check_for_device, parse_grant, same_session,
+                          sign_grant, to_claims)
 from webrtc.sdp import fingerprint, fingerprints, normalise_fingerprint
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
@@ -20,7 +24,7 @@ SDP = ("v=0\r\na=fingerprint:sha-256 ab:cd:EF:01\r\na=fingerprint:sha-384 11:22\
 
 
 def payload(**overrides):
-    body = {"v": 1, "kid": "hub-1", "sid": "s-1", "orgId": "o-1", "deviceId": "dev-1", "principal": "user:u-1",
+    body = {"v": GRANT_VERSION, "kid": "hub-1", "sid": "s-1", "orgId": "o-1", "deviceId": "dev-1", "principal": "user:u-1",
             "target": "ssh", "notBefore": "2026-03-01T11:59:00.000Z", "expiresAt": "2026-03-01T12:05:00.000Z",
             "relay": False, "bandwidthBps": 1_000_000, "clientFingerprint": "sha-256 AB:CD:EF:01",
             "deviceKey": DEVICE_KEY}
@@ -41,13 +45,44 @@ def test_a_forged_signature_is_refused():
         parse_grant(forged, KEYS, now=NOW)
 
 
+def b64json(part: str) -> dict:
+    return json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+
+
+def test_a_grant_is_a_standard_eddsa_jwt_any_verifier_can_check():
+    """Issue 16 section 5: the wire format is a JWT; checked here with PyNaCl alone, not the JWT library."""
+    token = sign_grant(payload(), HUB)
+    head, body, sig = token.split(".")
+    assert b64json(head) == {"alg": "EdDSA", "kid": "hub-1", "typ": "JWT"}
+    claims = b64json(body)
+    assert claims["iss"] == "fleethub" and claims["aud"] == "fleethub:tunnel-grant" and "kid" not in claims
+    assert claims["nbf"] == NOW.timestamp() - 60 and claims["exp"] == NOW.timestamp() + 300
+    assert "notBefore" not in claims and "expiresAt" not in claims  # the window is the registered claims
+    HUB.verify_key.verify(f"{head}.{body}".encode(), base64.urlsafe_b64decode(sig + "=" * (-len(sig) % 4)))
+    assert parse_grant(token, KEYS, now=NOW).payload == payload()  # the payload round-trips whole
+
+
 def test_an_altered_payload_is_refused():
-    head, sig = sign_grant(payload(), HUB).split(".")
-    altered = json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
+    head, body, sig = sign_grant(payload(), HUB).split(".")
+    altered = b64json(body)
     altered["target"] = "database"
-    new_head = base64.urlsafe_b64encode(json.dumps(altered).encode()).rstrip(b"=").decode()
+    new_body = base64.urlsafe_b64encode(json.dumps(altered).encode()).rstrip(b"=").decode()
     with pytest.raises(GrantError, match="signature"):
-        parse_grant(new_head + "." + sig, KEYS, now=NOW)
+        parse_grant(f"{head}.{new_body}.{sig}", KEYS, now=NOW)
+
+
+def test_another_token_of_the_same_key_is_not_a_grant():
+    """The hub's ring also signs access and signalling tokens: their audience keeps them apart."""
+    key = Ed25519PrivateKey.from_private_bytes(bytes(HUB))
+    kid, claims = to_claims(payload())
+    for aud in ("fleethub:api", None):
+        other = {**claims, "aud": aud} if aud else {k: v for k, v in claims.items() if k != "aud"}
+        token = jwt.encode(other, key, algorithm="EdDSA", headers={"kid": kid})
+        with pytest.raises(GrantError, match="audience|lacks aud"):
+            parse_grant(token, KEYS, now=NOW)
+    none_alg = jwt.encode(claims, None, algorithm="none", headers={"kid": kid})
+    with pytest.raises(GrantError):
+        parse_grant(none_alg, KEYS, now=NOW)
 
 
 def test_wrong_device_or_device_key_is_refused():
@@ -87,7 +122,7 @@ def test_missing_fields_and_wrong_version_are_refused():
     with pytest.raises(GrantError, match="lacks deviceKey"):
         parse_grant(sign_grant(body, HUB), KEYS, now=NOW)
     with pytest.raises(GrantError, match="version"):
-        parse_grant(sign_grant(payload(v=2), HUB), KEYS, now=NOW)
+        parse_grant(sign_grant(payload(v=1), HUB), KEYS, now=NOW)
 
 
 def test_the_offer_must_carry_the_granted_fingerprint():
