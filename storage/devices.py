@@ -60,9 +60,12 @@ class Devices:
             f"SELECT {DEVICE_COLUMNS} FROM devices WHERE token_hash = $1", token_hash))
 
     async def list(self, org_id: uuid.UUID, *, offset: int, limit: int, fleet_id: uuid.UUID | None = None,
-                   online: bool | None = None, tag: str | None = None,
-                   only: tuple[set, set] | None = None) -> tuple[list[dict], int]:
-        """``only`` = (device ids, fleet ids): restrict to devices granted directly or through a fleet."""
+                   online: bool | None = None, tag: str | None = None, firmware: str | None = None,
+                   architecture: str | None = None, condition: str | None = None, updating: bool | None = None,
+                   search: str | None = None, only: tuple[set, set] | None = None) -> tuple[list[dict], int]:
+        """``only`` = (device ids, fleet ids): restrict to devices granted directly or through a fleet.
+        ``condition`` is a condition type (MemoryFault); ``updating``, a configuration on its way
+        (pending or applying); ``search``, a case-insensitive substring of the name (taken literally)."""
         where = ["org_id = $1"]
         args: list = [org_id]
         if only is not None:
@@ -77,6 +80,19 @@ class Devices:
         if tag is not None:
             args.append(tag)
             where.append(f"${len(args)} = ANY(tags)")
+        for column, value in (("firmware", firmware), ("architecture", architecture)):
+            if value is not None:
+                args.append(value)
+                where.append(f"{column} = ${len(args)}")
+        if condition is not None:
+            args.append(json.dumps([{"type": condition}]))
+            where.append(f"conditions @> ${len(args)}::jsonb")
+        if updating is not None:
+            where.append(("" if updating else "NOT ") + "coalesce(config_status IN ('pending', 'applying'), false)")
+        if search:
+            # LIKE's own characters are escaped: the operator's text is matched as typed
+            args.append("%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+            where.append(f"name ILIKE ${len(args)}")
         cond = " AND ".join(where)
 
         async def body(conn: asyncpg.Connection) -> tuple[list[dict], int]:

@@ -47,6 +47,12 @@ class DeviceQuery(PageQuery):
     fleet_id: uuid.UUID | None = None
     online: bool | None = None
     tag: str | None = None
+    firmware: str | None = Field(None, max_length=200)
+    architecture: str | None = Field(None, max_length=100)
+    condition: Literal["MemoryFault"] | None = Field(None, description="devices with this condition")
+    updating: bool | None = Field(None, description="a configuration on its way to the device (pending or "
+                                                    "applying), or not")
+    search: str | None = Field(None, max_length=200, description="part of the device's name, any case")
 
 
 class DeviceConfiguration(BaseModel):
@@ -176,7 +182,9 @@ async def list_devices(query_args: DeviceQuery):
     everything, ids, fleets = await scope_for_list(s, "viewer", "device")
     rows, total = await s.devices.list(
         org().org_id, offset=query_args.offset, limit=query_args.limit, fleet_id=query_args.fleet_id,
-        online=query_args.online, tag=query_args.tag, only=None if everything else (ids, fleets))
+        online=query_args.online, tag=query_args.tag, firmware=query_args.firmware,
+        architecture=query_args.architecture, condition=query_args.condition, updating=query_args.updating,
+        search=query_args.search, only=None if everything else (ids, fleets))
     return {"data": [device_json(r) for r in rows],
             "pagination": pagination(query_args.page, query_args.limit, total)}
 
