@@ -34,8 +34,9 @@ SESSION_ONLY = [{"SessionCookie": []}]
 EXTENSION_TAG = "extensions"
 
 # Every operation the spec's Endpoints part lists, with the section it is under. Paths as the
-# spec writes them; where the spec names a path parameter differently ({id} of the memory-test
-# rows) the hub keeps its own name for that device id, and the URL is the same.
+# spec writes them, path parameter names included: the spec calls the device id {device_id},
+# {deviceId} or {id} on different rows, and the routes use each row's name so a generated client's
+# arguments are the spec's.
 SPEC_OPERATIONS: dict[tuple[str, str], str] = {
     ("post", "/v1/assistant/chat/completions"): "Assistant",
     ("get", "/v1/assistant/usage"): "Assistant",
@@ -77,10 +78,10 @@ SPEC_OPERATIONS: dict[tuple[str, str], str] = {
     ("patch", "/v1/fleets/{fleet_id}"): "Devices, fleets and configuration versions",
     ("get", "/v1/configurations/{config_id}/versions"): "Devices, fleets and configuration versions",
     ("post", "/v1/configurations/{config_id}/versions"): "Devices, fleets and configuration versions",
-    ("post", "/v1/devices/{device_id}/memory-test"): "Memory test",
-    ("post", "/v1/devices/{device_id}/memory-test/cancel"): "Memory test",
-    ("get", "/v1/devices/{device_id}/memory-test"): "Memory test",
-    ("get", "/v1/devices/{device_id}/memory-test/results"): "Memory test",
+    ("post", "/v1/devices/{id}/memory-test"): "Memory test",
+    ("post", "/v1/devices/{id}/memory-test/cancel"): "Memory test",
+    ("get", "/v1/devices/{id}/memory-test"): "Memory test",
+    ("get", "/v1/devices/{id}/memory-test/results"): "Memory test",
     ("post", "/v1/oauth/token"): "Authentication",
 }
 

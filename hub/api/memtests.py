@@ -141,13 +141,14 @@ def _ask_timeout() -> float:
 
 
 # -- endpoints ------------------------------------------------------------------------------------------
-@bp.post("/<device_id>/memory-test")
+@bp.post("/<id>/memory-test")
 @optional_body
 @also_tunnel_token
 @document_request(StartRequest)
 @document_response(RunEnvelope, 202)
 @_errors(400, 401, 403, 404, 409, 422, 429, 502, 503, 504)
-async def start_memory_test(device_id: str):
+async def start_memory_test(id: str):  # noqa: A002 — the spec's path parameter name
+    device_id = id
     s = services()
     raw = await _json_object()
     try:
@@ -171,12 +172,13 @@ async def start_memory_test(device_id: str):
                               "status": answer["status"]})}, 202
 
 
-@bp.post("/<device_id>/memory-test/cancel")
+@bp.post("/<id>/memory-test/cancel")
 @optional_body
 @document_request(CancelRequest)
 @document_response(RunEnvelope, 202)
 @_errors(400, 401, 403, 404, 409, 502, 503, 504)
-async def cancel_memory_test(device_id: str):
+async def cancel_memory_test(id: str):  # noqa: A002 — the spec's path parameter name
+    device_id = id
     s = services()
     raw = await _json_object()
     unknown = sorted(set(raw) - {"runId"})
@@ -198,10 +200,11 @@ async def cancel_memory_test(device_id: str):
                               "status": status})}, 202
 
 
-@bp.get("/<device_id>/memory-test")
+@bp.get("/<id>/memory-test")
 @document_response(TestStatusEnvelope)
 @_errors(400, 401, 403, 404)
-async def memory_test_status(device_id: str):
+async def memory_test_status(id: str):  # noqa: A002 — the spec's path parameter name
+    device_id = id
     """Live when the device answers; else what the hub stored (source stored, healthReportedAt)."""
     s = services()
     row = await _device(device_id, "viewer")
@@ -248,11 +251,12 @@ def _health_in_full(health: dict, stored: list[dict]) -> dict:
     return {**health, "lastResult": _in_full(last, stored)} if isinstance(last, dict) else health
 
 
-@bp.get("/<device_id>/memory-test/results")
+@bp.get("/<id>/memory-test/results")
 @document_querystring(ResultsQuery)
 @document_response(ResultsEnvelope)
 @_errors(400, 401, 403, 404)
-async def memory_test_results(device_id: str):
+async def memory_test_results(id: str):  # noqa: A002 — the spec's path parameter name
+    device_id = id
     s = services()
     unknown = sorted(set(request.args) - {"limit"})
     if unknown:

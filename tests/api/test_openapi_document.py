@@ -89,7 +89,7 @@ async def test_the_document_says_what_the_spec_says(hub):
             assert q["page"]["default"] == 1 and q["limit"]["default"] == 10, (path, q)
         assert query("get", "/v1/audit-events")["limit"]["default"] == 50
         assert query("get", "/v1/billing/tunnel/usage/records")["limit"]["default"] == 50
-        assert query("get", "/v1/devices/{device_id}/memory-test/results")["limit"]["default"] == 20
+        assert query("get", "/v1/devices/{id}/memory-test/results")["limit"]["default"] == 20
 
         # every request body declared
         for (method, path), op in ops.items():

@@ -50,11 +50,11 @@ ENDPOINTS: dict[tuple[str, str], tuple[str, str, bool]] = {
     ("patch", "/v1/fleets/{fleet_id}"): ("Devices, fleets and configuration versions", "Either", True),
     ("get", "/v1/configurations/{config_id}/versions"): ("Devices, fleets and configuration versions", "Either", True),
     ("post", "/v1/configurations/{config_id}/versions"): ("Devices, fleets and configuration versions", "Either", True),
-    # the spec writes {id}; the hub's document names it device_id (same URL)
-    ("post", "/v1/devices/{device_id}/memory-test"): ("Memory test", "Either", True),
-    ("post", "/v1/devices/{device_id}/memory-test/cancel"): ("Memory test", "Either", True),
-    ("get", "/v1/devices/{device_id}/memory-test"): ("Memory test", "Either", True),
-    ("get", "/v1/devices/{device_id}/memory-test/results"): ("Memory test", "Either", True),
+    # the spec writes {id} on these rows (and {device_id}, {deviceId} on others): each row as written
+    ("post", "/v1/devices/{id}/memory-test"): ("Memory test", "Either", True),
+    ("post", "/v1/devices/{id}/memory-test/cancel"): ("Memory test", "Either", True),
+    ("get", "/v1/devices/{id}/memory-test"): ("Memory test", "Either", True),
+    ("get", "/v1/devices/{id}/memory-test/results"): ("Memory test", "Either", True),
     ("post", "/v1/oauth/token"): ("Authentication", "public", False),
 }
 
