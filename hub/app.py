@@ -20,6 +20,7 @@ from werkzeug.exceptions import HTTPException
 from hub.api import (access, assistant, audit, billing, configurations, devices, diagnosis, fleets, health, link,
                      memtests, oauth, pagemaps, pats, rollouts, secret_files, sessions, tunnels, windows)
 from hub.api import validation
+from hub import console
 from hub.auth import middleware
 from hub.ids import fast_uuid4
 from hub.openapi import EITHER, FleethubOpenAPI
@@ -77,6 +78,9 @@ def create_app(services: Services) -> QuartTrio:
                    rollouts, link, windows, memtests, pagemaps, diagnosis, tunnels, billing, assistant):
         app.register_blueprint(module.bp)
     app.register_blueprint(configurations.device_bp)
+    # the operators' console (hub/console/): pages, static files and its organisation event stream
+    app.register_blueprint(console.bp)
+    app.register_blueprint(console.stream_bp)
 
     @app.before_request
     async def _before() -> None:

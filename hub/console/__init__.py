@@ -1,0 +1,12 @@
+"""The operators' web console (issue 18): pages under /console/, served by the hub on the API's origin.
+
+No build step: every page is the same small HTML shell (``pages.py``) naming its page, and plain ES
+modules from ``static/`` render it by calling the /v1 API with the dashboard session cookie and the
+CSRF token, and follow the live parts over the SSE streams (``stream.py`` adds the organisation-wide
+device stream the device list needs). docs/console.md says what exists and how it is built.
+"""
+
+from hub.console.pages import bp
+from hub.console.stream import bp as stream_bp
+
+__all__ = ["bp", "stream_bp"]

@@ -1,0 +1,243 @@
+// One device: live state over its own event stream, facts from its hello, configuration and each
+// secret file's delivery, ping and reboot, memory tests, and the place the terminal module fills.
+import { api, follow } from '../api.js';
+import { fill, h, badge, bytes, confirmDialog, field, notice, when } from '../dom.js';
+
+const MODES = {
+  live: { label: 'Live', plan: { impact: 'running', placement: 'online' }, hint: 'tests free memory beside the running workload' },
+  quick: { label: 'Live Quick', plan: { impact: 'running', placement: 'online', quick: true }, hint: 'at most a quarter of free memory (≤ 512 MiB), one pass' },
+  full: { label: 'Full online', plan: { impact: 'stopped', placement: 'online' }, hint: 'stops the workload and tests nearly all free memory' },
+  boot: { label: 'Test boot', plan: { impact: 'stopped', placement: 'offline' }, hint: 'reboots into a test boot; a kernel sweep, then the full suite' },
+};
+const MAX_EVENTS = 100;
+
+function dl(pairs) {
+  return h('dl', { class: 'facts' }, pairs.map(([k, v]) => [h('dt', {}, k), h('dd', {}, v ?? '–')]));
+}
+
+function fmtRate(bps) {
+  return typeof bps === 'number' ? `${bytes(bps)}/s` : '–';
+}
+
+export async function render(main, id) {
+  let device = (await api('GET', `/v1/devices/${id}`)).data;
+  const title = h('h1', { id: 'device-name' }, device.name);
+  const state = h('span', { id: 'device-state' });
+  const live = h('span', { id: 'live', class: 'muted' }, 'connecting…');
+  const actionStatus = h('div', { id: 'action-status', 'aria-live': 'polite' });
+  const facts = h('div', { id: 'facts' });
+  const config = h('div', { id: 'configuration' });
+  const files = h('div', { id: 'secret-files' });
+  const fileStatus = h('div', { 'aria-live': 'polite' });
+  const events = h('ol', { id: 'events', class: 'events', reversed: true });
+  const progress = h('div', { id: 'memtest-progress', 'aria-live': 'polite' });
+  const results = h('div', { id: 'memtest-results' });
+  const diagnosis = h('div', { id: 'diagnosis' });
+  const memStatus = h('div', { 'aria-live': 'polite' });
+
+  const ping = h('button', { type: 'button', id: 'ping', class: 'secondary' }, 'Ping');
+  ping.addEventListener('click', async () => {
+    try {
+      const r = await api('POST', `/v1/devices/${id}/ping`);
+      notice(actionStatus, `Ping: ${r.data.roundTripMs} ms round trip.`, 'ok');
+    } catch (err) { notice(actionStatus, `Ping failed: ${err.message}`, 'error'); }
+  });
+  const reboot = h('button', { type: 'button', id: 'reboot', class: 'danger' }, 'Reboot');
+  reboot.addEventListener('click', async () => {
+    if (!await confirmDialog('Reboot device', `Reboot ${device.name} now?`, 'Reboot')) return;
+    try { await api('POST', `/v1/devices/${id}/reboot`); notice(actionStatus, 'Reboot sent.', 'ok'); } catch (err) {
+      notice(actionStatus, `Reboot failed: ${err.message}`, 'error');
+    }
+  });
+
+  // -- secret files: upload is write-only (the content never comes back); metadata and delivery
+  const path = h('input', { name: 'path', required: true, placeholder: '/etc/app/secret.key', spellcheck: 'false' });
+  const mode = h('input', { name: 'mode', value: '0600', pattern: '0?[0-7]{3}', size: 5 });
+  const content = h('textarea', { name: 'content', rows: 3, spellcheck: 'false', autocomplete: 'off' });
+  const upload = h('input', { type: 'file', name: 'file' });
+  const fileForm = h('form', { id: 'secret-upload', class: 'inline-form' },
+    field('Path on the device', path), field('Mode', mode), field('Content (or choose a file)', content), field('File', upload),
+    h('button', { type: 'submit' }, 'Upload'));
+  fileForm.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    let raw;
+    if (upload.files.length) raw = new Uint8Array(await upload.files[0].arrayBuffer());
+    else raw = new TextEncoder().encode(content.value);
+    let binary = '';
+    for (const b of raw) binary += String.fromCharCode(b);
+    try {
+      await api('POST', `/v1/devices/${id}/secret-files`, { path: path.value, mode: mode.value, content_base64: btoa(binary) });
+      content.value = ''; upload.value = '';
+      notice(fileStatus, 'Uploaded; its content will not be shown again.', 'ok');
+      await loadFiles();
+      watchFiles();
+    } catch (err) { notice(fileStatus, err.message, 'error'); }
+  });
+
+  // -- memory tests
+  const modeRadios = Object.entries(MODES).map(([key, m], i) => h('label', { class: 'radio' },
+    h('input', { type: 'radio', name: 'memmode', value: key, checked: i === 1 }), ` ${m.label} `, h('small', { class: 'muted' }, m.hint)));
+  const passes = h('input', { type: 'number', name: 'passes', min: 1, max: 20, placeholder: 'mode default' });
+  const budget = h('input', { type: 'number', name: 'budget', min: 60, max: 43200, placeholder: '7200' });
+  const memForm = h('form', { id: 'memtest-start' }, h('fieldset', {}, h('legend', {}, 'Mode'), modeRadios),
+    h('div', { class: 'row' }, field('Passes', passes), field('Time budget (s)', budget)),
+    h('div', { class: 'row' }, h('button', { type: 'submit', id: 'memtest-run' }, 'Start memory test'),
+      h('button', { type: 'button', id: 'memtest-cancel', class: 'secondary', onclick: cancelTest }, 'Cancel test')));
+  memForm.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    const key = memForm.elements.memmode.value;
+    const plan = { ...MODES[key].plan };
+    if (passes.value) plan.passes = Number(passes.value);
+    if (budget.value) plan.timeBudgetSeconds = Number(budget.value);
+    if (key === 'boot' && !await confirmDialog('Test boot', 'The device reboots into a test boot and is out of service until the test ends.', 'Reboot and test')) return;
+    try {
+      const r = await api('POST', `/v1/devices/${id}/memory-test`, plan);
+      notice(memStatus, `Started run ${r.data.runId}.`, 'ok');
+      showProgress({ kind: 'memory_test', runId: r.data.runId, phase: r.data.status?.phase || 'preparing' });
+    } catch (err) { notice(memStatus, err.message, 'error'); }
+  });
+  async function cancelTest() {
+    try { await api('POST', `/v1/devices/${id}/memory-test/cancel`); notice(memStatus, 'Cancel sent.', 'ok'); } catch (err) {
+      notice(memStatus, err.message, 'error');
+    }
+  }
+
+  fill(main, 
+    h('div', { class: 'title' }, title, state, live),
+    h('div', { class: 'row' }, ping, reboot), actionStatus,
+    h('div', { class: 'grid' },
+      h('section', { class: 'card', 'aria-labelledby': 'h-facts' }, h('h2', { id: 'h-facts' }, 'Device'), facts),
+      h('section', { class: 'card', 'aria-labelledby': 'h-config' }, h('h2', { id: 'h-config' }, 'Configuration'), config)),
+    h('section', { class: 'card', 'aria-labelledby': 'h-files' }, h('h2', { id: 'h-files' }, 'Secret files'), files, fileForm, fileStatus),
+    h('section', { class: 'card', 'aria-labelledby': 'h-mem' }, h('h2', { id: 'h-mem' }, 'Memory test'),
+      memForm, memStatus, progress, h('h3', {}, 'Diagnosis'), diagnosis, h('h3', {}, 'Results'), results),
+    h('section', { class: 'card', id: 'terminal', 'aria-labelledby': 'h-term' }, h('h2', { id: 'h-term' }, 'Terminal'),
+      h('p', { class: 'muted', id: 'terminal-placeholder' },
+        'The browser terminal (WebRTC, peer to peer) is not built yet; its module will mount here.')),
+    h('section', { class: 'card', 'aria-labelledby': 'h-events' }, h('h2', { id: 'h-events' }, 'Events'), events));
+
+  function paintDevice() {
+    title.textContent = device.name;
+    fill(state, badge(device.state, device.online ? 'ok' : 'off'),
+      (device.conditions || []).some((c) => c.type === 'MemoryFault') ? badge('Memory fault', 'bad') : null);
+    const targets = device.tunnel_targets;
+    fill(facts, dl([
+      ['State', device.state], ['Last seen', when(device.last_seen)], ['Boot reason', device.boot_reason],
+      ['Firmware', device.firmware], ['Architecture', device.architecture], ['Tags', (device.tags || []).join(', ')],
+      ['Tunnel targets', targets ? [...(targets.names || []), targets.ssh ? 'ssh' : null].filter(Boolean).join(', ') : null],
+      ['Device id', device.id], ['Created', when(device.created_at)]]));
+    const c = device.configuration || {};
+    fill(config, dl([['Configuration', c.config_id], ['Assigned version', c.version_id],
+      ['Applied version', c.applied_version_id], ['Status', c.status ? badge(c.status, c.status === 'applied' ? 'ok' : c.status === 'pending' || c.status === 'applying' ? 'warn' : 'bad') : null],
+      ['Error', c.error]]));
+  }
+
+  async function loadFiles() {
+    try {
+      const list = (await api('GET', `/v1/devices/${id}/secret-files`)).data;
+      fill(files, list.length ? h('table', { class: 'files' },
+        h('thead', {}, h('tr', {}, ['Path', 'Mode', 'Owner', 'Size', 'SHA-256', 'Updated', 'Delivery'].map((t) => h('th', {}, t)))),
+        h('tbody', {}, list.map((f) => h('tr', { dataset: { path: f.path } }, h('td', {}, h('code', {}, f.path)), h('td', {}, f.mode),
+          h('td', {}, `${f.owner.uid}:${f.owner.gid}`), h('td', {}, bytes(f.size)), h('td', {}, h('code', {}, f.sha256)),
+          h('td', {}, when(f.updatedAt)), h('td', { class: 'delivery' }, badge(f.status, f.status === 'on_device' ? 'ok' : f.status === 'failed' ? 'bad' : 'warn'),
+            f.error ? ` ${f.error}` : ''))))) : h('p', { class: 'muted' }, 'No secret files for this device.'));
+      return list;
+    } catch (err) { fill(files, h('p', { class: 'notice error' }, err.message)); return []; }
+  }
+
+  // A delivery has no event of its own: after an upload, look again until nothing is pending (≤ 30 s).
+  let watching = null;
+  function watchFiles() {
+    if (watching) return;
+    const until = Date.now() + 30000;
+    watching = setInterval(async () => {
+      const list = await loadFiles();
+      if (Date.now() > until || !list.some((f) => f.status === 'pending')) { clearInterval(watching); watching = null; }
+    }, 1000);
+  }
+
+  function showProgress(op) {
+    const rows = [['Run', op.runId], ['Phase', op.phase ? badge(op.phase, op.phase === 'done' ? 'ok' : ['failed', 'cancelled', 'interrupted'].includes(op.phase) ? 'bad' : 'warn') : null],
+      ['Pass', op.pass != null ? `${op.pass} of ${op.passes ?? '?'}` : null], ['Pattern', op.pattern],
+      ['Coverage', op.coverage != null ? `${(op.coverage * 100).toFixed(1)} % of ${bytes(op.totalBytes)}` : null],
+      ['Rate', fmtRate(op.rate)], ['Errors', op.errors != null ? `${op.errors} (${op.confirmedErrors ?? 0} confirmed)` : null],
+      ['Temperature', op.temperature != null ? `${op.temperature} °C` : null]];
+    if (op.outcome) rows.push(['Outcome', badge(op.outcome, op.outcome === 'pass' ? 'ok' : 'bad')], ['Verdict', op.verdict]);
+    const bar = op.coverage != null ? h('progress', { max: 1, value: op.coverage, 'aria-label': 'Coverage' }) : null;
+    fill(progress, h('div', { class: 'progress', dataset: { phase: op.phase || '' } }, bar, dl(rows)));
+    if (op.outcome) { loadResults(op.runId); loadDiagnosis(); }
+  }
+
+  // The outcome event can come before the hub has stored the result: with ``runId``, look again
+  // (every 500 ms, up to 15 s) until that run is among the results.
+  async function loadResults(runId, tries = 30) {
+    try {
+      const list = (await api('GET', `/v1/devices/${id}/memory-test/results?limit=5`)).data.results || [];
+      if (runId && tries > 0 && !list.some((r) => r.runId === runId)) {
+        setTimeout(() => loadResults(runId, tries - 1), 500);
+      }
+      fill(results, list.length ? list.map((r) => h('details', { class: 'result', open: r === list[0] },
+        h('summary', {}, badge(r.outcome, r.outcome === 'pass' ? 'ok' : 'bad'), ` ${r.plan?.mode || ''} · verdict ${r.verdict} · ${r.errorCount ?? 0} errors · `, when(r.finishedAt)),
+        dl([['Summary', r.summary], ['Tested', bytes(r.testedBytes)], ['Passes', r.passesCompleted], ['Patterns', (r.patternsRun || []).join(', ')],
+          ['Retired pages', (r.retired || []).length], ['Fault', r.fault ? JSON.stringify(r.fault) : 'none']]),
+        (r.errors || []).length ? h('table', { class: 'errors' },
+          h('thead', {}, h('tr', {}, ['Address', 'Expected', 'Actual', 'Mask', 'Pattern', 'Pass', 'Temp', 'Confirmed'].map((t) => h('th', {}, t)))),
+          h('tbody', {}, r.errors.map((e) => h('tr', {}, [e.physAddr, e.expected, e.actual, e.mask, e.pattern, e.pass,
+            e.tempMilliC != null && e.tempMilliC >= 0 ? `${e.tempMilliC / 1000} °C` : '–', e.confirmed ? 'yes' : 'no'].map((v) => h('td', {}, v)))))) : null))
+        : h('p', { class: 'muted' }, 'No results yet.'));
+    } catch (err) { fill(results, h('p', { class: 'notice error' }, err.message)); }
+  }
+
+  async function loadDiagnosis() {
+    try {
+      const d = (await api('GET', `/v1/devices/${id}/diagnosis`)).data;
+      fill(diagnosis, d.issues && d.issues.length ? h('ul', {}, d.issues.map((i) =>
+        h('li', {}, badge(i.severity || 'issue', i.severity === 'critical' ? 'bad' : 'warn'), ` ${i.message || i.code || ''}`)))
+        : h('p', { class: 'muted' }, 'No issues.'));
+    } catch (err) { fill(diagnosis, h('p', { class: 'notice error' }, err.message)); }
+  }
+
+  async function loadMemtest() {
+    try {
+      const m = (await api('GET', `/v1/devices/${id}/memory-test`)).data;
+      if (m.supported === false) notice(memStatus, 'This device\'s firmware has no memory test.', 'error');
+      if (m.health?.capabilities && m.health.capabilities.offline === false) {
+        const boot = memForm.querySelector('input[value=boot]');
+        boot.disabled = true;
+        boot.parentElement.title = m.health.capabilities.offlineReason || 'test boot unavailable';
+      }
+      if (m.status?.runId) showProgress({ kind: 'memory_test', runId: m.status.runId, phase: m.status.phase, pass: m.status.pass,
+        passes: m.status.passes, pattern: m.status.pattern, rate: m.status.rateBps, errors: m.status.errors,
+        confirmedErrors: m.status.confirmedErrors, totalBytes: m.status.totalBytes,
+        coverage: m.status.totalBytes ? m.status.coverageBytes / m.status.totalBytes : null });
+    } catch (err) { notice(memStatus, err.message, 'error'); }
+  }
+
+  function logEvent(event) {
+    const payload = event.payload && typeof event.payload === 'object' ? JSON.stringify(event.payload) : '';
+    events.prepend(h('li', {}, h('code', { class: 'kind' }, event.kind), ' ', when(event.at), ' ', h('span', { class: 'payload' }, payload.slice(0, 300))));
+    while (events.children.length > MAX_EVENTS) events.lastChild.remove();
+  }
+
+  function onEvent(event) {
+    if (event.kind === 'device.snapshot') { device = event.payload; paintDevice(); return; }
+    logEvent(event);
+    if (event.kind === 'device.state') {
+      Object.assign(device, { state: event.payload.state, online: event.payload.online, boot_reason: event.payload.bootReason ?? device.boot_reason });
+      if (event.payload.online) device.last_seen = event.at;
+      paintDevice();
+    } else if (event.kind === 'device.operation' && event.payload?.kind === 'memory_test') {
+      showProgress(event.payload);
+    } else if (event.kind.startsWith('device.config') || event.kind.startsWith('device.file') || event.kind.includes('secret')) {
+      api('GET', `/v1/devices/${id}`).then((r) => { device = r.data; paintDevice(); }).catch(() => {});
+      loadFiles();
+    }
+  }
+
+  paintDevice();
+  follow(`/v1/devices/${id}/events`, onEvent, (s) => {
+    live.textContent = s === 'live' ? '● live' : s === 'refused' ? 'not live' : 'reconnecting…';
+    live.className = s === 'live' ? 'live' : 'muted';
+  });
+  await Promise.all([loadFiles(), loadMemtest(), loadResults(), loadDiagnosis()]);
+}

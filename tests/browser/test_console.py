@@ -1,0 +1,190 @@
+"""The console in Debian's Chromium against a real hub, PostgreSQL and device agents (issue 18).
+
+One hub per module (conftest.py): tests use different devices, so their order does not matter,
+except that the rollout's fleet and the unplugged device are each used by one test only.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.browser.conftest import sign_in
+
+XSS = "<img src=x onerror=alert(1)>"
+
+
+def _no_reload_marker(page) -> None:
+    # set on this document only: a reload or navigation would lose it
+    page.evaluate("window.__sameDocument = true")
+
+
+def _same_document(page) -> bool:
+    return page.evaluate("window.__sameDocument === true")
+
+
+def test_root_sends_a_visitor_to_sign_in_and_the_session_to_devices(page, console, screenshots):
+    response = page.goto("/")
+    assert page.url.endswith("/console/signin?next=") or "/console/signin" in page.url
+    csp = response.headers.get("content-security-policy") or page.request.get("/console/signin").headers[
+        "content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+    page.screenshot(path=screenshots / "console-signin.png")
+    page.fill("#email", console.email)
+    page.fill("#password", "wrong password")
+    page.click("#signin button[type=submit]")
+    page.wait_for_selector("#signin .notice.error")
+    assert "wrong email or password" in page.text_content("#signin .notice.error")
+    sign_in(page, console)
+    assert page.text_content("#whoami") == console.email
+    assert page.locator("#org-switch option").count() >= 1
+    page.wait_for_selector("#devices a.device-name")
+    assert "line-1-a" in page.text_content("#devices")
+    page.goto("/")
+    page.wait_for_url("**/console/devices")
+    page.click("#sign-out")
+    page.wait_for_url("**/console/signin")
+    page.goto("/console/devices")
+    page.wait_for_url("**/console/signin?next=*")
+
+
+def test_device_name_is_text_never_html(page, console):
+    dev_id, _ = console.run(console.hub.provision, XSS)
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    sign_in(page, console)
+    page.goto("/console/devices?search=onerror")
+    link = page.locator("#devices a.device-name")
+    link.wait_for()
+    assert link.text_content() == XSS
+    assert page.locator("#devices img").count() == 0
+    page.goto(f"/console/devices/{dev_id}")
+    page.wait_for_selector("#facts dl")
+    assert page.text_content("#device-name") == XSS
+    assert page.locator("main img").count() == 0
+    assert page.title().startswith("Device")
+    assert dialogs == []
+
+
+def test_a_request_without_the_csrf_token_is_refused(page, console):
+    sign_in(page, console)
+    dev = console.devices["line-1-a"]
+    result = page.evaluate("""async ([org, dev]) => {
+        const bare = await fetch(`/v1/devices/${dev}/ping`, {method: 'POST', headers: {'X-Organization-ID': org}});
+        const s = await (await fetch('/v1/auth/session')).json();
+        const withToken = await fetch(`/v1/devices/${dev}/ping`, {method: 'POST',
+            headers: {'X-Organization-ID': org, 'X-CSRF-Token': s.data.csrfToken}});
+        return [bare.status, (await bare.json()).error, withToken.status];
+    }""", [console.org_id, dev])
+    assert result == [403, "csrf_required", 200]
+    # the console's own ping sends it
+    page.goto(f"/console/devices/{dev}")
+    page.click("#ping")
+    page.wait_for_selector("#action-status .notice.ok")
+    assert "round trip" in page.text_content("#action-status")
+
+
+def test_a_device_goes_offline_in_the_list_without_a_reload(page, console, screenshots):
+    sign_in(page, console)
+    page.goto("/console/devices?search=lab-unplug")
+    row = page.locator("#devices tr[data-id='%s']" % console.devices["lab-unplug"])
+    row.locator("td.state", has_text="online").wait_for()
+    page.locator("#live", has_text="live").wait_for()
+    _no_reload_marker(page)
+    console.run(console.agents["lab-unplug"].kill)
+    row.locator("td.state", has_text="offline").wait_for(timeout=15_000)
+    assert _same_document(page)
+    page.goto("/console/devices")
+    page.wait_for_selector("#devices a.device-name")
+    page.screenshot(path=screenshots / "console-devices.png")
+    page.set_viewport_size({"width": 390, "height": 844})
+    # phone width: the page itself never scrolls sideways (wide tables scroll in their own box)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 392
+    page.screenshot(path=screenshots / "console-devices-phone.png")
+
+
+def test_filters_are_server_side_and_kept_in_the_address(page, console):
+    sign_in(page, console)
+    page.goto("/console/devices")
+    page.wait_for_selector("#devices a.device-name")
+    page.select_option("#filters select[name=fleet_id]", console.fleet_id)
+    page.wait_for_url("**fleet_id=*")
+    page.locator("#page-info", has_text="3 devices").wait_for()
+    names = sorted(page.locator("#devices a.device-name").all_text_contents())
+    assert names == ["line-1-a", "line-1-b", "line-1-c"]
+    page.fill("#filters input[name=search]", "1-b")
+    page.press("#filters input[name=search]", "Enter")
+    page.locator("#page-info", has_text="1 devices").wait_for()
+    page.reload()
+    page.locator("#page-info", has_text="1 devices").wait_for()
+    assert page.locator("#devices a.device-name").all_text_contents() == ["line-1-b"]
+
+
+def test_start_a_rollout_and_watch_its_batches_advance(page, console, screenshots):
+    sign_in(page, console)
+    page.goto("/console/rollouts")
+    page.check(f"#rollout-create input[name=fleet][value='{console.fleet_id}']")
+    page.select_option("#rollout-config", console.config_id)
+    page.fill("#rollout-batch", "1")
+    page.click("#rollout-impact")
+    page.wait_for_selector("#impact table")
+    assert page.locator("#impact tbody td").nth(1).text_content() == "3"  # eligible
+    # forced: the confirmation says it bypasses windows; cancelling it creates nothing
+    page.check("#rollout-force")
+    page.click("#rollout-start")
+    dialog = page.locator("dialog.confirm")
+    dialog.wait_for()
+    assert "bypasses" in dialog.text_content()
+    dialog.locator("button", has_text="Cancel").click()
+    assert "/console/rollouts/" not in page.url
+    page.uncheck("#rollout-force")
+    page.screenshot(path=screenshots / "console-rollouts.png")
+    page.click("#rollout-start")
+    page.wait_for_url("**/console/rollouts/*-*")
+    page.locator("#live", has_text="live").wait_for()
+    _no_reload_marker(page)
+    page.locator("#batches tr").nth(2).wait_for()
+    assert "(canary)" in page.locator("#batches tr").first.text_content()
+    page.locator("#rollout-state", has_text="completed").wait_for(timeout=60_000)
+    assert page.locator("#batches td.succeeded").all_text_contents() == ["1", "1", "1"]
+    assert _same_document(page)  # the stream moved it, not a reload
+    page.screenshot(path=screenshots / "console-rollout.png", full_page=True)
+
+
+def test_live_quick_memory_test_shows_progress_and_result(page, console, screenshots):
+    sign_in(page, console)
+    page.goto(f"/console/devices/{console.devices['lab-memory']}")
+    page.locator("#live", has_text="live").wait_for()
+    assert page.is_checked("#memtest-start input[value=quick]")
+    page.click("#memtest-run")
+    page.wait_for_selector("#memtest-progress .progress")
+    # the outcome comes over the device stream; the results table is read again then
+    page.locator("#memtest-progress", has_text="pass").wait_for(timeout=60_000)
+    try:
+        page.locator("#memtest-results details summary", has_text="pass").first.wait_for(timeout=30_000)
+    except Exception:
+        raise AssertionError(page.text_content("#main")) from None
+    assert "verdict ok" in page.locator("#memtest-results details summary").first.text_content()
+    assert page.locator("#events li code.kind", has_text="device.operation").count() >= 1
+    page.screenshot(path=screenshots / "console-device.png", full_page=True)
+
+
+def test_secret_file_upload_reaches_the_device_and_is_never_shown(page, console):
+    secret = f"s3cret-{time.monotonic_ns()}"
+    sign_in(page, console)
+    page.goto(f"/console/devices/{console.devices['line-1-c']}")
+    page.wait_for_selector("#secret-files")
+    page.fill("#secret-upload input[name=path]", "/etc/app/console.key")
+    page.fill("#secret-upload textarea[name=content]", secret)
+    page.click("#secret-upload button[type=submit]")
+    row = page.locator("#secret-files tr[data-path='/etc/app/console.key']")
+    row.locator("td.delivery", has_text="on_device").wait_for(timeout=30_000)
+    assert secret not in page.content()
+    assert page.input_value("#secret-upload textarea[name=content]") == ""
+
+
+@pytest.mark.parametrize("path", ["/console/devices/not-a-uuid", "/console/nope"])
+def test_unknown_console_pages_are_404(console, path):
+    r = console.http.get(console.base_url + path)
+    assert r.status_code == 404
