@@ -28,7 +28,10 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 
 # page name -> title; pages with an object id take it from the path
 PAGES = {"signin": "Sign in", "devices": "Devices", "device": "Device", "rollouts": "Rollouts",
-         "rollout": "Rollout"}
+         "rollout": "Rollout", "fleets": "Fleets", "configurations": "Configurations", "audit": "Audit log",
+         "access": "Access", "billing": "Billing", "assistant": "Assistant"}
+# pages without an object id, each at /console/<name>
+LIST_PAGES = ("devices", "rollouts", "fleets", "configurations", "audit", "access", "billing", "assistant")
 
 SHELL = """<!doctype html>
 <html lang="en">
@@ -95,11 +98,13 @@ async def signin_page():
     return _shell("signin")
 
 
-@bp.get("/console/devices")
+@bp.get("/console/<page>")
 @public
 @hide
-async def devices_page():
-    return _shell("devices")
+async def list_page(page: str):
+    if page not in LIST_PAGES:
+        raise NotFound("no such page")
+    return _shell(page)
 
 
 @bp.get("/console/devices/<device_id>")
@@ -107,13 +112,6 @@ async def devices_page():
 @hide
 async def device_page(device_id: str):
     return _shell("device", _uuid(device_id))
-
-
-@bp.get("/console/rollouts")
-@public
-@hide
-async def rollouts_page():
-    return _shell("rollouts")
 
 
 @bp.get("/console/rollouts/<rollout_id>")

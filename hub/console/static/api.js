@@ -113,3 +113,28 @@ export function query(params) {
   for (const [k, v] of Object.entries(params)) if (v !== '' && v !== null && v !== undefined) q.set(k, v);
   return q.toString();
 }
+
+// POST that answers with server-sent events (the assistant): each event's JSON data to onData as
+// it arrives. Errors before the stream starts come back as an ApiError, as from api().
+export async function postStream(path, body, onData) {
+  const headers = { 'Content-Type': 'application/json', Accept: 'text/event-stream', 'X-CSRF-Token': session.csrf || '' };
+  if (session.org) headers['X-Organization-ID'] = session.org;
+  const response = await fetch(path, { method: 'POST', headers, body: JSON.stringify(body), credentials: 'same-origin' });
+  if (!response.ok) {
+    const type = response.headers.get('content-type') || '';
+    throw new ApiError(response.status, type.includes('json') ? await response.json() : null);
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = '';
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer = (buffer + value).replace(/\r\n?/g, '\n');
+    let end;
+    while ((end = buffer.indexOf('\n\n')) >= 0) {
+      const event = parseEvent(buffer.slice(0, end));
+      buffer = buffer.slice(end + 2);
+      if (event) onData(event.data, event.event);
+    }
+  }
+}

@@ -8,6 +8,12 @@ const PAGES = {
   device: './pages/device.js',
   rollouts: './pages/rollouts.js',
   rollout: './pages/rollout.js',
+  fleets: './pages/fleets.js',
+  configurations: './pages/configurations.js',
+  audit: './pages/audit.js',
+  access: './pages/access.js',
+  billing: './pages/billing.js',
+  assistant: './pages/assistant.js',
 };
 
 function header(me) {
@@ -26,7 +32,10 @@ function header(me) {
   fill(top, 
     h('a', { class: 'brand', href: '/console/devices' }, 'fleethub'),
     h('nav', { 'aria-label': 'Console' }, link('/console/devices', 'Devices', ['devices', 'device']),
-      link('/console/rollouts', 'Rollouts', ['rollouts', 'rollout'])),
+      link('/console/rollouts', 'Rollouts', ['rollouts', 'rollout']), link('/console/fleets', 'Fleets', ['fleets']),
+      link('/console/configurations', 'Configurations', ['configurations']), link('/console/audit', 'Audit', ['audit']),
+      link('/console/access', 'Access', ['access']), link('/console/billing', 'Billing', ['billing']),
+      link('/console/assistant', 'Assistant', ['assistant'])),
     h('div', { class: 'who' }, select,
       h('span', { id: 'whoami', title: me.userId || '' }, session.email || me.userId || ''), signOut));
 }

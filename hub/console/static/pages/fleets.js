@@ -1,0 +1,81 @@
+// Fleets and their update windows: an editor with a time-zone picker, and the window check showing the
+// next opening in the fleet's zone and in the viewer's local time.
+import { api } from '../api.js';
+import { fill, h, badge, field, notice, when } from '../dom.js';
+
+const DAYS = ['Monday', 'Tuesday', 'Wednesday', 'Thursday', 'Friday', 'Saturday', 'Sunday'];
+
+function zones() {
+  try { return Intl.supportedValuesOf('timeZone'); } catch { return ['UTC']; }
+}
+
+function inZone(instant, zone) {
+  return new Intl.DateTimeFormat(undefined, { timeZone: zone, dateStyle: 'full', timeStyle: 'short' }).format(new Date(instant));
+}
+
+export async function render(main) {
+  const list = h('tbody');
+  const editor = h('section', { class: 'card', id: 'window-editor', hidden: true });
+  const name = h('input', { name: 'name', required: true, maxlength: 200 });
+  const status = h('div', { 'aria-live': 'polite' });
+  const create = h('form', { id: 'fleet-create', class: 'row' }, field('New fleet', name), h('button', { type: 'submit' }, 'Create fleet'));
+  create.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    try { await api('POST', '/v1/fleets', { name: name.value }); name.value = ''; await load(); } catch (err) { notice(status, err.message, 'error'); }
+  });
+  fill(main, h('div', { class: 'title' }, h('h1', {}, 'Fleets')), create, status,
+    h('section', { class: 'card' }, h('div', { class: 'scroll' }, h('table', { id: 'fleets' }, h('thead', {}, h('tr', {},
+      ['Fleet', 'Devices', 'Architecture', 'Tags', 'Update window', ''].map((t) => h('th', {}, t)))), list))), editor);
+
+  async function load() {
+    const fleets = (await api('GET', '/v1/fleets?limit=500')).data;
+    fill(list, fleets.map((f) => h('tr', { dataset: { id: f.id } }, h('td', {}, f.name), h('td', {}, f.device_count ?? ''),
+      h('td', {}, f.architecture || ''), h('td', {}, (f.tags || []).join(', ')), h('td', { class: 'window' }),
+      h('td', {}, h('button', { type: 'button', class: 'secondary', onclick: () => edit(f) }, 'Edit window')))));
+    if (!fleets.length) list.append(h('tr', {}, h('td', { colspan: 6, class: 'muted' }, 'No fleets yet.')));
+  }
+
+  async function edit(fleet) {
+    const w = (await api('GET', `/v1/fleets/${fleet.id}/update-window`)).data;
+    const local = Intl.DateTimeFormat().resolvedOptions().timeZone;
+    const enabled = h('input', { type: 'checkbox', name: 'enabled', checked: w.enabled });
+    const zone = h('input', { name: 'timezone', list: 'zones', value: w.timezone || local, required: true, spellcheck: 'false' });
+    const start = h('input', { type: 'time', name: 'start_time', value: w.start_time || '22:00', required: true });
+    const end = h('input', { type: 'time', name: 'end_time', value: w.end_time || '04:00', required: true });
+    const days = DAYS.map((d) => h('label', { class: 'radio' }, h('input', { type: 'checkbox', name: 'day', value: d, checked: (w.days_of_week || DAYS).includes(d) }), ` ${d}`));
+    const check = h('div', { id: 'window-check', 'aria-live': 'polite' });
+    const msg = h('div', { 'aria-live': 'polite' });
+    const form = h('form', { id: 'window-form' }, h('label', { class: 'radio' }, enabled, ' Window in force (off: updates any time)'),
+      h('div', { class: 'row' }, field('Time zone (IANA)', zone), field('Opens', start), field('Closes', end, 'before the opening: crosses midnight')),
+      h('fieldset', {}, h('legend', {}, 'Days it opens on'), days),
+      h('datalist', { id: 'zones' }, zones().map((z) => h('option', { value: z }))),
+      h('div', { class: 'row' }, h('button', { type: 'submit' }, 'Save window'),
+        h('button', { type: 'button', class: 'secondary', onclick: () => showCheck() }, 'Check now')), msg, check);
+    form.addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      const body = { enabled: enabled.checked, timezone: zone.value.trim(), start_time: start.value.slice(0, 5), end_time: end.value.slice(0, 5),
+        days_of_week: days.map((l) => l.firstChild).filter((b) => b.checked).map((b) => b.value) };
+      try {
+        const saved = (await api('PUT', `/v1/fleets/${fleet.id}/update-window`, body)).data;
+        notice(msg, 'Saved.', 'ok');
+        paintCheck(saved.check, saved.timezone);
+      } catch (err) { notice(msg, err.message, 'error'); }
+    });
+    async function showCheck() {
+      try { paintCheck((await api('GET', `/v1/fleets/${fleet.id}/update-window/check`)).data, zone.value.trim()); } catch (err) { notice(msg, err.message, 'error'); }
+    }
+    function paintCheck(c, tz) {
+      fill(check, c.allowed ? h('p', {}, badge('open', 'ok'), ' Updates are allowed now.')
+        : h('div', {}, h('p', {}, badge('closed', 'warn'), ' Updates wait for the next opening:'),
+          h('dl', { class: 'facts' }, h('dt', {}, `In ${tz}`), h('dd', { id: 'next-in-zone' }, inZone(c.next_window_at, tz)),
+            h('dt', {}, `Your time (${local})`), h('dd', { id: 'next-local' }, inZone(c.next_window_at, local)),
+            h('dt', {}, 'UTC'), h('dd', {}, when(c.next_window_at)))));
+    }
+    fill(editor, h('h2', {}, `Update window: ${fleet.name}`), form);
+    editor.hidden = false;
+    await showCheck();
+    zone.focus();
+  }
+
+  await load();
+}

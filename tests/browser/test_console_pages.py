@@ -1,0 +1,127 @@
+"""The console's other pages in Chromium against a real hub (issue 18): fleets and their update
+window, configurations (versions, diff, write-only secret files), access (a PAT's secret shown
+once), the audit log's filters, billing and the assistant's streamed answer."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from zoneinfo import ZoneInfo
+
+from tests.browser.conftest import sign_in
+
+
+def test_fleet_window_editor_shows_the_next_opening_in_zone_and_local_time(browser, console, screenshots):
+    context = browser.new_context(base_url=console.base_url, viewport={"width": 1280, "height": 900},
+                                  timezone_id="America/New_York", locale="en-US")
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        r = console.call("POST", "/v1/fleets", json={"name": f"window-{uuid.uuid4().hex[:6]}"})
+        fleet = r.json()["data"]
+        sign_in(page, console)
+        page.goto("/console/fleets")
+        page.locator(f"#fleets tr[data-id='{fleet['id']}'] button").click()
+        form = page.locator("#window-form")
+        form.wait_for()
+        form.locator("input[name=enabled]").check()
+        form.locator("input[name=timezone]").fill("Asia/Tokyo")
+        # one minute a day: closed now unless this runs at 03:00 in Tokyo
+        form.locator("input[name=start_time]").fill("03:00")
+        form.locator("input[name=end_time]").fill("03:01")
+        form.locator("button[type=submit]").click()
+        page.locator("#window-form .notice.ok").wait_for()
+        check = console.call("GET", f"/v1/fleets/{fleet['id']}/update-window/check").json()["data"]
+        if check["allowed"]:
+            page.locator("#window-check", has_text="allowed now").wait_for()
+        else:
+            at = dt.datetime.fromisoformat(check["next_window_at"].replace("Z", "+00:00"))
+            page.locator("#next-in-zone").wait_for()
+            assert "3:00 AM" in page.text_content("#next-in-zone")
+            local = at.astimezone(ZoneInfo("America/New_York")).strftime("%-I:%M %p")
+            assert local in page.text_content("#next-local")
+            assert "America/New_York" in page.text_content("#window-check")
+        page.screenshot(path=screenshots / "console-fleets.png", full_page=True)
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def test_configuration_versions_diff_and_a_write_only_secret_file(page, console):
+    name = f"cfg-{uuid.uuid4().hex[:6]}"
+    r = console.call("POST", "/v1/configurations", json={"name": name, "spec": {"workload": {"command": ["a"]}}})
+    cid = r.json()["data"]["id"]
+    r = console.call("POST", f"/v1/configurations/{cid}/versions", json={"spec": {"workload": {"command": ["b"]}}})
+    assert r.status_code == 201, r.text
+    sign_in(page, console)
+    page.goto("/console/configurations")
+    page.locator("#configurations button", has_text=name).click()
+    page.locator("#version-diff .dadd").first.wait_for()
+    assert '"b"' in page.locator("#version-diff .dadd").first.text_content()
+    assert '"a"' in page.locator("#version-diff .ddel").first.text_content()
+    secret = f"only-once-{uuid.uuid4().hex}"
+    page.fill("#config-secret-upload input[name=path]", "/etc/app/cfg.key")
+    page.set_input_files("#config-secret-upload input[type=file]",
+                         files=[{"name": "cfg.key", "mimeType": "text/plain", "buffer": secret.encode()}])
+    page.click("#config-secret-upload button[type=submit]")
+    page.locator("#config-secret-files", has_text="/etc/app/cfg.key").wait_for()
+    assert secret not in page.content()
+
+
+def test_access_shows_a_new_token_secret_once(page, console):
+    sign_in(page, console)
+    page.goto("/console/access")
+    page.fill("#pat-create input[name=description]", "console test")
+    page.click("#pat-create button[type=submit]")
+    secret = page.locator("#pat-created code.secret").text_content()
+    token_id = page.locator("#pat-created strong").text_content().split()[1].rstrip(":")
+    r = console.http.get(console.base_url + "/v1/me", headers={"X-API-Token-ID": token_id, "X-API-Secret-Key": secret})
+    assert r.status_code == 200, r.text
+    page.locator("#pats", has_text="console test").wait_for()
+    page.reload()
+    page.locator("#pats", has_text="console test").wait_for()
+    assert secret not in page.content()
+    page.locator("#members", has_text=console.email).wait_for()
+
+
+def test_audit_log_filters_by_path_prefix(page, console):
+    assert console.call("POST", "/v1/fleets", json={"name": f"audited-{uuid.uuid4().hex[:6]}"}).status_code == 201
+    sign_in(page, console)
+    page.goto("/console/audit")
+    page.fill("#audit-filters input[name=pathPrefix]", "/v1/fleets")
+    page.select_option("#audit-filters select[name=method]", "POST")
+    rows = page.locator("#audit tbody tr", has_text="/v1/fleets")
+    for _ in range(20):  # the audit log is written behind, in batches
+        page.click("#audit-filters button[type=submit]")
+        page.wait_for_timeout(250)
+        if rows.count():
+            break
+    rows.first.wait_for()
+    paths = page.locator("#audit tbody td code").all_text_contents()
+    assert paths and all(p.startswith("/v1/fleets") for p in paths)
+    assert set(page.locator("#audit tbody td:nth-child(4)").all_text_contents()) == {"POST"}
+    assert "pathPrefix=%2Fv1%2Ffleets" in page.url
+
+
+def test_billing_page_renders_its_sections(page, console):
+    sign_in(page, console)
+    page.goto("/console/billing")
+    for section in ("#usage", "#pricing", "#features", "#registry-fallback"):
+        page.locator(section + " > :nth-child(2)").wait_for()
+    page.locator("#features li", has_text="telemetry").wait_for()
+
+
+def test_assistant_streams_an_answer(page, console, screenshots):
+    sign_in(page, console)
+    page.goto("/console/assistant")
+    page.fill("#chat-form textarea", "How many devices are online?")
+    page.click("#chat-form button[type=submit]")
+    answer = page.locator("#chat li.assistant")
+    answer.wait_for()
+    page.wait_for_function("document.querySelector('#chat li.assistant').textContent.length > 0")
+    page.wait_for_function("!document.querySelector('#chat-form button[type=submit]').disabled")
+    assert page.locator("#chat-form .notice.error").count() == 0
+    assert answer.text_content().strip()
+    page.screenshot(path=screenshots / "console-assistant.png")
