@@ -7,10 +7,12 @@ except that the rollout's fleet and the unplugged device are each used by one te
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 
 from tests.browser.conftest import sign_in
+from tests.hubtools import start_agent
 
 XSS = "<img src=x onerror=alert(1)>"
 
@@ -188,3 +190,51 @@ def test_secret_file_upload_reaches_the_device_and_is_never_shown(page, console)
 def test_unknown_console_pages_are_404(console, path):
     r = console.http.get(console.base_url + path)
     assert r.status_code == 404
+
+
+def _org_streams(console) -> int:
+    async def count() -> int:
+        return len(console.hub.services.events._topics.get(("org", uuid.UUID(console.org_id)), ()))
+    return console.run(count)
+
+
+def _set_hidden(page, hidden: bool) -> None:
+    page.evaluate("""(hidden) => {
+        Object.defineProperty(document, 'visibilityState', {value: hidden ? 'hidden' : 'visible', configurable: true});
+        document.dispatchEvent(new Event('visibilitychange'));
+    }""", hidden)
+
+
+def test_a_hidden_tab_lets_its_stream_go_and_catches_up_when_shown(page, console):
+    # Over HTTP/1.1 a browser holds at most 6 connections to the hub: streams of background tabs
+    # would starve the visible one. A hidden tab closes its stream; shown again, it reads its rows.
+    name = f"lab-hide-{time.monotonic_ns()}"
+
+    async def linked():
+        dev_id, token = await console.hub.provision(name)
+        running = await start_agent(console.extra["nursery"], console.base_url, token, console.extra["root"] / name)
+        return dev_id, running
+
+    dev_id, running = console.run(linked)
+    sign_in(page, console)
+    page.goto(f"/console/devices?search={name}")
+    row = page.locator(f"#devices tr[data-id='{dev_id}']")
+    row.locator("td.state", has_text="online").wait_for()
+    page.locator("#live", has_text="live").wait_for()
+    before = _org_streams(console)
+    _no_reload_marker(page)
+    _set_hidden(page, True)
+    page.locator("#live", has_text="paused while hidden").wait_for()
+    deadline = time.monotonic() + 10
+    while _org_streams(console) >= before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _org_streams(console) == before - 1
+    console.run(running.kill)
+    deadline = time.monotonic() + 15
+    while console.call("GET", f"/v1/devices/{dev_id}").json()["data"]["online"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "online" in row.locator("td.state").text_content()  # no stream, no change while hidden
+    _set_hidden(page, False)
+    row.locator("td.state", has_text="offline").wait_for()
+    page.locator("#live", has_text="live").wait_for()
+    assert _org_streams(console) == before and _same_document(page)

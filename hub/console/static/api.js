@@ -67,17 +67,22 @@ function parseEvent(block) {
 }
 
 // Follow an SSE stream; reconnects with backoff (1 s doubling to 15 s) unless the answer says it
-// never will work (401 → sign in, 403, 404). Returns a function that stops following.
+// never will work (401 → sign in, 403, 404). A hidden tab lets its stream go and takes it again when
+// shown: over HTTP/1.1 a browser keeps at most 6 connections to one origin, so open streams in
+// background tabs would otherwise starve the visible one (state 'paused'; on 'live' again the page
+// reads what it shows afresh). Returns a function that stops following.
 export function follow(path, onEvent, onState) {
-  const control = new AbortController();
   const state = onState || (() => {});
-  (async () => {
+  let control = null;
+  let stopped = false;
+
+  async function run(signal) {
     let delay = 1000;
-    while (!control.signal.aborted) {
+    while (!signal.aborted) {
       try {
         const response = await fetch(path, {
           headers: { 'X-Organization-ID': session.org || '', Accept: 'text/event-stream' },
-          credentials: 'same-origin', signal: control.signal,
+          credentials: 'same-origin', signal,
         });
         if (response.status === 401) { location.assign(signInUrl()); return; }
         if (response.status === 403 || response.status === 404) { state('refused', response.status); return; }
@@ -98,14 +103,33 @@ export function follow(path, onEvent, onState) {
           }
         }
       } catch (err) {
-        if (control.signal.aborted) return;
+        if (signal.aborted) return;
       }
       state('reconnecting');
       await new Promise((resolve) => setTimeout(resolve, delay));
       delay = Math.min(delay * 2, 15000);
     }
-  })();
-  return () => control.abort();
+  }
+
+  function start() {
+    if (stopped || control) return;
+    control = new AbortController();
+    run(control.signal);
+  }
+  function pause() {
+    if (!control) return;
+    control.abort();
+    control = null;
+    state('paused');
+  }
+  const onVisibility = () => (document.visibilityState === 'hidden' ? pause() : start());
+  document.addEventListener('visibilitychange', onVisibility);
+  if (document.visibilityState !== 'hidden') start(); else state('paused');
+  return () => {
+    stopped = true;
+    document.removeEventListener('visibilitychange', onVisibility);
+    if (control) control.abort();
+  };
 }
 
 export function query(params) {

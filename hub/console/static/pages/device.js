@@ -236,7 +236,7 @@ export async function render(main, id) {
 
   paintDevice();
   follow(`/v1/devices/${id}/events`, onEvent, (s) => {
-    live.textContent = s === 'live' ? '● live' : s === 'refused' ? 'not live' : 'reconnecting…';
+    live.textContent = s === 'live' ? '● live' : s === 'refused' ? 'not live' : s === 'paused' ? 'paused while hidden' : 'reconnecting…';
     live.className = s === 'live' ? 'live' : 'muted';
   });
   await Promise.all([loadFiles(), loadMemtest(), loadResults(), loadDiagnosis()]);

@@ -143,9 +143,14 @@ export async function render(main) {
   }
 
   let poll = null;
+  let connected = false;
   follow('/console/api/events', onEvent, (state) => {
-    live.textContent = state === 'live' ? '● live' : state === 'refused' ? 'refreshing every 15 s' : 'reconnecting…';
+    live.textContent = state === 'live' ? '● live' : state === 'refused' ? 'refreshing every 15 s'
+      : state === 'paused' ? 'paused while hidden' : 'reconnecting…';
     live.className = state === 'live' ? 'live' : 'muted';
+    // back after a gap (hidden tab, lost connection): what changed meanwhile sent no event to us
+    if (state === 'live' && connected) refreshInPlace();
+    if (state === 'live') connected = true;
     // without the organisation-wide stream (access to some fleets only): refresh the same page in place
     if (state === 'refused' && !poll) poll = setInterval(refreshInPlace, 15000);
   });

@@ -55,5 +55,5 @@ export async function render(main, id) {
       timer = null;
       try { paint((await api('GET', `/v1/rollouts/${id}`)).data); } catch { /* next event tries again */ }
     }, 300);
-  }, (s) => { live.textContent = s === 'live' ? '● live' : s === 'refused' ? 'not live' : 'reconnecting…'; live.className = s === 'live' ? 'live' : 'muted'; });
+  }, (s) => { live.textContent = s === 'live' ? '● live' : s === 'refused' ? 'not live' : s === 'paused' ? 'paused while hidden' : 'reconnecting…'; live.className = s === 'live' ? 'live' : 'muted'; });
 }
