@@ -6,12 +6,13 @@ except that the rollout's fleet and the unplugged device are each used by one te
 
 from __future__ import annotations
 
+import base64
 import time
 import uuid
 
 import pytest
 
-from tests.browser.conftest import sign_in
+from tests.browser.conftest import HEALTHY, sign_in
 from tests.hubtools import start_agent
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -238,3 +239,42 @@ def test_a_hidden_tab_lets_its_stream_go_and_catches_up_when_shown(page, console
     row.locator("td.state", has_text="offline").wait_for()
     page.locator("#live", has_text="live").wait_for()
     assert _org_streams(console) == before and _same_document(page)
+
+
+def test_bulk_assign_then_reboot_and_the_configuration_file_reaches_each_device(page, console):
+    tag = f"bulk{time.monotonic_ns()}"
+
+    async def linked(name: str) -> str:
+        dev_id, token = await console.hub.provision(name)
+        await start_agent(console.extra["nursery"], console.base_url, token, console.extra["root"] / name)
+        return dev_id
+
+    ids = [console.run(linked, f"{tag}-{i}") for i in range(2)]
+    r = console.call("POST", "/v1/configurations", json={"name": tag, "spec": {"workload": HEALTHY}})
+    config_id = r.json()["data"]["id"]
+    r = console.call("POST", f"/v1/configurations/{config_id}/secret-files",
+                     json={"path": "/etc/app/bulk.key", "content_base64": base64.b64encode(b"bulk").decode()})
+    assert r.status_code == 201, r.text
+    sign_in(page, console)
+    page.goto(f"/console/devices?search={tag}")
+    page.locator("#page-info", has_text="2 devices").wait_for()
+    page.check("#devices thead input[type=checkbox]")
+    page.select_option("#bulk-config", config_id)
+    page.click("#bulk-assign")
+    page.locator("#devices-status .notice.ok", has_text="Assign: 2 of 2 done.").wait_for()
+    for dev_id in ids:
+        assert console.call("GET", f"/v1/devices/{dev_id}").json()["data"]["configuration"]["config_id"] == config_id
+    page.goto(f"/console/devices/{ids[0]}")
+    row = page.locator("#secret-files tr[data-from='configuration'][data-path='/etc/app/bulk.key']")
+    for _ in range(60):  # the configuration (and its file) is applied by the agent: look again until it is
+        if "on_device" in (row.locator("td.delivery").text_content(timeout=15_000) or ""):
+            break
+        page.wait_for_timeout(500)
+        page.reload()
+    assert "on_device" in row.locator("td.delivery").text_content()
+    page.goto(f"/console/devices?search={tag}")
+    page.locator("#page-info", has_text="2 devices").wait_for()
+    page.check("#devices thead input[type=checkbox]")
+    page.click("#bulk-reboot")
+    page.locator("dialog.confirm button", has_text="Reboot").click()
+    page.locator("#devices-status .notice.ok", has_text="Reboot: 2 of 2 done.").wait_for()

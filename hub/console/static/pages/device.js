@@ -132,15 +132,27 @@ export async function render(main, id) {
       ['Error', c.error]]));
   }
 
+  // The device's own files, then its configuration's files with this device's delivery of each
+  // (a device file at the same path overrides the configuration's).
   async function loadFiles() {
     try {
-      const list = (await api('GET', `/v1/devices/${id}/secret-files`)).data;
-      fill(files, list.length ? h('table', { class: 'files' },
-        h('thead', {}, h('tr', {}, ['Path', 'Mode', 'Owner', 'Size', 'SHA-256', 'Updated', 'Delivery'].map((t) => h('th', {}, t)))),
-        h('tbody', {}, list.map((f) => h('tr', { dataset: { path: f.path } }, h('td', {}, h('code', {}, f.path)), h('td', {}, f.mode),
-          h('td', {}, `${f.owner.uid}:${f.owner.gid}`), h('td', {}, bytes(f.size)), h('td', {}, h('code', {}, f.sha256)),
-          h('td', {}, when(f.updatedAt)), h('td', { class: 'delivery' }, badge(f.status, f.status === 'on_device' ? 'ok' : f.status === 'failed' ? 'bad' : 'warn'),
-            f.error ? ` ${f.error}` : ''))))) : h('p', { class: 'muted' }, 'No secret files for this device.'));
+      const own = (await api('GET', `/v1/devices/${id}/secret-files`)).data.map((f) => ({ ...f, from: 'device' }));
+      let inherited = [];
+      const configId = device.configuration && device.configuration.config_id;
+      if (configId) {
+        inherited = (await api('GET', `/v1/configurations/${configId}/secret-files`)).data.map((f) => {
+          const mine = (f.devices || []).find((d) => d.deviceId === id);
+          return { ...f, from: 'configuration', status: mine ? mine.status : 'pending', error: mine ? mine.error : null };
+        });
+      }
+      const list = [...own, ...inherited];
+      const tone = (st) => (st === 'on_device' ? 'ok' : st === 'failed' ? 'bad' : st === 'overridden' ? 'off' : 'warn');
+      fill(files, list.length ? h('div', { class: 'scroll' }, h('table', { class: 'files' },
+        h('thead', {}, h('tr', {}, ['Path', 'From', 'Mode', 'Owner', 'Size', 'SHA-256', 'Updated', 'Delivery'].map((t) => h('th', {}, t)))),
+        h('tbody', {}, list.map((f) => h('tr', { dataset: { path: f.path, from: f.from } }, h('td', {}, h('code', {}, f.path)), h('td', {}, f.from),
+          h('td', {}, f.mode), h('td', {}, `${f.owner.uid}:${f.owner.gid}`), h('td', {}, bytes(f.size)), h('td', {}, h('code', {}, f.sha256)),
+          h('td', {}, when(f.updatedAt)), h('td', { class: 'delivery' }, badge(f.status, tone(f.status)), f.error ? ` ${f.error}` : ''))))))
+        : h('p', { class: 'muted' }, 'No secret files for this device.'));
       return list;
     } catch (err) { fill(files, h('p', { class: 'notice error' }, err.message)); return []; }
   }
