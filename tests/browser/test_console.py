@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from tests.browser.conftest import HEALTHY, sign_in
+from tests.browser.conftest import HEALTHY, PASSWORD, sign_in
 from tests.hubtools import start_agent
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -39,7 +39,15 @@ def test_root_sends_a_visitor_to_sign_in_and_the_session_to_devices(page, consol
     page.click("#signin button[type=submit]")
     page.wait_for_selector("#signin .notice.error")
     assert "wrong email or password" in page.text_content("#signin .notice.error")
-    sign_in(page, console)
+    # by keyboard alone: the email field has focus, Tab to the password, Enter submits
+    page.goto("/console/signin")
+    page.wait_for_function("document.activeElement && document.activeElement.id === 'email'")
+    page.keyboard.type(console.email)
+    page.keyboard.press("Tab")
+    page.keyboard.type(PASSWORD)
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/console/devices")
+    page.wait_for_selector("#whoami")
     assert page.text_content("#whoami") == console.email
     assert page.locator("#org-switch option").count() >= 1
     page.wait_for_selector("#devices a.device-name")

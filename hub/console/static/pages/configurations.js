@@ -97,7 +97,10 @@ export async function render(main) {
         h('tbody', {}, list2.map((f) => h('tr', {}, h('td', {}, h('code', {}, f.path)), h('td', {}, f.mode), h('td', {}, bytes(f.size)),
           h('td', {}, h('code', {}, f.sha256)), h('td', {}, when(f.updatedAt)),
           h('td', {}, badge(f.status, f.status === 'on_device' ? 'ok' : f.status === 'failed' ? 'bad' : 'warn'),
-            ` ${Object.entries(f.deliveries).filter(([, v]) => v).map(([k, v]) => `${v} ${k}`).join(', ')}`)))))
+            ` ${Object.entries(f.deliveries).filter(([, v]) => v).map(([k, v]) => `${v} ${k}`).join(', ')}`,
+            f.devices.length ? h('details', { class: 'per-device' }, h('summary', {}, 'per device'),
+              h('ul', {}, f.devices.map((d) => h('li', {}, h('a', { href: `/console/devices/${d.deviceId}` }, d.deviceId.slice(0, 8)),
+                ` ${d.status}`, d.error ? ` (${d.error})` : '')))) : null)))))
         : h('p', { class: 'muted' }, 'No secret files.'));
     }
     fill(detail, h('h2', {}, config.name), h('p', { class: 'muted' }, config.description || ''),
