@@ -152,11 +152,13 @@ def page(browser, console):
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    # a style or script the CSP refused is only a console message: count it as an error too
+    pg.on("console", lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None)
     try:
         yield pg
     finally:
         context.close()
-    assert not errors, f"script errors on the page: {errors}"
+    assert not errors, f"script errors or CSP violations on the page: {errors}"
 
 
 def sign_in(page, console, next_path: str = "") -> None:

@@ -18,6 +18,7 @@ def test_fleet_window_editor_shows_the_next_opening_in_zone_and_local_time(brows
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None)
     try:
         r = console.call("POST", "/v1/fleets", json={"name": f"window-{uuid.uuid4().hex[:6]}"})
         fleet = r.json()["data"]
