@@ -45,6 +45,14 @@ def test_fleet_window_editor_shows_the_next_opening_in_zone_and_local_time(brows
             assert local in page.text_content("#next-local")
             assert "America/New_York" in page.text_content("#window-check")
         page.screenshot(path=screenshots / "console-fleets.png", full_page=True)
+        # the fleet itself: tags and architecture saved through PATCH
+        page.fill("#fleet-form input[name=tags]", "lab, arm")
+        page.fill("#fleet-form input[name=architecture]", "aarch64")
+        page.click("#fleet-form button[type=submit]")
+        page.locator("#fleet-form .notice.ok").wait_for()
+        saved = console.call("GET", f"/v1/fleets/{fleet['id']}").json()["data"]
+        assert saved["tags"] == ["lab", "arm"] and saved["architecture"] == "aarch64"
+        page.locator(f"#fleets tr[data-id='{fleet['id']}']", has_text="aarch64").wait_for()
     finally:
         context.close()
     assert not errors, errors

@@ -31,12 +31,32 @@ export async function render(main) {
     const fleets = (await api('GET', '/v1/fleets?limit=500')).data;
     fill(list, fleets.map((f) => h('tr', { dataset: { id: f.id } }, h('td', {}, f.name), h('td', {}, f.device_count ?? ''),
       h('td', {}, f.architecture || ''), h('td', {}, (f.tags || []).join(', ')), h('td', { class: 'window' }),
-      h('td', {}, h('button', { type: 'button', class: 'secondary', onclick: () => edit(f) }, 'Edit window')))));
+      h('td', {}, h('button', { type: 'button', class: 'secondary', onclick: () => edit(f) }, 'Edit')))));
     if (!fleets.length) list.append(h('tr', {}, h('td', { colspan: 6, class: 'muted' }, 'No fleets yet.')));
   }
 
   async function edit(fleet) {
     const w = (await api('GET', `/v1/fleets/${fleet.id}/update-window`)).data;
+    const configs = (await api('GET', '/v1/configurations?limit=100')).data;
+    // the fleet itself: name, tags, architecture (devices must match to be eligible), configuration
+    const fName = h('input', { name: 'name', value: fleet.name, required: true, maxlength: 200 });
+    const fTags = h('input', { name: 'tags', value: (fleet.tags || []).join(', '), placeholder: 'comma separated' });
+    const fArch = h('input', { name: 'architecture', value: fleet.architecture || '', maxlength: 64 });
+    const fConfig = h('select', { name: 'config_id' }, h('option', { value: '' }, 'none'),
+      configs.map((c) => h('option', { value: c.id, selected: c.id === fleet.config_id }, c.name)));
+    const fMsg = h('div', { 'aria-live': 'polite' });
+    const fleetForm = h('form', { id: 'fleet-form' }, h('div', { class: 'row' }, field('Name', fName), field('Tags', fTags),
+      field('Architecture', fArch), field('Configuration', fConfig)), h('button', { type: 'submit' }, 'Save fleet'), fMsg);
+    fleetForm.addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      const body = { name: fName.value.trim(), tags: fTags.value.split(',').map((t) => t.trim()).filter(Boolean),
+        architecture: fArch.value.trim() || null, config_id: fConfig.value || null };
+      try {
+        Object.assign(fleet, (await api('PATCH', `/v1/fleets/${fleet.id}`, body)).data);
+        notice(fMsg, 'Saved.', 'ok');
+        await load();
+      } catch (err) { notice(fMsg, err.message, 'error'); }
+    });
     const local = Intl.DateTimeFormat().resolvedOptions().timeZone;
     const enabled = h('input', { type: 'checkbox', name: 'enabled', checked: w.enabled });
     const zone = h('input', { name: 'timezone', list: 'zones', value: w.timezone || local, required: true, spellcheck: 'false' });
@@ -71,7 +91,7 @@ export async function render(main) {
             h('dt', {}, `Your time (${local})`), h('dd', { id: 'next-local' }, inZone(c.next_window_at, local)),
             h('dt', {}, 'UTC'), h('dd', {}, when(c.next_window_at)))));
     }
-    fill(editor, h('h2', {}, `Update window: ${fleet.name}`), form);
+    fill(editor, h('h2', {}, `Fleet: ${fleet.name}`), fleetForm, h('h3', {}, 'Update window'), form);
     editor.hidden = false;
     await showCheck();
     zone.focus();
