@@ -12,7 +12,8 @@ import uuid
 
 import pytest
 
-from tests.browser.conftest import HEALTHY, PASSWORD, sign_in
+from tests.browser.conftest import HEALTHY, PASSWORD, SMALL_MEMORY, sign_in
+from device_client.memtest import MemtestConfig
 from tests.hubtools import start_agent
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -286,3 +287,56 @@ def test_bulk_assign_then_reboot_and_the_configuration_file_reaches_each_device(
     page.click("#bulk-reboot")
     page.locator("dialog.confirm button", has_text="Reboot").click()
     page.locator("#devices-status .notice.ok", has_text="Reboot: 2 of 2 done.").wait_for()
+
+
+def test_a_faulty_device_shows_its_errors_table_memory_fault_and_diagnosis(page, console, screenshots):
+    name = f"lab-faulty-{time.monotonic_ns()}"
+
+    async def linked():
+        dev_id, token = await console.hub.provision(name)
+        await start_agent(console.extra["nursery"], console.base_url, token, console.extra["root"] / name,
+                          memtest=MemtestConfig(budget=1 << 20, chunk_words=1 << 13, fault="data_line"))
+        return dev_id
+
+    dev_id = console.run(linked)
+    sign_in(page, console)
+    page.goto(f"/console/devices/{dev_id}")
+    page.locator("#live", has_text="live").wait_for()
+    page.click("#memtest-run")  # Live Quick, the default
+    summary = page.locator("#memtest-results details summary", has_text="fail").first
+    summary.wait_for(timeout=90_000)
+    assert "verdict data_line" in summary.text_content()
+    errors = page.locator("#memtest-results table.errors tbody tr")
+    assert errors.count() >= 1
+    assert errors.first.locator("td").first.text_content()  # the physical address
+    page.locator("#device-state .badge", has_text="Memory fault").wait_for(timeout=15_000)
+    page.locator("#diagnosis li[data-code='MemoryFault']", has_text="critical").wait_for()
+    page.screenshot(path=screenshots / "console-device-memory-fault.png", full_page=True)
+
+
+def test_a_test_boot_starts_from_the_signed_in_console_after_a_confirmation(page, console):
+    name = f"lab-boot-{time.monotonic_ns()}"
+
+    async def linked():
+        dev_id, token = await console.hub.provision(name)
+        await start_agent(console.extra["nursery"], console.base_url, token, console.extra["root"] / name,
+                          memtest=MemtestConfig(budget=SMALL_MEMORY, chunk_words=1 << 13))
+        return dev_id
+
+    dev_id = console.run(linked)
+    # an API token may not start one (spec: operator_required); the signed-in console may
+    r = console.call("POST", f"/v1/devices/{dev_id}/memory-test", json={"impact": "stopped", "placement": "offline"})
+    assert r.status_code == 403 and r.json()["error"] == "operator_required", r.text
+    sign_in(page, console)
+    page.goto(f"/console/devices/{dev_id}")
+    page.locator("#live", has_text="live").wait_for()
+    boot = page.locator("#memtest-start input[value=boot]")
+    boot.wait_for()
+    assert boot.is_enabled()
+    boot.check()
+    page.click("#memtest-run")
+    dialog = page.locator("dialog.confirm")
+    dialog.wait_for()
+    assert "reboots" in dialog.text_content()
+    dialog.locator("button", has_text="Reboot and test").click()
+    page.locator("#memtest-start ~ div .notice.ok", has_text="Started run").wait_for()

@@ -177,7 +177,17 @@ export async function render(main, id) {
     if (op.outcome) rows.push(['Outcome', badge(op.outcome, op.outcome === 'pass' ? 'ok' : 'bad')], ['Verdict', op.verdict]);
     const bar = op.coverage != null ? h('progress', { max: 1, value: op.coverage, 'aria-label': 'Coverage' }) : null;
     fill(progress, h('div', { class: 'progress', dataset: { phase: op.phase || '' } }, bar, dl(rows)));
-    if (op.outcome) { loadResults(op.runId); loadDiagnosis(); }
+    if (op.outcome) {
+      loadResults(op.runId);
+      // the result may set or clear MemoryFault: the condition and the diagnosis are read again (twice:
+      // the hub stores the result and the condition just after the outcome event)
+      for (const wait of [300, 2000]) {
+        setTimeout(() => {
+          api('GET', `/v1/devices/${id}`).then((r) => { device = r.data; paintDevice(); }).catch(() => {});
+          loadDiagnosis();
+        }, wait);
+      }
+    }
   }
 
   // The outcome event can come before the hub has stored the result: with ``runId``, look again
@@ -204,7 +214,8 @@ export async function render(main, id) {
     try {
       const d = (await api('GET', `/v1/devices/${id}/diagnosis`)).data;
       fill(diagnosis, d.issues && d.issues.length ? h('ul', {}, d.issues.map((i) =>
-        h('li', {}, badge(i.severity || 'issue', i.severity === 'critical' ? 'bad' : 'warn'), ` ${i.message || i.code || ''}`)))
+        h('li', { dataset: { code: i.code || '' } }, badge(i.severity || 'issue', i.severity === 'critical' ? 'bad' : 'warn'),
+          ` ${i.title ? `${i.title}: ` : ''}${i.message || i.code || ''}`)))
         : h('p', { class: 'muted' }, 'No issues.'));
     } catch (err) { fill(diagnosis, h('p', { class: 'notice error' }, err.message)); }
   }
