@@ -215,7 +215,7 @@ export async function render(main, id) {
       const d = (await api('GET', `/v1/devices/${id}/diagnosis`)).data;
       fill(diagnosis, d.issues && d.issues.length ? h('ul', {}, d.issues.map((i) =>
         h('li', { dataset: { code: i.code || '' } }, badge(i.severity || 'issue', i.severity === 'critical' ? 'bad' : 'warn'),
-          ` ${i.title ? `${i.title}: ` : ''}${i.message || i.code || ''}`)))
+          ` ${i.title && !(i.message || '').toLowerCase().startsWith(i.title.toLowerCase()) ? `${i.title}: ` : ''}${i.message || i.code || ''}`)))
         : h('p', { class: 'muted' }, 'No issues.'));
     } catch (err) { fill(diagnosis, h('p', { class: 'notice error' }, err.message)); }
   }
