@@ -117,9 +117,18 @@ def test_audit_log_filters_by_path_prefix(page, console):
 def test_billing_page_renders_its_sections(page, console):
     sign_in(page, console)
     page.goto("/console/billing")
-    for section in ("#usage", "#pricing", "#features", "#registry-fallback"):
-        page.locator(section + " > :nth-child(2)").wait_for()
+    # each section shows what its API call answered: the chart or table, or the API's own message
+    for section, path, shown in (("#usage", "/v1/billing/usage", "svg.chart"),
+                                 ("#registry-fallback", "/v1/billing/registry-fallback", "svg.chart"),
+                                 ("#pricing", "/v1/billing/pricing", "table")):
+        r = console.call("GET", path)
+        if r.status_code == 200:
+            page.locator(f"{section} {shown}").wait_for()
+        else:
+            page.locator(section, has_text=r.json()["message"]).wait_for()
     page.locator("#features li", has_text="telemetry").wait_for()
+    on = console.call("GET", "/v1/billing/features").json()["data"]["telemetry"]["enabled"]
+    assert ("on" if on else "off") in page.locator("#features li", has_text="telemetry").text_content()
 
 
 def test_assistant_streams_an_answer(page, console, screenshots):
