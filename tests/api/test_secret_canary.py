@@ -68,7 +68,7 @@ async def test_secret_plaintexts_appear_nowhere_but_on_the_device(nursery, db_ur
         fill["file_id"] = files[0]["id"]
         # the spec's own spelling of the same parameters (issue 15)
         fill |= {"deviceId": fill["device_id"], "fleetId": fill["fleet_id"], "configId": fill["config_id"],
-                 "fileId": fill["file_id"], "invitation_id": str(uuid.uuid4()), "run_id": str(uuid.uuid4())}
+                 "fileId": fill["file_id"], "id": fill["device_id"], "invitation_id": str(uuid.uuid4()), "run_id": str(uuid.uuid4())}
         fill |= {"page": "devices", "name": "app.js"}  # the console's pages and static files (hub/console/)
         from hub.app import create_app
         bodies: list[str] = []

@@ -65,6 +65,7 @@ async def test_another_organisation_sees_and_touches_nothing(nursery, db_url, tm
                 "invitation_id": invitation_a,
                 # the spec's own spelling of the same parameters (issue 15)
                 "deviceId": device_a, "fleetId": fleet_a, "configId": config_a, "fileId": file_a,
+                "id": device_a,  # the memory-test rows' {id}
                 "run_id": str(uuid.uuid4()),  # no memory test ran in A: any id must be refused alike
                 "feature": "telemetry",
                 # Session routes take tunnel tokens only (401 here); their isolation with B's own
