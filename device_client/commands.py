@@ -10,20 +10,18 @@ still running waits for that first reply.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from contextvars import ContextVar
 from typing import Any, Awaitable, Callable
 
 import trio
 
 from . import protocol
+from .link.replies import REPLY_MEMORY, ReplyMemory
 
 log = logging.getLogger("fleethub.agent")
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
 Hook = Callable[[], Awaitable[None]]
-
-REPLY_MEMORY = 256  # command ids whose replies are kept for duplicates
 
 _current_command: ContextVar[str | None] = ContextVar("fleethub_current_command", default=None)
 
@@ -52,9 +50,8 @@ class CommandTable:
         self.on_idle = on_idle  # called when the last command being worked on has been answered
         self.inflight = 0
         self.handled = 0  # replies sent, duplicates included
-        self.duplicates = 0
         self._handlers: dict[str, Handler] = {}
-        self._replies: OrderedDict[str, protocol.Reply] = OrderedDict()
+        self._replies = ReplyMemory(memory)  # the sans-IO link's idempotency by command id
         self._running: dict[str, trio.Event] = {}
 
     def register(self, verb: str, handler: Handler, *, replace: bool = False) -> None:
@@ -80,13 +77,10 @@ class CommandTable:
 
     async def reply_for(self, cmd: protocol.Command, device_id: str | None, who: str = "agent") -> protocol.Reply:
         """The reply to ``cmd``: the stored one for a repeated id, else the handler's answer."""
-        stored = self._replies.get(cmd.id)
-        if stored is None and cmd.id in self._running:
+        if cmd.id in self._running:  # a repeat while the first still runs waits for its reply
             await self._running[cmd.id].wait()
-            stored = self._replies.get(cmd.id)
+        stored = self._replies.repeat(cmd.id)
         if stored is not None:
-            self._replies.move_to_end(cmd.id)
-            self.duplicates += 1
             return stored
         done = self._running[cmd.id] = trio.Event()
         try:
@@ -98,16 +92,18 @@ class CommandTable:
         return reply
 
     def remember(self, command_id: str, reply: protocol.Reply) -> None:
-        self._replies[command_id] = reply
-        while len(self._replies) > self.memory:
-            self._replies.popitem(last=False)
+        self._replies.remember(command_id, reply)
 
     def stored(self, command_id: str) -> protocol.Reply | None:
-        return self._replies.get(command_id)
+        return self._replies.stored(command_id)
 
     def forget(self) -> None:
         """A boot forgets what was in memory."""
-        self._replies.clear()
+        self._replies.forget()
+
+    @property
+    def duplicates(self) -> int:
+        return self._replies.duplicates
 
     async def _execute(self, cmd: protocol.Command, device_id: str | None, who: str) -> protocol.Reply:
         try:
