@@ -87,14 +87,17 @@ class HubSide:
     # ---- frames to send ----
 
     def welcome(self, **fields: Any) -> str:
+        """The welcome; its ``maxFrameBytes`` is this side's limit unless given (a test hub that
+        refuses below what it announces, as a stricter proxy would)."""
         self._require_open()
-        return p.encode(p.Welcome(maxFrameBytes=self.max_frame_bytes, **fields))
+        fields.setdefault("maxFrameBytes", self.max_frame_bytes)
+        return p.encode(p.Welcome(**fields))
 
     def command(self, command: p.Command) -> str:
-        """The command's text; ``protocol.FrameTooLarge`` if it is over the limit (never sent: the
-        device would close the link with 1009)."""
+        """The command's text; ``protocol.FrameTooLarge`` if it is over the device's limit (the
+        protocol's: never sent, the device would close the link with 1009)."""
         self._require_open()
-        return p.encode(command, self.max_frame_bytes)
+        return p.encode(command)
 
     def close(self, code: int, reason: str) -> ProtocolViolation:
         """The hub ends the link (superseded, revoked, draining): the code and the reason to send."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import uuid
 from typing import Any
 
@@ -34,7 +35,9 @@ from actors.machines.connection import Heartbeat, LinkDown, LinkUp
 from actors.runtime import ActorError, MailboxFull, Reply
 from device_client import protocol as p
 from device_client import protocol_schema
-from device_client.linkcodes import SUPPORTED_VERSIONS, Close, bounded_reason
+from device_client.link import EventReceived, HeartbeatReceived, HubSide, ProtocolViolation, ReplyReceived
+from device_client.link.hubside import HELLO_TIMEOUT, LinkClosedError
+from device_client.linkcodes import Close
 from hub import frames
 from hub.api.common import services
 from hub.auth.middleware import public
@@ -46,10 +49,10 @@ from hub.services import Link
 log = logging.getLogger("fleethub.link")
 bp = Blueprint("link", __name__)
 
-HELLO_TIMEOUT = 10.0
 # WebSocket close codes of the link, one per cause (device_client/linkcodes.py, docs/device-protocol.md):
 # a frame that is not JSON or not a frame; one out of order (a second hello, a welcome or a command
-# from a device). Frames over MAX_FRAME_BYTES are closed with 1009 and a reason (hub/frames.py).
+# from a device). Frames over MAX_FRAME_BYTES are closed with 1009 and a reason. Which frame gets
+# which code is the protocol's (device_client/link/hubside.py); this handler is its IO shell.
 CLOSE_BAD_FRAME = Close.BAD_FRAME
 CLOSE_OUT_OF_ORDER = Close.OUT_OF_ORDER
 # Hello facts a hello may leave out: the hub keeps what it had (a partial hello blanks nothing).
@@ -112,51 +115,55 @@ async def device_link():
     return None
 
 
-async def _receive_hello(ws, device_id: uuid.UUID) -> tuple[p.Hello | None, int, str]:
-    """The hello, or None with the close code and reason (naming the refused field, if one was)."""
-    with trio.move_on_after(HELLO_TIMEOUT):
-        try:
-            frame = p.decode(await frames.receive(services(), ws, device_id))
-        except p.ProtocolError as exc:
-            log.info("device %s sent a bad first frame: %s", device_id, exc)
-            return None, Close.BAD_FRAME, f"malformed hello: {exc}"
-        if not isinstance(frame, p.Hello):
-            return None, Close.BAD_FRAME, f"the first frame must be a hello, not {p.describe(frame)}"
-        if frame.protocol not in SUPPORTED_VERSIONS:
-            return None, Close.UNKNOWN_VERSION, (f"hello.protocol: version {frame.protocol} is not supported; "
-                                                 f"this hub speaks {', '.join(map(str, SUPPORTED_VERSIONS))}")
-        return frame, 0, ""
-    return None, Close.HELLO_TIMEOUT, f"no hello within {HELLO_TIMEOUT:g} s"
+async def _feed(ws, side: HubSide) -> list[object]:
+    """One turn of the IO shell: read a frame (or wait out the side's deadline) and feed it."""
+    deadline = side.deadline()
+    message = None
+    with trio.move_on_at(math.inf if deadline is None else deadline):
+        message = await ws.receive()
+    now = trio.current_time()
+    return side.tick(now) if message is None else side.receive(message, now)
+
+
+async def _refuse(s, ws, device_id: uuid.UUID, violation: ProtocolViolation) -> None:
+    """Close the link as the protocol said: the code and the reason naming what was refused."""
+    if violation.code == p.CLOSE_TOO_BIG:
+        s.metrics.frame_refused(device_id, violation.frame, violation.size, s.clock.now())
+    # A device that sends what is not a frame is broken or hostile: end the link with the reason (it
+    # reconnects and starts over); nothing else is affected.
+    log.info("device %s: link closed (%d): %s", device_id, violation.code, violation.reason)
+    await ws.close(violation.code, violation.reason)
 
 
 async def _serve(s, ws, device_id: uuid.UUID, address: str | None = None) -> None:
-    try:
-        hello, code, refusal = await _receive_hello(ws, device_id)
-    except frames.FrameRefused as exc:
-        log.info("device %s: %s; link closed", device_id, exc)
+    # the limits are read now, not at import: tests lower them (frames.MAX_FRAME_BYTES, HELLO_TIMEOUT)
+    side = HubSide(trio.current_time(), hello_timeout=HELLO_TIMEOUT, max_frame_bytes=frames.MAX_FRAME_BYTES)
+    [first] = await _feed(ws, side)
+    if isinstance(first, ProtocolViolation):
+        await _refuse(s, ws, device_id, first)
         return
-    if hello is None:
-        log.info("device %s: link refused (%d): %s", device_id, code, refusal)
-        await ws.close(code, bounded_reason(refusal))
-        return
+    hello: p.Hello | None = first.hello  # type: ignore[attr-defined]
     conn_id = uuid.uuid4().hex
     pending: dict[str, Reply] = {}
     send_lock = trio.Lock()
     usage_slots = trio.Semaphore(USAGE_IN_FLIGHT)
 
-    async def send(frame: Any) -> None:
+    async def send(text: str) -> None:
         async with send_lock:
-            await ws.send(p.encode(frame))
+            await ws.send(text)
 
     async def on_command(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
         command = p.Command(id=uuid.uuid4().hex, subject=subject, payload=payload)
+        try:
+            text = side.command(command)
+        except p.FrameTooLarge as exc:
+            # never sent: the device would close the link (1009); the caller hears why instead
+            raise DeviceError(str(exc), code="frame_too_large") from None
+        except LinkClosedError:
+            raise DeviceOffline("the device's link is closing") from None
         reply = pending[command.id] = Reply()
         try:
-            try:
-                await send(command)
-            except p.FrameTooLarge as exc:
-                # never sent: the device would close the link (1009); the caller hears why instead
-                raise DeviceError(str(exc), code="frame_too_large") from None
+            await send(text)
             answer: p.Reply = await reply.wait()
         finally:
             pending.pop(command.id, None)
@@ -184,8 +191,8 @@ async def _serve(s, ws, device_id: uuid.UUID, address: str | None = None) -> Non
         subscription = s.bus.subscribe(p.subject(str(device_id), ">"), on_command)
         s.metrics.device_connects += 1
         try:
-            await send(p.Welcome(deviceId=str(device_id), heartbeatInterval=s.settings.heartbeat_interval,
-                                 hubKeys=s.tunnels.grants.hub_keys, maxFrameBytes=MAX_FRAME_BYTES))
+            await send(side.welcome(deviceId=str(device_id), heartbeatInterval=s.settings.heartbeat_interval,
+                                    hubKeys=s.tunnels.grants.hub_keys, maxFrameBytes=MAX_FRAME_BYTES))
             facts = hello.model_dump(exclude={"type", "secretFileDigests", "retiredPages", "lastMemoryTest"})
             for name in KEPT_UNLESS_SENT:
                 if name not in hello.model_fields_set:
@@ -194,32 +201,23 @@ async def _serve(s, ws, device_id: uuid.UUID, address: str | None = None) -> Non
             await _deliver(s, actor, device_id, Hello(hello.secretFileDigests, hello.configVersionApplied,
                                                       {"lastMemoryTest": hello.lastMemoryTest,
                                                        "retiredPages": hello.retiredPages}))
-            hello = None  # held for the connection's lifetime otherwise: ~2 KiB a device, measured
+            hello = first = None  # held for the connection's lifetime otherwise: ~2 KiB a device, measured
             while True:
-                try:
-                    frame = p.decode(await frames.receive(s, ws, device_id))
-                except frames.FrameRefused as exc:
-                    log.info("device %s: %s; link closed", device_id, exc)
-                    return
-                except p.ProtocolError as exc:
-                    # A device that sends what is not a frame is broken or hostile: end the link with
-                    # the reason (it reconnects and starts over); nothing else is affected.
-                    log.info("device %s: bad frame, closing the link: %s", device_id, exc)
-                    await ws.close(CLOSE_BAD_FRAME, bounded_reason(f"malformed frame: {exc}"))
-                    return
-                if isinstance(frame, (p.Hello, p.Welcome, p.Command)):
-                    log.info("device %s: unexpected %s frame, closing the link", device_id, frame.type)
-                    await ws.close(CLOSE_OUT_OF_ORDER, f"unexpected {frame.type} frame on an open link")
-                    return
-                if isinstance(frame, p.Reply):
-                    waiting = pending.get(frame.id)
-                    if waiting is not None:
-                        waiting.set(frame)
-                elif isinstance(frame, p.Event):
-                    if frame.kind == "tunnel.usage":
-                        await s.tunnels.on_usage(device_id, frame.payload, usage_slots)  # hub/tunnels/sessions.py
-                    msg = Heartbeat(conn_id) if frame.kind == "heartbeat" else DeviceEvent(frame.kind, frame.payload)
-                    await _deliver(s, actor, device_id, msg)
+                for event in await _feed(ws, side):
+                    if isinstance(event, ProtocolViolation):
+                        await _refuse(s, ws, device_id, event)
+                        return
+                    if isinstance(event, ReplyReceived):
+                        waiting = pending.get(event.reply.id)
+                        if waiting is not None:
+                            waiting.set(event.reply)
+                    elif isinstance(event, HeartbeatReceived):
+                        await _deliver(s, actor, device_id, Heartbeat(conn_id))
+                    elif isinstance(event, EventReceived):
+                        frame = event.event
+                        if frame.kind == "tunnel.usage":
+                            await s.tunnels.on_usage(device_id, frame.payload, usage_slots)  # hub/tunnels/sessions.py
+                        await _deliver(s, actor, device_id, DeviceEvent(frame.kind, frame.payload))
         finally:
             subscription.close()
             if s.links.get(device_id) is link:
@@ -235,9 +233,10 @@ async def _serve(s, ws, device_id: uuid.UUID, address: str | None = None) -> Non
     if scope.cancelled_caught:
         # ended by the hub (superseded, heartbeat timeout, revoked, drained): say which, so the device
         # knows what to do next (docs/device-protocol.md, close codes)
+        closing_frame = side.close(link.close_code, link.close_reason)
         with trio.move_on_after(2) as closing:
             closing.shield = True
-            await ws.close(link.close_code, bounded_reason(link.close_reason))
+            await ws.close(closing_frame.code, closing_frame.reason)
 
 
 async def _deliver(s, actor, device_id: uuid.UUID, msg: object) -> None:

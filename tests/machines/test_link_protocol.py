@@ -134,9 +134,11 @@ def test_the_hub_sends_welcome_and_commands_within_its_limit():
     side = hub_in(HubState.OPEN)
     welcome = p.decode(side.welcome(deviceId="d1", heartbeatInterval=30, hubKeys={}))
     assert isinstance(welcome, p.Welcome) and welcome.maxFrameBytes == LIMIT
+    assert p.decode(side.welcome(deviceId="d1", heartbeatInterval=30, maxFrameBytes=9000)).maxFrameBytes == 9000
     assert isinstance(p.decode(side.command(p.Command(id="c", subject="cmd.d1.ping", payload={}))), p.Command)
+    side.command(p.Command(id="c", subject="cmd.d1.x", payload={"x": "y" * LIMIT}))  # the device takes 1 MiB
     with pytest.raises(p.FrameTooLarge):
-        side.command(p.Command(id="c", subject="cmd.d1.x", payload={"x": "y" * LIMIT}))
+        side.command(p.Command(id="c", subject="cmd.d1.x", payload={"x": "y" * p.MAX_FRAME_BYTES}))
     with pytest.raises(LinkClosedError):
         hub_in(HubState.AWAIT_HELLO).command(p.Command(id="c", subject="cmd.d1.ping", payload={}))
 
