@@ -209,8 +209,8 @@ class RolloutActor(Actor):
             result = None
             if ours and row["config_status"] == "applied" and row["applied_version_id"] == version:
                 result = "applied"
-            elif ours and row["config_status"] == "rejected":
-                result = "rejected"
+            elif ours and row["config_status"] in ("rejected", "failed"):
+                result = row["config_status"]  # failed: unanswered or malformed, the hub's verdict
             views[device_id] = rm.DeviceView(online=online, held=held,
                                              applying=ours and row["config_status"] == "applying",
                                              result=result, error=row["config_error"])

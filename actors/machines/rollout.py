@@ -69,6 +69,16 @@ WAITING = {Step.PENDING, Step.QUEUED_MAINTENANCE, Step.DEFERRED_MEMORY_TEST}
 SETTLED_FOR_BATCH = TERMINAL | {Step.DEFERRED_MEMORY_TEST}
 CANARY_SHARE = 0.05
 
+# A device's configuration result for the rollout's version -> its step, with the error shown when the
+# device gave none. "failed" is the hub's own verdict (the apply went unanswered past its time or the
+# device's result was malformed): the version did not take, so it counts against the failure threshold
+# exactly like a rejection; were it left in flight, the rollout would wait on it forever.
+RESULT_STEPS: dict[str, tuple[Step, str | None]] = {
+    "applied": (Step.SUCCEEDED, None),
+    "rejected": (Step.FAILED, "the device rejected the version"),
+    "failed": (Step.FAILED, "the version was not applied"),
+}
+
 
 @dataclass
 class DeviceStep:
@@ -86,7 +96,7 @@ class DeviceView:
     online: bool
     held: bool = False                  # workload held for a memory test
     applying: bool = False              # the device received the version and is verifying it
-    result: str | None = None           # "applied" | "rejected" for the rollout's version
+    result: str | None = None           # a key of RESULT_STEPS for the rollout's version, or None
     error: str | None = None
 
 
@@ -289,10 +299,9 @@ class RolloutMachine:
             view = views.get(st.device_id)
             if view is None:
                 continue
-            if view.result == "applied":
-                self._move(st, Step.SUCCEEDED, now, changed)
-            elif view.result == "rejected":
-                self._move(st, Step.FAILED, now, changed, view.error or "the device rejected the version")
+            if view.result in RESULT_STEPS:
+                step, default_error = RESULT_STEPS[view.result]
+                self._move(st, step, now, changed, (view.error or default_error) if step is Step.FAILED else None)
             elif view.applying and st.step is Step.UPDATING:
                 self._move(st, Step.VERIFYING, now, changed)
 

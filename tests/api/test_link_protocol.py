@@ -163,6 +163,40 @@ async def test_an_unanswered_apply_ends_failed_within_the_stated_time(hub, nurse
         assert "did not answer config.apply within 2 s" in (await device(hub, dev_id))["configuration"]["error"]
 
 
+async def test_a_rollout_counts_an_apply_ending_failed_as_a_failed_device(hub, nursery):
+    # A malformed result ends the apply "failed" (the hub's verdict, not the device's rejection): the
+    # rollout must count it as a failure (here: the canary failed, so it pauses), not wait on it forever.
+    with trio.fail_after(90):
+        fid = (await hub.call("POST", "/v1/fleets", json={"name": "makers"})).json()["data"]["id"]
+
+        async def answer(verb, payload):
+            if verb == "config.apply":
+                return {"status": "applied", "versionId": payload["versionId"], "files": []}  # no configId
+            return {}
+
+        for i in range(3):
+            _, token = await hub.provision(f"node-{i}", fleet_id=fid)
+            await connect(nursery, hub, token, answer=answer)
+        cid = (await hub.call("POST", "/v1/configurations", json={"name": "app", "spec": {}})).json()["data"]["id"]
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 5})
+        assert r.status_code == 201, r.text
+        rid = r.json()["data"]["id"]
+
+        async def state():
+            return (await hub.call("GET", f"/v1/rollouts/{rid}")).json()["data"]
+
+        await wait_for(lambda: _rollout_in(hub, rid, "paused"), timeout=30, interval=0.2)
+        st = await state()
+        assert st["reason"] == "the canary batch failed"
+        assert st["counts"]["failed"] == 1 and st["counts"]["pending"] == 2
+        failed = next(d for d in st["devices"] if d["step"] == "failed")
+        assert "configId: Field required" in failed["error"]
+
+
+async def _rollout_in(hub, rid, want) -> bool:
+    return (await hub.call("GET", f"/v1/rollouts/{rid}")).json()["data"]["state"] == want
+
+
 async def _status(hub, dev_id, status) -> bool:
     return (await device(hub, dev_id))["configuration"]["status"] == status
 

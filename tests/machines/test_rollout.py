@@ -115,6 +115,30 @@ def test_failure_threshold_pauses_a_later_batch_and_in_flight_devices_finish():
     assert m.current_batch == 1 and m.state is rm.RolloutState.PAUSED
 
 
+def test_a_failed_result_counts_against_the_failure_threshold_like_a_rejection():
+    # "failed" is the hub's verdict on an apply that went unanswered or came back malformed: it must
+    # not leave the device in flight (the rollout would wait forever) but count as a failure.
+    m = machine(25, batch_size=10, failure_threshold=0.1, success_threshold=0.5)
+    m.handle(rm.Tick(views(m)), T0)
+    m.handle(rm.Tick(applied(m, ["d000", "d001"])), T0)  # batch 1 started: d002..d011
+    out = results(m, ok=["d000", "d001"])
+    out["d002"] = rm.DeviceView(online=True, result="failed", error="the device did not answer config.apply")
+    out["d003"] = rm.DeviceView(online=True, result="failed")
+    m.handle(rm.Tick(out), T0)
+    assert m.steps["d002"].step is rm.Step.FAILED and m.steps["d002"].error == "the device did not answer config.apply"
+    assert m.steps["d003"].step is rm.Step.FAILED and m.steps["d003"].error == "the version was not applied"
+    assert m.state is rm.RolloutState.PAUSED and m.reason == "2 of 4 updated devices failed, above the failure threshold"
+
+
+def test_every_result_a_device_view_can_carry_settles_the_device():
+    for result, step in (("applied", rm.Step.SUCCEEDED), ("rejected", rm.Step.FAILED), ("failed", rm.Step.FAILED)):
+        m = machine(1, failure_threshold=1.0)
+        m.handle(rm.Tick(views(m)), T0)
+        m.handle(rm.Tick({"d000": rm.DeviceView(online=True, result=result)}), T0)
+        assert m.steps["d000"].step is step, result
+        assert m.state is (rm.RolloutState.COMPLETED if step is rm.Step.SUCCEEDED else rm.RolloutState.FAILED)
+
+
 def test_batch_below_success_threshold_pauses():
     m = machine(25, batch_size=10, failure_threshold=1.0, success_threshold=0.9)
     m.handle(rm.Tick(views(m)), T0)
