@@ -1,0 +1,278 @@
+"""The command bus over a NATS server, for a hub that runs as several processes (issue 17).
+
+Same interface as ``actors.bus.Bus`` (``subscribe``, ``request``, ``has_responder``, ``statistics``)
+plus ``publish`` (fire and forget, for broadcasts: takeovers, events, invalidations). A request that
+nobody holds raises ``NoResponders`` at once (the server says so: NATS 2.2+ "no responders"), one
+that nobody answers in time raises ``RequestTimeout``; the API turns these into 503 device_offline and
+504 device_timeout as it does for the in-process bus.
+
+nats-py is asyncio-only, so the client lives on a private asyncio loop in its own thread, as asyncpg
+does (storage/db.py), and trio awaits it through ``device_client.bridge.run_on``. Messages the server
+delivers are handed to trio through the trio token and run as tasks in the bus's nursery.
+
+Within one process the newest subscription of a pattern wins, as in the in-process bus: the bus keeps
+one NATS subscription per pattern and dispatches to whichever local handler holds it now. Across
+processes, two holders of ``cmd.<device>.>`` would both answer; hub/cluster/presence.py makes the
+older one let go (a takeover broadcast), so that lasts a moment at most.
+
+A handler's ``actors.errors`` failure (the device refused, the link is closing) crosses the wire as
+its class name, code and message and is raised again on the asking side; anything else is a bug on
+the answering node and arrives as ``BusError``. Secrets never ride in these errors: handlers' messages
+are the API's own error messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import trio
+
+from actors import errors as actor_errors
+from actors.bus import BusError, Handler, NoResponders, RequestTimeout
+from device_client.bridge import run_on
+
+log = logging.getLogger("fleethub.natsbus")
+
+
+class NatsSubscription:
+    __slots__ = ("bus", "pattern", "handler")
+
+    def __init__(self, bus: "NatsBus", pattern: str, handler: Handler) -> None:
+        self.bus, self.pattern, self.handler = bus, pattern, handler
+
+    def close(self) -> None:
+        """Unsubscribe, unless a newer subscription of this process already replaced this one."""
+        if self.bus._subs.get(self.pattern) is self:
+            del self.bus._subs[self.pattern]
+            self.bus._drop_remote(self.pattern)
+
+    def __enter__(self) -> "NatsSubscription":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _encode(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload, separators=(",", ":"), default=str).encode()
+
+
+def _error_reply(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, actor_errors.AskError):
+        return {"__error__": {"class": type(exc).__name__, "code": exc.code, "message": exc.message}}
+    # a bug on the answering node: its log has the traceback; the asker hears only that it failed
+    return {"__error__": {"class": "BusError", "code": "internal", "message": "the answering hub node failed"}}
+
+
+def _raise_remote(err: dict[str, Any]) -> None:
+    cls = getattr(actor_errors, str(err.get("class")), None)
+    if isinstance(cls, type) and issubclass(cls, actor_errors.AskError):
+        raise cls(str(err.get("message", "")), code=str(err.get("code") or cls.code))
+    raise BusError(str(err.get("message", "the answering hub node failed")))
+
+
+class NatsBus:
+    """Open with ``open_nats_bus``; ``connected`` says whether the client holds a server connection now."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.url, self.name = url, name
+        self._subs: dict[str, NatsSubscription] = {}
+        self._remote: dict[str, Any] = {}  # pattern -> nats-py subscription (asyncio side only)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._nc: Any = None
+        self._nursery: trio.Nursery | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self.requests = self.no_responders = self.timeouts = self.received = 0
+        self.reconnects = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def _start(self, nursery: trio.Nursery) -> None:
+        import nats  # imported here: a hub without FLEETHUB_NATS_URL never needs it
+
+        self._nursery, self._token = nursery, trio.lowlevel.current_trio_token()
+        ready = threading.Event()
+
+        def loop_main() -> None:
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+            ready.set()
+            self._loop.run_forever()
+            self._loop.close()
+
+        self._thread = threading.Thread(target=loop_main, name="fleethub-nats", daemon=True)
+        self._thread.start()
+        await trio.to_thread.run_sync(ready.wait)
+
+        async def reconnected() -> None:
+            self.reconnects += 1
+            log.info("NATS: reconnected to %s", self.url)
+
+        async def disconnected() -> None:
+            log.warning("NATS: disconnected from %s", self.url)
+
+        async def error(exc: Exception) -> None:
+            log.info("NATS: %s", type(exc).__name__)
+
+        # Reconnect for ever: a NATS restart must not end the hub; nats-py resubscribes on its own.
+        self._nc = await run_on(self._loop, nats.connect(
+            self.url, name=self.name, allow_reconnect=True, max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5, connect_timeout=5, reconnected_cb=reconnected,
+            disconnected_cb=disconnected, error_cb=error))
+
+    async def _stop(self) -> None:
+        if self._loop is None:
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            try:
+                if self._nc is not None:
+                    await run_on(self._loop, self._nc.close())
+            except Exception as exc:  # noqa: BLE001 — closing anyway
+                log.info("NATS close: %s", type(exc).__name__)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        await trio.to_thread.run_sync(self._thread.join)
+        self._loop = None
+
+    @property
+    def connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
+
+    # -- the Bus interface -----------------------------------------------------------------------
+
+    def subscribe(self, pattern: str, handler: Handler) -> NatsSubscription:
+        sub = NatsSubscription(self, pattern, handler)
+        fresh = pattern not in self._subs
+        self._subs[pattern] = sub
+        if fresh:
+            self._add_remote(pattern)
+        return sub
+
+    def has_responder(self, subject: str) -> bool:
+        """Only this process's subscriptions: a remote holder is found by asking (``request``)."""
+        from actors.bus import _matches
+        tokens = subject.split(".")
+        return any(p == subject or _matches(p, tokens) for p in self._subs)
+
+    async def request(self, subject: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+        import nats.errors
+
+        self.requests += 1
+        if not self.connected:
+            # NATS is down (or restarting): fail at once rather than queue the command for later
+            self.no_responders += 1
+            raise NoResponders(subject)
+        assert self._loop is not None
+        try:
+            with trio.fail_after(timeout + 1):  # the client's own timeout should fire first
+                msg = await run_on(self._loop, self._nc.request(subject, _encode(payload), timeout=timeout))
+        except nats.errors.NoRespondersError:
+            self.no_responders += 1
+            raise NoResponders(subject) from None
+        except (nats.errors.TimeoutError, trio.TooSlowError):
+            self.timeouts += 1
+            raise RequestTimeout(subject) from None
+        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
+                nats.errors.OutboundBufferLimitError):
+            self.no_responders += 1
+            raise NoResponders(subject) from None
+        answer = json.loads(msg.data or b"{}")
+        if isinstance(answer, dict) and "__error__" in answer:
+            _raise_remote(answer["__error__"])
+        return answer
+
+    def publish(self, subject: str, payload: dict[str, Any]) -> None:
+        """Fire and forget (at most once); dropped when NATS is down."""
+        if self._loop is None or not self.connected:
+            return
+        data = _encode(payload)
+        self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._publish(subject, data)))
+
+    async def _publish(self, subject: str, data: bytes) -> None:  # asyncio side
+        try:
+            await self._nc.publish(subject, data)
+        except Exception as exc:  # noqa: BLE001 — at most once, by contract
+            log.info("NATS publish on %s dropped: %s", subject, type(exc).__name__)
+
+    def statistics(self) -> dict[str, int]:
+        return {"subscriptions": len(self._subs), "requests": self.requests,
+                "no_responders": self.no_responders, "timeouts": self.timeouts,
+                "received": self.received, "reconnects": self.reconnects, "connected": int(self.connected)}
+
+    # -- the asyncio side ------------------------------------------------------------------------
+    # Subscribing is scheduled on the client's loop, not awaited: subscribe() is synchronous, as the
+    # in-process bus's is. The loop runs callbacks in order, so this process's own later requests
+    # come after it; another node may see no responder for the few milliseconds it takes to reach
+    # the server.
+
+    def _add_remote(self, pattern: str) -> None:
+        assert self._loop is not None, "open the bus with open_nats_bus"
+        self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._subscribe_remote(pattern)))
+
+    def _drop_remote(self, pattern: str) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._unsubscribe_remote(pattern)))
+
+    async def _subscribe_remote(self, pattern: str) -> None:
+        if pattern in self._remote or pattern not in self._subs:
+            return
+
+        async def deliver(msg: Any) -> None:
+            try:
+                self._token.run_sync_soon(self._dispatch, pattern, msg)
+            except trio.RunFinishedError:
+                pass
+
+        self._remote[pattern] = await self._nc.subscribe(pattern, cb=deliver)
+
+    async def _unsubscribe_remote(self, pattern: str) -> None:
+        if pattern in self._subs:
+            return  # subscribed again meanwhile: keep it
+        remote = self._remote.pop(pattern, None)
+        if remote is not None:
+            with contextlib.suppress(Exception):
+                await remote.unsubscribe()
+
+    # -- the trio side ---------------------------------------------------------------------------
+
+    def _dispatch(self, pattern: str, msg: Any) -> None:
+        self.received += 1
+        try:
+            self._nursery.start_soon(self._handle, pattern, msg)
+        except RuntimeError:
+            pass  # shutting down
+
+    async def _handle(self, pattern: str, msg: Any) -> None:
+        sub = self._subs.get(pattern)
+        try:
+            if sub is None:
+                raise actor_errors.DeviceOffline("the link closed before the request arrived")
+            payload = json.loads(msg.data or b"{}")
+            result = await sub.handler(msg.subject, payload)
+            answer = result if isinstance(result, dict) else {}
+        except Exception as exc:  # noqa: BLE001 — the asker hears it; a bug is logged here
+            if not isinstance(exc, actor_errors.AskError):
+                log.exception("bus handler for %s failed", msg.subject)
+            answer = _error_reply(exc)
+        if msg.reply and self._loop is not None:
+            try:
+                await run_on(self._loop, msg.respond(_encode(answer)))
+            except Exception as exc:  # noqa: BLE001 — the asker times out
+                log.info("NATS reply on %s lost: %s", msg.subject, type(exc).__name__)
+
+
+@contextlib.asynccontextmanager
+async def open_nats_bus(url: str, name: str) -> AsyncIterator[NatsBus]:
+    bus = NatsBus(url, name)
+    async with trio.open_nursery() as nursery:
+        try:
+            await bus._start(nursery)
+            yield bus
+        finally:
+            nursery.cancel_scope.cancel()
+            await bus._stop()

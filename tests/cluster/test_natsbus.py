@@ -1,0 +1,112 @@
+"""actors/natsbus.py against a real nats-server: two buses stand for two hub processes."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from actors import errors as actor_errors
+from actors.bus import BusError, NoResponders, RequestTimeout
+from actors.natsbus import open_nats_bus
+from tests.hubtools import wait_for
+
+
+async def _until_held(bus, subject: str) -> None:
+    """A subscription reaches the server a moment after subscribe() returns."""
+    async def held() -> bool:
+        try:
+            await bus.request(subject, {"probe": True}, timeout=1)
+            return True
+        except NoResponders:
+            return False
+    for _ in range(100):
+        if await held():
+            return
+        await trio.sleep(0.02)
+    raise AssertionError(f"{subject} never got a responder")
+
+
+async def test_request_reaches_the_other_node_and_errors_cross(nats_server):
+    with trio.fail_after(15):
+        async with open_nats_bus(nats_server.url, "a") as a, open_nats_bus(nats_server.url, "b") as b:
+            async def answer(subject, payload):
+                if payload.get("refuse"):
+                    raise actor_errors.DeviceRefused("no space left", code="disk_full")
+                if payload.get("bug"):
+                    raise KeyError("secret-ish internals")
+                return {"subject": subject, "echo": payload}
+
+            sub = a.subscribe("cmd.dev1.>", answer)
+            await _until_held(b, "cmd.dev1.ping")
+            assert await b.request("cmd.dev1.ping", {"n": 1}, timeout=2) == {
+                "subject": "cmd.dev1.ping", "echo": {"n": 1}}
+            with pytest.raises(actor_errors.DeviceRefused) as refused:
+                await b.request("cmd.dev1.reboot", {"refuse": True}, timeout=2)
+            assert (refused.value.code, refused.value.message) == ("disk_full", "no space left")
+            with pytest.raises(BusError) as bug:
+                await b.request("cmd.dev1.x", {"bug": True}, timeout=2)
+            assert "secret-ish" not in str(bug.value)
+            sub.close()
+
+            async def gone() -> bool:
+                try:
+                    await b.request("cmd.dev1.ping", {}, timeout=1)
+                    return False
+                except NoResponders:
+                    return True
+            for _ in range(100):
+                if await gone():
+                    break
+                await trio.sleep(0.02)
+            else:
+                raise AssertionError("the closed subscription still answers")
+
+
+async def test_no_responders_is_immediate_and_silence_times_out(nats_server):
+    with trio.fail_after(15):
+        async with open_nats_bus(nats_server.url, "a") as a, open_nats_bus(nats_server.url, "b") as b:
+            started = trio.current_time()
+            with pytest.raises(NoResponders):
+                await b.request("cmd.nobody.ping", {}, timeout=5)
+            assert trio.current_time() - started < 1  # not the 5 s timeout
+
+            async def silent(subject, payload):
+                await trio.sleep_forever()
+
+            a.subscribe("cmd.slow.>", silent)
+            await trio.sleep(0.2)  # reach the server (a probe would hang in the silent handler)
+            started = trio.current_time()
+            with pytest.raises(RequestTimeout):
+                await b.request("cmd.slow.ping", {}, timeout=0.5)
+            assert 0.4 < trio.current_time() - started < 2
+
+
+async def test_newest_local_subscription_wins_and_older_close_keeps_it(nats_server):
+    with trio.fail_after(15):
+        async with open_nats_bus(nats_server.url, "a") as a, open_nats_bus(nats_server.url, "b") as b:
+            async def old(subject, payload):
+                return {"who": "old"}
+
+            async def new(subject, payload):
+                return {"who": "new"}
+
+            first = a.subscribe("cmd.d.>", old)
+            await _until_held(b, "cmd.d.ping")
+            a.subscribe("cmd.d.>", new)
+            first.close()  # the old link ends after the new one took over: the new one keeps the subject
+            await trio.sleep(0.1)
+            assert await b.request("cmd.d.ping", {}, timeout=2) == {"who": "new"}
+
+
+async def test_publish_reaches_every_subscriber(nats_server):
+    with trio.fail_after(15):
+        async with open_nats_bus(nats_server.url, "a") as a, open_nats_bus(nats_server.url, "b") as b:
+            heard: list[tuple[str, dict]] = []
+
+            async def listen(subject, payload):
+                heard.append((subject, payload))
+
+            a.subscribe("events.org.*", listen)
+            await trio.sleep(0.2)
+            b.publish("events.org.o1", {"kind": "x"})
+            await wait_for(lambda: heard == [("events.org.o1", {"kind": "x"})], timeout=5)
