@@ -13,7 +13,7 @@ PostgreSQL down (``DatabaseUnavailable``): the effects the machine decided wait 
 carried out in order from a deadline once storage answers; a renewal not stored is not done.
 
 Device refusals become the spec's tunnel errors (``device_failure``; the hub gives them their
-statuses): target_not_configured, ssh_disabled and device_unsupported are conflicts (an agent without
+statuses): target_not_configured, ssh_disabled, shell_disabled and device_unsupported are conflicts (an agent without
 the tunnel verbs answers unknown_command: device_unsupported too); any other refusal is
 device_rejected with the device's reason; an offline device, no answer in time or an unreachable device
 actor is device_unreachable.
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fleethub.tunnels")
 
-DEVICE_REFUSALS = ("target_not_configured", "ssh_disabled", "device_unsupported")
+DEVICE_REFUSALS = ("target_not_configured", "ssh_disabled", "shell_disabled", "device_unsupported")
 
 
 def device_failure(exc: BaseException) -> AskError:

@@ -77,17 +77,19 @@ exp (NumericDate seconds), relay (bool), bandwidthBps, clientFingerprint (the DT
 CLI's offer), deviceKey (the device's tunnel public key)} (webrtc/grant.py). The device verifies
 the grant against the keys the hub sent in ``welcome.hubKeys`` ({kid: base64 public key}; after a
 key rotation ``link.keys`` replaces them on a live link) and that deviceId is its own and the offer's fingerprint is clientFingerprint. Reply error codes:
-target_not_configured, ssh_disabled, device_unsupported, invalid_grant, and rejected (any other
+target_not_configured, ssh_disabled, shell_disabled, device_unsupported, invalid_grant, and rejected (any other
 refusal, with the reason as message). Data channels: ``control`` (JSON: {type: "renew", grant} →
 {type: "renewed", expiresAt} or {type: "error", reason}; {type: "closing", reason}) and one channel
-per forwarded TCP connection labelled ``tcp``. Event ``tunnel.usage`` {sessionId, bytesIn, bytesOut,
+per forwarded TCP connection labelled ``tcp``; for the ``shell`` target, one channel per terminal labelled
+``shell`` (a PTY: bytes as on ``tcp``, plus the text message {resize: {cols, rows}}). Event ``tunnel.usage`` {sessionId, bytesIn, bytesOut,
 relayedBytes, durationSeconds, final (bool), reason?} while open (every 30 s) and when it closes:
 totals since the session opened (bytesIn + bytesOut count every byte; relayedBytes is the part that
 went through a TURN relay). A final report made while there was no link is sent at the next link, so
-it may arrive after the hub ended the session (expired); the hub records its totals all the same. Hello ``tunnelTargets`` {names: [str], ports: [int], ssh: bool}: the
+it may arrive after the hub ended the session (expired); the hub records its totals all the same. Hello ``tunnelTargets`` {names: [str], ports: [int], ssh: bool, shell: bool}: the
 hub refuses a target that is neither a name nor a port listed there (404 target_not_configured)
 before it asks the device; a target given as a port is its decimal string, e.g. "8080". ``ssh`` is
-always passed on to a device that sends tunnelTargets: the device answers or refuses ssh_disabled.
+always passed on to a device that sends tunnelTargets: the device answers or refuses ssh_disabled;
+``shell`` likewise (shell_disabled).
 
 Billing (device_client/telemetry.py, device_client/registry_proxy.py; hub/billing/devices.py):
 
@@ -243,6 +245,7 @@ class TunnelTargets(_Frame):
     names: list[str] = Field(default_factory=list)  # configured target names, e.g. "ssh", "web"
     ports: list[int] = Field(default_factory=list)  # TCP ports on the device allowed as a target "<port>"
     ssh: bool = False  # whether the ssh target is enabled (the device refuses it with ssh_disabled if not)
+    shell: bool = False  # whether the shell target (a PTY per channel) is enabled; refused with shell_disabled if not
 
 
 class Hello(_Frame):

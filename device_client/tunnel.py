@@ -9,7 +9,9 @@ connects every ``tcp`` channel to the target, a name from its own configuration:
 - a configured target ``NAME=HOST:PORT`` (``--tunnel-target``),
 - ``ssh``: refused with ssh_disabled unless ssh is enabled (``--ssh``); goes to the configured
   ``ssh`` target, else 127.0.0.1:22,
-- a TCP port number the device allows (``--tunnel-allow-port``), on 127.0.0.1.
+- a TCP port number the device allows (``--tunnel-allow-port``), on 127.0.0.1,
+- ``shell``: refused with shell_disabled unless enabled (``--tunnel-shell``); each ``shell`` channel
+  gets its own PTY and login shell as ``--tunnel-shell-user`` (device_client/shell.py).
 
 The grant's expiry closes the session unless the CLI sends a renewed grant on the ``control``
 channel first. The grant's bandwidthBps caps each direction. ``tunnel.usage`` events report bytes
@@ -21,6 +23,7 @@ sent at the next one.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,6 +35,7 @@ from webrtc.sdp import fingerprints
 
 from .clock import rfc3339
 from .commands import CommandError
+from .shell import ShellUser, connect_shell
 
 if TYPE_CHECKING:
     from webrtc.peer import TunnelPeer
@@ -63,10 +67,13 @@ class TunnelConfig:
     targets: dict[str, tuple[str, int]] = field(default_factory=dict)
     allowed_ports: frozenset[int] = frozenset()
     ssh: bool = False
+    shell: "ShellUser | None" = None  # the user the shell target runs as; None: the shell is off
 
     @classmethod
-    def from_flags(cls, targets: list[str] | None, ports: list[int] | None, ssh: bool | None) -> "TunnelConfig":
-        """From ``--tunnel-target NAME=HOST:PORT`` (repeatable), ``--tunnel-allow-port N``, ``--ssh``."""
+    def from_flags(cls, targets: list[str] | None, ports: list[int] | None, ssh: bool | None,
+                   shell: bool = False, shell_user: str | None = None) -> "TunnelConfig":
+        """From ``--tunnel-target NAME=HOST:PORT`` (repeatable), ``--tunnel-allow-port N``, ``--ssh``,
+        ``--tunnel-shell [--tunnel-shell-user USER]``."""
         named: dict[str, tuple[str, int]] = {}
         for item in targets or []:
             name, sep, hostport = item.partition("=")
@@ -76,7 +83,15 @@ class TunnelConfig:
         for port in ports or []:
             if not 0 < port < 65536:
                 raise ValueError(f"--tunnel-allow-port {port} is not a TCP port")
-        return cls(targets=named, allowed_ports=frozenset(ports or []), ssh=bool(ssh))
+        if shell_user and not shell:
+            raise ValueError("--tunnel-shell-user needs --tunnel-shell")
+        if "shell" in named:
+            raise ValueError("--tunnel-target: 'shell' is the name of the shell target (--tunnel-shell)")
+        user = ShellUser.lookup(shell_user) if shell else None
+        if user is not None and user.uid != os.getuid() and os.getuid() != 0:
+            raise ValueError(f"--tunnel-shell-user {user.name}: only an agent running as root can start "
+                             "a shell as another user")
+        return cls(targets=named, allowed_ports=frozenset(ports or []), ssh=bool(ssh), shell=user)
 
     def describe(self) -> str:
         """One line for the agent's log at start: what a tunnel to this device can reach."""
@@ -85,10 +100,15 @@ class TunnelConfig:
         named = [f"{name}={host}:{port}" for name, (host, port) in sorted(self.targets.items())
                  if name != "ssh" or not self.ssh]
         ports = [f"port {port}" for port in sorted(self.allowed_ports)]
-        return ", ".join([ssh, *named, *ports])
+        shell = f"shell on (as {self.shell.name})" if self.shell else "shell off (--tunnel-shell)"
+        return ", ".join([ssh, shell, *named, *ports])
 
-    def resolve(self, target: str) -> tuple[str, int]:
-        """Where ``target`` goes, or CommandError target_not_configured / ssh_disabled."""
+    def resolve(self, target: str) -> "tuple[str, int] | ShellTarget":
+        """Where ``target`` goes, or CommandError target_not_configured / ssh_disabled / shell_disabled."""
+        if target == "shell":
+            if self.shell is None:
+                raise CommandError("shell_disabled", "the shell target is disabled on this device")
+            return ShellTarget(self.shell)
         if target == "ssh":
             if not self.ssh:
                 raise CommandError("ssh_disabled", "ssh is disabled on this device")
@@ -110,6 +130,21 @@ def add_arguments(parser: Any) -> None:
                         help="a port on 127.0.0.1 tunnels may reach by number (repeatable)")
     parser.add_argument("--ssh", action=argparse.BooleanOptionalAction, default=False,
                         help="allow the ssh target (default: off)")
+    parser.add_argument("--tunnel-shell", action=argparse.BooleanOptionalAction, default=False,
+                        help="allow the shell target: a PTY with a login shell per browser terminal "
+                             "(default: off)")
+    parser.add_argument("--tunnel-shell-user", metavar="USER", default=None,
+                        help="the user the shell target runs as (default: the agent's own user)")
+
+
+@dataclass(frozen=True)
+class ShellTarget:
+    """The peer's target for ``shell`` channels: each Pump gets its own shell (on the asyncio side)."""
+
+    user: ShellUser
+
+    async def __call__(self, pump: Any) -> None:
+        await connect_shell(pump, self.user)
 
 
 class Session:
@@ -233,7 +268,7 @@ class TunnelService:
     def hello_fields(self) -> dict[str, Any]:
         # the hub refuses a target missing here before it asks the device (404 target_not_configured)
         return {"tunnelTargets": {"names": sorted(self.config.targets), "ports": sorted(self.config.allowed_ports),
-                                  "ssh": self.config.ssh}}
+                                  "ssh": self.config.ssh, "shell": self.config.shell is not None}}
 
     async def open(self, payload: dict[str, Any]) -> dict[str, Any]:
         from webrtc.peer import TunnelPeer  # aiortc loads on the first tunnel, not at every agent start
@@ -272,7 +307,8 @@ class TunnelService:
         session = Session(self, grant, peer)
         self.sessions[grant.sid] = session
         nursery.start_soon(session.run)
-        log.info("tunnel %s opened for %s to %s (%s:%d)", grant.sid, grant.principal, grant.target, *target)
+        where = f"{target[0]}:{target[1]}" if isinstance(target, tuple) else f"a shell as {target.user.name}"
+        log.info("tunnel %s opened for %s to %s (%s)", grant.sid, grant.principal, grant.target, where)
         return {"answer": answer}
 
     async def close(self, payload: dict[str, Any]) -> dict[str, Any]:

@@ -160,7 +160,8 @@ def _tunnel_config(args: argparse.Namespace):
     from device_client.tunnel import TunnelConfig
 
     try:
-        return TunnelConfig.from_flags(args.tunnel_target, args.tunnel_allow_port, args.ssh)
+        return TunnelConfig.from_flags(args.tunnel_target, args.tunnel_allow_port, args.ssh,
+                                       args.tunnel_shell, args.tunnel_shell_user)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
 

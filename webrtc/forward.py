@@ -5,6 +5,9 @@ On a ``tcp`` channel, binary messages are the stream's bytes; text messages are 
     {"credit": n}   the receiver has taken n more bytes off the channel (flow control)
     {"eof": true}   the sender's TCP peer half-closed: shut down the write side here
 
+Any other JSON object goes to the Pump's ``on_extra`` hook, if set (a ``shell`` channel's resize,
+device_client/shell.py); without one it is ignored.
+
 SCTP in aiortc has no receive-side back pressure an application can use (a data channel cannot be
 paused), so each direction runs a credit window: a side sends only what the other side has granted,
 and grants more only once the bytes left its TCP socket. A slow TCP consumer, or a bandwidth cap
@@ -98,6 +101,7 @@ class Pump(asyncio.Protocol):
         self.limit_out = limit_out  # what we read from TCP and send (device: towards the CLI)
         self.limit_in = limit_in  # what we receive and write to TCP (device: towards the target)
         self.on_closed = on_closed
+        self.on_extra: Callable[[dict[str, Any]], None] | None = None  # other JSON messages (see above)
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_event_loop()
         self._pending = bytearray()  # read from TCP, not yet sent (no credit, or rate-limited)
@@ -191,6 +195,8 @@ class Pump(asyncio.Protocol):
                 if self.transport is not None and not self._tcp_lost and self.transport.can_write_eof():
                     self.transport.write_eof()
                 self._maybe_done()
+            if self.on_extra is not None and not ({"credit", "eof"} & control.keys()):
+                self.on_extra(control)
             return
         self.counters.received += len(message)
         if self.transport is None:

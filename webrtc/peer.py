@@ -76,7 +76,7 @@ class TunnelPeer:
         self._control: Any = None
         self._pumps: set[Pump] = set()
         self._server: asyncio.AbstractServer | None = None
-        self._target: tuple[str, int] | None = None
+        self._target: tuple[str, int] | Callable[[Pump], Any] | None = None
         self._limit_out = self._limit_in = None
         self._bandwidth: int | None = None
         self._control_open = trio.Event()
@@ -91,9 +91,11 @@ class TunnelPeer:
     async def set_answer(self, answer: dict[str, str]) -> None:
         await self._thread.run(self._set_answer(answer))
 
-    async def answer(self, offer: dict[str, str], *, target: tuple[str, int],
+    async def answer(self, offer: dict[str, str], *, target: tuple[str, int] | Callable[[Pump], Any],
                      bandwidth_bps: int | None = None) -> dict[str, str]:
-        """The device's answer to ``offer``; each ``tcp`` channel is connected to ``target``."""
+        """The device's answer to ``offer``. A ``(host, port)`` target: each ``tcp`` channel is connected
+        to it. A callable target (the ``shell`` target, device_client/shell.py): each ``shell`` channel's
+        Pump is handed to it, a coroutine function run on the asyncio side. Any other channel is closed."""
         self._target = target
         self._bandwidth = bandwidth_bps
         return await self._thread.run(self._answer(offer))
@@ -187,9 +189,11 @@ class TunnelPeer:
         def on_channel(channel: Any) -> None:
             if channel.label == "control" and self._control is None:
                 self._watch_control(channel)
-            elif channel.label == "tcp":
+            elif channel.label == "tcp" and isinstance(self._target, tuple):
                 pump = self._pump(channel)
                 asyncio.ensure_future(self._connect(pump))
+            elif channel.label == "shell" and callable(self._target):
+                asyncio.ensure_future(self._target(self._pump(channel)))
             else:
                 channel.close()
 

@@ -51,10 +51,11 @@ def require_enabled(s) -> None:
 def target_allowed(targets: Any, target: str) -> bool:
     """``tunnelTargets`` of the hello: {names: [str], ports: [int], ssh: bool}. ``ssh`` is a target
     of every agent that advertises tunnel targets: when its ssh is off the device itself refuses
-    with 409 ssh_disabled (the spec's code for that), so the hub passes it on."""
+    with 409 ssh_disabled (the spec's code for that), so the hub passes it on. ``shell`` (the browser
+    terminal's PTY target) likewise: a device with it off refuses 409 shell_disabled."""
     if not isinstance(targets, dict):
         return False
-    if target == "ssh" or target in (targets.get("names") or []):
+    if target in ("ssh", "shell") or target in (targets.get("names") or []):
         return True
     return target.isdigit() and int(target) in (targets.get("ports") or [])
 

@@ -69,3 +69,88 @@ async def connect_pair(target_port: int, *, bandwidth_bps: int | None = None) ->
     await client.wait_control_open()
     _, port = await client.listen("127.0.0.1", 0)
     return Pair(client, device, client_control, device_control, port)
+
+
+class ShellChannel:
+    """The client end of a ``shell`` channel, as the browser terminal drives it (the same credit
+    protocol as webrtc/forward.Pump): ``send`` keystrokes, ``resize``, read ``output``. Its methods
+    run on the peers' asyncio thread; the trio-facing ones are ``open_shell`` and ``wait_for``."""
+
+    def __init__(self, pc: Any) -> None:
+        import json
+
+        self._json = json
+        self.output = bytearray()
+        self.closed = False
+        self.credit = 0
+        self._consumed = 0
+        self.channel = pc.createDataChannel("shell")
+        self.channel.on("message", self._on_message)
+        self.channel.on("close", self._on_close)
+        # the receiver's first grant, as a Pump announces it: the device sends only within credit
+        self.channel.on("open", lambda: self.channel.send(json.dumps({"credit": 2 * 1024 * 1024})))
+
+    def _on_message(self, message: Any) -> None:
+        if isinstance(message, str):
+            control = self._json.loads(message)
+            self.credit += control.get("credit", 0)
+            return
+        self.output += message
+        self._consumed += len(message)
+        if self._consumed >= 256 * 1024:
+            self.channel.send(self._json.dumps({"credit": self._consumed}))
+            self._consumed = 0
+
+    def _on_close(self) -> None:
+        self.closed = True
+
+    def _send(self, data: bytes) -> None:
+        assert len(data) <= self.credit, "the device has not granted credit for these bytes"
+        self.credit -= len(data)
+        self.channel.send(data)
+
+    def _resize(self, cols: int, rows: int) -> None:
+        self.channel.send(self._json.dumps({"resize": {"cols": cols, "rows": rows}}))
+
+    def text(self) -> str:
+        return self.output.decode("utf-8", "replace")
+
+
+async def open_shell(peer: TunnelPeer) -> ShellChannel:
+    """A ``shell`` channel from the client ``peer`` (connected), once the device granted credit."""
+
+    async def make() -> ShellChannel:
+        return ShellChannel(peer._pc)
+
+    shell = await peer._thread.run(make())
+    while not shell.credit and not shell.closed:
+        await trio.sleep(0.01)
+    return shell
+
+
+async def shell_send(peer: TunnelPeer, shell: ShellChannel, data: bytes) -> None:
+    peer._thread.call_soon(shell._send, data)
+
+
+async def shell_resize(peer: TunnelPeer, shell: ShellChannel, cols: int, rows: int) -> None:
+    peer._thread.call_soon(shell._resize, cols, rows)
+
+
+async def wait_output(shell: ShellChannel, needle: str, *, after: int = 0) -> None:
+    """Until ``needle`` appears in the output past offset ``after`` (the caller bounds the wait)."""
+    while needle not in shell.output[after:].decode("utf-8", "replace"):
+        await trio.sleep(0.01)
+
+
+async def connect_shell_pair(target: Any) -> Pair:
+    """A connected pair whose device peer answers with ``target`` (e.g. a tunnel.ShellTarget)."""
+    restrict_host_addresses(["127.0.0.1"])
+    client_control: list[dict[str, Any]] = []
+    device_control: list[dict[str, Any]] = []
+    client = TunnelPeer(on_control=client_control.append)
+    device = TunnelPeer(on_control=device_control.append)
+    offer = await client.create_offer()
+    answer = await device.answer(offer, target=target)
+    await client.set_answer(answer)
+    await client.wait_control_open()
+    return Pair(client, device, client_control, device_control, 0)
