@@ -30,6 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds the device has to come back after a reboot, drain or close")
     p.add_argument("--superseded-wait", type=float, default=linkcodes.SUPERSEDED_BACKOFF,
                    help="least seconds the device must stay away after close 4001")
+    p.add_argument("--backoff-min", type=float, default=1.0,
+                   help="X1: least seconds the device stays away in all over 6 reconnects after close 4002")
+    p.add_argument("--drain-window", type=float, default=2.0,
+                   help="X3: the reconnect window the kit's close 4004 states (seconds)")
     p.add_argument("--file-owner", default="0:0", metavar="UID:GID", help="owner of the files the kit writes")
     p.add_argument("--format", choices=("text", "json"), default="text")
 
@@ -44,7 +48,8 @@ def parse_listen(value: str) -> tuple[str, int]:
 def options_from(args: argparse.Namespace) -> Options:
     uid, _, gid = args.file_owner.partition(":")
     return Options(heartbeat=args.heartbeat, first_timeout=args.wait, reconnect_timeout=args.reconnect_timeout,
-                   superseded_wait=args.superseded_wait, file_owner=(int(uid), int(gid or uid)))
+                   superseded_wait=args.superseded_wait, file_owner=(int(uid), int(gid or uid)),
+                   backoff_min_total=args.backoff_min, drain_window=args.drain_window)
 
 
 async def qualify(listener: Listener, options: Options, *, task_status=trio.TASK_STATUS_IGNORED):

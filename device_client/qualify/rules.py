@@ -43,8 +43,11 @@ RULES: tuple[Rule, ...] = (
     Rule("R2", "Reboots and boot reasons", "the device comes back with a hello whose bootReason is the reboot's reason"),
     Rule("R3", "Idempotency", "the reboot's command id sent again after the reboot gets the stored reply and no second reboot"),
     Rule("D1", "Close codes", "link.drain is answered, the device closes with 1001 and reconnects within reconnectAfter"),
-    Rule("L1", "Limits", "a frame over the limit is not acted on: the device closes with 1009 (or drops it), then reconnects"),
-    Rule("X1", "Close codes", "after close 4002 (heartbeat timeout) the device reconnects with backoff"),
+    Rule("L1", "Limits", "a frame over the limit is not answered: the device closes with 1009 and a reason, then reconnects"),
+    Rule("X1", "Close codes", "after close 4002 (heartbeat timeout) the device reconnects with backoff: over 5 links "
+                              "the kit closes before its welcome it stays away at least 1 s in all, not in an immediate loop"),
+    Rule("X3", "Close codes", "after close 4004 (draining) the device reconnects within the window its reason states"),
+    Rule("X4", "Close codes", "after close 4408 (hello timeout) the device reconnects and sends its hello at once (within 1 s)"),
     Rule("X2", "Close codes", "after close 4001 (superseded) the device waits at least the superseded backoff"),
 )
 BY_ID = {r.id: r for r in RULES}

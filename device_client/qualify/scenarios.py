@@ -1,8 +1,11 @@
 """What the kit does to the device under test, in order, and which rule each observation proves.
 
 One device, several links: the first carries the handshake, heartbeats, commands, secret files, a
-configuration and key rotation; then a reboot, a drain, an oversized frame and two hub closes (4002,
-4001) each end a link and the device must come back as the document says. The kit writes only under
+configuration and key rotation; then a reboot, a drain, an oversized frame and the hub's closes
+(4002, 4004, 4408, 4001) each end a link and the device must come back as the document says. The
+kit answers the handshake with the hub's own link side (device_client/link/hubside.py): a first
+frame the hub would refuse is closed with the hub's code and reason, and every link the kit ends
+gets a close code (never a dropped socket, 1006). Timings are read off the kit's own clock. The kit writes only under
 /var/lib/fleethub/secrets/qualify/ and wipes what it put at the end; it applies an empty
 configuration (no workload), so run it against a device under test, not one in service.
 """
@@ -19,6 +22,8 @@ from typing import Any
 import trio
 
 from .. import linkcodes, protocol, verbs
+from ..link.events import ProtocolViolation
+from ..link.hubside import HubSide
 from .link import Conn, Listener, short
 from .rules import BY_ID, RULES
 
@@ -38,6 +43,12 @@ class Options:
     file_owner: tuple[int, int] = (0, 0)
     drain_after: float = 1.0
     event_timeout: float = 10.0  # waiting for an event the device owes (config.result)
+    # X1: links the kit closes with 4002 before its welcome (a device resets its backoff only after a
+    # welcome), and the least total time the device must stay away over them and the first reconnect.
+    backoff_probes: int = 5
+    backoff_min_total: float = 1.0
+    drain_window: float = 2.0  # X3: the window the kit's 4004 reason states
+    hello_at_once: float = 1.0  # X4: after 4408 the hello comes within this many seconds of the handshake
 
 
 @dataclass
@@ -123,11 +134,11 @@ class Qualification:
             return self.verdicts
         hello = await self.handshake(conn)
         if hello is None:
-            conn.done.set()
             self._not_run("the handshake failed")
             return self.verdicts
         steps = [self.commands, self.files, self.idempotency, self.configuration, self.keys, self.heartbeats,
-                 self.reboot, self.drain, self.oversized, self.heartbeat_timeout_close, self.superseded_close]
+                 self.reboot, self.drain, self.oversized, self.heartbeat_timeout_close, self.draining_close,
+                 self.hello_timeout_close, self.superseded_close]
         for step in steps:
             nxt = await step(conn)
             if nxt is None:
@@ -135,20 +146,29 @@ class Qualification:
                 return self.verdicts
             conn = nxt
         await self.cmd(conn, "files.wipe", {})  # leave nothing of ours on the device
-        conn.done.set()
+        await self.end(conn)
         return self.verdicts
 
     async def handshake(self, conn: Conn) -> protocol.Hello | None:
         self.check("T1", bool(conn.authorization) and conn.authorization.lower().startswith("bearer "),
                    f"Authorization: {'Bearer …' if conn.authorization else 'missing'}")
+        # The hub's own link side decides what a first frame earns (the code and reason a hub closes
+        # with), so the kit cannot drift from the hub on what it accepts.
+        side = HubSide(conn.opened_at, hello_timeout=self.o.hello_timeout)
         first = await conn.next(lambda r: True, self.o.hello_timeout)
         if first is None:
             self.check("H1", False, f"no frame within {self.o.hello_timeout:.0f} s")
+            await self.end(conn, side.tick(conn.opened_at + self.o.hello_timeout))
             return None
         delay = first.at - conn.opened_at
-        if not self.check("H1", isinstance(first.frame, protocol.Hello) and delay <= self.o.hello_timeout,
+        verdict = side.receive(first.text, first.at)
+        refused = next((e for e in verdict if isinstance(e, ProtocolViolation)), None)
+        is_hello = isinstance(first.frame, protocol.Hello)
+        if not self.check("H1", is_hello and delay <= self.o.hello_timeout,
                           f"first frame after {delay:.2f} s: {short(first.text, 120)}"):
-            self.check("H2", False, first.error or f"a {getattr(first.frame, 'type', '?')} frame, not a hello")
+            self.check("H2", False, f"closed {refused.code} {refused.reason!r}" if refused else
+                       f"a {getattr(first.frame, 'type', '?')} frame, not a hello")
+            await self.end(conn, verdict)
             return None
         hello: protocol.Hello = first.frame
         self.check("H2", True, f"hello of {len(first.text)} bytes with {sorted(hello.model_fields_set)}")
@@ -156,9 +176,23 @@ class Qualification:
                    f"protocol {hello.protocol}{'' if 'protocol' in hello.model_fields_set else ' (absent: 1)'}; "
                    f"supported {list(linkcodes.SUPPORTED_VERSIONS)}")
         self.check("H4", bool(BOOT_REASON.match(hello.bootReason)), f"bootReason {hello.bootReason!r}")
+        if refused is not None:  # an unsupported version: closed as the hub closes it (4426)
+            await self.end(conn, verdict)
+            return None
         await conn.send_text(protocol.encode(protocol.Welcome(deviceId=conn.device_id, heartbeatInterval=self.o.heartbeat)))
         conn.hello = hello
         return hello
+
+    async def end(self, conn: Conn, verdict: list[object] | None = None) -> None:
+        """Close ``conn`` as the hub would: with the violation's code and reason when ``verdict`` holds
+        one, else 1000; then release it to the listener."""
+        refused = next((e for e in verdict or [] if isinstance(e, ProtocolViolation)), None)
+        if not conn.closed.is_set():
+            if refused is not None:
+                await conn.close(refused.code, refused.reason)
+            else:
+                await conn.close(1000, "qualification finished")
+        conn.done.set()
 
     async def next_link(self, previous: Conn, timeout: float | None = None) -> Conn | None:
         previous.done.set()
@@ -357,28 +391,86 @@ class Qualification:
         return nxt
 
     async def oversized(self, conn: Conn) -> Conn | None:
+        # The document's close-code table: a frame over the receiver's limit is answered by closing
+        # with 1009 and a reason; the frame is not acted on (no reply), and the device comes back.
         cid = "qualify-oversized"
         pad = "x" * (protocol.MAX_FRAME_BYTES + 1024)
         await conn.send_command("ping", {"pad": pad}, id=cid)
         late = await conn.reply(cid, 5)
-        if conn.closed.is_set():
-            self.check("L1", late is None and conn.close_code == linkcodes.Close.TOO_BIG,
-                       f"a {len(pad)}-byte command: the device closed with {conn.close_code} {conn.close_reason!r}")
+        with trio.move_on_after(5):
+            await conn.closed.wait()
+        size = f"a {len(pad) + 100}-byte command"
+        if late is not None:
+            self.check("L1", False, f"{size} was answered: {short(late.model_dump(exclude_none=True))}")
+        if not conn.closed.is_set():
+            self.check("L1", False, f"{size}: the link was still open 10 s later (the device must close with 1009)")
+            await self.end(conn)
             return await self.next_link(conn)
-        # kept the link: it must not have run the command, and must still answer
-        alive = await self.cmd(conn, "ping", {})
-        self.check("L1", (late is None or not late.ok) and alive is not None and alive.ok,
-                   f"a {len(pad)}-byte command: {'no reply' if late is None else short(late.model_dump(exclude_none=True))}; "
-                   f"link kept")
-        return conn
+        self.check("L1", conn.close_code == linkcodes.Close.TOO_BIG and bool(conn.close_reason),
+                   f"{size}: the device closed with {conn.close_code} {conn.close_reason!r}")
+        nxt = await self.next_link(conn)
+        self.check("L1", nxt is not None, "it reconnected" if nxt else
+                   f"no reconnect within {self.o.reconnect_timeout:.0f} s of the 1009")
+        return nxt
 
     async def heartbeat_timeout_close(self, conn: Conn) -> Conn | None:
-        await conn.close(linkcodes.Close.HEARTBEAT_TIMEOUT, "qualification: heartbeat timeout")
+        # Backoff, measured: after 4002 the kit closes the next links with 4002 again as soon as their
+        # hello is in, before any welcome (a device may reset its backoff after a welcome, never
+        # before). A device that comes straight back each time adds up to almost nothing.
+        reason = "heartbeat timeout: no heartbeat for 3 intervals"
+        await conn.close(linkcodes.Close.HEARTBEAT_TIMEOUT, reason)
+        conn.done.set()
+        closed_at, gaps = trio.current_time(), []
+        for _ in range(self.o.backoff_probes):
+            probe = await self.listener.next_conn(self.o.reconnect_timeout)
+            if probe is None:
+                self.check("X1", False, f"no reconnect within {self.o.reconnect_timeout:.0f} s of close 4002 "
+                                        f"(after {len(gaps)} reconnects)")
+                return None
+            gaps.append(probe.opened_at - closed_at)
+            await probe.next(lambda r: True, self.o.hello_timeout)  # its hello, unanswered
+            await probe.close(linkcodes.Close.HEARTBEAT_TIMEOUT, reason)
+            probe.done.set()
+            closed_at = trio.current_time()
+        nxt = await self.listener.next_conn(self.o.reconnect_timeout)
+        if nxt is None:
+            self.check("X1", False, f"no reconnect within {self.o.reconnect_timeout:.0f} s of close 4002")
+            return None
+        gaps.append(nxt.opened_at - closed_at)
+        total = sum(gaps)
+        self.check("X1", total >= self.o.backoff_min_total,
+                   f"{len(gaps)} reconnects after close 4002 ({self.o.backoff_probes} closed before the welcome): "
+                   f"away {total:.2f} s in all (at least {self.o.backoff_min_total:g} s); gaps "
+                   f"{short([round(g, 3) for g in gaps], 100)}")
+        return nxt if await self.handshake(nxt) is not None else None
+
+    async def draining_close(self, conn: Conn) -> Conn | None:
+        window = self.o.drain_window
+        await conn.close(linkcodes.Close.DRAINING, f"the hub is shutting down; reconnect within {window:g} s")
         closed_at = trio.current_time()
         nxt = await self.next_link(conn)
-        self.check("X1", nxt is not None, f"reconnected {nxt.opened_at - closed_at:.2f} s after close 4002"
-                   if nxt else f"no reconnect within {self.o.reconnect_timeout:.0f} s of close 4002")
+        if nxt is None:
+            self.check("X3", False, f"no reconnect within {self.o.reconnect_timeout:.0f} s of close 4004")
+            return None
+        gap = nxt.opened_at - closed_at
+        self.check("X3", gap <= window + 1.0, f"reconnected {gap:.2f} s after close 4004 whose reason said "
+                                              f"within {window:g} s")
         return nxt
+
+    async def hello_timeout_close(self, conn: Conn) -> Conn | None:
+        await conn.close(linkcodes.Close.HELLO_TIMEOUT, f"no hello within {self.o.hello_timeout:g} s")
+        conn.done.set()
+        nxt = await self.listener.next_conn(self.o.reconnect_timeout)
+        if nxt is None:
+            self.check("X4", False, f"no reconnect within {self.o.reconnect_timeout:.0f} s of close 4408")
+            return None
+        hello = await nxt.next(lambda r: True, self.o.hello_at_once)
+        if hello is not None:
+            hello.taken = False  # only looked at: the handshake reads it
+        self.check("X4", hello is not None and isinstance(hello.frame, protocol.Hello),
+                   f"after close 4408 the first frame came {hello.at - nxt.opened_at:.2f} s after the handshake"
+                   if hello is not None else f"no frame within {self.o.hello_at_once:g} s of the handshake after 4408")
+        return nxt if await self.handshake(nxt) is not None else None
 
     async def superseded_close(self, conn: Conn) -> Conn | None:
         await conn.close(linkcodes.Close.SUPERSEDED, "qualification: superseded")

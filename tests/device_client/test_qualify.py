@@ -17,7 +17,7 @@ from device_client.qualify.rules import RULES
 from device_client.qualify.scenarios import Options
 
 TOKEN = "dev_qualify"
-FAST = Options(heartbeat=0.5, reconnect_timeout=10, superseded_wait=1.0)
+FAST = Options(heartbeat=0.5, reconnect_timeout=10, superseded_wait=1.0, backoff_min_total=0.1, drain_window=1.0)
 
 
 async def _qualify(nursery, device, options: Options = FAST):
@@ -45,7 +45,7 @@ async def _qualify(nursery, device, options: Options = FAST):
 async def test_our_agent_passes_every_rule(nursery, tmp_path):
     with trio.fail_after(60):
         async def agent(url):
-            await Agent(url, TOKEN, tmp_path / "agent", backoff_initial=0.05, backoff_max=0.2,
+            await Agent(url, TOKEN, tmp_path / "agent", backoff_initial=0.1, backoff_max=0.4,
                         superseded_backoff=1.0).run()
 
         verdicts = await _qualify(nursery, agent)
@@ -96,11 +96,64 @@ async def test_a_broken_device_fails_the_rules_it_breaks(nursery):
         assert {k for k, s in status.items() if s == "PASS"} == {"T1", "H1", "H2", "H3", "H4", "C2", "C6", "R1"}
         assert {k for k, s in status.items() if s == "FAIL"} == {
             "B1", "B2", "C1", "C3", "C4", "C5", "I1", "F1", "F2", "F3", "F4", "F5", "A1", "A2", "K1", "K2"}
-        assert {k for k, s in status.items() if s == "NOT RUN"} == {"F6", "A3", "R2", "R3", "D1", "L1", "X1", "X2"}
+        assert {k for k, s in status.items() if s == "NOT RUN"} == {"F6", "A3", "R2", "R3", "D1", "L1", "X1", "X2",
+                                                                     "X3", "X4"}
         assert "results.0.status: Field required" in verdicts["F1"].evidence
         assert "pong" in verdicts["C1"].evidence
         assert "0 heartbeats" in verdicts["B1"].evidence
         assert "did not come back after reboot" in verdicts["R2"].evidence
+
+
+async def test_a_device_that_comes_straight_back_fails_exactly_the_backoff_rules(nursery, tmp_path, caplog):
+    # Our agent with no backoff to speak of: it keeps every other rule, so only X1 (an immediate
+    # reconnect loop after 4002) and X2 (back at once after 4001) may fail.
+    with trio.fail_after(60):
+        async def impatient(url):
+            await Agent(url, TOKEN, tmp_path / "agent", backoff_initial=0.001, backoff_max=0.001,
+                        superseded_backoff=0.0).run()
+
+        verdicts = await _qualify(nursery, impatient)
+        assert {k for k, v in verdicts.items() if not v.passed} == {"X1", "X2"}
+        assert "away 0.0" in verdicts["X1"].evidence and "at least 0.1 s" in verdicts["X1"].evidence
+        assert "after close 4001 (at least 1 s)" in verdicts["X2"].evidence
+        # the kit ended its last link with a close code, not a dropped socket
+        await wait_for_log(caplog, "the hub closed the link (1000): qualification finished")
+
+
+async def wait_for_log(caplog, text: str) -> None:
+    with trio.fail_after(5):
+        while not any(text in r.getMessage() for r in caplog.records):
+            await trio.sleep(0.05)
+
+
+async def _first_frame_closed(nursery, first: dict) -> tuple[int, str]:
+    """What the kit closes a link with whose first frame is ``first``."""
+    closed = {}
+
+    async def device(url):
+        headers = [(b"authorization", f"Bearer {TOKEN}".encode())]
+        async with open_websocket_url(link_url(url), extra_headers=headers) as ws:
+            await ws.send_message(json.dumps(first))
+            try:
+                while True:
+                    await ws.get_message()
+            except ConnectionClosed as exc:
+                closed["close"] = (exc.reason.code, exc.reason.reason or "")
+        await trio.sleep_forever()
+
+    verdicts = await _qualify(nursery, device, Options(heartbeat=0.5, reconnect_timeout=1))
+    assert verdicts["H1"].status == "FAIL" or verdicts["H3"].status == "FAIL"
+    return closed["close"]
+
+
+async def test_a_first_frame_the_hub_refuses_is_closed_as_the_hub_closes_it(nursery):
+    with trio.fail_after(30):
+        code, reason = await _first_frame_closed(nursery, {"firmware": "fw-1", "architecture": "armv7l"})
+        assert code == 4400 and reason.startswith("malformed hello") and "'type'" in reason
+        code, reason = await _first_frame_closed(nursery, {"type": "event", "kind": "heartbeat", "payload": {}})
+        assert (code, reason) == (4400, "the first frame must be a hello, not event heartbeat")
+        code, reason = await _first_frame_closed(nursery, {"type": "hello", "protocol": 99})
+        assert (code, reason) == (4426, "hello.protocol: version 99 is not supported; this hub speaks 1")
 
 
 async def test_the_command_line_prints_each_rule_and_exits_0_for_our_agent(nursery, tmp_path, capsys):
@@ -113,15 +166,16 @@ async def test_the_command_line_prints_each_rule_and_exits_0_for_our_agent(nurse
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     args = build_parser().parse_args(["device-test", "--listen", f"127.0.0.1:{port}", "--token", TOKEN,
-                                      "--heartbeat", "0.5", "--superseded-wait", "1", "--reconnect-timeout", "10"])
+                                      "--heartbeat", "0.5", "--superseded-wait", "1", "--reconnect-timeout", "10",
+                                      "--backoff-min", "0.1", "--drain-window", "1"])
     with trio.fail_after(60):
         agent_scope = trio.CancelScope()
 
         async def agent():
             with agent_scope:
                 await trio.sleep(0.3)  # the kit is listening by then; the agent retries anyway
-                await Agent(f"http://127.0.0.1:{port}", TOKEN, tmp_path / "agent", backoff_initial=0.05,
-                            backoff_max=0.2, superseded_backoff=1.0).run()
+                await Agent(f"http://127.0.0.1:{port}", TOKEN, tmp_path / "agent", backoff_initial=0.1,
+                            backoff_max=0.4, superseded_backoff=1.0).run()
 
         nursery.start_soon(agent)
         code = await main(args)
