@@ -200,7 +200,9 @@ class DeviceActor(Actor):
             self._pending[command_id] = self.defer_reply()
             return None
         if isinstance(msg, Send):
-            if not self.machine.online:
+            # In a cluster the device may be linked to another node: the bus finds it there or
+            # answers no responders (503 device_offline) at once.
+            if not self.machine.online and not getattr(self.services, "clustered", False):
                 raise DeviceOffline("the device is not connected")
             command_id = str(uuid.uuid4())
             self._pending[command_id] = self.defer_reply()

@@ -48,5 +48,6 @@ class Services(Protocol):
     windows: "UpdateWindows"
     memtests: "MemoryTests"
     tunnels: Any             # the tunnel sessions' repository, metering and audit (hub/tunnels/sessions.py)
+    clustered: bool          # one node of several: a device may be linked to another process
 
     async def device_actor(self, device_id: uuid.UUID) -> "Actor": ...

@@ -60,7 +60,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
     settings = Settings.from_env(data_dir=path("data_dir"), port=getattr(args, "port", None),
                                  host=getattr(args, "host", None), certfile=path("certfile"),
-                                 keyfile=path("keyfile"), quic_port=getattr(args, "quic_port", None))
+                                 keyfile=path("keyfile"), quic_port=getattr(args, "quic_port", None),
+                                 node_id=getattr(args, "node_id", None))
     if (settings.certfile is None) != (settings.keyfile is None):
         raise SystemExit("--certfile and --keyfile go together")
     return settings
@@ -192,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--certfile", help="TLS certificate (PEM): serve HTTPS, HTTP/2 and HTTP/3")
     p.add_argument("--keyfile", help="TLS private key (PEM)")
     p.add_argument("--quic-port", type=int, default=None, help="UDP port for HTTP/3 (default: --port)")
+    p.add_argument("--node-id", default=None, help="this node's name in a cluster (with FLEETHUB_NATS_URL; "
+                                                   "default $FLEETHUB_NODE_ID or generated)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="run the hub with a demo organisation and simulated devices")

@@ -97,6 +97,12 @@ class Services:
     _pushing_keys: bool = field(default=False, repr=False)  # a link.keys push runs (_push_keys_soon)
     _push_keys_again: bool = field(default=False, repr=False)
     link_health: LinkHealth = field(default_factory=LinkHealth)  # takeovers, protocol errors (diagnosis)
+    node_id: str = ""  # this process's name in a cluster (hub/cluster/node.py)
+
+    @property
+    def clustered(self) -> bool:
+        """One node of several (FLEETHUB_NATS_URL): a device may be linked to another process."""
+        return self.settings.nats_url is not None
 
     def __post_init__(self) -> None:
         self.orgs = Orgs(self.db)
@@ -235,7 +241,18 @@ def start_embedded(data_dir) -> Any:
 @contextlib.asynccontextmanager
 async def open_services(settings: Settings, clock: Clock | None = None, *,
                         serving: bool = True) -> AsyncIterator[Services]:
-    """``serving=False`` is for tools (``fleethub admin``) that share storage with a running hub."""
+    """``serving=False`` is for tools (``fleethub admin``) that share storage with a running hub.
+    With ``settings.nats_url`` the process joins a cluster: its bus is NATS (hub/cluster/node.py)."""
+    from hub.cluster.node import node_id, open_cluster_bus
+    node = node_id(settings)
+    async with open_cluster_bus(settings, node) as cluster_bus:
+        async with _open_services(settings, clock, serving=serving, bus=cluster_bus, node=node) as services:
+            yield services
+
+
+@contextlib.asynccontextmanager
+async def _open_services(settings: Settings, clock: Clock | None, *, serving: bool, bus: Any,
+                         node: str) -> AsyncIterator[Services]:
     clock = clock or Clock()
     pg = None
     dsn = settings.database_url
@@ -254,13 +271,16 @@ async def open_services(settings: Settings, clock: Clock | None = None, *,
             async with trio.open_nursery() as nursery:
                 supervisor = Supervisor(nursery)
                 services = Services(settings=settings, clock=clock, db=db, nursery=nursery,
-                                    supervisor=supervisor, registry=Registry(supervisor))
+                                    supervisor=supervisor, registry=Registry(supervisor), node_id=node)
+                if bus is not None:
+                    services.bus = bus  # a cluster node: commands reach devices held by other nodes
                 services.extras["embedded_pg"] = pg
                 await db.listen(AUTH_CHANNEL, services.on_notify)
                 # After PostgreSQL restarts, invalidations sent meanwhile were missed: start cold.
                 await nursery.start(partial(db.keep_listening, services.auth_cache.clear))
-                if serving:
-                    # This process holds no device links yet (one hub process per database).
+                if serving and not services.clustered:
+                    # This process holds no device links yet (one hub process per database). In a
+                    # cluster the other nodes hold theirs: presence epochs settle who is online.
                     await services.devices.mark_all_offline()
                 await nursery.start(services.presence.run)
                 await nursery.start(services.audit_log.run)

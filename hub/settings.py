@@ -59,6 +59,10 @@ class Settings:
     # when it names another hub (else the same URL, which a restarted hub or a balancer answers).
     drain_window: float = 10.0
     successor_url: str | None = None
+    # A cluster (docs/cluster.md): with a NATS URL (and a shared database_url) this process is one node
+    # of several; node_id names it (generated when unset). Without it: one process, the in-process bus.
+    nats_url: str | None = None
+    node_id: str | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -83,6 +87,8 @@ class Settings:
             db_pool_max=int(os.environ.get("FLEETHUB_DB_POOL_MAX", "10")),
             drain_window=_float("FLEETHUB_DRAIN_WINDOW", 10.0),
             successor_url=os.environ.get("FLEETHUB_SUCCESSOR_URL") or None,
+            nats_url=os.environ.get("FLEETHUB_NATS_URL") or None,
+            node_id=os.environ.get("FLEETHUB_NODE_ID") or None,
             certfile=Path(os.environ["FLEETHUB_CERTFILE"]) if os.environ.get("FLEETHUB_CERTFILE") else None,
             keyfile=Path(os.environ["FLEETHUB_KEYFILE"]) if os.environ.get("FLEETHUB_KEYFILE") else None,
             quic_port=int(os.environ["FLEETHUB_QUIC_PORT"]) if os.environ.get("FLEETHUB_QUIC_PORT") else None,

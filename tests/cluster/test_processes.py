@@ -1,0 +1,30 @@
+"""Hub nodes as separate ``fleethub serve`` processes on one database and a real nats-server."""
+
+from __future__ import annotations
+
+import httpx
+import trio
+
+from tests.cluster.clustertools import seed
+from tests.hubtools import start_agent
+
+
+async def test_rest_on_one_process_reaches_a_device_linked_to_another(nats_server, db_url, tmp_path, nodes):
+    with trio.fail_after(60):
+        org_id, headers = await seed(db_url, tmp_path / "hub")
+        a, b = nodes("a", db_url, nats_server.url), nodes("b", db_url, nats_server.url)
+        async with httpx.AsyncClient(timeout=10) as client, trio.open_nursery() as nursery:
+            await a.ready(client)
+            await b.ready(client)
+            r = await client.post(a.url + "/v1/devices", json={"name": "edge"}, headers=headers)
+            assert r.status_code == 201, r.text
+            device_id, token = r.json()["data"]["id"], r.json()["data"]["token"]
+            agent = await start_agent(nursery, a.url, token, tmp_path / "agent")
+            for _ in range(100):
+                r = await client.post(f"{b.url}/v1/devices/{device_id}/ping", headers=headers)
+                if r.status_code != 503:
+                    break
+                await trio.sleep(0.05)
+            assert r.status_code == 200, r.text + b.proc.log_tail()
+            await agent.kill()
+            nursery.cancel_scope.cancel()
