@@ -120,6 +120,57 @@ async def test_a_device_that_comes_straight_back_fails_exactly_the_backoff_rules
         await wait_for_log(caplog, "the hub closed the link (1000): qualification finished")
 
 
+class _DroppingLink:
+    """A device's socket that takes frames of any size and silently drops those over the limit."""
+
+    def __init__(self, ws) -> None:
+        self._ws = ws
+
+    def __getattr__(self, name):
+        return getattr(self._ws, name)
+
+    async def get_message(self):
+        while True:
+            message = await self._ws.get_message()
+            if len(message) <= protocol.MAX_FRAME_BYTES:
+                return message
+
+
+def _roomy_links(monkeypatch, wrap=None) -> None:
+    """The agent's link without the 1009 its socket library sends for a frame over the limit."""
+    from contextlib import asynccontextmanager
+
+    from device_client import agent as agent_module
+
+    original = agent_module.open_websocket_url
+
+    @asynccontextmanager
+    async def roomy(*args, **kwargs):
+        kwargs["max_message_size"] = 8 << 20
+        async with original(*args, **kwargs) as ws:
+            yield wrap(ws) if wrap else ws
+
+    monkeypatch.setattr(agent_module, "open_websocket_url", roomy)
+
+
+@pytest.mark.parametrize("drops", [False, True], ids=["answers it", "drops it silently"])
+async def test_a_device_that_does_not_close_1009_on_an_oversized_frame_fails_exactly_L1(nursery, tmp_path,
+                                                                                     monkeypatch, drops):
+    # The document: a frame over the receiver's limit is answered by closing with 1009. Answering it
+    # fails L1, and so does dropping it while keeping the link (which L1 used to let pass).
+    _roomy_links(monkeypatch, _DroppingLink if drops else None)
+    with trio.fail_after(60):
+        async def agent(url):
+            await Agent(url, TOKEN, tmp_path / "agent", backoff_initial=0.1, backoff_max=0.4,
+                        superseded_backoff=1.0).run()
+
+        verdicts = await _qualify(nursery, agent)
+        assert {k for k, v in verdicts.items() if not v.passed} == {"L1"}
+        evidence = [e for ok, e in verdicts["L1"].checks if not ok]
+        assert any("still open" in e and "1009" in e for e in evidence)
+        assert any("was answered" in e for e in evidence) is not drops
+
+
 async def wait_for_log(caplog, text: str) -> None:
     with trio.fail_after(5):
         while not any(text in r.getMessage() for r in caplog.records):
