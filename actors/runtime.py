@@ -40,6 +40,7 @@ from typing import Any
 import trio
 
 from actors.errors import ActorCrashed, ActorError, ActorStopped, AskError, AskTimeout, MailboxFull
+from device_client.backoff import Backoff
 from storage.db import DatabaseUnavailable
 
 __all__ = ["Actor", "ActorCrashed", "ActorError", "ActorStopped", "AskTimeout", "Escalation", "MailboxFull",
@@ -307,7 +308,7 @@ class Supervisor:
         flag = _StartedFlag(task_status)
         del task_status  # only the flag holds it, and only until started() (see _StartedFlag)
         first = True
-        backoff = self.backoff_initial
+        backoff = Backoff(self.backoff_initial, self.backoff_max, jitter=False)
         while True:
             if not first:
                 flag = _StartedFlag(trio.TASK_STATUS_IGNORED)
@@ -338,7 +339,7 @@ class Supervisor:
                 if crashes is None:
                     crashes = deque()
                 if crashes and crashes[-1] < now - self.window:
-                    backoff = self.backoff_initial  # stable for a whole window: start gently again
+                    backoff.reset()  # stable for a whole window: start gently again
                 crashes.append(now)
                 while crashes and crashes[0] < now - self.window:
                     crashes.popleft()
@@ -346,11 +347,11 @@ class Supervisor:
                     log.critical("actor %s crashed %d times in %ss; escalating", actor.key,
                                  len(crashes), self.window)
                     raise Escalation(f"actor {actor.key} exceeded its restart limit") from exc
-                log.exception("actor %s crashed; restarting in %.2fs", actor.key, backoff)
+                delay = backoff.next_delay()
+                log.exception("actor %s crashed; restarting in %.2fs", actor.key, delay)
                 actor.restarts += 1
                 self.restarts_total += 1
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, self.backoff_max)
+                await trio.sleep(delay)
                 first = False
 
 

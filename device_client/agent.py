@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import functools
 import logging
+import math
 import os
 import platform
 import random
@@ -24,7 +25,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncContextManager, Awaitable, Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import trio
@@ -37,6 +38,9 @@ from .linkcodes import SUPERSEDED_BACKOFF, Close
 from .commands import CommandError, CommandTable, Handler, Hook, Hooks, current_command
 from .configs import ConfigManager
 from .files import SecretFileStore
+from .backoff import Backoff
+from .link import CommandReceived, DeviceSide, HeartbeatDue, Ignored, LinkFailed
+from .link.deviceside import MIN_HEARTBEAT  # noqa: F401  (kept importable from here)
 from .linkframes import FrameGuard
 from .memtest import MemtestConfig
 from .memtest import attach as attach_memtest
@@ -49,7 +53,6 @@ from .workload import RunAs, Workload
 log = logging.getLogger("fleethub.agent")
 
 REBOOT_PAUSE = 0.2  # seconds "powered off" during an in-process reboot
-MIN_HEARTBEAT = 0.05  # a hub sending 0 must not turn the agent into a busy loop
 _BOOT_REASON = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
@@ -97,34 +100,6 @@ class AgentStatistics:
     last_error: str | None
 
 
-class Backoff:
-    """Full jitter: sleep uniform(0, min(maximum, initial * 2**attempt))."""
-
-    def __init__(self, initial: float, maximum: float, rng: random.Random | None = None) -> None:
-        if not 0 < initial <= maximum:
-            raise ValueError("need 0 < backoff_initial <= backoff_max")
-        self.initial, self.maximum = initial, maximum
-        self.attempt = 0
-        # one shared generator: a Random per agent costs ~5 KB, times 15,000 simulated devices
-        self._rng = rng or random
-
-    def ceiling(self) -> float:
-        return min(self.maximum, self.initial * 2**self.attempt)
-
-    def next_delay(self) -> float:
-        ceiling = self.ceiling()
-        if ceiling < self.maximum:
-            self.attempt += 1
-        return self._rng.uniform(0, ceiling)
-
-    def reset(self) -> None:
-        self.attempt = 0
-
-    def within(self, window: float) -> float:
-        """A delay spread uniformly over ``window`` seconds (a drained hub's reconnect window)."""
-        return self._rng.uniform(0, window)
-
-
 def link_url(hub_url: str) -> str:
     """``http://host:port`` → ``ws://host:port/v1/device/link`` (https → wss)."""
     parts = urlsplit(hub_url)
@@ -144,7 +119,8 @@ class Agent:
                  tunnel: Any = None, memtest: MemtestConfig | None = None,
                  workload_user: RunAs | None = None, owner_for_all_files: tuple[int, int] | None = None,
                  max_frame_bytes: int = protocol.MAX_FRAME_BYTES,
-                 superseded_backoff: float = SUPERSEDED_BACKOFF) -> None:
+                 superseded_backoff: float = SUPERSEDED_BACKOFF,
+                 connector: Callable[[list[tuple[bytes, bytes]]], AsyncContextManager[Any]] | None = None) -> None:
         if reboot_mode not in ("restart", "exec"):
             raise ValueError(f"reboot_mode must be 'restart' or 'exec', got {reboot_mode!r}")
         self.hub_url = hub_url
@@ -184,6 +160,8 @@ class Agent:
         self._connect_timeout = connect_timeout
         self._handshake_timeout = handshake_timeout
         self._ssl_context = ssl_context
+        # connector(headers) -> async context manager of a trio-websocket connection; None: the hub's URL
+        self._connector = connector
         self._ws: Any = None
         self._scope: trio.CancelScope | None = None  # what a reboot request cancels
         self._connected_event = trio.Event()
@@ -343,10 +321,7 @@ class Agent:
                 # open 15,000 TCP connections in the same millisecond
                 await self._limiter.acquire_on_behalf_of(self)
                 self._limiter_held = True
-            async with open_websocket_url(
-                self.link_url, self._ssl_context, extra_headers=self._auth, max_message_size=protocol.MAX_FRAME_BYTES,
-                connect_timeout=self._connect_timeout, disconnect_timeout=5,
-            ) as ws:
+            async with self._open_link() as ws:
                 with trio.CancelScope() as self._scope:
                     if self._reboot_reason is None:
                         await self._session(ws)
@@ -383,38 +358,53 @@ class Agent:
                 self._connected_event = trio.Event()
         return self._link_welcomed
 
+    def _open_link(self) -> AsyncContextManager[Any]:
+        if self._connector is not None:  # a test's in-memory hub (tests/device_client/device_fakehub.py)
+            return self._connector(self._auth)
+        return open_websocket_url(self.link_url, self._ssl_context, extra_headers=self._auth,
+                                  max_message_size=protocol.MAX_FRAME_BYTES, connect_timeout=self._connect_timeout,
+                                  disconnect_timeout=5)
+
     async def _session(self, ws: Any) -> None:
         await ws.send_message(self.frames.encode_hello(self._hello()))
-        welcome = None
-        with trio.move_on_after(self._handshake_timeout):
-            welcome = protocol.decode(await ws.get_message())
-        if welcome is None:
-            raise _LinkLost(f"no welcome within {self._handshake_timeout}s")
-        if not isinstance(welcome, protocol.Welcome):
-            raise _LinkLost(f"expected a welcome, the hub sent {welcome.type!r}")
-        self.device_id = welcome.deviceId
-        self.hub_keys = dict(welcome.hubKeys)
-        self.frames.linked(welcome.maxFrameBytes)
-        self._ws = ws
-        self.connected = True
-        self._link_welcomed = True
-        self._stats["links"] += 1
-        self._connected_event.set()
-        self._release_limiter()
-        if self._on_first_welcome is not None:
-            self._on_first_welcome, started = None, self._on_first_welcome
-            started()
-        log.info("%s: linked to %s (boot reason %s)", self._who(), self.link_url, self.boot_reason)
-        interval = max(welcome.heartbeatInterval, MIN_HEARTBEAT)
-        refusals = self.frames.take_report()
-        if refusals:  # what the hub or the agent refused as too big since the last link
-            await self.send_event("link.refused", {"refusals": refusals})
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._guard, nursery.cancel_scope, self._heartbeats, ws, interval)
-            nursery.start_soon(self.hooks.run, self.hooks.link, self._who())
-            await self._guard(nursery.cancel_scope, self._receive, ws, nursery)
+        side = DeviceSide(trio.current_time(), handshake_timeout=self._handshake_timeout)
+        try:
+            [first] = await self._feed(ws, side)
+            if isinstance(first, LinkFailed):
+                raise _LinkLost(first.why)
+            welcome = first.welcome  # type: ignore[attr-defined]
+            self.device_id = welcome.deviceId
+            self.hub_keys = dict(welcome.hubKeys)
+            self.frames.linked(welcome.maxFrameBytes)
+            self._ws = ws
+            self.connected = True
+            self._link_welcomed = True
+            self._stats["links"] += 1
+            self._connected_event.set()
+            self._release_limiter()
+            if self._on_first_welcome is not None:
+                self._on_first_welcome, started = None, self._on_first_welcome
+                started()
+            log.info("%s: linked to %s (boot reason %s)", self._who(), self.link_url, self.boot_reason)
+            refusals = self.frames.take_report()
+            if refusals:  # what the hub or the agent refused as too big since the last link
+                await self.send_event("link.refused", {"refusals": refusals})
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.hooks.run, self.hooks.link, self._who())
+                await self._guard(nursery.cancel_scope, self._drive, ws, side, nursery)
+        finally:
+            side.closed()
         if self._link_error is not None:
             raise self._link_error
+
+    async def _feed(self, ws: Any, side: DeviceSide) -> list[object]:
+        """One turn of the IO shell: read a frame (or wait out the side's deadline) and feed it."""
+        deadline = side.deadline()
+        message = None
+        with trio.move_on_at(math.inf if deadline is None else deadline):
+            message = await ws.get_message()  # trio-websocket queues messages: a cancel loses none
+        now = trio.current_time()
+        return side.tick(now) if message is None else side.receive(message, now)
 
     async def _guard(self, scope: trio.CancelScope, fn: Callable[..., Awaitable[None]],
                      *args: Any) -> None:
@@ -426,36 +416,26 @@ class Agent:
                 self._link_error = exc
             scope.cancel()
 
-    async def _receive(self, ws: Any, nursery: trio.Nursery) -> None:
+    async def _drive(self, ws: Any, side: DeviceSide, nursery: trio.Nursery) -> None:
         while True:
-            message = await ws.get_message()
-            try:
-                frame = protocol.decode(message)
-            except protocol.ProtocolError as exc:
-                log.warning("%s: ignoring an undecodable frame: %s", self._who(), exc)
-                continue
-            if isinstance(frame, protocol.Command):
-                # each command in its own task: a slow handler must not delay a ping
-                nursery.start_soon(self._guard, nursery.cancel_scope, self.commands.dispatch, frame,
-                                   functools.partial(self._send_reply, ws), self.device_id, self._who())
-            else:
-                log.debug("%s: ignoring a %s frame", self._who(), frame.type)
+            for event in await self._feed(ws, side):
+                if isinstance(event, CommandReceived):
+                    # each command in its own task: a slow handler must not delay a ping
+                    nursery.start_soon(self._guard, nursery.cancel_scope, self.commands.dispatch, event.command,
+                                       functools.partial(self._send_reply, ws), self.device_id, self._who())
+                elif isinstance(event, HeartbeatDue):
+                    payload = {"deviceClock": rfc3339(self.clock.now()), "uptime": round(self.uptime(), 3)}
+                    await ws.send_message(side.heartbeat(payload, trio.current_time()))
+                    self._stats["heartbeats_sent"] += 1
+                elif isinstance(event, Ignored):
+                    log.log(logging.WARNING if event.undecodable else logging.DEBUG, "%s: ignoring %s",
+                            self._who(), event.why)
 
     async def _send_reply(self, ws: Any, reply: protocol.Reply) -> None:
         text, sent = self.frames.encode_reply(reply)
         if sent is not reply:  # too big: a repeated command gets the too_large answer, not the original
             self.commands.remember(reply.id, sent)
         await ws.send_message(text)
-
-    async def _heartbeats(self, ws: Any, interval: float) -> None:
-        deadline = trio.current_time()
-        while True:
-            # a fixed schedule, so heartbeats do not drift by the time each send takes
-            deadline = max(deadline + interval, trio.current_time())
-            await trio.sleep_until(deadline)
-            payload = {"deviceClock": rfc3339(self.clock.now()), "uptime": round(self.uptime(), 3)}
-            await ws.send_message(protocol.encode(protocol.Event(kind="heartbeat", payload=payload)))
-            self._stats["heartbeats_sent"] += 1
 
     def _hello(self) -> dict[str, Any]:
         fields: dict[str, Any] = dict(

@@ -45,6 +45,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import trio
 
+from .backoff import Backoff
 from .paths import SECRETS_DIR, VOLUMES_DIR
 
 log = logging.getLogger("fleethub.agent.workload")
@@ -224,7 +225,7 @@ class Workload:
         self._wanted = False
         self._proc: trio.Process | None = None
         self._started_at = 0.0
-        self._failures = 0
+        self._backoff = Backoff(*restart_backoff, jitter=False)
         self._lock = trio.Lock()
         self._change = trio.Event()
         self.nursery: trio.Nursery | None = None  # where process watchers run; None: unsupervised
@@ -386,10 +387,11 @@ class Workload:
         if proc is not self._proc:
             return  # stopped or replaced on purpose
         ran_for = trio.current_time() - self._started_at
-        self._failures = 1 if ran_for > self.restart_backoff[1] else self._failures + 1
+        if ran_for > self.restart_backoff[1]:
+            self._backoff.reset()  # it ran longer than the longest delay: a new failure, not a loop
         self.crashes += 1
         self.last_error = f"the workload {_describe_exit(proc.returncode)}"
-        delay = min(self.restart_backoff[1], self.restart_backoff[0] * 2 ** (self._failures - 1))
+        delay = self._backoff.next_delay()
         log.warning("workload pid %d %s; restarting in %.1fs", proc.pid, _describe_exit(proc.returncode), delay)
         async with self._lock:
             if self._proc is not proc:

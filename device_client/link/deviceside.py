@@ -3,7 +3,8 @@
     AWAIT_WELCOME --welcome--> OPEN --closed()--> CLOSED
          |  no welcome by the deadline, another frame first: LinkFailed, CLOSED
     OPEN: a command -> CommandReceived; anything else (undecodable, a frame only the hub takes) ->
-          Ignored, the link stays up; at each ``deadline()`` ``tick`` says HeartbeatDue
+          Ignored, the link stays up; at each ``deadline()`` ``tick`` says HeartbeatDue (and so does
+          ``receive`` when a heartbeat is due: a busy link must not starve its heartbeats)
 
 Heartbeats keep a fixed schedule from the welcome (interval after interval, never drifting by the
 time a send takes; after a stall the next is due at once, then the schedule resumes from then),
@@ -72,10 +73,10 @@ class DeviceSide:
         try:
             frame = p.decode(message)
         except p.ProtocolError as exc:
-            return [Ignored(f"an undecodable frame: {exc}")]
+            return self.tick(now) + [Ignored(f"an undecodable frame: {exc}", undecodable=True)]
         if isinstance(frame, p.Command):
-            return [CommandReceived(frame)]
-        return [Ignored(f"a {frame.type} frame")]
+            return self.tick(now) + [CommandReceived(frame)]
+        return self.tick(now) + [Ignored(f"a {frame.type} frame")]
 
     def heartbeat(self, payload: dict[str, Any], now: float) -> str:
         """The heartbeat's text; the next one is due an interval after this one was due (or after

@@ -52,6 +52,7 @@ class HeartbeatDue:
 class Ignored:
     """device: a frame that is not for it (undecodable, or of a type only the hub takes); logged."""
     why: str
+    undecodable: bool = False
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,14 @@ later frame for the test. Tests drive commands through ``Link.command`` and read
 
 from __future__ import annotations
 
+import errno
 import itertools
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
+import trio.testing
+from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket, wrap_client_stream, wrap_server_stream
 
 from device_client import protocol
 
@@ -74,6 +77,40 @@ class FakeHub:
         self.port = 0
         self._links_send, self._links = trio.open_memory_channel[Link](1000)
         self.all_links: list[Link] = []
+        self.attempts: list[float] = []  # trio.current_time() of each in-memory connect
+        self.refuse = 0  # in-memory connects to refuse as a closed port would (OSError), then accept
+
+    def in_memory(self, nursery: trio.Nursery):
+        """The agent's ``connector``: a real trio-websocket client and this hub's handler over an
+        in-memory stream pair, so a test can run the agent on trio's virtual clock. The hub's end
+        lives in ``nursery`` (the test's): a link the agent left still finishes its close handshake."""
+
+        @asynccontextmanager
+        async def connect(headers: list[tuple[bytes, bytes]]):
+            self.attempts.append(trio.current_time())
+            if self.refuse > 0:
+                self.refuse -= 1
+                raise OSError(errno.ECONNREFUSED, "connection refused (in memory)")
+            client, server = trio.testing.memory_stream_pair()
+
+            async def serve() -> None:
+                await self._handle(await wrap_server_stream(nursery, server))
+
+            nursery.start_soon(serve)
+            error: Exception | None = None
+            async with trio.open_nursery() as ours:
+                ws = await wrap_client_stream(ours, client, "hub.test", protocol.LINK_PATH, extra_headers=headers)
+                try:
+                    yield ws
+                except Exception as exc:  # raised outside the nursery, so the agent sees it ungrouped
+                    error = exc
+                finally:
+                    ours.cancel_scope.cancel()
+                    await client.aclose()  # the hub's end reads the end of the stream
+            if error is not None:
+                raise error
+
+        return connect
 
     @property
     def url(self) -> str:

@@ -212,6 +212,16 @@ def test_heartbeats_keep_a_fixed_schedule_from_the_welcome():
     assert side.deadline() == T0 + 230
 
 
+def test_a_busy_link_still_says_when_a_heartbeat_is_due():
+    side = device_in(DeviceState.OPEN)  # welcomed at T0 + 1, interval 30
+    assert side.receive(COMMAND, T0 + 30)[0] == CommandReceived(p.decode(COMMAND))
+    assert side.receive(COMMAND, T0 + 31) == [HeartbeatDue(), CommandReceived(p.decode(COMMAND))]
+    assert side.receive(NOT_JSON, T0 + 31)[0] == HeartbeatDue()  # until the shell sends it
+    side.heartbeat({}, T0 + 31)
+    [ignored] = side.receive(NOT_JSON, T0 + 32)
+    assert ignored.undecodable and not side.receive(REPLY, T0 + 32)[0].undecodable
+
+
 def test_a_hub_asking_for_no_interval_gets_the_minimum():
     side = DeviceSide(T0)
     side.receive(json.dumps({"type": "welcome", "deviceId": "d1", "heartbeatInterval": 0}), T0)

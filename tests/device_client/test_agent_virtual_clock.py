@@ -1,0 +1,105 @@
+"""The agent's timing on trio's virtual clock: reconnect backoff, the close codes' waits, a drain's
+window and the heartbeat schedule, against the fake hub over in-memory streams (a real trio-websocket
+client and server, no socket). Instants are exact, so a wrong delay or interval fails; the tests take
+a few milliseconds of wall time for minutes of the agent's."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import trio
+
+from device_client.agent import Agent
+
+from device_fakehub import FakeHub
+
+
+class Top(random.Random):
+    """Full jitter's top, always: each reconnect delay is its ceiling, so the instants are known."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+@pytest.fixture(autouse=True)
+def no_threads(monkeypatch):
+    """The agent reads and writes its state files in threads. While one runs no task is runnable, so
+    the virtual clock would jump to the next deadline (the test's own fail_after): run them inline."""
+    async def inline(fn, *args, **_options):
+        await trio.lowlevel.checkpoint()
+        return fn(*args)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", inline)
+
+
+async def run_agent(nursery, hub: FakeHub, data_dir, **kw) -> Agent:
+    agent = Agent("http://hub.test", "tok", data_dir, connector=hub.in_memory(nursery), rng=Top(),
+                  backoff_initial=0.5, backoff_max=4.0, **kw)
+    nursery.start_soon(agent.run)
+    return agent
+
+
+def gaps(times: list[float]) -> list[float]:
+    return [round(b - a, 6) for a, b in zip(times, times[1:])]
+
+
+async def test_refused_connects_back_off_doubling_to_the_cap_and_a_welcome_resets_it(nursery, tmp_path,
+                                                                                       autojump_clock):
+    hub = FakeHub(heartbeat=1000)
+    hub.refuse = 6
+    with trio.fail_after(600):
+        await run_agent(nursery, hub, tmp_path / "dev")
+        link = await hub.next_link()
+        assert gaps(hub.attempts) == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+        await link.ws.aclose(1011, "hub restarting")
+        closed_at = trio.current_time()
+        await hub.next_link()
+        assert hub.attempts[-1] - closed_at == pytest.approx(0.5)  # back to the first delay
+
+
+async def test_superseded_stays_away_30_s_more_and_revoked_waits_the_longest(nursery, tmp_path, autojump_clock):
+    hub = FakeHub(heartbeat=1000)
+    with trio.fail_after(600):
+        await run_agent(nursery, hub, tmp_path / "dev")
+        link = await hub.next_link()
+        await link.ws.aclose(4001, "another connection with this device's token took over")
+        closed_at = trio.current_time()
+        link = await hub.next_link()
+        assert hub.attempts[-1] - closed_at == pytest.approx(30.0 + 0.5)
+        await link.ws.aclose(4003, "the device was unpaired: its token is revoked")
+        closed_at = trio.current_time()
+        await hub.next_link()
+        assert hub.attempts[-1] - closed_at == pytest.approx(4.0)  # the slowest backoff
+
+
+async def test_a_drain_comes_back_within_the_window_the_hub_gave(nursery, tmp_path, autojump_clock):
+    hub = FakeHub(heartbeat=1000)
+    with trio.fail_after(600):
+        await run_agent(nursery, hub, tmp_path / "dev")
+        link = await hub.next_link()
+        reply = await link.command("link.drain", {"reconnectAfter": 12})
+        assert reply.ok
+        drained_at = trio.current_time()
+        await link.closed.wait()
+        await hub.next_link()
+        assert hub.attempts[-1] - drained_at == pytest.approx(12.0)  # the top of the window
+
+
+async def test_heartbeats_keep_the_welcome_interval_exactly(nursery, tmp_path, autojump_clock):
+    hub = FakeHub(heartbeat=5)
+    with trio.fail_after(600):
+        agent = await run_agent(nursery, hub, tmp_path / "dev")
+        link = await hub.next_link()
+        linked_at = hub.attempts[-1]
+        beats = []
+        for _ in range(4):
+            await link.next_event("heartbeat")
+            beats.append(trio.current_time())
+        assert beats[0] - linked_at == pytest.approx(5.0)
+        assert gaps(beats) == [5.0, 5.0, 5.0]
+        # a command in between neither delays nor adds one
+        assert (await link.command("ping")).ok
+        await link.next_event("heartbeat")
+        assert trio.current_time() - beats[-1] == pytest.approx(5.0)
+        assert agent.statistics().heartbeats_sent == 5
