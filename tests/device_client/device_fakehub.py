@@ -98,15 +98,22 @@ class FakeHub:
 
             nursery.start_soon(serve)
             error: Exception | None = None
-            async with trio.open_nursery() as ours:
-                ws = await wrap_client_stream(ours, client, "hub.test", protocol.LINK_PATH, extra_headers=headers)
-                try:
-                    yield ws
-                except Exception as exc:  # raised outside the nursery, so the agent sees it ungrouped
-                    error = exc
-                finally:
-                    ours.cancel_scope.cancel()
-                    await client.aclose()  # the hub's end reads the end of the stream
+            try:
+                async with trio.open_nursery() as ours:
+                    ws = await wrap_client_stream(ours, client, "hub.test", protocol.LINK_PATH,
+                                                  extra_headers=headers)
+                    try:
+                        yield ws
+                    except Exception as exc:  # raised outside the nursery, so the agent sees it ungrouped
+                        error = exc
+                    finally:
+                        ours.cancel_scope.cancel()
+                        await client.aclose()  # the hub's end reads the end of the stream
+            except BaseExceptionGroup as group:  # the handshake failed in the reader (a 401): ungrouped too
+                leaves = group.exceptions
+                if len(leaves) == 1 and isinstance(leaves[0], Exception):
+                    raise leaves[0] from None
+                raise
             if error is not None:
                 raise error
 

@@ -5,12 +5,15 @@ a few milliseconds of wall time for minutes of the agent's."""
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
 import random
 
 import pytest
 import trio
 
 from device_client.agent import Agent
+from device_client.clock import TestClock
 
 from device_fakehub import FakeHub
 
@@ -58,6 +61,22 @@ async def test_refused_connects_back_off_doubling_to_the_cap_and_a_welcome_reset
         assert hub.attempts[-1] - closed_at == pytest.approx(0.5)  # back to the first delay
 
 
+async def test_a_refused_token_is_retried_with_backoff_and_logged(nursery, tmp_path, autojump_clock, caplog):
+    caplog.set_level(logging.WARNING, logger="fleethub.agent")
+    hub = FakeHub(heartbeat=1000)
+    hub.reject_status = 401
+    with trio.fail_after(600):
+        agent = await run_agent(nursery, hub, tmp_path / "dev")
+        while hub.rejections < 5:
+            await trio.sleep(0.1)
+        assert not agent.connected and agent.statistics().link_failures == 5
+        assert gaps(hub.attempts) == [0.5, 1.0, 2.0, 4.0]
+        assert any("refused the device token (HTTP 401)" in r.getMessage() for r in caplog.records)
+        hub.reject_status = None
+        await agent.wait_connected()
+        assert agent.device_id == "dev-1" and gaps(hub.attempts)[-1] == 4.0
+
+
 async def test_superseded_stays_away_30_s_more_and_revoked_waits_the_longest(nursery, tmp_path, autojump_clock):
     hub = FakeHub(heartbeat=1000)
     with trio.fail_after(600):
@@ -88,16 +107,22 @@ async def test_a_drain_comes_back_within_the_window_the_hub_gave(nursery, tmp_pa
 
 async def test_heartbeats_keep_the_welcome_interval_exactly(nursery, tmp_path, autojump_clock):
     hub = FakeHub(heartbeat=5)
+    clock = TestClock()
     with trio.fail_after(600):
-        agent = await run_agent(nursery, hub, tmp_path / "dev")
+        agent = await run_agent(nursery, hub, tmp_path / "dev", clock=clock)
         link = await hub.next_link()
         linked_at = hub.attempts[-1]
-        beats = []
+        beats, payloads = [], []
         for _ in range(4):
-            await link.next_event("heartbeat")
+            payloads.append((await link.next_event("heartbeat")).payload)
             beats.append(trio.current_time())
         assert beats[0] - linked_at == pytest.approx(5.0)
         assert gaps(beats) == [5.0, 5.0, 5.0]
+        # what each says: the device's uptime and its clock, from the injected clock, 5 s apart
+        assert gaps([p["uptime"] for p in payloads]) == [5.0, 5.0, 5.0]
+        said = [dt.datetime.fromisoformat(p["deviceClock"].replace("Z", "+00:00")) for p in payloads]
+        assert said[0] == clock.now() - dt.timedelta(seconds=15)
+        assert gaps([t.timestamp() for t in said]) == [5.0, 5.0, 5.0]
         # a command in between neither delays nor adds one
         assert (await link.command("ping")).ok
         await link.next_event("heartbeat")

@@ -11,9 +11,7 @@ import base64
 import datetime as dt
 import functools
 import json
-import logging
 import os
-import random
 import stat
 import subprocess
 import sys
@@ -24,7 +22,7 @@ from nacl.signing import SigningKey
 
 from device_client import agent as agent_mod
 from device_client import protocol
-from device_client.agent import Agent, Backoff, CommandError, link_url
+from device_client.agent import Agent, CommandError, link_url
 from device_client.clock import TestClock
 from device_client.state import StateFile
 
@@ -93,21 +91,6 @@ async def test_default_architecture_is_the_machine(hub, nursery, tmp_path):
         link = await hub.next_link()
         assert link.hello.architecture == platform.machine()
         assert link.hello.firmware
-
-
-async def test_heartbeats_arrive_on_the_welcome_interval(hub, nursery, tmp_path):
-    hub.heartbeat = 0.05
-    with trio.fail_after(5):
-        agent = make_agent(hub, tmp_path / "dev")
-        await start(nursery, agent)
-        link = await hub.next_link()
-        t0 = trio.current_time()
-        first = await link.next_event("heartbeat")
-        second = await link.next_event("heartbeat")
-        assert trio.current_time() - t0 >= 0.09  # two intervals, not a burst
-        assert second.payload["uptime"] > first.payload["uptime"] >= 0
-        assert parse(second.payload["deviceClock"]) > parse(first.payload["deviceClock"])
-        assert agent.statistics().heartbeats_sent >= 2
 
 
 async def test_ping_unknown_verb_and_failing_handlers(hub, nursery, tmp_path):
@@ -280,21 +263,6 @@ async def test_reconnects_after_the_hub_drops_the_link(hub, nursery, tmp_path):
         assert (await link2.command("ping")).ok
 
 
-async def test_rejected_token_is_retried_with_backoff_and_logged(hub, nursery, tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="fleethub.agent")
-    hub.reject_status = 401
-    with trio.fail_after(5):
-        agent = make_agent(hub, tmp_path / "dev")
-        nursery.start_soon(agent.run)
-        while agent.statistics().link_failures < 4:
-            await trio.sleep(0.005)
-        assert not agent.connected and hub.rejections >= 4
-        assert any("refused the device token (HTTP 401)" in r.getMessage() for r in caplog.records)
-        hub.reject_status = None
-        await agent.wait_connected()
-        assert agent.device_id == "dev-1"
-
-
 async def test_unreachable_hub_backs_off(nursery, tmp_path):
     with trio.fail_after(5):
         with trio.socket.socket() as s:  # a port that was free a moment ago: connection refused
@@ -331,19 +299,6 @@ async def test_identity_key_is_0600_and_reused(hub, nursery, tmp_path):
         second = make_agent(hub, tmp_path / "dev")
         await start(nursery, second)
         assert (await hub.next_link()).hello.tunnelPublicKey == key1 == first.public_key_b64
-
-
-def test_backoff_is_full_jitter_doubling_to_the_cap():
-    backoff = Backoff(0.5, 4.0, random.Random(7))
-    ceilings = []
-    for _ in range(6):
-        ceilings.append(backoff.ceiling())
-        assert 0 <= backoff.next_delay() <= ceilings[-1]
-    assert ceilings == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
-    backoff.reset()
-    assert backoff.ceiling() == 0.5
-    delays = [Backoff(1.0, 1.0, random.Random(i)).next_delay() for i in range(50)]
-    assert min(delays) < 0.2 and max(delays) > 0.8  # spread over the whole window, not clustered
 
 
 def test_link_url():
