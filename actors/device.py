@@ -182,8 +182,16 @@ class DeviceActor(Actor):
         """The facts changed after the hello (a memory test holds or frees the workload): they go to
         the presence row, which is where others (a rollout) read them; no actor reads another's."""
         m = self.machine
-        self.services.presence.put(self.device_id, {"id": self.device_id, "online": m.online,
-                                                    "state": m.state.value, "facts": self.facts})
+        self.services.presence.put(self.device_id, self._epoch({"id": self.device_id, "online": m.online,
+                                                                "state": m.state.value, "facts": self.facts}))
+
+    def _epoch(self, row: dict[str, Any]) -> dict[str, Any]:
+        """In a cluster, the presence row carries the link epoch this node claimed for the device: the
+        write counts only while no other node has taken the link over (storage Devices.write_presence)."""
+        epoch = getattr(self.services, "link_epochs", {}).get(self.device_id)
+        if epoch is not None:
+            row["epoch"] = epoch
+        return row
 
     async def _receive(self, msg: Any) -> Any:
         self._last_activity = trio.current_time()
@@ -323,7 +331,7 @@ class DeviceActor(Actor):
             if effect.facts is not None:
                 row.update(firmware=effect.facts.get("firmware"), architecture=effect.facts.get("architecture"),
                            tunnel_public_key=effect.facts.get("tunnelPublicKey"), facts=effect.facts)
-            s.presence.put(self.device_id, row)
+            s.presence.put(self.device_id, self._epoch(row))
         elif isinstance(effect, cm.Publish):
             self.publish(effect.kind, effect.payload)
         elif isinstance(effect, cm.SendCommand):

@@ -57,6 +57,7 @@ class Metrics:
         self.frames_refused = 0  # device frames over the link's limit, closed with 1009 (hub/frames.py)
         self.refused_frames: dict = {}  # device id -> hub.frames.Refusals (the first LABELLED_DEVICES)
         self.device_link_waits = 0  # times a link stopped reading its device until its actor had room
+        self.cluster_takeovers = 0  # links closed because another cluster node took the device (hub/cluster/)
         self._collector = _HubCollector(self)
         self.registry.register(self._collector)
         ProcessCollector(registry=self.registry)

@@ -98,6 +98,8 @@ class Services:
     _push_keys_again: bool = field(default=False, repr=False)
     link_health: LinkHealth = field(default_factory=LinkHealth)  # takeovers, protocol errors (diagnosis)
     node_id: str = ""  # this process's name in a cluster (hub/cluster/node.py)
+    # device -> the link epoch this node last claimed for it (cluster only; hub/cluster/presence.py)
+    link_epochs: dict[uuid.UUID, int] = field(default_factory=dict)
 
     @property
     def clustered(self) -> bool:
@@ -274,6 +276,8 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                                     supervisor=supervisor, registry=Registry(supervisor), node_id=node)
                 if bus is not None:
                     services.bus = bus  # a cluster node: commands reach devices held by other nodes
+                    from hub.cluster import presence
+                    presence.install(services)
                 services.extras["embedded_pg"] = pg
                 await db.listen(AUTH_CHANNEL, services.on_notify)
                 # After PostgreSQL restarts, invalidations sent meanwhile were missed: start cold.

@@ -148,7 +148,9 @@ class Devices:
         """Coalesced presence of many devices in one statement (heartbeats are written behind).
 
         Each row: id, online, state, boot_reason, last_seen_at, connected_at, and, when a hello
-        arrived since the last flush, firmware, architecture, tunnel_public_key, facts.
+        arrived since the last flush, firmware, architecture, tunnel_public_key, facts. A row with an
+        ``epoch`` (a cluster node's link, ``claim_link``) is written only while that epoch is still
+        the device's: a node whose link was taken over writes nothing more.
         """
         if not rows:
             return
@@ -163,16 +165,25 @@ class Devices:
                    tunnel_public_key = COALESCE(u.tunnel_public_key, d.tunnel_public_key),
                    facts = COALESCE(u.facts::jsonb, d.facts)
                FROM unnest($1::uuid[], $2::bool[], $3::text[], $4::text[], $5::timestamptz[],
-                           $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::text[])
+                           $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[])
                     AS u(id, online, state, boot_reason, last_seen_at, connected_at, firmware,
-                         architecture, tunnel_public_key, facts)
-               WHERE d.id = u.id""",
+                         architecture, tunnel_public_key, facts, epoch)
+               WHERE d.id = u.id AND (u.epoch IS NULL OR d.link_epoch = u.epoch)""",
             [r["id"] for r in rows], [r["online"] for r in rows], [r["state"] for r in rows],
             [r.get("boot_reason") for r in rows], [r.get("last_seen_at") for r in rows],
             [r.get("connected_at") for r in rows], [r.get("firmware") for r in rows],
             [r.get("architecture") for r in rows], [r.get("tunnel_public_key") for r in rows],
-            [json.dumps(r["facts"]) if r.get("facts") is not None else None for r in rows])
+            [json.dumps(r["facts"]) if r.get("facts") is not None else None for r in rows],
+            [r.get("epoch") for r in rows])
         self.cache.evict(r["id"] for r in rows)
+
+    async def claim_link(self, device_id: uuid.UUID, node: str) -> int:
+        """A cluster node accepted this device's link: the device's next link epoch, now the only one
+        whose presence writes count (``write_presence``). 0 when the device no longer exists."""
+        epoch = await self.db.fetchval(
+            "UPDATE devices SET link_epoch = link_epoch + 1, link_node = $2 WHERE id = $1 RETURNING link_epoch",
+            device_id, node)
+        return int(epoch or 0)
 
     async def mark_all_offline(self) -> int:
         """At hub start no device is connected to this process yet."""

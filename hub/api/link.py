@@ -43,6 +43,7 @@ from hub.api.common import services
 from hub.auth.middleware import public
 from hub.api.validation import responds
 from hub.auth.pat import digest
+from hub.cluster import presence as cluster_presence
 from hub.errors import DeviceError, DeviceOffline
 from hub.services import Link
 
@@ -181,6 +182,7 @@ async def _serve(s, ws, device_id: uuid.UUID, address: str | None = None) -> Non
             log.warning("device %s: another takeover of its link within a minute (from %s); accepting it in "
                         "%.0f s: two holders of one token?", device_id, address, delay)
             await trio.sleep(delay)
+    await cluster_presence.link_up(s, device_id)  # cluster: claim the link epoch, other nodes let go
     with trio.CancelScope() as scope:
         link = Link(device_id, conn_id, scope)
         previous = s.links.get(device_id)

@@ -3,9 +3,11 @@ real nats-server; a real agent linked to node A is reached through node B's REST
 
 from __future__ import annotations
 
+import uuid
+
 import trio
 
-from tests.hubtools import assert_error, open_hub, start_agent, start_hub
+from tests.hubtools import assert_error, open_hub, start_agent, start_hub, wait_for
 
 
 async def test_a_command_on_node_b_reaches_a_device_linked_to_node_a(nats_server, db_url, tmp_path):
@@ -40,3 +42,46 @@ async def test_a_command_on_node_b_reaches_a_device_linked_to_node_a(nats_server
 
             await agent.kill()
             nursery.cancel_scope.cancel()
+
+
+async def _row(s, device_id: str) -> dict:
+    return dict(await s.db.fetchrow("SELECT online, state, link_epoch, link_node FROM devices WHERE id = $1",
+                                    uuid.UUID(device_id)))
+
+
+async def test_a_device_that_moves_to_node_b_is_let_go_by_node_a_and_stays_online(nats_server, db_url, tmp_path):
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            data = tmp_path / "hub"
+            a = await start_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="a")
+            b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b")
+            device_id, token = await a.provision("edge-1")
+            dev = uuid.UUID(device_id)
+            first = await start_agent(nursery, a.base_url, token, tmp_path / "agent-a")
+            await wait_for(lambda: dev in a.services.links)
+            await wait_for(lambda: _online_at(a.services, device_id, "a"), timeout=5)
+
+            # the same device (its token) now reaches node B: A closes its socket within a second
+            second = await start_agent(nursery, b_url, token, tmp_path / "agent-b")
+            moved = trio.current_time()
+            await wait_for(lambda: dev not in a.services.links, timeout=1)
+            assert trio.current_time() - moved < 1
+            assert a.services.metrics.cluster_takeovers == 1 and dev in b_services.links
+
+            # A's actor saw its link go down and wrote "offline" behind, with the old epoch: no row
+            # matches it. Wait past A's write-behind flushes, then the row is B's, online.
+            await trio.sleep(1.5)
+            row = await _row(a.services, device_id)
+            assert (row["online"], row["link_node"], row["link_epoch"]) == (True, "b", 2), row
+            # and node A's API answers from the row, not from its stale actor
+            r = await a.call("GET", f"/v1/devices/{device_id}")
+            assert r.json()["data"]["online"] is True, r.text
+
+            await first.kill()
+            await second.kill()
+            nursery.cancel_scope.cancel()
+
+
+async def _online_at(s, device_id: str, node: str) -> bool:
+    row = await _row(s, device_id)
+    return row["online"] and row["link_node"] == node
