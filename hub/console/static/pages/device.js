@@ -2,6 +2,7 @@
 // secret file's delivery, ping and reboot, memory tests, and the place the terminal module fills.
 import { api, follow } from '../api.js';
 import { fill, h, badge, bytes, confirmDialog, field, notice, when } from '../dom.js';
+import { mountTerminal } from '../terminal.js';
 
 const MODES = {
   live: { label: 'Live', plan: { impact: 'running', placement: 'online' }, hint: 'tests free memory beside the running workload' },
@@ -257,6 +258,7 @@ export async function render(main, id) {
     }
   }
 
+  mountTerminal(main.querySelector('#terminal'), id);
   paintDevice();
   follow(`/v1/devices/${id}/events`, onEvent, (s) => {
     live.textContent = s === 'live' ? '● live' : s === 'refused' ? 'not live' : s === 'paused' ? 'paused while hidden' : 'reconnecting…';

@@ -1,0 +1,209 @@
+"""The browser terminal in a real Chromium against a real hub, PostgreSQL and agents: the page's own
+RTCPeerConnection to the agent's ``shell`` target (a real PTY), echo, Ctrl-C, resize, closing the tab
+ending the session on the hub with its usage recorded, and a device without the switch refused.
+
+Headless Chromium hides its host candidates behind mDNS names, which aiortc cannot resolve, and
+gathers none on loopback by default: the browser here is launched with both changed (a real
+operator's browser reaches a device through the session's TURN relay instead; docs/console.md).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from device_client.shell import ShellUser
+from device_client.tunnel import TunnelConfig
+from hub.auth.passwords import hash_password
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, PASSWORD, ConsoleHub, _why_no_browser, sign_in
+from tests.conformance.conftest import _create_database, _drop_database
+from tests.hubtools import start_agent, start_hub
+from webrtc.loop import restrict_host_addresses
+
+BROWSER_ARGS = [*CHROMIUM_ARGS, "--disable-features=WebRtcHideLocalIpsWithMdns",
+                "--allow-loopback-in-peer-connection"]
+
+
+@pytest.fixture(scope="module")
+def terminal_hub(pg_server_dsn, pg_template):
+    why = _why_no_browser()
+    if why:
+        pytest.skip(why)
+    name = _create_database(pg_server_dsn, pg_template)
+    db_url = pg_server_dsn.rsplit("/", 1)[0] + "/" + name
+    root = Path(tempfile.mkdtemp(prefix="fleethub-terminal-"))
+    ready: dict[str, Any] = {}
+    started, stop = threading.Event(), threading.Event()
+
+    async def serve() -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                with trio.fail_after(90):
+                    restrict_host_addresses(["127.0.0.1"])
+                    hub = await start_hub(nursery, db_url, root / "hub", heartbeat_interval=0.5)
+                    s = hub.services
+                    org = uuid.UUID(hub.org_id)
+                    await s.tunnels.store.set_entitlement(org, {"enabled": True, "relay_allowed": False},
+                                                          s.clock.now())
+                    email = f"operator-{uuid.uuid4().hex[:6]}@test.local"
+                    digest = await trio.to_thread.run_sync(hash_password, PASSWORD)
+                    user = await s.orgs.create_user(email, s.clock.now(), password_hash=digest)
+                    await s.orgs.add_member(org, user["id"], "admin", s.clock.now())
+                    me = ShellUser.lookup(None)
+                    # bash (for $RANDOM), whatever the test user's login shell is
+                    shell = TunnelConfig(shell=ShellUser(me.name, me.uid, me.gid, me.home, "/bin/bash"))
+                    agents, devices = {}, {}
+                    for dev_name, config in (("term-on", shell), ("term-off", TunnelConfig())):
+                        dev_id, token = await hub.provision(dev_name)
+                        agents[dev_name] = await start_agent(nursery, hub.base_url, token, root / dev_name,
+                                                             tunnel=config)
+                        devices[dev_name] = dev_id
+                ready.update(hub=hub, token=trio.lowlevel.current_trio_token(), email=email, agents=agents,
+                             devices=devices)
+                started.set()
+                await trio.to_thread.run_sync(stop.wait)
+                await hub.client.aclose()
+                nursery.cancel_scope.cancel()
+        except BaseException as exc:  # noqa: BLE001 — handed to the main thread below
+            ready["error"] = exc
+            started.set()
+
+    thread = threading.Thread(target=trio.run, args=(serve,), name="terminal-hub", daemon=True)
+    thread.start()
+    started.wait(120)
+    if "hub" not in ready:
+        stop.set()
+        raise RuntimeError(f"the terminal test's hub did not start: {ready.get('error')!r}")
+    http = httpx.Client(timeout=30)
+    try:
+        yield ConsoleHub(ready["hub"], ready["token"], http, ready["devices"]["term-on"], "", {"root": root},
+                         email=ready["email"], agents=ready["agents"], devices=ready["devices"])
+    finally:
+        http.close()
+        stop.set()
+        thread.join(30)
+        _drop_database(pg_server_dsn, name)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def terminal_browser(terminal_hub):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS, timeout=30_000)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def tpage(terminal_browser, terminal_hub):
+    """A fresh context at 1280 px; script errors and CSP violations on the page fail the test."""
+    context = terminal_browser.new_context(base_url=terminal_hub.base_url, viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(20_000)
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.on("console", lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None)
+    try:
+        yield pg
+    finally:
+        context.close()
+    assert not errors, f"script errors or CSP violations on the page: {errors}"
+
+
+SCREEN = """() => {
+  const t = document.querySelector('#terminal-screen').fleethubTerminal;
+  const b = t.buffer.active, lines = [];
+  for (let i = 0; i < b.length; i++) lines.push(b.getLine(i).translateToString(true));
+  return lines.join('\\n');
+}"""
+
+
+def screen_text(page) -> str:
+    return page.evaluate(SCREEN)
+
+
+def wait_screen(page, pattern: str, timeout: float = 15_000) -> None:
+    page.wait_for_function(f"(re) => new RegExp(re, 'm').test(({SCREEN})())", arg=pattern, timeout=timeout)
+
+
+def open_terminal(page, hub, device: str) -> None:
+    sign_in(page, hub, f"/console/devices/{hub.devices[device]}")
+    page.click("#terminal-open")
+
+
+def sessions(hub, device: str) -> list[dict]:
+    async def rows():
+        return [dict(r) for r in await hub.hub.services.db.fetch(
+            "SELECT * FROM tunnel_sessions WHERE device_id = $1::uuid ORDER BY opened_at", hub.devices[device])]
+    return hub.run(rows)
+
+
+def test_echo_ctrl_c_resize_and_closing_the_tab_ends_the_session(tpage, terminal_hub, screenshots):
+    page, hub = tpage, terminal_hub
+    before = len(sessions(hub, "term-on"))
+    open_terminal(page, hub, "term-on")
+    page.wait_for_selector("#terminal-state[data-state=connected]")
+    # echo through the PTY: the shell expands $RANDOM, so the output is the device's, not our echo
+    page.click("#terminal-screen")
+    page.keyboard.type("echo hello-$RANDOM\n")
+    wait_screen(page, r"hello-\d+")
+    assert re.search(r"^hello-\d+$", screen_text(page), re.M)
+    # Ctrl-C interrupts the foreground job
+    page.keyboard.type("sleep 100; echo not-interrupted\n")
+    page.wait_for_timeout(300)
+    page.keyboard.press("Control+c")
+    page.keyboard.type("echo after-$((40+2))\n")
+    wait_screen(page, r"after-42", timeout=5_000)
+    assert not re.search(r"^not-interrupted$", screen_text(page), re.M)  # only the typed command line
+    # resize: a smaller window gives the shell fewer columns (fit addon -> resize message -> TIOCSWINSZ)
+    page.keyboard.type("stty size\n")
+    wait_screen(page, r"^\d+ \d+$")
+    first = re.findall(r"^(\d+) (\d+)$", screen_text(page), re.M)[-1]
+    page.set_viewport_size({"width": 700, "height": 900})
+    page.wait_for_function("() => document.querySelector('#terminal-screen').fleethubTerminal.cols < " + first[1])
+    page.keyboard.type("clear; stty size\n")
+    page.wait_for_function(f"() => /^\\d+ \\d+$/m.test(({SCREEN})()) && !/^{first[0]} {first[1]}$/m.test(({SCREEN})())")
+    cols = page.evaluate("() => document.querySelector('#terminal-screen').fleethubTerminal.cols")
+    rows = page.evaluate("() => document.querySelector('#terminal-screen').fleethubTerminal.rows")
+    assert re.search(rf"^{rows} {cols}$", screen_text(page), re.M), screen_text(page)
+    page.screenshot(path=str(screenshots / "terminal.png"))
+
+    opened = sessions(hub, "term-on")[before:]
+    assert len(opened) == 1 and opened[0]["state"] in ("opening", "open") and opened[0]["target"] == "shell"
+    sid = opened[0]["id"]
+    page.close(run_before_unload=True)  # pagehide: the DELETE leaves with fetch keepalive
+
+    async def ended():
+        with trio.fail_after(20):
+            while True:
+                row = await hub.hub.services.db.fetchrow("SELECT * FROM tunnel_sessions WHERE id = $1", sid)
+                # the page's DELETE reached the hub (sent with fetch keepalive as the page went away)
+                deleted = await hub.hub.services.db.fetchval(
+                    "SELECT count(*) FROM audit_events WHERE method = 'DELETE' AND path = $1",
+                    f"/v1/cli/tunnel/session/{sid}")
+                if row["state"] not in ("opening", "open") and row["bytes_in"] and deleted:
+                    return dict(row)
+                await trio.sleep(0.1)
+
+    row = hub.run(ended)
+    assert row["state"] == "closed" and row["bytes_in"] > 0 and row["bytes_out"] > 0, row
+    assert row["close_reason"] in ("closed by the client", "client_closed"), row
+
+
+def test_a_device_without_the_shell_switch_shows_the_refusal(tpage, terminal_hub):
+    open_terminal(tpage, terminal_hub, "term-off")
+    tpage.wait_for_selector("#terminal-state[data-state=closed]:has-text('disabled')")
+    assert "shell target is disabled" in tpage.text_content("#terminal-state")
