@@ -272,10 +272,13 @@ class Hello(_Frame):
 
 class Welcome(_Frame):
     type: Literal["welcome"] = "welcome"
-    deviceId: str
-    heartbeatInterval: float
-    hubKeys: dict[str, str] = Field(default_factory=dict)  # kid -> base64 Ed25519 public key (tunnel grants)
-    maxFrameBytes: int = MAX_FRAME_BYTES  # the largest frame the hub takes from this device
+    deviceId: str = Field(description="the device's id: commands are addressed cmd.<deviceId>.<verb>")
+    heartbeatInterval: float = Field(description="seconds between the device's heartbeat events")
+    hubKeys: dict[str, str] = Field(default_factory=dict, description=(
+        "key id (kid) -> the raw 32-byte Ed25519 public key in standard base64: the keys tunnel grants are "
+        "signed with"))
+    maxFrameBytes: int = Field(MAX_FRAME_BYTES, description="the largest frame, in UTF-8 bytes, the hub takes "
+                                                            "from this device")
 
 
 class Command(_Frame):
@@ -286,8 +289,9 @@ class Command(_Frame):
 
 
 class ReplyError(_Frame):
-    code: str
-    message: str = ""
+    code: str = Field(description="machine-readable: a common code (unknown_command, wrong_device, "
+                                  "invalid_payload, internal) or one of the verb's own")
+    message: str = Field("", description="for people: what was wrong, in words (never a secret)")
 
 
 class Reply(_Frame):

@@ -49,8 +49,13 @@ HELLO_NOTES: dict[str, str] = {
     "deviceClock": "the device's own idea of now, RFC 3339 (shown, never trusted for schedules)",
     "tunnelPublicKey": "base64 Ed25519 public key: the device's tunnel identity",
     "tunnelTargets": "what a tunnel may reach on the device (the hub refuses other targets)",
-    "configVersionApplied": "the versionId the device runs and has verified, or null",
-    "secretFileDigests": "path -> hex sha256 of every secret file the hub put there",
+    "configVersionApplied": "the versionId the device runs and has verified, or null (none ever applied). A "
+                            "version being verified is never named: after a rejected apply it is rolledBackTo (the "
+                            "previous version, or null); an apply a power loss interrupted is rolled back at boot, "
+                            "so the previous one; an overridden file and files.wipe leave it unchanged",
+    "secretFileDigests": "path -> hex sha256 of every file the hub put there and the device still holds: files.put "
+                         "files and a configuration's files alike (empty after files.wipe); where a configuration "
+                         "file was overridden, the path shows the device file's digest",
     "retiredPages": "physical addresses of memory pages the device retired",
     "lastMemoryTest": "the newest memory-test Result (docs/memtests.md)",
     "memoryTestRunning": "Status of a memory test in progress",
@@ -59,7 +64,7 @@ HELLO_NOTES: dict[str, str] = {
     "pendingActions": "health_check, battery_discharging, mission_critical",
     "telemetry": "whether telemetry events are on (the hub's last telemetry.set); null: no telemetry",
 }
-NESTED = (protocol.Capabilities, protocol.MemoryTestCapabilities, protocol.TunnelTargets, protocol.ReplyError)
+NESTED = (protocol.Capabilities, protocol.MemoryTestCapabilities, protocol.TunnelTargets)
 BLOCK = re.compile(r"(<!-- generated:(?P<name>[a-z-]+) -->\n)(?P<body>.*?)(<!-- /generated:(?P=name) -->)", re.S)
 
 
@@ -157,6 +162,7 @@ def tables() -> dict[str, str]:
     for model in NESTED:
         hello += ["", f"**{model.__name__}**", "", *_model_table(model)]
     welcome = _model_table(protocol.Welcome)
+    reply_error = _model_table(protocol.ReplyError)  # rendered where error replies are described
     verb_rows = [_row("verb", "payload", "reply payload", "error codes (besides the common ones)", "required"),
                  _row("---", "---", "---", "---", "---")]
     for v in verbs.VERBS.values():
@@ -178,7 +184,8 @@ def tables() -> dict[str, str]:
 
     rules = [_row("rule", "section", "the device…"), _row("---", "---", "---")]
     rules += [_row(r.id, r.section, r.text) for r in RULES]
-    return {"rules": "\n".join(rules), "hello": "\n".join(hello), "welcome": "\n".join(welcome), "verbs": "\n".join(verb_rows),
+    return {"rules": "\n".join(rules), "hello": "\n".join(hello), "welcome": "\n".join(welcome),
+            "reply-error": "\n".join(reply_error), "verbs": "\n".join(verb_rows),
             "models": "\n".join(models).rstrip(), "events": "\n".join(event_rows),
             "close-codes": "\n".join(closes), "limits": "\n".join(limits)}
 

@@ -36,7 +36,9 @@ class Empty(Body):
 
 class SecretFile(Body):
     fileId: str = Field(description="the hub's id of the file")
-    path: str = Field(description="absolute path on the device (device_client/paths.py rules)")
+    path: str = Field(description="where the file goes: an absolute, canonical path the device checks against "
+                                  "the allowed paths (Secret files and configurations); a failing path is answered "
+                                  "failed")
     mode: int = Field(0o600, description="POSIX mode as an integer, e.g. 384 for 0o600")
     uid: int = Field(0, description="owner uid")
     gid: int = Field(0, description="owner gid")
@@ -111,21 +113,25 @@ class Rebooting(Body):
 
 
 class Drain(Body):
-    reconnectAfter: float = Field(5.0, ge=0, le=600, description="reconnect at a random moment within this many seconds")
-    url: str | None = Field(None, description="the hub to reconnect to (http(s)://host:port), when not this one")
+    reconnectAfter: float = Field(5.0, ge=0, le=600, description="seconds, 0 to 600: close the link (1001) after the "
+                                  "replies in flight, then reconnect at a random moment within this many seconds")
+    url: str | None = Field(None, description="the base address of the hub to reconnect to, http(s)://host[:port] "
+                                              "(the link URL is derived from it); absent or null: this hub")
 
 
 class Draining(Body):
     draining: Literal[True]
-    reconnectAfter: float | None = None
+    reconnectAfter: float | None = Field(None, description="the seconds the device will reconnect within (the "
+                                                           "command's value, or 5 when it gave none)")
 
 
 class Keys(Body):
-    hubKeys: dict[str, str] = Field(description="kid -> base64 Ed25519 public key; replaces welcome.hubKeys")
+    hubKeys: dict[str, str] = Field(description="key id (kid, free text) -> the raw 32-byte Ed25519 public key in "
+                                                "standard base64 with padding; the whole set replaces welcome.hubKeys")
 
 
 class KeyIds(Body):
-    kids: list[str]
+    kids: list[str] = Field(description="the key ids the device now holds")
 
 
 class Notice(Body):
@@ -235,13 +241,16 @@ class RegistryBytes(Body):
 
 
 class Refusal(Body):
-    frame: str
-    bytes: int
-    limit: int
-    by: Literal["agent", "hub"]
-    action: str
-    reason: str
-    at: str
+    """A frame the device did not get across because it was over the limit."""
+    frame: str = Field(description="what the frame was: hello, reply, event <kind> (frame when unknown)")
+    bytes: int = Field(description="its size in UTF-8 bytes (0 when unknown)")
+    limit: int = Field(description="the frame limit in force (welcome.maxFrameBytes)")
+    by: Literal["agent", "hub"] = Field(description="agent: the device saw it was too big and did not send it; "
+                                                    "hub: the hub closed the link with 1009 for it")
+    action: str = Field(description="what the device did with it: trimmed (sent smaller), dropped, or unknown")
+    reason: str = Field(description="the reason in words (the hub's 1009 close reason when by is hub), at most "
+                                    "200 characters")
+    at: str = Field(description="when, RFC 3339 (the device's clock)")
 
 
 class LinkRefused(Body):

@@ -53,6 +53,37 @@ def test_every_hello_field_and_close_code_is_described():
     assert {r.code for r in linkcodes.CLOSE_RULES} == set(linkcodes.Close)
 
 
+def _descriptions(node) -> list[str]:
+    if isinstance(node, dict):
+        return ([node["description"]] if isinstance(node.get("description"), str) else []) + [
+            d for v in node.values() for d in _descriptions(v)]
+    if isinstance(node, list):
+        return [d for v in node for d in _descriptions(v)]
+    return []
+
+
+def test_field_meanings_say_what_the_field_means_not_where_the_code_is():
+    # A device maker has the document and the served schema, not our source tree.
+    texts = _descriptions(protocol_schema.document()) + list(protocol_schema.HELLO_NOTES.values())
+    assert [t for t in texts if re.search(r"\w+\.py\b", t)] == []
+    prose = DOC.read_text().split("## Transport and authentication", 1)[1]
+    assert re.findall(r"\w+/\w+\.py", prose) == []
+    # the fields a maker asked about have a meaning in the tables
+    for model, fields in ((protocol.Welcome, ("deviceId", "heartbeatInterval", "hubKeys", "maxFrameBytes")),
+                          (protocol.ReplyError, ("code", "message")), (verbs.Refusal, tuple(verbs.Refusal.model_fields)),
+                          (verbs.Drain, ("reconnectAfter", "url")), (verbs.Draining, ("reconnectAfter",))):
+        schema = model.model_json_schema()["properties"]
+        assert all(schema[f].get("description") for f in fields), (model.__name__, fields)
+
+
+def test_the_reply_error_table_stands_where_error_replies_are_described():
+    text = DOC.read_text()
+    sections = dict(re.findall(r"^## (.+?)\n(.*?)(?=^## |\Z)", text, re.M | re.S))
+    assert "<!-- generated:reply-error -->" in sections["Commands and replies"]
+    assert "ReplyError" not in sections["Hello"]
+    assert "| `code` | str | yes | machine-readable" in sections["Commands and replies"]
+
+
 def test_the_served_document_is_json_schema_and_the_agents_hello_satisfies_it(tmp_path):
     doc = protocol_schema.document()
     json.dumps(doc)  # serialisable as served
