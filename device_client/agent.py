@@ -76,6 +76,15 @@ def _default_firmware() -> str:
         return platform.platform()
 
 
+# trio-websocket's reason when our end closes with 1009 because the hub's frame was over
+# max_message_size; the hub's own 1009 reasons say "over the limit of N bytes" (or nothing).
+_OUR_TOO_BIG = "Exceeded maximum message size"
+
+
+def _we_refused(reason: str | None) -> bool:
+    return bool(reason) and reason.startswith(_OUR_TOO_BIG)  # type: ignore[union-attr]
+
+
 class _LinkLost(Exception):
     """The hub answered, but not with a usable link (no welcome, wrong first frame)."""
 
@@ -347,8 +356,14 @@ class Agent:
                 if exc.reason.code != protocol.CLOSE_TOO_BIG and exc.reason.reason:
                     log.warning("%s: the hub closed the link (%d): %s", self._who(), exc.reason.code, exc.reason.reason)
             if isinstance(exc, ConnectionClosed) and exc.reason.code == protocol.CLOSE_TOO_BIG:
-                # the hub refused a frame as too big: trim or drop it before coming back, never resend it
-                self.frames.refused_by_hub(exc.reason.reason or "")
+                if _we_refused(exc.reason.reason):
+                    # our own end closed: the hub sent a frame over our limit. Nothing of ours was
+                    # refused, so nothing is trimmed, dropped or learned.
+                    log.warning("%s: the hub sent a frame over this agent's limit of %d bytes; link closed "
+                                "(1009)", self._who(), protocol.MAX_FRAME_BYTES)
+                else:
+                    # the hub refused a frame as too big: trim or drop it before coming back, never resend it
+                    self.frames.refused_by_hub(exc.reason.reason or "")
         finally:
             self._release_limiter()
             self._scope = None

@@ -6,12 +6,14 @@ a few milliseconds of wall time for minutes of the agent's."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import random
 
 import pytest
 import trio
 
+from device_client import protocol
 from device_client.agent import Agent
 from device_client.clock import TestClock
 
@@ -128,3 +130,24 @@ async def test_heartbeats_keep_the_welcome_interval_exactly(nursery, tmp_path, a
         await link.next_event("heartbeat")
         assert trio.current_time() - beats[-1] == pytest.approx(5.0)
         assert agent.statistics().heartbeats_sent == 5
+
+
+async def test_a_frame_too_big_from_the_hub_is_not_taken_for_a_refusal_by_the_hub(nursery, tmp_path, autojump_clock):
+    """Our end closing with 1009 (the hub's command over our limit) is not the hub refusing our frame:
+    nothing is recorded, reported, dropped or learned; the agent comes back with its usual backoff."""
+    hub = FakeHub(heartbeat=1000)
+    with trio.fail_after(600):
+        agent = await run_agent(nursery, hub, tmp_path / "dev")
+        link = await hub.next_link()
+        await agent.wait_connected()
+        await agent.send_event("bulky", {"x": "y" * 8000})  # a frame a mistaken 1009 would be blamed on
+        await link.next_event("bulky")
+        big = {"type": "command", "id": "big", "subject": "cmd.dev-1.ping",
+               "payload": {"pad": "z" * protocol.MAX_FRAME_BYTES}}
+        await link.ws.send_message(json.dumps(big))  # past protocol.encode, which would refuse it
+        await link.closed.wait()
+        assert link.ws.closed.code == 1009
+        await hub.next_link()
+        assert agent.frames.records() == [] and agent.frames.learned is None
+        assert agent.frames.limit == protocol.MAX_FRAME_BYTES
+        assert gaps(hub.attempts) == [0.5]
