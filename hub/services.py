@@ -277,7 +277,9 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                 if bus is not None:
                     services.bus = bus  # a cluster node: commands reach devices held by other nodes
                     from hub.cluster import presence
+                    from hub.cluster.events import ClusterEventHub
                     presence.install(services)
+                    services.events = ClusterEventHub(bus, node)  # SSE streams hear every node's events
                 services.extras["embedded_pg"] = pg
                 await db.listen(AUTH_CHANNEL, services.on_notify)
                 # After PostgreSQL restarts, invalidations sent meanwhile were missed: start cold.

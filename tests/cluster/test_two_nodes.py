@@ -3,6 +3,7 @@ real nats-server; a real agent linked to node A is reached through node B's REST
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import trio
@@ -85,3 +86,60 @@ async def test_a_device_that_moves_to_node_b_is_let_go_by_node_a_and_stays_onlin
 async def _online_at(s, device_id: str, node: str) -> bool:
     row = await _row(s, device_id)
     return row["online"] and row["link_node"] == node
+
+
+async def _next_events(lines, kinds: set[str], limit: int = 50) -> list[dict]:
+    """Read SSE data lines until an event of each kind in ``kinds`` arrived."""
+    seen: list[dict] = []
+    async for line in lines:
+        if line.startswith("data: "):
+            event = json.loads(line[6:])
+            seen.append(event)
+            if kinds <= {e.get("kind") for e in seen} or len(seen) >= limit:
+                return seen
+    return seen
+
+
+async def test_an_event_published_on_node_a_reaches_a_stream_on_node_b(nats_server, db_url, tmp_path):
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            data = tmp_path / "hub"
+            a = await start_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="a")
+            b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b")
+            device_id, token = await a.provision("edge-1")
+            url = f"{b_url}/v1/devices/{device_id}/events"
+            async with a.client.stream("GET", url, headers=a.headers) as r:
+                assert r.status_code == 200
+                lines = r.aiter_lines()
+                assert (await _next_events(lines, {"device.snapshot"}))[0]["kind"] == "device.snapshot"
+                await wait_for(lambda: ("device", uuid.UUID(device_id)) in b_services.events._remote, timeout=5)
+                await trio.sleep(0.2)  # B's interest reaches the NATS server
+                agent = await start_agent(nursery, a.base_url, token, tmp_path / "agent")  # linked to A
+                events = await _next_events(lines, {"device.state"})
+                state = [e for e in events if e["kind"] == "device.state"]
+                assert state and state[-1]["deviceId"] == device_id, events
+                assert b_services.events.from_other_nodes >= 1 and uuid.UUID(device_id) not in b_services.links
+            await agent.kill()
+            nursery.cancel_scope.cancel()
+
+
+async def test_removing_a_member_on_node_a_takes_effect_on_node_b_at_once(nats_server, db_url, tmp_path):
+    """Access changes reach every node: PostgreSQL NOTIFY on the shared database (hub/services.py
+    ``invalidate``), which is already cluster-wide; B's cached access is forgotten, not waited out."""
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            data = tmp_path / "hub"
+            a = await start_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="a")
+            b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b")
+            pat_id, secret = await a.new_user("member")
+            theirs = {"X-API-Token-ID": pat_id, "X-API-Secret-Key": secret, "X-Organization-ID": a.org_id}
+            assert (await a.client.get(f"{b_url}/v1/devices", headers=theirs)).status_code == 200  # B caches it
+            user_id = await a.services.db.fetchval("SELECT user_id FROM pats WHERE id = $1", pat_id)
+            r = await a.call("DELETE", f"/v1/members/{user_id}")
+            assert r.status_code == 200, r.text
+            await wait_for(lambda: _refused(a.client, f"{b_url}/v1/devices", theirs), timeout=2)
+            nursery.cancel_scope.cancel()
+
+
+async def _refused(client, url: str, headers: dict) -> bool:
+    return (await client.get(url, headers=headers)).status_code == 403
