@@ -24,7 +24,14 @@ import trio
 from device_client.shell import ShellUser
 from device_client.tunnel import TunnelConfig
 from hub.auth.passwords import hash_password
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, PASSWORD, ConsoleHub, _why_no_browser, sign_in
+from tests.browser.conftest import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    PASSWORD,
+    ConsoleHub,
+    _why_no_browser,
+    sign_in,
+)
 from tests.conformance.conftest import _create_database, _drop_database
 from tests.hubtools import start_agent, start_hub
 from webrtc.loop import restrict_host_addresses
@@ -160,25 +167,25 @@ def test_echo_ctrl_c_resize_and_closing_the_tab_ends_the_session(tpage, terminal
     page.click("#terminal-screen")
     page.keyboard.type("echo hello-$RANDOM\n")
     wait_screen(page, r"hello-\d+")
-    assert re.search(r"^hello-\d+$", screen_text(page), re.M)
+    assert re.search(r"^hello-\d+$", screen_text(page), re.MULTILINE)
     # Ctrl-C interrupts the foreground job
     page.keyboard.type("sleep 100; echo not-interrupted\n")
     page.wait_for_timeout(300)
     page.keyboard.press("Control+c")
     page.keyboard.type("echo after-$((40+2))\n")
     wait_screen(page, r"after-42", timeout=5_000)
-    assert not re.search(r"^not-interrupted$", screen_text(page), re.M)  # only the typed command line
+    assert not re.search(r"^not-interrupted$", screen_text(page), re.MULTILINE)  # only the typed command line
     # resize: a smaller window gives the shell fewer columns (fit addon -> resize message -> TIOCSWINSZ)
     page.keyboard.type("stty size\n")
     wait_screen(page, r"^\d+ \d+$")
-    first = re.findall(r"^(\d+) (\d+)$", screen_text(page), re.M)[-1]
+    first = re.findall(r"^(\d+) (\d+)$", screen_text(page), re.MULTILINE)[-1]
     page.set_viewport_size({"width": 700, "height": 900})
     page.wait_for_function("() => document.querySelector('#terminal-screen').fleethubTerminal.cols < " + first[1])
     page.keyboard.type("clear; stty size\n")
     page.wait_for_function(f"() => /^\\d+ \\d+$/m.test(({SCREEN})()) && !/^{first[0]} {first[1]}$/m.test(({SCREEN})())")
     cols = page.evaluate("() => document.querySelector('#terminal-screen').fleethubTerminal.cols")
     rows = page.evaluate("() => document.querySelector('#terminal-screen').fleethubTerminal.rows")
-    assert re.search(rf"^{rows} {cols}$", screen_text(page), re.M), screen_text(page)
+    assert re.search(rf"^{rows} {cols}$", screen_text(page), re.MULTILINE), screen_text(page)
     page.screenshot(path=str(screenshots / "terminal.png"))
 
     opened = sessions(hub, "term-on")[before:]

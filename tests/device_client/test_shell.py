@@ -13,7 +13,13 @@ import trio
 from device_client.commands import CommandError
 from device_client.shell import ShellUser, parse_resize
 from device_client.tunnel import ShellTarget, TunnelConfig
-from tests.webrtc.peers import connect_shell_pair, open_shell, shell_resize, shell_send, wait_output
+from tests.webrtc.peers import (
+    connect_shell_pair,
+    open_shell,
+    shell_resize,
+    shell_send,
+    wait_output,
+)
 
 # a plain /bin/sh prompt-free enough to read: ENV unset, no rc files; PS1 is set by the test
 

@@ -109,7 +109,9 @@ class TerminalSession {
     term.loadAddon(new window.CanvasAddon.CanvasAddon());
     term.open(this.screen);
     this.fit.fit();
-    this.screen.fleethubTerminal = term; // the browser tests read the screen's buffer through this
+    // the browser tests read the screen's buffer, and bench/terminal_echo.py times keystrokes, through these
+    this.screen.fleethubTerminal = term;
+    this.screen.fleethubSession = this;
     term.onData((text) => this.send(new TextEncoder().encode(text)));
     term.onBinary((text) => this.send(Uint8Array.from(text, (c) => c.charCodeAt(0))));
     term.onResize(({ cols, rows }) => this.sendResize(cols, rows));
