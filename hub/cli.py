@@ -89,7 +89,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
         async with trio.open_nursery() as devices:
             task_status.started(await run_demo(
                 services, base_url, devices, data_dir=settings.data_dir, devices=args.devices,
-                memory_faults=args.memory_fault, memory_budget=args.memory_budget))
+                memory_faults=args.memory_fault, memory_budget=args.memory_budget,
+                tunnel_shell=args.tunnel_shell))
             await stop_devices.wait()
             devices.cancel_scope.cancel()
         devices_stopped.set()
@@ -200,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the hub with a demo organisation and simulated devices")
     hub_args(p)
     p.add_argument("--devices", type=int, default=3, help="simulated devices (default 3)")
+    p.add_argument("--tunnel-shell", action="store_true",
+                   help="the demo devices offer the shell target (the console's terminal) as this user")
     memtest_flags(p, sim=True)
     p.set_defaults(func=cmd_demo)
 

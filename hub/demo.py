@@ -100,7 +100,8 @@ def curl_examples(info: dict) -> str:
 
 async def run_demo(services: Services, base_url: str, nursery: trio.Nursery, *, data_dir: Path,
                    devices: int, memory_faults: list[str] | None = None,
-                   memory_budget: int | None = None) -> dict:
+                   memory_budget: int | None = None, tunnel_shell: bool = False) -> dict:
+    from device_client.shell import ShellUser
     from device_client.tunnel import TunnelConfig
 
     info = await bootstrap(services, data_dir)
@@ -109,7 +110,9 @@ async def run_demo(services: Services, base_url: str, nursery: trio.Nursery, *, 
         run_sim, base_url, devices, data_dir, pat_id=info["pat"]["id"], pat_secret=info["pat"]["secret"],
         org_id=info["org_id"], fleet_id=info["fleet_id"], memory_faults=memory_faults,
         memory_budget=memory_budget,
-        agent_options={"tunnel": TunnelConfig(targets={"echo": ("127.0.0.1", echo_port)})}))
+        agent_options={"tunnel": TunnelConfig(targets={"echo": ("127.0.0.1", echo_port)},
+                                              # the console's terminal: a shell as this process's user
+                                              shell=ShellUser.lookup(None) if tunnel_shell else None)}))
     info = {"base_url": base_url, **info, "devices": [a.device_id for a in agents]}
     _write_private(data_dir / "demo.json", info)
     return info

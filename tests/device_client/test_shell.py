@@ -130,3 +130,20 @@ def test_resize_messages_are_validated():
     for bad in ({"resize": {"cols": 0, "rows": 24}}, {"resize": {"cols": True, "rows": 24}},
                 {"resize": {"cols": 80, "rows": 5000}}, {"resize": [80, 24]}, {}):
         assert parse_resize(bad) is None
+
+
+def test_the_switch_on_the_command_lines_and_in_hello():
+    from device_client.tunnel import TunnelService
+    from hub.cli import _tunnel_config, build_parser
+
+    parser = build_parser()
+    agent = ["agent", "--hub", "http://127.0.0.1:1", "--data-dir", "/nonexistent"]
+    assert _tunnel_config(parser.parse_args(agent)).shell is None
+    on = _tunnel_config(parser.parse_args([*agent, "--tunnel-shell"]))
+    assert on.shell is not None and on.shell.uid == os.getuid()
+    sim = ["sim", "--hub", "http://127.0.0.1:1", "--data-dir", "/nonexistent", "--tunnel-shell"]
+    assert _tunnel_config(parser.parse_args(sim)).shell is not None
+    assert parser.parse_args(["demo", "--tunnel-shell"]).tunnel_shell is True
+    assert TunnelService(None, on).hello_fields()["tunnelTargets"]["shell"] is True
+    off = TunnelService(None, TunnelConfig()).hello_fields()["tunnelTargets"]
+    assert off["shell"] is False
