@@ -211,6 +211,9 @@ class Session:
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
+                # classify the bytes by path while the selected pair is still there: a closed peer has
+                # none, and a session shorter than USAGE_INTERVAL would report nothing relayed
+                self._classify()
                 await self.peer.close()
                 self.service.sessions.pop(self.sid, None)
                 await self.service.report_final(self.usage(final=True))
@@ -228,13 +231,17 @@ class Session:
             await trio.sleep(USAGE_INTERVAL)
             await self.service.agent.send_event("tunnel.usage", self.usage(final=False))
 
-    def usage(self, *, final: bool) -> dict[str, Any]:
+    def _classify(self) -> None:
         counters = self.peer.counters
         total = counters.received + counters.sent
         # bytes since the last look went the way the selected pair goes now
         if self.peer.uses_relay():
             self._relayed += total - self._counted
         self._counted = total
+
+    def usage(self, *, final: bool) -> dict[str, Any]:
+        counters = self.peer.counters
+        self._classify()
         usage: dict[str, Any] = {
             "sessionId": self.sid, "bytesIn": counters.received, "bytesOut": counters.sent,
             "relayedBytes": self._relayed, "final": final,

@@ -6,6 +6,8 @@ answers are wrapped in ``{"data": ...}`` like every other endpoint of the hub.
 
     GET    /v1/cli/tunnel/entitlements           Either; Org     {sessions_enabled, relay_allowed, limits, defaults}
     POST   /v1/cli/tunnel/token                  Either; Org     {token, token_type: "Bearer", expires_in, expires_at}
+    GET    /v1/cli/tunnel/ice-servers            TunnelToken     {ice_servers, relay_allowed, expires_at}: to
+                                                                  gather an offer with (a browser's relay)
     POST   /v1/cli/tunnel/session                TunnelToken     body {device_id, target, offer: {sdp, type},
                                                                   bandwidth_bps?, duration_seconds?}
            → {session_id, grant, answer: {sdp, type}, signalling_token, ice_servers: [{urls, username?,
@@ -146,6 +148,23 @@ async def tunnel_token_issue():
     g.audit_details = {"operation": "tunnel.token"}
     return {"data": {"token": token, "token_type": "Bearer", "expires_in": TUNNEL_TOKEN_LIFETIME,
                      "expires_at": rfc3339(expires_at), "scope": "tunnel"}}
+
+
+class IceServersView(BaseModel):
+    ice_servers: list[dict[str, Any]]
+    relay_allowed: bool
+    expires_at: str
+
+
+@bp.get("/ice-servers")
+@tunnel_token
+@responds(enveloped(IceServersView))
+@tunnel_errors(401, 403, 503)
+async def ice_servers():
+    """The ICE servers to gather an offer with before opening a session (TURN credentials when the
+    organisation may relay): what a browser peer needs, whose host addresses are hidden."""
+    s = services()
+    return {"data": jsonable(await opening.offer_ice_servers(s, principal(), org().org_id))}
 
 
 @bp.post("/session")

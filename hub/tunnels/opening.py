@@ -143,6 +143,26 @@ async def open_session(s, principal: TunnelPrincipal, org_id: uuid.UUID, device_
             "relay_allowed": relay, "bandwidth_bps": bandwidth}
 
 
+async def offer_ice_servers(s, principal: TunnelPrincipal, org_id: uuid.UUID) -> dict[str, Any]:
+    """The ICE servers a client gathers its offer with, before it opens a session. A browser needs
+    them then: it hides its host addresses behind mDNS names the device cannot resolve, so its offer
+    must carry a relay candidate of its own (docs/console.md, Terminal). The same entitlement and
+    billing checks as an open; TURN credentials only when the organisation may relay, valid for one
+    grant window."""
+    require_enabled(s)
+    ent = Entitlement.of(await s.tunnels.store.entitlement(org_id))
+    if not ent.enabled:
+        raise Forbidden("the organisation is not entitled to tunnel sessions", code="tunnel_not_entitled")
+    if (await org_billing(s, org_id)).locked:
+        raise Forbidden("the account is billing-locked; tunnel sessions are refused until it is settled",
+                        code="account_locked")
+    now = _ms(s.clock.now())
+    expires_at = now + dt.timedelta(seconds=s.settings.tunnel_grant_seconds)
+    relay = ent.relay_allowed
+    return {"ice_servers": _ice(s, principal.name, relay, expires_at), "relay_allowed": relay,
+            "expires_at": expires_at}
+
+
 async def own_session(s, principal: TunnelPrincipal, org_id: uuid.UUID, sid: uuid.UUID) -> dict:
     """The caller's own session that has not ended; anyone else's is a 404 like a missing one."""
     row = await s.tunnels.store.get_in_org(org_id, sid)

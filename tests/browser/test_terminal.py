@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
+import subprocess
 import tempfile
 import threading
 import uuid
@@ -40,8 +42,44 @@ BROWSER_ARGS = [*CHROMIUM_ARGS, "--disable-features=WebRtcHideLocalIpsWithMdns",
                 "--allow-loopback-in-peer-connection"]
 
 
+TURN_SECRET = "turn-terminal-" + uuid.uuid4().hex
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
-def terminal_hub(pg_server_dsn, pg_template):
+def coturn(tmp_path_factory):
+    """A real coturn on 127.0.0.1 with the hub's TURN REST secret (as tests/e2e/test_turn.py)."""
+    binary = shutil.which("turnserver")
+    if binary is None:
+        pytest.fail("turnserver is not installed: install the Debian package coturn (make system-deps)")
+    where = tmp_path_factory.mktemp("coturn")
+    port = free_udp_port()
+    relay_low = 40000 + (port % 20000)
+    with open(where / "coturn.log", "w+") as log:
+        proc = subprocess.Popen(
+            [binary, "-n", "--no-cli", "--log-file=stdout", "--simple-log", "--listening-ip=127.0.0.1",
+             "--relay-ip=127.0.0.1", f"--listening-port={port}", "--use-auth-secret",
+             f"--static-auth-secret={TURN_SECRET}", "--realm=fleethub.test", "--no-tls", "--no-dtls",
+             "--allow-loopback-peers", f"--min-port={relay_low}", f"--max-port={relay_low + 50}",
+             "--no-multicast-peers", "--fingerprint", f"--pidfile={where / 'turnserver.pid'}",
+             f"--db={where / 'turndb'}"], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield port
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture(scope="module")
+def terminal_hub(pg_server_dsn, pg_template, coturn):
     why = _why_no_browser()
     if why:
         pytest.skip(why)
@@ -56,10 +94,12 @@ def terminal_hub(pg_server_dsn, pg_template):
             async with trio.open_nursery() as nursery:
                 with trio.fail_after(90):
                     restrict_host_addresses(["127.0.0.1"])
-                    hub = await start_hub(nursery, db_url, root / "hub", heartbeat_interval=0.5)
+                    hub = await start_hub(nursery, db_url, root / "hub", heartbeat_interval=0.5,
+                                          turn_urls=(f"turn:127.0.0.1:{coturn}?transport=udp",),
+                                          turn_secret=TURN_SECRET)
                     s = hub.services
                     org = uuid.UUID(hub.org_id)
-                    await s.tunnels.store.set_entitlement(org, {"enabled": True, "relay_allowed": False},
+                    await s.tunnels.store.set_entitlement(org, {"enabled": True, "relay_allowed": True},
                                                           s.clock.now())
                     email = f"operator-{uuid.uuid4().hex[:6]}@test.local"
                     digest = await trio.to_thread.run_sync(hash_password, PASSWORD)
@@ -214,3 +254,49 @@ def test_a_device_without_the_shell_switch_shows_the_refusal(tpage, terminal_hub
     open_terminal(tpage, terminal_hub, "term-off")
     tpage.wait_for_selector("#terminal-state[data-state=closed]:has-text('disabled')")
     assert "shell target is disabled" in tpage.text_content("#terminal-state")
+
+
+def test_a_browser_that_hides_its_addresses_connects_through_the_relay(terminal_hub, terminal_browser):
+    """Chromium as an operator runs it: host candidates behind mDNS names (aiortc cannot resolve
+    them), none on loopback. The page gathers with the hub's TURN server before its offer, so the
+    device reaches the browser's relay candidate; the session's usage says the bytes were relayed."""
+    hub = terminal_hub
+    before = len(sessions(hub, "term-on"))
+    # a second Chromium, with the default WebRTC behaviour (the module's has it changed)
+    browser = terminal_browser.browser_type.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=30_000)
+    offers: list[str] = []
+    # The device offers no host candidate for this session, only its relay: on one machine the
+    # browser could otherwise reach the device's 127.0.0.1 directly and no relay would be needed.
+    restrict_host_addresses([])
+    try:
+        try:
+            context = browser.new_context(base_url=hub.base_url, viewport={"width": 1280, "height": 900})
+            context.set_default_timeout(20_000)
+            page = context.new_page()
+            page.on("request", lambda r: offers.append(r.post_data_json["offer"]["sdp"])
+                    if r.url.endswith("/v1/cli/tunnel/session") and r.method == "POST" else None)
+            open_terminal(page, hub, "term-on")
+            page.wait_for_selector("#terminal-state[data-state=connected]", timeout=30_000)
+            page.click("#terminal-screen")
+            page.keyboard.type("echo relayed-$((20+3))\n")
+            wait_screen(page, r"^relayed-23$")
+            page.click("#terminal-close")
+            page.wait_for_selector("#terminal-state[data-state=closed]")
+        finally:
+            browser.close()
+    finally:
+        restrict_host_addresses(["127.0.0.1"])
+    # the page's own offer carried its relay candidate (gathered with GET /v1/cli/tunnel/ice-servers)
+    assert offers and all("typ relay" in sdp for sdp in offers), offers
+    sid = sessions(hub, "term-on")[before]["id"]
+
+    async def ended():
+        with trio.fail_after(20):
+            while True:
+                row = await hub.hub.services.db.fetchrow("SELECT * FROM tunnel_sessions WHERE id = $1", sid)
+                if row["state"] not in ("opening", "open") and row["bytes_in"]:
+                    return dict(row)
+                await trio.sleep(0.1)
+
+    row = hub.run(ended)
+    assert row["relay_allowed"] and row["relayed_bytes"] > 0, row

@@ -119,8 +119,14 @@ class TerminalSession {
     window.addEventListener('resize', this.onWindowResize);
     window.addEventListener('pagehide', this.onPageHide);
 
+    this.onState('connecting', 'asking the hub for ICE servers');
+    this.token = await tunnelToken();
+    // before the offer: a browser hides its host addresses behind mDNS names the device cannot
+    // resolve, so the offer carries our own relay candidate when the organisation may relay
+    const ice = await tunnelCall('GET', '/v1/cli/tunnel/ice-servers', this.token);
+    if (this.closed) return;
     this.onState('connecting', 'gathering network candidates');
-    const pc = this.pc = new RTCPeerConnection({ iceServers: [] });
+    const pc = this.pc = new RTCPeerConnection({ iceServers: ice.ice_servers || [] });
     this.control = pc.createDataChannel('control');
     this.control.onmessage = (e) => this.onControl(e.data);
     const channel = this.channel = pc.createDataChannel('shell');
@@ -136,16 +142,12 @@ class TerminalSession {
     if (this.closed) return;
 
     this.onState('connecting', 'asking the hub for a session');
-    this.token = await tunnelToken();
     const opened = await tunnelCall('POST', '/v1/cli/tunnel/session', this.token, {
       device_id: this.deviceId, target: 'shell',
       offer: { type: 'offer', sdp: pc.localDescription.sdp } });
     this.sid = opened.session_id;
     this.grant = opened.grant;
     if (this.closed) { this.hubClose(false); return; }
-    // the session's ICE servers (TURN when entitled) for this peer as well: candidates already in the
-    // offer stay; the relay reaches us through the device's relay candidates (docs/console.md)
-    try { pc.setConfiguration({ iceServers: opened.ice_servers || [] }); } catch { /* unsupported entries */ }
     this.onState('connecting', 'connecting to the device');
     await pc.setRemoteDescription(opened.answer);
     this.scheduleRenewal(opened.expires_at);
