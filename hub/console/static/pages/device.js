@@ -125,7 +125,7 @@ export async function render(main, id) {
     fill(facts, dl([
       ['State', device.state], ['Last seen', when(device.last_seen)], ['Boot reason', device.boot_reason],
       ['Firmware', device.firmware], ['Architecture', device.architecture], ['Tags', (device.tags || []).join(', ')],
-      ['Tunnel targets', targets ? [...(targets.names || []), targets.ssh ? 'ssh' : null].filter(Boolean).join(', ') : null],
+      ['Tunnel targets', targets ? [...(targets.names || []), targets.ssh ? 'ssh' : null, targets.shell ? 'shell' : null].filter(Boolean).join(', ') : null],
       ['Device id', device.id], ['Created', when(device.created_at)]]));
     const c = device.configuration || {};
     fill(config, dl([['Configuration', c.config_id], ['Assigned version', c.version_id],
