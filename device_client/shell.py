@@ -39,9 +39,11 @@ KILL_AFTER = 2.0  # seconds between SIGHUP and SIGKILL of a shell whose channel 
 MAX_SIZE = 1000  # columns or rows: a resize outside 1..MAX_SIZE is ignored
 DEFAULT_SIZE = (80, 24)
 
-# Run in the child between setsid and exec: make the PTY (fd 0) the session's controlling terminal,
-# then exec the shell with argv[0] "-name" (a login shell). subprocess has no option for TIOCSCTTY and
-# preexec_fn is unsafe in a threaded process, so a tiny exec'd trampoline does it.
+# The shell must lead a new session whose controlling terminal is the PTY (fd 0). subprocess has no
+# option for TIOCSCTTY and preexec_fn is unsafe in a threaded process, so an exec'd helper does it:
+# util-linux's ``setsid --ctty`` where present (any user can run it), else this Python trampoline run
+# by the agent's own interpreter (which another user may not be able to read: a venv under /root).
+SETSID = "/usr/bin/setsid"
 _TRAMPOLINE = ("import fcntl,os,sys,termios\n"
                "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
                "os.execv(sys.argv[1], [sys.argv[2]])\n")
@@ -102,10 +104,16 @@ class Shell:
                    "LANG": os.environ.get("LANG", "C.UTF-8")}
             other = user.uid != os.getuid()
             cwd = user.home if os.path.isdir(user.home) else "/"
+            if os.access(SETSID, os.X_OK):
+                # not a process-group leader here, so setsid(1) calls setsid() itself without forking:
+                # the shell keeps the pid we know, which is then its session id
+                argv, new_session = [SETSID, "--ctty", user.shell, "-l"], False
+            else:
+                argv = [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, user.shell, "-" + os.path.basename(user.shell)]
+                new_session = True
             self.process = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, user.shell, "-" + os.path.basename(user.shell)],
-                stdin=slave, stdout=slave, stderr=slave, close_fds=True, start_new_session=True, env=env,
-                cwd=cwd, user=user.uid if other else None, group=user.gid if other else None,
+                argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True, start_new_session=new_session,
+                env=env, cwd=cwd, user=user.uid if other else None, group=user.gid if other else None,
                 extra_groups=[] if other else None)
         except BaseException:
             os.close(master)

@@ -43,6 +43,7 @@ BROWSER_ARGS = [*CHROMIUM_ARGS, "--disable-features=WebRtcHideLocalIpsWithMdns",
 
 
 TURN_SECRET = "turn-terminal-" + uuid.uuid4().hex
+GRANT_SECONDS = 4  # short grants: the page renews within every test that stays connected a while
 
 
 def free_udp_port() -> int:
@@ -95,6 +96,7 @@ def terminal_hub(pg_server_dsn, pg_template, coturn):
                 with trio.fail_after(90):
                     restrict_host_addresses(["127.0.0.1"])
                     hub = await start_hub(nursery, db_url, root / "hub", heartbeat_interval=0.5,
+                                          tunnel_grant_seconds=GRANT_SECONDS,
                                           turn_urls=(f"turn:127.0.0.1:{coturn}?transport=udp",),
                                           turn_secret=TURN_SECRET)
                     s = hub.services
@@ -300,3 +302,18 @@ def test_a_browser_that_hides_its_addresses_connects_through_the_relay(terminal_
 
     row = hub.run(ended)
     assert row["relay_allowed"] and row["relayed_bytes"] > 0, row
+
+
+def test_the_page_renews_the_grant_past_its_first_expiry(tpage, terminal_hub):
+    page, hub = tpage, terminal_hub
+    before = len(sessions(hub, "term-on"))
+    open_terminal(page, hub, "term-on")
+    page.wait_for_selector("#terminal-state[data-state=connected]")
+    first = sessions(hub, "term-on")[before]
+    page.wait_for_timeout(GRANT_SECONDS * 2 * 1000)  # two grant windows: renewed twice, or closed
+    assert page.get_attribute("#terminal-state", "data-state") == "connected", page.text_content("#terminal-state")
+    page.click("#terminal-screen")
+    page.keyboard.type("echo still-$((1+1))\n")
+    wait_screen(page, r"^still-2$")
+    row = sessions(hub, "term-on")[before]
+    assert row["state"] == "open" and row["expires_at"] > first["expires_at"], (first, row)

@@ -147,3 +147,35 @@ def test_the_switch_on_the_command_lines_and_in_hello():
     assert TunnelService(None, on).hello_fields()["tunnelTargets"]["shell"] is True
     off = TunnelService(None, TunnelConfig()).hello_fields()["tunnelTargets"]
     assert off["shell"] is False
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only root may start a shell as another user")
+async def test_the_shell_runs_as_the_configured_user():
+    with trio.fail_after(20):
+        target = TunnelConfig.from_flags([], [], False, shell=True, shell_user="nobody").resolve("shell")
+        assert target.user.name == "nobody"
+        pair = await connect_shell_pair(target)
+        shell = await open_shell(pair.client)
+        try:
+            await shell_send(pair.client, shell, b"echo who-$(id -un)-$(id -u)\n")
+            await wait_output(shell, f"who-nobody-{target.user.uid}")
+        finally:
+            await _close(pair)
+
+
+async def test_without_setsid_the_trampoline_makes_the_pty_the_controlling_terminal(monkeypatch):
+    import device_client.shell as shell_mod
+
+    monkeypatch.setattr(shell_mod, "SETSID", "/nonexistent/setsid")
+    with trio.fail_after(20):
+        pair, shell = await _shell_pair()
+        try:
+            await shell_send(pair.client, shell, b"sleep 100; echo after-$((1+1))\n")
+            await trio.sleep(0.5)
+            mark = len(shell.output)
+            await shell_send(pair.client, shell, b"\x03")  # needs the PTY as controlling terminal
+            await shell_send(pair.client, shell, b"echo alive-$((2+3))\n")
+            await wait_output(shell, "alive-5", after=mark)
+            assert "after-2" not in shell.text()
+        finally:
+            await _close(pair)
