@@ -4,6 +4,7 @@ broken device fails exactly the rules it breaks, with evidence."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import trio
@@ -169,6 +170,27 @@ async def test_a_device_that_does_not_close_1009_on_an_oversized_frame_fails_exa
         evidence = [e for ok, e in verdicts["L1"].checks if not ok]
         assert any("still open" in e and "1009" in e for e in evidence)
         assert any("was answered" in e for e in evidence) is not drops
+
+
+class _Ceiling(random.Random):
+    """Jitter that always draws the longest delay: the device's timing is exact."""
+
+    def uniform(self, a, b):
+        return b
+
+
+async def test_a_device_late_after_a_drain_close_fails_exactly_X3(nursery, tmp_path):
+    # After 4004 its plain 2.5 s backoff instead of the 1 s window the reason stated.
+    with trio.fail_after(60):
+        async def agent(url):
+            await Agent(url, TOKEN, tmp_path / "agent", backoff_initial=2.5, backoff_max=2.5,
+                        superseded_backoff=1.0, rng=_Ceiling()).run()
+
+        options = Options(heartbeat=0.5, reconnect_timeout=10, superseded_wait=1.0, backoff_min_total=0.1,
+                          drain_window=1.0, backoff_probes=1)
+        verdicts = await _qualify(nursery, agent, options)
+        assert {k for k, v in verdicts.items() if not v.passed} == {"X3"}
+        assert "after close 4004 whose reason said within 1 s" in verdicts["X3"].evidence
 
 
 async def wait_for_log(caplog, text: str) -> None:
