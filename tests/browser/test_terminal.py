@@ -228,7 +228,9 @@ def test_echo_ctrl_c_resize_and_closing_the_tab_ends_the_session(tpage, terminal
     cols = page.evaluate("() => document.querySelector('#terminal-screen').fleethubTerminal.cols")
     rows = page.evaluate("() => document.querySelector('#terminal-screen').fleethubTerminal.rows")
     assert re.search(rf"^{rows} {cols}$", screen_text(page), re.MULTILINE), screen_text(page)
-    page.screenshot(path=str(screenshots / "terminal.png"))
+    page.keyboard.type("echo hello-$RANDOM; uname -s\n")
+    wait_screen(page, r"^Linux$")
+    page.locator("#terminal").screenshot(path=str(screenshots / "console-terminal.png"))
 
     opened = sessions(hub, "term-on")[before:]
     assert len(opened) == 1 and opened[0]["state"] in ("opening", "open") and opened[0]["target"] == "shell"
