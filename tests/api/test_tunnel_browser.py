@@ -1,5 +1,5 @@
-"""GET /v1/cli/tunnel/ice-servers: the ICE servers a client gathers its offer with before a session
-exists (the console's terminal needs its own relay candidate: docs/console.md, Terminal)."""
+"""What the console's terminal needs from the tunnel API: GET /v1/cli/tunnel/ice-servers (the ICE servers a
+client gathers its offer with before a session exists: docs/console.md, Terminal) and the shell target."""
 
 from __future__ import annotations
 
@@ -48,3 +48,18 @@ def _at(seconds: int):
     import datetime as dt
 
     return dt.datetime.fromtimestamp(seconds, dt.UTC)
+
+
+async def test_the_shell_target_reaches_the_device_and_its_refusal_is_a_conflict(hub, nursery):  # noqa: F811
+    from tests.api.test_tunnels import connect, open_session
+    from tests.api.tunnel_device import Refuse
+
+    with trio.fail_after(30):
+        await entitle(hub)
+        # like ssh, shell is passed on to any device that advertises tunnel targets: it decides
+        dev_id, device = await connect(hub, nursery, names=(), ports=(), ssh=False)
+        device.refuse = Refuse("shell_disabled", "the shell target is disabled on this device")
+        r = await open_session(hub, await tunnel_token(hub), dev_id, target="shell")
+        body = tunnel_error(r, 409, "shell_disabled")
+        assert body["message"] == "the shell target is disabled on this device"
+        assert [verb for verb, _ in device.commands] == ["tunnel.open"]
