@@ -185,6 +185,13 @@ class DeviceActor(Actor):
         self.services.presence.put(self.device_id, self._epoch({"id": self.device_id, "online": m.online,
                                                                 "state": m.state.value, "facts": self.facts}))
 
+    def _to_home_node(self, tell: dict[str, Any]) -> None:
+        """In a cluster a device offline here may be linked to another node: that node's actor does
+        it (hub/cluster/tells.py). Nobody holds it: it is done at the device's next hello anyway."""
+        s = self.services
+        if getattr(s, "clustered", False) and self.device_id not in s.links:
+            s.bus.publish(f"cluster.tell.{self.device_id}", tell)
+
     def _epoch(self, row: dict[str, Any]) -> dict[str, Any]:
         """In a cluster, the presence row carries the link epoch this node claimed for the device: the
         write counts only while no other node has taken the link over (storage Devices.write_presence)."""
@@ -244,14 +251,20 @@ class DeviceActor(Actor):
         if isinstance(msg, SyncFiles):
             if self.machine.online:
                 self._job(self.delivery.sync)
+            else:
+                self._to_home_node({"kind": "SyncFiles"})
             return None
         if isinstance(msg, RemoveFiles):
             if self.machine.online:
                 self._job(self.delivery.remove, list(msg.paths))
+            else:
+                self._to_home_node({"kind": "RemoveFiles", "paths": list(msg.paths)})
             return None
         if isinstance(msg, ApplyConfig):
             if self.machine.online:
                 self._job(self.delivery.apply_config)
+            else:
+                self._to_home_node({"kind": "ApplyConfig"})
             return None
         if isinstance(msg, cm.LinkUp):
             # served live until the presence row is written behind; a fact the hello left out

@@ -33,6 +33,7 @@ from actors.machines.window import UpdateWindow, WindowError, is_open, next_star
 from actors.runtime import Actor
 from device_client.clock import rfc3339
 from storage.db import DatabaseUnavailable
+from storage.leases import LeaseLost
 
 if TYPE_CHECKING:
     from actors.services import Services
@@ -68,6 +69,10 @@ class RolloutActor(Actor):
         self.windows: dict[str, UpdateWindow | None] = {}
         self._tick_now = False
         self._windows_stale = False  # a reload was asked for while storage was unreachable
+        # In a cluster: the lease this node holds (storage/leases.py), checked by every write; once
+        # another node has taken it over this actor writes nothing more and stops (``lost``).
+        self.fence = None
+        self.lost = False
         self._clear_unwritten()
 
     def _clear_unwritten(self) -> None:
@@ -84,6 +89,7 @@ class RolloutActor(Actor):
     async def on_start(self) -> None:
         s = self.services
         self._clear_unwritten()  # a restart rebuilds from storage: what it holds is the truth
+        self.fence = getattr(s, "rollout_fences", {}).get(self.rollout_id)
         found = await s.rollouts.get_any(self.rollout_id)
         if found is None:
             raise NotFound("rollout not found")
@@ -139,6 +145,8 @@ class RolloutActor(Actor):
                 m.state, m.reason, m.current_batch, m.accepted_failures, m.accepted_batch = before
                 self._clear_unwritten()
                 raise
+            if self.lost:
+                raise Conflict("another hub node runs this rollout now; try again", code="rollout_moved")
             self._tick_now = True
             return self.snapshot()
         if isinstance(msg, Status):
@@ -156,6 +164,8 @@ class RolloutActor(Actor):
     # -- ticking -----------------------------------------------------------------------------------
     def _active(self) -> bool:
         m = self.machine
+        if self.lost:
+            return False
         if m.state in (rm.RolloutState.RUNNING, rm.RolloutState.PAUSED):
             return True
         return m.state is rm.RolloutState.CANCELLED and m.has_in_flight()
@@ -178,6 +188,8 @@ class RolloutActor(Actor):
     async def on_deadline(self) -> None:
         # Each step raises DatabaseUnavailable before changing anything it has not stored.
         await self._write()
+        if self.lost:
+            return
         if self._windows_stale:
             await self._load_windows()
         views = await self._views()
@@ -237,10 +249,24 @@ class RolloutActor(Actor):
         ``DatabaseUnavailable`` the next call goes on from there. Assigning the version to devices
         starting now is one crossing; each DeviceActor then sends it (now, or when its device next
         connects) and the result comes back through storage at a later tick."""
+        if self.lost:
+            self._clear_unwritten()
+            return
+        try:
+            await self._write_fenced()
+        except LeaseLost as exc:
+            # Another node runs this rollout now and continues from what storage holds; nothing of
+            # ours after its takeover was written (each write checked the epoch in its transaction).
+            log.warning("%s; this node stops running it", exc)
+            self.lost = True
+            self._clear_unwritten()
+
+    async def _write_fenced(self) -> None:
         s = self.services
         now = s.clock.now()
         if self._assign:
-            await s.rollouts.assign(self._assign, self.row["config_id"], self.row["version_id"], now)
+            await s.rollouts.assign(self._assign, self.row["config_id"], self.row["version_id"], now,
+                                    fence=self.fence)
             self._apply += self._assign
             self._assign = []
         while self._apply:
@@ -253,7 +279,7 @@ class RolloutActor(Actor):
                 self.rollout_id, now, state=m.state.value, current_batch=m.current_batch, reason=m.reason,
                 accepted_failures=m.accepted_failures, accepted_batch=m.accepted_batch,
                 steps=[(uuid.UUID(st.device_id), st.step.value, st.error, st.updated_at or now)
-                       for st in self._steps.values()])
+                       for st in self._steps.values()], fence=self.fence)
             self._steps, self._save = {}, False
         events, self._events = self._events, []
         for event in events:

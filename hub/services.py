@@ -47,6 +47,7 @@ from storage.identity import Identity
 from storage.memtests import MemoryTests
 from storage.migrate import migrate
 from storage.orgs import Orgs
+from storage.leases import RolloutLeases
 from storage.rollouts import Rollouts
 from storage.rowcache import RowCache
 from storage.windows import UpdateWindows
@@ -100,6 +101,8 @@ class Services:
     node_id: str = ""  # this process's name in a cluster (hub/cluster/node.py)
     # device -> the link epoch this node last claimed for it (cluster only; hub/cluster/presence.py)
     link_epochs: dict[uuid.UUID, int] = field(default_factory=dict)
+    # rollout -> the lease this node holds on it (cluster only; hub/cluster/leases.py)
+    rollout_fences: dict[uuid.UUID, Any] = field(default_factory=dict)
 
     @property
     def clustered(self) -> bool:
@@ -116,6 +119,7 @@ class Services:
         self.configs = Configurations(self.db, self.devices.cache)
         self.secrets = SecretFiles(self.db)
         self.rollouts = Rollouts(self.db, self.devices.cache)
+        self.rollout_leases = RolloutLeases(self.db)
         self.windows = UpdateWindows(self.db)
         self.memtests = MemoryTests(self.db, self.devices.cache)
         self.secret_box = SecretBox.from_data_dir(self.settings.data_dir)
@@ -216,6 +220,15 @@ class Services:
             self.auth_cache.forget(tag)
             await self.db.execute("SELECT pg_notify($1, $2)", AUTH_CHANNEL, tag)
 
+    def device_live(self, row: dict) -> dict | None:
+        """The device's live state from its actor, when this process's actor is the live one: always
+        in one process; in a cluster only on the node holding the link (an actor elsewhere is stale,
+        and there the presence row, which the holding node writes, says it). None: no live state."""
+        actor = self.registry.lookup(("device", row["id"]))
+        if actor is not None and actor.machine is not None and (not self.clustered or row["id"] in self.links):
+            return actor.live()
+        return None
+
     async def device_actor(self, device_id: uuid.UUID) -> DeviceActor:
         return await self.registry.get(("device", device_id),
                                        lambda: DeviceActor(device_id, self, self.device_hooks))
@@ -228,6 +241,9 @@ class Services:
                 actor.tell(ReloadWindows())
 
     async def rollout_actor(self, rollout_id: uuid.UUID) -> RolloutActor:
+        if self.clustered:
+            from hub.cluster import leases
+            await leases.hold(self, rollout_id)  # HeldElsewhere (409) when another node runs it
         return await self.registry.get(("rollout", rollout_id), lambda: RolloutActor(rollout_id, self))
 
 
@@ -279,6 +295,8 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                     from hub.cluster import presence
                     from hub.cluster.events import ClusterEventHub
                     presence.install(services)
+                    from hub.cluster import tells
+                    tells.install(services)  # ApplyConfig & co. reach the node holding the device
                     services.events = ClusterEventHub(bus, node)  # SSE streams hear every node's events
                 services.extras["embedded_pg"] = pg
                 await db.listen(AUTH_CHANNEL, services.on_notify)
@@ -293,7 +311,11 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                 await nursery.start(services.meter.run)
                 if serving:
                     await nursery.start(gc_tuning.run)
-                if serving:
+                if serving and services.clustered:
+                    # Each node runs the rollouts whose lease it holds; a dead node's move on expiry.
+                    from hub.cluster import leases
+                    await nursery.start(leases.keep, services)
+                elif serving:
                     # Rollouts interrupted by a stop continue where they were.
                     for rollout_id in await services.rollouts.active_ids():
                         await services.rollout_actor(rollout_id)

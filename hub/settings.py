@@ -63,6 +63,8 @@ class Settings:
     # of several; node_id names it (generated when unset). Without it: one process, the in-process bus.
     nats_url: str | None = None
     node_id: str | None = None
+    # A node renews its rollout leases every third of this; a dead node's rollouts move after it.
+    rollout_lease_seconds: float = 10.0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -89,6 +91,7 @@ class Settings:
             successor_url=os.environ.get("FLEETHUB_SUCCESSOR_URL") or None,
             nats_url=os.environ.get("FLEETHUB_NATS_URL") or None,
             node_id=os.environ.get("FLEETHUB_NODE_ID") or None,
+            rollout_lease_seconds=_float("FLEETHUB_ROLLOUT_LEASE_SECONDS", 10.0),
             certfile=Path(os.environ["FLEETHUB_CERTFILE"]) if os.environ.get("FLEETHUB_CERTFILE") else None,
             keyfile=Path(os.environ["FLEETHUB_KEYFILE"]) if os.environ.get("FLEETHUB_KEYFILE") else None,
             quic_port=int(os.environ["FLEETHUB_QUIC_PORT"]) if os.environ.get("FLEETHUB_QUIC_PORT") else None,

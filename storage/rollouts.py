@@ -8,6 +8,8 @@ import uuid
 import asyncpg
 
 from storage.db import Database
+from storage.leases import Fence
+from storage.leases import check as check_lease
 from storage.rowcache import RowCache
 from storage.secrets import assign_deliveries
 
@@ -84,10 +86,12 @@ class Rollouts:
 
     async def save(self, rollout_id: uuid.UUID, now: dt.datetime, *, state: str, current_batch: int,
                    reason: str | None, accepted_failures: int, accepted_batch: int,
-                   steps: list[tuple[uuid.UUID, str, str | None, dt.datetime]]) -> None:
-        """The rollout's state and changed steps in one crossing and one transaction."""
+                   steps: list[tuple[uuid.UUID, str, str | None, dt.datetime]], fence: Fence | None = None) -> None:
+        """The rollout's state and changed steps in one crossing and one transaction (in a cluster,
+        only while ``fence`` is still the rollout's lease: else LeaseLost and nothing is written)."""
 
         async def body(conn: asyncpg.Connection) -> None:
+            await check_lease(conn, fence)
             await conn.execute(
                 "UPDATE rollouts SET state = $2, current_batch = $3, reason = $4, accepted_failures = $5, "
                 "accepted_batch = $6, updated_at = $7 WHERE id = $1",
@@ -113,12 +117,14 @@ class Rollouts:
         return [dict(r) for r in rows]
 
     async def assign(self, device_ids: list[uuid.UUID], config_id: uuid.UUID, version_id: uuid.UUID,
-                     now: dt.datetime) -> None:
+                     now: dt.datetime, fence: Fence | None = None) -> None:
         """Assign the rollout's version to many devices in one crossing (a tick starts a whole batch):
         their configuration files become pending there (or overridden by the device's own file at
-        the path), other configurations' deliveries on them go, and the devices are told to apply."""
+        the path), other configurations' deliveries on them go, and the devices are told to apply.
+        In a cluster only while ``fence`` is still the rollout's lease (else LeaseLost, nothing done)."""
 
         async def body(conn: asyncpg.Connection) -> None:
+            await check_lease(conn, fence)
             await assign_deliveries(conn, device_ids, config_id, now)
             await conn.execute(
                 """UPDATE devices SET config_id = $2, config_version_id = $3, config_status = 'pending',

@@ -123,13 +123,7 @@ class DeletedEnvelope(BaseModel):
 
 
 def device_json(row: dict) -> dict:
-    live = {}
-    s = services()
-    actor = s.registry.lookup(("device", row["id"]))
-    # In a cluster an actor here may be a stale one (the link moved to another node): only the node
-    # holding the link is live; elsewhere the presence row, which that node writes, says it.
-    if actor is not None and actor.machine is not None and (not s.clustered or row["id"] in s.links):
-        live = actor.live()  # a snapshot read; only the actor writes it
+    live = services().device_live(row) or {}  # a snapshot read; only the actor writes it
     conn = live or {"state": row["state"], "online": row["online"], "bootReason": row["boot_reason"],
                     "lastSeenAt": row["last_seen_at"]}
     facts = live.get("facts") or {}

@@ -114,8 +114,10 @@ async def _fleet_devices(fleet: dict) -> list[tuple[dict, dict | None]]:
     rows, _ = await s.devices.list(org().org_id, offset=0, limit=100_000, fleet_id=fleet["id"])
     out = []
     for row in rows:
-        actor = s.registry.lookup(("device", row["id"]))
-        out.append((row, actor.live() if actor is not None and actor.machine is not None else None))
+        live = s.device_live(row)  # None: not live here (offline, or in a cluster held by another node)
+        if live is None and s.clustered:
+            live = {"online": row["online"], "facts": row.get("facts") or {}}  # the holding node's row
+        out.append((row, live))
     return out
 
 

@@ -89,10 +89,7 @@ def definitions(names: list[str]) -> list[dict]:
 
 
 def _live(services, row: dict) -> dict:
-    actor = services.registry.lookup(("device", row["id"]))
-    if actor is not None and actor.machine is not None:
-        return actor.live()
-    return {}
+    return services.device_live(row) or {}
 
 
 def _device_summary(services, row: dict) -> dict:

@@ -48,7 +48,8 @@ class FakeStore:
     async def get_any(self, rollout_id):
         return dict(self.row), [dict(s) for s in self.steps.values()]
 
-    async def save(self, rollout_id, now, *, state, current_batch, reason, accepted_failures, accepted_batch, steps):
+    async def save(self, rollout_id, now, *, state, current_batch, reason, accepted_failures, accepted_batch, steps,
+                   fence=None):
         self.row.update(state=state, current_batch=current_batch, reason=reason,
                         accepted_failures=accepted_failures, accepted_batch=accepted_batch)
         for device_id, step, error, at in steps:
@@ -57,7 +58,7 @@ class FakeStore:
     async def device_views(self, version_id, ids):
         return [dict(self.devices[d]) for d in ids]
 
-    async def assign(self, device_ids, config_id, version_id, now):
+    async def assign(self, device_ids, config_id, version_id, now, fence=None):
         for d in device_ids:
             row = self.devices[d]
             if row["config_version_id"] != version_id or row["config_status"] != "applied":

@@ -44,7 +44,7 @@ class FlakyStore(FakeStore):
         self._reach("device_views")
         return await super().device_views(version_id, ids)
 
-    async def assign(self, device_ids, config_id, version_id, now):
+    async def assign(self, device_ids, config_id, version_id, now, fence=None):
         self._reach("assign")
         self.assigns.update(device_ids)
         return await super().assign(device_ids, config_id, version_id, now)

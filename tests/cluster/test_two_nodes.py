@@ -143,3 +143,38 @@ async def test_removing_a_member_on_node_a_takes_effect_on_node_b_at_once(nats_s
 
 async def _refused(client, url: str, headers: dict) -> bool:
     return (await client.get(url, headers=headers)).status_code == 403
+
+
+async def test_a_rollout_run_by_node_a_updates_devices_linked_to_node_b(nats_server, db_url, tmp_path):
+    from tests.api.test_rollouts import HEALTHY, config, rollout_state
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            data = tmp_path / "hub"
+            a = await start_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="a", heartbeat_interval=0.5)
+            b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b",
+                                               heartbeat_interval=0.5)
+            fid = (await a.call("POST", "/v1/fleets", json={"name": "f"})).json()["data"]["id"]
+            agents = []
+            for i in range(2):
+                dev, token = await a.provision(f"d{i}", fleet_id=fid)
+                agents.append(await start_agent(nursery, b_url, token, tmp_path / f"d{i}"))
+            cid, vid = await config(a, "app", HEALTHY)
+
+            async def all_online():  # B's presence rows, written behind, are what A's eligibility reads
+                rows = (await a.call("GET", "/v1/devices")).json()["data"]
+                return all(d["online"] and d["architecture"] for d in rows)
+            await wait_for(all_online, timeout=10, interval=0.1)
+            r = await a.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 1})
+            rid = r.json()["data"]["id"]
+            assert uuid.UUID(rid) in a.services.rollout_fences  # A took the lease: A runs it
+
+            async def done():
+                return (await rollout_state(a, rid))["state"] == "completed"
+            try:
+                await wait_for(done, timeout=40, interval=0.2)
+            except trio.TooSlowError:
+                raise AssertionError(await rollout_state(a, rid)) from None
+            assert [x.agent.configs.version_applied() for x in agents] == [vid, vid], (await rollout_state(a, rid))
+            for x in agents:
+                await x.kill()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,72 @@
+"""Rollout ownership across the cluster: the node holding a rollout's lease runs its RolloutActor.
+
+``hold`` is called before a RolloutActor starts on a cluster node (hub/services.py): it takes the lease
+(free, expired, or this node's own) or raises ``HeldElsewhere``. ``keep`` runs for the node's life:
+every third of the lease time it renews the leases it holds (dropping one that another node took, or
+whose rollout settled), and starts the actors of active rollouts whose lease expired, so a killed
+node's rollouts go on elsewhere within one lease time plus a renewal interval. The fencing itself is
+in storage (storage/leases.py): every rollout write checks the epoch in its own transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import trio
+
+from actors.errors import Conflict
+from storage.db import DatabaseUnavailable
+
+log = logging.getLogger("fleethub.cluster")
+
+
+class HeldElsewhere(Conflict):
+    """Another node runs this rollout."""
+    code = "rollout_elsewhere"
+
+
+async def hold(s: Any, rollout_id: uuid.UUID) -> None:
+    actor = s.registry.lookup(("rollout", rollout_id))
+    if actor is not None and actor.lost:
+        raise HeldElsewhere(f"another hub node runs rollout {rollout_id}")  # ours ends; theirs goes on
+    if rollout_id in s.rollout_fences:
+        return  # ours, renewed by keep()
+    fence = await s.rollout_leases.acquire(rollout_id, s.node_id, s.clock.now(), s.settings.rollout_lease_seconds)
+    if fence is None:
+        raise HeldElsewhere(f"another hub node runs rollout {rollout_id}")
+    s.rollout_fences[rollout_id] = fence
+
+
+async def keep(s: Any, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    task_status.started()
+    while True:
+        await trio.sleep(s.settings.rollout_lease_seconds / 3)
+        try:
+            await _round(s)
+        except DatabaseUnavailable:
+            log.info("rollout leases: the database is unreachable; trying again next round")
+
+
+async def _round(s: Any) -> None:
+    ttl, now = s.settings.rollout_lease_seconds, s.clock.now()
+    for rollout_id, fence in list(s.rollout_fences.items()):
+        actor = s.registry.lookup(("rollout", rollout_id))
+        if actor is None or actor.lost:
+            # settled (the actor ended) or taken over: let the lease go
+            del s.rollout_fences[rollout_id]
+            await s.rollout_leases.release(fence)
+        elif not await s.rollout_leases.renew(fence, now, ttl):
+            log.warning("rollout %s: lease epoch %d was taken over; this node stops running it",
+                        rollout_id, fence.epoch)
+            actor.lost = True
+            del s.rollout_fences[rollout_id]
+    for rollout_id in await s.rollouts.active_ids():
+        if rollout_id in s.rollout_fences:
+            continue
+        try:
+            await s.rollout_actor(rollout_id)  # takes the lease if it is free or expired
+            log.info("rollout %s: this node runs it now", rollout_id)
+        except HeldElsewhere:
+            pass
