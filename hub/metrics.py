@@ -122,6 +122,15 @@ class _HubCollector:
         yield _family(G, "fleethub_connected_devices", "Devices with a live WebSocket link to this process.",
                       len(services.links))
         yield _family(C, "fleethub_device_connects", "Device links accepted.", m.device_connects)
+        if getattr(services, "clustered", False):  # docs/cluster.md
+            yield _family(G, "fleethub_cluster_node", "This cluster node (its id in the label).", labels=["node"],
+                          samples=[([services.node_id], 1)])
+            yield _family(G, "fleethub_cluster_nats_connected", "1 while the node's NATS connection is up.",
+                          int(services.bus.connected))
+            yield _family(G, "fleethub_cluster_rollout_leases", "Rollout leases this node holds.",
+                          len(services.rollout_fences))
+            yield _family(C, "fleethub_cluster_takeovers",
+                          "Device links closed because another node took the device.", m.cluster_takeovers)
         yield _family(C, "fleethub_device_rejects", "Device link handshakes refused.", m.device_rejects)
         reg = services.registry.statistics()
         yield _family(G, "fleethub_actors", "Live actors by kind.", labels=["kind"],

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from hub.api.common import services
 from hub.api.validation import enveloped, responds
 from hub.auth.middleware import public
+from hub.cluster.node import cluster_state
 from hub.errors import Unavailable
 from hub.metrics import CONTENT_TYPE
 
@@ -23,6 +24,8 @@ class Health(BaseModel):
 class Readiness(BaseModel):
     status: str
     database: str
+    # a cluster node only (docs/cluster.md): node id, NATS state, device links and rollout leases held
+    cluster: dict | None = None
 
 
 @bp.get("/healthz")
@@ -40,7 +43,11 @@ async def readyz():
         raise Unavailable("this hub is shutting down", code="draining")
     with trio.move_on_after(2):
         await services().db.fetchval("SELECT 1")
-        return {"data": {"status": "ready", "database": "ok"}}
+        data = {"status": "ready", "database": "ok"}
+        s = services()
+        if s.clustered:
+            data["cluster"] = cluster_state(s)
+        return {"data": data}
     raise Unavailable("the database did not answer within 2 s", code="not_ready")
 
 

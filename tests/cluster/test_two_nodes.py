@@ -178,3 +178,21 @@ async def test_a_rollout_run_by_node_a_updates_devices_linked_to_node_b(nats_ser
             for x in agents:
                 await x.kill()
             nursery.cancel_scope.cancel()
+
+
+async def test_readyz_and_metrics_name_the_node_its_nats_state_devices_and_leases(nats_server, db_url, tmp_path):
+    from tests.hubtools import metric_value, metrics
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            a = await start_hub(nursery, db_url, tmp_path / "hub", nats_url=nats_server.url, node_id="a")
+            device_id, token = await a.provision("edge-1")
+            agent = await start_agent(nursery, a.base_url, token, tmp_path / "agent")
+            ready = (await a.client.get(a.base_url + "/readyz")).json()["data"]
+            assert ready["cluster"] == {"node": "a", "nats": "connected", "devices": 1, "rollout_leases": 0}
+            text = await metrics(a)
+            assert metric_value(text, "fleethub_cluster_node", {"node": "a"}) == 1
+            assert metric_value(text, "fleethub_cluster_nats_connected") == 1
+            assert metric_value(text, "fleethub_cluster_rollout_leases") == 0
+            assert metric_value(text, "fleethub_connected_devices") == 1
+            await agent.kill()
+            nursery.cancel_scope.cancel()
