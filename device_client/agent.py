@@ -326,7 +326,13 @@ class Agent(LinkShell):
         if not isinstance(reason, str) or not _BOOT_REASON.match(reason):
             raise CommandError("invalid_payload", "reason must be a short snake_case word")
         self.request_reboot(reason)
-        return {"rebooting": True}
+        result = {"rebooting": True}
+        # Stored before the reply leaves (docs/device-protocol.md, "Reboot"): a device that loses power
+        # between its reply and the restart still boots with this reason, and answers the hub's resend
+        # of this command from what it stored instead of rebooting twice.
+        await self._persist_reboot(protocol.Reply(id=self._reboot_command, ok=True, payload=result)
+                                   if self._reboot_command else None)
+        return result
 
     # ---- boots ----
 
@@ -343,10 +349,10 @@ class Agent(LinkShell):
                                    protocol.Reply.model_validate(boot.reboot_reply["reply"]))
         await self.hooks.run(self.hooks.boot, self._who())
 
-    async def _persist_reboot(self) -> None:
+    async def _persist_reboot(self, reply: protocol.Reply | None = None) -> None:
         if self._reboot_persisted or self._reboot_reason is None:
             return
-        reply = self.commands.stored(self._reboot_command or "")
+        reply = reply or self.commands.stored(self._reboot_command or "")
         try:
             await trio.to_thread.run_sync(
                 self.store.prepare_reboot, self._reboot_reason, self._reboot_command,

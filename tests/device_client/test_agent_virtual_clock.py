@@ -151,3 +151,38 @@ async def test_a_frame_too_big_from_the_hub_is_not_taken_for_a_refusal_by_the_hu
         assert agent.frames.records() == [] and agent.frames.learned is None
         assert agent.frames.limit == protocol.MAX_FRAME_BYTES
         assert gaps(hub.attempts) == [0.5]
+
+
+async def test_a_reboot_is_stored_before_its_reply_is_sent(nursery, tmp_path, autojump_clock):
+    """docs/device-protocol.md, "Reboot": the boot reason and the reply are on disk before the reply
+    leaves, so a power cut between the two still boots with the reason and answers a resend once."""
+    hub = FakeHub(heartbeat=1000)
+    order: list[str] = []
+    with trio.fail_after(600):
+        agent = await run_agent(nursery, hub, tmp_path / "dev")
+        link = await hub.next_link()
+        await agent.wait_connected()
+        prepare = agent.store.prepare_reboot
+
+        def recorded_prepare(reason, command_id, reply):
+            order.append(f"stored {reason} {command_id} {(reply or {}).get('ok')}")
+            return prepare(reason, command_id, reply)
+
+        agent.store.prepare_reboot = recorded_prepare
+        ws = agent._ws
+        send = ws.send_message
+
+        async def recorded_send(text):
+            frame = json.loads(text)
+            if frame.get("type") == "reply":
+                order.append(f"reply {frame.get('id')}")
+            await send(text)
+
+        ws.send_message = recorded_send
+        reply = await link.command("reboot", {"reason": "maintenance"}, id="c-reboot")
+        assert reply.ok
+        assert order[:2] == ["stored maintenance c-reboot True", "reply c-reboot"], order
+        relinked = await hub.next_link()
+        assert relinked.hello.bootReason == "maintenance"
+        again = await relinked.command("reboot", {"reason": "maintenance"}, id="c-reboot")
+        assert again.ok and agent.boot_count == 2  # the resend is answered from what was stored, no second boot
