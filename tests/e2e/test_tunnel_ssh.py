@@ -41,7 +41,7 @@ async def test_ssh_and_scp_through_the_proxycommand(nursery, db_url, tmp_path):
             # the agent said what it offers, and the hub shows it on the device
             assert f"tunnel targets: ssh on (127.0.0.1:{world.sshd.port})" in world.agent.log()
             shown = (await device(world.hub, world.device_id))["tunnel_targets"]
-            assert shown == {"names": ["ssh"], "ports": [], "ssh": True}
+            assert shown == {"names": ["ssh"], "ports": [], "ssh": True, "shell": False}
 
             # a command over ssh, with the CLI's closing line (--verbose) on ssh's stderr
             done = await world.ssh("echo hello-from-$(hostname) && cat /proc/sys/kernel/hostname", "--verbose")
