@@ -19,6 +19,7 @@ from actors.machines import rollout as rm
 from actors.machines.window import UpdateWindow, WindowError, is_open, next_start_after
 from actors.rollout import Control
 from device_client.clock import rfc3339
+from hub.cluster.leases import HeldElsewhere
 from hub.api.common import PageQuery, errors, jsonable, org, pagination, parse_uuid, principal, services
 from hub.api.sse import stream_response
 from hub.auth.streams import StreamAccess
@@ -236,7 +237,10 @@ async def create_rollout():
                        code="rollout_active") from None
     g.audit_details = {"rolloutId": str(created["id"]), "force": data.force,
                        **({"forcedBy": p.user_id and str(p.user_id) or p.id} if data.force else {})}
-    await s.rollout_actor(created["id"])
+    try:
+        await s.rollout_actor(created["id"])
+    except HeldElsewhere:
+        pass  # a cluster: another node's lease round took the new rollout first and runs it (hub/cluster/leases.py)
     return {"data": await _rollout_json(created["id"])}, 201
 
 

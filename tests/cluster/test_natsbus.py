@@ -110,3 +110,24 @@ async def test_publish_reaches_every_subscriber(nats_server):
             await trio.sleep(0.2)
             b.publish("events.org.o1", {"kind": "x"})
             await wait_for(lambda: heard == [("events.org.o1", {"kind": "x"})], timeout=5)
+
+
+async def test_a_nats_restart_fails_requests_fast_then_the_subscriptions_come_back(nats_server):
+    with trio.fail_after(30):
+        async with open_nats_bus(nats_server.url, "a") as a, open_nats_bus(nats_server.url, "b") as b:
+            async def answer(subject, payload):
+                return {"ok": True}
+
+            a.subscribe("cmd.dev.>", answer)
+            await _until_held(b, "cmd.dev.ping")
+            await trio.to_thread.run_sync(nats_server.stop)
+            await wait_for(lambda: not b.connected, timeout=5)
+            started = trio.current_time()
+            with pytest.raises(NoResponders):
+                await b.request("cmd.dev.ping", {}, timeout=5)
+            assert trio.current_time() - started < 0.5  # not the 5 s timeout: the bus knows it is cut off
+            await trio.to_thread.run_sync(nats_server.start)  # the same port
+            await wait_for(lambda: a.connected and b.connected, timeout=10)
+            await _until_held(b, "cmd.dev.ping")  # a's subscription is back without subscribing again
+            assert await b.request("cmd.dev.ping", {}, timeout=2) == {"ok": True}
+            assert a.reconnects >= 1 and b.reconnects >= 1
