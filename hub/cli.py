@@ -123,6 +123,17 @@ def cmd_demo(args: argparse.Namespace) -> None:
     gc.freeze()
 
 
+def cmd_cluster(args: argparse.Namespace) -> None:
+    from hub.cluster.local import run_local_cluster
+
+    data_dir = Path(args.data_dir or os.environ.get("FLEETHUB_DATA_DIR", ".fleethub-cluster"))
+
+    async def main(stopping: trio.Event) -> None:
+        await run_local_cluster(data_dir, args.nodes, args.devices, stopping)
+
+    _run(main, graceful=True)
+
+
 def cmd_sim(args: argparse.Namespace) -> None:
     from device_client.sim import run_sim
 
@@ -205,6 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the demo devices offer the shell target (the console's terminal) as this user")
     memtest_flags(p, sim=True)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("cluster", help="run nats-server, PostgreSQL and N hub nodes here, with simulated "
+                                       "devices spread over them (docs/cluster.md)")
+    p.add_argument("--nodes", type=int, default=3)
+    p.add_argument("--devices", type=int, default=6)
+    p.add_argument("--data-dir", default=None, help="default $FLEETHUB_DATA_DIR or .fleethub-cluster")
+    p.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser("sim", help="run N simulated device agents in one process")
     p.add_argument("--hub", required=True, help="hub base URL, e.g. http://127.0.0.1:8080")
