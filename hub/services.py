@@ -23,7 +23,7 @@ from actors.device import DeviceActor
 from actors.rollout import ReloadWindows, RolloutActor
 from actors.runtime import Registry, Supervisor
 from device_client.clock import Clock
-from device_client.linkcodes import Close
+from device_client.linkcodes import Close, draining_reason
 from hub import gc_tuning
 from hub.auth.cache import AuthCache
 from hub.billing.devices import BillingHooks
@@ -168,8 +168,7 @@ class Services:
         # told the same by the close code
         for device_id, link in list(self.links.items()):
             if device_id not in leaving:
-                link.close(Close.DRAINING, f"the hub is shutting down; reconnect within "
-                                           f"{self.settings.drain_window:.0f} s")
+                link.close(Close.DRAINING, draining_reason(self.settings.drain_window))
         return acknowledged
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> bool:
@@ -295,8 +294,9 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                     from hub.cluster import presence
                     from hub.cluster.events import ClusterEventHub
                     presence.install(services)
-                    from hub.cluster import tells
+                    from hub.cluster import asks, tells
                     tells.install(services)  # ApplyConfig & co. reach the node holding the device
+                    asks.install(services)  # a reboot asked of any node reaches the holder's actor
                     services.events = ClusterEventHub(bus, node)  # SSE streams hear every node's events
                 services.extras["embedded_pg"] = pg
                 await db.listen(AUTH_CHANNEL, services.on_notify)

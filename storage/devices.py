@@ -177,6 +177,10 @@ class Devices:
             [r.get("epoch") for r in rows])
         self.cache.evict(r["id"] for r in rows)
 
+    async def link_node(self, device_id: uuid.UUID) -> str | None:
+        """The cluster node that last accepted this device's link, while the row says online."""
+        return await self.db.fetchval("SELECT link_node FROM devices WHERE id = $1 AND online", device_id)
+
     async def claim_link(self, device_id: uuid.UUID, node: str) -> int:
         """A cluster node accepted this device's link: the device's next link epoch, now the only one
         whose presence writes count (``write_presence``). 0 when the device no longer exists."""

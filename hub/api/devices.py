@@ -16,6 +16,7 @@ import trio
 
 from actors.device import Reboot, Send
 from device_client.linkcodes import Close
+from hub.cluster.asks import ask_device
 from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
 from hub.auth.authz import Obj, authorize, require_org, scope_for_list
 from hub.api.sse import stream_response
@@ -242,8 +243,8 @@ async def delete_device(device_id: str):
 async def reboot_device(device_id: str):
     s = services()
     row = await _load(device_id, "editor")
-    actor = await s.device_actor(row["id"])
-    reply = await actor.ask(Reboot(), timeout=s.settings.command_timeout + 5)
+    # in a cluster, the actor of the node holding the device's link (hub/cluster/asks.py)
+    reply = await ask_device(s, row["id"], Reboot(), timeout=s.settings.command_timeout + 5)
     return {"data": {"deviceId": str(row["id"]), "state": "rebooting", "device": reply}}, 202
 
 

@@ -196,3 +196,24 @@ async def test_readyz_and_metrics_name_the_node_its_nats_state_devices_and_lease
             assert metric_value(text, "fleethub_connected_devices") == 1
             await agent.kill()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_reboot_asked_of_node_b_is_done_by_node_a_holding_the_device(nats_server, db_url, tmp_path):
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            data = tmp_path / "hub"
+            a = await start_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="a")
+            b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b")
+            device_id, token = await a.provision("edge-1")
+            agent = await start_agent(nursery, a.base_url, token, tmp_path / "agent")
+            await wait_for(lambda: _online_at(a.services, device_id, "a"), timeout=5)
+            r = await a.client.post(f"{b_url}/v1/devices/{device_id}/reboot", headers=a.headers)
+            assert r.status_code == 202, r.text
+            actor = a.services.registry.lookup(("device", uuid.UUID(device_id)))
+            assert actor.machine.state.value == "rebooting" or actor.machine.reboot_pending
+            # a device linked nowhere: 503 at once, as on one node
+            other_id, _ = await a.provision("edge-2")
+            r = await a.client.post(f"{b_url}/v1/devices/{other_id}/reboot", headers=a.headers)
+            assert_error(r, 503, "device_offline")
+            await agent.kill()
+            nursery.cancel_scope.cancel()
