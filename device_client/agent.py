@@ -144,6 +144,7 @@ class Agent(LinkShell):
         self._backoff = Backoff(backoff_initial, backoff_max, rng)
         self._superseded_backoff = superseded_backoff
         self._closed_with: int | None = None  # the close code that ended the last link, if the hub sent one
+        self._closed_reason: str | None = None  # and its reason (4004 states the drain window in it)
         self._limiter = connect_limiter
         self._limiter_held = False
         self._connect_timeout = connect_timeout

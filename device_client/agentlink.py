@@ -22,7 +22,7 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError
 from . import protocol
 from .clock import rfc3339
 from .link import CommandReceived, DeviceSide, HeartbeatDue, Ignored, LinkFailed
-from .linkcodes import Close
+from .linkcodes import Close, drain_window
 
 log = logging.getLogger("fleethub.agent")
 
@@ -59,6 +59,9 @@ class LinkShell:
             return self._superseded_backoff + delay
         if code in (Close.CREDENTIAL_REVOKED, Close.UNKNOWN_VERSION):
             return max(delay, self._backoff.maximum)
+        if code == Close.DRAINING:
+            # every device of a drained hub comes back at once otherwise: spread over the stated window
+            return self._backoff.within(drain_window(self._closed_reason))
         return delay
 
     async def _connect_once(self) -> bool:
@@ -92,7 +95,7 @@ class LinkShell:
             log.log(logging.INFO if self._link_welcomed else logging.WARNING, "%s: link %s: %s",
                     self._who(), "lost" if self._link_welcomed else "failed", self._link_failed(exc))
             if isinstance(exc, ConnectionClosed):
-                self._closed_with = exc.reason.code
+                self._closed_with, self._closed_reason = exc.reason.code, exc.reason.reason
                 if exc.reason.code != protocol.CLOSE_TOO_BIG and exc.reason.reason:
                     log.warning("%s: the hub closed the link (%d): %s", self._who(), exc.reason.code, exc.reason.reason)
             if isinstance(exc, ConnectionClosed) and exc.reason.code == protocol.CLOSE_TOO_BIG:

@@ -9,6 +9,7 @@ The table is rendered into docs/device-protocol.md (device_client/protocol_schem
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -20,6 +21,21 @@ REASON_MAX_BYTES = 123  # RFC 6455: a close frame's reason is at most 123 bytes 
 # After SUPERSEDED a device waits at least this long (plus jitter) before it connects again: a
 # second holder of the same token must not knock the first off in a tight loop.
 SUPERSEDED_BACKOFF = 30.0
+
+# 4004's reason states the drain window; a device that cannot read it uses this (docs/device-protocol.md).
+DRAIN_WINDOW_DEFAULT = 10.0
+_DRAIN_WINDOW = re.compile(r"reconnect within (\d+(?:\.\d+)?) s")
+
+
+def draining_reason(window: float) -> str:
+    """The reason of a 4004 close: what the hub says and ``drain_window`` reads back."""
+    return f"the hub is shutting down; reconnect within {window:.0f} s"
+
+
+def drain_window(reason: str | None) -> float:
+    """The window a 4004 reason states, else the default; never more than an hour."""
+    found = _DRAIN_WINDOW.search(reason or "")
+    return min(float(found.group(1)), 3600.0) if found else DRAIN_WINDOW_DEFAULT
 
 
 class Close(IntEnum):

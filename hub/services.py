@@ -297,6 +297,7 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                     from hub.cluster import asks, tells
                     tells.install(services)  # ApplyConfig & co. reach the node holding the device
                     asks.install(services)  # a reboot asked of any node reaches the holder's actor
+                    asks.install_rollouts(services)  # so do pause/resume/cancel, to the lease holder
                     services.events = ClusterEventHub(bus, node)  # SSE streams hear every node's events
                 services.extras["embedded_pg"] = pg
                 await db.listen(AUTH_CHANNEL, services.on_notify)

@@ -107,6 +107,20 @@ async def test_a_drain_comes_back_within_the_window_the_hub_gave(nursery, tmp_pa
         assert hub.attempts[-1] - drained_at == pytest.approx(12.0)  # the top of the window
 
 
+@pytest.mark.parametrize("reason, window", [("the hub is shutting down; reconnect within 25 s", 25.0),
+                                            ("going away", 10.0)])  # unreadable: the documented default
+async def test_a_4004_close_comes_back_at_the_top_of_the_window_its_reason_states(nursery, tmp_path,
+                                                                                  autojump_clock, reason, window):
+    hub = FakeHub(heartbeat=1000)
+    with trio.fail_after(600):
+        await run_agent(nursery, hub, tmp_path / "dev")
+        link = await hub.next_link()
+        await link.ws.aclose(4004, reason)
+        closed_at = trio.current_time()
+        await hub.next_link()
+        assert hub.attempts[-1] - closed_at == pytest.approx(window)  # Top(): the window's ceiling
+
+
 async def test_heartbeats_keep_the_welcome_interval_exactly(nursery, tmp_path, autojump_clock):
     hub = FakeHub(heartbeat=5)
     clock = TestClock()
@@ -186,3 +200,11 @@ async def test_a_reboot_is_stored_before_its_reply_is_sent(nursery, tmp_path, au
         assert relinked.hello.bootReason == "maintenance"
         again = await relinked.command("reboot", {"reason": "maintenance"}, id="c-reboot")
         assert again.ok and agent.boot_count == 2  # the resend is answered from what was stored, no second boot
+
+
+def test_the_drain_reason_the_hub_writes_is_the_one_the_device_reads():
+    from device_client.linkcodes import DRAIN_WINDOW_DEFAULT, drain_window, draining_reason
+
+    assert [drain_window(draining_reason(w)) for w in (3, 10.0, 60)] == [3.0, 10.0, 60.0]
+    assert drain_window(None) == drain_window("bye") == DRAIN_WINDOW_DEFAULT
+    assert drain_window("reconnect within 99999 s") == 3600.0  # a hostile reason cannot park a device for days
