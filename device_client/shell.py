@@ -14,7 +14,8 @@ sends SIGWINCH). When the channel or the session closes, every process of the sh
 SIGHUP and, if still there after ``KILL_AFTER`` seconds, SIGKILL (``Shell.hangup`` says why the session); when the shell exits, reading the master
 fails (EIO: no slave left open) and the Pump closes the channel.
 
-Runs on the asyncio thread (webrtc/loop.py), like everything that touches a channel.
+This module holds the PTY and its session; webrtc/shell_channel.py connects one to a channel, on the
+asyncio thread (webrtc/loop.py) like everything that touches a channel.
 """
 
 from __future__ import annotations
@@ -174,41 +175,3 @@ def _signal_session(sid: int, sig: int) -> None:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-async def connect_shell(pump: Any, user: ShellUser) -> None:
-    """Start a shell for ``pump`` (a forward.Pump on a ``shell`` channel) and connect them."""
-    from webrtc.stdio import connect_stdio
-
-    loop = asyncio.get_running_loop()
-    shell = Shell(user)
-    try:
-        master = shell.start()
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("cannot start a shell for %s: %s", user.name, exc)
-        pump.close()
-        return
-
-    def on_control(message: dict[str, Any]) -> None:
-        size = parse_resize(message)
-        if size is not None:
-            shell.resize(*size)
-
-    pump.on_extra = on_control
-    closed = pump.on_closed
-
-    def on_closed(p: Any) -> None:
-        shell.hangup(loop)
-        if closed is not None:
-            closed(p)
-
-    pump.on_closed = on_closed
-    # two fds: asyncio's read and write pipe transports each close the one they own
-    write_fd = os.dup(master)
-    try:
-        duplex = await connect_stdio(pump, master, write_fd)
-    except BaseException:
-        shell.hangup(loop)
-        raise
-    if pump._closed:  # the channel went away while the pipes were being connected
-        duplex.close()

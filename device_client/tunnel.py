@@ -32,10 +32,11 @@ import trio
 
 from webrtc.grant import Grant, GrantError, check_for_device, parse_grant, same_session
 from webrtc.sdp import fingerprints
+from webrtc.shell_channel import connect_shell
 
 from .clock import rfc3339
 from .commands import CommandError
-from .shell import ShellUser, connect_shell
+from .shell import ShellUser
 
 if TYPE_CHECKING:
     from webrtc.peer import TunnelPeer
