@@ -17,8 +17,8 @@ from quart_schema import document_request
 
 from actors.machines import rollout as rm
 from actors.machines.window import UpdateWindow, WindowError, is_open, next_start_after
-from actors.rollout import Control
 from device_client.clock import rfc3339
+from hub.cluster.asks import control_rollout
 from hub.cluster.leases import HeldElsewhere
 from hub.api.common import PageQuery, errors, jsonable, org, pagination, parse_uuid, principal, services
 from hub.api.sse import stream_response
@@ -323,8 +323,7 @@ async def _control(rollout_id: str, event: object):
     row = await _load(rollout_id, "editor")
     if row["state"] not in ("pending", "running", "paused"):
         raise Conflict(f"the rollout is {row['state']}", code="invalid_state")
-    actor = await s.rollout_actor(row["id"])
-    await actor.ask(Control(event), timeout=10)
+    await control_rollout(s, row["id"], event)  # in a cluster, on the node holding its lease
     return {"data": await _rollout_json(row["id"])}
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from actors.device import Reboot
 from actors.bus import NoResponders, RequestTimeout
-from actors.errors import DeviceOffline, DeviceTimeout
+from actors.errors import Conflict, DeviceOffline, DeviceTimeout
 
 ASKS = {"Reboot": Reboot}
 
@@ -54,3 +54,46 @@ async def ask_device(s: Any, device_id: uuid.UUID, msg: Any, timeout: float) -> 
             return answer.get("reply")
     actor = await s.device_actor(device_id)
     return await actor.ask(msg, timeout=timeout)
+
+
+# -- rollouts: pause, resume, cancel go to the node holding the rollout's lease ------------------------
+
+def _control_event(payload: dict[str, Any]) -> object | None:
+    from actors.machines import rollout as rm
+    kind = payload.get("event")
+    if kind == "Pause":
+        return rm.Pause(str(payload.get("reason") or rm.Pause().reason))
+    return {"Resume": rm.Resume, "Cancel": rm.Cancel}.get(str(kind), lambda: None)()
+
+
+def install_rollouts(s: Any) -> None:
+    async def on_control(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
+        from actors.rollout import Control
+        event = _control_event(payload)
+        if event is None:
+            raise Conflict("not a rollout control this node forwards", code="invalid_state")
+        actor = await s.rollout_actor(uuid.UUID(str(payload.get("rollout"))))  # HeldElsewhere if it moved on
+        await actor.ask(Control(event), timeout=10)
+        return {}
+
+    s.extras["cluster_rollout_controls"] = s.bus.subscribe(f"cluster.node.{s.node_id}.rollout", on_control)
+
+
+async def control_rollout(s: Any, rollout_id: uuid.UUID, event: object) -> None:
+    """Pause/resume/cancel, by the rollout's actor here or on the node holding its lease (cluster)."""
+    from actors.rollout import Control
+    from hub.cluster.leases import HeldElsewhere
+    try:
+        actor = await s.rollout_actor(rollout_id)
+    except HeldElsewhere:
+        owner = await s.rollout_leases.owner(rollout_id, s.clock.now())
+        if not owner or owner == s.node_id:
+            raise
+        payload = {"rollout": str(rollout_id), "event": type(event).__name__, "reason": getattr(event, "reason", None)}
+        try:
+            await s.bus.request(f"cluster.node.{owner}.rollout", payload, timeout=10)
+        except (NoResponders, RequestTimeout):
+            raise HeldElsewhere(f"rollout {rollout_id} is run by node {owner}, which did not answer; "
+                                "try again once its lease has moved") from None
+        return
+    await actor.ask(Control(event), timeout=10)

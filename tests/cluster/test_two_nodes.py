@@ -217,3 +217,32 @@ async def test_a_reboot_asked_of_node_b_is_done_by_node_a_holding_the_device(nat
             assert_error(r, 503, "device_offline")
             await agent.kill()
             nursery.cancel_scope.cancel()
+
+
+async def test_pause_and_resume_asked_of_node_b_reach_the_rollout_node_a_runs(nats_server, db_url, tmp_path):
+    from tests.api.test_rollouts import HEALTHY, config, rollout_state
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            data = tmp_path / "hub"
+            a = await start_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="a", heartbeat_interval=0.5)
+            b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b")
+            fid = (await a.call("POST", "/v1/fleets", json={"name": "f"})).json()["data"]["id"]
+            dev, token = await a.provision("d0", fleet_id=fid)
+            agent = await start_agent(nursery, a.base_url, token, tmp_path / "d0")
+            await wait_for(lambda: _online_at(a.services, dev, "a"), timeout=5)
+            # a long health-check grace: the device stays in flight, so the rollout is still running to pause
+            slow = {**HEALTHY, "healthCheck": {"timeoutSeconds": 8, "graceSeconds": 4}}
+            cid, _ = await config(a, "app", slow)
+            r = await a.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 1})
+            rid = r.json()["data"]["id"]
+            assert uuid.UUID(rid) in a.services.rollout_fences
+            r = await a.client.post(f"{b_url}/v1/rollouts/{rid}/pause", headers=a.headers)
+            assert r.status_code == 200, r.text
+            assert r.json()["data"]["state"] == "paused"
+            assert a.services.registry.lookup(("rollout", uuid.UUID(rid))).machine.state.value == "paused"
+            assert b_services.registry.lookup(("rollout", uuid.UUID(rid))) is None  # B never ran it
+            r = await a.client.post(f"{b_url}/v1/rollouts/{rid}/cancel", headers=a.headers)
+            assert r.status_code == 200 and r.json()["data"]["state"] == "cancelled", r.text
+            assert (await rollout_state(a, rid))["state"] == "cancelled"
+            await agent.kill()
+            nursery.cancel_scope.cancel()
