@@ -17,22 +17,24 @@ run: $(STAMP)
 	$(VENV)/bin/fleethub demo --port 8080 --data-dir .fleethub --devices 3
 
 # Debian packages the tests use beside PyPI: coturn (a real TURN relay for the tunnel tests),
-# nats-server 2.9 (the message bus between hub nodes: tests/cluster/ start their own),
+# nats-server 2.9 (the message bus between hub nodes: tests/cluster/ start their own), HAProxy 2.6
+# (a balancer in front of three nodes in tests/cluster/test_haproxy.py),
 # memtester (the memory-test benchmark's reference) and OpenSSH (ssh and scp through the tunnel:
 # the tests start their own sshd), Chromium (the console's browser tests drive it with Playwright; Playwright
 # cannot download its own browser here). Installed when missing and apt-get is there.
 system-deps:
-	@command -v turnserver >/dev/null && { command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ]; } && command -v memtester >/dev/null && command -v ssh >/dev/null && \
+	@command -v turnserver >/dev/null && { command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ]; } && { command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ]; } && command -v memtester >/dev/null && command -v ssh >/dev/null && \
 	  [ -x /usr/bin/chromium ] && \
 	  { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || \
 	  { command -v apt-get >/dev/null && \
 	    { [ "$$(id -u)" = 0 ] && SUDO= || SUDO=sudo; \
-	      $$SUDO apt-get install -y -q coturn nats-server memtester openssh-server openssh-client chromium >/dev/null 2>&1 || \
-	      { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q coturn nats-server memtester openssh-server openssh-client chromium >/dev/null; }; } ; } || \
+	      $$SUDO apt-get install -y -q coturn nats-server haproxy memtester openssh-server openssh-client chromium >/dev/null 2>&1 || \
+	      { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q coturn nats-server haproxy memtester openssh-server openssh-client chromium >/dev/null; }; } ; } || \
 	  echo "note: coturn/memtester/openssh/chromium not installed; the TURN, ssh and browser tests will say so"
 	@# the Debian package starts a system coturn where systemd runs; the tests start their own
 	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now coturn >/dev/null 2>&1; } || true
 	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now nats-server >/dev/null 2>&1; } || true
+	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now haproxy >/dev/null 2>&1; } || true
 
 # The whole test suite (pytest exits 5 when it collects nothing, which fails here too),
 # then every benchmark at smoke size.
