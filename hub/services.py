@@ -307,6 +307,9 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                     # This process holds no device links yet (one hub process per database). In a
                     # cluster the other nodes hold theirs: presence epochs settle who is online.
                     await services.devices.mark_all_offline()
+                elif serving:
+                    # a node restarted under its id (killed before): what it held is offline now
+                    await services.devices.mark_node_offline(node)
                 await nursery.start(services.presence.run)
                 await nursery.start(services.audit_log.run)
                 await nursery.start(services.meter.run)

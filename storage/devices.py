@@ -177,6 +177,15 @@ class Devices:
             [r.get("epoch") for r in rows])
         self.cache.evict(r["id"] for r in rows)
 
+    async def mark_node_offline(self, node: str) -> int:
+        """A cluster node starting holds no links yet: the devices whose last link it accepted (a
+        previous run of the same node id, killed) are offline, unless another node took them since."""
+        self.cache.clear()
+        status = await self.db.execute(
+            "UPDATE devices SET online = false, state = 'offline' WHERE link_node = $1 AND (online OR state <> 'offline')",
+            node)
+        return int(status.split()[-1])
+
     async def link_node(self, device_id: uuid.UUID) -> str | None:
         """The cluster node that last accepted this device's link, while the row says online."""
         return await self.db.fetchval("SELECT link_node FROM devices WHERE id = $1 AND online", device_id)

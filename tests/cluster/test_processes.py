@@ -6,7 +6,7 @@ import httpx
 import trio
 
 from tests.cluster.clustertools import seed
-from tests.hubtools import start_agent
+from tests.hubtools import start_agent, wait_for
 
 
 async def test_rest_on_one_process_reaches_a_device_linked_to_another(nats_server, db_url, tmp_path, nodes):
@@ -27,4 +27,34 @@ async def test_rest_on_one_process_reaches_a_device_linked_to_another(nats_serve
                 await trio.sleep(0.05)
             assert r.status_code == 200, r.text + b.proc.log_tail()
             await agent.kill()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_killed_node_restarted_under_its_id_marks_its_devices_offline(nats_server, db_url, tmp_path, nodes):
+    import os
+    import signal
+    with trio.fail_after(60):
+        org_id, headers = await seed(db_url, tmp_path / "hub")
+        a, b = nodes("a", db_url, nats_server.url), nodes("b", db_url, nats_server.url)
+        async with httpx.AsyncClient(timeout=10) as client, trio.open_nursery() as nursery:
+            await a.ready(client)
+            await b.ready(client)
+            r = await client.post(a.url + "/v1/devices", json={"name": "edge"}, headers=headers)
+            device_id, token = r.json()["data"]["id"], r.json()["data"]["token"]
+            agent = await start_agent(nursery, a.url, token, tmp_path / "agent")
+
+            async def online_on_b() -> bool:
+                return (await client.get(f"{b.url}/v1/devices/{device_id}", headers=headers)).json()["data"]["online"]
+            await wait_for(online_on_b, timeout=10)
+            await agent.kill()  # the device goes away with its node: nobody writes its LinkDown
+            os.kill(a.proc.pid, signal.SIGKILL)
+            a.proc.popen.wait(10)
+            assert await online_on_b()  # the row still says online: its node died holding it
+            again = nodes("a", db_url, nats_server.url)  # the same node id, a new process
+            again_ready = again.ready(client)  # it marks what node "a" held offline before it serves
+            await again_ready
+
+            async def offline_on_b() -> bool:  # B's row cache may hold the old row up to 2 s (storage/rowcache.py)
+                return not await online_on_b()
+            await wait_for(offline_on_b, timeout=5)
             nursery.cancel_scope.cancel()
