@@ -65,7 +65,10 @@ def _encode(payload: dict[str, Any]) -> bytes:
 
 def _error_reply(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, actor_errors.AskError):
-        return {"__error__": {"class": type(exc).__name__, "code": exc.code, "message": exc.message}}
+        # By the nearest class of the actors' tree: the link raises the hub's subclasses (hub/errors.py
+        # DeviceError is a DeviceRefused), whose names the asking side's actors.errors does not hold.
+        cls = next(c for c in type(exc).__mro__ if getattr(actor_errors, c.__name__, None) is c)
+        return {"__error__": {"class": cls.__name__, "code": exc.code, "message": exc.message}}
     # a bug on the answering node: its log has the traceback; the asker hears only that it failed
     return {"__error__": {"class": "BusError", "code": "internal", "message": "the answering hub node failed"}}
 

@@ -1,22 +1,27 @@
 """Asks that only the device's own actor can answer, sent to the node holding the device's link.
 
-A reboot changes the device's connection state machine (REBOOTING until it is back), which lives in
-the DeviceActor of the node that holds the link. A node asked for it by REST that does not hold the
-link reads which node does (``devices.link_node``, claimed at link time: hub/cluster/presence.py) and
-sends the ask to that node's own subject, ``cluster.node.<node>.ask``; the holder asks its actor and
-answers. Errors cross as the actor's own (DeviceOffline, Conflict ...: actors/natsbus.py).
+A reboot changes the device's connection state machine (REBOOTING until it is back), and a memory
+test's start, cancel and live status go through the memory-test machine (rate limit, one run at a
+time, the run stored before it is answered); both live in the DeviceActor of the node that holds the
+link. A node asked by REST that does not hold the link reads which node does (``devices.link_node``,
+claimed at link time: hub/cluster/presence.py) and sends the ask, its fields as JSON, to that node's
+own subject, ``cluster.node.<node>.ask``; the holder asks its actor and answers. Errors cross as the
+actor's own (DeviceOffline, Conflict ...: actors/natsbus.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
 from actors.device import Reboot
+from actors.device_memtests import CancelTest, ReadStatus, StartTest
 from actors.bus import NoResponders, RequestTimeout
 from actors.errors import Conflict, DeviceOffline, DeviceTimeout
 
-ASKS = {"Reboot": Reboot}
+# Only these cross: each a frozen dataclass of JSON fields, rebuilt on the holder from its name.
+ASKS: dict[str, type] = {cls.__name__: cls for cls in (Reboot, StartTest, CancelTest, ReadStatus)}
 
 
 def install(s: Any) -> None:
@@ -26,26 +31,40 @@ def install(s: Any) -> None:
             device_id = uuid.UUID(str(payload.get("device")))
         except ValueError:
             cls = None
-        if cls is None:
+        fields = payload.get("fields") or {}
+        try:
+            msg = cls(**fields) if cls is not None and isinstance(fields, dict) else None
+        except TypeError:
+            msg = None
+        if msg is None:
             raise DeviceOffline("not an ask this node forwards")
         if device_id not in s.links:
             raise DeviceOffline("the device is not connected")  # it left this node meanwhile
         actor = await s.device_actor(device_id)
-        reply = await actor.ask(cls(), timeout=float(payload.get("timeout", s.settings.command_timeout + 5)))
+        reply = await actor.ask(msg, timeout=float(payload.get("timeout", s.settings.command_timeout + 5)))
         return {"reply": reply}
 
     s.extras["cluster_asks"] = s.bus.subscribe(f"cluster.node.{s.node_id}.ask", on_ask)
 
 
+async def holder(s: Any, device_id: uuid.UUID) -> str | None:
+    """The other node holding the device's link, or None (not clustered, held here, or linked nowhere)."""
+    if not getattr(s, "clustered", False) or device_id in s.links:
+        return None
+    node = await s.devices.link_node(device_id)
+    return node if node and node != s.node_id else None
+
+
 async def ask_device(s: Any, device_id: uuid.UUID, msg: Any, timeout: float) -> Any:
     """Ask the device's actor: here, or on the node holding its link (cluster)."""
     name = type(msg).__name__
-    if getattr(s, "clustered", False) and device_id not in s.links and name in ASKS:
-        node = await s.devices.link_node(device_id)
-        if node and node != s.node_id:
+    if name in ASKS:
+        node = await holder(s, device_id)
+        if node is not None:
             try:
                 answer = await s.bus.request(f"cluster.node.{node}.ask",
-                                             {"ask": name, "device": str(device_id), "timeout": timeout},
+                                             {"ask": name, "device": str(device_id), "timeout": timeout,
+                                              "fields": dataclasses.asdict(msg)},
                                              timeout=timeout)
             except NoResponders:
                 raise DeviceOffline("the device's hub node is not reachable") from None

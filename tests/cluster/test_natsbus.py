@@ -32,6 +32,9 @@ async def test_request_reaches_the_other_node_and_errors_cross(nats_server):
             async def answer(subject, payload):
                 if payload.get("refuse"):
                     raise actor_errors.DeviceRefused("no space left", code="disk_full")
+                if payload.get("hub_refuse"):  # what the hub's link raises: a subclass the tree does not name
+                    from hub.errors import DeviceError
+                    raise DeviceError("no memory test is running", code="not_running")
                 if payload.get("bug"):
                     raise KeyError("secret-ish internals")
                 return {"subject": subject, "echo": payload}
@@ -43,6 +46,9 @@ async def test_request_reaches_the_other_node_and_errors_cross(nats_server):
             with pytest.raises(actor_errors.DeviceRefused) as refused:
                 await b.request("cmd.dev1.reboot", {"refuse": True}, timeout=2)
             assert (refused.value.code, refused.value.message) == ("disk_full", "no space left")
+            with pytest.raises(actor_errors.DeviceRefused) as refused:
+                await b.request("cmd.dev1.memtest.cancel", {"hub_refuse": True}, timeout=2)
+            assert refused.value.code == "not_running"
             with pytest.raises(BusError) as bug:
                 await b.request("cmd.dev1.x", {"bug": True}, timeout=2)
             assert "secret-ish" not in str(bug.value)

@@ -246,3 +246,38 @@ async def test_pause_and_resume_asked_of_node_b_reach_the_rollout_node_a_runs(na
             assert (await rollout_state(a, rid))["state"] == "cancelled"
             await agent.kill()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_memory_test_started_read_and_cancelled_on_node_b_runs_on_the_device_node_a_holds(
+        nats_server, db_url, tmp_path):
+    """A balancer sends each request to any node: the memory-test machine of the node holding the
+    link answers (hub/cluster/asks.py), so start, live status and cancel work from every node."""
+    from device_client.memtest import MemtestConfig
+
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            data = tmp_path / "hub"
+            a = await start_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="a")
+            b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b")
+            device_id, token = await a.provision("edge-mem")
+            agent = await start_agent(nursery, a.base_url, token, tmp_path / "agent",
+                                      memtest=MemtestConfig(budget=4 << 20))
+            await wait_for(lambda: _online_at(a.services, device_id, "a"), timeout=5)
+            url = f"{b_url}/v1/devices/{device_id}/memory-test"
+            r = await a.client.post(url, headers=a.headers, json={"quick": True})
+            assert r.status_code == 202, r.text
+            run_id = r.json()["data"]["runId"]
+            r = await a.client.post(url, headers=a.headers, json={"quick": True})
+            assert r.status_code == 409 and r.json()["error"] == "busy", r.text  # node A's machine said so
+
+            async def done_live() -> bool:
+                got = (await a.client.get(url, headers=a.headers)).json()["data"]
+                return got["source"] == "live" and got["status"]["runId"] == run_id \
+                    and got["status"]["phase"] == "done"
+            await wait_for(done_live, timeout=60)
+            results = (await a.client.get(f"{url}/results", headers=a.headers)).json()["data"]["results"]
+            assert [x["runId"] for x in results][:1] == [run_id]
+            r = await a.client.post(f"{url}/cancel", headers=a.headers, json={})
+            assert r.status_code == 409, r.text  # nothing runs any more: node A's machine answers
+            await agent.kill()
+            nursery.cancel_scope.cancel()
