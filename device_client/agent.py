@@ -24,7 +24,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncContextManager, Callable
+from typing import Any, AsyncContextManager, Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import trio
@@ -98,8 +98,19 @@ def link_url(hub_url: str) -> str:
     return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + protocol.LINK_PATH, "", ""))
 
 
+def hub_urls(hub_url: str | Sequence[str]) -> list[str]:
+    """The hub URLs an agent may link to: one, a list, or a comma-separated string (several nodes of
+    a cluster, docs/cluster.md); each checked now, so a typo fails at start and not at failover."""
+    urls = [u.strip() for u in (hub_url.split(",") if isinstance(hub_url, str) else hub_url) if u.strip()]
+    if not urls:
+        raise ValueError("at least one hub URL is needed")
+    for url in urls:
+        link_url(url)
+    return urls
+
+
 class Agent(LinkShell):
-    def __init__(self, hub_url: str, token: str, data_dir: Path, *, clock: Clock | None = None,
+    def __init__(self, hub_url: str | Sequence[str], token: str, data_dir: Path, *, clock: Clock | None = None,
                  facts: dict[str, Any] | None = None, reboot_mode: str = "restart",
                  backoff_initial: float = 0.5, backoff_max: float = 30.0,
                  connect_limiter: trio.CapacityLimiter | None = None, connect_timeout: float = 10.0,
@@ -112,8 +123,11 @@ class Agent(LinkShell):
                  connector: Callable[[list[tuple[bytes, bytes]]], AsyncContextManager[Any]] | None = None) -> None:
         if reboot_mode not in ("restart", "exec"):
             raise ValueError(f"reboot_mode must be 'restart' or 'exec', got {reboot_mode!r}")
-        self.hub_url = hub_url
-        self.link_url = link_url(hub_url)
+        # Several URLs (nodes of a cluster): a link that fails before its welcome moves on to the next,
+        # so the devices of a node that died come back through the others (``_fail_over``).
+        self.hub_urls = hub_urls(hub_url)
+        self.hub_url = self.hub_urls[0]
+        self.link_url = link_url(self.hub_url)
         self.data_dir = Path(data_dir)
         self.store = DeviceStore(self.data_dir)
         self.root = self.store.root  # the device's filesystem for files the hub delivers
@@ -207,6 +221,16 @@ class Agent(LinkShell):
             self.link_url, self.hub_url = link_url(url), url
         self._reconnect_after = after  # _commands_answered ends the link after this command's reply
 
+    def _fail_over(self) -> None:
+        """After a link that never got its welcome: the next hub URL of the list, in turn (the same one
+        again when there is only one; a drain's successor URL stays until it fails too)."""
+        if len(self.hub_urls) < 2:
+            return
+        current = self.hub_urls.index(self.hub_url) if self.hub_url in self.hub_urls else -1
+        self.hub_url = self.hub_urls[(current + 1) % len(self.hub_urls)]
+        self.link_url = link_url(self.hub_url)
+        log.info("%s: trying the next hub, %s", self._who(), self.hub_url)
+
     def request_reboot(self, reason: str = "reboot") -> None:
         """Reboot once the replies being worked on are sent; the next hello reports ``reason``."""
         if self._reboot_reason is None:
@@ -274,6 +298,8 @@ class Agent(LinkShell):
                         continue
                     if welcomed:
                         self._backoff.reset()
+                    else:
+                        self._fail_over()
                     delay = self._backoff.next_delay()
                     if self._reconnect_after is not None:
                         # drained by the hub: spread the reconnects over the window it gave

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 import httpx
 import trio
 
-from .agent import Agent
+from .agent import Agent, hub_urls
 from .clock import Clock
 from .memtest import sim_config
 from .state import write_json_atomic
@@ -118,8 +118,11 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
     ``ready_timeout`` seconds, whichever is first: a sim with a few unreachable devices still starts,
     and the caller reads ``agent.connected`` / ``statistics()`` to see which ones are linked.
     Devices handed in with ``devices`` come first, then those in sim.json, then new ones.
-    ``workload_user``: the account of every workload (default: ``simulator_user()``).
+    ``workload_user``: the account of every workload (default: ``simulator_user()``). ``hub_url`` may
+    name several nodes, comma-separated: devices are provisioned through the first, and each agent
+    fails over along the list (device_client/agent.py ``hub_urls``).
     """
+    primary = hub_urls(hub_url)[0]
     data_dir = Path(data_dir)
     registry = await trio.to_thread.run_sync(load_registry, data_dir)
     given = [{"id": str(i), "token": str(t)} for i, t in (devices or [])]
@@ -133,9 +136,9 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
                            "personal access token (pat_id, pat_secret) to provision the rest")
         first = len(registry) + 1
         names = [f"sim-{k}" for k in range(first, first + missing)]
-        log.info("sim: provisioning %d devices at %s", missing, hub_url)
+        log.info("sim: provisioning %d devices at %s", missing, primary)
         try:
-            await provision(hub_url, names, pat_id=pat_id, pat_secret=pat_secret, org_id=org_id,
+            await provision(primary, names, pat_id=pat_id, pat_secret=pat_secret, org_id=org_id,
                             fleet_id=fleet_id, transport=http_transport, into=registry)
         finally:
             await trio.to_thread.run_sync(save_registry, data_dir, registry)

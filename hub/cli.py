@@ -225,7 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser("sim", help="run N simulated device agents in one process")
-    p.add_argument("--hub", required=True, help="hub base URL, e.g. http://127.0.0.1:8080")
+    p.add_argument("--hub", required=True, help="hub base URL, e.g. http://127.0.0.1:8080, or several "
+                                                "nodes' URLs comma-separated (each device fails over in turn)")
     p.add_argument("--devices", type=int, default=10)
     p.add_argument("--data-dir", required=True)
     p.add_argument("--pat-id")
@@ -239,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sim)
 
     p = sub.add_parser("agent", help="run the device agent")
-    p.add_argument("--hub", required=True)
+    p.add_argument("--hub", required=True, help="hub base URL, or several nodes' URLs comma-separated: a "
+                                                "link that fails before its welcome moves on to the next")
     p.add_argument("--token", help="the device token from POST /v1/devices (visible in ps; prefer "
                                    "--token-file or FLEETHUB_DEVICE_TOKEN on a shared machine)")
     p.add_argument("--token-file", help="a file holding the device token")

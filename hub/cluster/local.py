@@ -119,9 +119,11 @@ async def run_local_cluster(data_dir: Path, nodes: int, devices: int, stopping: 
         for node_id, url, proc in started:
             await _wait_ready(url, proc, node_id)
         sims = []
-        for (node_id, url, _), count in zip(started, _spread(devices, nodes)):
+        for i, ((node_id, url, _), count) in enumerate(zip(started, _spread(devices, nodes))):
             if count:
-                sims.append(spawn([_fleethub(), "sim", "--hub", url, "--devices", str(count),
+                # its own node first, then the others in turn: a node that dies loses its devices to the rest
+                urls = ",".join(u for _, u, _ in started[i:] + started[:i])
+                sims.append(spawn([_fleethub(), "sim", "--hub", urls, "--devices", str(count),
                                    "--data-dir", str(data_dir / "sim" / node_id), "--pat-id", info["pat"]["id"],
                                    "--pat-secret", info["pat"]["secret"], "--org", info["org_id"],
                                    "--fleet", info["fleet_id"]], f"sim-{node_id}.log"))

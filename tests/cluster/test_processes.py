@@ -58,3 +58,32 @@ async def test_a_killed_node_restarted_under_its_id_marks_its_devices_offline(na
                 return not await online_on_b()
             await wait_for(offline_on_b, timeout=5)
             nursery.cancel_scope.cancel()
+
+
+async def test_an_agent_given_every_node_fails_over_when_its_node_is_killed(nats_server, db_url, tmp_path, nodes):
+    """Issue 17, failures: SIGKILL of the node a device is linked to; the agent, given both nodes'
+    URLs, moves on to the other and the device is online there; the survivor serves its commands."""
+    import os
+    import signal
+    with trio.fail_after(90):
+        org_id, headers = await seed(db_url, tmp_path / "hub")
+        a, b = nodes("a", db_url, nats_server.url), nodes("b", db_url, nats_server.url)
+        async with httpx.AsyncClient(timeout=10) as client, trio.open_nursery() as nursery:
+            await a.ready(client)
+            await b.ready(client)
+            r = await client.post(a.url + "/v1/devices", json={"name": "edge"}, headers=headers)
+            device_id, token = r.json()["data"]["id"], r.json()["data"]["token"]
+            running = await start_agent(nursery, f"{a.url},{b.url}", token, tmp_path / "agent")
+            assert running.agent.hub_url == a.url
+            os.kill(a.proc.pid, signal.SIGKILL)
+            a.proc.popen.wait(10)
+
+            async def pinged_on_b() -> bool:
+                r = await client.post(f"{b.url}/v1/devices/{device_id}/ping", headers=headers)
+                return r.status_code == 200
+            await wait_for(pinged_on_b, timeout=30, interval=0.2)
+            assert running.agent.hub_url == b.url and running.agent.connected
+            got = (await client.get(f"{b.url}/v1/devices/{device_id}", headers=headers)).json()["data"]
+            assert got["online"] is True, got
+            await running.kill()
+            nursery.cancel_scope.cancel()

@@ -208,3 +208,14 @@ def test_the_drain_reason_the_hub_writes_is_the_one_the_device_reads():
     assert [drain_window(draining_reason(w)) for w in (3, 10.0, 60)] == [3.0, 10.0, 60.0]
     assert drain_window(None) == drain_window("bye") == DRAIN_WINDOW_DEFAULT
     assert drain_window("reconnect within 99999 s") == 3600.0  # a hostile reason cannot park a device for days
+
+
+def test_hub_urls_take_one_a_list_or_commas_and_refuse_a_bad_one_at_start():
+    from device_client.agent import hub_urls
+
+    assert hub_urls("http://a:1") == ["http://a:1"]
+    assert hub_urls(" http://a:1, https://b:2 ,") == ["http://a:1", "https://b:2"]
+    assert hub_urls(["http://a:1", "http://b:2"]) == ["http://a:1", "http://b:2"]
+    for bad in ("", ",", "http://a:1,ftp://b"):
+        with pytest.raises(ValueError):
+            hub_urls(bad)
