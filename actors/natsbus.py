@@ -132,14 +132,19 @@ class NatsBus:
     async def _stop(self) -> None:
         if self._loop is None:
             return
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
-            try:
-                if self._nc is not None:
-                    await run_on(self._loop, self._nc.close())
-            except Exception as exc:  # noqa: BLE001 — closing anyway
-                log.info("NATS close: %s", type(exc).__name__)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        await trio.to_thread.run_sync(self._thread.join)
+        # Shielded whole: this runs while an exception leaves the process's services, and a Cancelled
+        # raised here would replace that exception, which the nursery's cancelled scope then swallows
+        # (a hub that failed to start would end quietly instead of saying why).
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(5):
+                try:
+                    if self._nc is not None:
+                        await run_on(self._loop, self._nc.close())
+                except Exception as exc:  # noqa: BLE001 — closing anyway
+                    log.info("NATS close: %s", type(exc).__name__)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            with trio.move_on_after(5):
+                await trio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
         self._loop = None
 
     @property
@@ -277,5 +282,5 @@ async def open_nats_bus(url: str, name: str) -> AsyncIterator[NatsBus]:
             await bus._start(nursery)
             yield bus
         finally:
-            nursery.cancel_scope.cancel()
             await bus._stop()
+            nursery.cancel_scope.cancel()

@@ -55,11 +55,15 @@ async def test_request_reaches_the_other_node_and_errors_cross(nats_server):
             sub.close()
 
             async def gone() -> bool:
+                # While the unsubscribe reaches the server, a request may still be routed to "a": it
+                # answers DeviceOffline, or (if the client already dropped the subscription) times out.
                 try:
                     await b.request("cmd.dev1.ping", {}, timeout=1)
                     return False
                 except NoResponders:
                     return True
+                except (actor_errors.DeviceOffline, RequestTimeout):
+                    return False
             for _ in range(100):
                 if await gone():
                     break
@@ -137,3 +141,13 @@ async def test_a_nats_restart_fails_requests_fast_then_the_subscriptions_come_ba
             await _until_held(b, "cmd.dev.ping")  # a's subscription is back without subscribing again
             assert await b.request("cmd.dev.ping", {}, timeout=2) == {"ok": True}
             assert a.reconnects >= 1 and b.reconnects >= 1
+
+
+async def test_an_error_inside_the_bus_s_lifetime_leaves_it_unchanged(nats_server):
+    """A hub whose start fails inside ``open_nats_bus`` must say why: closing the bus once let a
+    Cancelled replace the error, which the bus's nursery then swallowed ("generator didn't yield")."""
+    with trio.fail_after(15):
+        with pytest.raises(BaseExceptionGroup) as caught:
+            async with open_nats_bus(nats_server.url, "a"):
+                raise LookupError("the real reason the hub could not start")
+        assert caught.group_contains(LookupError, match="real reason")
