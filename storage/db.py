@@ -193,7 +193,10 @@ class Database:
                 await self._cross(self._pool.close())
             self._pool = None
         self._loop.call_soon_threadsafe(self._loop.stop)
-        await trio.to_thread.run_sync(self._thread.join)
+        # Shielded as the closes above: a close runs while an error or a cancellation leaves the hub,
+        # and a Cancelled raised here would replace the error that says why (actors/natsbus.py alike).
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await trio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
         self._loop = None
 
     # -- the crossing ----------------------------------------------------------------------
