@@ -34,7 +34,7 @@ DEMO_PRICES = {"active_device": "2.00", "tunnel_minutes": "0.01", "tunnel_relaye
                "assistant_completion_tokens": "3.00"}
 
 
-def _write_private(path: Path, data: dict) -> None:
+def write_demo_file(path: Path, data: dict) -> None:
     write_private(path, (json.dumps(data, indent=2) + "\n").encode())  # 0600: it holds the admin's password
 
 
@@ -114,5 +114,5 @@ async def run_demo(services: Services, base_url: str, nursery: trio.Nursery, *, 
                                               # the console's terminal: a shell as this process's user
                                               shell=ShellUser.lookup(None) if tunnel_shell else None)}))
     info = {"base_url": base_url, **info, "devices": [a.device_id for a in agents]}
-    _write_private(data_dir / "demo.json", info)
+    write_demo_file(data_dir / "demo.json", info)
     return info

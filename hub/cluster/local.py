@@ -81,7 +81,7 @@ def _stop(proc: subprocess.Popen, timeout: float = 20) -> None:
 
 
 async def run_local_cluster(data_dir: Path, nodes: int, devices: int, stopping: trio.Event) -> None:
-    from hub.demo import bootstrap
+    from hub.demo import bootstrap, write_demo_file
     from hub.services import open_services, start_embedded
 
     nats_bin = shutil.which("nats-server") or NATS_SERVER
@@ -127,6 +127,8 @@ async def run_local_cluster(data_dir: Path, nodes: int, devices: int, stopping: 
                                    "--data-dir", str(data_dir / "sim" / node_id), "--pat-id", info["pat"]["id"],
                                    "--pat-secret", info["pat"]["secret"], "--org", info["org_id"],
                                    "--fleet", info["fleet_id"]], f"sim-{node_id}.log"))
+        # the PAT and the admin's password, as `fleethub demo` writes them (readable by the owner only)
+        write_demo_file(data_dir / "demo.json", {"base_url": started[0][1], **info})
         summary = {"nats": nats_url, "org_id": info["org_id"], "fleet_id": info["fleet_id"],
                    "nodes": [{"id": n, "url": u, "devices": c} for (n, u, _), c in zip(started, _spread(devices, nodes))]}
         path = data_dir / "cluster.json"

@@ -44,6 +44,16 @@ async def test_fleethub_cluster_starts_two_nodes_with_the_devices_spread_and_sto
                         break
                     await trio.sleep(0.2)
             assert [(s["node"], s["nats"]) for s in states] == [("node-1", "connected"), ("node-2", "connected")]
+            # what it prints: "the PAT is in DIR/demo.json" (owner-only), and the PAT works on every node
+            demo = cluster_dir / "demo.json"
+            assert oct(demo.stat().st_mode & 0o777) == "0o600"
+            pat = json.loads(demo.read_text())["pat"]
+            headers = {"X-API-Token-ID": pat["id"], "X-API-Secret-Key": pat["secret"],
+                       "X-Organization-ID": summary["org_id"]}
+            async with httpx.AsyncClient(timeout=5) as client:
+                for n in summary["nodes"]:
+                    r = await client.get(n["url"] + "/v1/devices", headers=headers)
+                    assert r.status_code == 200 and len(r.json()["data"]) == 2, r.text
             assert await trio.to_thread.run_sync(proc.interrupt, 60) == 0, proc.log_tail()
             assert postgres_of(cluster_dir) == []
         finally:
