@@ -11,11 +11,7 @@ set (docs/img holds a few), else to the test session's temporary directory.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
-import threading
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,9 +21,9 @@ import pytest
 import trio
 
 from device_client.memtest import MemtestConfig
-from hub.auth.passwords import hash_password
-from tests.conformance.conftest import SMALL_MEMORY, SpecHub, _create_database, _drop_database
+from tests.conformance.conftest import SMALL_MEMORY, SpecHub
 from tests.hubtools import start_agent, start_hub
+from tests.threadhub import add_operator, hub_in_thread
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -64,66 +60,36 @@ def console(pg_server_dsn, pg_template):
     why = _why_no_browser()
     if why:
         pytest.skip(why)
-    name = _create_database(pg_server_dsn, pg_template)
-    db_url = pg_server_dsn.rsplit("/", 1)[0] + "/" + name
-    root = Path(tempfile.mkdtemp(prefix="fleethub-console-"))
-    ready: dict[str, Any] = {}
-    started, stop = threading.Event(), threading.Event()
 
-    async def serve() -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                with trio.fail_after(90):
-                    hub = await start_hub(nursery, db_url, root / "hub", heartbeat_interval=0.5)
-                    s = hub.services
-                    await s.db.execute("UPDATE organizations SET tier = 'enterprise', rate_limit = 1000000 "
-                                       "WHERE id = $1::uuid", hub.org_id)
-                    await s.invalidate(f"org:{hub.org_id}")
-                    email = f"operator-{uuid.uuid4().hex[:6]}@test.local"
-                    digest = await trio.to_thread.run_sync(hash_password, PASSWORD)
-                    user = await s.orgs.create_user(email, s.clock.now(), password_hash=digest)
-                    await s.orgs.add_member(uuid.UUID(hub.org_id), user["id"], "admin", s.clock.now())
-                    r = await hub.call("POST", "/v1/fleets", json={"name": "line-1"})
-                    fleet_id = r.json()["data"]["id"]
-                    r = await hub.call("POST", "/v1/configurations", json={"name": "app", "spec": {"workload": HEALTHY}})
-                    config_id = r.json()["data"]["id"]
-                    agents, devices = {}, {}
-                    plan = [("line-1-a", fleet_id), ("line-1-b", fleet_id), ("line-1-c", fleet_id),
-                            ("lab-unplug", None), ("lab-memory", None)]
-                    for dev_name, fid in plan:
-                        extra = {"fleet_id": fid} if fid else {}
-                        dev_id, token = await hub.provision(dev_name, **extra)
-                        agents[dev_name] = await start_agent(
-                            nursery, hub.base_url, token, root / dev_name,
-                            memtest=MemtestConfig(budget=SMALL_MEMORY, chunk_words=1 << 13))
-                        devices[dev_name] = dev_id
-                ready.update(hub=hub, token=trio.lowlevel.current_trio_token(), email=email, agents=agents,
-                             devices=devices, fleet_id=fleet_id, config_id=config_id, nursery=nursery)
-                started.set()
-                await trio.to_thread.run_sync(stop.wait)
-                await hub.client.aclose()
-                nursery.cancel_scope.cancel()
-        except BaseException as exc:  # noqa: BLE001 — handed to the main thread below
-            ready["error"] = exc
-            started.set()
+    async def setup(nursery: trio.Nursery, db_url: str, root: Path) -> dict[str, Any]:
+        hub = await start_hub(nursery, db_url, root / "hub", heartbeat_interval=0.5)
+        s = hub.services
+        await s.db.execute("UPDATE organizations SET tier = 'enterprise', rate_limit = 1000000 "
+                           "WHERE id = $1::uuid", hub.org_id)
+        await s.invalidate(f"org:{hub.org_id}")
+        email = await add_operator(hub, PASSWORD)
+        r = await hub.call("POST", "/v1/fleets", json={"name": "line-1"})
+        fleet_id = r.json()["data"]["id"]
+        r = await hub.call("POST", "/v1/configurations", json={"name": "app", "spec": {"workload": HEALTHY}})
+        config_id = r.json()["data"]["id"]
+        agents, devices = {}, {}
+        plan = [("line-1-a", fleet_id), ("line-1-b", fleet_id), ("line-1-c", fleet_id),
+                ("lab-unplug", None), ("lab-memory", None)]
+        for dev_name, fid in plan:
+            extra = {"fleet_id": fid} if fid else {}
+            dev_id, token = await hub.provision(dev_name, **extra)
+            agents[dev_name] = await start_agent(
+                nursery, hub.base_url, token, root / dev_name,
+                memtest=MemtestConfig(budget=SMALL_MEMORY, chunk_words=1 << 13))
+            devices[dev_name] = dev_id
+        return {"hub": hub, "email": email, "agents": agents, "devices": devices, "fleet_id": fleet_id,
+                "config_id": config_id}
 
-    thread = threading.Thread(target=trio.run, args=(serve,), name="console-hub", daemon=True)
-    thread.start()
-    started.wait(120)
-    if "hub" not in ready:
-        stop.set()
-        raise RuntimeError(f"the console's hub did not start: {ready.get('error')!r}")
-    http = httpx.Client(timeout=30)
-    try:
+    with hub_in_thread(pg_server_dsn, pg_template, "console", setup) as ready, httpx.Client(timeout=30) as http:
         yield ConsoleHub(ready["hub"], ready["token"], http, ready["devices"]["lab-memory"], "",
-                         {"nursery": ready["nursery"], "root": root}, email=ready["email"], agents=ready["agents"],
-                         devices=ready["devices"], fleet_id=ready["fleet_id"], config_id=ready["config_id"])
-    finally:
-        http.close()
-        stop.set()
-        thread.join(30)
-        _drop_database(pg_server_dsn, name)
-        shutil.rmtree(root, ignore_errors=True)
+                         {"nursery": ready["nursery"], "root": ready["root"]}, email=ready["email"],
+                         agents=ready["agents"], devices=ready["devices"], fleet_id=ready["fleet_id"],
+                         config_id=ready["config_id"])
 
 
 @pytest.fixture(scope="module")

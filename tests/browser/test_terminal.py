@@ -10,11 +10,6 @@ operator's browser reaches a device through the session's TURN relay instead; do
 from __future__ import annotations
 
 import re
-import shutil
-import socket
-import subprocess
-import tempfile
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,7 +20,6 @@ import trio
 
 from device_client.shell import ShellUser
 from device_client.tunnel import TunnelConfig
-from hub.auth.passwords import hash_password
 from tests.browser.conftest import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -34,8 +28,9 @@ from tests.browser.conftest import (
     _why_no_browser,
     sign_in,
 )
-from tests.conformance.conftest import _create_database, _drop_database
 from tests.hubtools import start_agent, start_hub
+from tests.threadhub import add_operator, hub_in_thread
+from tests.turntools import running_coturn
 from webrtc.loop import restrict_host_addresses
 
 BROWSER_ARGS = [*CHROMIUM_ARGS, "--disable-features=WebRtcHideLocalIpsWithMdns",
@@ -46,37 +41,11 @@ TURN_SECRET = "turn-terminal-" + uuid.uuid4().hex
 GRANT_SECONDS = 4  # short grants: the page renews within every test that stays connected a while
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def coturn(tmp_path_factory):
-    """A real coturn on 127.0.0.1 with the hub's TURN REST secret (as tests/e2e/test_turn.py)."""
-    binary = shutil.which("turnserver")
-    if binary is None:
-        pytest.fail("turnserver is not installed: install the Debian package coturn (make system-deps)")
-    where = tmp_path_factory.mktemp("coturn")
-    port = free_udp_port()
-    relay_low = 40000 + (port % 20000)
-    with open(where / "coturn.log", "w+") as log:
-        proc = subprocess.Popen(
-            [binary, "-n", "--no-cli", "--log-file=stdout", "--simple-log", "--listening-ip=127.0.0.1",
-             "--relay-ip=127.0.0.1", f"--listening-port={port}", "--use-auth-secret",
-             f"--static-auth-secret={TURN_SECRET}", "--realm=fleethub.test", "--no-tls", "--no-dtls",
-             "--allow-loopback-peers", f"--min-port={relay_low}", f"--max-port={relay_low + 50}",
-             "--no-multicast-peers", "--fingerprint", f"--pidfile={where / 'turnserver.pid'}",
-             f"--db={where / 'turndb'}"], stdout=log, stderr=subprocess.STDOUT)
-        try:
-            yield port
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    """A real coturn on 127.0.0.1 with the hub's TURN REST secret."""
+    with running_coturn(tmp_path_factory.mktemp("coturn"), TURN_SECRET) as (port, _proc, _log):
+        yield port
 
 
 @pytest.fixture(scope="module")
@@ -84,64 +53,31 @@ def terminal_hub(pg_server_dsn, pg_template, coturn):
     why = _why_no_browser()
     if why:
         pytest.skip(why)
-    name = _create_database(pg_server_dsn, pg_template)
-    db_url = pg_server_dsn.rsplit("/", 1)[0] + "/" + name
-    root = Path(tempfile.mkdtemp(prefix="fleethub-terminal-"))
-    ready: dict[str, Any] = {}
-    started, stop = threading.Event(), threading.Event()
 
-    async def serve() -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                with trio.fail_after(90):
-                    restrict_host_addresses(["127.0.0.1"])
-                    hub = await start_hub(nursery, db_url, root / "hub", heartbeat_interval=0.5,
-                                          tunnel_grant_seconds=GRANT_SECONDS,
-                                          turn_urls=(f"turn:127.0.0.1:{coturn}?transport=udp",),
-                                          turn_secret=TURN_SECRET)
-                    s = hub.services
-                    org = uuid.UUID(hub.org_id)
-                    await s.tunnels.store.set_entitlement(org, {"enabled": True, "relay_allowed": True},
-                                                          s.clock.now())
-                    email = f"operator-{uuid.uuid4().hex[:6]}@test.local"
-                    digest = await trio.to_thread.run_sync(hash_password, PASSWORD)
-                    user = await s.orgs.create_user(email, s.clock.now(), password_hash=digest)
-                    await s.orgs.add_member(org, user["id"], "admin", s.clock.now())
-                    me = ShellUser.lookup(None)
-                    # bash (for $RANDOM), whatever the test user's login shell is
-                    shell = TunnelConfig(shell=ShellUser(me.name, me.uid, me.gid, me.home, "/bin/bash"))
-                    agents, devices = {}, {}
-                    for dev_name, config in (("term-on", shell), ("term-off", TunnelConfig())):
-                        dev_id, token = await hub.provision(dev_name)
-                        agents[dev_name] = await start_agent(nursery, hub.base_url, token, root / dev_name,
-                                                             tunnel=config)
-                        devices[dev_name] = dev_id
-                ready.update(hub=hub, token=trio.lowlevel.current_trio_token(), email=email, agents=agents,
-                             devices=devices)
-                started.set()
-                await trio.to_thread.run_sync(stop.wait)
-                await hub.client.aclose()
-                nursery.cancel_scope.cancel()
-        except BaseException as exc:  # noqa: BLE001 — handed to the main thread below
-            ready["error"] = exc
-            started.set()
+    async def setup(nursery: trio.Nursery, db_url: str, root: Path) -> dict[str, Any]:
+        restrict_host_addresses(["127.0.0.1"])
+        hub = await start_hub(nursery, db_url, root / "hub", heartbeat_interval=0.5,
+                              tunnel_grant_seconds=GRANT_SECONDS,
+                              turn_urls=(f"turn:127.0.0.1:{coturn}?transport=udp",),
+                              turn_secret=TURN_SECRET)
+        s = hub.services
+        await s.tunnels.store.set_entitlement(uuid.UUID(hub.org_id), {"enabled": True, "relay_allowed": True},
+                                              s.clock.now())
+        email = await add_operator(hub, PASSWORD)
+        me = ShellUser.lookup(None)
+        # bash (for $RANDOM), whatever the test user's login shell is
+        shell = TunnelConfig(shell=ShellUser(me.name, me.uid, me.gid, me.home, "/bin/bash"))
+        agents, devices = {}, {}
+        for dev_name, config in (("term-on", shell), ("term-off", TunnelConfig())):
+            dev_id, token = await hub.provision(dev_name)
+            agents[dev_name] = await start_agent(nursery, hub.base_url, token, root / dev_name, tunnel=config)
+            devices[dev_name] = dev_id
+        return {"hub": hub, "email": email, "agents": agents, "devices": devices}
 
-    thread = threading.Thread(target=trio.run, args=(serve,), name="terminal-hub", daemon=True)
-    thread.start()
-    started.wait(120)
-    if "hub" not in ready:
-        stop.set()
-        raise RuntimeError(f"the terminal test's hub did not start: {ready.get('error')!r}")
-    http = httpx.Client(timeout=30)
-    try:
-        yield ConsoleHub(ready["hub"], ready["token"], http, ready["devices"]["term-on"], "", {"root": root},
-                         email=ready["email"], agents=ready["agents"], devices=ready["devices"])
-    finally:
-        http.close()
-        stop.set()
-        thread.join(30)
-        _drop_database(pg_server_dsn, name)
-        shutil.rmtree(root, ignore_errors=True)
+    with hub_in_thread(pg_server_dsn, pg_template, "terminal", setup) as ready, httpx.Client(timeout=30) as http:
+        yield ConsoleHub(ready["hub"], ready["token"], http, ready["devices"]["term-on"], "",
+                         {"root": ready["root"]}, email=ready["email"], agents=ready["agents"],
+                         devices=ready["devices"])
 
 
 @pytest.fixture(scope="module")

@@ -9,23 +9,18 @@ Every test makes what it needs under fresh names, so the order of tests does not
 
 from __future__ import annotations
 
-import asyncio
-import os
-import shutil
-import tempfile
-import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 import trio
 
 from device_client.memtest import MemtestConfig
 from tests.hubtools import Hub, start_agent, start_hub
+from tests.threadhub import hub_in_thread
 
 SMALL_MEMORY = 256 << 10
 
@@ -98,77 +93,22 @@ class SpecHub:
         return {"Authorization": f"Bearer {r.json()['access_token']}", "X-Organization-ID": self.org_id}
 
 
-def _create_database(server_dsn: str, template: str) -> str:
-    name = f"conformance_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-
-    async def create() -> None:
-        conn = await asyncpg.connect(server_dsn)
-        try:
-            await conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
-        finally:
-            await conn.close()
-
-    asyncio.run(create())
-    return name
-
-
-def _drop_database(server_dsn: str, name: str) -> None:
-    async def drop() -> None:
-        conn = await asyncpg.connect(server_dsn)
-        try:
-            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        finally:
-            await conn.close()
-
-    asyncio.run(drop())
-
-
 @pytest.fixture(scope="session")
 def spec(pg_server_dsn, pg_template):
-    name = _create_database(pg_server_dsn, pg_template)
-    db_url = pg_server_dsn.rsplit("/", 1)[0] + "/" + name
-    root = Path(tempfile.mkdtemp(prefix="fleethub-conformance-"))
-    ready: dict[str, Any] = {}
-    started = threading.Event()
-    stop = threading.Event()
+    async def setup(nursery: trio.Nursery, db_url: str, root: Path) -> dict[str, Any]:
+        hub = await start_hub(nursery, db_url, root / "hub", heartbeat_interval=1.0)
+        # The suite is one caller making a few hundred calls: room for all of them.
+        await hub.services.db.execute(
+            "UPDATE organizations SET tier = 'enterprise', rate_limit = 1000000 WHERE id = $1::uuid",
+            hub.org_id)
+        await hub.services.invalidate(f"org:{hub.org_id}")
+        device_id, token = await hub.provision("conformance-device")
+        await start_agent(nursery, hub.base_url, token, root / "agent",
+                          memtest=MemtestConfig(budget=SMALL_MEMORY, chunk_words=1 << 13))
+        offline_id, _ = await hub.provision("conformance-offline")
+        return {"hub": hub, "device_id": device_id, "offline_id": offline_id}
 
-    async def serve() -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                with trio.fail_after(60):
-                    hub = await start_hub(nursery, db_url, root / "hub", heartbeat_interval=1.0)
-                    # The suite is one caller making a few hundred calls: room for all of them.
-                    await hub.services.db.execute(
-                        "UPDATE organizations SET tier = 'enterprise', rate_limit = 1000000 WHERE id = $1::uuid",
-                        hub.org_id)
-                    await hub.services.invalidate(f"org:{hub.org_id}")
-                    device_id, token = await hub.provision("conformance-device")
-                    await start_agent(nursery, hub.base_url, token, root / "agent",
-                                      memtest=MemtestConfig(budget=SMALL_MEMORY, chunk_words=1 << 13))
-                    offline_id, _ = await hub.provision("conformance-offline")
-                ready.update(hub=hub, token=trio.lowlevel.current_trio_token(), device_id=device_id,
-                             offline_id=offline_id, nursery=nursery, root=root)
-                started.set()
-                await trio.to_thread.run_sync(stop.wait)
-                await hub.client.aclose()
-                nursery.cancel_scope.cancel()
-        except BaseException as exc:  # noqa: BLE001 — handed to the main thread below
-            ready["error"] = exc
-            started.set()
-
-    thread = threading.Thread(target=trio.run, args=(serve,), name="conformance-hub", daemon=True)
-    thread.start()
-    started.wait(90)
-    if "hub" not in ready:
-        stop.set()
-        raise RuntimeError(f"the conformance hub did not start: {ready.get('error')!r}")
-    http = httpx.Client(timeout=30)
-    try:
+    with hub_in_thread(pg_server_dsn, pg_template, "conformance", setup, start_timeout=60) as ready, \
+            httpx.Client(timeout=30) as http:
         yield SpecHub(ready["hub"], ready["token"], http, ready["device_id"], ready["offline_id"],
                       {"nursery": ready["nursery"], "root": ready["root"]})
-    finally:
-        http.close()
-        stop.set()
-        thread.join(30)
-        _drop_database(pg_server_dsn, name)
-        shutil.rmtree(root, ignore_errors=True)

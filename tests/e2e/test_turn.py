@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import shutil
 import socket
-import subprocess
 import uuid
 from pathlib import Path
 from urllib.parse import urlparse
@@ -24,42 +22,15 @@ import trio
 from hub.tunnels.turn import credential
 from tests.api.test_tunnels import connect, entitle, open_session, tunnel_token
 from tests.hubtools import start_hub
+from tests.turntools import running_coturn
 
 SECRET = "turn-shared-" + uuid.uuid4().hex
-TURNSERVER = "/usr/bin/turnserver"
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def coturn(tmp_path):
-    binary = shutil.which("turnserver") or (TURNSERVER if Path(TURNSERVER).exists() else None)
-    if binary is None:
-        pytest.fail("turnserver is not installed: install the Debian package coturn (apt-get install coturn)")
-    port = free_udp_port()
-    relay_low = 40000 + (port % 20000)
-    log = open(tmp_path / "coturn.log", "w+")
-    proc = subprocess.Popen(
-        [binary, "-n", "--no-cli", "--log-file=stdout", "--simple-log", "--listening-ip=127.0.0.1",
-         "--relay-ip=127.0.0.1", f"--listening-port={port}", "--use-auth-secret",
-         f"--static-auth-secret={SECRET}", "--realm=fleethub.test", "--no-tls", "--no-dtls",
-         "--allow-loopback-peers", f"--min-port={relay_low}", f"--max-port={relay_low + 50}",
-         "--no-multicast-peers", "--fingerprint", f"--pidfile={tmp_path / 'turnserver.pid'}",
-         f"--db={tmp_path / 'turndb'}"],
-        stdout=log, stderr=subprocess.STDOUT)
-    try:
-        yield port, proc, log
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with running_coturn(tmp_path, SECRET) as running:
+        yield running
 
 
 class _Peer(asyncio.DatagramProtocol):
