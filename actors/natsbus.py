@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -35,7 +34,7 @@ import trio
 
 from actors import errors as actor_errors
 from actors.bus import BusError, Handler, NoResponders, RequestTimeout
-from device_client.bridge import run_on
+from device_client.bridge import run_on, start_loop_thread, stop_loop_thread
 
 log = logging.getLogger("fleethub.natsbus")
 
@@ -100,18 +99,7 @@ class NatsBus:
         import nats  # imported here: a hub without FLEETHUB_NATS_URL never needs it
 
         self._nursery, self._token = nursery, trio.lowlevel.current_trio_token()
-        ready = threading.Event()
-
-        def loop_main() -> None:
-            self._loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(self._loop)
-            ready.set()
-            self._loop.run_forever()
-            self._loop.close()
-
-        self._thread = threading.Thread(target=loop_main, name="fleethub-nats", daemon=True)
-        self._thread.start()
-        await trio.to_thread.run_sync(ready.wait)
+        self._loop, self._thread = start_loop_thread("fleethub-nats")
 
         async def reconnected() -> None:
             self.reconnects += 1
@@ -135,16 +123,13 @@ class NatsBus:
         # Shielded whole: this runs while an exception leaves the process's services, and a Cancelled
         # raised here would replace that exception, which the nursery's cancelled scope then swallows
         # (a hub that failed to start would end quietly instead of saying why).
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(5):
-                try:
-                    if self._nc is not None:
-                        await run_on(self._loop, self._nc.close())
-                except Exception as exc:  # noqa: BLE001 — closing anyway
-                    log.info("NATS close: %s", type(exc).__name__)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            with trio.move_on_after(5):
-                await trio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            try:
+                if self._nc is not None:
+                    await run_on(self._loop, self._nc.close())
+            except Exception as exc:  # noqa: BLE001 — closing anyway
+                log.info("NATS close: %s", type(exc).__name__)
+        await stop_loop_thread(self._loop, self._thread, timeout=5)
         self._loop = None
 
     @property

@@ -1,8 +1,8 @@
 """Awaiting an asyncio coroutine from trio, when asyncio runs its own loop in another thread.
 
-Two parts of fleethub keep an asyncio-only library on a private loop in a thread: asyncpg
-(storage/db.py) and aiortc (webrtc/loop.py). Both hand that loop a coroutine and sleep in trio until
-the asyncio task's done-callback wakes them through the trio token.
+Three parts of fleethub keep an asyncio-only library on a private loop in a thread (``start_loop_thread``):
+asyncpg (storage/db.py), nats-py (actors/natsbus.py) and aiortc (webrtc/loop.py). Each hands that loop a
+coroutine and sleeps in trio until the asyncio task's done-callback wakes it through the trio token.
 
 Cancelling the trio caller cancels the task on the asyncio side, and the caller then waits for that
 side to finish — shielded, for at most ``cancel_grace`` seconds — before it goes on: an asyncpg
@@ -75,3 +75,35 @@ async def run_on(loop: asyncio.AbstractEventLoop, coro: Awaitable[T], *, cancel_
             return result[0].unwrap()  # done over there: say so (Cancelled comes at the next checkpoint)
         raise
     return result[0].unwrap()
+
+
+def start_loop_thread(name: str, exception_handler: Any = None) -> tuple[asyncio.AbstractEventLoop, Any]:
+    """A private asyncio loop running in a daemon thread (asyncpg, nats-py and aiortc each keep one):
+    ``(loop, thread)`` once the loop runs. Sync: a thread start, no IO. ``stop_loop_thread`` ends it."""
+    import threading
+
+    ready = threading.Event()
+    box: list[asyncio.AbstractEventLoop] = []
+
+    def main() -> None:
+        loop = asyncio.new_event_loop()
+        if exception_handler is not None:
+            loop.set_exception_handler(exception_handler)
+        asyncio.set_event_loop(loop)
+        box.append(loop)
+        ready.set()
+        loop.run_forever()
+        loop.close()
+
+    thread = threading.Thread(target=main, name=name, daemon=True)
+    thread.start()
+    ready.wait()
+    return box[0], thread
+
+
+async def stop_loop_thread(loop: asyncio.AbstractEventLoop, thread: Any, *, timeout: float = 10.0) -> None:
+    """Stop the loop and join its thread, shielded and bounded: a stop runs while an error or a
+    cancellation leaves its owner, and a Cancelled raised here would replace the error that says why."""
+    loop.call_soon_threadsafe(loop.stop)
+    with trio.CancelScope(shield=True), trio.move_on_after(timeout):
+        await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)

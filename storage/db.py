@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import asyncpg
 import trio
 
-from device_client.bridge import run_on
+from device_client.bridge import run_on, start_loop_thread, stop_loop_thread
 
 T = TypeVar("T")
 log = logging.getLogger("fleethub.storage")
@@ -104,18 +104,7 @@ class Database:
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
         self._closing = False
-        ready = threading.Event()
-
-        def loop_main() -> None:
-            self._loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(self._loop)
-            ready.set()
-            self._loop.run_forever()
-            self._loop.close()
-
-        self._thread = threading.Thread(target=loop_main, name="fleethub-asyncpg", daemon=True)
-        self._thread.start()
-        await trio.to_thread.run_sync(ready.wait)
+        self._loop, self._thread = start_loop_thread("fleethub-asyncpg")
 
         async def create_pool() -> asyncpg.Pool:
             # Built on the asyncio side: asyncpg binds the pool to the loop current at construction.
@@ -192,11 +181,7 @@ class Database:
             with trio.CancelScope(shield=True):
                 await self._cross(self._pool.close())
             self._pool = None
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        # Shielded as the closes above: a close runs while an error or a cancellation leaves the hub,
-        # and a Cancelled raised here would replace the error that says why (actors/natsbus.py alike).
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
-            await trio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
+        await stop_loop_thread(self._loop, self._thread)
         self._loop = None
 
     # -- the crossing ----------------------------------------------------------------------

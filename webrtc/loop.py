@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from device_client.bridge import run_on
+from device_client.bridge import run_on, start_loop_thread
 
 T = TypeVar("T")
 
@@ -43,21 +43,7 @@ class AsyncioThread:
         """The running loop, started on first use (sync: a thread start, no IO)."""
         with self._lock:
             if self._loop is None:
-                ready = threading.Event()
-                box: list[asyncio.AbstractEventLoop] = []
-
-                def main() -> None:
-                    loop = asyncio.new_event_loop()
-                    loop.set_exception_handler(_exception_handler)
-                    asyncio.set_event_loop(loop)
-                    box.append(loop)
-                    ready.set()
-                    loop.run_forever()
-
-                self._thread = threading.Thread(target=main, name="fleethub-webrtc", daemon=True)
-                self._thread.start()
-                ready.wait()
-                self._loop = box[0]
+                self._loop, self._thread = start_loop_thread("fleethub-webrtc", _exception_handler)
             return self._loop
 
     async def run(self, coro: Awaitable[T]) -> T:
