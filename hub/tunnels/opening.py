@@ -68,16 +68,22 @@ async def _facts(s, row: dict) -> dict:
     return live or row.get("facts") or {}
 
 
-async def check(s, org_id: uuid.UUID, device_id: uuid.UUID, target: str) -> Checked:
-    row = await s.devices.get(org_id, device_id)
-    if row is not None:
-        await authorize(s, "tunnel_access", Obj("device", row["id"], row.get("fleet_id")))
+async def entitled(s, org_id: uuid.UUID) -> Entitlement:
+    """The organisation's tunnel entitlement, when it may open sessions now (entitled, not billing-locked)."""
     ent = Entitlement.of(await s.tunnels.store.entitlement(org_id))
     if not ent.enabled:
         raise Forbidden("the organisation is not entitled to tunnel sessions", code="tunnel_not_entitled")
     if (await org_billing(s, org_id)).locked:
         raise Forbidden("the account is billing-locked; tunnel sessions are refused until it is settled",
                         code="account_locked")
+    return ent
+
+
+async def check(s, org_id: uuid.UUID, device_id: uuid.UUID, target: str) -> Checked:
+    row = await s.devices.get(org_id, device_id)
+    if row is not None:
+        await authorize(s, "tunnel_access", Obj("device", row["id"], row.get("fleet_id")))
+    ent = await entitled(s, org_id)
     facts = await _facts(s, row) if row is not None else {}
     key = facts.get("tunnelPublicKey") or (row or {}).get("tunnel_public_key")
     if row is None or not key:
@@ -150,12 +156,7 @@ async def offer_ice_servers(s, principal: TunnelPrincipal, org_id: uuid.UUID) ->
     billing checks as an open; TURN credentials only when the organisation may relay, valid for one
     grant window."""
     require_enabled(s)
-    ent = Entitlement.of(await s.tunnels.store.entitlement(org_id))
-    if not ent.enabled:
-        raise Forbidden("the organisation is not entitled to tunnel sessions", code="tunnel_not_entitled")
-    if (await org_billing(s, org_id)).locked:
-        raise Forbidden("the account is billing-locked; tunnel sessions are refused until it is settled",
-                        code="account_locked")
+    ent = await entitled(s, org_id)
     now = _ms(s.clock.now())
     expires_at = now + dt.timedelta(seconds=s.settings.tunnel_grant_seconds)
     relay = ent.relay_allowed
