@@ -11,13 +11,19 @@ import trio
 from tests.hubtools import assert_error, open_hub, start_agent, start_hub, wait_for
 
 
+async def two_nodes(nursery, db_url: str, data, nats_url: str):
+    """Node "a" with its test client, and node "b" (services, base URL), on one database and one NATS."""
+    a = await start_hub(nursery, db_url, data, nats_url=nats_url, node_id="a")
+    b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_url, node_id="b")
+    return a, b_services, b_url
+
+
 async def test_a_command_on_node_b_reaches_a_device_linked_to_node_a(nats_server, db_url, tmp_path):
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             # one data dir: the nodes share the key files (signing keys, the secret box), as docs/cluster.md says
             data = tmp_path / "hub"
-            a = await start_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="a")
-            b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b")
+            a, b_services, b_url = await two_nodes(nursery, db_url, data, nats_server.url)
             assert (a.services.node_id, b_services.node_id) == ("a", "b")
             assert a.services.bus is not b_services.bus and a.services.clustered
 
@@ -54,8 +60,7 @@ async def test_a_device_that_moves_to_node_b_is_let_go_by_node_a_and_stays_onlin
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             data = tmp_path / "hub"
-            a = await start_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="a")
-            b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b")
+            a, b_services, b_url = await two_nodes(nursery, db_url, data, nats_server.url)
             device_id, token = await a.provision("edge-1")
             dev = uuid.UUID(device_id)
             first = await start_agent(nursery, a.base_url, token, tmp_path / "agent-a")
@@ -104,8 +109,7 @@ async def test_an_event_published_on_node_a_reaches_a_stream_on_node_b(nats_serv
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             data = tmp_path / "hub"
-            a = await start_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="a")
-            b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b")
+            a, b_services, b_url = await two_nodes(nursery, db_url, data, nats_server.url)
             device_id, token = await a.provision("edge-1")
             url = f"{b_url}/v1/devices/{device_id}/events"
             async with a.client.stream("GET", url, headers=a.headers) as r:
@@ -129,8 +133,7 @@ async def test_removing_a_member_on_node_a_takes_effect_on_node_b_at_once(nats_s
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             data = tmp_path / "hub"
-            a = await start_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="a")
-            b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b")
+            a, b_services, b_url = await two_nodes(nursery, db_url, data, nats_server.url)
             pat_id, secret = await a.new_user("member")
             theirs = {"X-API-Token-ID": pat_id, "X-API-Secret-Key": secret, "X-Organization-ID": a.org_id}
             assert (await a.client.get(f"{b_url}/v1/devices", headers=theirs)).status_code == 200  # B caches it
@@ -202,8 +205,7 @@ async def test_a_reboot_asked_of_node_b_is_done_by_node_a_holding_the_device(nat
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             data = tmp_path / "hub"
-            a = await start_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="a")
-            b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b")
+            a, b_services, b_url = await two_nodes(nursery, db_url, data, nats_server.url)
             device_id, token = await a.provision("edge-1")
             agent = await start_agent(nursery, a.base_url, token, tmp_path / "agent")
             await wait_for(lambda: _online_at(a.services, device_id, "a"), timeout=5)
@@ -257,8 +259,7 @@ async def test_a_memory_test_started_read_and_cancelled_on_node_b_runs_on_the_de
     with trio.fail_after(90):
         async with trio.open_nursery() as nursery:
             data = tmp_path / "hub"
-            a = await start_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="a")
-            b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b")
+            a, b_services, b_url = await two_nodes(nursery, db_url, data, nats_server.url)
             device_id, token = await a.provision("edge-mem")
             agent = await start_agent(nursery, a.base_url, token, tmp_path / "agent",
                                       memtest=MemtestConfig(budget=4 << 20))
