@@ -605,3 +605,36 @@ class PySpy:
             return [(f, round(100 * n / total, 1)) for f, n in sorted(d.items(), key=lambda kv: -kv[1])[:top]]
 
         return {"self": ranked(leaf), "inclusive": ranked(incl), "samples": [("total", total)]}
+
+
+# -- a browser (Debian's Chromium driven by Playwright), for the console's benchmarks ----------------
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def browser_missing(name: str) -> str | None:
+    """Why ``name`` cannot measure in a browser here (said and exits 0: a smoke run without Chromium),
+    or None."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return f"{name}: playwright is not installed; nothing measured"
+    if not os.access(CHROMIUM, os.X_OK):
+        return f"{name}: {CHROMIUM} is missing (make system-deps); nothing measured"
+    return None
+
+
+def tunnel_device(hub: "HubProcess", name: str) -> tuple[str, str, dict[str, str]]:
+    """On a bootstrapped hub: entitle its organisation to tunnels and provision a device; its id, its
+    token, and the environment its agent process runs with (ICE on loopback, the token, quiet logs)."""
+    hub.admin("tunnel-entitle", hub.org_id, "--enabled")
+    status, body = http_json("POST", hub.base_url + "/v1/devices", {"name": name}, hub.headers)
+    if status != 201:
+        raise RuntimeError(f"provisioning a device: {status} {body}")
+    dev_id, token = body["data"]["id"], body["data"]["token"]
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "FLEETHUB_ICE_ADDRESSES": "127.0.0.1", "FLEETHUB_DEVICE_TOKEN": token,
+           "FLEETHUB_LOG_LEVEL": "WARNING"}
+    return dev_id, token, env

@@ -19,7 +19,6 @@ Playwright is missing):
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -28,12 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (HubProcess, Verdicts, command_line, facts_line, hub_cpu_seconds, insert_devices, log,  # noqa: E402
-                     machine_facts, md_table, write_section)
+from _common import (CHROMIUM, CHROMIUM_ARGS, HubProcess, Verdicts, browser_missing, command_line,  # noqa: E402
+                     facts_line, hub_cpu_seconds, insert_devices, log, machine_facts, md_table,
+                     write_section)
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARGS = CHROMIUM_ARGS
 
 
 def main() -> int:
@@ -46,14 +44,11 @@ def main() -> int:
     args = p.parse_args()
     if args.smoke:
         args.devices, args.tabs, args.idle, args.runs = 300, 3, 3.0, 2
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        print("console: playwright is not installed; nothing measured")
+    missing = browser_missing("console")
+    if missing:
+        print(missing)
         return 0
-    if not os.access(CHROMIUM, os.X_OK):
-        print(f"console: {CHROMIUM} is missing (make system-deps); nothing measured")
-        return 0
+    from playwright.sync_api import sync_playwright
 
     facts = machine_facts()
     hub = HubProcess.start(name="console")

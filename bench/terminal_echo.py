@@ -17,7 +17,6 @@ figures and writes them to bench/RESULTS.md (``--smoke``: bench/out/RESULTS.smok
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -26,13 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (OUT_DIR, HubProcess, Verdicts, command_line, facts_line, http_json, log,  # noqa: E402
-                     machine_facts, md_table, percentile, write_section)
+from _common import (CHROMIUM, CHROMIUM_ARGS, OUT_DIR, HubProcess, Verdicts, browser_missing,  # noqa: E402
+                     command_line, facts_line, http_json, log, machine_facts, md_table, percentile,
+                     tunnel_device, write_section)
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run",
-        "--disable-features=WebRtcHideLocalIpsWithMdns", "--allow-loopback-in-peer-connection"]
+ARGS = [*CHROMIUM_ARGS, "--disable-features=WebRtcHideLocalIpsWithMdns", "--allow-loopback-in-peer-connection"]
 REPO = Path(__file__).resolve().parent.parent
 AIM_P95_MS = 50.0  # a keystroke echo a typist does not notice (informative on a shared 2-core machine)
 
@@ -69,14 +66,11 @@ def main() -> int:
     args = p.parse_args()
     if args.smoke:
         args.keys = 40
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        print("terminal_echo: playwright is not installed; nothing measured")
+    missing = browser_missing("terminal_echo")
+    if missing:
+        print(missing)
         return 0
-    if not os.access(CHROMIUM, os.X_OK):
-        print(f"terminal_echo: {CHROMIUM} is missing (make system-deps); nothing measured")
-        return 0
+    from playwright.sync_api import sync_playwright
 
     facts = machine_facts()
     hub = HubProcess.start(name="terminal-hub", env={"FLEETHUB_TUNNELS": "on"})
@@ -85,16 +79,9 @@ def main() -> int:
     rtts: list[float] = []
     try:
         hub.bootstrap()
-        hub.admin("tunnel-entitle", hub.org_id, "--enabled")
+        dev_id, token, env = tunnel_device(hub, "terminal-bench")
         email, password = f"terminal-{uuid.uuid4().hex[:6]}@bench.local", uuid.uuid4().hex
         hub.admin("create-user", email, "--org", hub.org_id, "--role", "admin", "--password", password)
-        status, body = http_json("POST", hub.base_url + "/v1/devices", {"name": "terminal-bench"}, hub.headers)
-        if status != 201:
-            raise RuntimeError(f"provisioning a device: {status} {body}")
-        dev_id, token = body["data"]["id"], body["data"]["token"]
-        OUT_DIR.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "FLEETHUB_ICE_ADDRESSES": "127.0.0.1", "FLEETHUB_DEVICE_TOKEN": token,
-               "FLEETHUB_LOG_LEVEL": "WARNING"}
         with (OUT_DIR / "terminal-agent.log").open("wb") as err:
             agent = subprocess.Popen([sys.executable, "-m", "hub.cli", "agent", "--hub", hub.base_url,
                                       "--data-dir", str(hub.data_dir / "device"), "--tunnel-shell"],

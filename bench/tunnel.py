@@ -193,20 +193,13 @@ def hub_client_worker(hub_url: str, device_id: str) -> None:
 
 def hub_first_bytes(target_port: int, sessions: int) -> tuple[list[float], list[float], dict]:
     """Hub, agent and CLI as processes: from the session POST to the first echoed byte."""
-    from _common import HubProcess, http_json
+    from _common import HubProcess, http_json, tunnel_device
 
     hub = HubProcess.start(name="tunnel-hub", env={"FLEETHUB_TUNNELS": "on"})
     agent = client = None
     try:
         hub.bootstrap()
-        hub.admin("tunnel-entitle", hub.org_id, "--enabled")
-        status, body = http_json("POST", hub.base_url + "/v1/devices", {"name": "tunnel-bench"}, hub.headers)
-        if status != 201:
-            raise RuntimeError(f"provisioning a device: {status} {body}")
-        dev_id, token = body["data"]["id"], body["data"]["token"]
-        OUT_DIR.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "FLEETHUB_ICE_ADDRESSES": "127.0.0.1", "FLEETHUB_DEVICE_TOKEN": token,
-               "FLEETHUB_LOG_LEVEL": "WARNING"}
+        dev_id, token, env = tunnel_device(hub, "tunnel-bench")
         with (OUT_DIR / "tunnel-agent.log").open("wb") as err:
             agent = subprocess.Popen([PY, "-m", "hub.cli", "agent", "--hub", hub.base_url, "--data-dir",
                                       str(hub.data_dir / "device"), "--tunnel-target",
