@@ -7,7 +7,7 @@ whole statement, so text that records what an outsider sent (an audit row's path
 goes through ``storable`` first: the hostile request is recorded, escaped, instead of lost.
 
 The escapes are visible and one-way: NUL becomes the four characters ``\\x00`` and a lone surrogate
-``\\udXXX``; nothing decodes them back.
+its ``\\u`` escape with four hex digits (``\\udc80``); nothing decodes them back.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 
 def storable(text: str) -> str:
     """``text`` with NUL and lone surrogates escaped; the same object when nothing needed escaping."""
-    if text.isascii():
-        return text.replace("\x00", "\\x00") if "\x00" in text else text
     if "\x00" in text:
         text = text.replace("\x00", "\\x00")
+    if text.isascii():  # the common case: no surrogate can be in it
+        return text
     try:
         text.encode("utf-8")
         return text

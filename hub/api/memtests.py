@@ -219,7 +219,8 @@ async def memory_test_status(id: str):  # noqa: A002 — the spec's path paramet
     elsewhere = None if online else await holder(s, row["id"])
     if online or elsewhere is not None:
         try:
-            live = await ask_device(s, row["id"], ReadStatus(), timeout=s.settings.command_timeout + 5)
+            live = await ask_device(s, row["id"], ReadStatus(), timeout=s.settings.command_timeout + 5,
+                                    node=elsewhere)
         except AskError as exc:
             # Firmware without memory tests answers live (supported false); a device that is gone,
             # silent or failing is read from what the hub stored.

@@ -55,11 +55,16 @@ async def holder(s: Any, device_id: uuid.UUID) -> str | None:
     return node if node and node != s.node_id else None
 
 
-async def ask_device(s: Any, device_id: uuid.UUID, msg: Any, timeout: float) -> Any:
-    """Ask the device's actor: here, or on the node holding its link (cluster)."""
+_LOOK_UP = object()
+
+
+async def ask_device(s: Any, device_id: uuid.UUID, msg: Any, timeout: float, *, node: Any = _LOOK_UP) -> Any:
+    """Ask the device's actor: here, or on the node holding its link (cluster). ``node``: the holder
+    when the caller already looked it up (``holder``), so it is not read twice."""
     name = type(msg).__name__
     if name in ASKS:
-        node = await holder(s, device_id)
+        if node is _LOOK_UP:
+            node = await holder(s, device_id)
         if node is not None:
             try:
                 answer = await s.bus.request(f"cluster.node.{node}.ask",
