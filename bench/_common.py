@@ -472,6 +472,29 @@ def insert_devices(dsn: str, org_id: str, n: int, *, prefix: str = "bench") -> l
     return devices
 
 
+def pg_statements(dsn: str) -> int:
+    """Statements PostgreSQL has finished for the hub's database so far: pg_stat_database's committed
+    plus rolled-back transactions (each autocommit statement is one; so is a pool's reset query).
+    The server publishes these counters within about a second: read them after a pause."""
+    import asyncpg
+
+    async def read() -> int:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            return int(await conn.fetchval(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"))
+        finally:
+            await conn.close()
+
+    return asyncio.run(read())
+
+
+def storage_crossings(metrics: dict[str, float]) -> int:
+    """The hub's trio-to-asyncpg crossings so far (its /metrics histogram's count)."""
+    return int(metrics.get("fleethub_storage_crossing_seconds_count", 0))
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.5) -> bool:
     deadline = time.monotonic() + timeout
     while True:

@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (BENCH_DIR, OUT_DIR, PY, REPO, HubProcess, PySpy, Verdicts, Worker, command_line,  # noqa: E402
                      facts_line, free_port, http_json, hub_cpu_seconds, insert_devices, loadavg, log,
-                     machine_facts, md_table, shm_tempdir, wait_http, write_section)
+                     machine_facts, md_table, pg_statements, shm_tempdir, storage_crossings, wait_http,
+                     write_section)
 
 
 def load(cfg: dict, timeout: float) -> dict:
@@ -54,6 +55,46 @@ def wait_all_connected(hub: HubProcess, n: int, timeout: float) -> bool:
             return True
         time.sleep(0.25)
     return False
+
+
+def measured_load(hub: HubProcess, cfg: dict, spy: PySpy | None) -> dict:
+    """One closed-loop run, with what the hub spent on it: CPU seconds from its own /metrics (the
+    process collector), its storage crossings (/metrics) and the statements PostgreSQL finished
+    (pg_stat_database), each per measured request. Warm-up requests are inside the counts: the
+    per-request figures divide by all requests sent, background work (write-behind flushes) included."""
+    time.sleep(1.2)  # PostgreSQL publishes its counters about once a second
+    m0, st0 = hub.metrics(), pg_statements(hub.dsn())
+    t0 = time.monotonic()
+    r = load(cfg, timeout=600)
+    wall = time.monotonic() - t0
+    m1 = hub.metrics()
+    time.sleep(1.2)
+    st1 = pg_statements(hub.dsn())
+    if spy:
+        spy.stop()
+        r["py_spy"] = spy.summary()
+    sent = len(cfg["paths"])
+    cpu = hub_cpu_seconds(m1) - hub_cpu_seconds(m0)
+    r["hub_cpu_percent"] = round(100 * cpu / wall, 1)
+    r["hub_cpu_ms_per_request"] = round(1000 * cpu / sent, 3)
+    r["crossings_per_request"] = round((storage_crossings(m1) - storage_crossings(m0)) / sent, 3)
+    r["statements_per_request"] = round((st1 - st0) / sent, 3)
+    r["route_crossings"] = route_crossings(m0, m1)
+    return r
+
+
+def route_crossings(m0: dict, m1: dict) -> dict[str, float]:
+    """Storage crossings per request made while handling each route, between two /metrics reads (the
+    hub's ``fleethub_http_request_storage_crossings`` histogram): background work is not in these."""
+    out = {}
+    for key, total in m1.items():
+        if key.startswith("fleethub_http_request_storage_crossings_sum{"):
+            count_key = key.replace("_sum{", "_count{", 1)
+            n = m1.get(count_key, 0) - m0.get(count_key, 0)
+            if n > 0:
+                route = key.split('route="', 1)[1].rsplit('"', 1)[0]
+                out[route] = round((total - m0.get(key, 0)) / n, 3)
+    return out
 
 
 def main() -> int:
@@ -110,21 +151,22 @@ def main() -> int:
                 paths = [f"/v1/devices/{ids[i]}/reboot" for i in range(n)]
                 cfg = {**base_cfg, "paths": paths, "concurrency": c, "warmup": 0}
             spy = PySpy(hub.pid, OUT_DIR / "command_rtt-hub.pyspy.txt") if args.py_spy and c == max(levels) else None
-            # the hub's CPU seconds from its own /metrics (the process collector), not /proc
-            cpu0, t0 = hub_cpu_seconds(hub.metrics()), time.monotonic()
-            r = load(cfg, timeout=600)
-            wall = time.monotonic() - t0
-            cpu = hub_cpu_seconds(hub.metrics()) - cpu0
-            if spy:
-                spy.stop()
-                r["py_spy"] = spy.summary()
+            r = measured_load(hub, cfg, spy)
             r["concurrency"] = c
-            r["hub_cpu_percent"] = round(100 * cpu / wall, 1)
             results["levels"].append(r)
             log(f"c={c}: {json.dumps({k: v for k, v in r.items() if k != 'py_spy'})}")
             if command == "reboot" and not wait_all_connected(hub, args.devices, 120):
                 raise RuntimeError("the devices did not all come back after the reboots")
             time.sleep(3 if command == "reboot" else 0.5)
+        # The same client and size reading the device record: what a ping's CPU is compared with.
+        c = max(levels)
+        n = args.warmup + args.requests
+        spy = PySpy(hub.pid, OUT_DIR / "command_rtt-get.pyspy.txt") if args.py_spy else None
+        r = measured_load(hub, {**base_cfg, "method": "GET", "concurrency": c, "warmup": args.warmup,
+                                "paths": [f"/v1/devices/{ids[i % len(ids)]}" for i in range(n)]}, spy)
+        r["concurrency"] = c
+        results["get"] = r
+        log(f"GET c={c}: {json.dumps({k: v for k, v in r.items() if k != 'py_spy'})}")
     finally:
         if worker is not None:
             worker.stop()
@@ -158,6 +200,18 @@ def main() -> int:
     verdicts = Verdicts("command_rtt", smoke=args.smoke)
     for lv in results["levels"]:
         verdicts.at_most(f"p99 round trip at concurrency {lv['concurrency']}", lv["summary"].get("p99"), 50, " ms")
+    top = max(results["levels"], key=lambda lv: lv["concurrency"], default=None)
+    floor = {f["concurrency"]: f for f in results.get("floor", [])}
+    if top is not None and results.get("command") == "ping":
+        c = top["concurrency"]
+        if c in floor and floor[c]["summary"].get("p99"):
+            verdicts.at_most(f"ping p99 / bare route p99 at concurrency {c}",
+                             round(top["summary"]["p99"] / floor[c]["summary"]["p99"], 2), 2, "x")
+        if results.get("get") and results["get"]["hub_cpu_ms_per_request"]:
+            verdicts.at_most("hub CPU per ping / per GET /v1/devices/{id}",
+                             round(top["hub_cpu_ms_per_request"] / results["get"]["hub_cpu_ms_per_request"], 2), 1.5, "x")
+        verdicts.at_most("storage crossings per ping (its handler, warm hub)",
+                         top["route_crossings"].get("POST /v1/devices/<device_id>/ping", 0.0), 0, "")
     body = render(results, facts, args) + "\n" + verdicts.markdown() + "\n"
     print(body)
     if not args.no_write or args.smoke:
@@ -188,6 +242,20 @@ def render(r: dict, facts: dict, args) -> str:
                 "(the agent answers, then reconnects), and each level waits for all devices to reconnect.", ""]
     out += [md_table(["concurrency", "requests", "statuses", "errors", "p50 ms", "p90 ms", "p99 ms", "max ms",
                       "mean ms", "req/s", "hub roundTripMs p50", "hub roundTripMs p99", "hub CPU %"], rows)]
+    cost = [[f"{verb} c={lv['concurrency']}", lv["hub_cpu_ms_per_request"], lv["crossings_per_request"],
+             lv["route_crossings"].get(f"POST /v1/devices/<device_id>/{verb}", "—"), lv["statements_per_request"]]
+            for lv in r["levels"]]
+    if r.get("get"):
+        g = r["get"]
+        cost.append([f"GET /v1/devices/{{id}} c={g['concurrency']} ({g['rps']} req/s, p99 {g['summary'].get('p99')} ms)",
+                     g["hub_cpu_ms_per_request"], g["crossings_per_request"],
+                     g["route_crossings"].get("GET /v1/devices/<device_id>", "—"), g["statements_per_request"]])
+    out += ["", "What each request cost the hub, divided over every request sent (warm-up included): CPU from its "
+            "own /metrics; storage crossings in all (write-behind flushes and other background work included) and "
+            "in the request's own handling (`fleethub_http_request_storage_crossings` by route); statements "
+            "PostgreSQL finished (pg_stat_database, the pool's reset queries included when there are any):", "",
+            md_table(["run", "hub CPU ms/request", "crossings/request (all)", "crossings/request (handler)",
+                      "statements/request"], cost)]
     if r.get("floor"):
         out += ["", "Floor: the same client against the bare Quart-Trio JSON route (no storage, no device):", "",
                 md_table(["concurrency", "requests", "p50 ms", "p99 ms", "req/s"],
@@ -195,9 +263,10 @@ def render(r: dict, facts: dict, args) -> str:
                            f["rps"]] for f in r["floor"]])]
     worst = max((lv["summary"].get("p99", 0) for lv in r["levels"]), default=0)
     out += ["", f"**Worst p99: {worst} ms** (aim ≤ 50 ms)."]
-    for lv in r["levels"]:
+    for label, lv in [(f"{verb} at concurrency {lv['concurrency']}", lv) for lv in r["levels"]] + \
+            ([(f"GET /v1/devices/{{id}} at concurrency {r['get']['concurrency']}", r["get"])] if r.get("get") else []):
         if lv.get("py_spy"):
-            out += ["", f"py-spy of the hub at concurrency {lv['concurrency']} (share of samples, self time):", ""]
+            out += ["", f"py-spy of the hub, {label} (share of samples, self time):", ""]
             out += [f"- {pct}% {frame}" for frame, pct in lv["py_spy"]["self"][:10]]
     return "\n".join(out) + "\n"
 

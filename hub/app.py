@@ -26,7 +26,7 @@ from hub.ids import fast_uuid4
 from hub.openapi import EITHER, FleethubOpenAPI
 from actors.errors import AskError
 from hub.errors import FleethubError, Unavailable, from_actor, general_body, memtest_body, tunnel_body
-from storage.db import DatabaseUnavailable
+from storage.db import DatabaseUnavailable, crossings_counted
 from hub.services import Services
 
 log = logging.getLogger("fleethub.http")
@@ -88,6 +88,8 @@ def create_app(services: Services) -> QuartTrio:
         g.request_id = request.headers.get("X-Request-ID") or str(fast_uuid4())
         g.principal = None
         g.org = None
+        g.crossings = [0]  # storage crossings this request makes (storage/db.py counts them)
+        crossings_counted.set(g.crossings)
         await middleware.authenticate(services)
         # after authentication, so an anonymous caller still gets 401 and counts against its limit
         validation.refuse_unstorable_request_text()
@@ -104,8 +106,12 @@ def create_app(services: Services) -> QuartTrio:
             # carry another request — close it rather than leave the client's next request hanging.
             response.headers["Connection"] = "close"
         started = getattr(g, "started", None)
+        rule = request.url_rule
+        counted = getattr(g, "crossings", None)
         services.metrics.observe_request(request.method, response.status_code,
-                                         None if started is None else trio.current_time() - started)
+                                         None if started is None else trio.current_time() - started,
+                                         route=rule.rule if rule is not None else None,
+                                         crossings=None if counted is None else counted[0])
         middleware.audit(services, response.status_code)
         return response
 

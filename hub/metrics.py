@@ -37,6 +37,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Seconds from the start of ``_before`` to the end of ``_after`` (hub/app.py): from a cached lookup
 # (well under a millisecond) to a slow crossing or an upload (seconds).
+CROSSINGS_BUCKETS = (0, 1, 2, 3, 5, 8, 13, 21, 50)
 REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -52,6 +53,11 @@ class Metrics:
         self.request_seconds = Histogram("fleethub_http_request_duration_seconds",
                                          "Time from the start of a request's handling to its answer.",
                                          ["method"], buckets=REQUEST_BUCKETS, registry=self.registry)
+        # By route pattern (bounded: one series per route the app has, "unmatched" for the rest), so
+        # "how many storage round trips does a ping cost" is read here, not guessed.
+        self.request_crossings = Histogram("fleethub_http_request_storage_crossings",
+                                           "Storage crossings made while handling one request, by route.",
+                                           ["route"], buckets=CROSSINGS_BUCKETS, registry=self.registry)
         self.device_connects = 0
         self.device_rejects = 0
         self.frames_refused = 0  # device frames over the link's limit, closed with 1009 (hub/frames.py)
@@ -75,13 +81,16 @@ class Metrics:
         entry.last_at, entry.last_frame, entry.last_bytes = at, frame, size
         self.frames_refused += 1
 
-    def observe_request(self, method: str, status: int, seconds: float | None = None) -> None:
+    def observe_request(self, method: str, status: int, seconds: float | None = None, *,
+                        route: str | None = None, crossings: int | None = None) -> None:
         # The method is the client's text: any other word is "other", or each new one would be a new
         # series (and 15 latency buckets) kept for the life of the process.
         method = method if method in _METHODS else "other"
         self.requests.labels(method, str(status)).inc()
         if seconds is not None:
             self.request_seconds.labels(method).observe(seconds)
+        if crossings is not None:
+            self.request_crossings.labels(f"{method} {route}" if route else "unmatched").observe(crossings)
 
     def render(self, services: "Services") -> str:
         # The collector reads this hub's services at scrape time (Services owns this Metrics).

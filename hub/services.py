@@ -39,7 +39,7 @@ from storage.audit import Audit
 from storage.behind import WriteBehind
 from storage.db import Database
 from storage.private import secure_data_dir
-from storage.devices import Devices
+from storage.devices import CHANGED_CHANNEL as DEVICES_CHANGED, Devices
 from storage.configs import Configurations
 from storage.crypto import SecretBox
 from storage.fleets import Fleets
@@ -219,6 +219,12 @@ class Services:
             self.auth_cache.forget(tag)
             await self.db.execute("SELECT pg_notify($1, $2)", AUTH_CHANNEL, tag)
 
+    def forget_cached(self) -> None:
+        """Notifications may have been missed (a LISTEN connection was re-opened): what they would
+        have evicted goes now."""
+        self.auth_cache.clear()
+        self.devices.forget_all()
+
     def device_live(self, row: dict) -> dict | None:
         """The device's live state from its actor, when this process's actor is the live one: always
         in one process; in a cluster only on the node holding the link (an actor elsewhere is stale,
@@ -301,8 +307,10 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                     services.events = ClusterEventHub(bus, node)  # SSE streams hear every node's events
                 services.extras["embedded_pg"] = pg
                 await db.listen(AUTH_CHANNEL, services.on_notify)
+                # a device deleted or moved, by any process (migration 0017's trigger)
+                await db.listen(DEVICES_CHANGED, services.devices.changed)
                 # After PostgreSQL restarts, invalidations sent meanwhile were missed: start cold.
-                await nursery.start(partial(db.keep_listening, services.auth_cache.clear))
+                await nursery.start(partial(db.keep_listening, services.forget_cached))
                 if serving and not services.clustered:
                     # This process holds no device links yet (one hub process per database). In a
                     # cluster the other nodes hold theirs: presence epochs settle who is online.

@@ -18,6 +18,7 @@ and tells the caller, who must assume it missed notifications.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
@@ -36,6 +37,21 @@ log = logging.getLogger("fleethub.storage")
 CONNECT_TIMEOUT = 5.0  # seconds to open a connection to PostgreSQL
 ACQUIRE_TIMEOUT = 10.0  # seconds to wait for a pooled connection
 LISTEN_CHECK = 1.0  # seconds between checks of the LISTEN connections
+
+#: Crossings made by the current task (and tasks it starts), for a caller that asked to count them:
+#: the hub's request middleware sets a fresh one-element list per request and exports the count by
+#: route (``fleethub_http_request_storage_crossings``). A list, so increments made deeper in the call
+#: reach the owner without another ``set``.
+crossings_counted: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "fleethub_crossings_counted", default=None)
+
+
+async def _keep_session(_conn: asyncpg.Connection) -> None:
+    """The pool's reset on release. asyncpg's default sends ``pg_advisory_unlock_all(); CLOSE ALL;
+    UNLISTEN *; RESET ALL`` on every release: one more round trip per crossing, for session state our
+    statements never create (no SET, no cursors, no LISTEN, only transaction-scoped advisory locks,
+    on pooled connections). An open transaction is still rolled back by asyncpg before this runs; work
+    that does change session state says so (``Database.run(..., session=True)``) and is reset in full."""
 
 
 class DatabaseUnavailable(Exception):
@@ -111,7 +127,7 @@ class Database:
             return await asyncpg.create_pool(
                 self.dsn, min_size=self.min_size, max_size=self.max_size, timeout=CONNECT_TIMEOUT,
                 # Repository calls are short; a statement that hangs is a bug we want to hear about.
-                command_timeout=60)
+                command_timeout=60, reset=_keep_session)
 
         self._pool = await self._cross(create_pool())
 
@@ -189,6 +205,9 @@ class Database:
         """One crossing; ``waited`` receives, from the asyncio side, the seconds it spent waiting for a
         pooled connection (read here only after the coroutine finished, so no lock is needed)."""
         assert self._loop is not None, "Database.open() was not awaited"
+        counted = crossings_counted.get()
+        if counted is not None:
+            counted[0] += 1
         started = time.perf_counter()
         try:
             return await run_on(self._loop, coro)
@@ -201,8 +220,11 @@ class Database:
                 seconds = max(0.0, seconds - waited[0])
             self.stats.observe(seconds)
 
-    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any, transaction: bool = False) -> T:
-        """Run ``fn(conn, *args)`` on the asyncio side with one pooled connection: one crossing."""
+    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any, transaction: bool = False,
+                  session: bool = False) -> T:
+        """Run ``fn(conn, *args)`` on the asyncio side with one pooled connection: one crossing.
+        ``session``: ``fn`` may leave session state behind (a session advisory lock, a SET), so the
+        connection is reset in full before it goes back to the pool (see ``_keep_session``)."""
         pool = self._pool
         waited: list[float] = []
 
@@ -219,7 +241,11 @@ class Database:
                         return await fn(conn, *args)
                 return await fn(conn, *args)
             finally:
-                await pool.release(conn)
+                try:
+                    if session and not conn.is_closed():
+                        await conn.reset()
+                finally:
+                    await pool.release(conn)
 
         return await self._cross(body(), waited)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import uuid
 
 import asyncpg
@@ -27,12 +28,48 @@ def _device(row: asyncpg.Record | None) -> dict | None:
     return d
 
 
+#: NOTIFY channel of the devices_changed trigger (migration 0017): the id of a device deleted or moved
+#: to another fleet, by any process; every hub process evicts it (``Devices.changed``).
+CHANGED_CHANNEL = "fleethub_devices"
+
+
 class Devices:
-    """Reads by id go through ``cache`` (keyed by device id); every write here evicts what it touched."""
+    """Reads by id go through ``cache`` (keyed by device id); every write here evicts what it touched.
+
+    ``identities`` keeps, for every device read, what deciding access needs and nothing more: its
+    organisation and fleet. It never expires (a device's organisation never changes; its fleet changes
+    only through an UPDATE whose trigger notifies every process, ``changed``), so a command to a warm
+    device (POST /v1/devices/{id}/ping) costs no storage crossing. About 200 bytes a device, bounded.
+    """
 
     def __init__(self, db: Database, cache: RowCache | None = None) -> None:
         self.db = db
         self.cache = cache or RowCache()
+        self.identities = RowCache(ttl=math.inf, max_entries=500_000)
+
+    def changed(self, payload: str) -> None:
+        """A NOTIFY on ``CHANGED_CHANNEL`` (any process's write, or a cascade): forget that device."""
+        try:
+            device_id = uuid.UUID(payload)
+        except ValueError:
+            return
+        self.cache.evict([device_id])
+        self.identities.evict([device_id])
+
+    def forget_all(self) -> None:
+        """Notifications may have been missed (the LISTEN connection was re-opened): start cold."""
+        self.cache.clear()
+        self.identities.clear()
+
+    async def identity(self, org_id: uuid.UUID, device_id: uuid.UUID) -> tuple[uuid.UUID, uuid.UUID | None] | None:
+        """(id, fleet id) of this organisation's device, else None, from ``identities`` when known."""
+        known = self.identities.get(device_id)
+        if known is None:
+            row = await self.get_any(device_id)
+            if row is None:
+                return None
+            known = (row["org_id"], row["fleet_id"])
+        return (device_id, known[1]) if known[0] == org_id else None
 
     async def create(self, org_id: uuid.UUID, token_hash: bytes, now: dt.datetime, *, name: str,
                      fleet_id: uuid.UUID | None = None, tags: list[str] | None = None) -> dict:
@@ -50,9 +87,11 @@ class Devices:
         """Lookup without tenancy (actors rebuilding their state; ``get`` checks the org)."""
         row = self.cache.get(device_id)
         if row is None:
+            seen, seen_identity = self.cache.generation, self.identities.generation
             row = _device(await self.db.fetchrow(f"SELECT {DEVICE_COLUMNS} FROM devices WHERE id = $1", device_id))
             if row is not None:
-                self.cache.put(device_id, row)
+                self.cache.put(device_id, row, seen=seen)
+                self.identities.put(device_id, (row["org_id"], row["fleet_id"]), seen=seen_identity)
         return row
 
     async def find_by_token(self, token_hash: bytes) -> dict | None:
@@ -107,14 +146,20 @@ class Devices:
     async def update(self, org_id: uuid.UUID, device_id: uuid.UUID, now: dt.datetime, changes: dict) -> dict | None:
         allowed = {k: v for k, v in changes.items() if k in ("name", "tags", "fleet_id")}
         sets = ", ".join(f"{k} = ${i + 4}" for i, k in enumerate(allowed))
-        return self._evicted(device_id, await self.db.fetchrow(
+        if "fleet_id" in allowed:
+            self.identities.evict([device_id])  # now, and again below: a read racing the write is not kept
+        row = await self.db.fetchrow(
             f"UPDATE devices SET updated_at = $3{', ' + sets if sets else ''} "
             f"WHERE org_id = $1 AND id = $2 RETURNING {DEVICE_COLUMNS}",
-            org_id, device_id, now, *allowed.values()))
+            org_id, device_id, now, *allowed.values())
+        if "fleet_id" in allowed:
+            self.identities.evict([device_id])
+        return self._evicted(device_id, row)
 
     async def delete(self, org_id: uuid.UUID, device_id: uuid.UUID) -> bool:
         status = await self.db.execute("DELETE FROM devices WHERE org_id = $1 AND id = $2", org_id, device_id)
         self.cache.evict([device_id])
+        self.identities.evict([device_id])
         return status.endswith(" 1")
 
     async def assign_config(self, org_id: uuid.UUID, device_id: uuid.UUID, config_id: uuid.UUID,

@@ -82,4 +82,5 @@ async def _apply(conn: asyncpg.Connection, files: list[tuple[str, str]]) -> list
 async def migrate(db: Database) -> list[str]:
     """Apply every migration not yet recorded; returns the versions applied now. Raises
     ``MigrationChanged`` (and applies nothing) when an applied migration's file was edited."""
-    return await db.run(_apply, migration_files())
+    # session: a session advisory lock is taken (and released) on the connection
+    return await db.run(_apply, migration_files(), session=True)

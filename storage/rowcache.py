@@ -3,7 +3,13 @@
 Every write that goes through a repository evicts the rows it touches in this process before it
 returns, so a reader here sees its own writes at once. Another hub process's write is seen within
 ``ttl`` seconds (trio time): reads of a device record are allowed to be that stale across processes,
-its live state (online, last seen) comes from the device's actor anyway.
+its live state (online, last seen) comes from the device's actor anyway. A cache that must not be
+stale at all (``ttl=math.inf``, storage/devices.py's identities) is evicted by the database's own
+notifications instead (a trigger's NOTIFY reaches every process).
+
+A read that raced a write must not put back the row the write replaced: ``generation`` counts
+evictions, a reader notes it before its query and ``put(..., seen=...)`` keeps nothing when an
+eviction came in between (the read may have seen the row before the write).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ class RowCache:
         self._rows: dict[Hashable, tuple[float, Any]] = {}
         self.hits = 0
         self.misses = 0
+        self.generation = 0  # evictions so far (see the module docstring)
 
     def get(self, key: Hashable) -> Any | None:
         entry = self._rows.get(key)
@@ -31,7 +38,10 @@ class RowCache:
         self.hits += 1
         return entry[1]
 
-    def put(self, key: Hashable, row: Any) -> None:
+    def put(self, key: Hashable, row: Any, *, seen: int | None = None) -> None:
+        """Keep ``row``; ``seen``: the ``generation`` noted before the read that produced it."""
+        if seen is not None and seen != self.generation:
+            return
         now = trio.current_time()
         self._rows.pop(key, None)  # re-inserted at the end: the dict stays in expiry order
         self._rows[key] = (now + self.ttl, row)
@@ -45,8 +55,13 @@ class RowCache:
             self._rows.pop(next(iter(self._rows)))
 
     def evict(self, keys: Iterable[Hashable]) -> None:
+        self.generation += 1
         for key in keys:
             self._rows.pop(key, None)
 
     def clear(self) -> None:
+        self.generation += 1
         self._rows.clear()
+
+    def __len__(self) -> int:
+        return len(self._rows)

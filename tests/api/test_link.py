@@ -16,6 +16,7 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_
 
 from device_client import protocol
 from device_client.agent import Agent, link_url
+from storage.db import Database
 from tests.hubtools import assert_error, device, metric_value, metrics, start_agent, start_hub, wait_for
 
 HEARTBEAT = 0.5  # the hub marks a device offline after 3 missed intervals: 1.5 s
@@ -313,3 +314,56 @@ async def test_a_device_shown_online_shows_its_hello_facts(hub, nursery, tmp_pat
             assert first_online["firmware"] == FACTS["firmware"], first_online
             assert first_online["architecture"] == FACTS["architecture"], first_online
             assert first_online["has_tunnel_identity"] is True, first_online
+
+
+PING_ROUTE = {"route": "POST /v1/devices/<device_id>/ping"}
+
+
+async def test_a_ping_to_a_warm_device_costs_no_storage_crossing_and_a_fleet_move_is_seen(hub, nursery, tmp_path):
+    """What access to a device is decided on is kept where the hub already is (storage/devices.py
+    ``identities``), so a ping reads nothing from storage; /metrics says so by route. A move to another
+    fleet by any process (here: plain SQL on another connection) is honoured by the next requests."""
+    with trio.fail_after(40):
+        fleet_a = (await hub.call("POST", "/v1/fleets", json={"name": "fleet-a"})).json()["data"]["id"]
+        fleet_b = (await hub.call("POST", "/v1/fleets", json={"name": "fleet-b"})).json()["data"]["id"]
+        dev_id, token = await hub.provision("warm", fleet_id=fleet_a)
+        await start_agent(nursery, hub.base_url, token, tmp_path / "agent")
+        pat = await hub.new_user("member")
+        member = {"X-API-Token-ID": pat[0], "X-API-Secret-Key": pat[1], "X-Organization-ID": hub.org_id}
+        me = (await hub.call("GET", "/v1/me", headers=member)).json()["data"]
+        r = await hub.call("POST", "/v1/relations", json={"object_type": "fleet", "object_id": fleet_a,
+                                                          "relation": "viewer", "subject_type": "user",
+                                                          "subject_id": me["userId"]})
+        assert r.status_code == 201, r.text
+        assert (await hub.call("POST", f"/v1/devices/{dev_id}/ping", headers=member)).status_code == 200  # warm
+
+        # The record's own cache keeps rows 2 s (storage/rowcache.py): long gone between two pings to
+        # a device in a real fleet. The ping must not need it; a GET does, and is counted.
+        hub.services.devices.cache.clear()
+        assert (await hub.call("GET", f"/v1/devices/{dev_id}", headers=member)).status_code == 200
+        get_route = {"route": "GET /v1/devices/<device_id>"}
+        assert metric_value(await metrics(hub), "fleethub_http_request_storage_crossings_sum", get_route) >= 1
+        hub.services.devices.cache.clear()
+        text = await metrics(hub)
+        count0 = metric_value(text, "fleethub_http_request_storage_crossings_count", PING_ROUTE)
+        sum0 = metric_value(text, "fleethub_http_request_storage_crossings_sum", PING_ROUTE)
+        for _ in range(5):
+            r = await hub.call("POST", f"/v1/devices/{dev_id}/ping", headers=member)
+            assert r.status_code == 200, r.text
+        text = await metrics(hub)
+        assert metric_value(text, "fleethub_http_request_storage_crossings_count", PING_ROUTE) == count0 + 5
+        assert metric_value(text, "fleethub_http_request_storage_crossings_sum", PING_ROUTE) == sum0, \
+            "a ping to a warm device crossed to storage"
+
+        other = Database(hub.services.settings.database_url, min_size=1, max_size=1)
+        await other.open()
+        try:
+            await other.execute("UPDATE devices SET fleet_id = $2 WHERE id = $1", uuid.UUID(dev_id),
+                                uuid.UUID(fleet_b))
+        finally:
+            await other.close()
+
+        async def refused() -> bool:
+            r = await hub.call("POST", f"/v1/devices/{dev_id}/ping", headers=member)
+            return r.status_code == 403
+        await wait_for(refused, timeout=5)
