@@ -128,7 +128,15 @@ class DeviceActor(Actor):
         self.memtests = DeviceMemtests(self)
         self.facts: dict[str, Any] | None = None  # the last hello's facts
         self._active_day: Any = None  # the UTC day this device was last metered as active
-        self._event_slots = trio.Semaphore(self.event_jobs)
+        self._event_slots_made: trio.Semaphore | None = None  # made on first use (see ``_event_slots``)
+
+    @property
+    def _event_slots(self) -> trio.Semaphore:
+        """Bounds the device's storage jobs for events; made on first use (an idle online device
+        never needs it: about 340 bytes a device otherwise)."""
+        if self._event_slots_made is None:
+            self._event_slots_made = trio.Semaphore(self.event_jobs)
+        return self._event_slots_made
 
     async def on_start(self) -> None:
         # After a crash, commands that were in flight have lost their task: answer their askers.

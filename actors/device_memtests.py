@@ -108,7 +108,7 @@ class DeviceMemtests:
         self.actor = actor
         self.machine = mm.MemtestMachine()
         self._pending: dict[str, Any] = {}  # key -> Reply of the asker
-        self._save_lock = trio.Lock()
+        self._save_lock_made: trio.Lock | None = None  # made on first use (see ``_save_lock``)
         # The hello's workloadHeld (say, a test boot's hold after a failure) stands until a test
         # the hub saw running has ended.
         self._hello_held = False
@@ -118,6 +118,13 @@ class DeviceMemtests:
         # the device's rate of progress events (each save writes the newest status, not its own).
         self._save_queued = False
         self.health_dropped = 0  # health reports refused while JOBS_MAX jobs waited (counted, logged)
+
+    @property
+    def _save_lock(self) -> trio.Lock:
+        """Orders status saves; made on first use: most devices never run a memory test."""
+        if self._save_lock_made is None:
+            self._save_lock_made = trio.Lock()
+        return self._save_lock_made
 
     @property
     def s(self):

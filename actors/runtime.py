@@ -40,6 +40,7 @@ from typing import Any
 import trio
 
 from actors.errors import ActorCrashed, ActorError, ActorStopped, AskError, AskTimeout, MailboxFull
+from actors.mailbox import Mailbox
 from device_client.backoff import Backoff
 from storage.db import DatabaseUnavailable
 
@@ -114,7 +115,7 @@ class Actor:
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
-        self._mailbox_in, self._mailbox_out = trio.open_memory_channel[tuple[Any, Reply | None]](self.mailbox_size)
+        self._mailbox = Mailbox(self.mailbox_size)  # of (message, Reply or None)
         self.handled = 0
         self.restarts = 0
         self.stopped = False
@@ -145,27 +146,27 @@ class Actor:
     # -- asking and telling --------------------------------------------------------------------
     def tell(self, msg: Any) -> None:
         try:
-            self._mailbox_in.send_nowait((msg, None))
+            self._mailbox.send_nowait((msg, None))
         except trio.WouldBlock:
             raise MailboxFull(f"mailbox of {self.key} is full") from None
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
+        except trio.ClosedResourceError:
             raise ActorStopped(f"actor {self.key} has stopped") from None
 
     async def post(self, msg: Any) -> None:
         """Like ``tell`` but waits for mailbox space: for the actor's own background tasks, whose
         outcome must not be dropped (the actor's loop never waits on them, so this cannot deadlock)."""
         try:
-            await self._mailbox_in.send((msg, None))
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            await self._mailbox.send((msg, None))
+        except trio.ClosedResourceError:
             raise ActorStopped(f"actor {self.key} has stopped") from None
 
     async def ask(self, msg: Any, timeout: float = 10.0) -> Any:
         reply = Reply()
         try:
-            self._mailbox_in.send_nowait((msg, reply))
+            self._mailbox.send_nowait((msg, reply))
         except trio.WouldBlock:
             raise MailboxFull(f"mailbox of {self.key} is full") from None
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
+        except trio.ClosedResourceError:
             raise ActorStopped(f"actor {self.key} has stopped") from None
         with trio.move_on_after(timeout):
             return await reply.wait()
@@ -181,9 +182,7 @@ class Actor:
         return reply
 
     def statistics(self) -> ActorStatistics:
-        stats = self._mailbox_in.statistics()
-        return ActorStatistics(self.key, stats.current_buffer_used, stats.max_buffer_size,
-                               self.handled, self.restarts)
+        return ActorStatistics(self.key, len(self._mailbox), self._mailbox.size, self.handled, self.restarts)
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -197,12 +196,12 @@ class Actor:
 
     async def _loop(self) -> None:
         while True:
-            if self._mailbox_out.statistics().current_buffer_used == 0 and self.should_stop():
+            if not len(self._mailbox) and self.should_stop():
                 self._stop()
                 return
             envelope = None
             with trio.move_on_at(max(self.next_deadline(), self._storage_until)):
-                envelope = await self._mailbox_out.receive()
+                envelope = await self._mailbox.receive()
             if envelope is None:
                 try:
                     await self.on_deadline()
@@ -262,7 +261,7 @@ class Actor:
     def _stop(self) -> None:
         # No await between the emptiness check and here: nothing can slip into the mailbox.
         self.stopped = True
-        self._mailbox_in.close()
+        self._mailbox.close()
         if self._on_stop is not None:
             self._on_stop(self)
 

@@ -319,6 +319,7 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                     # a node restarted under its id (killed before): what it held is offline now
                     await services.devices.mark_node_offline(node)
                 await nursery.start(services.presence.run)
+                await nursery.start(services.devices.cache.keep_purged)  # expired rows leave when idle too
                 await nursery.start(services.audit_log.run)
                 await nursery.start(services.meter.run)
                 if serving:

@@ -65,3 +65,21 @@ class RowCache:
 
     def __len__(self) -> int:
         return len(self._rows)
+
+    def purge(self) -> int:
+        """Drop every expired row; returns how many. ``put`` sweeps only a few as new rows arrive, so
+        without this the rows read during a connect storm (one per device) stay until the next reads."""
+        now, gone = trio.current_time(), 0
+        for key in list(self._rows):
+            if self._rows[key][0] >= now:
+                break  # insertion order is expiry order: the rest are newer
+            del self._rows[key]
+            gone += 1
+        return gone
+
+    async def keep_purged(self, every: float = 5.0, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """``purge`` every ``every`` seconds, for as long as the caller's nursery runs."""
+        task_status.started()
+        while True:
+            await trio.sleep(every)
+            self.purge()

@@ -83,3 +83,20 @@ async def test_a_read_racing_an_eviction_is_not_kept():
         assert cache.get("device") is None
         cache.put("device", "a row read after", seen=cache.generation)
         assert cache.get("device") == "a row read after"
+
+
+async def test_expired_rows_leave_without_new_reads(autojump_clock):
+    """The rows read while devices connect must not stay for as long as nothing else is read."""
+    with trio.fail_after(60):
+        cache = RowCache(ttl=2.0)
+        for k in range(100):
+            cache.put(k, {"row": k})
+        await trio.sleep(1)
+        cache.put("late", {"row": "late"})
+        async with trio.open_nursery() as nursery:
+            await nursery.start(cache.keep_purged, 1.5)
+            await trio.sleep(1.6)  # one purge: the 100 first rows have expired, "late" has not
+            assert len(cache) == 1 and cache.get("late") is not None
+            await trio.sleep(1.5)
+            assert len(cache) == 0
+            nursery.cancel_scope.cancel()
