@@ -197,7 +197,7 @@ def render(r: dict, facts: dict, args, hub_rps: float, bare_rps: float) -> str:
            md_table(["target", "round", "req/s", "requests", "non-2xx", "socket errors", "p50 ms", "p90 ms",
                      "p99 ms", "server CPU %"], rows), "",
            f"Mean: hub {hub_rps:,.0f} req/s, bare {bare_rps:,.0f} req/s. "
-           f"**Ratio hub/bare: {r['ratio']:.2f}** (aim ≥ 0.7)."]
+           f"**Ratio hub/bare: {r['ratio']:.2f}** (aim ≥ 0.8)."]
     if r.get("py_spy"):
         out += ["", "py-spy of the hub during its first round (share of samples):", "", "Self time:", ""]
         out += [f"- {pct}% {frame}" for frame, pct in r["py_spy"]["self"][:12]]

@@ -52,6 +52,22 @@ def _body_consumed() -> bool:
     return complete.is_set() if complete is not None and hasattr(complete, "is_set") else False
 
 
+def _answer_plain_data_as_is(app: QuartTrio) -> None:
+    """quart_schema converts every view's answer for JSON, and for a dict or a list that means a new
+    pydantic TypeAdapter and a deep copy per response: 4 % of the hub's CPU on GET /v1/devices/{id}
+    (py-spy, bench/http_ratio.py). Our views answer plain JSON-ready dicts and lists; those go straight
+    to Quart. Anything else (a model) is still converted, and a model inside a dict is still encoded
+    by quart_schema's JSON provider."""
+    converted = app.make_response  # quart_schema's wrapper (functools.wraps keeps the original)
+    plain = converted.__wrapped__
+
+    async def make_response(result):  # noqa: ANN001, ANN202 — Quart's own signature
+        value = result[0] if isinstance(result, tuple) else result
+        return await (plain if type(value) in (dict, list) else converted)(result)
+
+    app.make_response = make_response
+
+
 def create_app(services: Services) -> QuartTrio:
     app = QuartTrio("fleethub")
     app.config["SERVICES"] = services
@@ -74,6 +90,7 @@ def create_app(services: Services) -> QuartTrio:
         security=EITHER,  # hub/openapi.py sets each operation's own
         openapi_provider_class=FleethubOpenAPI,
     )
+    _answer_plain_data_as_is(app)
     for module in (health, pats, sessions, oauth, access, audit, devices, fleets, configurations, secret_files,
                    rollouts, link, windows, memtests, pagemaps, diagnosis, tunnels, billing, assistant):
         app.register_blueprint(module.bp)
