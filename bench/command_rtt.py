@@ -274,6 +274,9 @@ def render(r: dict, facts: dict, args) -> str:
         if lv.get("py_spy"):
             out += ["", f"py-spy of the hub, {label} (share of samples, self time):", ""]
             out += [f"- {pct}% {frame}" for frame, pct in lv["py_spy"]["self"][:10]]
+            if lv["py_spy"].get("ours"):
+                out += ["", "and the hub's own functions in it (inclusive share):", ""]
+                out += [f"- {pct}% {frame}" for frame, pct in lv["py_spy"]["ours"][:8]]
     return "\n".join(out) + "\n"
 
 

@@ -9,9 +9,11 @@ hypercorn's trio worker, the hub's hypercorn settings, no storage, no authentica
 that document on the same path, so both send the same bytes. wrk runs with the same settings and the
 same headers against both, alternately, ``--rounds`` times, each after a 2 s warm-up run.
 
-Each hub request authenticates its PAT (one storage crossing), reads the device (one crossing) and
-queues an audit row written behind; the bare route does none of it, so the ratio is the price of the
-hub's request path on top of the framework.
+Each hub request authenticates its PAT (from the AuthCache when warm), checks its rate limit, reads the
+device (from the 2 s row cache: one device is asked, so the storage crossing is rare), decides access
+and queues an audit row written behind; the bare route does none of it, so the ratio is the price of
+the hub's request path on top of the framework. With ``--py-spy`` the section lists the hottest frames
+and the share of samples spent in the hub's own code (hub/, storage/, actors/) beside the framework's.
 
 Without wrk (``apt-get install -y wrk``) the Python load generator bench/_httpload.py is used instead,
 with the same connection count and duration, and the results say so.
@@ -201,6 +203,10 @@ def render(r: dict, facts: dict, args, hub_rps: float, bare_rps: float) -> str:
     if r.get("py_spy"):
         out += ["", "py-spy of the hub during its first round (share of samples):", "", "Self time:", ""]
         out += [f"- {pct}% {frame}" for frame, pct in r["py_spy"]["self"][:12]]
+        if r["py_spy"].get("ours"):
+            out += ["", "The hub's own functions in that profile (inclusive share of samples: the function and what "
+                    "it calls):", ""]
+            out += [f"- {pct}% {frame}" for frame, pct in r["py_spy"]["ours"][:10]]
     return "\n".join(out) + "\n"
 
 
