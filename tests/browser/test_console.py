@@ -11,6 +11,7 @@ import time
 import uuid
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.browser.conftest import HEALTHY, PASSWORD, SMALL_MEMORY, sign_in
 from device_client.memtest import MemtestConfig
@@ -42,7 +43,9 @@ def test_root_sends_a_visitor_to_sign_in_and_the_session_to_devices(page, consol
     assert "wrong email or password" in page.text_content("#signin .notice.error")
     # by keyboard alone: the email field has focus, Tab to the password, Enter submits
     page.goto("/console/signin")
-    page.wait_for_function("document.activeElement && document.activeElement.id === 'email'")
+    # (expect, not wait_for_function: a string predicate is evaluated in the page, which the console's
+    # CSP without 'unsafe-eval' refuses whenever the first check is not already true)
+    expect(page.locator("#email")).to_be_focused()
     page.keyboard.type(console.email)
     page.keyboard.press("Tab")
     page.keyboard.type(PASSWORD)

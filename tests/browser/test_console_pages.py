@@ -45,17 +45,25 @@ def test_fleet_window_editor_shows_the_next_opening_in_zone_and_local_time(brows
             assert local in page.text_content("#next-local")
             assert "America/New_York" in page.text_content("#window-check")
         page.screenshot(path=screenshots / "console-fleets.png", full_page=True)
-        # the fleet itself: tags and architecture saved through PATCH
+        # the fleet itself: tags, architecture, description and the registry proxy saved through PATCH
+        assert not saved_fleet(console, fleet)["registry_proxy"]
         page.fill("#fleet-form input[name=tags]", "lab, arm")
         page.fill("#fleet-form input[name=architecture]", "aarch64")
+        page.fill("#fleet-form textarea[name=description]", "Assembly line 3 <robots>")
+        page.check("#fleet-form input[name=registry_proxy]")
         page.click("#fleet-form button[type=submit]")
         page.locator("#fleet-form .notice.ok").wait_for()
-        saved = console.call("GET", f"/v1/fleets/{fleet['id']}").json()["data"]
+        saved = saved_fleet(console, fleet)
         assert saved["tags"] == ["lab", "arm"] and saved["architecture"] == "aarch64"
+        assert saved["description"] == "Assembly line 3 <robots>" and saved["registry_proxy"] is True
         page.locator(f"#fleets tr[data-id='{fleet['id']}']", has_text="aarch64").wait_for()
     finally:
         context.close()
     assert not errors, errors
+
+
+def saved_fleet(console, fleet: dict) -> dict:
+    return console.call("GET", f"/v1/fleets/{fleet['id']}").json()["data"]
 
 
 def test_configuration_versions_diff_and_a_write_only_secret_file(page, console):
@@ -101,16 +109,21 @@ def test_audit_log_filters_by_path_prefix(page, console):
     page.goto("/console/audit")
     page.fill("#audit-filters input[name=pathPrefix]", "/v1/fleets")
     page.select_option("#audit-filters select[name=method]", "POST")
-    rows = page.locator("#audit tbody tr", has_text="/v1/fleets")
-    for _ in range(20):  # the audit log is written behind, in batches
+    def shown() -> tuple[list[str], set[str]]:
+        return (page.locator("#audit tbody td code").all_text_contents(),
+                set(page.locator("#audit tbody td:nth-child(4)").all_text_contents()))
+
+    # The audit log is written behind, in batches, and the unfiltered first page is on screen until
+    # the filtered answer replaces it: apply until the table shows the filtered answer.
+    for _ in range(40):
         page.click("#audit-filters button[type=submit]")
         page.wait_for_timeout(250)
-        if rows.count():
+        paths, methods = shown()
+        if paths and all(p.startswith("/v1/fleets") for p in paths) and methods == {"POST"}:
             break
-    rows.first.wait_for()
-    paths = page.locator("#audit tbody td code").all_text_contents()
-    assert paths and all(p.startswith("/v1/fleets") for p in paths)
-    assert set(page.locator("#audit tbody td:nth-child(4)").all_text_contents()) == {"POST"}
+    paths, methods = shown()
+    assert paths and all(p.startswith("/v1/fleets") for p in paths), paths
+    assert methods == {"POST"}, methods
     assert "pathPrefix=%2Fv1%2Ffleets" in page.url
 
 

@@ -44,13 +44,19 @@ export async function render(main) {
     const fArch = h('input', { name: 'architecture', value: fleet.architecture || '', maxlength: 64 });
     const fConfig = h('select', { name: 'config_id' }, h('option', { value: '' }, 'none'),
       configs.map((c) => h('option', { value: c.id, selected: c.id === fleet.config_id }, c.name)));
+    const fDesc = h('textarea', { name: 'description', maxlength: 2000, rows: 2 });
+    fDesc.value = fleet.description || '';
+    // devices of this fleet pull images through the hub's registry proxy (billing counts the fallbacks)
+    const fProxy = h('input', { type: 'checkbox', name: 'registry_proxy', checked: !!fleet.registry_proxy });
     const fMsg = h('div', { 'aria-live': 'polite' });
     const fleetForm = h('form', { id: 'fleet-form' }, h('div', { class: 'row' }, field('Name', fName), field('Tags', fTags),
-      field('Architecture', fArch), field('Configuration', fConfig)), h('button', { type: 'submit' }, 'Save fleet'), fMsg);
+      field('Architecture', fArch), field('Configuration', fConfig)), field('Description', fDesc),
+      h('label', { class: 'radio' }, fProxy, ' Registry proxy'), h('button', { type: 'submit' }, 'Save fleet'), fMsg);
     fleetForm.addEventListener('submit', async (ev) => {
       ev.preventDefault();
       const body = { name: fName.value.trim(), tags: fTags.value.split(',').map((t) => t.trim()).filter(Boolean),
-        architecture: fArch.value.trim() || null, config_id: fConfig.value || null };
+        architecture: fArch.value.trim() || null, config_id: fConfig.value || null,
+        description: fDesc.value, registry_proxy: fProxy.checked };
       try {
         Object.assign(fleet, (await api('PATCH', `/v1/fleets/${fleet.id}`, body)).data);
         notice(fMsg, 'Saved.', 'ok');
