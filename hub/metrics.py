@@ -64,6 +64,7 @@ class Metrics:
         self.refused_frames: dict = {}  # device id -> hub.frames.Refusals (the first LABELLED_DEVICES)
         self.device_link_waits = 0  # times a link stopped reading its device until its actor had room
         self.cluster_takeovers = 0  # links closed because another cluster node took the device (hub/cluster/)
+        self.cluster_dead_nodes = 0  # silent nodes this node found, whose devices it marked offline
         self._collector = _HubCollector(self)
         self.registry.register(self._collector)
         ProcessCollector(registry=self.registry)
@@ -140,6 +141,8 @@ class _HubCollector:
                           len(services.rollout_fences))
             yield _family(C, "fleethub_cluster_takeovers",
                           "Device links closed because another node took the device.", m.cluster_takeovers)
+            yield _family(C, "fleethub_cluster_dead_nodes",
+                          "Silent nodes this node found (their devices marked offline).", m.cluster_dead_nodes)
         yield _family(C, "fleethub_device_rejects", "Device link handshakes refused.", m.device_rejects)
         reg = services.registry.statistics()
         yield _family(G, "fleethub_actors", "Live actors by kind.", labels=["kind"],

@@ -48,6 +48,7 @@ from storage.memtests import MemoryTests
 from storage.migrate import migrate
 from storage.orgs import Orgs
 from storage.leases import RolloutLeases
+from storage.nodes import ClusterNodes
 from storage.rollouts import Rollouts
 from storage.rowcache import RowCache
 from storage.windows import UpdateWindows
@@ -120,6 +121,7 @@ class Services:
         self.secrets = SecretFiles(self.db)
         self.rollouts = Rollouts(self.db, self.devices.cache)
         self.rollout_leases = RolloutLeases(self.db)
+        self.cluster_nodes = ClusterNodes(self.db)
         self.windows = UpdateWindows(self.db)
         self.memtests = MemoryTests(self.db, self.devices.cache)
         self.secret_box = SecretBox.from_data_dir(self.settings.data_dir)
@@ -326,8 +328,9 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                     await nursery.start(gc_tuning.run)
                 if serving and services.clustered:
                     # Each node runs the rollouts whose lease it holds; a dead node's move on expiry.
-                    from hub.cluster import leases
+                    from hub.cluster import leases, nodes
                     await nursery.start(leases.keep, services)
+                    await nursery.start(nodes.keep, services)  # a dead node's devices go offline
                 elif serving:
                     # Rollouts interrupted by a stop continue where they were.
                     for rollout_id in await services.rollouts.active_ids():

@@ -65,6 +65,9 @@ class Settings:
     node_id: str | None = None
     # A node renews its rollout leases every third of this; a dead node's rollouts move after it.
     rollout_lease_seconds: float = 10.0
+    # A node renews its liveness row every third of this; a node silent longer is dead and the devices
+    # whose link it held are marked offline (hub/cluster/nodes.py).
+    node_lease_seconds: float = 10.0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -92,6 +95,7 @@ class Settings:
             nats_url=os.environ.get("FLEETHUB_NATS_URL") or None,
             node_id=os.environ.get("FLEETHUB_NODE_ID") or None,
             rollout_lease_seconds=_float("FLEETHUB_ROLLOUT_LEASE_SECONDS", 10.0),
+            node_lease_seconds=_float("FLEETHUB_NODE_LEASE_SECONDS", 10.0),
             certfile=Path(os.environ["FLEETHUB_CERTFILE"]) if os.environ.get("FLEETHUB_CERTFILE") else None,
             keyfile=Path(os.environ["FLEETHUB_KEYFILE"]) if os.environ.get("FLEETHUB_KEYFILE") else None,
             quic_port=int(os.environ["FLEETHUB_QUIC_PORT"]) if os.environ.get("FLEETHUB_QUIC_PORT") else None,

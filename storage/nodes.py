@@ -1,0 +1,36 @@
+"""Cluster nodes' liveness (migration 0018): a row per node, renewed by the node; an expired one is a
+dead node, whose devices are marked offline by whichever node finds it first."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import asyncpg
+
+from storage.db import Database
+
+
+class ClusterNodes:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def beat(self, node: str, now: dt.datetime, lease: dt.timedelta) -> dict[str, int]:
+        """Renew ``node``'s row, then take every other node's row older than ``lease``: each taken node's
+        devices (those whose last link it accepted, ``devices.link_node``) go offline in the same
+        transaction, so a node dying between the two cannot leave them online. Returns {dead node:
+        devices marked offline}; a dead node is found by one node only (its row is deleted)."""
+        async def body(conn: asyncpg.Connection) -> dict[str, int]:
+            await conn.execute(
+                "INSERT INTO cluster_nodes (node, seen_at) VALUES ($1, $2) "
+                "ON CONFLICT (node) DO UPDATE SET seen_at = EXCLUDED.seen_at", node, now)
+            dead = [r["node"] for r in await conn.fetch(
+                "DELETE FROM cluster_nodes WHERE seen_at < $1 AND node <> $2 RETURNING node", now - lease, node)]
+            marked = {}
+            for gone in dead:
+                status = await conn.execute(
+                    "UPDATE devices SET online = false, state = 'offline' "
+                    "WHERE link_node = $1 AND (online OR state <> 'offline')", gone)
+                marked[gone] = int(status.split()[-1])
+            return marked
+
+        return await self.db.run(body, transaction=True)
