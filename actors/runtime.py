@@ -110,7 +110,7 @@ class Actor:
     storage_backoff_max = 5.0
     # Class defaults: an actor gets its own values only once it has seen an outage (15,000 devices).
     storage_waits = 0
-    _storage_delay = storage_backoff_initial
+    _storage_backoff: Backoff | None = None  # the one Backoff (device_client/backoff.py), made at the first outage
     _storage_until = -math.inf  # deadlines wait until then: storage was unreachable
 
     def __init__(self, key: Hashable) -> None:
@@ -209,7 +209,9 @@ class Actor:
                     self.storage_unavailable("a deadline")
                 else:
                     if self._storage_until != -math.inf:  # storage answers again
-                        self._storage_delay, self._storage_until = self.storage_backoff_initial, -math.inf
+                        self._storage_until = -math.inf
+                        if self._storage_backoff is not None:
+                            self._storage_backoff.reset()
                 continue
             msg, reply = envelope
             self._current_reply = reply
@@ -248,12 +250,15 @@ class Actor:
     def storage_unavailable(self, what: str) -> None:
         """Storage could not be reached: deadlines wait out a backoff; counted, logged once per outage."""
         now = trio.current_time()
+        backoff = self._storage_backoff
+        if backoff is None:
+            backoff = self._storage_backoff = Backoff(self.storage_backoff_initial, self.storage_backoff_max,
+                                                      jitter=False)
         if self._storage_until < now - self.storage_backoff_max:
-            self._storage_delay = self.storage_backoff_initial  # a new outage: start gently again
-        if self._storage_delay == self.storage_backoff_initial:
+            backoff.reset()  # a new outage: start gently again
+        if backoff.attempt == 0:
             log.warning("actor %s: storage unreachable during %s; retrying with backoff", self.key, what)
-        self._storage_until = now + self._storage_delay
-        self._storage_delay = min(self._storage_delay * 2, self.storage_backoff_max)
+        self._storage_until = now + backoff.next_delay()
         self.storage_waits += 1
         if self._supervisor is not None:
             self._supervisor.storage_waits_total += 1

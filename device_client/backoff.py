@@ -1,5 +1,6 @@
 """Exponential backoff, once for the whole code base: the agent's reconnects (full jitter), the actor
-supervisor's restarts and the workload's restarts (no jitter: one process, nothing to spread).
+supervisor's restarts, an actor's waits through a storage outage, the hub's retries of tunnel usage it
+could not record yet, and the workload's restarts (no jitter: one process, nothing to spread).
 
 The n-th delay's ceiling is ``min(maximum, initial * factor**n)``; with jitter the delay is drawn
 uniformly from [0, ceiling] (AWS's "full jitter": a fleet that lost its hub at one moment comes back

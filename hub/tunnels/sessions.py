@@ -20,6 +20,7 @@ import trio
 
 from actors.errors import ActorError, AskError
 from actors.tunnel import Ended, TunnelActor
+from device_client.backoff import Backoff
 from hub.tunnels.grants import GrantSigner
 from hub.tunnels.tokens import TunnelTokens
 from storage.db import DatabaseUnavailable
@@ -133,17 +134,17 @@ class TunnelService:
     async def _record_unrecorded(self) -> None:
         """Record what waited, once storage answers (backoff 0.1 s doubling to 5 s); totals are
         cumulative, so a report recorded twice changes nothing."""
-        delay = 0.1
+        backoff = Backoff(0.1, 5.0, jitter=False)  # one process: nothing to spread
         try:
             while self._unrecorded:
-                await trio.sleep(delay)
+                await trio.sleep(backoff.ceiling())
                 for key, report in list(self._unrecorded.items()):
                     sid, device_id = key
                     try:
                         grown = await self.store.record_usage(sid, device_id, report.usage, report.at,
                                                               final=report.final, reason=report.reason)
                     except DatabaseUnavailable:
-                        delay = min(delay * 2, 5.0)
+                        backoff.next_delay()  # the next wait doubles, up to 5 s
                         break
                     except Exception:
                         log.exception("device %s: recording tunnel usage of %s failed", device_id, sid)
@@ -152,7 +153,7 @@ class TunnelService:
                         del self._unrecorded[key]
                     self._recorded(sid, device_id, grown, report.final, report.reason)
                 else:
-                    delay = 0.1
+                    backoff.reset()
         finally:
             self._recording = False
 
