@@ -42,6 +42,8 @@ def sse_frame(data: str, *, event: str | None = None) -> bytes:
 
 
 class Subscriber:
+    stream_id: Any = None  # a cluster node's row for the cluster-wide stream cap (hub/cluster/limits.py)
+
     def __init__(self, hub: "EventHub", topic: Hashable, size: int, owner: Hashable = None) -> None:
         self.hub, self.topic, self.owner = hub, topic, owner
         self.send, self.receive = trio.open_memory_channel[dict[str, Any]](size)
@@ -80,6 +82,10 @@ class EventHub:
         if owner is not None:
             self._owned[owner].add(sub)
         return sub
+
+    async def open(self, topic: Hashable, owner: Hashable = None) -> Subscriber:
+        """``subscribe`` for an SSE endpoint; a cluster node also counts the stream on every node."""
+        return self.subscribe(topic, owner)
 
     def _release(self, sub: Subscriber) -> None:
         held = self._owned.get(sub.owner)

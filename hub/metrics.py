@@ -143,6 +143,10 @@ class _HubCollector:
                           "Device links closed because another node took the device.", m.cluster_takeovers)
             yield _family(C, "fleethub_cluster_dead_nodes",
                           "Silent nodes this node found (their devices marked offline).", m.cluster_dead_nodes)
+            if services.cluster_limits is not None:
+                yield _family(C, "fleethub_cluster_limit_sync_failures",
+                              "Rounds of the cluster-wide rate-limit sync that could not reach the database.",
+                              services.cluster_limits.sync_failures)
         yield _family(C, "fleethub_device_rejects", "Device link handshakes refused.", m.device_rejects)
         reg = services.registry.statistics()
         yield _family(G, "fleethub_actors", "Live actors by kind.", labels=["kind"],

@@ -48,6 +48,7 @@ from storage.memtests import MemoryTests
 from storage.migrate import migrate
 from storage.orgs import Orgs
 from storage.leases import RolloutLeases
+from storage.limits import ClusterLimits
 from storage.nodes import ClusterNodes
 from storage.rollouts import Rollouts
 from storage.rowcache import RowCache
@@ -104,6 +105,8 @@ class Services:
     link_epochs: dict[uuid.UUID, int] = field(default_factory=dict)
     # rollout -> the lease this node holds on it (cluster only; hub/cluster/leases.py)
     rollout_fences: dict[uuid.UUID, Any] = field(default_factory=dict)
+    # the cluster-wide credential throttles and stream cap (cluster only; hub/cluster/limits.py)
+    cluster_limits: Any = None
 
     @property
     def clustered(self) -> bool:
@@ -300,13 +303,15 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                 if bus is not None:
                     services.bus = bus  # a cluster node: commands reach devices held by other nodes
                     from hub.cluster import presence
-                    from hub.cluster.events import ClusterEventHub
                     presence.install(services)
                     from hub.cluster import asks, tells
                     tells.install(services)  # ApplyConfig & co. reach the node holding the device
                     asks.install(services)  # a reboot asked of any node reaches the holder's actor
                     asks.install_rollouts(services)  # so do pause/resume/cancel, to the lease holder
-                    services.events = ClusterEventHub(bus, node)  # SSE streams hear every node's events
+                    from hub.cluster.limits import LimitedClusterEventHub, SharedLimits
+                    services.cluster_limits = SharedLimits(ClusterLimits(db), node, services.login_throttle)
+                    # SSE streams hear every node's events; their cap counts every node's streams
+                    services.events = LimitedClusterEventHub(bus, node, services.cluster_limits, services.clock)
                 services.extras["embedded_pg"] = pg
                 await db.listen(AUTH_CHANNEL, services.on_notify)
                 # a device deleted or moved, by any process (migration 0017's trigger)
@@ -328,9 +333,10 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                     await nursery.start(gc_tuning.run)
                 if serving and services.clustered:
                     # Each node runs the rollouts whose lease it holds; a dead node's move on expiry.
-                    from hub.cluster import leases, nodes
+                    from hub.cluster import leases, limits, nodes
                     await nursery.start(leases.keep, services)
                     await nursery.start(nodes.keep, services)  # a dead node's devices go offline
+                    await nursery.start(limits.keep, services)  # rate limits and stream caps, cluster-wide
                 elif serving:
                     # Rollouts interrupted by a stop continue where they were.
                     for rollout_id in await services.rollouts.active_ids():

@@ -31,6 +31,8 @@ class ClusterNodes:
                     "UPDATE devices SET online = false, state = 'offline' "
                     "WHERE link_node = $1 AND (online OR state <> 'offline')", gone)
                 marked[gone] = int(status.split()[-1])
+                # its open streams ended with it: they no longer count against the cluster-wide cap
+                await conn.execute("DELETE FROM cluster_streams WHERE node = $1", gone)
             return marked
 
         return await self.db.run(body, transaction=True)

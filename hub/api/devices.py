@@ -281,7 +281,7 @@ async def device_events(device_id: str):
     s = services()
     row = await _load(device_id, "viewer")
     first = {"kind": "device.snapshot", "deviceId": str(row["id"]), "payload": device_json(row)}
-    subscription = s.events.subscribe(("device", row["id"]), owner=("org", org().org_id))
+    subscription = await s.events.open(("device", row["id"]), owner=("org", org().org_id))
     return await stream_response(subscription, first, {"deviceId": str(row["id"])},
                                  StreamAccess.of_request(s, "viewer", device_obj(row)))
 

@@ -58,12 +58,16 @@ PER_ADDRESS = 60
 PER_CLIENT = 10
 
 
-def _throttle(key: tuple) -> object | None:
+async def _throttle(key: tuple) -> object | None:
     """Count this attempt for ``key``; the 429 answer when over its limit. Keeps the tighter decision
-    in ``g.ratelimit``: the app puts its X-RateLimit-* headers on every answer."""
+    in ``g.ratelimit``: the app puts its X-RateLimit-* headers on every answer. A cluster node counts
+    it on every node (hub/cluster/limits.py)."""
     s = services()
     limit = PER_ADDRESS if key[0] == "addr" else PER_CLIENT
-    decision = s.token_limiter.hit(key, limit, s.clock.now())
+    if s.cluster_limits is not None:
+        decision = await s.cluster_limits.hit_burst(key, limit, s.token_limiter.window, s.clock.now())
+    else:
+        decision = s.token_limiter.hit(key, limit, s.clock.now())
     current = getattr(g, "ratelimit", None)
     if current is None or not decision.allowed or decision.remaining < current.remaining:
         g.ratelimit = decision
@@ -110,7 +114,7 @@ def _basic_credentials() -> tuple[str, str] | None | bool:
 @document_response(OAuthErrorBody, 429)
 async def token():
     s = services()
-    refused = _throttle(("addr", client_addr()))
+    refused = await _throttle(("addr", client_addr()))
     if refused is not None:
         return refused
     mimetype = request.mimetype
@@ -141,7 +145,7 @@ async def token():
         client_id, client_secret = form_id, form_secret
     if not client_id or not client_secret:
         return _oauth_error("invalid_client", "client authentication is required", 401, basic_challenge=True)
-    refused = _throttle(("client", client_id[:200]))  # real ids are short; a long one is no new key
+    refused = await _throttle(("client", client_id[:200]))  # real ids are short; a long one is no new key
     if refused is not None:
         return refused
     account = await s.identity.find_client(client_id)

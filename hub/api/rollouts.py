@@ -355,6 +355,6 @@ async def rollout_events(rollout_id: str):
     s = services()
     row = await _load(rollout_id, "viewer")
     first = {"kind": "rollout.snapshot", "rolloutId": str(row["id"]), "payload": await _rollout_json(row["id"])}
-    subscription = s.events.subscribe(("rollout", row["id"]), owner=("org", org().org_id))
+    subscription = await s.events.open(("rollout", row["id"]), owner=("org", org().org_id))
     access = StreamAccess.of_request(s, "viewer", *(Obj("fleet", fid, fid) for fid in row["fleet_ids"]))
     return await stream_response(subscription, first, {"rolloutId": str(row["id"])}, access)

@@ -1,7 +1,9 @@
 """Request rate limits by organisation tier (spec, Limits): fixed one-hour windows aligned to the hour.
 
-Pure: the caller passes ``now``. Counters live in this process (one hub process per database today;
-several processes will need a shared counter, e.g. in NATS KV or PostgreSQL). A fixed window is what
+Pure: the caller passes ``now``. Counters live in this process. In a cluster each node also learns,
+every sync round, what the other nodes counted in the same window (``learn``) and hands over what it
+counted itself (``changes``): hub/cluster/limits.py carries both through PostgreSQL, so a key's limit
+holds across the nodes, give or take what each node admits between two rounds. A fixed window is what
 the X-RateLimit-Reset header can describe exactly: the instant the window ends.
 """
 
@@ -37,19 +39,53 @@ class Decision:
                 "X-RateLimit-Reset": str(self.reset)}
 
 
+def key_text(key: object) -> str:
+    """A counter key as the cluster stores it: ("org", id) -> "org:id"."""
+    return ":".join(map(str, key)) if isinstance(key, tuple) else str(key)
+
+
 class RateLimiter:
     def __init__(self, window: int = WINDOW_SECONDS) -> None:
         self.window = window
         self._window_start: int | None = None
         self._counts: dict[object, int] = {}
+        # The other nodes' counts in this window, by key_text (a cluster node only; empty otherwise).
+        self._others: dict[str, int] = {}
+        self._changed: set[object] = set()  # keys counted here since the last ``changes``
+        self._sending: set[object] = set()  # the keys of the last ``changes``, until it is known sent
+
+    def _elsewhere(self, key: object) -> int:
+        return self._others.get(key_text(key), 0) if self._others else 0
 
     def peek(self, key: object, limit: int, now: dt.datetime) -> Decision:
         """Where ``key`` stands, without counting a request (answers of routes with their own limits)."""
         epoch = int(now.timestamp())
         start = epoch - epoch % self.window
-        used = self._counts.get(key, 0) if start == self._window_start else 0
+        used = self._counts.get(key, 0) + self._elsewhere(key) if start == self._window_start else 0
         return Decision(used < limit, limit, max(0, limit - used), start + self.window,
                         0 if used < limit else max(1, start + self.window - epoch))
+
+    def changes(self, now: dt.datetime) -> tuple[int, dict[str, int]]:
+        """The current window and this process's count of every key counted since the last call."""
+        epoch = int(now.timestamp())
+        start = epoch - epoch % self.window
+        if start != self._window_start:
+            return start, {}
+        changed, self._changed = self._changed, set()
+        self._sending = changed
+        return start, {key_text(k): self._counts[k] for k in changed if k in self._counts}
+
+    def not_sent(self) -> None:
+        """The counts of the last ``changes`` did not reach the other nodes: give them with the next."""
+        self._changed |= self._sending
+        self._sending = set()
+
+    def learn(self, window_start: int, others: dict[str, int]) -> None:
+        """The other nodes' counts in ``window_start``; ignored if this process has moved on."""
+        if self._window_start is None or window_start > self._window_start:
+            self._window_start, self._counts, self._changed = window_start, {}, set()
+        if window_start == self._window_start:
+            self._others = others
 
     def hit(self, key: object, limit: int, now: dt.datetime) -> Decision:
         """Count one request for ``key``; a request over the limit is refused and not counted."""
@@ -57,12 +93,14 @@ class RateLimiter:
         start = epoch - epoch % self.window
         if start != self._window_start:
             # A new window: every counter starts again, and keys of idle callers do not pile up.
-            self._window_start, self._counts = start, {}
-        used = self._counts.get(key, 0)
+            self._window_start, self._counts, self._others, self._changed = start, {}, {}, set()
+        mine = self._counts.get(key, 0)
+        used = mine + self._elsewhere(key)
         reset = start + self.window
         if used >= limit:
             return Decision(False, limit, 0, reset, max(1, reset - epoch))
-        self._counts[key] = used + 1
+        self._counts[key] = mine + 1
+        self._changed.add(key)
         return Decision(True, limit, limit - used - 1, reset, 0)
 
 

@@ -28,6 +28,6 @@ async def organisation_events():
     await require_org(s, "viewer")
     org_id = org().org_id
     first = {"kind": "org.snapshot", "organizationId": str(org_id), "payload": {}}
-    subscription = s.events.subscribe(("org", org_id), owner=("org", org_id))
+    subscription = await s.events.open(("org", org_id), owner=("org", org_id))
     return await stream_response(subscription, first, {"organizationId": str(org_id)},
                                  StreamAccess.of_request(s, "viewer", Obj("organization", org_id)))
