@@ -282,3 +282,41 @@ async def test_a_memory_test_started_read_and_cancelled_on_node_b_runs_on_the_de
             assert r.status_code == 409, r.text  # nothing runs any more: node A's machine answers
             await agent.kill()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_key_rotation_reaches_every_node(nats_server, db_url, tmp_path, monkeypatch):
+    """``fleethub admin rotate-signing-key`` on the shared key files: every node signs with the new key
+    and accepts what any node signed, old key or new (NOTIFY on the shared database)."""
+    import argparse
+
+    from hub.admin import run_admin
+    from tests.api.test_identity import make_service_account
+
+    monkeypatch.delenv("FLEETHUB_JWT_KEY", raising=False)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            a, b, b_url = await two_nodes(nursery, db_url, tmp_path / "hub", nats_server.url)
+            sa = await make_service_account(a, [{"relation": "viewer"}])
+
+            async def token_from(base: str) -> str:
+                r = await a.client.post(base + "/v1/oauth/token", data={
+                    "grant_type": "client_credentials", "client_id": sa["client_id"],
+                    "client_secret": sa["client_secret"]})
+                assert r.status_code == 200, r.text
+                return r.json()["access_token"]
+
+            async def accepted(base: str, token: str) -> bool:
+                r = await a.client.get(base + "/v1/devices", headers={"X-Organization-ID": a.org_id,
+                                                                      "Authorization": f"Bearer {token}"})
+                assert r.status_code in (200, 401), r.text
+                return r.status_code == 200
+
+            old = await token_from(b_url)
+            result = await run_admin(a.services.settings, argparse.Namespace(admin_command="rotate-signing-key"))
+            new_kid = result["kids"][0]
+            await wait_for(lambda: a.services.signing_keys.kid == new_kid == b.signing_keys.kid, timeout=5)
+            new = await token_from(b_url)
+            assert new != old
+            for base in (a.base_url, b_url):
+                assert await accepted(base, old) and await accepted(base, new)
+            nursery.cancel_scope.cancel()
