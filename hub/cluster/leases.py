@@ -6,6 +6,12 @@ every third of the lease time it renews the leases it holds (dropping one that a
 whose rollout settled), and starts the actors of active rollouts whose lease expired, so a killed
 node's rollouts go on elsewhere within one lease time plus a renewal interval. The fencing itself is
 in storage (storage/leases.py): every rollout write checks the epoch in its own transaction.
+
+A node cut off from NATS but not from PostgreSQL could go on renewing its leases while it cannot
+reach the devices other nodes hold, and its rollouts would stall there. So a node whose bus is
+disconnected renews nothing and takes nothing: its leases lapse, other nodes take them over (a new
+epoch fences off its writes), and once a lease's own expiry has passed here its actor stops too, so
+the node no longer acts as owner even before anyone else has taken over.
 """
 
 from __future__ import annotations
@@ -33,10 +39,24 @@ async def hold(s: Any, rollout_id: uuid.UUID) -> None:
         raise HeldElsewhere(f"another hub node runs rollout {rollout_id}")  # ours ends; theirs goes on
     if rollout_id in s.rollout_fences:
         return  # ours, renewed by keep()
-    fence = await s.rollout_leases.acquire(rollout_id, s.node_id, s.clock.now(), s.settings.rollout_lease_seconds)
+    if not s.bus.connected:
+        raise HeldElsewhere(f"this node is cut off from NATS; another hub node is to run rollout {rollout_id}")
+    ttl, asked = s.settings.rollout_lease_seconds, trio.current_time()  # the lease runs from before the ask
+    fence = await s.rollout_leases.acquire(rollout_id, s.node_id, s.clock.now(), ttl)
     if fence is None:
         raise HeldElsewhere(f"another hub node runs rollout {rollout_id}")
     s.rollout_fences[rollout_id] = fence
+    _expiries(s)[rollout_id] = asked + ttl
+
+
+def _drop(s: Any, rollout_id: uuid.UUID) -> None:
+    del s.rollout_fences[rollout_id]
+    _expiries(s).pop(rollout_id, None)
+
+
+def _expiries(s: Any) -> dict[uuid.UUID, float]:
+    """rollout -> when (trio time) this node's lease on it lapses unless renewed."""
+    return s.extras.setdefault("rollout_lease_expiries", {})
 
 
 async def keep(s: Any, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -51,17 +71,32 @@ async def keep(s: Any, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
 
 async def _round(s: Any) -> None:
     ttl, now = s.settings.rollout_lease_seconds, s.clock.now()
+    expiries = _expiries(s)
+    cut_off = not s.bus.connected
     for rollout_id, fence in list(s.rollout_fences.items()):
         actor = s.registry.lookup(("rollout", rollout_id))
         if actor is None or actor.lost:
             # settled (the actor ended) or taken over: let the lease go
-            del s.rollout_fences[rollout_id]
+            _drop(s, rollout_id)
             await s.rollout_leases.release(fence)
-        elif not await s.rollout_leases.renew(fence, now, ttl):
+            continue
+        if cut_off:
+            if trio.current_time() >= expiries.get(rollout_id, 0.0):
+                log.warning("rollout %s: this node is cut off from NATS and its lease (epoch %d) lapsed; it "
+                            "stops running it and another node takes it over", rollout_id, fence.epoch)
+                actor.lost = True
+                _drop(s, rollout_id)
+            continue
+        asked = trio.current_time()  # the renewed lease runs from before the ask
+        if await s.rollout_leases.renew(fence, now, ttl):
+            expiries[rollout_id] = asked + ttl
+        else:
             log.warning("rollout %s: lease epoch %d was taken over; this node stops running it",
                         rollout_id, fence.epoch)
             actor.lost = True
-            del s.rollout_fences[rollout_id]
+            _drop(s, rollout_id)
+    if cut_off:
+        return  # take no lease while cut off: a node that can reach the devices should run them
     for rollout_id in await s.rollouts.active_ids():
         if rollout_id in s.rollout_fences:
             continue

@@ -61,3 +61,64 @@ def running_nats() -> Iterator[NatsServer]:
         yield server
     finally:
         server.stop()
+
+
+class CuttableLink:
+    """A TCP forwarder in front of the nats-server for one node: ``cut`` drops its connections and
+    refuses new ones (the node is cut off from NATS, not from PostgreSQL); ``restore`` listens again on
+    the same port. Start with ``await nursery.start(link.run)``."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self._scope: "trio.CancelScope | None" = None
+        self._nursery: "trio.Nursery | None" = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    async def run(self, task_status=None) -> None:
+        import trio
+
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self._serve)
+            if task_status is not None:
+                task_status.started(self)
+            await trio.sleep_forever()
+
+    async def _serve(self, task_status) -> None:
+        import trio
+
+        async def pipe(src, dst) -> None:
+            try:
+                async for chunk in src:
+                    await dst.send_all(chunk)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            finally:
+                with trio.CancelScope(shield=True):
+                    await dst.aclose()
+
+        async def handle(client) -> None:
+            upstream = await trio.open_tcp_stream("127.0.0.1", self.target_port)
+            async with trio.open_nursery() as pair:
+                pair.start_soon(pipe, client, upstream)
+                pair.start_soon(pipe, upstream, client)
+
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            listeners = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
+            self.port = listeners[0].socket.getsockname()[1]
+            async with trio.open_nursery() as conns:
+                await conns.start(trio.serve_listeners, handle, listeners)
+                task_status.started()
+
+    def cut(self) -> None:
+        assert self._scope is not None
+        self._scope.cancel()  # the listener and every forwarded connection close
+
+    async def restore(self) -> None:
+        assert self._nursery is not None
+        await self._nursery.start(self._serve)

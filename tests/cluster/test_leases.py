@@ -54,3 +54,60 @@ async def test_an_expired_lease_moves_and_the_old_epoch_writes_nothing(nursery, 
 
 async def _completed(hub, rid) -> bool:
     return (await hub.call("GET", f"/v1/rollouts/{rid}")).json()["data"]["state"] == "completed"
+
+
+async def test_a_node_cut_off_from_nats_stops_owning_its_rollout_and_another_takes_it(nats_server, db_url, tmp_path):
+    """Node A reaches PostgreSQL but not NATS (its link to the nats-server is cut): it renews nothing,
+    its actor stops once its lease lapsed, and node B takes the rollout over with a new epoch."""
+    from tests.cluster.natstools import CuttableLink
+    from tests.hubtools import open_hub
+
+    lease = dict(rollout_lease_seconds=1.5)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            link = await nursery.start(CuttableLink(int(nats_server.url.rsplit(":", 1)[1])).run)
+            data = tmp_path / "hub"
+            a = await start_hub(nursery, db_url, data, nats_url=link.url, node_id="a", **lease)
+            b, _ = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b", **lease)
+            fid = (await a.call("POST", "/v1/fleets", json={"name": "f"})).json()["data"]["id"]
+            _, token = await a.provision("d", fleet_id=fid)
+            await start_agent(nursery, a.base_url, token, tmp_path / "d")
+            # a window that is closed now: the rollout stays running, its device queued for the window
+            opens = (a.services.clock.now() + dt.timedelta(hours=6)).replace(second=0, microsecond=0)
+            window = {"enabled": True, "timezone": "UTC", "start_time": opens.strftime("%H:%M"),
+                      "end_time": (opens + dt.timedelta(hours=1)).strftime("%H:%M"),
+                      "days_of_week": ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
+                                       "Sunday"]}
+            assert (await a.call("PUT", f"/v1/fleets/{fid}/update-window", json=window)).status_code == 200
+            cid, _ = await config(a, "app", HEALTHY)
+            r = await a.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid,
+                                                            "batch_size": 1})
+            assert r.status_code == 201, r.text
+            rid = uuid.UUID(r.json()["data"]["id"])
+            assert rid in a.services.rollout_fences
+            owner = "SELECT owner, epoch FROM rollout_leases WHERE rollout_id = $1"
+            assert tuple(await a.services.db.fetchrow(owner, rid)) == ("a", 1)
+            await trio.sleep(2)  # A renews it while connected: B does not take it
+            assert tuple(await a.services.db.fetchrow(owner, rid)) == ("a", 1)
+
+            link.cut()
+            await wait_for(lambda: not a.services.bus.connected, timeout=10)
+            cut_at = trio.current_time()
+            await wait_for(lambda: rid not in a.services.rollout_fences, timeout=10)
+            actor = a.services.registry.lookup(("rollout", rid))
+            assert actor is None or actor.lost  # A no longer acts as owner
+            await wait_for(lambda: _owned_by(b, rid, "b"), timeout=10)
+            assert trio.current_time() - cut_at < 6  # one lease time plus a renewal round, with room
+            assert (await a.services.db.fetchrow(owner, rid))["epoch"] == 2  # A's epoch is fenced off
+
+            await link.restore()  # back on NATS: A does not take it back while B renews it
+            await wait_for(lambda: a.services.bus.connected, timeout=10)
+            await trio.sleep(2)
+            assert tuple(await a.services.db.fetchrow(owner, rid)) == ("b", 2)
+            assert rid not in a.services.rollout_fences and rid in b.rollout_fences
+            nursery.cancel_scope.cancel()
+
+
+async def _owned_by(s, rid, node: str) -> bool:
+    row = await s.db.fetchrow("SELECT owner FROM rollout_leases WHERE rollout_id = $1", rid)
+    return row is not None and row["owner"] == node
