@@ -98,6 +98,7 @@ def create_app(services: Services) -> QuartTrio:
     # the operators' console (hub/console/): pages, static files and its organisation event stream
     app.register_blueprint(console.bp)
     app.register_blueprint(console.stream_bp)
+    app.register_blueprint(console.usage_bp)
 
     @app.before_request
     async def _before() -> None:

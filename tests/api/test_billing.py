@@ -22,6 +22,7 @@ async def test_without_a_billing_profile(nursery, db_url, tmp_path):
         hub = await start_hub(nursery, db_url, tmp_path)
         assert_error(await hub.call("GET", "/v1/billing/pricing"), 404, "billing_profile_not_found")
         assert_error(await hub.call("GET", "/v1/billing/usage"), 404, "billing_profile_not_found")
+        assert_error(await hub.call("GET", "/console/api/usage-daily"), 404, "billing_profile_not_found")
         assert_error(await hub.call("PUT", "/v1/billing/features/telemetry", json={"enabled": True}), 409,
                      "no_billing_profile")
         # the features view is always there, with every key

@@ -138,6 +138,25 @@ async def test_usage_and_cost_to_the_cent_across_a_month_boundary_with_a_price_c
         u = await usage(hub, **{"from": "2025-11-30T00:00:00Z", "to": "2025-12-01T00:00:00Z"})
         assert u["days"] == 1 and u["total_cents"] == 30 + 75
 
+        # the console's usage over time: the same rows, one value per day and product
+        r = await hub.call("GET", "/console/api/usage-daily", params={"from": "2025-11-30", "to": "2025-12-01"})
+        assert r.status_code == 200, r.text
+        d = r.json()["data"]
+        series = {x["product"]: x for x in d["series"]}
+        assert d["days"] == ["2025-11-30", "2025-12-01"]
+        assert series["active_device"]["values"] == [3, 2] and series["active_device"]["unit"] == "devices"
+        assert series["registry_fallback_bytes"]["values"] == [1.5 * GB, 2 * GB]
+        assert series["tunnel_minutes"]["values"] == [0, 10] and series["tunnel_minutes"]["total"] == 10
+        assert series["tunnel_bytes"]["values"] == [0, 3000]
+        assert series["tunnel_relayed_bytes"]["values"] == [0, GB // 2]
+        # unasked, the last 30 days up to the hub's today (1 December)
+        r = await hub.call("GET", "/console/api/usage-daily")
+        d = r.json()["data"]
+        assert (len(d["days"]), d["from"], d["to"]) == (30, "2025-11-02", "2025-12-01")
+        assert {x["product"]: x for x in d["series"]}["active_device"]["values"][-3:] == [0, 3, 2]
+        r = await hub.call("GET", "/console/api/usage-daily", params={"from": "2025-12-01", "to": "2025-11-01"})
+        assert r.status_code == 400 and r.json()["error"] == "invalid_period"
+
         # registry fallback: per fleet, fleets with the proxy on first, a daily series
         r = await hub.call("GET", "/v1/billing/registry-fallback", params={"start": "2025-11-30", "end": "2025-12-02"})
         assert r.status_code == 200, r.text

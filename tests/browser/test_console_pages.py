@@ -127,11 +127,52 @@ def test_audit_log_filters_by_path_prefix(page, console):
     assert "pathPrefix=%2Fv1%2Ffleets" in page.url
 
 
+def test_billing_page_charts_usage_over_time(page, console):
+    """With a billing profile, the page charts each product per day: the last 30 days, today's bar
+    showing what was metered today (tunnel minutes and bytes put through the hub's own meter)."""
+    import uuid
+
+    from hub.billing import state
+
+    hub = console.hub
+    org = uuid.UUID(console.org_id)
+    today = hub.services.clock.now().date()
+
+    async def with_usage() -> None:
+        s = hub.services
+        await s.billing.put_profile(org, s.clock.now(), plan="standard")
+        s.meter.add(org, "tunnel_minutes", 12, day=today)
+        s.meter.add(org, "tunnel_bytes", 3 * 1024 * 1024, day=today)
+        await state.changed(s, org)
+
+    async def without_profile() -> None:  # the other tests of this module see the hub as it was
+        s = hub.services
+        await s.db.execute("DELETE FROM billing_profiles WHERE org_id = $1", org)
+        await state.changed(s, org)
+
+    console.run(with_usage)
+    try:
+        sign_in(page, console)
+        page.goto("/console/billing")
+        minutes = page.locator('#usage-daily figure[data-product="tunnel_minutes"]')
+        minutes.locator("svg.chart").wait_for()
+        assert minutes.locator("rect.bar").count() == 30
+        assert minutes.locator("rect.bar title").last.text_content() == f"{today.isoformat()}: 12 minutes"
+        assert "12 minutes in all" in minutes.locator("figcaption").text_content()
+        moved = page.locator('#usage-daily figure[data-product="tunnel_bytes"] rect.bar title').last
+        assert moved.text_content() == f"{today.isoformat()}: 3.0 MiB"
+        for product in ("active_device", "tunnel_relayed_bytes", "registry_fallback_bytes"):
+            assert page.locator(f'#usage-daily figure[data-product="{product}"] svg.chart').count() == 1
+    finally:
+        console.run(without_profile)
+
+
 def test_billing_page_renders_its_sections(page, console):
     sign_in(page, console)
     page.goto("/console/billing")
     # each section shows what its API call answered: the chart or table, or the API's own message
     for section, path, shown in (("#usage", "/v1/billing/usage", "svg.chart"),
+                                 ("#usage-daily", "/console/api/usage-daily", "svg.chart"),
                                  ("#registry-fallback", "/v1/billing/registry-fallback", "svg.chart"),
                                  ("#pricing", "/v1/billing/pricing", "table")):
         r = console.call("GET", path)

@@ -1,5 +1,7 @@
-// Billing: usage and cost this period (a bar per product), the registry fallback's daily series, the
-// prices in force and the paid features (telemetry switchable here by a billing admin).
+// Billing: usage and cost this period (a bar per product), usage over time (a chart per product and
+// day: devices, tunnel minutes and bytes, relayed bytes, registry fallback), the registry fallback's
+// daily series per fleet, the prices in force and the paid features (telemetry switchable here by a
+// billing admin).
 import { api } from '../api.js';
 import { fill, h, badge, bytes, notice } from '../dom.js';
 
@@ -33,10 +35,11 @@ export function barChart(points, title) {
 
 export async function render(main) {
   const usage = h('section', { class: 'card', id: 'usage' }, h('h2', {}, 'Usage this period'));
+  const overTime = h('section', { class: 'card', id: 'usage-daily' }, h('h2', {}, 'Usage over time'));
   const fallback = h('section', { class: 'card', id: 'registry-fallback' }, h('h2', {}, 'Registry fallback'));
   const pricing = h('section', { class: 'card', id: 'pricing' }, h('h2', {}, 'Pricing'));
   const features = h('section', { class: 'card', id: 'features' }, h('h2', {}, 'Features'));
-  fill(main, h('div', { class: 'title' }, h('h1', {}, 'Billing')), usage, fallback, pricing, features);
+  fill(main, h('div', { class: 'title' }, h('h1', {}, 'Billing')), usage, overTime, fallback, pricing, features);
   const fail = (el) => (err) => el.append(h('p', { class: 'muted' }, err.status === 403 ? 'This needs the billing viewer relation.' : err.message));
 
   api('GET', '/v1/billing/usage').then(({ data: u }) => {
@@ -46,6 +49,16 @@ export async function render(main) {
         h('tbody', {}, u.products.map((p) => h('tr', {}, h('td', {}, p.product), h('td', {}, `${p.quantity} ${p.unit}`), h('td', {}, p.billed_quantity),
           h('td', {}, p.cost ?? 'not priced')))))));
   }).catch(fail(usage));
+  api('GET', '/console/api/usage-daily').then(({ data: d }) => {
+    overTime.append(h('p', { class: 'muted' }, `${d.from} to ${d.to}, per day`));
+    for (const series of d.series) {
+      const fmt = (v) => (series.unit === 'bytes' ? bytes(v) : `${v} ${series.unit}`);
+      overTime.append(h('figure', { class: 'series', 'data-product': series.product },
+        h('figcaption', {}, `${series.description} · ${fmt(series.total)} in all`),
+        barChart(d.days.map((day, i) => ({ label: day, value: series.values[i], text: fmt(series.values[i]) })),
+          `${series.description} per day`)));
+    }
+  }).catch(fail(overTime));
   api('GET', '/v1/billing/registry-fallback').then(({ data: r }) => {
     fallback.append(barChart((r.daily || []).map((d) => ({ label: d.day, value: d.bytes, text: bytes(d.bytes) })), 'Registry fallback bytes per day'));
   }).catch(fail(fallback));
