@@ -99,6 +99,7 @@ def create_app(services: Services) -> QuartTrio:
     app.register_blueprint(console.bp)
     app.register_blueprint(console.stream_bp)
     app.register_blueprint(console.usage_bp)
+    app.register_blueprint(console.deliveries_bp)
 
     @app.before_request
     async def _before() -> None:

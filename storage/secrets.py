@@ -159,6 +159,27 @@ class SecretFiles:
 
         return await self.db.run(body)
 
+    async def deliveries(self, owner: Owner, file_id: uuid.UUID, status: str | None, offset: int,
+                         limit: int) -> tuple[int, list[dict]] | None:
+        """One page of a file's per-device deliveries (failed first, then pending, then the rest, each
+        by device name), with the device name and the total; None when the file is not the owner's."""
+        async def body(conn: asyncpg.Connection):
+            if not await conn.fetchval(f"SELECT 1 FROM secret_files WHERE id = $1 AND {owner.column} = $2",
+                                       file_id, owner.id):
+                return None
+            total = await conn.fetchval(
+                "SELECT count(*) FROM secret_file_deliveries WHERE file_id = $1 AND ($2::text IS NULL OR status = $2)",
+                file_id, status)
+            rows = await conn.fetch(
+                """SELECT d.device_id, dev.name, d.status, d.error, d.updated_at
+                   FROM secret_file_deliveries d JOIN devices dev ON dev.id = d.device_id
+                   WHERE d.file_id = $1 AND ($2::text IS NULL OR d.status = $2)
+                   ORDER BY CASE d.status WHEN 'failed' THEN 0 WHEN 'pending' THEN 1 ELSE 2 END, dev.name, d.device_id
+                   OFFSET $3 LIMIT $4""", file_id, status, offset, limit)
+            return int(total), [dict(r) for r in rows]
+
+        return await self.db.run(body)
+
     async def delete(self, org_id: uuid.UUID, owner: Owner, file_id: uuid.UUID,
                      now: dt.datetime) -> tuple[str, list[uuid.UUID]] | None:
         """Delete one file; returns its path and the devices it may be on (to remove it there)."""

@@ -8,6 +8,8 @@ import datetime as dt
 import uuid
 from zoneinfo import ZoneInfo
 
+from playwright.sync_api import expect
+
 from tests.browser.conftest import sign_in
 
 
@@ -85,6 +87,61 @@ def test_configuration_versions_diff_and_a_write_only_secret_file(page, console)
     page.click("#config-secret-upload button[type=submit]")
     page.locator("#config-secret-files", has_text="/etc/app/cfg.key").wait_for()
     assert secret not in page.content()
+
+
+def test_a_secret_file_s_deliveries_page_past_the_first_hundred(page, console):
+    """250 devices on one configuration file, three failed: the page lists them failed first, 100 at a
+    time, all 250 with "More", and the failed ones alone when filtered."""
+    import hashlib
+    import secrets as _secrets
+
+    name = f"fleetwide-{uuid.uuid4().hex[:6]}"
+    cid = console.call("POST", "/v1/configurations", json={"name": name, "spec": {}}).json()["data"]["id"]
+    r = console.call("POST", f"/v1/configurations/{cid}/secret-files",
+                     json={"path": "/etc/app/wide.key", "content_base64": "c2VjcmV0"})
+    assert r.status_code == 201, r.text
+    fid = r.json()["data"]["id"]
+    ids = [uuid.uuid4() for _ in range(250)]
+
+    async def deliveries() -> None:
+        s, now = console.hub.services, dt.datetime.now(dt.timezone.utc)
+        await s.db.run(lambda conn: conn.copy_records_to_table(
+            "devices", columns=["id", "org_id", "name", "tags", "token_hash", "created_at", "updated_at"],
+            records=[(d, uuid.UUID(console.org_id), f"{name}-{i:03}", [],
+                      hashlib.sha256(_secrets.token_bytes(16)).digest(), now, now) for i, d in enumerate(ids)]))
+        await s.db.execute(
+            "INSERT INTO secret_file_deliveries (file_id, device_id, status, error, sha256, updated_at) "
+            "SELECT $1, d, CASE WHEN n <= 3 THEN 'failed' ELSE 'pending' END, "
+            "       CASE WHEN n <= 3 THEN 'disk full' END, 'x', $3 "
+            "FROM unnest($2::uuid[]) WITH ORDINALITY AS t(d, n)", uuid.UUID(fid), ids, now)
+
+    async def cleanup() -> None:
+        await console.hub.services.db.execute("DELETE FROM devices WHERE id = ANY($1::uuid[])", ids)
+
+    console.run(deliveries)
+    try:
+        path = f"/console/api/configurations/{cid}/secret-files"
+        assert console.call("GET", f"{path}/{uuid.uuid4()}/devices").status_code == 404
+        assert console.call("GET", f"{path}/{fid}/devices", params={"status": "lost"}).status_code == 400
+        sign_in(page, console)
+        page.goto("/console/configurations")
+        page.locator("#configurations button", has_text=name).click()
+        box = page.locator(f"#config-secret-files details.per-device[data-file='{fid}']")
+        box.locator("summary").click()
+        box.locator("li").nth(99).wait_for()
+        assert box.locator("li").count() == 100 and "100 of 250" in box.text_content()
+        assert [box.locator("li").nth(i).locator(".badge").text_content() for i in range(4)] == \
+            ["failed", "failed", "failed", "pending"]
+        assert "disk full" in box.locator("li").first.text_content()
+        for shown in (200, 250):
+            box.locator("button", has_text="More").click()
+            box.locator("li").nth(shown - 1).wait_for()
+        assert box.locator("li").count() == 250 and box.locator("button", has_text="More").is_hidden()
+        box.locator("select[name=status]").select_option("failed")
+        expect(box.locator("li")).to_have_count(3)  # not wait_for_function: the CSP has no unsafe-eval
+        assert "3 of 3" in box.text_content()
+    finally:
+        console.run(cleanup)
 
 
 def test_access_shows_a_new_token_secret_once(page, console):

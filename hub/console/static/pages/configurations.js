@@ -98,10 +98,35 @@ export async function render(main) {
           h('td', {}, h('code', {}, f.sha256)), h('td', {}, when(f.updatedAt)),
           h('td', {}, badge(f.status, f.status === 'on_device' ? 'ok' : f.status === 'failed' ? 'bad' : 'warn'),
             ` ${Object.entries(f.deliveries).filter(([, v]) => v).map(([k, v]) => `${v} ${k}`).join(', ')}`,
-            f.devices.length ? h('details', { class: 'per-device' }, h('summary', {}, 'per device'),
-              h('ul', {}, f.devices.map((d) => h('li', {}, h('a', { href: `/console/devices/${d.deviceId}` }, d.deviceId.slice(0, 8)),
-                ` ${d.status}`, d.error ? ` (${d.error})` : '')))) : null)))))
+            Object.values(f.deliveries).some((v) => v) ? perDevice(f) : null)))))
         : h('p', { class: 'muted' }, 'No secret files.'));
+    }
+    // Every device's delivery of one file, a page at a time (failed first), loaded when opened: a
+    // configuration on thousands of devices lists them all, not the first 100 the list answer holds.
+    function perDevice(f) {
+      const items = h('ul', {});
+      const more = h('button', { type: 'button', class: 'link', hidden: true }, 'More');
+      const filter = h('select', { name: 'status', 'aria-label': 'delivery status' },
+        h('option', { value: '' }, 'every status'), ['failed', 'pending', 'on_device', 'overridden'].map((v) => h('option', { value: v }, v)));
+      const shown = h('span', { class: 'muted' });
+      let page = 0;
+      async function next(reset) {
+        if (reset) { page = 0; fill(items); }
+        page += 1;
+        const q = query({ page, limit: 100, ...(filter.value ? { status: filter.value } : {}) });
+        try {
+          const r = await api('GET', `/console/api/configurations/${id}/secret-files/${f.id}/devices?${q}`);
+          items.append(...r.data.map((d) => h('li', {}, h('a', { href: `/console/devices/${d.deviceId}` }, d.name),
+            ' ', badge(d.status, d.status === 'on_device' ? 'ok' : d.status === 'failed' ? 'bad' : 'warn'), d.error ? ` ${d.error}` : '')));
+          more.hidden = page >= r.pagination.totalPages;
+          shown.textContent = ` ${items.children.length} of ${r.pagination.total}`;
+        } catch (err) { notice(fileMsg, err.message, 'error'); }
+      }
+      more.addEventListener('click', () => next(false));
+      filter.addEventListener('change', () => next(true));
+      const box = h('details', { class: 'per-device', dataset: { file: f.id } }, h('summary', {}, 'per device'), filter, shown, items, more);
+      box.addEventListener('toggle', () => { if (box.open && page === 0) next(true); });
+      return box;
     }
     fill(detail, h('h2', {}, config.name), h('p', { class: 'muted' }, config.description || ''),
       h('h3', {}, 'Versions'), versions.length > 1 ? h('div', { class: 'row' }, field('From', from), field('To', to)) : null,
