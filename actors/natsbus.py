@@ -15,6 +15,13 @@ one NATS subscription per pattern and dispatches to whichever local handler hold
 processes, two holders of ``cmd.<device>.>`` would both answer; hub/cluster/presence.py makes the
 older one let go (a takeover broadcast), so that lasts a moment at most.
 
+A connection that dies without closing (a network that drops packets, a half-open TCP link) is not
+noticed by nats-py in time: its PING comes every two minutes by default and, when the server does not
+answer, the connection is not always torn down (nats.py issues #522 and #671). So the bus probes the
+server itself: a round trip (``flush``: PING, wait for PONG) every ``PROBE_EVERY`` seconds, and when one
+takes longer than ``PROBE_TIMEOUT`` the connection is forced to reconnect (``force_reconnect``), counted
+in ``stale``. Until it is back, ``connected`` is false and requests fail at once (``NoResponders``).
+
 A handler's ``actors.errors`` failure (the device refused, the link is closing) crosses the wire as
 its class name, code and message and is raised again on the asking side; anything else is a bug on
 the answering node and arrives as ``BusError``. Secrets never ride in these errors: handlers' messages
@@ -37,6 +44,9 @@ from actors.bus import BusError, Handler, NoResponders, RequestTimeout
 from device_client.bridge import run_on, start_loop_thread, stop_loop_thread
 
 log = logging.getLogger("fleethub.natsbus")
+
+PROBE_EVERY = 2.0  # seconds between round trips to the server
+PROBE_TIMEOUT = 2.0  # a round trip slower than this: the connection is dead, reconnect
 
 
 class NatsSubscription:
@@ -92,6 +102,8 @@ class NatsBus:
         self._token: trio.lowlevel.TrioToken | None = None
         self.requests = self.no_responders = self.timeouts = self.received = 0
         self.reconnects = 0
+        self.stale = 0  # connections found dead by the probe and forced to reconnect
+        self.probe_every, self.probe_timeout = PROBE_EVERY, PROBE_TIMEOUT
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -116,6 +128,29 @@ class NatsBus:
             self.url, name=self.name, allow_reconnect=True, max_reconnect_attempts=-1,
             reconnect_time_wait=0.5, connect_timeout=5, reconnected_cb=reconnected,
             disconnected_cb=disconnected, error_cb=error))
+        nursery.start_soon(self._probe)  # ends with the bus's nursery
+
+    async def _probe(self) -> None:
+        """Round trips to the server; a slow one means a dead connection: reconnect (see the docstring)."""
+        while True:
+            await trio.sleep(self.probe_every)
+            if not self.connected or self._loop is None:
+                continue  # nats-py is reconnecting already
+            try:
+                with trio.fail_after(self.probe_timeout + 1):
+                    await run_on(self._loop, self._nc.flush(timeout=self.probe_timeout))
+            except (asyncio.TimeoutError, trio.TooSlowError):  # nats.errors.TimeoutError & FlushTimeoutError too
+                if not self.connected:
+                    continue
+                self.stale += 1
+                log.warning("NATS: no answer from %s within %.1f s: the connection is dead; reconnecting",
+                            self.url, self.probe_timeout)
+                try:
+                    await run_on(self._loop, self._nc.force_reconnect())
+                except Exception as exc:  # noqa: BLE001 — the next probe tries again
+                    log.info("NATS: forcing a reconnect failed: %s", type(exc).__name__)
+            except Exception as exc:  # noqa: BLE001 — closed or reconnecting meanwhile: the next round sees it
+                log.debug("NATS probe: %s", type(exc).__name__)
 
     async def _stop(self) -> None:
         if self._loop is None:
@@ -195,7 +230,8 @@ class NatsBus:
     def statistics(self) -> dict[str, int]:
         return {"subscriptions": len(self._subs), "requests": self.requests,
                 "no_responders": self.no_responders, "timeouts": self.timeouts,
-                "received": self.received, "reconnects": self.reconnects, "connected": int(self.connected)}
+                "received": self.received, "reconnects": self.reconnects, "stale": self.stale,
+                "connected": int(self.connected)}
 
     # -- the asyncio side ------------------------------------------------------------------------
     # Subscribing is scheduled on the client's loop, not awaited: subscribe() is synchronous, as the

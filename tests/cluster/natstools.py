@@ -66,11 +66,17 @@ def running_nats() -> Iterator[NatsServer]:
 class CuttableLink:
     """A TCP forwarder in front of the nats-server for one node: ``cut`` drops its connections and
     refuses new ones (the node is cut off from NATS, not from PostgreSQL); ``restore`` listens again on
-    the same port. Start with ``await nursery.start(link.run)``."""
+    the same port. ``stall`` keeps every connection open but passes no more bytes either way (a network
+    that drops packets: nobody sees a close); ``heal`` drops the stalled connections and forwards again.
+    Start with ``await nursery.start(link.run)``."""
 
     def __init__(self, target_port: int) -> None:
+        import trio
+
         self.target_port = target_port
         self.port = 0
+        self._flowing = trio.Event()
+        self._flowing.set()
         self._scope: "trio.CancelScope | None" = None
         self._nursery: "trio.Nursery | None" = None
 
@@ -94,6 +100,7 @@ class CuttableLink:
         async def pipe(src, dst) -> None:
             try:
                 async for chunk in src:
+                    await self._flowing.wait()  # stalled: the bytes go nowhere, nobody is told
                     await dst.send_all(chunk)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
@@ -102,6 +109,7 @@ class CuttableLink:
                     await dst.aclose()
 
         async def handle(client) -> None:
+            await self._flowing.wait()
             upstream = await trio.open_tcp_stream("127.0.0.1", self.target_port)
             async with trio.open_nursery() as pair:
                 pair.start_soon(pipe, client, upstream)
@@ -122,3 +130,13 @@ class CuttableLink:
     async def restore(self) -> None:
         assert self._nursery is not None
         await self._nursery.start(self._serve)
+
+    def stall(self) -> None:
+        import trio
+
+        self._flowing = trio.Event()
+
+    async def heal(self) -> None:
+        self.cut()  # what was stalled goes: the client's next connection is a clean one
+        self._flowing.set()
+        await self.restore()

@@ -151,3 +151,34 @@ async def test_an_error_inside_the_bus_s_lifetime_leaves_it_unchanged(nats_serve
             async with open_nats_bus(nats_server.url, "a"):
                 raise LookupError("the real reason the hub could not start")
         assert caught.group_contains(LookupError, match="real reason")
+
+
+async def test_a_connection_that_dies_silently_is_found_and_replaced(nats_server):
+    """The link to the server stops passing bytes with no close (nats.py issues #522, #671: its own
+    PING would take minutes to notice): the bus's probe finds it within seconds, requests fail at once
+    meanwhile, and once the network is back the bus reconnects and its subscriptions answer again."""
+    from tests.cluster.natstools import CuttableLink
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            link = await nursery.start(CuttableLink(int(nats_server.url.rsplit(":", 1)[1])).run)
+            async with open_nats_bus(nats_server.url, "a") as a, open_nats_bus(link.url, "b") as b:
+                async def answer(subject, payload):
+                    return {"ok": True}
+
+                b.subscribe("cmd.dev.>", answer)  # b holds the device; its link to the server dies
+                await _until_held(a, "cmd.dev.ping")
+                link.stall()
+                stalled = trio.current_time()
+                await wait_for(lambda: not b.connected, timeout=15)
+                assert trio.current_time() - stalled < b.probe_every + b.probe_timeout + 3
+                assert b.stale >= 1
+                started = trio.current_time()
+                with pytest.raises(NoResponders):
+                    await b.request("cmd.dev.ping", {}, timeout=5)
+                assert trio.current_time() - started < 0.5
+                await link.heal()
+                await wait_for(lambda: b.connected, timeout=20)
+                await _until_held(a, "cmd.dev.ping")  # b's subscription is back on the server
+                assert await a.request("cmd.dev.ping", {}, timeout=2) == {"ok": True}
+            nursery.cancel_scope.cancel()
