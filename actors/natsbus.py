@@ -34,6 +34,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -47,6 +49,7 @@ log = logging.getLogger("fleethub.natsbus")
 
 PROBE_EVERY = 2.0  # seconds between round trips to the server
 PROBE_TIMEOUT = 2.0  # a round trip slower than this: the connection is dead, reconnect
+MAX_OUTBOX = 10_000  # publishes waiting for the asyncio side; past it they are dropped and counted
 
 
 class NatsSubscription:
@@ -103,6 +106,14 @@ class NatsBus:
         self.requests = self.no_responders = self.timeouts = self.received = 0
         self.reconnects = 0
         self.stale = 0  # connections found dead by the probe and forced to reconnect
+        # Publishes cross to the asyncio side in batches: one wake-up and one task per batch, not per
+        # message (nats-py's per-operation task cost); trio appends, the asyncio side drains.
+        self._outbox: deque[tuple[str, bytes]] = deque()
+        self._out_lock = threading.Lock()
+        self._draining = False
+        self.published = self.publish_batches = 0
+        self.publish_dropped = 0  # trio side: NATS down or the outbox full
+        self.publish_failed = 0  # asyncio side: the client refused the message
         self.probe_every, self.probe_timeout = PROBE_EVERY, PROBE_TIMEOUT
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -215,23 +226,44 @@ class NatsBus:
         return answer
 
     def publish(self, subject: str, payload: dict[str, Any]) -> None:
-        """Fire and forget (at most once); dropped when NATS is down."""
+        """Fire and forget (at most once): dropped, and counted, when NATS is down or too far behind."""
         if self._loop is None or not self.connected:
+            self.publish_dropped += 1
             return
         data = _encode(payload)
-        self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._publish(subject, data)))
+        with self._out_lock:
+            if len(self._outbox) >= MAX_OUTBOX:
+                self.publish_dropped += 1
+                return
+            self._outbox.append((subject, data))
+            self.published += 1
+            if self._draining:
+                return  # the batch under way takes this one too
+            self._draining = True
+        self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
 
-    async def _publish(self, subject: str, data: bytes) -> None:  # asyncio side
-        try:
-            await self._nc.publish(subject, data)
-        except Exception as exc:  # noqa: BLE001 — at most once, by contract
-            log.info("NATS publish on %s dropped: %s", subject, type(exc).__name__)
+    async def _drain(self) -> None:  # asyncio side: one task per batch
+        while True:
+            with self._out_lock:
+                if not self._outbox:
+                    self._draining = False
+                    return
+                batch = list(self._outbox)
+                self._outbox.clear()
+            self.publish_batches += 1
+            for subject, data in batch:
+                try:
+                    await self._nc.publish(subject, data)
+                except Exception as exc:  # noqa: BLE001 — at most once, by contract; counted
+                    self.publish_failed += 1
+                    log.info("NATS publish on %s dropped: %s", subject, type(exc).__name__)
 
     def statistics(self) -> dict[str, int]:
         return {"subscriptions": len(self._subs), "requests": self.requests,
                 "no_responders": self.no_responders, "timeouts": self.timeouts,
                 "received": self.received, "reconnects": self.reconnects, "stale": self.stale,
-                "connected": int(self.connected)}
+                "published": self.published, "publish_batches": self.publish_batches,
+                "publish_dropped": self.publish_dropped + self.publish_failed, "connected": int(self.connected)}
 
     # -- the asyncio side ------------------------------------------------------------------------
     # Subscribing is scheduled on the client's loop, not awaited: subscribe() is synchronous, as the

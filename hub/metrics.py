@@ -140,6 +140,9 @@ class _HubCollector:
             yield _family(C, "fleethub_cluster_nats_stale",
                           "NATS connections the bus's probe found dead (no PONG in time) and replaced.",
                           getattr(services.bus, "stale", 0))
+            yield _family(C, "fleethub_cluster_nats_publish_dropped",
+                          "Broadcasts (events, takeovers) not sent: NATS down, the outbox full, or refused.",
+                          getattr(services.bus, "publish_dropped", 0) + getattr(services.bus, "publish_failed", 0))
             yield _family(G, "fleethub_cluster_rollout_leases", "Rollout leases this node holds.",
                           len(services.rollout_fences))
             yield _family(C, "fleethub_cluster_takeovers",
