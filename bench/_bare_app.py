@@ -1,6 +1,6 @@
 """The bare baseline: a tiny Quart-Trio app on hypercorn's trio worker, with the hub's server config.
 
-    python bench/_bare_app.py --port P [--json FILE]
+    python bench/_bare_app.py --port P [--json FILE] [--framework]
 
     GET  /v1/devices/<id>   answers the JSON document in FILE (the hub's own answer, captured once)
     WS   /ws                echoes every frame (the capacity comparison)
@@ -9,6 +9,13 @@
 
 No storage, no authentication, no actors: what is left is Quart-Trio + hypercorn + wsproto, which is
 the floor the hub's figures are compared with.
+
+``--framework`` adds what the hub takes from its framework before any of its own work: quart_schema
+set up as the hub sets it up (hub/app.py, with its plain-answer shortcut), the route in a blueprint,
+the same app config, and a before/after request hook pair that sets the hub's answer headers
+(X-Request-ID, the three X-RateLimit-*) with none of its logic (no authentication, rate counting,
+metrics or audit). Between the bare app and this one is the framework's price; between this one and
+the hub, ours.
 """
 
 from __future__ import annotations
@@ -30,9 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hub.server import hypercorn_config  # noqa: E402  (the same hypercorn settings as the hub)
 
 
-def create_app(document: dict) -> QuartTrio:
+def create_app(document: dict, framework: bool = False) -> QuartTrio:
     app = QuartTrio("bare")
     state = {"open": 0}
+    if framework:
+        return _with_framework(app, document)
 
     @app.get("/healthz")
     async def healthz():
@@ -59,13 +68,58 @@ def create_app(document: dict) -> QuartTrio:
     return app
 
 
+def _with_framework(app: QuartTrio, document: dict) -> QuartTrio:
+    import uuid
+
+    from quart import Blueprint, g
+    from quart_schema import QuartSchema
+    from quart_schema.openapi import APIKeySecurityScheme, Info
+
+    from hub.app import _answer_plain_data_as_is
+    from hub.openapi import FleethubOpenAPI
+
+    app.config["MAX_CONTENT_LENGTH"] = 1024 * 1024
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
+    QuartSchema(app, openapi_path="/v1/openapi.json", redoc_ui_path=None, scalar_ui_path=None,
+                swagger_ui_path="/v1/docs", info=Info(title="floor", version="1.0"),
+                security_schemes={"ApiTokenAuth": APIKeySecurityScheme(in_="header", name="X-API-Token-ID")},
+                openapi_provider_class=FleethubOpenAPI)
+    _answer_plain_data_as_is(app)
+    bp = Blueprint("devices", __name__, url_prefix="/v1/devices")
+
+    @bp.get("/<device_id>")
+    async def device(device_id: str):
+        return document
+
+    app.register_blueprint(bp)
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"data": {"status": "ok"}}
+
+    @app.before_request
+    async def before() -> None:
+        g.started = trio.current_time()
+        g.request_id = str(uuid.uuid4())
+
+    @app.after_request
+    async def after(response):
+        response.headers["X-Request-ID"] = g.request_id
+        response.headers.update({"X-RateLimit-Limit": "2000000000", "X-RateLimit-Remaining": "1999999999",
+                                 "X-RateLimit-Reset": "1800000000"})
+        return response
+
+    return app
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--json", help="file with the JSON document GET /v1/devices/<id> answers")
+    p.add_argument("--framework", action="store_true", help="the hub's framework set-up, none of its logic")
     args = p.parse_args()
     document = json.loads(Path(args.json).read_text()) if args.json else {"data": {"id": "x"}}
-    app = create_app(document)
+    app = create_app(document, args.framework)
 
     async def stop_on_signal() -> None:
         # hypercorn's graceful shutdown (config.graceful_timeout) on SIGINT/SIGTERM; a bare

@@ -13,6 +13,8 @@ Commands (one JSON object a line; every command is answered with one JSON line o
     {"cmd": "add", "n": K}              echo: open K more links
         … answered once every link added so far is up, or after "timeout" seconds
     {"cmd": "stats"}                    counts: connected, links, failures, heartbeats, commands
+    {"cmd": "events", "rate": R, "seconds": T}
+                                        agent: R device events a second in all, for T seconds
     {"cmd": "quit"}
 """
 
@@ -79,6 +81,26 @@ class EchoClient:
                 await trio.sleep(random.uniform(0.1, 1.0))
 
 
+async def send_events(agents: list, rate: float, seconds: float) -> dict:
+    """``rate`` device events a second in all, each from the next connected agent in turn, for
+    ``seconds``: a steady flow for the hub's organisation streams to carry. Counts what was sent and
+    what could not be (an agent without a link at that moment)."""
+    sent = refused = 0
+    started = trio.current_time()
+    n = 0
+    while trio.current_time() - started < seconds:
+        linked = [a for a in agents if a.statistics().connected]
+        if linked:
+            agent = linked[n % len(linked)]
+            if await agent.send_event("bench.tick", {"n": n}):
+                sent += 1
+            else:
+                refused += 1
+        n += 1
+        await trio.sleep_until(started + n / rate)
+    return {"sent": sent, "refused": refused, "seconds": round(trio.current_time() - started, 3)}
+
+
 async def main(args: argparse.Namespace) -> None:
     clients: list = []
     limiter = trio.CapacityLimiter(args.connect_concurrency)
@@ -111,6 +133,9 @@ async def main(args: argparse.Namespace) -> None:
                 break
             if cmd["cmd"] == "stats":
                 out(stats())
+                continue
+            if cmd["cmd"] == "events" and args.mode == "agent":
+                out(await send_events(clients, float(cmd["rate"]), float(cmd["seconds"])))
                 continue
             if cmd["cmd"] != "add":
                 out({"error": f"unknown command {cmd['cmd']}"})

@@ -11,14 +11,17 @@ Playwright is missing):
   the modules, the session, /v1/me, fleets, configurations and the first page of 25 devices, server
   side), ``--runs`` times in a warm browser tab; aim: median ≤ 1 s;
 - **50 tabs**: ``--tabs`` tabs on the device list (each in its own browser context, as 50 operators),
-  each holding its organisation stream, then the
-  hub's CPU seconds (its /metrics process collector) over ``--idle`` seconds of nothing happening,
-  and over the same time with the tabs closed: what the open tabs cost the hub (informative).
+  each holding its organisation stream; the hub's CPU seconds (its /metrics process collector) over
+  ``--idle`` seconds, four ways: tabs open and nothing happening; tabs open while ``--event-devices``
+  real agents (bench/_simworker.py) send ``--event-rate`` device events a second, which every tab's
+  stream carries and every tab draws; the same with the tabs closed; and closed and quiet. What the
+  open tabs cost the hub, quiet and busy (informative).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -27,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (CHROMIUM, CHROMIUM_ARGS, HubProcess, Verdicts, browser_missing, command_line,  # noqa: E402
-                     facts_line, hub_cpu_seconds, insert_devices, log, machine_facts, md_table,
-                     write_section)
+from _common import (CHROMIUM, CHROMIUM_ARGS, HubProcess, Verdicts, Worker, browser_missing,  # noqa: E402
+                     command_line, facts_line, hub_cpu_seconds, insert_devices, log, machine_facts, md_table,
+                     shm_tempdir, write_section)
 
 ARGS = CHROMIUM_ARGS
 
@@ -41,9 +44,11 @@ def main() -> int:
     p.add_argument("--tabs", type=int, default=50)
     p.add_argument("--idle", type=float, default=30.0)
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--event-devices", type=int, default=50, help="agents sending events while tabs are open")
+    p.add_argument("--event-rate", type=float, default=20.0, help="device events a second, in all")
     args = p.parse_args()
     if args.smoke:
-        args.devices, args.tabs, args.idle, args.runs = 300, 3, 3.0, 2
+        args.devices, args.tabs, args.idle, args.runs, args.event_devices, args.event_rate = 300, 3, 3.0, 2, 5, 5.0
     missing = browser_missing("console")
     if missing:
         print(missing)
@@ -54,12 +59,22 @@ def main() -> int:
     hub = HubProcess.start(name="console")
     broken = False
     results: dict = {}
+    worker = None
     try:
         hub.bootstrap()
         email, password = f"console-{uuid.uuid4().hex[:6]}@bench.local", uuid.uuid4().hex
         hub.admin("create-user", email, "--org", hub.org_id, "--role", "admin", "--password", password)
         insert_devices(hub.dsn(), hub.org_id, args.devices, prefix="console")
         log(f"{args.devices} devices in the organisation")
+        # agents that send device events while the tabs are open (before Playwright: it runs an asyncio loop)
+        agents = insert_devices(hub.dsn(), hub.org_id, args.event_devices, prefix="console-events")
+        agents_file = shm_tempdir("fleethub-bench-console-") / "agents.json"
+        agents_file.write_text(json.dumps(agents))
+        worker = Worker("agent", "--hub", hub.base_url, "--data-dir", str(agents_file.parent / "agents"),
+                        name="console-events")
+        answer = worker.request({"cmd": "add", "devices_file": str(agents_file), "timeout": 120}, timeout=180)
+        if answer.get("connected") != args.event_devices:
+            raise RuntimeError(f"event agents did not all connect: {answer}")
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
             context = browser.new_context(base_url=hub.base_url, viewport={"width": 1280, "height": 900})
@@ -91,22 +106,35 @@ def main() -> int:
                 tab.locator("#live", has_text="live").wait_for()
                 tabs.append(ctx)
             time.sleep(1.0)
-            c0 = hub_cpu_seconds(hub.metrics())
-            time.sleep(args.idle)
-            open_cpu = hub_cpu_seconds(hub.metrics()) - c0
+            cpu = {}
+
+            def over(key: str, events: bool) -> None:
+                c0 = hub_cpu_seconds(hub.metrics())
+                if events:
+                    got = worker.request({"cmd": "events", "rate": args.event_rate, "seconds": args.idle},
+                                         timeout=args.idle + 60)
+                    cpu[f"{key}_events"] = got
+                else:
+                    time.sleep(args.idle)
+                cpu[key] = hub_cpu_seconds(hub.metrics()) - c0
+
+            over("open_quiet", False)
+            over("open_busy", True)
+            # what the tabs drew: every tab's list shows the last event it heard
             for ctx in tabs:
                 ctx.close()
             time.sleep(1.0)
-            c0 = hub_cpu_seconds(hub.metrics())
-            time.sleep(args.idle)
-            closed_cpu = hub_cpu_seconds(hub.metrics()) - c0
-            results["tabs"] = {"n": args.tabs, "idle": args.idle, "open_cpu": open_cpu, "closed_cpu": closed_cpu}
-            log(f"{args.tabs} tabs: hub CPU {open_cpu:.3f} s open, {closed_cpu:.3f} s closed over {args.idle:g} s")
+            over("closed_busy", True)
+            over("closed_quiet", False)
+            results["tabs"] = {"n": args.tabs, "idle": args.idle, "rate": args.event_rate, **cpu}
+            log(f"{args.tabs} tabs: hub CPU over {args.idle:g} s: {json.dumps(cpu)}")
             browser.close()
     except Exception as exc:  # noqa: BLE001 — reported as a broken run
         log(f"console bench failed: {exc!r}")
         broken = True
     finally:
+        if worker is not None:
+            worker.stop()
         hub.stop()
 
     verdicts = Verdicts("console", smoke=args.smoke)
@@ -119,9 +147,13 @@ def main() -> int:
                      f"warm median {fr['median']:.3f} s, max {fr['max']:.3f} s"])
     t = results.get("tabs")
     if t:
-        rows.append([f"hub CPU, {t['n']} idle device-list tabs open",
-                     f"{t['open_cpu']:.3f} s in {t['idle']:g} s ({100 * t['open_cpu'] / t['idle']:.2f} % of a core)",
-                     f"tabs closed: {t['closed_cpu']:.3f} s ({100 * t['closed_cpu'] / t['idle']:.2f} %)"])
+        def pct(key: str) -> str:
+            return f"{t[key]:.3f} s in {t['idle']:g} s ({100 * t[key] / t['idle']:.2f} % of a core)"
+        rows.append([f"hub CPU, {t['n']} device-list tabs open, quiet", pct("open_quiet"),
+                     f"tabs closed, quiet: {pct('closed_quiet')}"])
+        sent = t["open_busy_events"]["sent"]
+        rows.append([f"hub CPU, {t['n']} tabs open, {t['rate']:g} device events/s ({sent} sent, each to every tab)",
+                     pct("open_busy"), f"tabs closed, same events: {pct('closed_busy')}"])
     body = (f"`{command_line()}`\n\n{facts_line(facts)}\n\n" + md_table(["what", "measured", "beside it"], rows)
             + "\n\n" + verdicts.markdown() + "\n")
     print(body)

@@ -110,8 +110,8 @@ def main() -> int:
     log(f"http_ratio with {tool}")
 
     hub = HubProcess.start(heartbeat_interval=30.0, name="http-hub")
-    bare = None
-    results: dict = {"tool": tool, "hub": [], "bare": []}
+    bare = floor = None
+    results: dict = {"tool": tool, "hub": [], "floor": [], "bare": []}
     try:
         hub.bootstrap()
         results["rate_limit"] = hub.extra.get("rate_limit")
@@ -132,10 +132,17 @@ def main() -> int:
         bare_url = f"http://127.0.0.1:{port}"
         wait_http(bare_url + "/healthz", 30, bare, "the bare app")
         bare_body = http_get(bare_url + path, headers=hub.headers)[1]
+        floor_port = free_port()
+        logf = (OUT_DIR / "http-floor.log").open("wb")
+        floor = subprocess.Popen([PY, str(BENCH_DIR / "_bare_app.py"), "--port", str(floor_port), "--json", str(doc),
+                                  "--framework"], stdout=logf, stderr=subprocess.STDOUT, cwd=str(REPO))
+        logf.close()
+        floor_url = f"http://127.0.0.1:{floor_port}"
+        wait_http(floor_url + "/healthz", 30, floor, "the framework-floor app")
         results["bytes"] = {"hub": len(hub_body), "bare": len(bare_body)}
         log(f"answer sizes: hub {len(hub_body)} B, bare {len(bare_body)} B")
 
-        targets = {"hub": (hub.base_url, hub.pid), "bare": (bare_url, bare.pid)}
+        targets = {"hub": (hub.base_url, hub.pid), "floor": (floor_url, floor.pid), "bare": (bare_url, bare.pid)}
         for rnd in range(args.rounds):
             for name, (base, pid) in targets.items():
                 def one(d: float) -> dict:
@@ -157,12 +164,13 @@ def main() -> int:
                 log(f"round {rnd + 1} {name}: {json.dumps(r)}")
     finally:
         t_stop = time.monotonic()
-        if bare is not None and bare.poll() is None:
-            bare.send_signal(2)
-            try:
-                bare.wait(20)
-            except subprocess.TimeoutExpired:
-                bare.kill()
+        for app in (bare, floor):
+            if app is not None and app.poll() is None:
+                app.send_signal(2)
+                try:
+                    app.wait(20)
+                except subprocess.TimeoutExpired:
+                    app.kill()
         log(f"bare app stopped in {time.monotonic() - t_stop:.1f}s")
         t_stop = time.monotonic()
         hub.stop()
@@ -171,6 +179,9 @@ def main() -> int:
     hub_rps = fmean(r["rps"] for r in results["hub"])
     bare_rps = fmean(r["rps"] for r in results["bare"])
     results["ratio"] = round(hub_rps / bare_rps, 3) if bare_rps else 0.0
+    floor_rps = fmean(r["rps"] for r in results["floor"])
+    results["floor_ratio"] = round(floor_rps / bare_rps, 3) if bare_rps else 0.0  # the framework's price
+    results["hub_floor_ratio"] = round(hub_rps / floor_rps, 3) if floor_rps else 0.0  # ours
     (OUT_DIR / f"http_ratio{'-smoke' if args.smoke else ''}.json").write_text(json.dumps(results, indent=1))
     verdicts = Verdicts("http_ratio", smoke=args.smoke)
     verdicts.at_least("hub/bare req/s of GET /v1/devices/{id}", results["ratio"], 0.8)  # issue 22
@@ -178,13 +189,14 @@ def main() -> int:
     print(body)
     if not args.no_write or args.smoke:
         log(f"wrote {write_section('http_ratio', body, smoke=args.smoke)}")
-    bad = any(r["non2xx"] or r["socket_errors"] or not r["rps"] for r in results["hub"] + results["bare"])
+    bad = any(r["non2xx"] or r["socket_errors"] or not r["rps"]
+              for r in results["hub"] + results["floor"] + results["bare"])
     return verdicts.exit_code(broken=bad)
 
 
 def render(r: dict, facts: dict, args, hub_rps: float, bare_rps: float) -> str:
     rows = []
-    for name in ("hub", "bare"):
+    for name in ("hub", "floor", "bare"):
         for i, x in enumerate(r[name]):
             rows.append([name, i + 1, f"{x['rps']:,.0f}", f"{x['requests']:,}", x["non2xx"], x["socket_errors"],
                          x["p50"], x["p90"], x["p99"], x["server_cpu_percent"]])
@@ -198,8 +210,12 @@ def render(r: dict, facts: dict, args, hub_rps: float, bare_rps: float) -> str:
            f"same settings and headers for both, alternating, each after a 2 s warm-up.", "",
            md_table(["target", "round", "req/s", "requests", "non-2xx", "socket errors", "p50 ms", "p90 ms",
                      "p99 ms", "server CPU %"], rows), "",
+           "`floor` is the bare app with the hub's framework set-up and none of its logic (bench/_bare_app.py "
+           "`--framework`: quart_schema as the hub sets it up, a blueprint, a before/after hook pair setting the "
+           "hub's answer headers).", "",
            f"Mean: hub {hub_rps:,.0f} req/s, bare {bare_rps:,.0f} req/s. "
-           f"**Ratio hub/bare: {r['ratio']:.2f}** (aim ≥ 0.8)."]
+           f"**Ratio hub/bare: {r['ratio']:.2f}** (aim ≥ 0.8). The framework set-up alone: floor/bare "
+           f"**{r['floor_ratio']:.2f}**; the hub's own work: hub/floor **{r['hub_floor_ratio']:.2f}**."]
     if r.get("py_spy"):
         out += ["", "py-spy of the hub during its first round (share of samples):", "", "Self time:", ""]
         out += [f"- {pct}% {frame}" for frame, pct in r["py_spy"]["self"][:12]]
