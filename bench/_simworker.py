@@ -4,7 +4,8 @@
     python bench/_simworker.py echo  --url ws://127.0.0.1:P/ws --interval 30
 
 ``agent`` runs real ``device_client.agent.Agent`` objects (the same code ``fleethub sim`` runs: one
-trio nursery, a shared CapacityLimiter around the handshakes); ``echo`` runs bare trio-websocket
+trio nursery, a shared CapacityLimiter around the handshakes; its tunnel engine too, with no targets,
+so the hellos are those of ``fleethub sim``); ``echo`` runs bare trio-websocket
 clients that send a hello-sized frame and then one heartbeat-sized frame per interval, for the bare
 echo server of bench/capacity.py.
 
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from device_client.agent import Agent  # noqa: E402
 from device_client.clock import Clock  # noqa: E402
+from webrtc.device_tunnel import attach as tunnel_engine  # noqa: E402
 
 HELLO_LIKE = json.dumps({"type": "hello", "protocol": 1, "agentVersion": "0.1.0", "firmware": "x" * 40,
                          "architecture": "x86_64", "capabilities": {"memoryTest": {"online": False}},
@@ -146,7 +148,7 @@ async def main(args: argparse.Namespace) -> None:
                 devices = json.loads(Path(cmd["devices_file"]).read_text())
                 for dev_id, token in devices:
                     agent = Agent(args.hub, token, Path(args.data_dir) / dev_id, clock=clock,
-                                  connect_limiter=limiter)
+                                  connect_limiter=limiter, tunnel_engine=tunnel_engine)
                     new.append(agent)
                     nursery.start_soon(agent.run)
             else:

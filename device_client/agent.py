@@ -10,6 +10,13 @@ workload, persists the reason, closes the link and either restarts its session i
 The agent is also where the device's parts meet: secret files (files.py), the workload
 (workload.py) and configuration versions (configs.py) register their verbs, hello fields and
 boot/link/shutdown hooks here. Run it with ``fleethub agent`` (hub/cli.py).
+
+Tunnels are the one part passed in: their engine needs webrtc, a layer above this package, so the
+launcher gives it as ``tunnel_engine`` (``webrtc.device_tunnel.attach``) with the device's
+``TunnelConfig`` (tunnel.py). An agent built without one has no tunnels and says so: no
+``capabilities.tunnel``, no ``tunnelTargets`` in its hello (the hub refuses every target with 404
+target_not_configured before it asks) and no tunnel verbs (unknown_command, which the hub answers
+as 409 device_unsupported).
 """
 
 from __future__ import annotations
@@ -46,10 +53,13 @@ from .memtest import attach as attach_memtest
 from .registry_proxy import RegistryProxy
 from .telemetry import Telemetry
 from .state import DeviceStore
-from .tunnel import attach as attach_tunnel
+from .tunnel import TunnelConfig
 from .workload import RunAs, Workload
 
 log = logging.getLogger("fleethub.agent")
+
+# (agent, its TunnelConfig or None) -> what becomes agent.tunnel; webrtc/device_tunnel.py ``attach``
+TunnelEngine = Callable[["Agent", "TunnelConfig | None"], Any]
 
 REBOOT_PAUSE = 0.2  # seconds "powered off" during an in-process reboot
 _BOOT_REASON = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -116,13 +126,18 @@ class Agent(LinkShell):
                  connect_limiter: trio.CapacityLimiter | None = None, connect_timeout: float = 10.0,
                  handshake_timeout: float = 10.0, ssl_context: Any = None,
                  rng: random.Random | None = None, ignore_owner: bool | None = None,
-                 tunnel: Any = None, memtest: MemtestConfig | None = None,
+                 tunnel: TunnelConfig | None = None, tunnel_engine: TunnelEngine | None = None,
+                 memtest: MemtestConfig | None = None,
                  workload_user: RunAs | None = None, owner_for_all_files: tuple[int, int] | None = None,
                  max_frame_bytes: int = protocol.MAX_FRAME_BYTES,
                  superseded_backoff: float = SUPERSEDED_BACKOFF,
                  connector: Callable[[list[tuple[bytes, bytes]]], AsyncContextManager[Any]] | None = None) -> None:
         if reboot_mode not in ("restart", "exec"):
             raise ValueError(f"reboot_mode must be 'restart' or 'exec', got {reboot_mode!r}")
+        if tunnel is not None and tunnel_engine is None:
+            # a wiring mistake: the targets would be configured and silently never served
+            raise ValueError("a tunnel configuration needs a tunnel engine (tunnel_engine="
+                             "webrtc.device_tunnel.attach)")
         # Several URLs (nodes of a cluster): a link that fails before its welcome moves on to the next,
         # so the devices of a node that died come back through the others (``_fail_over``).
         self.hub_urls = hub_urls(hub_url)
@@ -189,7 +204,8 @@ class Agent(LinkShell):
         # before the configuration: a test boot holds the workload before its boot hook starts it
         self.memtest = attach_memtest(self, memtest)  # memtest: a MemtestConfig (None: simulated defaults)
         self.configs.attach(self)  # and the workload: its health events, its stop at shutdown
-        self.tunnel = attach_tunnel(self, tunnel)  # tunnel: a tunnel.TunnelConfig (None: no targets)
+        # tunnel: a tunnel.TunnelConfig (None: no targets); no tunnel_engine: no tunnels (module docstring)
+        self.tunnel = tunnel_engine(self, tunnel) if tunnel_engine is not None else None
         self.telemetry = Telemetry(self.data_dir).attach(self)  # billing: telemetry.set, telemetry events
         self.registry_proxy = RegistryProxy(self.data_dir).attach(self)  # billing: registry.bytes reports
 

@@ -65,7 +65,8 @@ frame (memtest/pagemap.py). Event ``link.refused`` {refusals} reports frames ref
 lastMemoryTest (the newest Result, or the interrupted report), workloadHeld, maintenance, and
 ``memoryTestRunning`` (Status of a run in progress, e.g. in a test boot's maintenance).
 
-Tunnels (device_client/tunnel.py and webrtc/ on the device and CLI, hub/api/tunnels.py on the hub):
+Tunnels (webrtc/device_tunnel.py with device_client/tunnel.py's configuration on the device, webrtc/ on the
+CLI, hub/api/tunnels.py on the hub):
 
     tunnel.open         {grant, offer: {sdp, type}, iceServers: [IceServer]}  → {answer: {sdp, type}}
     tunnel.close        {sessionId, reason?}                                  → {closed: bool}

@@ -120,7 +120,9 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
     Devices handed in with ``devices`` come first, then those in sim.json, then new ones.
     ``workload_user``: the account of every workload (default: ``simulator_user()``). ``hub_url`` may
     name several nodes, comma-separated: devices are provisioned through the first, and each agent
-    fails over along the list (device_client/agent.py ``hub_urls``).
+    fails over along the list (device_client/agent.py ``hub_urls``). ``agent_options`` go to every
+    ``Agent``; tunnels among them come from the launcher, ``{"tunnel": TunnelConfig, "tunnel_engine":
+    webrtc.device_tunnel.attach}`` (hub/cli.py, hub/demo.py): without them the devices have none.
     """
     primary = hub_urls(hub_url)[0]
     data_dir = Path(data_dir)

@@ -144,7 +144,7 @@ def cmd_sim(args: argparse.Namespace) -> None:
                 pat_secret=args.pat_secret, org_id=args.org, fleet_id=args.fleet,
                 registry_bytes_per_minute=args.registry_bytes_per_minute,
                 memory_faults=args.memory_fault, memory_budget=args.memory_budget,
-                agent_options={"tunnel": _tunnel_config(args)}))
+                agent_options=_tunnel_options(args)))
             print(f"{len(agents)} simulated devices connected to {args.hub}", flush=True)
 
     _run(main)
@@ -164,9 +164,17 @@ def cmd_agent(args: argparse.Namespace) -> None:
         workload_user = configured_user(args.workload_user)  # the device operator's choice; default: ours
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    agent = Agent(args.hub, token, Path(args.data_dir), reboot_mode="exec", tunnel=_tunnel_config(args),
+    agent = Agent(args.hub, token, Path(args.data_dir), reboot_mode="exec", **_tunnel_options(args),
                   memtest=agent_config(args.memory_fault, args.memory_budget), workload_user=workload_user)
     _run(agent.run)
+
+
+def _tunnel_options(args: argparse.Namespace) -> dict:
+    """The agent's tunnels: its configuration from the flags and the engine that serves them, which
+    the launcher passes in (device_client, the bottom layer, does not import webrtc)."""
+    from webrtc.device_tunnel import attach
+
+    return {"tunnel": _tunnel_config(args), "tunnel_engine": attach}
 
 
 def _tunnel_config(args: argparse.Namespace):

@@ -103,6 +103,7 @@ async def run_demo(services: Services, base_url: str, nursery: trio.Nursery, *, 
                    memory_budget: int | None = None, tunnel_shell: bool = False) -> dict:
     from device_client.shell import ShellUser
     from device_client.tunnel import TunnelConfig
+    from webrtc.device_tunnel import attach as tunnel_engine
 
     info = await bootstrap(services, data_dir)
     echo_port = await nursery.start(echo_server)
@@ -112,7 +113,8 @@ async def run_demo(services: Services, base_url: str, nursery: trio.Nursery, *, 
         memory_budget=memory_budget,
         agent_options={"tunnel": TunnelConfig(targets={"echo": ("127.0.0.1", echo_port)},
                                               # the console's terminal: a shell as this process's user
-                                              shell=ShellUser.lookup(None) if tunnel_shell else None)}))
+                                              shell=ShellUser.lookup(None) if tunnel_shell else None),
+                       "tunnel_engine": tunnel_engine}))
     info = {"base_url": base_url, **info, "devices": [a.device_id for a in agents]}
     write_demo_file(data_dir / "demo.json", info)
     return info

@@ -1,3 +1,4 @@
 """Tunnels' data plane: grants (grant.py), SDP fingerprints (sdp.py), aiortc on its own asyncio thread
 (loop.py, peer.py, sctp.py), TCP ⇄ data channel forwarding (forward.py), and the CLI's side
-(client.py, cli_tunnel.py). The device's side is device_client/tunnel.py; the hub's is hub/tunnels/."""
+(client.py, cli_tunnel.py), the device's side (device_tunnel.py: the agent's tunnel verbs, passed to the
+agent by its launcher; its configuration is device_client/tunnel.py). The hub's is hub/tunnels/."""

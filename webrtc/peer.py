@@ -94,7 +94,7 @@ class TunnelPeer:
     async def answer(self, offer: dict[str, str], *, target: tuple[str, int] | Callable[[Pump], Any],
                      bandwidth_bps: int | None = None) -> dict[str, str]:
         """The device's answer to ``offer``. A ``(host, port)`` target: each ``tcp`` channel is connected
-        to it. A callable target (the ``shell`` target, device_client/shell.py): each ``shell`` channel's
+        to it. A callable target (the ``shell`` target, device_tunnel.py ``peer_target``): each ``shell`` channel's
         Pump is handed to it, a coroutine function run on the asyncio side. Any other channel is closed."""
         self._target = target
         self._bandwidth = bandwidth_bps

@@ -1,4 +1,4 @@
-"""The tunnel control plane against a real agent (device_client/tunnel.py) and a real aiortc offer:
+"""The tunnel control plane against a real agent (webrtc/device_tunnel.py) and a real aiortc offer:
 the agent verifies the hub's grant with the keys from its welcome, answers with its SDP or refuses
 with the spec's codes, and reports usage the hub records when the session closes.
 """

@@ -2,7 +2,7 @@
 verbs answer as the test says (accept with a canned SDP answer, refuse with a code, or never answer).
 
 It is not a WebRTC peer: the control plane only carries the offer and the answer, and what the
-device does with them is the data plane's (webrtc/, device_client/tunnel.py, tested there).
+device does with them is the data plane's (webrtc/, webrtc/device_tunnel.py, tested there).
 """
 
 from __future__ import annotations

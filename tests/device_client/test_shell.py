@@ -13,6 +13,7 @@ import trio
 from device_client.commands import CommandError
 from device_client.shell import ShellUser, parse_resize
 from device_client.tunnel import ShellTarget, TunnelConfig
+from webrtc.device_tunnel import peer_target
 from tests.webrtc.peers import (
     connect_shell_pair,
     open_shell,
@@ -26,7 +27,8 @@ from tests.webrtc.peers import (
 
 async def _shell_pair():
     user = ShellUser.lookup(None)
-    pair = await connect_shell_pair(ShellTarget(ShellUser(user.name, user.uid, user.gid, user.home, "/bin/sh")))
+    pair = await connect_shell_pair(peer_target(ShellTarget(ShellUser(user.name, user.uid, user.gid, user.home,
+                                                                      "/bin/sh"))))
     shell = await open_shell(pair.client)
     assert not shell.closed
     return pair, shell
@@ -133,7 +135,6 @@ def test_resize_messages_are_validated():
 
 
 def test_the_switch_on_the_command_lines_and_in_hello():
-    from device_client.tunnel import TunnelService
     from hub.cli import _tunnel_config, build_parser
 
     parser = build_parser()
@@ -144,8 +145,8 @@ def test_the_switch_on_the_command_lines_and_in_hello():
     sim = ["sim", "--hub", "http://127.0.0.1:1", "--data-dir", "/nonexistent", "--tunnel-shell"]
     assert _tunnel_config(parser.parse_args(sim)).shell is not None
     assert parser.parse_args(["demo", "--tunnel-shell"]).tunnel_shell is True
-    assert TunnelService(None, on).hello_fields()["tunnelTargets"]["shell"] is True
-    off = TunnelService(None, TunnelConfig()).hello_fields()["tunnelTargets"]
+    assert on.hello_fields()["tunnelTargets"]["shell"] is True
+    off = TunnelConfig().hello_fields()["tunnelTargets"]
     assert off["shell"] is False
 
 
@@ -154,7 +155,7 @@ async def test_the_shell_runs_as_the_configured_user():
     with trio.fail_after(20):
         target = TunnelConfig.from_flags([], [], False, shell=True, shell_user="nobody").resolve("shell")
         assert target.user.name == "nobody"
-        pair = await connect_shell_pair(target)
+        pair = await connect_shell_pair(peer_target(target))
         shell = await open_shell(pair.client)
         try:
             await shell_send(pair.client, shell, b"echo who-$(id -un)-$(id -u)\n")

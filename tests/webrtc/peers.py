@@ -143,7 +143,7 @@ async def wait_output(shell: ShellChannel, needle: str, *, after: int = 0) -> No
 
 
 async def connect_shell_pair(target: Any) -> Pair:
-    """A connected pair whose device peer answers with ``target`` (e.g. a tunnel.ShellTarget)."""
+    """A connected pair whose device peer answers with ``target`` (e.g. device_tunnel.peer_target of a ShellTarget)."""
     restrict_host_addresses(["127.0.0.1"])
     client_control: list[dict[str, Any]] = []
     device_control: list[dict[str, Any]] = []
