@@ -187,7 +187,7 @@ async def test_openapi_covers_every_route_and_security_schemes(hub):
         for rule in app.url_map.iter_rules():
             if rule.websocket or rule.endpoint in ("static", "openapi", "swagger_ui"):
                 continue
-            if rule.endpoint.startswith(("console.", "console_stream.")):
+            if rule.endpoint.startswith(("console.", "console_stream.", "console_usage.", "console_deliveries.")):
                 continue  # the web console's pages, files and stream: not the /v1 API (docs/console.md)
             path = re.sub(r"<(?:[^:>]+:)?([^>]+)>", r"{\1}", rule.rule)
             registered.setdefault(path, set()).update(m.lower() for m in rule.methods - {"HEAD", "OPTIONS"})
