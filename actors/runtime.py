@@ -1,12 +1,29 @@
-"""Actors: one trio task, one bounded mailbox, one machine (DESIGN.md section 4).
+"""Actors: one bounded mailbox, one machine, a trio task only while there is work (DESIGN.md section 4).
 
     Actor        subclass it; implement ``on_start`` (rebuild from storage), ``receive`` (one message
                  at a time) and optionally ``next_deadline``/``on_deadline`` and ``should_stop``.
     ask / tell   ``await actor.ask(msg, timeout)`` waits for the reply; ``actor.tell(msg)`` does not,
                  and a full mailbox raises ``MailboxFull`` rather than dropping the message.
-    Supervisor   restarts a crashed actor with backoff; more than ``max_restarts`` crashes inside
-                 ``window`` seconds escalates: ``Escalation`` propagates and the process exits non-zero.
+    Supervisor   runs actors in its nursery and restarts a crashed one with backoff; more than
+                 ``max_restarts`` crashes inside ``window`` seconds escalates: ``Escalation`` propagates
+                 and the process exits non-zero. Its one timer task wakes parked actors at their deadlines.
     Registry     gets or starts the actor for a key, and forgets it when it stops.
+
+Parking (issue 22: 15,000 online devices, each actor idle almost all the time). An actor whose mailbox
+stayed empty for ``park_after`` seconds, with no background work in flight, parks: its task ends, the
+Actor object and its in-memory state stay (in the Registry too). A ``tell``/``ask``/``post`` wakes it:
+the Supervisor starts a task for it again, without ``on_start`` (which runs at the start and after
+every crash, never after a park). The deadline an actor parks with is the ``next_deadline()`` its
+loop read before it began to wait, as before parking existed; a finite one puts the actor in the
+Supervisor's timer heap (one task for all), which wakes it then and runs ``on_deadline`` first. An
+actor keeps one entry, its earliest: when that falls due the timer compares it with the deadline the
+actor parked with last (a device's heartbeats move it on) and wakes it only if that has come.
+One task at most per actor, handling its messages one at a time in order: the loop parks with no
+await between finding the mailbox empty and parking, so a message arrives either before (and is
+handled) or after (and wakes it). ``should_stop`` is checked as before, whenever the mailbox is empty.
+Background work (``actor.tasks.start_soon``) runs in the Supervisor's nursery, each task in its own
+cancel scope: its crash is the actor's crash, it is cancelled (and waited for) when the actor crashes
+or stops, and while any of it runs the actor does not park.
 
 A ``receive`` that raises an ``AskError`` (actors/errors.py) answers the asker with that error and the
 actor goes on (the error is the caller's business: offline device, busy test, ...). Any other exception is a crash:
@@ -30,6 +47,8 @@ counted (``storage_waits``, on /metrics).
 
 from __future__ import annotations
 
+import contextvars
+import heapq
 import logging
 import math
 from collections import deque
@@ -101,10 +120,106 @@ class ActorStatistics:
     restarts: int
 
 
+class ActorTasks:
+    """An actor's background work (a device command awaiting its reply, a delivery job).
+
+    Each task runs in the Supervisor's nursery inside a cancel scope of its own, so the actor's own
+    task can end (park) and start again without a nursery per wake. What trio's nursery did for the
+    actor is kept: a crash in the background is the actor's crash (its loop is interrupted and the
+    Supervisor restarts it), and the work is cancelled, and waited for, when the actor crashes or stops.
+    """
+
+    # Slots, not attributes of the actor: attributes set on an instance after __init__ cost a first
+    # version of parking about 0.9 KiB per actor (a dict per instance, by its size), and past 30
+    # attributes CPython always gives an instance a dict of its own; a DeviceActor has 24.
+    __slots__ = ("_actor", "_scopes", "_crashed", "_gone", "_loop", "_wait")
+
+    def __init__(self, actor: "Actor") -> None:
+        self._actor = actor
+        self._scopes: set[trio.CancelScope] | None = None  # made at the first task: most actors never have one
+        self._crashed: list[BaseException] | None = None  # work that crashed; the actor's task raises it
+        self._gone: trio.Event | None = None  # set when the last task ended (the actor's task waits for it)
+        self._loop: trio.CancelScope | None = None  # around the actor's loop: a crash here interrupts it
+        self._wait: trio.CancelScope | None = None  # the loop's idle wait: moved when the last task ends
+
+    @property
+    def child_tasks(self) -> frozenset[trio.CancelScope]:
+        """The work in flight (one entry per task, from ``start_soon`` until it ends), as trio's."""
+        return frozenset(self._scopes) if self._scopes else frozenset()
+
+    def __len__(self) -> int:
+        return len(self._scopes) if self._scopes else 0
+
+    def start_soon(self, async_fn: Callable[..., Any], *args: Any, name: Any = None) -> None:
+        supervisor = self._actor._supervisor
+        if supervisor is None:
+            raise RuntimeError(f"actor {self._actor.key} has no supervisor to run background work")
+        scope = trio.CancelScope()  # counted from now, like a nursery's child: cancelled even before it runs
+        if self._scopes is None:
+            self._scopes = set()
+        self._scopes.add(scope)
+        try:
+            supervisor._spawn(self._run, scope, async_fn, args, name=name or async_fn)
+        except BaseException:
+            self._scopes.discard(scope)
+            raise
+
+    async def _run(self, scope: trio.CancelScope, async_fn: Callable[..., Any], args: tuple) -> None:
+        actor = self._actor
+        try:
+            with scope:
+                await async_fn(*args)
+        except Exception as exc:
+            if actor.stopped:
+                log.error("actor %s: background work failed after the actor stopped", actor.key, exc_info=exc)
+            else:
+                self._crash(exc)
+        finally:
+            self._scopes.discard(scope)
+            if not self._scopes:
+                self._all_done()
+
+    def _cancel_all(self) -> None:
+        if self._scopes:
+            for scope in self._scopes:
+                scope.cancel()
+
+    def _crash(self, exc: Exception) -> None:
+        if self._crashed is None:
+            self._crashed = []
+        self._crashed.append(exc)
+        self._cancel_all()
+        if self._loop is not None:
+            self._loop.cancel()  # the actor's loop stops where it is; its run() raises the crash
+        elif not self._actor._awake:
+            self._actor._wake()  # not expected (background work keeps its actor awake), but never lose a crash
+
+    def _all_done(self) -> None:
+        """The last task ended: whoever waits for that goes on, and an idle loop may park a
+        ``park_after`` from now."""
+        gone, self._gone = self._gone, None
+        if gone is not None:
+            gone.set()
+        wait = self._wait
+        if wait is not None:
+            wait.deadline = min(wait.deadline, trio.current_time() + self._actor.park_after)
+
+    async def _end(self) -> None:
+        """Cancel what runs and wait until it ended (an actor's crash or stop)."""
+        if self._scopes:
+            self._cancel_all()
+            gone = self._gone = trio.Event()
+            await gone.wait()
+
+
 class Actor:
     """Base class of DeviceActor, RolloutActor, TunnelActor."""
 
     mailbox_size = 64
+    # Idle this long (no message, no deadline, no background work), the actor parks: its task ends and
+    # the next message (or its deadline, through the Supervisor's timer) starts one again. Short
+    # against a device's heartbeat interval (30 s), long against a burst of messages.
+    park_after = 1.0
     # While storage is unreachable, deadline work waits this long before trying again (doubling).
     storage_backoff_initial = 0.1
     storage_backoff_max = 5.0
@@ -112,6 +227,9 @@ class Actor:
     storage_waits = 0
     _storage_backoff: Backoff | None = None  # the one Backoff (device_client/backoff.py), made at the first outage
     _storage_until = -math.inf  # deadlines wait until then: storage was unreachable
+    # Class defaults too, for actors that crashed (few): set on the actor at its first crash.
+    _crash_times: deque[float] | None = None  # when it crashed, within the supervisor's window (escalation)
+    _restart_backoff: Backoff | None = None  # the supervisor's backoff for this actor, made at its first crash
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
@@ -122,18 +240,25 @@ class Actor:
         self._current_reply: Reply | None = None
         self._on_stop: Callable[[Actor], None] | None = None
         self._supervisor: Supervisor | None = None
-        self.tasks: trio.Nursery | None = None
+        self._awake = False  # a task runs this actor, or is about to (from its start on)
+        self._needs_start = True  # on_start must run first: the first start, and after every crash
+        # While parked with a deadline: [earliest wake, seq, self, the deadline it parked with last] in
+        # the supervisor's timer heap (see Supervisor._schedule).
+        self._timer_entry: list | None = None
+        self.tasks = ActorTasks(self)
 
     # -- what subclasses implement -----------------------------------------------------------
     async def on_start(self) -> None:
-        """Rebuild state (from storage) before the first message; runs again after every restart."""
+        """Rebuild state (from storage) before the first message; runs again after every restart
+        (not after a park: a parked actor keeps its state)."""
 
     async def receive(self, msg: Any) -> Any:
         """Handle one message; the return value answers an ``ask``."""
         raise TypeError(f"{type(self).__name__} does not handle {type(msg).__name__}")
 
     def next_deadline(self) -> float:
-        """The trio time at which ``on_deadline`` must run (``math.inf`` for never)."""
+        """The trio time at which ``on_deadline`` must run (``math.inf`` for never). Read whenever the
+        actor is about to wait; a parked actor is woken at the value read before it parked."""
         return math.inf
 
     async def on_deadline(self) -> None:
@@ -151,6 +276,8 @@ class Actor:
             raise MailboxFull(f"mailbox of {self.key} is full") from None
         except trio.ClosedResourceError:
             raise ActorStopped(f"actor {self.key} has stopped") from None
+        if not self._awake:
+            self._wake()
 
     async def post(self, msg: Any) -> None:
         """Like ``tell`` but waits for mailbox space: for the actor's own background tasks, whose
@@ -159,6 +286,8 @@ class Actor:
             await self._mailbox.send((msg, None))
         except trio.ClosedResourceError:
             raise ActorStopped(f"actor {self.key} has stopped") from None
+        if not self._awake:
+            self._wake()
 
     async def ask(self, msg: Any, timeout: float = 10.0) -> Any:
         reply = Reply()
@@ -168,6 +297,8 @@ class Actor:
             raise MailboxFull(f"mailbox of {self.key} is full") from None
         except trio.ClosedResourceError:
             raise ActorStopped(f"actor {self.key} has stopped") from None
+        if not self._awake:
+            self._wake()
         with trio.move_on_after(timeout):
             return await reply.wait()
         raise AskTimeout(f"actor {self.key} did not answer within {timeout}s")
@@ -184,25 +315,72 @@ class Actor:
     def statistics(self) -> ActorStatistics:
         return ActorStatistics(self.key, len(self._mailbox), self._mailbox.size, self.handled, self.restarts)
 
-    # -- the loop ------------------------------------------------------------------------------
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        # Work an actor starts in the background (a device command awaiting its reply) lives in
-        # this nursery: it ends with the actor and its crash is the actor's crash.
-        await self.on_start()  # outside the nursery: its error reaches the starter as itself
-        async with trio.open_nursery() as self.tasks:
-            task_status.started(self)
-            await self._loop()
-            self.tasks.cancel_scope.cancel()
+    @property
+    def parked(self) -> bool:
+        """Started, not stopped, and no task: waiting for a message or for the timer."""
+        return not self._awake and not self.stopped and self._supervisor is not None
 
-    async def _loop(self) -> None:
+    # -- the task --------------------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED, woken_for: float | None = None) -> None:
+        """One awake period: ``on_start`` if the actor (re)starts, then messages and deadlines until
+        it parks, stops or crashes. The Supervisor runs it, again after every crash and wake
+        (``woken_for``: the deadline the timer woke it for)."""
+        tasks = self.tasks
+        error: BaseException | None = None
+        try:
+            if self._needs_start:
+                await self.on_start()  # not under the loop's scope: its error reaches the starter as itself
+                self._needs_start = False
+            task_status.started(self)
+            if tasks._crashed is None:
+                with trio.CancelScope() as tasks._loop:
+                    await self._loop(woken_for)
+        except BaseException as exc:
+            error = exc
+        tasks._loop = tasks._wait = None
+        if error is None and tasks._crashed is None and not self.stopped:
+            return  # parked (with nothing in the background, or it would not have parked): no await here
+        # A crash, a stop or a cancellation ends the background work with the actor, as a nursery would.
+        await tasks._end()
+        crashed, tasks._crashed = tasks._crashed, None
+        if crashed:
+            raise BaseExceptionGroup(f"background work of actor {self.key} crashed",
+                                     [*crashed, *([error] if error is not None else [])])
+        if error is not None:
+            raise error
+
+    async def _loop(self, due: float | None = None) -> None:
+        """``due``: the deadline the timer woke the actor for (it has come); else read as it waits."""
+        mailbox, tasks = self._mailbox, self.tasks
+        idle_since = trio.current_time()
         while True:
-            if not len(self._mailbox) and self.should_stop():
+            if not len(mailbox) and self.should_stop():
                 self._stop()
                 return
+            if due is None:
+                due = max(self.next_deadline(), self._storage_until)
+            # (Park only from an empty mailbox: a wait that ends at once would never take what is queued.)
+            park_at = idle_since + self.park_after if not len(mailbox) and not tasks._scopes else math.inf
             envelope = None
-            with trio.move_on_at(max(self.next_deadline(), self._storage_until)):
-                envelope = await self._mailbox.receive()
+            with trio.move_on_at(min(due, park_at)) as tasks._wait:
+                envelope = await mailbox.receive()
+            tasks._wait = None
             if envelope is None:
+                now = trio.current_time()
+                if now < due:
+                    # Idle for park_after. A message may have come in since the wait ended (it is then
+                    # handled first); otherwise park, with no await between this check and the park.
+                    # The deadline stays the one read before the wait (a deadline such as "now + 0.25 s"
+                    # would otherwise move on at every reading): the timer wakes the actor then.
+                    if not len(mailbox) and not tasks._scopes:
+                        if self.should_stop():
+                            self._stop()
+                            return
+                        self._park(due)
+                        return
+                    due = None
+                    continue
+                due = None
                 try:
                     await self.on_deadline()
                 except DatabaseUnavailable:
@@ -212,7 +390,9 @@ class Actor:
                         self._storage_until = -math.inf
                         if self._storage_backoff is not None:
                             self._storage_backoff.reset()
+                idle_since = trio.current_time()
                 continue
+            due = None
             msg, reply = envelope
             self._current_reply = reply
             try:
@@ -235,6 +415,7 @@ class Actor:
             finally:
                 self._current_reply = None
                 self.handled += 1
+                idle_since = trio.current_time()
 
     async def until_stored(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``await fn(*args)``, waiting out storage outages with this actor's backoff: for background
@@ -263,10 +444,33 @@ class Actor:
         if self._supervisor is not None:
             self._supervisor.storage_waits_total += 1
 
+    # -- parking, waking, stopping -------------------------------------------------------------------
+    def _wake(self) -> None:
+        """A message for a parked actor: start its task again (no on_start: its state is in memory)."""
+        if not self._awake and not self.stopped and self._supervisor is not None:
+            try:
+                self._supervisor._wake(self)
+            except RuntimeError:  # the supervisor's nursery has closed: the process is ending
+                raise ActorStopped(f"actor {self.key} has stopped: its supervisor is gone") from None
+
+    def _park(self, due: float) -> None:
+        # Called by the loop with the mailbox empty and nothing in the background; the task ends next.
+        self._awake = False
+        supervisor = self._supervisor
+        supervisor.parked += 1
+        if due < math.inf:
+            supervisor._schedule(self, due)
+        elif self._timer_entry is not None:
+            self._timer_entry[3] = math.inf  # its older entry finds nothing to wake it for
+
     def _stop(self) -> None:
         # No await between the emptiness check and here: nothing can slip into the mailbox.
         self.stopped = True
         self._mailbox.close()
+        self.tasks._cancel_all()  # its task waits for them before it ends
+        entry, self._timer_entry = self._timer_entry, None
+        if entry is not None:
+            entry[2] = None  # the timer lets go of a stopped actor at once
         if self._on_stop is not None:
             self._on_stop(self)
 
@@ -283,14 +487,14 @@ class _StartedFlag:
 
     def started(self, value: Any = None) -> None:
         # Let go of trio's task status once used: it pins the task tree of whoever started the
-        # actor (a device's first connection) for as long as the actor lives (~23 KiB a device).
+        # actor (a device's first connection) for as long as the actor's first task lives.
         status, self.status = self.status, None
         self.started_once = True
         status.started(value)
 
 
 class Supervisor:
-    """Runs actors in its nursery and restarts them when they crash."""
+    """Runs actors in its nursery, restarts them when they crash, and wakes parked ones."""
 
     def __init__(self, nursery: trio.Nursery, *, max_restarts: int = 5, window: float = 60.0,
                  backoff_initial: float = 0.05, backoff_max: float = 5.0) -> None:
@@ -301,66 +505,156 @@ class Supervisor:
         self.backoff_max = backoff_max
         self.restarts_total = 0
         self.storage_waits_total = 0  # times an actor waited for storage instead of crashing
+        self.running = 0  # actor tasks now (each awake actor has one)
+        self.parked = 0  # actors parked now (no task; a message or the timer wakes them)
+        self.wakes_total = 0  # tasks started for parked actors
+        # Tasks it starts for actors (wakes, background work) begin with the context it was made in,
+        # not with the waker's: a request that wakes an actor must not lend it its context variables
+        # (storage crossings are counted per request through one, storage/db.py).
+        self._context = contextvars.copy_context()
+        # The parked actors' deadlines: [at, seq, actor, due] (actor None once superseded or stopped), one
+        # live entry per actor at most, compared when due with the deadline the actor parked with last.
+        self._timers: list[list] = []
+        self._timer_seq = 0
+        self._timer_running = False
+        self._timer_sleep: trio.CancelScope | None = None  # the timer's sleep, moved earlier when needed
+
+    def statistics(self) -> dict[str, int]:
+        """Actor tasks now, parked actors now, wakes so far, entries in the timer heap."""
+        return {"running": self.running, "parked": self.parked, "wakes": self.wakes_total,
+                "timers": len(self._timers)}
 
     async def start(self, actor: Actor) -> Actor:
         """Start ``actor``; returns once its ``on_start`` finished (errors there reach the caller)."""
         actor._supervisor = self
+        actor._awake = True
         return await self.nursery.start(self._keep_running, actor)
 
-    async def _keep_running(self, actor: Actor, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        crashes: deque[float] | None = None  # made at the first crash: most actors never crash
-        flag = _StartedFlag(task_status)
+    def _spawn(self, async_fn: Callable[..., Any], *args: Any, name: Any = None) -> None:
+        self._context.run(self.nursery.start_soon, async_fn, *args, name=name)
+
+    def _wake(self, actor: Actor, woken_for: float | None = None) -> None:
+        # raises RuntimeError once the nursery has closed
+        self._spawn(self._keep_running, actor, trio.TASK_STATUS_IGNORED, woken_for)
+        actor._awake = True
+        self.parked -= 1
+        self.wakes_total += 1
+
+    async def _keep_running(self, actor: Actor, task_status=trio.TASK_STATUS_IGNORED,
+                            woken_for: float | None = None) -> None:
+        # One task per awake period: from a start or a wake until the actor parks or stops. Restarts
+        # after a crash happen in it; what counts towards escalation is kept on the actor, so that an
+        # actor which parks between crashes still escalates.
+        first = task_status is not trio.TASK_STATUS_IGNORED
+        status: Any = _StartedFlag(task_status) if first else trio.TASK_STATUS_IGNORED
         del task_status  # only the flag holds it, and only until started() (see _StartedFlag)
-        first = True
-        backoff = Backoff(self.backoff_initial, self.backoff_max, jitter=False)
-        while True:
-            if not first:
-                flag = _StartedFlag(trio.TASK_STATUS_IGNORED)
-            try:
-                await actor.run(task_status=flag)
+        self.running += 1
+        try:
+            while True:
+                try:
+                    await actor.run(task_status=status, woken_for=woken_for)
+                    return
+                except BaseException as exc:
+                    if isinstance(exc, BaseExceptionGroup):
+                        # A crash at the moment the supervisor is being cancelled arrives grouped with
+                        # Cancelled: log the crash, let the cancellation go on.
+                        cancelled, crash = exc.split(trio.Cancelled)
+                        if cancelled is not None:
+                            if crash is not None:
+                                log.error("actor %s crashed during shutdown", actor.key, exc_info=crash)
+                            raise cancelled from None
+                    if not isinstance(exc, Exception):
+                        raise  # Cancelled, KeyboardInterrupt: not a crash
+                    if first and not status.started_once:
+                        raise  # never came up: the caller of start() hears about it
+                    actor._needs_start = True  # whatever it held may be inconsistent: rebuild from storage
+                    woken_for = None
+                    if is_storage_outage(exc):
+                        # PostgreSQL is down (a restart's on_start, a background task): an outage, not
+                        # a bug. Start again after the storage backoff; the mailbox waits meanwhile.
+                        actor.storage_unavailable("a start")
+                        await trio.sleep_until(actor._storage_until)
+                        first, status = False, trio.TASK_STATUS_IGNORED
+                        continue
+                    await self._count_crash(actor, exc)
+                    first, status = False, trio.TASK_STATUS_IGNORED
+        finally:
+            self.running -= 1
+
+    async def _count_crash(self, actor: Actor, exc: Exception) -> None:
+        """Escalate past ``max_restarts`` crashes in ``window``; else wait out the backoff."""
+        now = trio.current_time()
+        crashes = actor._crash_times
+        if crashes is None:
+            crashes = actor._crash_times = deque()
+            actor._restart_backoff = Backoff(self.backoff_initial, self.backoff_max, jitter=False)
+        backoff = actor._restart_backoff
+        if crashes and crashes[-1] < now - self.window:
+            backoff.reset()  # stable for a whole window: start gently again
+        crashes.append(now)
+        while crashes and crashes[0] < now - self.window:
+            crashes.popleft()
+        if len(crashes) > self.max_restarts:
+            log.critical("actor %s crashed %d times in %ss; escalating", actor.key, len(crashes), self.window)
+            raise Escalation(f"actor {actor.key} exceeded its restart limit") from exc
+        delay = backoff.next_delay()
+        log.error("actor %s crashed; restarting in %.2fs", actor.key, delay, exc_info=exc)
+        actor.restarts += 1
+        self.restarts_total += 1
+        await trio.sleep(delay)
+
+    # -- the timer of parked actors ------------------------------------------------------------------
+    def _schedule(self, actor: Actor, at: float) -> None:
+        """Wake the parked ``actor`` at ``at``: one entry per actor, the earliest; when an entry falls
+        due the timer compares it with the deadline the actor parked with last, and schedules that."""
+        entry = actor._timer_entry
+        if entry is not None:
+            if entry[0] <= at:
+                entry[3] = at  # its entry comes first: the timer looks again then
                 return
-            except BaseException as exc:
-                if isinstance(exc, BaseExceptionGroup):
-                    # A crash at the moment the supervisor is being cancelled arrives grouped with
-                    # Cancelled: log the crash, let the cancellation go on.
-                    cancelled, crash = exc.split(trio.Cancelled)
-                    if cancelled is not None:
-                        if crash is not None:
-                            log.error("actor %s crashed during shutdown", actor.key, exc_info=crash)
-                        raise cancelled from None
-                if not isinstance(exc, Exception):
-                    raise  # Cancelled, KeyboardInterrupt: not a crash
-                if first and not flag.started_once:
-                    raise  # never came up: the caller of start() hears about it
-                if is_storage_outage(exc):
-                    # PostgreSQL is down (a restart's on_start, a background task): an outage, not
-                    # a bug. Start again after the storage backoff; the mailbox waits meanwhile.
-                    actor.storage_unavailable("a start")
-                    await trio.sleep_until(actor._storage_until)
-                    first = False
-                    continue
+            entry[2] = None  # superseded by the earlier one
+        self._timer_seq += 1
+        entry = actor._timer_entry = [at, self._timer_seq, actor, at]
+        heapq.heappush(self._timers, entry)
+        if not self._timer_running:
+            self._timer_running = True
+            self._spawn(self._run_timer)
+        elif self._timer_sleep is not None and at < self._timer_sleep.deadline:
+            self._timer_sleep.deadline = at
+
+    async def _run_timer(self) -> None:
+        # One task for all parked actors' deadlines; it ends when the heap is empty and the next
+        # _schedule starts it again.
+        timers = self._timers
+        try:
+            while timers:
+                with trio.CancelScope(deadline=timers[0][0]) as self._timer_sleep:
+                    await trio.sleep_forever()
+                self._timer_sleep = None
                 now = trio.current_time()
-                if crashes is None:
-                    crashes = deque()
-                if crashes and crashes[-1] < now - self.window:
-                    backoff.reset()  # stable for a whole window: start gently again
-                crashes.append(now)
-                while crashes and crashes[0] < now - self.window:
-                    crashes.popleft()
-                if len(crashes) > self.max_restarts:
-                    log.critical("actor %s crashed %d times in %ss; escalating", actor.key,
-                                 len(crashes), self.window)
-                    raise Escalation(f"actor {actor.key} exceeded its restart limit") from exc
-                delay = backoff.next_delay()
-                log.exception("actor %s crashed; restarting in %.2fs", actor.key, delay)
-                actor.restarts += 1
-                self.restarts_total += 1
-                await trio.sleep(delay)
-                first = False
+                while timers and timers[0][0] <= now:
+                    entry = heapq.heappop(timers)
+                    actor = entry[2]
+                    if actor is None:
+                        continue  # superseded, or its actor stopped
+                    actor._timer_entry = None
+                    if actor._awake or actor.stopped:
+                        continue  # an awake actor waits for its own deadline and schedules again if it parks
+                    # The entry may be older than the actor's last park (it was kept, being earlier):
+                    # what counts is the deadline it parked with last.
+                    due = entry[3]
+                    if due <= now:
+                        self._wake(actor, due)
+                    elif due < math.inf:
+                        self._schedule(actor, due)
+        finally:
+            self._timer_sleep = None
+            self._timer_running = False
 
 
 class Registry:
-    """The live actors by key; ``get`` starts the missing one exactly once, even under concurrency."""
+    """The actors by key (running or parked); ``get`` starts the missing one exactly once, even under
+    concurrency."""
 
     def __init__(self, supervisor: Supervisor) -> None:
         self.supervisor = supervisor
@@ -402,7 +696,8 @@ class Registry:
 
     def statistics(self) -> dict[str, Any]:
         """A snapshot for /metrics: actor counts by kind, mailbox depth, handled, restarts.
-        It walks every actor (15,000 devices: a few ms); /metrics is scraped every few seconds."""
+        It walks every actor (15,000 devices: a few ms); /metrics is scraped every few seconds.
+        How many of them are parked: ``supervisor.statistics()``."""
         by_kind: dict[str, int] = {}
         depth_max = handled = 0
         for actor in self._actors.values():

@@ -157,6 +157,14 @@ class _HubCollector:
         reg = services.registry.statistics()
         yield _family(G, "fleethub_actors", "Live actors by kind.", labels=["kind"],
                       samples=[([k], n) for k, n in sorted(reg["by_kind"].items())] or [(["none"], 0)])
+        sup = services.registry.supervisor.statistics()
+        yield _family(G, "fleethub_actors_running",
+                      "Actors with a task now (handling messages or deadlines, or idle for under a second).",
+                      sup["running"])
+        yield _family(G, "fleethub_actors_parked",
+                      "Actors parked now: their state in memory, no task; a message or the shared timer wakes them.",
+                      sup["parked"])
+        yield _family(C, "fleethub_actor_wakes", "Tasks started for parked actors.", sup["wakes"])
         yield _family(C, "fleethub_actor_restarts", "Actor restarts by the supervisor.", reg["restarts"])
         yield _family(C, "fleethub_actor_storage_waits",
                       "Times an actor found PostgreSQL unreachable and waited to retry (not counted as a crash).",
