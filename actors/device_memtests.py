@@ -192,7 +192,7 @@ class DeviceMemtests:
             reply.fail(ActorCrashed(f"actor {self.actor.key} restarted while a memory-test command was in flight"))
         self._pending.clear()
         self._handle(mm.Reset())
-        self._working = False  # its task went with the old nursery; what is queued goes on now
+        self._working = False  # its task was cancelled with the crash (actors/runtime.py ActorTasks); what is queued goes on now
         self._save_queued = False
         if self._jobs:
             self._working = True
