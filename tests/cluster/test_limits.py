@@ -13,20 +13,14 @@ import trio
 from hub.auth.passwords import hash_password
 from hub.cluster import limits
 from storage.limits import ClusterLimits
-from tests.hubtools import assert_error, open_hub, start_hub, wait_for
-
-
-async def _two_nodes(nursery, db_url, tmp_path, nats_url):
-    data = tmp_path / "hub"  # one data dir: the nodes share their key files
-    a = await start_hub(nursery, db_url, data, nats_url=nats_url, node_id="a")
-    b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_url, node_id="b")
-    return a, b_services, b_url
+from tests.cluster.test_two_nodes import two_nodes
+from tests.hubtools import assert_error, wait_for
 
 
 async def test_the_stream_cap_counts_the_streams_of_every_node(nats_server, db_url, tmp_path):
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
-            a, b, b_url = await _two_nodes(nursery, db_url, tmp_path, nats_server.url)
+            a, b, b_url = await two_nodes(nursery, db_url, tmp_path / "hub", nats_server.url)
             for s in (a.services, b):
                 s.events.max_per_owner = 3
             device_id, _ = await a.provision("watched")
@@ -55,7 +49,7 @@ async def test_the_stream_cap_counts_the_streams_of_every_node(nats_server, db_u
 async def test_the_api_rate_limit_counts_requests_on_every_node(nats_server, db_url, tmp_path):
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
-            a, b, b_url = await _two_nodes(nursery, db_url, tmp_path, nats_server.url)
+            a, b, b_url = await two_nodes(nursery, db_url, tmp_path / "hub", nats_server.url)
             await a.services.db.execute("UPDATE organizations SET tier = 'enterprise', rate_limit = 10 WHERE id = $1",
                                         uuid.UUID(a.org_id))
             for s in (a.services, b):
@@ -81,7 +75,7 @@ async def test_the_api_rate_limit_counts_requests_on_every_node(nats_server, db_
 async def test_sign_in_failures_are_counted_on_every_node(nats_server, db_url, tmp_path):
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            a, b, b_url = await _two_nodes(nursery, db_url, tmp_path, nats_server.url)
+            a, b, b_url = await two_nodes(nursery, db_url, tmp_path / "hub", nats_server.url)
             s = a.services
             pw = await trio.to_thread.run_sync(hash_password, "right")
             user = await s.orgs.create_user("target@example.test", s.clock.now(), password_hash=pw)
@@ -103,7 +97,7 @@ async def test_sign_in_failures_are_counted_on_every_node(nats_server, db_url, t
 async def test_token_requests_are_throttled_on_every_node(nats_server, db_url, tmp_path):
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            a, b, b_url = await _two_nodes(nursery, db_url, tmp_path, nats_server.url)
+            a, b, b_url = await two_nodes(nursery, db_url, tmp_path / "hub", nats_server.url)
             form = {"grant_type": "client_credentials", "client_id": "no-such-client", "client_secret": "guess"}
             statuses = []
             for i in range(11):  # 10 attempts per client id a minute
