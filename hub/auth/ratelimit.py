@@ -51,7 +51,10 @@ class RateLimiter:
         self._counts: dict[object, int] = {}
         # The other nodes' counts in this window, by key_text (a cluster node only; empty otherwise).
         self._others: dict[str, int] = {}
-        self._changed: set[object] = set()  # keys counted here since the last ``changes``
+        # Keys counted here since the last ``changes``. Kept only once a cluster asks for changes: a
+        # single process never reads them, and ``hit`` is on every request's path.
+        self._tracking = False
+        self._changed: set[object] = set()
         self._sending: set[object] = set()  # the keys of the last ``changes``, until it is known sent
 
     def _elsewhere(self, key: object) -> int:
@@ -71,6 +74,9 @@ class RateLimiter:
         start = epoch - epoch % self.window
         if start != self._window_start:
             return start, {}
+        if not self._tracking:
+            # The first round: every key counted so far is news to the other nodes.
+            self._tracking, self._changed = True, set(self._counts)
         changed, self._changed = self._changed, set()
         self._sending = changed
         return start, {key_text(k): self._counts[k] for k in changed if k in self._counts}
@@ -100,7 +106,8 @@ class RateLimiter:
         if used >= limit:
             return Decision(False, limit, 0, reset, max(1, reset - epoch))
         self._counts[key] = mine + 1
-        self._changed.add(key)
+        if self._tracking:
+            self._changed.add(key)
         return Decision(True, limit, limit - used - 1, reset, 0)
 
 

@@ -50,3 +50,14 @@ def test_counts_of_an_old_window_are_ignored_and_a_newer_one_starts_the_window()
     rl.learn(WINDOW + 3600, {"org:o1": 9})  # the other nodes are in the next hour already
     assert rl.peek(ORG, 10, later).remaining == 1
     assert rl.changes(T0) == (WINDOW, {})  # this node's new window holds nothing of its own yet
+
+
+def test_a_single_process_keeps_no_change_set_until_a_cluster_first_asks():
+    rl = RateLimiter()
+    for key in (ORG, ("org", "o2")):
+        rl.hit(key, 10, T0)
+    assert not rl._changed  # nobody reads changes in one process: hit keeps none
+    # the first round hands over every count so far; later rounds only what changed
+    assert rl.changes(T0) == (WINDOW, {"org:o1": 1, "org:o2": 1})
+    rl.hit(ORG, 10, T0)
+    assert rl.changes(T0) == (WINDOW, {"org:o1": 2})
