@@ -79,14 +79,17 @@ def _today(s) -> dt.date:
     return s.clock.now().astimezone(UTC).date()
 
 
-def _days(parse, *args):
+def parse_period(parse, *args):
+    """``parse(*args)`` from hub/billing/periods, its InvalidPeriod as 400 invalid_period (the billing
+    routes and the console's usage charts)."""
     try:
         return parse(*args)
     except periods.InvalidPeriod as exc:
         raise BadRequest(str(exc), code="invalid_period") from None
 
 
-async def _profile(s) -> dict:
+async def billing_profile(s) -> dict:
+    """The signed-in organisation's billing profile, or 404 billing_profile_not_found."""
     profile = (await state.org_billing(s, org().org_id)).profile
     if profile is None:
         raise NotFound("this organisation has no billing profile", code="billing_profile_not_found")
@@ -99,7 +102,7 @@ async def _profile(s) -> dict:
 async def get_pricing():
     s = services()
     await require_org(s, "billing_viewer")
-    profile = await _profile(s)
+    profile = await billing_profile(s)
     today = _today(s)
     book = PriceBook(await s.billing.prices(org().org_id), org().org_id)
     products = []
@@ -130,9 +133,9 @@ async def _feature_days(s, org_id: uuid.UUID, days: periods.Days, enterprise: bo
 async def get_usage(query_args: UsageQuery):
     s = services()
     await require_org(s, "billing_viewer")
-    profile = await _profile(s)
+    profile = await billing_profile(s)
     org_id = org().org_id
-    days = _days(periods.usage_days, query_args.from_, query_args.to, s.clock.now(), profile["anchor_day"])
+    days = parse_period(periods.usage_days, query_args.from_, query_args.to, s.clock.now(), profile["anchor_day"])
     await s.meter.flush()  # counts still in the batch belong in what the caller reads
     daily = await s.billing.usage(org_id, days.start, days.end)
     daily.update(await _feature_days(s, org_id, days, profile["enterprise"]))
@@ -223,7 +226,7 @@ async def _tunnel_checks(s) -> None:
 async def get_tunnel_usage(query_args: TunnelUsageQuery):
     s = services()
     await _tunnel_checks(s)
-    since, until = _days(periods.tunnel_window, query_args.from_, query_args.to, s.clock.now())
+    since, until = parse_period(periods.tunnel_window, query_args.from_, query_args.to, s.clock.now())
     row = await s.billing.tunnel_summary(org().org_id, since, until)
     seconds = Decimal(row["duration_seconds"])
     return {"data": {"from": rfc3339(since), "to": rfc3339(until), "sessions": row["sessions"],
@@ -263,7 +266,7 @@ async def get_tunnel_records(query_args: TunnelRecordsQuery):
     s = services()
     await _tunnel_checks(s)
     q = query_args
-    since, until = _days(periods.tunnel_window, q.from_, q.to, s.clock.now())
+    since, until = parse_period(periods.tunnel_window, q.from_, q.to, s.clock.now())
     after = _decode_cursor(q.cursor) if q.cursor else None
     rows = await s.billing.tunnel_records(org().org_id, since, until, after, q.limit + 1)
     more = len(rows) > q.limit
@@ -282,7 +285,7 @@ async def get_tunnel_records(query_args: TunnelRecordsQuery):
 async def get_registry_fallback(query_args: RegistryQuery):
     s = services()
     await require_org(s, "billing_viewer")
-    days = _days(periods.registry_days, query_args.start, query_args.end, s.clock.now())
+    days = parse_period(periods.registry_days, query_args.start, query_args.end, s.clock.now())
     await s.meter.flush()
     fleets, usage = await s.billing.registry_fallback(org().org_id, days.start, days.end)
     by_key: dict[str, int] = {}

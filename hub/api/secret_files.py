@@ -87,7 +87,9 @@ def _validate(data: Upload) -> tuple[int, bytes]:
     return mode, content
 
 
-async def _owner(kind: str, raw_id: str, relation: str) -> Owner:
+async def secret_file_owner(kind: str, raw_id: str, relation: str) -> Owner:
+    """The configuration or device (``kind``) holding secret files, once the caller is known to hold
+    ``relation`` on it; 404 when it is not in the organisation."""
     s = services()
     if kind == "config":
         found = await s.configs.get(org().org_id, parse_uuid(raw_id, "configId"))
@@ -161,7 +163,7 @@ class SecretFileOut(BaseModel):
 @responds(enveloped(SecretFileOut, many=True))
 @errors(400, 401, 403, 404)
 async def list_config_files(configId: str):
-    return await _list(await _owner("config", configId, "viewer"))
+    return await _list(await secret_file_owner("config", configId, "viewer"))
 
 
 @bp.post("/configurations/<configId>/secret-files")
@@ -170,21 +172,21 @@ async def list_config_files(configId: str):
 @responds(enveloped(SecretFileOut), 200)
 @errors(400, 401, 403, 404, 409, 413)
 async def upload_config_file(configId: str, data: Upload):
-    return await _upload(await _owner("config", configId, "editor"), data)
+    return await _upload(await secret_file_owner("config", configId, "editor"), data)
 
 
 @bp.delete("/configurations/<configId>/secret-files/<fileId>")
 @responds(enveloped(DeletedOut))
 @errors(400, 401, 403, 404)
 async def delete_config_file(configId: str, fileId: str):
-    return await _delete(await _owner("config", configId, "editor"), fileId)
+    return await _delete(await secret_file_owner("config", configId, "editor"), fileId)
 
 
 @bp.get("/devices/<deviceId>/secret-files")
 @responds(enveloped(SecretFileOut, many=True))
 @errors(400, 401, 403, 404)
 async def list_device_files(deviceId: str):
-    return await _list(await _owner("device", deviceId, "viewer"))
+    return await _list(await secret_file_owner("device", deviceId, "viewer"))
 
 
 @bp.post("/devices/<deviceId>/secret-files")
@@ -193,11 +195,11 @@ async def list_device_files(deviceId: str):
 @responds(enveloped(SecretFileOut), 200)
 @errors(400, 401, 403, 404, 409, 413)
 async def upload_device_file(deviceId: str, data: Upload):
-    return await _upload(await _owner("device", deviceId, "editor"), data)
+    return await _upload(await secret_file_owner("device", deviceId, "editor"), data)
 
 
 @bp.delete("/devices/<deviceId>/secret-files/<fileId>")
 @responds(enveloped(DeletedOut))
 @errors(400, 401, 403, 404)
 async def delete_device_file(deviceId: str, fileId: str):
-    return await _delete(await _owner("device", deviceId, "editor"), fileId)
+    return await _delete(await secret_file_owner("device", deviceId, "editor"), fileId)

@@ -15,7 +15,7 @@ from quart import Blueprint
 from quart_schema import hide
 
 from hub.api.common import MAX_PAGE, errors, jsonable, parse_uuid, services
-from hub.api.secret_files import _owner
+from hub.api.secret_files import secret_file_owner
 from hub.api.validation import query
 from hub.errors import NotFound
 
@@ -34,7 +34,7 @@ class DeliveryQuery(BaseModel):
 @query(DeliveryQuery)
 @errors(400, 401, 403, 404)
 async def file_deliveries(configId: str, fileId: str, query_args: DeliveryQuery):
-    owner = await _owner("config", configId, "viewer")
+    owner = await secret_file_owner("config", configId, "viewer")
     found = await services().secrets.deliveries(owner, parse_uuid(fileId, "fileId"), query_args.status,
                                                 (query_args.page - 1) * query_args.limit, query_args.limit)
     if found is None:

@@ -15,7 +15,7 @@ import datetime as dt
 from quart import Blueprint
 from quart_schema import hide
 
-from hub.api.billing import UsageQuery, _days, _profile
+from hub.api.billing import UsageQuery, billing_profile, parse_period
 from hub.api.common import errors, org, services
 from hub.api.validation import query
 from hub.auth.authz import require_org
@@ -37,13 +37,13 @@ METERED_UNITS = {"active_device": "devices", "tunnel_minutes": "minutes", "tunne
 async def usage_daily(query_args: UsageQuery):
     s = services()
     await require_org(s, "billing_viewer")
-    await _profile(s)  # 404 billing_profile_not_found, as the totals answer
+    await billing_profile(s)  # 404 billing_profile_not_found, as the totals answer
     now = s.clock.now()
     from_, to = query_args.from_, query_args.to
     if from_ is None and to is None:
         today = now.astimezone(dt.timezone.utc).date()
         from_, to = (today - dt.timedelta(days=DEFAULT_DAYS - 1)).isoformat(), today.isoformat()
-    days = _days(periods.usage_days, from_, to, now)
+    days = parse_period(periods.usage_days, from_, to, now)
     await s.meter.flush()  # counts still in the batch belong in what the caller reads
     daily = await s.billing.usage(org().org_id, days.start, days.end)
     dates = [days.start + dt.timedelta(days=i) for i in range((days.end - days.start).days)]
