@@ -15,15 +15,15 @@ Actor object and its in-memory state stay (in the Registry too). A ``tell``/``as
 the Supervisor starts a task for it again, without ``on_start`` (which runs at the start and after
 every crash, never after a park). The deadline an actor parks with is the ``next_deadline()`` its
 loop read before it began to wait, as before parking existed; a finite one puts the actor in the
-Supervisor's timer heap (one task for all), which wakes it then and runs ``on_deadline`` first. An
+Supervisor's timer heap (one task for all, actors/parktimer.py), which wakes it then and runs ``on_deadline`` first. An
 actor keeps one entry, its earliest: when that falls due the timer compares it with the deadline the
 actor parked with last (a device's heartbeats move it on) and wakes it only if that has come.
 One task at most per actor, handling its messages one at a time in order: the loop parks with no
 await between finding the mailbox empty and parking, so a message arrives either before (and is
 handled) or after (and wakes it). ``should_stop`` is checked as before, whenever the mailbox is empty.
-Background work (``actor.tasks.start_soon``) runs in the Supervisor's nursery, each task in its own
-cancel scope: its crash is the actor's crash, it is cancelled (and waited for) when the actor crashes
-or stops, and while any of it runs the actor does not park.
+Background work (``actor.tasks.start_soon``, actors/background.py) runs in the Supervisor's nursery,
+each task in its own cancel scope: its crash is the actor's crash, it is cancelled (and waited for)
+when the actor crashes or stops, and while any of it runs the actor does not park.
 
 A ``receive`` that raises an ``AskError`` (actors/errors.py) answers the asker with that error and the
 actor goes on (the error is the caller's business: offline device, busy test, ...). Any other exception is a crash:
@@ -48,7 +48,6 @@ counted (``storage_waits``, on /metrics).
 from __future__ import annotations
 
 import contextvars
-import heapq
 import logging
 import math
 from collections import deque
@@ -58,8 +57,10 @@ from typing import Any
 
 import trio
 
+from actors.background import ActorTasks
 from actors.errors import ActorCrashed, ActorError, ActorStopped, AskError, AskTimeout, MailboxFull
 from actors.mailbox import Mailbox
+from actors.parktimer import ParkTimer
 from device_client.backoff import Backoff
 from storage.db import DatabaseUnavailable
 
@@ -120,96 +121,6 @@ class ActorStatistics:
     restarts: int
 
 
-class ActorTasks:
-    """An actor's background work (a device command awaiting its reply, a delivery job).
-
-    Each task runs in the Supervisor's nursery inside a cancel scope of its own, so the actor's own
-    task can end (park) and start again without a nursery per wake. What trio's nursery did for the
-    actor is kept: a crash in the background is the actor's crash (its loop is interrupted and the
-    Supervisor restarts it), and the work is cancelled, and waited for, when the actor crashes or stops.
-    """
-
-    # Slots, not attributes of the actor: attributes set on an instance after __init__ cost a first
-    # version of parking about 0.9 KiB per actor (a dict per instance, by its size), and past 30
-    # attributes CPython always gives an instance a dict of its own; a DeviceActor has 24.
-    __slots__ = ("_actor", "_scopes", "_crashed", "_gone", "_loop", "_wait")
-
-    def __init__(self, actor: "Actor") -> None:
-        self._actor = actor
-        self._scopes: set[trio.CancelScope] | None = None  # made at the first task: most actors never have one
-        self._crashed: list[BaseException] | None = None  # work that crashed; the actor's task raises it
-        self._gone: trio.Event | None = None  # set when the last task ended (the actor's task waits for it)
-        self._loop: trio.CancelScope | None = None  # around the actor's loop: a crash here interrupts it
-        self._wait: trio.CancelScope | None = None  # the loop's idle wait: moved when the last task ends
-
-    @property
-    def child_tasks(self) -> frozenset[trio.CancelScope]:
-        """The work in flight (one entry per task, from ``start_soon`` until it ends), as trio's."""
-        return frozenset(self._scopes) if self._scopes else frozenset()
-
-    def __len__(self) -> int:
-        return len(self._scopes) if self._scopes else 0
-
-    def start_soon(self, async_fn: Callable[..., Any], *args: Any, name: Any = None) -> None:
-        supervisor = self._actor._supervisor
-        if supervisor is None:
-            raise RuntimeError(f"actor {self._actor.key} has no supervisor to run background work")
-        scope = trio.CancelScope()  # counted from now, like a nursery's child: cancelled even before it runs
-        if self._scopes is None:
-            self._scopes = set()
-        self._scopes.add(scope)
-        try:
-            supervisor._spawn(self._run, scope, async_fn, args, name=name or async_fn)
-        except BaseException:
-            self._scopes.discard(scope)
-            raise
-
-    async def _run(self, scope: trio.CancelScope, async_fn: Callable[..., Any], args: tuple) -> None:
-        actor = self._actor
-        try:
-            with scope:
-                await async_fn(*args)
-        except Exception as exc:
-            if actor.stopped:
-                log.error("actor %s: background work failed after the actor stopped", actor.key, exc_info=exc)
-            else:
-                self._crash(exc)
-        finally:
-            self._scopes.discard(scope)
-            if not self._scopes:
-                self._all_done()
-
-    def _cancel_all(self) -> None:
-        if self._scopes:
-            for scope in self._scopes:
-                scope.cancel()
-
-    def _crash(self, exc: Exception) -> None:
-        if self._crashed is None:
-            self._crashed = []
-        self._crashed.append(exc)
-        self._cancel_all()
-        if self._loop is not None:
-            self._loop.cancel()  # the actor's loop stops where it is; its run() raises the crash
-        elif not self._actor._awake:
-            self._actor._wake()  # not expected (background work keeps its actor awake), but never lose a crash
-
-    def _all_done(self) -> None:
-        """The last task ended: whoever waits for that goes on, and an idle loop may park a
-        ``park_after`` from now."""
-        gone, self._gone = self._gone, None
-        if gone is not None:
-            gone.set()
-        wait = self._wait
-        if wait is not None:
-            wait.deadline = min(wait.deadline, trio.current_time() + self._actor.park_after)
-
-    async def _end(self) -> None:
-        """Cancel what runs and wait until it ended (an actor's crash or stop)."""
-        if self._scopes:
-            self._cancel_all()
-            gone = self._gone = trio.Event()
-            await gone.wait()
 
 
 class Actor:
@@ -243,7 +154,7 @@ class Actor:
         self._awake = False  # a task runs this actor, or is about to (from its start on)
         self._needs_start = True  # on_start must run first: the first start, and after every crash
         # While parked with a deadline: [earliest wake, seq, self, the deadline it parked with last] in
-        # the supervisor's timer heap (see Supervisor._schedule).
+        # the supervisor's timer heap (actors/parktimer.py).
         self._timer_entry: list | None = None
         self.tasks = ActorTasks(self)
 
@@ -459,7 +370,7 @@ class Actor:
         supervisor = self._supervisor
         supervisor.parked += 1
         if due < math.inf:
-            supervisor._schedule(self, due)
+            supervisor.timer.schedule(self, due)
         elif self._timer_entry is not None:
             self._timer_entry[3] = math.inf  # its older entry finds nothing to wake it for
 
@@ -512,17 +423,13 @@ class Supervisor:
         # not with the waker's: a request that wakes an actor must not lend it its context variables
         # (storage crossings are counted per request through one, storage/db.py).
         self._context = contextvars.copy_context()
-        # The parked actors' deadlines: [at, seq, actor, due] (actor None once superseded or stopped), one
-        # live entry per actor at most, compared when due with the deadline the actor parked with last.
-        self._timers: list[list] = []
-        self._timer_seq = 0
-        self._timer_running = False
-        self._timer_sleep: trio.CancelScope | None = None  # the timer's sleep, moved earlier when needed
+        # The parked actors' deadlines, woken by one task for all (actors/parktimer.py).
+        self.timer = ParkTimer(self._spawn, self._wake)
 
     def statistics(self) -> dict[str, int]:
         """Actor tasks now, parked actors now, wakes so far, entries in the timer heap."""
         return {"running": self.running, "parked": self.parked, "wakes": self.wakes_total,
-                "timers": len(self._timers)}
+                "timers": len(self.timer)}
 
     async def start(self, actor: Actor) -> Actor:
         """Start ``actor``; returns once its ``on_start`` finished (errors there reach the caller)."""
@@ -603,53 +510,6 @@ class Supervisor:
         self.restarts_total += 1
         await trio.sleep(delay)
 
-    # -- the timer of parked actors ------------------------------------------------------------------
-    def _schedule(self, actor: Actor, at: float) -> None:
-        """Wake the parked ``actor`` at ``at``: one entry per actor, the earliest; when an entry falls
-        due the timer compares it with the deadline the actor parked with last, and schedules that."""
-        entry = actor._timer_entry
-        if entry is not None:
-            if entry[0] <= at:
-                entry[3] = at  # its entry comes first: the timer looks again then
-                return
-            entry[2] = None  # superseded by the earlier one
-        self._timer_seq += 1
-        entry = actor._timer_entry = [at, self._timer_seq, actor, at]
-        heapq.heappush(self._timers, entry)
-        if not self._timer_running:
-            self._timer_running = True
-            self._spawn(self._run_timer)
-        elif self._timer_sleep is not None and at < self._timer_sleep.deadline:
-            self._timer_sleep.deadline = at
-
-    async def _run_timer(self) -> None:
-        # One task for all parked actors' deadlines; it ends when the heap is empty and the next
-        # _schedule starts it again.
-        timers = self._timers
-        try:
-            while timers:
-                with trio.CancelScope(deadline=timers[0][0]) as self._timer_sleep:
-                    await trio.sleep_forever()
-                self._timer_sleep = None
-                now = trio.current_time()
-                while timers and timers[0][0] <= now:
-                    entry = heapq.heappop(timers)
-                    actor = entry[2]
-                    if actor is None:
-                        continue  # superseded, or its actor stopped
-                    actor._timer_entry = None
-                    if actor._awake or actor.stopped:
-                        continue  # an awake actor waits for its own deadline and schedules again if it parks
-                    # The entry may be older than the actor's last park (it was kept, being earlier):
-                    # what counts is the deadline it parked with last.
-                    due = entry[3]
-                    if due <= now:
-                        self._wake(actor, due)
-                    elif due < math.inf:
-                        self._schedule(actor, due)
-        finally:
-            self._timer_sleep = None
-            self._timer_running = False
 
 
 class Registry:

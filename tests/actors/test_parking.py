@@ -2,7 +2,7 @@
 deadline, through the Supervisor's one timer task, starts one again, with its state kept.
 
 Tasks are counted in the test's nursery, which is the Supervisor's: an awake actor's task is named
-after ``Supervisor._keep_running``, the timer after ``Supervisor._run_timer``.
+after ``Supervisor._keep_running``, the timer after ``ParkTimer._run_timer`` (actors/parktimer.py).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import math
 import random
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -90,97 +91,93 @@ class Sleeper(Actor):
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_parking_var", default="unset")
 
 
+@asynccontextmanager
+async def supervised(actor: Actor, limit: float = 100):
+    """``actor`` started under a Supervisor in a nursery of the test's (its tasks are counted there),
+    within ``limit`` seconds of virtual time; the nursery is cancelled when the block ends."""
+    with trio.fail_after(limit):
+        async with trio.open_nursery() as nursery:
+            sup = Supervisor(nursery)
+            yield nursery, sup, await sup.start(actor)
+            nursery.cancel_scope.cancel()
+
+
 def actor_tasks(nursery: trio.Nursery) -> list[str]:
     return sorted(t.name.rsplit(".", 1)[-1] for t in nursery.child_tasks)
 
 
 async def test_an_idle_actor_parks_after_park_after_and_keeps_its_state(autojump_clock):
-    with trio.fail_after(100):
-        async with trio.open_nursery() as nursery:
-            sup = Supervisor(nursery)
-            actor = await sup.start(Sleeper())
-            assert await actor.ask(("echo", "kept"), timeout=1) == "kept"
-            await trio.sleep(0.999)
-            assert actor_tasks(nursery) == ["_keep_running"] and not actor.parked
-            await trio.sleep(0.001)  # idle for park_after (1 s) since the last message: its task ends
-            await trio.testing.wait_all_tasks_blocked()
-            assert actor_tasks(nursery) == [] and actor.parked
-            assert sup.statistics() == {"running": 0, "parked": 1, "wakes": 0, "timers": 0}
-            assert actor.seen == ["kept"] and actor.starts == [0]
-            nursery.cancel_scope.cancel()
+    async with supervised(Sleeper()) as (nursery, sup, actor):
+        assert await actor.ask(("echo", "kept"), timeout=1) == "kept"
+        await trio.sleep(0.999)
+        assert actor_tasks(nursery) == ["_keep_running"] and not actor.parked
+        await trio.sleep(0.001)  # idle for park_after (1 s) since the last message: its task ends
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor_tasks(nursery) == [] and actor.parked
+        assert sup.statistics() == {"running": 0, "parked": 1, "wakes": 0, "timers": 0}
+        assert actor.seen == ["kept"] and actor.starts == [0]
 
 
 async def test_tell_and_ask_wake_a_parked_actor_without_on_start(autojump_clock):
-    with trio.fail_after(100):
-        async with trio.open_nursery() as nursery:
-            sup = Supervisor(nursery)
-            actor = await sup.start(Sleeper())
-            await trio.sleep(10)
-            assert actor.parked
-            actor.tell(("echo", "told"))
-            assert not actor.parked and sup.statistics()["wakes"] == 1
-            await trio.sleep(5)
-            assert actor.parked
-            assert await actor.ask(("echo", "asked"), timeout=1) == "asked"
-            assert trio.current_time() == 15  # answered at once
-            assert actor.seen == ["told", "asked"]  # in memory across both parks
-            assert actor.starts == [0] and actor.restarts == 0
-            assert actor.handled == 2 and sup.statistics()["wakes"] == 2
-            # an error answer does not keep it awake either
-            with pytest.raises(Conflict):
-                await actor.ask(("refuse",), timeout=1)
-            await trio.sleep(1.5)
-            assert actor.parked
-            nursery.cancel_scope.cancel()
+    async with supervised(Sleeper()) as (nursery, sup, actor):
+        await trio.sleep(10)
+        assert actor.parked
+        actor.tell(("echo", "told"))
+        assert not actor.parked and sup.statistics()["wakes"] == 1
+        await trio.sleep(5)
+        assert actor.parked
+        assert await actor.ask(("echo", "asked"), timeout=1) == "asked"
+        assert trio.current_time() == 15  # answered at once
+        assert actor.seen == ["told", "asked"]  # in memory across both parks
+        assert actor.starts == [0] and actor.restarts == 0
+        assert actor.handled == 2 and sup.statistics()["wakes"] == 2
+        # an error answer does not keep it awake either
+        with pytest.raises(Conflict):
+            await actor.ask(("refuse",), timeout=1)
+        await trio.sleep(1.5)
+        assert actor.parked
 
 
 async def test_messages_keep_their_order_across_parks_and_wakes(autojump_clock):
-    with trio.fail_after(100):
-        async with trio.open_nursery() as nursery:
-            actor = await Supervisor(nursery).start(Sleeper())
-            rng = random.Random(22)
-            sent = []
-            for i in range(40):
-                actor.tell(("echo", i))
-                sent.append(i)
-                if i % 3 == 0:
-                    actor.tell(("sleep", 0.3))
-                    sent.append(("slept", 0.3))
-                await trio.sleep(rng.choice([0, 0.5, 1.0, 1.5, 3]))
-            await trio.sleep(20)
-            assert actor.seen == sent
-            assert actor.max_active == 1 and actor.starts == [0]
-            nursery.cancel_scope.cancel()
+    async with supervised(Sleeper()) as (nursery, sup, actor):
+        rng = random.Random(22)
+        sent = []
+        for i in range(40):
+            actor.tell(("echo", i))
+            sent.append(i)
+            if i % 3 == 0:
+                actor.tell(("sleep", 0.3))
+                sent.append(("slept", 0.3))
+            await trio.sleep(rng.choice([0, 0.5, 1.0, 1.5, 3]))
+        await trio.sleep(20)
+        assert actor.seen == sent
+        assert actor.max_active == 1 and actor.starts == [0]
 
 
 async def test_racing_tells_at_the_moment_of_parking_never_start_two_tasks(autojump_clock):
-    with trio.fail_after(1000):
-        async with trio.open_nursery() as nursery:
-            sup = Supervisor(nursery)
-            actor = await sup.start(Sleeper())
+    async with supervised(Sleeper(), limit=1000) as (nursery, sup, actor):
 
-            async def teller(at: float, n: int) -> None:
-                await trio.sleep_until(at)
-                actor.tell(("echo", n))
+        async def teller(at: float, n: int) -> None:
+            await trio.sleep_until(at)
+            actor.tell(("echo", n))
 
-            rng = random.Random(22)
-            n = 0
-            for _ in range(30):
-                actor.tell(("echo", n))  # wakes it: it parks again 1 s after the last message
-                n += 1
-                park = trio.current_time() + 1
-                async with trio.open_nursery() as tellers:
-                    # tellers at that very instant (trio runs them in no promised order), and around it
-                    for _ in range(8):
-                        tellers.start_soon(teller, park + rng.choice([-0.5, 0, 0, 0, 0.5, 1.5]), n)
-                        n += 1
-                await trio.sleep(5)
-                assert actor.parked
-                assert sorted(actor.seen) == list(range(n))  # each handled once, none lost
-            assert actor.running_seen == 1 and actor.max_active == 1
-            assert sup.statistics()["wakes"] >= 30 and sup.running == 0
-            assert actor.starts == [0] and actor.restarts == 0
-            nursery.cancel_scope.cancel()
+        rng = random.Random(22)
+        n = 0
+        for _ in range(30):
+            actor.tell(("echo", n))  # wakes it: it parks again 1 s after the last message
+            n += 1
+            park = trio.current_time() + 1
+            async with trio.open_nursery() as tellers:
+                # tellers at that very instant (trio runs them in no promised order), and around it
+                for _ in range(8):
+                    tellers.start_soon(teller, park + rng.choice([-0.5, 0, 0, 0, 0.5, 1.5]), n)
+                    n += 1
+            await trio.sleep(5)
+            assert actor.parked
+            assert sorted(actor.seen) == list(range(n))  # each handled once, none lost
+        assert actor.running_seen == 1 and actor.max_active == 1
+        assert sup.statistics()["wakes"] >= 30 and sup.running == 0
+        assert actor.starts == [0] and actor.restarts == 0
 
 
 async def test_deadlines_of_many_parked_actors_are_kept_by_one_timer_task(autojump_clock):
@@ -213,24 +210,20 @@ async def test_deadlines_of_many_parked_actors_are_kept_by_one_timer_task(autoju
 
 
 async def test_a_kept_timer_entry_is_checked_against_the_deadline_the_actor_parked_with_last(autojump_clock):
-    with trio.fail_after(100):
-        async with trio.open_nursery() as nursery:
-            sup = Supervisor(nursery)
-            actor = await sup.start(Sleeper(deadlines=[10, 100]))
-            await trio.sleep(2)
-            assert actor.parked and sup.statistics()["timers"] == 1
-            actor.tell(("later", 25))  # handled, then it parks again: its entry at 10 is kept (earlier)
-            await trio.sleep(2)
-            assert actor.parked and sup.statistics() == {"running": 0, "parked": 1, "wakes": 1, "timers": 1}
-            await trio.sleep_until(24)
-            assert actor.fired == [] and sup.statistics()["wakes"] == 1  # at 10 it looked, and let it sleep
-            await trio.sleep_until(30)
-            assert actor.fired == [25] and sup.statistics()["wakes"] == 2
-            assert sup.statistics()["timers"] == 1  # parked again, with 100
-            actor.tell(("later", 40))  # earlier than the kept entry: a new one
-            await trio.sleep_until(50)
-            assert actor.fired == [25, 40] and sup.statistics()["wakes"] == 4
-            nursery.cancel_scope.cancel()
+    async with supervised(Sleeper(deadlines=[10, 100])) as (nursery, sup, actor):
+        await trio.sleep(2)
+        assert actor.parked and sup.statistics()["timers"] == 1
+        actor.tell(("later", 25))  # handled, then it parks again: its entry at 10 is kept (earlier)
+        await trio.sleep(2)
+        assert actor.parked and sup.statistics() == {"running": 0, "parked": 1, "wakes": 1, "timers": 1}
+        await trio.sleep_until(24)
+        assert actor.fired == [] and sup.statistics()["wakes"] == 1  # at 10 it looked, and let it sleep
+        await trio.sleep_until(30)
+        assert actor.fired == [25] and sup.statistics()["wakes"] == 2
+        assert sup.statistics()["timers"] == 1  # parked again, with 100
+        actor.tell(("later", 40))  # earlier than the kept entry: a new one
+        await trio.sleep_until(50)
+        assert actor.fired == [25, 40] and sup.statistics()["wakes"] == 4
 
 
 async def test_a_deadline_read_as_now_plus_an_interval_fires_on_time_across_parks(autojump_clock):
@@ -243,15 +236,11 @@ async def test_a_deadline_read_as_now_plus_an_interval_fires_on_time_across_park
         async def on_deadline(self) -> None:
             self.fired.append(trio.current_time())
 
-    with trio.fail_after(100):
-        async with trio.open_nursery() as nursery:
-            sup = Supervisor(nursery)
-            actor = await sup.start(Poller())
-            await trio.sleep_until(13.5)
-            # it parks a second after each poll and the timer wakes it at the instant read before then
-            assert actor.fired == [3, 6, 9, 12]
-            assert actor.parked and sup.statistics()["wakes"] == 4
-            nursery.cancel_scope.cancel()
+    async with supervised(Poller()) as (nursery, sup, actor):
+        await trio.sleep_until(13.5)
+        # it parks a second after each poll and the timer wakes it at the instant read before then
+        assert actor.fired == [3, 6, 9, 12]
+        assert actor.parked and sup.statistics()["wakes"] == 4
 
 
 async def test_a_crash_after_a_wake_restarts_with_on_start_and_counts_towards_escalation(autojump_clock):
@@ -279,20 +268,16 @@ async def test_a_crash_after_a_wake_restarts_with_on_start_and_counts_towards_es
 
 
 async def test_background_work_keeps_the_actor_awake_until_it_ends(autojump_clock):
-    with trio.fail_after(100):
-        async with trio.open_nursery() as nursery:
-            sup = Supervisor(nursery)
-            actor = await sup.start(Sleeper())
-            actor.tell(("background", 7.5))
-            await trio.sleep(7)
-            assert not actor.parked and len(actor.tasks.child_tasks) == 1
-            await trio.sleep(1.49)  # the work ended at 7.5: idle from then on, the actor parks at 8.5
-            assert not actor.parked and not actor.tasks.child_tasks
-            assert actor_tasks(nursery) == ["_keep_running"]
-            await trio.sleep(0.01)
-            await trio.testing.wait_all_tasks_blocked()
-            assert actor.parked and actor_tasks(nursery) == []
-            nursery.cancel_scope.cancel()
+    async with supervised(Sleeper()) as (nursery, sup, actor):
+        actor.tell(("background", 7.5))
+        await trio.sleep(7)
+        assert not actor.parked and len(actor.tasks.child_tasks) == 1
+        await trio.sleep(1.49)  # the work ended at 7.5: idle from then on, the actor parks at 8.5
+        assert not actor.parked and not actor.tasks.child_tasks
+        assert actor_tasks(nursery) == ["_keep_running"]
+        await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.parked and actor_tasks(nursery) == []
 
 
 async def test_a_parked_actor_stops_at_its_deadline_and_the_registry_forgets_it(autojump_clock):
@@ -314,14 +299,11 @@ async def test_a_parked_actor_stops_at_its_deadline_and_the_registry_forgets_it(
 
 
 async def test_a_wake_does_not_lend_the_wakers_context_to_the_actor(autojump_clock):
-    with trio.fail_after(100):
-        async with trio.open_nursery() as nursery:
-            actor = await Supervisor(nursery).start(Sleeper())
-            await trio.sleep(5)
-            assert actor.parked
-            VAR.set("the request's")  # as the hub's request middleware sets the crossings counter
-            assert await actor.ask(("var",), timeout=1) == "unset"
-            nursery.cancel_scope.cancel()
+    async with supervised(Sleeper()) as (nursery, sup, actor):
+        await trio.sleep(5)
+        assert actor.parked
+        VAR.set("the request's")  # as the hub's request middleware sets the crossings counter
+        assert await actor.ask(("var",), timeout=1) == "unset"
 
 
 async def test_an_online_device_between_heartbeats_has_no_task_and_the_timer_marks_it_offline(autojump_clock):
