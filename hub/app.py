@@ -69,7 +69,9 @@ def _answer_plain_data_as_is(app: QuartTrio) -> None:
 
 
 def create_app(services: Services) -> QuartTrio:
-    app = QuartTrio("fleethub")
+    # no static_folder: Quart's default /static/<path> route served nothing of ours (the console has
+    # its own, hub/console/pages.py) and answered a path the file system refused with a 500
+    app = QuartTrio("fleethub", static_folder=None)
     app.config["SERVICES"] = services
     app.config["MAX_CONTENT_LENGTH"] = 1024 * 1024
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True

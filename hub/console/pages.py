@@ -125,7 +125,11 @@ async def rollout_page(rollout_id: str):
 @public
 @hide
 async def static_file(name: str):
-    # send_from_directory refuses paths that leave STATIC (.., absolute)
-    response = await send_from_directory(STATIC, name)
+    # send_from_directory refuses paths that leave STATIC (.., absolute); a name the file system
+    # cannot even look up (longer than NAME_MAX, say) is no such file either, not a server error
+    try:
+        response = await send_from_directory(STATIC, name)
+    except (OSError, ValueError):
+        raise NotFound("no such file") from None
     response.headers["Cache-Control"] = "no-cache"  # revalidated each load: no stale module after an upgrade
     return response

@@ -13,8 +13,9 @@ negative numbers, NaN and Infinity, overlong strings. Each goes to
 - the headers every request may carry (request id, organisation, token id, CSRF token), not ASCII
   or overlong.
 
-Operations are read from the document at run time, so a new operation is covered without touching
-this file; each gets the first credential (PAT, dashboard session, service-account token, tunnel
+Operations are read from the document at run time, and the routes it leaves out (``@hide``: the
+console's pages and its JSON API) from the app's URL map, so a new operation is covered without
+touching this file; each gets the first credential (PAT, dashboard session, service-account token, tunnel
 token) that its plain request does not refuse with 401/403. Server-sent event streams and WebSockets
 are left out, as tests/api/test_fuzz_openapi.py does.
 """
@@ -192,6 +193,29 @@ def operations(doc: dict, ids: dict[str, str]) -> list[Operation]:
     return out
 
 
+def hidden_operations(services) -> list[Operation]:
+    """The routes /v1/openapi.json leaves out (``@hide``), from the URL map of an app built like the
+    hub's; their query parameters from the model each view validates its query string with."""
+    from quart_schema.openapi import QUART_SCHEMA_HIDDEN_ATTRIBUTE
+    from quart_schema.validation import QUART_SCHEMA_QUERYSTRING_ATTRIBUTE
+
+    from hub.app import create_app
+
+    app = create_app(services)
+    exclude = re.compile(EXCLUDE)
+    out = []
+    for rule in app.url_map.iter_rules():
+        view = app.view_functions[rule.endpoint]
+        path = re.sub(r"<(?:[a-z]+:)?([^>]+)>", r"{\1}", rule.rule)
+        if not getattr(view, QUART_SCHEMA_HIDDEN_ATTRIBUTE, False) or exclude.search(path):
+            continue
+        model = getattr(view, QUART_SCHEMA_QUERYSTRING_ATTRIBUTE, None)
+        query = [f.alias or name for name, f in model.model_fields.items()] if model is not None else []
+        for method in sorted(rule.methods & {m.upper() for m in METHODS}):
+            out.append(Operation(method, path, query, list(rule.arguments), None, None))
+    return out
+
+
 def _url(op: Operation, fx: Fixture, hostile: tuple[str, str] | None = None) -> str:
     """The operation's path with real ids (GET, PUT, PATCH) or unknown ones (POST, DELETE: the fuzz
     must not delete its own fixtures or reboot its device), and ``hostile`` = (param, raw value)."""
@@ -275,13 +299,18 @@ async def fixture(hub, nursery, tmp_path) -> Fixture:
     await start_agent(nursery, hub.base_url, token, tmp_path / "agent")
     r = await hub.call("POST", "/v1/configurations", json={"name": "fuzz-config", "spec": {"a": 1}})
     config_id = r.json()["data"]["id"]
+    r = await hub.call("POST", f"/v1/configurations/{config_id}/secret-files",
+                       json={"path": "/etc/fuzz/key", "content_base64": "ZnV6eg=="})
+    assert r.status_code == 201, r.text
+    file_id = r.json()["data"]["id"]
     browser = await sign_in(hub)
     session = {"Cookie": browser.cookie, "X-CSRF-Token": browser.csrf, "X-Organization-ID": hub.org_id}
     service = await bearer(hub, "billing_viewer")
     r = await hub.call("POST", "/v1/cli/tunnel/token")
     assert r.status_code in (200, 201), r.text
     tunnel = {"Authorization": f"Bearer {r.json()['data']['token']}", "X-Organization-ID": hub.org_id}
-    ids = {"fleets": fleet_id, "devices": device_id, "configurations": config_id, "members": str(hub.user_id)}
+    ids = {"fleets": fleet_id, "devices": device_id, "configurations": config_id, "members": str(hub.user_id),
+           "secret-files": file_id}
     return Fixture(ids, [hub.headers, session, service, tunnel])
 
 
@@ -293,6 +322,9 @@ async def test_hostile_values_never_answer_5xx(nursery, db_url, tmp_path, caplog
         doc = (await client.get(hub.base_url + "/v1/openapi.json")).json()
         ops = operations(doc, fx.ids)
         assert len(ops) > 60, [f"{o.method} {o.path}" for o in ops]  # the whole document, not a sample
+        hidden = hidden_operations(hub.services)
+        assert {"/console/api/usage-daily", "/console/{page}"} <= {o.path for o in hidden}, hidden
+        ops += hidden
         all_cases: list[Case] = []
         for op in ops:
             op.auth = await _probe_auth(client, hub.base_url, op, fx)
