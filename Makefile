@@ -21,16 +21,18 @@ run: $(STAMP)
 # (a balancer in front of three nodes in tests/cluster/test_haproxy.py),
 # memtester (the memory-test benchmark's reference) and OpenSSH (ssh and scp through the tunnel:
 # the tests start their own sshd), Chromium (the console's browser tests drive it with Playwright; Playwright
-# cannot download its own browser here). Installed when missing and apt-get is there.
+# cannot download its own browser here), wrk (the HTTP load generator of bench/http_ratio.py, auth_overhead.py and
+# cluster.py; without it they fall back to bench/_httpload.py, which takes a core of its own on two).
+# Installed when missing and apt-get is there.
 system-deps:
 	@command -v turnserver >/dev/null && { command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ]; } && { command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ]; } && command -v memtester >/dev/null && command -v ssh >/dev/null && \
-	  [ -x /usr/bin/chromium ] && \
+	  [ -x /usr/bin/chromium ] && command -v wrk >/dev/null && \
 	  { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || \
 	  { command -v apt-get >/dev/null && \
 	    { [ "$$(id -u)" = 0 ] && SUDO= || SUDO=sudo; \
-	      $$SUDO apt-get install -y -q coturn nats-server haproxy memtester openssh-server openssh-client chromium >/dev/null 2>&1 || \
-	      { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q coturn nats-server haproxy memtester openssh-server openssh-client chromium >/dev/null; }; } ; } || \
-	  echo "note: coturn/memtester/openssh/chromium not installed; the TURN, ssh and browser tests will say so"
+	      $$SUDO apt-get install -y -q coturn nats-server haproxy memtester openssh-server openssh-client chromium wrk >/dev/null 2>&1 || \
+	      { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q coturn nats-server haproxy memtester openssh-server openssh-client chromium wrk >/dev/null; }; } ; } || \
+	  echo "note: coturn/memtester/openssh/chromium/wrk not installed; the TURN, ssh and browser tests will say so"
 	@# the Debian package starts a system coturn where systemd runs; the tests start their own
 	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now coturn >/dev/null 2>&1; } || true
 	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now nats-server >/dev/null 2>&1; } || true
