@@ -220,6 +220,9 @@ async def _serve(s, ws, device_id: uuid.UUID, address: str | None = None) -> Non
                         if frame.kind == "tunnel.usage":
                             await s.tunnels.on_usage(device_id, frame.payload, usage_slots)  # hub/tunnels/sessions.py
                         await _deliver(s, actor, device_id, DeviceEvent(frame.kind, frame.payload))
+                # Let go of the last frame before waiting for the next: this frame lives as long as the
+                # link, and a heartbeat held here until the next one is 2.4 KiB a device (memory_profile.py)
+                event = frame = waiting = None
         finally:
             subscription.close()
             if s.links.get(device_id) is link:
