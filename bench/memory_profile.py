@@ -1,6 +1,6 @@
 """Where a connected device's memory goes in the hub: tracemalloc and object counts per device.
 
-    python bench/memory_profile.py [--devices 2000] [--top 25] [--reconnect]
+    python bench/memory_profile.py [--devices 2000] [--top 25] [--reconnect] [--settle 3] [--frames 1]
     python bench/memory_profile.py --gc-pauses [--devices 15000] [--hold 30]
 
 Not a benchmark (tracemalloc slows the hub and adds its own memory): an explanation of capacity.py's
@@ -8,7 +8,10 @@ KiB/device. The hub runs in this process (``hub.server.run_hub``, embedded Postg
 under tracemalloc; the devices (``device_client.agent.Agent``) run in a bench/_simworker.py process.
 After they are all linked, the snapshot difference is grouped by source line and by file, divided by
 the number of devices, and the live objects are counted by type (also per device), and so are the live
-trio tasks by name. ``--reconnect`` then drops every link and makes it again, and shows what the first
+trio tasks by name. ``--settle`` is how long the snapshot waits after the last link (idle actors park
+after a second; the background work a link starts takes longer with many devices), ``--frames N``
+keeps N frames per allocation and also groups the difference by whole traceback: who allocated what
+stays, not only the line that did. ``--reconnect`` then drops every link and makes it again, and shows what the first
 links left behind. ``--gc-pauses`` (no tracemalloc) instead times every cyclic-GC collection of the hub
 process while the devices connect and then hold: with hundreds of thousands of long-lived objects a full
 (generation 2) collection stops the event loop for as long as it takes.
@@ -149,16 +152,23 @@ async def main(args) -> None:
             (sim_root / "d1.json").write_text(json.dumps(devices[1:]))
             t0 = time.monotonic()
             await trio.to_thread.run_sync(partial(worker.request, {"cmd": "add", "devices_file": str(sim_root / "d1.json")}, 600))
-            with trio.fail_after(120):
+            with trio.fail_after(max(120, args.devices * 0.2)):  # slower with --frames
                 while len(services.links) < args.devices:
                     await trio.sleep(0.2)
-            log(f"{args.devices} linked in {time.monotonic() - t0:.1f}s; settling")
-            await trio.sleep(3)
+            log(f"{args.devices} linked in {time.monotonic() - t0:.1f}s; settling {args.settle:g} s")
+            await trio.sleep(args.settle)
             counts1, tasks1 = type_counts(), task_census()
             snap1 = tracemalloc.take_snapshot()
             n = args.devices - 1
             flt = [tracemalloc.Filter(False, tracemalloc.__file__)]
             snap0, snap1 = snap0.filter_traces(flt), snap1.filter_traces(flt)
+            by_traceback = []
+            if args.frames > 1:
+                by_traceback += ["", f"by traceback (KiB/device; the {args.frames} innermost frames, outermost first):"]
+                for st in snap1.compare_to(snap0, "traceback")[:args.top]:
+                    by_traceback.append(f"  {st.size_diff / n / 1024:7.2f}  {st.count_diff / n:6.1f} blocks")
+                    by_traceback += [f"           {fr.filename.split('site-packages/')[-1]}:{fr.lineno}"
+                                     for fr in st.traceback]
             total = sum(s.size_diff for s in snap1.compare_to(snap0, "filename"))
             lines = [f"tracemalloc: +{total / n / 1024:.1f} KiB of Python allocations per device "
                      f"({n} devices)", "", "by file (KiB/device):"]
@@ -170,6 +180,7 @@ async def main(args) -> None:
                 fr = s.traceback[0]
                 lines.append(f"  {s.size_diff / n / 1024:7.2f}  {s.count_diff / n:6.1f} blocks  "
                              f"{fr.filename.split('site-packages/')[-1]}:{fr.lineno}")
+            lines += by_traceback
             lines += ["", "live objects per device, by type:"]
             diff = counts1 - counts0
             for name, c in diff.most_common(args.top):
@@ -177,14 +188,14 @@ async def main(args) -> None:
             if args.reconnect:
                 # every link dropped and made again: what is still there that was not before
                 await trio.to_thread.run_sync(worker.stop)
-                with trio.fail_after(120):
+                with trio.fail_after(max(120, args.devices * 0.2)):  # slower with --frames
                     while services.links:
                         await trio.sleep(0.2)
                 await trio.sleep(2)
                 worker = Worker("agent", "--hub", base_url, "--data-dir", str(sim_root), name="mem-sim2")
                 (sim_root / "all.json").write_text(json.dumps(devices))
                 await trio.to_thread.run_sync(partial(worker.request, {"cmd": "add", "devices_file": str(sim_root / "all.json")}, 600))
-                with trio.fail_after(120):
+                with trio.fail_after(max(120, args.devices * 0.2)):  # slower with --frames
                     while len(services.links) < args.devices:
                         await trio.sleep(0.2)
                 await trio.sleep(3)
@@ -234,9 +245,11 @@ if __name__ == "__main__":
     p.add_argument("--hold", type=float, default=30.0, help="with --gc-pauses: seconds held after connecting")
     p.add_argument("--gc-freeze", type=float, default=0.0,
                    help="with --gc-pauses: call gc.freeze() in the hub every this many seconds (a candidate fix)")
+    p.add_argument("--settle", type=float, default=3.0, help="seconds between the last link and the snapshot")
+    p.add_argument("--frames", type=int, default=1, help="frames kept per allocation; above 1 also by traceback")
     p.add_argument("--write", action="store_true", help="write the figures into bench/RESULTS.md")
     a = p.parse_args()
     a.facts = machine_facts()
     if not a.gc_pauses:
-        tracemalloc.start(1)
+        tracemalloc.start(max(1, a.frames))
     trio.run(main, a)
