@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,13 +12,9 @@ from typing import IO
 
 import pytest
 
+from tests.ports import free_ports
+
 TURNSERVER = "/usr/bin/turnserver"
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -28,8 +23,8 @@ def running_coturn(where: Path, secret: str) -> Iterator[tuple[int, subprocess.P
     binary = shutil.which("turnserver") or (TURNSERVER if Path(TURNSERVER).exists() else None)
     if binary is None:
         pytest.fail("turnserver is not installed: install the Debian package coturn (make system-deps)")
-    port = free_udp_port()
-    relay_low = 40000 + (port % 20000)
+    port = free_ports(2)  # its listening port and the alternative one (RFC 5780), port + 1
+    relay_low = free_ports(51)  # the relay ports, --min-port to --max-port
     with open(where / "coturn.log", "w+") as log:
         proc = subprocess.Popen(
             [binary, "-n", "--no-cli", "--log-file=stdout", "--simple-log", "--listening-ip=127.0.0.1",

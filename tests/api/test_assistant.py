@@ -20,6 +20,7 @@ from tests.api.upstream_fake import (
     tool_call_chunks,
 )
 from tests.hubtools import assert_error, start_hub, wait_for
+from tests.ports import free_port
 
 
 async def _hub_with_model(nursery, db_url, tmp_path, model: FakeModel | None = None, **settings):
@@ -138,10 +139,7 @@ async def test_upstream_failure_before_the_first_chunk_is_502(nursery, db_url, t
 
 async def test_unreachable_upstream_is_502(nursery, db_url, tmp_path):
     with trio.fail_after(30):
-        sock = trio.socket.socket()
-        await sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        sock.close()  # nothing listens here now
+        port = free_port()  # nothing listens there
         hub = await start_hub(nursery, db_url, tmp_path, assistant_upstream=f"http://127.0.0.1:{port}/v1")
         browser = await sign_in(hub)
         assert_error(await browser.chat(question="anything"), 502, "upstream_failed")

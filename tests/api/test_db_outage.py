@@ -9,10 +9,11 @@ import trio
 
 from storage.embedded import EmbeddedPostgres
 from tests.hubtools import assert_error, start_hub, wait_for
+from tests.ports import free_port
 
 
 async def test_database_outage_and_recovery(nursery, tmp_path):
-    pg = EmbeddedPostgres(tmp_path / "pg")
+    pg = EmbeddedPostgres(tmp_path / "pg", port=free_port())  # free for the restart too (tests/ports.py)
     await trio.to_thread.run_sync(pg.start)
     try:
         with trio.fail_after(120):

@@ -22,6 +22,7 @@ from tests.api.test_rollouts import config, fleet_with_agents, rollout_state
 from tests.api.test_tunnels import entitle
 from tests.e2e.killtools import COUNTING_WORKLOAD, EchoServer, workload_starts
 from tests.hubtools import assert_error, metric_value, metrics, start_agent, start_hub, wait_for
+from tests.ports import free_port
 from webrtc.client import Credentials, run_tunnel
 
 OUTAGE = 62.0  # seconds PostgreSQL is down: over the supervisor's 60 s escalation window
@@ -44,7 +45,7 @@ async def echo(port: int, payload: bytes) -> bytes:
 
 
 async def test_postgresql_down_a_minute_mid_rollout_and_mid_tunnel(nursery, tmp_path, loopback_ice, request):
-    pg = EmbeddedPostgres(tmp_path / "pg")
+    pg = EmbeddedPostgres(tmp_path / "pg", port=free_port())  # free for the restart too (tests/ports.py)
     await trio.to_thread.run_sync(pg.start)
     echo_server = EchoServer()
     request.addfinalizer(echo_server.close)

@@ -249,8 +249,10 @@ def test_assistant_streams_an_answer(page, console, screenshots):
     page.click("#chat-form button[type=submit]")
     answer = page.locator("#chat li.assistant")
     answer.wait_for()
-    page.wait_for_function("document.querySelector('#chat li.assistant').textContent.length > 0")
-    page.wait_for_function("!document.querySelector('#chat-form button[type=submit]').disabled")
+    # functions, not expressions: Playwright evaluates an expression again at every poll, which the
+    # CSP without 'unsafe-eval' refuses; a function is evaluated once (the first poll may not be the last)
+    page.wait_for_function("() => document.querySelector('#chat li.assistant').textContent.length > 0")
+    page.wait_for_function("() => !document.querySelector('#chat-form button[type=submit]').disabled")
     assert page.locator("#chat-form .notice.error").count() == 0
     assert answer.text_content().strip()
     page.screenshot(path=screenshots / "console-assistant.png")

@@ -11,13 +11,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from tests.ports import free_port
+
 NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class NatsServer:

@@ -27,6 +27,7 @@ from device_client.clock import TestClock
 from device_client.state import StateFile
 
 from device_fakehub import FakeHub
+from tests.ports import free_port
 
 FAST = dict(backoff_initial=0.01, backoff_max=0.04)
 
@@ -265,9 +266,7 @@ async def test_reconnects_after_the_hub_drops_the_link(hub, nursery, tmp_path):
 
 async def test_unreachable_hub_backs_off(nursery, tmp_path):
     with trio.fail_after(5):
-        with trio.socket.socket() as s:  # a port that was free a moment ago: connection refused
-            await s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()  # nothing listens there: connection refused
         agent = Agent(f"http://127.0.0.1:{port}", "tok", tmp_path / "dev", **FAST)
         nursery.start_soon(agent.run)
         while agent.statistics().link_failures < 3:

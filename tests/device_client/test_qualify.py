@@ -3,8 +3,10 @@ broken device fails exactly the rules it breaks, with evidence."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
+import re
 
 import pytest
 import trio
@@ -107,15 +109,19 @@ async def test_a_broken_device_fails_the_rules_it_breaks(nursery):
 
 async def test_a_device_that_comes_straight_back_fails_exactly_the_backoff_rules(nursery, tmp_path, caplog):
     # Our agent with no backoff to speak of: it keeps every other rule, so only X1 (an immediate
-    # reconnect loop after 4002) and X2 (back at once after 4001) may fail.
+    # reconnect loop after 4002) and X2 (back at once after 4001) may fail. X1 measures the time away
+    # on the wall clock, and each of its 6 reconnects (connect, handshake, hello) takes a few ms on
+    # an idle machine but tens when other tests share the cores: the kit's default least total of
+    # 1 s, not FAST's 0.1 s (which suits FAST's patient agents), keeps that out of the verdict.
     with trio.fail_after(60):
         async def impatient(url):
             await Agent(url, TOKEN, tmp_path / "agent", backoff_initial=0.001, backoff_max=0.001,
                         superseded_backoff=0.0).run()
 
-        verdicts = await _qualify(nursery, impatient)
+        verdicts = await _qualify(nursery, impatient, dataclasses.replace(FAST, backoff_min_total=1.0))
         assert {k for k, v in verdicts.items() if not v.passed} == {"X1", "X2"}
-        assert "away 0.0" in verdicts["X1"].evidence and "at least 0.1 s" in verdicts["X1"].evidence
+        away = re.search(r"away (\d+\.\d+) s in all \(at least 1 s\)", verdicts["X1"].evidence)
+        assert away and float(away.group(1)) < 1.0, verdicts["X1"].evidence
         assert "after close 4001 (at least 1 s)" in verdicts["X2"].evidence
         # the kit ended its last link with a close code, not a dropped socket
         await wait_for_log(caplog, "the hub closed the link (1000): qualification finished")
@@ -237,14 +243,11 @@ async def test_a_first_frame_the_hub_refuses_is_closed_as_the_hub_closes_it(nurs
 
 
 async def test_the_command_line_prints_each_rule_and_exits_0_for_our_agent(nursery, tmp_path, capsys):
-    import socket
-
     from hub.cli import build_parser
     from device_client.qualify.cli import main
+    from tests.ports import free_port
 
-    with socket.socket() as probe:  # a free port for --listen
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # for --listen
     args = build_parser().parse_args(["device-test", "--listen", f"127.0.0.1:{port}", "--token", TOKEN,
                                       "--heartbeat", "0.5", "--superseded-wait", "1", "--reconnect-timeout", "10",
                                       "--backoff-min", "0.1", "--drain-window", "1"])

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import httpx
+
+from tests.ports import free_port  # noqa: F401 — the suite's free ports (tests/ports.py)
 
 
 def fleethub_exe() -> str:
@@ -23,12 +24,6 @@ def fleethub_exe() -> str:
     found = shutil.which("fleethub")
     assert found, "the fleethub console script is not installed in this environment"
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env() -> dict[str, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import json
-import socket
 import ssl
 from pathlib import Path
 
@@ -36,12 +35,6 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     return certfile, keyfile
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_https_http2_and_http3(tmp_path, procs):
     certfile, keyfile = self_signed(tmp_path)
     data = tmp_path / "hub"
@@ -49,7 +42,7 @@ def test_https_http2_and_http3(tmp_path, procs):
     run_cli_json(["admin", "--data-dir", str(data), "create-user", "ops@tls.test", "--org", org["id"],
                   "--role", "admin"])
     pat = run_cli_json(["admin", "--data-dir", str(data), "create-pat", "ops@tls.test"])
-    port, quic_port = free_port(), free_udp_port()
+    port, quic_port = free_port(), free_port()  # TCP, UDP (tests/ports.py: free over both)
     serve = procs("serve", ["serve", "--port", str(port), "--data-dir", str(data), "--certfile", str(certfile),
                             "--keyfile", str(keyfile), "--quic-port", str(quic_port)])
     base = f"https://127.0.0.1:{port}"
