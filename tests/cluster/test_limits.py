@@ -11,7 +11,6 @@ import uuid
 import trio
 
 from hub.auth.passwords import hash_password
-from hub.cluster import limits
 from storage.limits import ClusterLimits
 from tests.cluster.test_two_nodes import two_nodes
 from tests.hubtools import assert_error, wait_for
@@ -54,10 +53,16 @@ async def test_the_api_rate_limit_counts_requests_on_every_node(nats_server, db_
                                         uuid.UUID(a.org_id))
             for s in (a.services, b):
                 await s.invalidate(f"org:{a.org_id}")
-            # 6 on node A, then (after one sync round) 4 on node B use the hour's 10 between them
+            key = ("org", uuid.UUID(a.org_id))
+
+            def left(s) -> int:  # what a node's limiter leaves of the hour's 10, counting what it learnt
+                return s.rate_limiter.peek(key, 10, s.clock.now()).remaining
+
+            # 6 on node A, then (once A wrote its count and B read it: a sync round of each, ~1 s apiece,
+            # longer on a loaded machine) 4 on node B use the hour's 10 between them
             for _ in range(6):
                 assert (await a.call("GET", "/v1/devices")).status_code == 200
-            await trio.sleep(2.5 * limits.SYNC_SECONDS)  # A wrote its count, B read it
+            await wait_for(lambda: left(b) == 4, timeout=15)
             remaining = []
             for _ in range(4):
                 r = await a.client.get(b_url + "/v1/devices", headers=a.headers)
@@ -66,7 +71,7 @@ async def test_the_api_rate_limit_counts_requests_on_every_node(nats_server, db_
             assert remaining == [3, 2, 1, 0]  # B counts A's six
             r = await a.client.get(b_url + "/v1/devices", headers=a.headers)
             assert_error(r, 429, "rate_limited")
-            await trio.sleep(2.5 * limits.SYNC_SECONDS)
+            await wait_for(lambda: left(a.services) == 0, timeout=15)
             r = await a.call("GET", "/v1/devices")  # and A counts B's four
             assert_error(r, 429, "rate_limited")
             nursery.cancel_scope.cancel()
