@@ -20,61 +20,38 @@ from actors.device import GetLive
 from actors.errors import ActorCrashed, ActorStopped, Conflict
 from actors.machines.connection import Heartbeat
 from actors.runtime import Actor, Escalation, Registry, Supervisor
+from tests.actors.test_runtime import Probe
 from tests.actors.test_device_actor import SETTINGS, connect, hub, state_event
 
 
-class Boom(Exception):
-    """A bug inside an actor."""
-
-
-class Sleeper(Actor):
-    """Keeps what it saw in memory (which a restart, not a park, would lose: ``on_start`` clears it)."""
+class Sleeper(Probe):
+    """tests/actors/test_runtime.py's Probe that keeps what it saw in memory (which a restart, not a
+    park, would lose: ``on_start`` clears it), with deadlines, a time to stop and a few more messages."""
 
     mailbox_size = 16
 
     def __init__(self, key="sleeper", *, deadlines: list[float] | None = None, stop_at: float = math.inf) -> None:
         super().__init__(key)
-        self.starts: list[float] = []
-        self.seen: list = []
-        self.fired: list[float] = []
         self.deadlines = deadlines or []
-        self.active = 0
-        self.max_active = 0
         self.stop_at = stop_at
         self.running_seen = 0  # the most actor tasks the supervisor ran while this one handled a message
 
     async def on_start(self) -> None:
-        self.starts.append(trio.current_time())
+        await super().on_start()
         self.seen = []
 
     async def receive(self, msg):
-        self.active += 1
-        self.max_active = max(self.max_active, self.active)
         self.running_seen = max(self.running_seen, self._supervisor.running)
-        try:
-            kind, *args = msg
-            if kind == "echo":
-                self.seen.append(args[0])
-                return args[0]
-            if kind == "sleep":
-                await trio.sleep(args[0])
-                self.seen.append(("slept", args[0]))
-                return None
-            if kind == "crash":
-                raise Boom("crash")
-            if kind == "refuse":
-                raise Conflict("not now")
-            if kind == "background":
-                self.tasks.start_soon(trio.sleep, args[0])
-                return None
-            if kind == "var":
-                return VAR.get()
-            if kind == "later":
-                self.deadlines[0] = args[0]
-                return None
-            raise TypeError(kind)
-        finally:
-            self.active -= 1
+        kind, *args = msg
+        if kind == "background":
+            self.tasks.start_soon(trio.sleep, args[0])
+            return None
+        if kind == "var":
+            return VAR.get()
+        if kind == "later":
+            self.deadlines[0] = args[0]
+            return None
+        return await super().receive(msg)  # echo, sleep, crash, refuse
 
     def next_deadline(self) -> float:
         return min(self.deadlines[0] if self.deadlines else math.inf, self.stop_at)
