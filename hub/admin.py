@@ -2,7 +2,8 @@
 
 Every command that changes access (create-user and its role, delete-user, set-tier, staff, keys)
 sends the same invalidation the API sends (``Services.invalidate``: PostgreSQL NOTIFY on
-``fleethub_auth``), so running hubs apply it to their very next request.
+``fleethub_auth``), so running hubs apply it as soon as the notification reaches them: milliseconds,
+not the auth cache's 30 s (a request already on its way may still see the old value).
 """
 
 from __future__ import annotations

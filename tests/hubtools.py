@@ -77,6 +77,18 @@ async def wait_for(predicate, *, timeout: float = 10.0, interval: float = 0.02) 
             await trio.sleep(interval)
 
 
+async def notifications_heard(hub: "Hub", *, timeout: float = 10.0) -> None:
+    """Wait until the running hub has heard every NOTIFY committed before this call (another
+    process's ``fleethub admin`` change, say). PostgreSQL delivers notifications in commit order, so
+    once a marker sent now has reached the hub's LISTEN connection, so has everything before it."""
+    from hub.services import AUTH_CHANNEL
+
+    marker = f"test-marker-{uuid.uuid4().hex}"
+    with hub.services.auth_cache.watch({marker}) as heard:
+        await hub.services.db.execute("SELECT pg_notify($1, $2)", AUTH_CHANNEL, marker)
+        await wait_for(lambda: heard.changed, timeout=timeout)
+
+
 # ---- helpers for the integration tests ------------------------------------------------------------
 
 FAST_BACKOFF = dict(backoff_initial=0.05, backoff_max=0.2)

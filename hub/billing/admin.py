@@ -1,6 +1,6 @@
 """``fleethub admin`` billing commands: profiles, prices and operator-set features, written straight
-to storage. A running hub sees profile and feature changes at once (the change is announced with
-Services.invalidate); prices are read on every billing request.
+to storage. A running hub sees profile and feature changes once the change's NOTIFY reaches it
+(announced with Services.invalidate; milliseconds); prices are read on every billing request.
 
     billing-profile ORG --plan P [--enterprise|--no-enterprise] [--anchor-day N] [--locked|--unlocked]
     billing-profiles                                   list every profile

@@ -3,18 +3,22 @@ database, and a service account's Bearer token."""
 
 from __future__ import annotations
 
-from tests.hubtools import Hub
+from tests.hubtools import Hub, notifications_heard
 
 
 async def admin(hub: Hub, tmp_path, *argv: str) -> dict:
-    """Run ``fleethub admin ARGV`` as the CLI does (its own services on the hub's database)."""
+    """Run ``fleethub admin ARGV`` as the CLI does (its own services on the hub's database); returns
+    once the running hub has heard the change's invalidation, as an operator's next command would
+    after the notification's delivery (milliseconds; longer on a loaded machine)."""
     from hub.admin import run_admin
     from hub.cli import build_parser
     from hub.settings import Settings
 
     args = build_parser().parse_args(["admin", *argv])
     settings = Settings(data_dir=tmp_path / "admin-cli", database_url=hub.services.settings.database_url)
-    return await run_admin(settings, args)
+    out = await run_admin(settings, args)
+    await notifications_heard(hub)
+    return out
 
 
 async def bearer(hub: Hub, relation: str = "billing_viewer") -> dict:

@@ -18,7 +18,7 @@ from hub.settings import Settings
 from hub.tunnels.tokens import TunnelTokens
 from storage.assistant import AssistantStore
 from tests.api.assistant_helpers import content, events, sign_in
-from tests.hubtools import assert_error, start_hub
+from tests.hubtools import assert_error, notifications_heard, start_hub
 
 SYSTEM = {"role": "system", "content": SYSTEM_PROMPT}
 
@@ -189,10 +189,12 @@ async def test_admin_commands_set_the_budget_and_the_staff_flag(nursery, db_url,
         assert out == {"org_id": hub.org_id, "monthly_tokens": 10, "soft_percent": 60}
         out = await run_admin(settings, cli("staff", email, "--on"))
         assert out["is_staff"] is True
+        await notifications_heard(hub)  # another process's change: the hub hears it by NOTIFY
         u = (await b.usage()).json()["data"]
         assert u["monthly_tokens"] == 10 and u["soft_limit_tokens"] == 6 and "upstream_cost" in u
         await _spend(hub, b.user_id, 10)
         assert_error(await b.chat(question="hi"), 402, "budget_exhausted")
         out = await run_admin(settings, cli("staff", email, "--off"))
         assert out["is_staff"] is False
+        await notifications_heard(hub)
         assert "upstream_cost" not in (await b.usage()).json()["data"]

@@ -239,9 +239,12 @@ def _unb64(text: str) -> bytes:
 async def test_open_sessions_expire_after_a_hub_restart(nursery, db_url, tmp_path):
     from tests.hubtools import open_hub, start_stoppable
 
+    # The grant outlasts the restart (a few seconds on a loaded machine), so the session is still
+    # open when the new hub resumes it; the expiry is then waited for, not assumed.
+    grant = 8.0
     with trio.fail_after(60):
         first = await start_stoppable(nursery, lambda inner: start_hub(
-            inner, db_url, tmp_path / "hub", command_timeout=COMMAND_TIMEOUT, tunnel_grant_seconds=3.0))
+            inner, db_url, tmp_path / "hub", command_timeout=COMMAND_TIMEOUT, tunnel_grant_seconds=grant))
         hub = first.value
         await entitle(hub)
         dev_id, device = await connect(hub, nursery)
@@ -252,7 +255,7 @@ async def test_open_sessions_expire_after_a_hub_restart(nursery, db_url, tmp_pat
         await first.stop()
         device.scope.cancel()
         # The same data dir: the same signing key, so the session's grant and token stay valid.
-        services, base_url = await open_hub(nursery, db_url, tmp_path / "hub", tunnel_grant_seconds=3.0)
+        services, base_url = await open_hub(nursery, db_url, tmp_path / "hub", tunnel_grant_seconds=grant)
         assert (await services.tunnels.store.get(sid))["state"] == "open"
         r = await hub.client.post(base_url + f"/v1/cli/tunnel/session/{sid}/renew", headers=bearer(token),
                                   json={"grant": data["grant"]})
@@ -261,4 +264,4 @@ async def test_open_sessions_expire_after_a_hub_restart(nursery, db_url, tmp_pat
         async def expired() -> bool:
             rows = [await services.tunnels.store.get(x) for x in (sid, untouched)]
             return all(row["state"] == "closed" and row["close_reason"] == "expired" for row in rows)
-        await wait_for(expired, timeout=10)  # the untouched one too: resumed at start, not by a request
+        await wait_for(expired, timeout=grant + 10)  # the untouched one too: resumed at start, not by a request

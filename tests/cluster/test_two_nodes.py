@@ -65,7 +65,7 @@ async def test_a_device_that_moves_to_node_b_is_let_go_by_node_a_and_stays_onlin
             dev = uuid.UUID(device_id)
             first = await start_agent(nursery, a.base_url, token, tmp_path / "agent-a")
             await wait_for(lambda: dev in a.services.links)
-            await wait_for(lambda: _online_at(a.services, device_id, "a"), timeout=5)
+            await wait_for(lambda: _online_at(a.services, device_id, "a"), timeout=20)
 
             # the same device (its token) now reaches node B: A closes its socket within a second
             second = await start_agent(nursery, b_url, token, tmp_path / "agent-b")
@@ -208,7 +208,7 @@ async def test_a_reboot_asked_of_node_b_is_done_by_node_a_holding_the_device(nat
             a, b_services, b_url = await two_nodes(nursery, db_url, data, nats_server.url)
             device_id, token = await a.provision("edge-1")
             agent = await start_agent(nursery, a.base_url, token, tmp_path / "agent")
-            await wait_for(lambda: _online_at(a.services, device_id, "a"), timeout=5)
+            await wait_for(lambda: _online_at(a.services, device_id, "a"), timeout=20)
             r = await a.client.post(f"{b_url}/v1/devices/{device_id}/reboot", headers=a.headers)
             assert r.status_code == 202, r.text
             actor = a.services.registry.lookup(("device", uuid.UUID(device_id)))
@@ -231,7 +231,7 @@ async def test_pause_and_resume_asked_of_node_b_reach_the_rollout_node_a_runs(na
             fid = (await a.call("POST", "/v1/fleets", json={"name": "f"})).json()["data"]["id"]
             dev, token = await a.provision("d0", fleet_id=fid)
             agent = await start_agent(nursery, a.base_url, token, tmp_path / "d0")
-            await wait_for(lambda: _online_at(a.services, dev, "a"), timeout=5)
+            await wait_for(lambda: _online_at(a.services, dev, "a"), timeout=20)
             # a long health-check grace: the device stays in flight, so the rollout is still running to pause
             slow = {**HEALTHY, "healthCheck": {"timeoutSeconds": 8, "graceSeconds": 4}}
             cid, _ = await config(a, "app", slow)
@@ -263,7 +263,7 @@ async def test_a_memory_test_started_read_and_cancelled_on_node_b_runs_on_the_de
             device_id, token = await a.provision("edge-mem")
             agent = await start_agent(nursery, a.base_url, token, tmp_path / "agent",
                                       memtest=MemtestConfig(budget=4 << 20))
-            await wait_for(lambda: _online_at(a.services, device_id, "a"), timeout=5)
+            await wait_for(lambda: _online_at(a.services, device_id, "a"), timeout=20)
             url = f"{b_url}/v1/devices/{device_id}/memory-test"
             r = await a.client.post(url, headers=a.headers, json={"quick": True})
             assert r.status_code == 202, r.text

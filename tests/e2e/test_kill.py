@@ -56,6 +56,11 @@ ICE = {"FLEETHUB_ICE_ADDRESSES": "127.0.0.1"}  # peers find each other on loopba
 HUB_ENV = {"FLEETHUB_HEARTBEAT_INTERVAL": "1", "FLEETHUB_DRAIN_WINDOW": "1",
            "FLEETHUB_TUNNEL_GRANT_SECONDS": str(GRANT_SECONDS), **ICE}
 DEVICE_ENV = {"FLEETHUB_AGENT_IGNORE_OWNER": "1", **ICE}  # unprivileged runs keep their own uid
+# Each device's update takes at least its health grace, so from "one succeeded, one updating" the
+# rollout has 2+ graces (8+ s) to go: room for the steps before the kill on a loaded machine. With
+# 1.5 s the rollout once finished first under 4 test workers, and the test proved nothing.
+SLOW_COUNTING_WORKLOAD = {**COUNTING_WORKLOAD,
+                          "healthCheck": {**COUNTING_WORKLOAD["healthCheck"], "graceSeconds": 4}}
 
 
 @pytest.fixture
@@ -166,7 +171,7 @@ def test_sigkill_mid_rollout_upload_memory_test_and_tunnel(tmp_path, kill_procs,
     for i in range(3):
         hub.create("fleets", {"name": f"spare-{i}"})
         hub.create("devices", {"name": f"shelf-{i}"})
-    cfg = hub.create("configurations", {"name": "app", "spec": {"workload": COUNTING_WORKLOAD}})
+    cfg = hub.create("configurations", {"name": "app", "spec": {"workload": SLOW_COUNTING_WORKLOAD}})
     cid, vid = cfg["id"], cfg["version"]["id"]
     hub.upload(f"/v1/configurations/{cid}", "/etc/app/config-key", os.urandom(3000))
     hub.upload(f"/v1/configurations/{cid}", "/etc/app/ca.pem", os.urandom(40_000))
