@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+# Test worker processes (pytest-xdist): the tests mostly wait on real servers and subprocesses, so 4
+# keep two cores busy; `make test TEST_WORKERS=0` runs the suite in one process.
+TEST_WORKERS ?= 4
 
 .PHONY: run test bench clean system-deps
 
@@ -41,7 +44,7 @@ system-deps:
 # The whole test suite (pytest exits 5 when it collects nothing, which fails here too),
 # then every benchmark at smoke size.
 test: $(STAMP) system-deps
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 	$(PY) bench/run_all.py --smoke
 
 # Benchmarks at full size; they update bench/RESULTS.md.
