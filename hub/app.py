@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 import trio
-from quart import Response, g, jsonify, request
+from quart import Request, Response, jsonify, request
 from quart_schema import QuartSchema
 from quart_schema.openapi import APIKeySecurityScheme, HttpSecurityScheme, Info
 from quart_trio import QuartTrio
@@ -45,10 +45,10 @@ def _body_for(exc: FleethubError) -> dict:
     return general_body(exc)
 
 
-def _body_consumed() -> bool:
-    if not (request.content_length or request.headers.get("Transfer-Encoding")):
+def _body_consumed(req: Request) -> bool:
+    if not (req.content_length or req.headers.get("Transfer-Encoding")):
         return True  # no body was sent
-    complete = getattr(getattr(request, "body", None), "_complete", None)
+    complete = getattr(getattr(req, "body", None), "_complete", None)
     return complete.is_set() if complete is not None and hasattr(complete, "is_set") else False
 
 
@@ -103,37 +103,41 @@ def create_app(services: Services) -> QuartTrio:
     app.register_blueprint(console.usage_bp)
     app.register_blueprint(console.deliveries_bp)
 
+    # Both hooks take the request and g as objects once (middleware.current: a read through Quart's
+    # proxies costs several times a plain attribute read, and these run on every request).
     @app.before_request
     async def _before() -> None:
-        g.started = trio.current_time()  # trio's clock: virtual under a test's autojump clock
-        g.request_id = request.headers.get("X-Request-ID") or str(fast_uuid4())
-        g.principal = None
-        g.org = None
-        g.crossings = [0]  # storage crossings this request makes (storage/db.py counts them)
-        crossings_counted.set(g.crossings)
-        await middleware.authenticate(services)
+        req, ctx = middleware.current()
+        ctx.started = trio.current_time()  # trio's clock: virtual under a test's autojump clock
+        ctx.request_id = req.headers.get("X-Request-ID") or str(fast_uuid4())
+        ctx.principal = None
+        ctx.org = None
+        ctx.crossings = [0]  # storage crossings this request makes (storage/db.py counts them)
+        crossings_counted.set(ctx.crossings)
+        await middleware.authenticate(services, req, ctx)
         # after authentication, so an anonymous caller still gets 401 and counts against its limit
-        validation.refuse_unstorable_request_text()
+        validation.refuse_unstorable_request_text(req)
 
     @app.after_request
     async def _after(response: Response) -> Response:
-        response.headers["X-Request-ID"] = getattr(g, "request_id", None) or str(fast_uuid4())
-        decision = middleware.answer_decision(services)
+        req, ctx = middleware.current()
+        response.headers["X-Request-ID"] = getattr(ctx, "request_id", None) or str(fast_uuid4())
+        decision = middleware.answer_decision(services, req, ctx)
         if decision is not None:
             response.headers.update(decision.headers())
-        if not _body_consumed():
+        if not _body_consumed(req):
             # Answered without reading the whole body (an auth error, a 405, a refusal): the
             # server stops reading a request whose body nobody consumes, so the connection cannot
             # carry another request — close it rather than leave the client's next request hanging.
             response.headers["Connection"] = "close"
-        started = getattr(g, "started", None)
-        rule = request.url_rule
-        counted = getattr(g, "crossings", None)
-        services.metrics.observe_request(request.method, response.status_code,
+        started = getattr(ctx, "started", None)
+        rule = req.url_rule
+        counted = getattr(ctx, "crossings", None)
+        services.metrics.observe_request(req.method, response.status_code,
                                          None if started is None else trio.current_time() - started,
                                          route=rule.rule if rule is not None else None,
                                          crossings=None if counted is None else counted[0])
-        middleware.audit(services, response.status_code)
+        middleware.audit(services, response.status_code, req, ctx)
         return response
 
     @app.errorhandler(FleethubError)

@@ -81,7 +81,17 @@ def pagination(page: int, limit: int, total: int) -> dict[str, int]:
     return {"page": page, "limit": limit, "total": total, "totalPages": math.ceil(total / limit) if limit else 0}
 
 
+# Values JSON takes as they are, by exact type: most of a row, so they skip the isinstance chain
+# below (jsonable runs over every answer's whole body).
+_AS_IS = frozenset({str, int, bool, float, type(None)})
+
+
 def jsonable(value: Any) -> Any:
+    kind = type(value)
+    if kind in _AS_IS:
+        return value
+    if kind is dict:
+        return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, dt.datetime):
         return rfc3339(value)
     if isinstance(value, uuid.UUID):

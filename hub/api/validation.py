@@ -20,7 +20,7 @@ from functools import wraps
 from typing import Any, TypeVar
 
 from pydantic import ConfigDict, BaseModel, ValidationError
-from quart import request
+from quart import Request, request
 from quart_schema import document_querystring, document_request, document_response
 
 from hub.errors import BadRequest
@@ -121,13 +121,13 @@ def json_object(raw: bytes, what: str = "the body") -> dict:
     return data
 
 
-def refuse_unstorable_request_text() -> None:
+def refuse_unstorable_request_text(req: Request) -> None:
     """Every request: a query string or path parameter with NUL or a lone surrogate is 400 before
     any view reads it (views read request.args in many ways; this is the one place for all)."""
-    for key, value in request.args.items(multi=True):
+    for key, value in req.args.items(multi=True):
         _reject_unstorable(key, "query", "invalid_query")
         _reject_unstorable(value, key, "invalid_query")
-    for key, value in (request.view_args or {}).items():
+    for key, value in (req.view_args or {}).items():
         _reject_unstorable(value, key, "invalid_path")
 
 

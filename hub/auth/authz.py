@@ -83,8 +83,9 @@ async def _caller_tuples(services, org=None, p=None) -> frozenset | None:
 
 
 async def authorize(services, relation: str, obj: Obj) -> None:
-    tuples = await _caller_tuples(services)
-    if tuples is None or holds(tuples, relation, obj, g.org.org_id):
+    ctx = g._get_current_object()  # one read through Quart's proxy, not three (hub/auth/middleware.py)
+    tuples = await _caller_tuples(services, ctx.org, ctx.principal)
+    if tuples is None or holds(tuples, relation, obj, ctx.org.org_id):
         return
     raise Forbidden(f"you need the {relation} relation on this {obj.type}", code="missing_relation")
 

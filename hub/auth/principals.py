@@ -18,7 +18,10 @@ class Principal:
 
     @property
     def credential_kind(self) -> str:
-        return {"pat": "pat", "bearer": "pat", "session": "session", "oauth": "service_account"}[self.via]
+        return _CREDENTIAL_KINDS[self.via]
+
+
+_CREDENTIAL_KINDS = {"pat": "pat", "bearer": "pat", "session": "session", "oauth": "service_account"}
 
 
 @dataclass(frozen=True)
