@@ -28,7 +28,9 @@ STUBBORN = """
 import os, signal, subprocess, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-open(sys.argv[1], "w").write(f"{os.getpid()} {child.pid}")
+with open(sys.argv[1] + ".tmp", "w") as f:  # whole or absent: the test reads it as soon as it exists
+    f.write(f"{os.getpid()} {child.pid}")
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
 while True:
     time.sleep(1)
 """
