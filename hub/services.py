@@ -328,6 +328,7 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                 await nursery.start(services.presence.run)
                 await nursery.start(services.devices.cache.keep_purged)  # expired rows leave when idle too
                 await nursery.start(services.audit_log.run)
+                await nursery.start(services.auth_cache.keep_fresh)  # credentials refreshed before expiry
                 await nursery.start(services.meter.run)
                 if serving:
                     await nursery.start(gc_tuning.run)

@@ -54,8 +54,9 @@ async def org_billing(s, org_id: uuid.UUID) -> OrgBilling:
             return cached
     done = loading[org_id] = trio.Event()
     try:
+        seen = s.auth_cache.generation  # a change announced while this loads: not kept (AuthCache.put)
         value = OrgBilling(await s.billing.profile(org_id), await s.billing.latest_features(org_id))
-        s.auth_cache.put(key, value, frozenset((tag(org_id),)))
+        s.auth_cache.put(key, value, frozenset((tag(org_id),)), seen=seen)
         return value
     finally:
         if loading.get(org_id) is done:
