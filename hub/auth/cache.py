@@ -79,6 +79,7 @@ class AuthCache:
         # do not happen, and an entry is loaded again by the first request after it expires)
         self._due: dict[Hashable, tuple[Callable, Callable]] | None = None
         self._refreshing: set[Hashable] = set()
+        self._loading: dict[Hashable, trio.Event] = {}  # key -> set when its load (a miss) is done
         self._wake = trio.Event()
 
     def get(self, key: Hashable) -> Any | None:
@@ -113,11 +114,26 @@ class AuthCache:
                 self._wake.set()
             return entry[2]
         self.misses += 1
-        seen = self.generation
-        value = await load()
-        if value is not None:
-            self.put(key, value, frozenset(tags(value)), seen=seen)
-        return value
+        # One load per key at a time: callers that miss while it is on its way wait for it (sixteen
+        # requests arriving together after an idle spell cost one crossing, not sixteen).
+        loading = self._loading.get(key)
+        if loading is not None:
+            await loading.wait()
+            entry = self._entries.get(key)
+            if entry is not None and trio.current_time() < entry[0]:
+                return entry[2]
+            # nothing kept (no such credential, or forgotten meanwhile): look for ourselves
+        done = self._loading[key] = trio.Event()
+        try:
+            seen = self.generation
+            value = await load()
+            if value is not None:
+                self.put(key, value, frozenset(tags(value)), seen=seen)
+            return value
+        finally:
+            if self._loading.get(key) is done:
+                del self._loading[key]
+            done.set()
 
     async def keep_fresh(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Load again, one at a time, the entries hits found close to their expiry (see the module

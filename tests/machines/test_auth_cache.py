@@ -74,6 +74,26 @@ async def test_many_callers_at_once_cost_one_refresh(cache, autojump_clock):
     assert load.calls == 2
 
 
+async def test_callers_that_miss_together_share_one_load(cache, autojump_clock):
+    load = Loads()
+    load.gate = trio.Event()
+    got = []
+
+    async def caller():
+        got.append(await cache.get_or_load("k", load, tags))
+
+    async with trio.open_nursery() as callers:
+        for _ in range(16):
+            callers.start_soon(caller)
+        await trio.sleep(0.1)
+        load.gate.set()
+    assert got == ["row-1"] * 16 and load.calls == 1
+    gone = Loads(None)  # nothing found is not kept: the next caller looks again
+    await cache.get_or_load("gone", gone, tags)
+    await cache.get_or_load("gone", gone, tags)
+    assert gone.calls == 2
+
+
 async def test_a_forget_during_a_load_keeps_nothing_of_what_was_read(cache, autojump_clock):
     load = Loads()
     load.gate = trio.Event()
