@@ -77,6 +77,22 @@ async def run_on(loop: asyncio.AbstractEventLoop, coro: Awaitable[T], *, cancel_
     return result[0].unwrap()
 
 
+def _finish_pending(loop: asyncio.AbstractEventLoop, grace: float = 2.0) -> None:
+    """What ``asyncio.run`` does as it ends, for a loop stopped by ``stop_loop_thread``: cancel the tasks
+    still pending and let them unwind (bounded), so that none is garbage-collected half-way through.
+    Without it, nats-py's subscription readers, left pending by ``close()``, were destroyed with the
+    loop ("Exception ignored in: <coroutine Subscription._wait_for_msgs>")."""
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.wait(pending, timeout=grace))
+        for task in pending:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: an error while unwinding is not worth a second report
+    loop.run_until_complete(loop.shutdown_asyncgens())
+
+
 def start_loop_thread(name: str, exception_handler: Any = None) -> tuple[asyncio.AbstractEventLoop, Any]:
     """A private asyncio loop running in a daemon thread (asyncpg, nats-py and aiortc each keep one):
     ``(loop, thread)`` once the loop runs. Sync: a thread start, no IO. ``stop_loop_thread`` ends it."""
@@ -93,7 +109,10 @@ def start_loop_thread(name: str, exception_handler: Any = None) -> tuple[asyncio
         box.append(loop)
         ready.set()
         loop.run_forever()
-        loop.close()
+        try:
+            _finish_pending(loop)
+        finally:
+            loop.close()
 
     thread = threading.Thread(target=main, name=name, daemon=True)
     thread.start()

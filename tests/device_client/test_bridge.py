@@ -91,3 +91,24 @@ async def test_the_wait_after_a_cancellation_is_bounded(loop):
         assert 0.3 <= trio.current_time() - started < 1.5
         stop.set()  # let it end before the loop does
         await trio.sleep(0.1)
+
+
+async def test_stopping_the_loop_thread_unwinds_the_tasks_still_pending():
+    """As ``asyncio.run`` ends: a task left pending (nats-py's subscription readers after ``close()``)
+    is cancelled and runs its cleanup, instead of being garbage-collected half-way with the loop."""
+    from device_client.bridge import start_loop_thread, stop_loop_thread
+
+    unwound = threading.Event()
+
+    async def reader():
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            unwound.set()
+
+    loop, thread = start_loop_thread("test-bridge")
+    loop.call_soon_threadsafe(lambda: loop.create_task(reader()))
+    await trio.sleep(0.1)
+    with trio.fail_after(10):
+        await stop_loop_thread(loop, thread, timeout=5)
+    assert unwound.is_set() and not thread.is_alive() and loop.is_closed()
