@@ -155,6 +155,8 @@ async def test_bad_token_is_refused_and_never_accepted(hub, nursery, tmp_path):
             return await gauge(hub, "fleethub_device_rejects_total") >= 2
 
         await wait_for(refused_twice, timeout=10)
+        # the hub counts a refusal before its answer reaches the agent: wait for the agent's own count
+        await wait_for(lambda: running.agent.statistics().link_failures >= 2, timeout=10)
         stats = running.agent.statistics()
         assert stats.links == 0 and not running.agent.connected and stats.link_failures >= 2
         assert "401" in stats.last_error
