@@ -8,8 +8,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-import trio
-
 from hub.billing import features
 from hub.errors import ClientError, Forbidden
 
@@ -39,29 +37,13 @@ def tag(org_id: uuid.UUID) -> str:
 
 
 async def org_billing(s, org_id: uuid.UUID) -> OrgBilling:
-    key = ("billing", org_id)
-    cached = s.auth_cache.get(key)
-    if cached is not None:
-        return cached
-    # One load per organisation at a time: thousands of devices linking at once after a restart
-    # all ask for their organisation's telemetry setting, and must not each cross into storage.
-    loading: dict = s.extras.setdefault("billing.loading", {})
-    waiting = loading.get(org_id)
-    if waiting is not None:
-        await waiting.wait()
-        cached = s.auth_cache.get(key)
-        if cached is not None:
-            return cached
-    done = loading[org_id] = trio.Event()
-    try:
-        seen = s.auth_cache.generation  # a change announced while this loads: not kept (AuthCache.put)
-        value = OrgBilling(await s.billing.profile(org_id), await s.billing.latest_features(org_id))
-        s.auth_cache.put(key, value, frozenset((tag(org_id),)), seen=seen)
-        return value
-    finally:
-        if loading.get(org_id) is done:
-            del loading[org_id]
-        done.set()
+    # One load per organisation at a time (AuthCache.get_or_load): thousands of devices linking at once
+    # after a restart all ask for their organisation's telemetry setting, and must not each cross into
+    # storage. A change announced while it loads is not kept.
+    async def load() -> OrgBilling:
+        return OrgBilling(await s.billing.profile(org_id), await s.billing.latest_features(org_id))
+
+    return await s.auth_cache.get_or_load(("billing", org_id), load, lambda _: (tag(org_id),))
 
 
 async def changed(s, org_id: uuid.UUID) -> None:
