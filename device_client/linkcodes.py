@@ -3,7 +3,7 @@ the reason text that comes with them.
 
 Each cause has its own code, so a device (and the person reading its log) can tell a link that was
 taken over by another holder of its token from one the hub dropped for silence or one refused for a
-bad frame. 4000-4999 are the application's (RFC 6455 section 7.4.2); 1001 and 1009 are RFC 6455's own.
+bad frame. 4000-4999 are the application's (RFC 6455 section 7.4.2); 1001, 1009 and 1011 are RFC 6455's own.
 The table is rendered into docs/device-protocol.md (device_client/protocol_schema.py).
 """
 
@@ -41,6 +41,7 @@ def drain_window(reason: str | None) -> float:
 class Close(IntEnum):
     GOING_AWAY = 1001  #: the device leaves (drained, shutting down)
     TOO_BIG = 1009  #: a frame over the receiver's limit
+    INTERNAL_ERROR = 1011  #: the hub could not serve the link (its database unreachable, an error of its own)
     SUPERSEDED = 4001  #: a newer connection with this device's token took over
     HEARTBEAT_TIMEOUT = 4002  #: no heartbeat for 3 intervals
     CREDENTIAL_REVOKED = 4003  #: the device's token was revoked or the device removed
@@ -64,6 +65,8 @@ CLOSE_RULES: tuple[CloseRule, ...] = (
               "(sender)"),
     CloseRule(Close.TOO_BIG, "either", "a frame was over the receiver's limit; the reason names the frame",
               "never send that frame again: trim it or drop it, then reconnect with backoff"),
+    CloseRule(Close.INTERNAL_ERROR, "hub", "the hub could not serve this link now (its database was not reachable, "
+              "or an error of its own); the reason says which", "reconnect with backoff"),
     CloseRule(Close.SUPERSEDED, "hub", "another connection with this device's token took over",
               f"wait at least {SUPERSEDED_BACKOFF:.0f} s (plus jitter) before reconnecting; if it happens "
               "again, two devices share one token: tell the operator"),

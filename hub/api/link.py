@@ -28,7 +28,8 @@ from typing import Any
 
 import trio
 from pydantic import BaseModel, ConfigDict
-from quart import Blueprint, websocket
+from quart import Blueprint
+from quart_schema import hide
 
 from actors.device import DeviceEvent, Hello
 from actors.machines.connection import Heartbeat, LinkDown, LinkUp
@@ -39,12 +40,12 @@ from device_client.link import EventReceived, HeartbeatReceived, HubSide, Protoc
 from device_client.link.hubside import HELLO_TIMEOUT, LinkClosedError
 from device_client.linkcodes import Close
 from hub import frames
-from hub.api.common import services
-from hub.auth.middleware import public
 from hub.api.validation import responds
+from hub.asgi_websocket import AsgiWebSocket
+from hub.auth.middleware import public
 from hub.auth.pat import digest
 from hub.cluster import presence as cluster_presence
-from hub.errors import DeviceError, DeviceOffline
+from hub.errors import DeviceError, DeviceOffline, FleethubError
 from hub.services import Link
 
 log = logging.getLogger("fleethub.link")
@@ -93,30 +94,21 @@ async def device_protocol():
     return _protocol_document()
 
 
-def _device_token() -> str | None:
-    scheme, _, value = websocket.headers.get("Authorization", "").partition(" ")
+def _device_token(ws: AsgiWebSocket) -> str | None:
+    scheme, _, value = (ws.header("Authorization") or "").partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
-@bp.websocket(p.LINK_PATH)
+@bp.get(p.LINK_PATH)
 @public
-async def device_link():
-    s = services()
-    token = _device_token()
-    row = await s.devices.find_by_token(digest(token)) if token else None
-    if row is None:
-        s.metrics.device_rejects += 1
-        return {"error": "unauthenticated", "message": "a valid device token is required"}, 401
-    device_id = row["id"]
-    del row, token  # this frame lives as long as the connection: keep nothing in it we don't need
-    await websocket.accept()
-    ws = websocket._get_current_object()  # used from bus handlers running in other tasks
-    address = websocket.remote_addr
-    await _serve(s, ws, device_id, address)
-    return None
+@hide  # not an operation of the REST API: docs/device-protocol.md is the link's contract
+async def device_link_without_upgrade():
+    """The device link is a WebSocket (docs/device-protocol.md): a plain GET is answered 426."""
+    raise FleethubError("GET /v1/device/link is the device link: open it as a WebSocket (docs/device-protocol.md)",
+                        code="upgrade_required", status=426)
 
 
-async def _feed(ws, side: HubSide) -> list[object]:
+async def _feed(ws: AsgiWebSocket, side: HubSide) -> list[object]:
     """One turn of the IO shell: read a frame (or wait out the side's deadline) and feed it."""
     deadline = side.deadline()
     message = None
@@ -136,7 +128,94 @@ async def _refuse(s, ws, device_id: uuid.UUID, violation: ProtocolViolation) -> 
     await ws.close(violation.code, violation.reason)
 
 
-async def _serve(s, ws, device_id: uuid.UUID, address: str | None = None) -> None:
+class _Session:
+    """What one live link keeps between frames, in slots: tens of thousands of links live for days, and
+    every closure, cell, lock and dict they would otherwise hold is counted per device
+    (bench/memory_profile.py). The send lock, the pending-command table and the tunnel.usage slots
+    exist only while they are used."""
+
+    __slots__ = ("_send_lock", "_usage_slots", "device_id", "pending", "side", "ws")
+
+    def __init__(self, ws: AsgiWebSocket, side: HubSide, device_id: uuid.UUID) -> None:
+        self.ws, self.side, self.device_id = ws, side, device_id
+        self.pending: dict[str, Reply] | None = None  # command id -> the caller waiting for its reply
+        self._send_lock: trio.Lock | None = None
+        self._usage_slots: trio.Semaphore | None = None
+
+    async def send(self, text: str) -> None:
+        # One sender at a time (the welcome here, commands from bus handlers in other tasks): wsproto
+        # makes each frame before hypercorn's own lock, and a compressed link's frames must go out in
+        # the order they were made. The lock is dropped once nobody holds it (trio hands a released
+        # lock straight to the next waiter, so "not locked" means nobody waits either).
+        lock = self._send_lock
+        if lock is None:
+            lock = self._send_lock = trio.Lock()
+        try:
+            async with lock:
+                await self.ws.send(text)
+        finally:
+            if self._send_lock is lock and not lock.locked():
+                self._send_lock = None
+
+    def usage_slots(self) -> trio.Semaphore:
+        """The bound on this link's tunnel.usage records in flight (made at the first one: few devices
+        have tunnels)."""
+        if self._usage_slots is None:
+            self._usage_slots = trio.Semaphore(USAGE_IN_FLIGHT)
+        return self._usage_slots
+
+    async def on_command(self, subject: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """The bus handler of ``cmd.<device_id>.>``: send the command, wait for the device's reply."""
+        command = p.Command(id=uuid.uuid4().hex, subject=subject, payload=payload)
+        try:
+            text = self.side.command(command)
+        except p.FrameTooLarge as exc:
+            # never sent: the device would close the link (1009); the caller hears why instead
+            raise DeviceError(str(exc), code="frame_too_large") from None
+        except LinkClosedError:
+            raise DeviceOffline("the device's link is closing") from None
+        pending = self.pending
+        if pending is None:
+            pending = self.pending = {}
+        reply = pending[command.id] = Reply()
+        try:
+            await self.send(text)
+            answer: p.Reply = await reply.wait()
+        finally:
+            pending.pop(command.id, None)
+            if not pending and self.pending is pending:
+                self.pending = None
+        if not answer.ok:
+            err = answer.error or p.ReplyError(code="internal", message="the device reported an error")
+            raise DeviceError(err.message or err.code, code=err.code)
+        return answer.payload or {}
+
+    def reply_received(self, reply: p.Reply) -> None:
+        waiting = self.pending.get(reply.id) if self.pending else None
+        if waiting is not None:
+            waiting.set(reply)
+
+    def fail_pending(self) -> None:
+        for waiting in (self.pending or {}).values():
+            waiting.fail(DeviceOffline("the device disconnected before answering"))
+
+
+async def device_link(s, ws: AsgiWebSocket) -> None:
+    """One device's link, from the upgrade to the close (served in front of Quart: hub/app.py HubApp).
+
+    One coroutine frame for the whole life of the link: this handler awaits the socket itself, with
+    no helper coroutine between, because every frame that waits is memory per connected device. An
+    error (the database unreachable, say) ends this link only: asgi_websocket.serve answers it."""
+    token = _device_token(ws)
+    row = await s.devices.find_by_token(digest(token)) if token else None
+    if row is None:
+        s.metrics.device_rejects += 1
+        await ws.refuse(401, {"error": "unauthenticated", "message": "a valid device token is required"})
+        return
+    device_id = row["id"]
+    del row, token  # this frame lives as long as the connection: keep nothing in it we don't need
+    await ws.accept()
+    address = ws.remote_addr
     # the limits are read now, not at import: tests lower them (frames.MAX_FRAME_BYTES, HELLO_TIMEOUT)
     side = HubSide(trio.current_time(), hello_timeout=HELLO_TIMEOUT, max_frame_bytes=frames.MAX_FRAME_BYTES)
     [first] = await _feed(ws, side)
@@ -144,35 +223,9 @@ async def _serve(s, ws, device_id: uuid.UUID, address: str | None = None) -> Non
         await _refuse(s, ws, device_id, first)
         return
     hello: p.Hello | None = first.hello  # type: ignore[attr-defined]
+    del first
     conn_id = uuid.uuid4().hex
-    pending: dict[str, Reply] = {}
-    send_lock = trio.Lock()
-    usage_slots = trio.Semaphore(USAGE_IN_FLIGHT)
-
-    async def send(text: str) -> None:
-        async with send_lock:
-            await ws.send(text)
-
-    async def on_command(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
-        command = p.Command(id=uuid.uuid4().hex, subject=subject, payload=payload)
-        try:
-            text = side.command(command)
-        except p.FrameTooLarge as exc:
-            # never sent: the device would close the link (1009); the caller hears why instead
-            raise DeviceError(str(exc), code="frame_too_large") from None
-        except LinkClosedError:
-            raise DeviceOffline("the device's link is closing") from None
-        reply = pending[command.id] = Reply()
-        try:
-            await send(text)
-            answer: p.Reply = await reply.wait()
-        finally:
-            pending.pop(command.id, None)
-        if not answer.ok:
-            err = answer.error or p.ReplyError(code="internal", message="the device reported an error")
-            raise DeviceError(err.message or err.code, code=err.code)
-        return answer.payload or {}
-
+    session = _Session(ws, side, device_id)
     actor = await s.device_actor(device_id)
     if s.links.get(device_id) is not None:
         # A takeover. Now and then it is a device back before its old socket was noticed dead; in a
@@ -181,7 +234,7 @@ async def _serve(s, ws, device_id: uuid.UUID, address: str | None = None) -> Non
         if delay:
             log.warning("device %s: another takeover of its link within a minute (from %s); accepting it in "
                         "%.0f s: two holders of one token?", device_id, address, delay)
-            await trio.sleep(delay)
+            await ws.hold(delay)  # a device that gives up meanwhile takes nothing over
     await cluster_presence.link_up(s, device_id)  # cluster: claim the link epoch, other nodes let go
     with trio.CancelScope() as scope:
         link = Link(device_id, conn_id, scope)
@@ -190,11 +243,11 @@ async def _serve(s, ws, device_id: uuid.UUID, address: str | None = None) -> Non
         if previous is not None:
             # the newest connection of a device wins
             previous.close(Close.SUPERSEDED, "another connection with this device's token took over")
-        subscription = s.bus.subscribe(p.subject(str(device_id), ">"), on_command)
+        subscription = s.bus.subscribe(p.subject(str(device_id), ">"), session.on_command)
         s.metrics.device_connects += 1
         try:
-            await send(side.welcome(deviceId=str(device_id), heartbeatInterval=s.settings.heartbeat_interval,
-                                    hubKeys=s.tunnels.grants.hub_keys, maxFrameBytes=MAX_FRAME_BYTES))
+            await session.send(side.welcome(deviceId=str(device_id), heartbeatInterval=s.settings.heartbeat_interval,
+                                            hubKeys=s.tunnels.grants.hub_keys, maxFrameBytes=MAX_FRAME_BYTES))
             facts = hello.model_dump(exclude={"type", "secretFileDigests", "retiredPages", "lastMemoryTest"})
             for name in KEPT_UNLESS_SENT:
                 if name not in hello.model_fields_set:
@@ -203,32 +256,37 @@ async def _serve(s, ws, device_id: uuid.UUID, address: str | None = None) -> Non
             await _deliver(s, actor, device_id, Hello(hello.secretFileDigests, hello.configVersionApplied,
                                                       {"lastMemoryTest": hello.lastMemoryTest,
                                                        "retiredPages": hello.retiredPages}))
-            hello = first = None  # held for the connection's lifetime otherwise: ~2 KiB a device, measured
+            hello = facts = None  # held for the connection's lifetime otherwise: ~2 KiB a device, measured
             while True:
-                for event in await _feed(ws, side):
+                if side.deadline() is None:
+                    # the read in this frame (not _feed's): a coroutine frame that waits is memory
+                    # per connected device. After the hello HubSide has no deadline to wait out.
+                    message = await ws.receive()
+                    events = side.receive(message, trio.current_time())
+                else:
+                    events = await _feed(ws, side)
+                for event in events:
                     if isinstance(event, ProtocolViolation):
                         await _refuse(s, ws, device_id, event)
                         return
                     if isinstance(event, ReplyReceived):
-                        waiting = pending.get(event.reply.id)
-                        if waiting is not None:
-                            waiting.set(event.reply)
+                        session.reply_received(event.reply)
                     elif isinstance(event, HeartbeatReceived):
                         await _deliver(s, actor, device_id, Heartbeat(conn_id))
                     elif isinstance(event, EventReceived):
                         frame = event.event
                         if frame.kind == "tunnel.usage":
-                            await s.tunnels.on_usage(device_id, frame.payload, usage_slots)  # hub/tunnels/sessions.py
+                            # hub/tunnels/sessions.py
+                            await s.tunnels.on_usage(device_id, frame.payload, session.usage_slots())
                         await _deliver(s, actor, device_id, DeviceEvent(frame.kind, frame.payload))
                 # Let go of the last frame before waiting for the next: this frame lives as long as the
                 # link, and a heartbeat held here until the next one is 2.4 KiB a device (memory_profile.py)
-                event = frame = waiting = None
+                message = events = event = frame = None
         finally:
             subscription.close()
             if s.links.get(device_id) is link:
                 del s.links[device_id]
-            for waiting in pending.values():
-                waiting.fail(DeviceOffline("the device disconnected before answering"))
+            session.fail_pending()
             # Also when this link was cancelled (a newer connection won): shielded, and bounded.
             with trio.move_on_after(LINK_DOWN_WITHIN) as link_down:
                 link_down.shield = True

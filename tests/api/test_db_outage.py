@@ -3,9 +3,14 @@ instead of hanging, and the hub recovers by itself (pool and LISTEN connection) 
 
 from __future__ import annotations
 
+import json
 import time
 
+import pytest
 import trio
+from trio_websocket import ConnectionRejected, open_websocket_url
+
+from device_client.agent import link_url
 
 from storage.embedded import EmbeddedPostgres
 from tests.hubtools import assert_error, start_hub, wait_for
@@ -30,6 +35,14 @@ async def test_database_outage_and_recovery(nursery, tmp_path):
             assert_error(r, 503, "database_unavailable")
             r = await hub.call("POST", "/v1/fleets", json={"name": "during-outage"})
             assert_error(r, 503, "database_unavailable")
+            # a device's link handshake is refused the same way (served in front of Quart:
+            # hub/asgi_websocket.py), and the hub goes on serving
+            with pytest.raises(ConnectionRejected) as refused:
+                async with open_websocket_url(link_url(hub.base_url),
+                                              extra_headers=[(b"authorization", b"Bearer dev_not-checked-yet")]):
+                    pass
+            assert refused.value.status_code == 503
+            assert json.loads(refused.value.body)["error"] == "database_unavailable"
             assert time.monotonic() - started < 10, "requests waited instead of failing fast"
             assert (await hub.client.get(hub.base_url + "/healthz")).status_code == 200, "the process is up"
 

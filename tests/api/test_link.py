@@ -7,6 +7,7 @@ connection winning, and commands that travel REST → actor → bus → socket �
 from __future__ import annotations
 
 import datetime as dt
+import json
 import random
 import uuid
 
@@ -186,6 +187,24 @@ async def test_first_frame_must_be_a_hello(hub):
             assert info.value.reason.code == 4400
         assert not await is_online(hub, dev_id)
         assert await gauge(hub, "fleethub_device_connects_total") == 0
+
+
+async def test_a_plain_get_of_the_link_is_426_and_the_refusal_has_a_json_body(hub):
+    """The link is served in front of Quart (hub/asgi_websocket.py); what is not a WebSocket still
+    gets the hub's own answer, and a refused handshake says why in JSON."""
+    with trio.fail_after(30):
+        dev_id, token = await hub.provision("plain")
+        r = await hub.client.get(link_url(hub.base_url).replace("ws://", "http://"),
+                                 headers={"Authorization": f"Bearer {token}"})
+        assert_error(r, 426, "upgrade_required")
+        assert r.headers["X-Request-ID"]
+        with pytest.raises(ConnectionRejected) as info:
+            async with open_websocket_url(link_url(hub.base_url), extra_headers=[(b"authorization", b"Bearer dev_x")]):
+                pass
+        assert info.value.status_code == 401
+        assert json.loads(info.value.body) == {"error": "unauthenticated",
+                                               "message": "a valid device token is required"}
+        assert not await is_online(hub, dev_id)
 
 
 async def test_newest_connection_wins(hub, nursery, tmp_path):
