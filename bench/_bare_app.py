@@ -3,8 +3,11 @@
     python bench/_bare_app.py --port P [--json FILE] [--framework]
 
     GET  /v1/devices/<id>   answers the JSON document in FILE (the hub's own answer, captured once)
-    WS   /ws                echoes every frame (the capacity comparison)
-    GET  /count             open WebSockets
+    WS   /ws                echoes every frame through Quart (the capacity comparison the issue names)
+    GET  /count             open WebSockets of /ws
+    WS   /ws-raw            the same echo on plain ASGI in front of Quart, as the hub serves its device
+                            link (hub/app.py HubApp): the transport's own floor
+    GET  /count-raw         open WebSockets of /ws-raw
     GET  /healthz
 
 No storage, no authentication, no actors: what is left is Quart-Trio + hypercorn + wsproto, which is
@@ -112,6 +115,37 @@ def _with_framework(app: QuartTrio, document: dict) -> QuartTrio:
     return app
 
 
+def below_quart(quart_app):
+    """WebSocket /ws-raw (and GET /count-raw) in plain ASGI, before Quart; everything else goes on to it."""
+    state = {"open": 0}
+
+    async def raw_echo(receive, send):
+        await receive()  # websocket.connect
+        await send({"type": "websocket.accept"})
+        state["open"] += 1
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                await send({"type": "websocket.send", "text": message.get("text"), "bytes": message.get("bytes")})
+        finally:
+            state["open"] -= 1
+
+    async def app(scope, receive, send):
+        if scope["type"] == "websocket" and scope["path"] == "/ws-raw":
+            await raw_echo(receive, send)
+        elif scope["type"] == "http" and scope["path"] == "/count-raw":
+            body = json.dumps({"open": state["open"]}).encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+        else:
+            await quart_app(scope, receive, send)
+
+    return app
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
@@ -119,7 +153,7 @@ def main() -> None:
     p.add_argument("--framework", action="store_true", help="the hub's framework set-up, none of its logic")
     args = p.parse_args()
     document = json.loads(Path(args.json).read_text()) if args.json else {"data": {"id": "x"}}
-    app = create_app(document, args.framework)
+    app = below_quart(create_app(document, args.framework))
 
     async def stop_on_signal() -> None:
         # hypercorn's graceful shutdown (config.graceful_timeout) on SIGINT/SIGTERM; a bare

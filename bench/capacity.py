@@ -17,7 +17,8 @@
    available memory, ``--max-devices``): the largest N held is the hub's capacity here, not the aim.
 3. All links are dropped and every device held reconnects at once (the hub-restart herd): the time.
 4. For comparison, a bare Quart-Trio WebSocket echo app on hypercorn (bench/_bare_app.py) holds the same
-   N links from the same kind of workers (one heartbeat-sized frame each interval): its VmRSS per link.
+   N links from the same kind of workers (one heartbeat-sized frame each interval): its VmRSS per link;
+   then the same echo on plain ASGI in front of Quart (how the hub serves its device link), the floor.
 """
 
 from __future__ import annotations
@@ -181,7 +182,8 @@ def machine_limit(n: int, added: int, kib_per_device: float, sim_procs: int, max
     return None
 
 
-def run_echo(n: int, procs: int, interval: float, hold_s: float, timeout: float, cc: int) -> dict:
+def run_echo(n: int, procs: int, interval: float, hold_s: float, timeout: float, cc: int,
+             path: str = "/ws", count: str = "/count") -> dict:
     port = free_port()
     logf = (OUT_DIR / "echo-app.log").open("wb")
     app = subprocess.Popen([PY, str(BENCH_DIR / "_bare_app.py"), "--port", str(port)], stdout=logf,
@@ -192,17 +194,17 @@ def run_echo(n: int, procs: int, interval: float, hold_s: float, timeout: float,
         wait_http(f"http://127.0.0.1:{port}/healthz", 30, app, "the echo app")
         time.sleep(1)
         rss0 = rss_kib(app.pid)
-        workers = [Worker("echo", "--url", f"ws://127.0.0.1:{port}/ws", "--interval", str(interval),
+        workers = [Worker("echo", "--url", f"ws://127.0.0.1:{port}{path}", "--interval", str(interval),
                           "--connect-concurrency", str(cc), name=f"echo{i}") for i in range(procs)]
         t0 = time.monotonic()
         for w, k in zip(workers, [len(c) for c in split(list(range(n)), procs)]):
             w.send({"cmd": "add", "n": k, "timeout": timeout})
         answers = [w.receive(timeout + 60) for w in workers]
-        open_now = json.loads(http_get(f"http://127.0.0.1:{port}/count", timeout=120)[1])["open"]
+        open_now = json.loads(http_get(f"http://127.0.0.1:{port}{count}", timeout=120)[1])["open"]
         seconds = time.monotonic() - t0
         rss1 = rss_kib(app.pid)
         time.sleep(hold_s)
-        open_after = json.loads(http_get(f"http://127.0.0.1:{port}/count", timeout=120)[1])["open"]
+        open_after = json.loads(http_get(f"http://127.0.0.1:{port}{count}", timeout=120)[1])["open"]
         rss2 = rss_kib(app.pid)
         return {"n": n, "open": open_now, "open_after_hold": open_after, "connect_seconds": round(seconds, 1),
                 "rss_before_kib": rss0, "rss_after_kib": rss1, "rss_after_hold_kib": rss2,
@@ -345,6 +347,15 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 — the hub's figures stand without the comparison
             results["echo"] = {"n": echo_n, "error": repr(exc)}
         log(f"echo: {json.dumps(results['echo'])}")
+        # the same echo on plain ASGI, as the hub serves its device link: the transport's own floor
+        log(f"bare echo app on plain ASGI: {echo_n} links")
+        try:
+            results["echo_raw"] = run_echo(echo_n, args.sim_procs, args.interval,
+                                           args.hold_intervals * args.interval if args.smoke else args.interval,
+                                           args.connect_timeout, args.connect_concurrency, "/ws-raw", "/count-raw")
+        except Exception as exc:  # noqa: BLE001 — the hub's figures stand without the comparison
+            results["echo_raw"] = {"n": echo_n, "error": repr(exc)}
+        log(f"echo_raw: {json.dumps(results['echo_raw'])}")
 
     save(results, args)
     verdicts = Verdicts("capacity", smoke=args.smoke)
@@ -360,7 +371,8 @@ def main() -> int:
         log(f"wrote {path}")
     # broken: the listed steps (small in a smoke run) did not all hold, or the comparison failed
     held_listed = max_held >= steps[-1]
-    return verdicts.exit_code(broken=args.smoke and not (held_listed and not results.get("echo", {}).get("error")))
+    echo_failed = any(results.get(key, {}).get("error") for key in ("echo", "echo_raw"))
+    return verdicts.exit_code(broken=args.smoke and not (held_listed and not echo_failed))
 
 
 def sizes(steps: list[int], ramp_step: int):
@@ -429,19 +441,25 @@ def render(r: dict, facts: dict, args) -> str:
         out.append(f"All {h['n']:,} links dropped and reconnecting at once: "
                    + (f"**{h['seconds']} s** until the hub counted them all" if h["seconds"] else
                       f"only {h['seen']:,} within the timeout") + f"; VmRSS then {mib(h['rss_kib'])} MiB.")
-    if r.get("echo", {}).get("error"):
-        out += ["", f"Bare echo comparison at {r['echo']['n']:,} links failed: {r['echo']['error']}"]
-    elif r.get("echo"):
-        e = r["echo"]
-        out += ["", f"Bare Quart-Trio echo app (bench/_bare_app.py, same hypercorn config) holding {e['n']:,} links "
-                    f"from the same number of processes:", "",
-                md_table(["links open", "open after hold", "connect s", "VmRSS before MiB", "VmRSS after hold MiB",
-                          "KiB/link"],
-                         [[f"{e['open']:,}", f"{e['open_after_hold']:,}", e["connect_seconds"], mib(e["rss_before_kib"]),
-                           mib(e["rss_after_hold_kib"]), e["kib_per_link"]]])]
+    echoes = [(label, r[key]) for key, label in (("echo", "Quart WebSocket, `/ws`"),
+                                                 ("echo_raw", "plain ASGI, `/ws-raw`")) if r.get(key)]
+    for label, e in echoes:
+        if e.get("error"):
+            out += ["", f"Bare echo comparison ({label}) at {e['n']:,} links failed: {e['error']}"]
+    echoes = [(label, e) for label, e in echoes if not e.get("error")]
+    if echoes:
+        out += ["", f"Bare echo app (bench/_bare_app.py, same hypercorn config) holding {echoes[0][1]['n']:,} links "
+                    "from the same number of processes, once through Quart-Trio (the comparison issue 22 names) "
+                    "and once on plain ASGI in front of Quart, as the hub serves its device link:", "",
+                md_table(["echo", "links open", "open after hold", "connect s", "VmRSS before MiB",
+                          "VmRSS after hold MiB", "KiB/link"] + (["hub/echo"] if held else []),
+                         [[label, f"{e['open']:,}", f"{e['open_after_hold']:,}", e["connect_seconds"],
+                           mib(e["rss_before_kib"]), mib(e["rss_after_hold_kib"]), e["kib_per_link"]]
+                          + ([f"{last['kib_per_device'] / e['kib_per_link']:.2f}×"] if held else [])
+                          for label, e in echoes])]
         if held:
             out.append("")
-            out.append(f"Hub/echo memory per link: {last['kib_per_device'] / e['kib_per_link']:.2f}×")
+            out.append(f"Hub/echo memory per link: {last['kib_per_device'] / echoes[0][1]['kib_per_link']:.2f}×")
     if r.get("py_spy_connect"):
         out += ["", "py-spy of the hub during the last step's connects (share of samples, self time):", ""]
         out += [f"- {pct}% {frame}" for frame, pct in r["py_spy_connect"]["self"][:10]]
