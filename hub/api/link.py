@@ -1,6 +1,7 @@
 """The device link: ``GET /v1/device/link`` upgraded to a WebSocket (DESIGN.md section 9).
 
-One handler per connected device. It authenticates the device token before accepting, waits for the
+One handler per connected device, served on plain ASGI in front of Quart (hub/app.py ``HubApp``,
+hub/asgi_websocket.py: about 15 KiB less per connected device than a Quart WebSocket). It authenticates the device token before accepting, waits for the
 hello, registers the link, subscribes ``cmd.<device_id>.>`` on the bus (the newest connection of a
 device wins) and then relays: replies resolve pending commands, heartbeats and events go to the
 device's actor. Handlers elsewhere never touch this socket; they ask the actor or the bus.
@@ -134,10 +135,10 @@ class _Session:
     (bench/memory_profile.py). The send lock, the pending-command table and the tunnel.usage slots
     exist only while they are used."""
 
-    __slots__ = ("_send_lock", "_usage_slots", "device_id", "pending", "side", "ws")
+    __slots__ = ("_send_lock", "_usage_slots", "pending", "side", "ws")
 
-    def __init__(self, ws: AsgiWebSocket, side: HubSide, device_id: uuid.UUID) -> None:
-        self.ws, self.side, self.device_id = ws, side, device_id
+    def __init__(self, ws: AsgiWebSocket, side: HubSide) -> None:
+        self.ws, self.side = ws, side
         self.pending: dict[str, Reply] | None = None  # command id -> the caller waiting for its reply
         self._send_lock: trio.Lock | None = None
         self._usage_slots: trio.Semaphore | None = None
@@ -225,7 +226,7 @@ async def device_link(s, ws: AsgiWebSocket) -> None:
     hello: p.Hello | None = first.hello  # type: ignore[attr-defined]
     del first
     conn_id = uuid.uuid4().hex
-    session = _Session(ws, side, device_id)
+    session = _Session(ws, side)
     actor = await s.device_actor(device_id)
     if s.links.get(device_id) is not None:
         # A takeover. Now and then it is a device back before its old socket was noticed dead; in a
