@@ -41,6 +41,7 @@ from _common import (OUT_DIR, PY, BENCH_DIR, REPO, HubProcess, PySpy, Verdicts, 
 
 AIM_DEVICES = 15_000
 AIM_KIB_PER_DEVICE = 48.8  # 50 KB
+AIM_ECHO_RATIO = 1.15  # issue 22: at most 1.15x a bare WebSocket link's memory
 
 PRESENCE = 'fleethub_write_behind_rows_total{kind="presence"}'
 # /metrics walks every actor (Registry.statistics), so the gauge is polled gently: the reading costs the hub
@@ -364,6 +365,12 @@ def main() -> int:
     at_aim = [s for s in results["steps"] if s["ok"] and s["n"] <= AIM_DEVICES]
     verdicts.at_most("hub memory per connected device", at_aim[-1]["kib_per_device"] if at_aim else None,
                      AIM_KIB_PER_DEVICE, " KiB")
+    # issue 22: the hub's memory per device against the bare Quart-Trio echo's per link, in the same run
+    echo = results.get("echo") or {}
+    if not args.no_echo:
+        verdicts.at_most("hub / bare echo memory per link (same run)",
+                         round(at_aim[-1]["kib_per_device"] / echo["kib_per_link"], 2)
+                         if at_aim and echo.get("kib_per_link") else None, AIM_ECHO_RATIO, "x")
     body = render(results, facts, args) + "\n" + verdicts.markdown() + "\n"
     print(body)
     if not args.no_write or args.smoke:
