@@ -8,7 +8,7 @@ days and there are tens of thousands of them: measured with bench/_bare_app.py's
 The link needs none of what the difference buys: no before/after hooks run for WebSockets, and the
 link authenticates, routes and reports errors itself.
 
-So `hub/app.py` puts the link path in front of Quart (``serve_in_front``) and the handler gets an
+So ``HubApp`` (hub/app.py) takes the link's path before Quart does and the handler gets an
 ``AsgiWebSocket``: hypercorn's ``receive`` and ``send`` and the few calls the link makes. It reads
 the socket in the handler's own task, so there is no task but hypercorn's per connection.
 
