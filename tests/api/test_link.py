@@ -207,6 +207,30 @@ async def test_a_plain_get_of_the_link_is_426_and_the_refusal_has_a_json_body(hu
         assert not await is_online(hub, dev_id)
 
 
+def _task_names() -> list[str]:
+    names, stack = [], [trio.lowlevel.current_root_task()]
+    while stack:
+        task = stack.pop()
+        names.append(task.name)
+        stack.extend(child for nursery in task.child_nurseries for child in nursery.child_tasks)
+    return names
+
+
+async def test_a_linked_device_costs_no_task_of_its_own(hub, nursery, tmp_path):
+    """A link is hypercorn's connection task and nothing more (hub/asgi_websocket.py): no Quart
+    WebSocket nursery with its two tasks, no task of the handler's. Structural, so it cannot flake: a
+    change that puts the link back behind Quart, or gives it a task, fails here, before a benchmark."""
+    with trio.fail_after(30):
+        dev_id, token = await hub.provision("counted")
+        await start_agent(nursery, hub.base_url, token, tmp_path / "agent")
+        await wait_for(lambda: is_online(hub, dev_id), timeout=10)
+        names = _task_names()
+        assert not [n for n in names if "Websocket" in n or "device_link" in n], names
+        # the agent's side of the socket lives in this process too: the hub's side is hypercorn's
+        # task_group._handle, whose app call is the link (one per open WebSocket or request)
+        assert sum(n.endswith("task_group._handle") for n in names) >= 1
+
+
 async def test_newest_connection_wins(hub, nursery, tmp_path):
     with trio.fail_after(30):
         dev_id, token = await hub.provision("twin")
