@@ -339,24 +339,17 @@ def main() -> int:
         shutil.rmtree(sim_root, ignore_errors=True)
 
     echo_n = max_held or steps[0]
-    if not args.no_echo:
-        log(f"bare echo app: {echo_n} links")
+    # through Quart (the comparison issue 22 names), then on plain ASGI as the hub serves its device
+    # link (the transport's own floor)
+    for key, path, count in (() if args.no_echo else (("echo", "/ws", "/count"), ("echo_raw", "/ws-raw", "/count-raw"))):
+        log(f"bare echo app, {path}: {echo_n} links")
         try:
-            results["echo"] = run_echo(echo_n, args.sim_procs, args.interval,
-                                       args.hold_intervals * args.interval if args.smoke else args.interval,
-                                       args.connect_timeout, args.connect_concurrency)
+            results[key] = run_echo(echo_n, args.sim_procs, args.interval,
+                                    args.hold_intervals * args.interval if args.smoke else args.interval,
+                                    args.connect_timeout, args.connect_concurrency, path, count)
         except Exception as exc:  # noqa: BLE001 — the hub's figures stand without the comparison
-            results["echo"] = {"n": echo_n, "error": repr(exc)}
-        log(f"echo: {json.dumps(results['echo'])}")
-        # the same echo on plain ASGI, as the hub serves its device link: the transport's own floor
-        log(f"bare echo app on plain ASGI: {echo_n} links")
-        try:
-            results["echo_raw"] = run_echo(echo_n, args.sim_procs, args.interval,
-                                           args.hold_intervals * args.interval if args.smoke else args.interval,
-                                           args.connect_timeout, args.connect_concurrency, "/ws-raw", "/count-raw")
-        except Exception as exc:  # noqa: BLE001 — the hub's figures stand without the comparison
-            results["echo_raw"] = {"n": echo_n, "error": repr(exc)}
-        log(f"echo_raw: {json.dumps(results['echo_raw'])}")
+            results[key] = {"n": echo_n, "error": repr(exc)}
+        log(f"{key}: {json.dumps(results[key])}")
 
     save(results, args)
     verdicts = Verdicts("capacity", smoke=args.smoke)

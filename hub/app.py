@@ -30,7 +30,7 @@ from hub.auth import middleware
 from hub.ids import fast_uuid4
 from hub.openapi import EITHER, FleethubOpenAPI
 from actors.errors import AskError
-from hub.errors import FleethubError, Unavailable, from_actor, general_body, memtest_body, tunnel_body
+from hub.errors import FleethubError, database_unavailable, from_actor, general_body, memtest_body, tunnel_body
 from storage.db import DatabaseUnavailable, crossings_counted
 from hub.services import Services
 
@@ -82,10 +82,10 @@ class HubApp(QuartTrio):
     than as middleware on ``asgi_app``: two coroutine frames fewer per waiting link, and anything
     that serves the app (hub/server.py, bench/auth_overhead.py) serves the link with it."""
 
-    device_link: Callable[[AsgiWebSocket], Awaitable[None]] | None = None  # set by create_app
+    device_link: Callable[[AsgiWebSocket], Awaitable[None]]  # set by create_app
 
     async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001 — ASGI's own signature
-        if scope["type"] == "websocket" and scope["path"] == LINK_PATH and self.device_link is not None:
+        if scope["type"] == "websocket" and scope["path"] == LINK_PATH:
             await asgi_websocket.serve(self.device_link, scope, receive, send)
         else:
             await self.asgi_app(scope, receive, send)
@@ -181,8 +181,7 @@ def create_app(services: Services) -> HubApp:
     @app.errorhandler(DatabaseUnavailable)
     async def _database_unavailable(exc: DatabaseUnavailable):
         # PostgreSQL is down or restarting: say so at once (the pool reconnects by itself).
-        return await _fleethub_error(Unavailable("the database is not reachable; try again shortly",
-                                                 code="database_unavailable"))
+        return await _fleethub_error(database_unavailable())
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException):

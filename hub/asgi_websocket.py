@@ -27,8 +27,8 @@ from typing import Any
 
 import trio
 
-from device_client.linkcodes import bounded_reason
-from hub.errors import FleethubError, Unavailable, general_body
+from device_client.linkcodes import Close, bounded_reason
+from hub.errors import FleethubError, database_unavailable, general_body
 from storage.db import DatabaseUnavailable
 
 log = logging.getLogger("fleethub.link")
@@ -145,22 +145,21 @@ async def serve(handler: Callable[[AsgiWebSocket], Awaitable[None]], scope: Scop
     except Disconnected:
         return
     except Exception as exc:  # noqa: BLE001 — the boundary of one connection: nothing gets past it
-        if isinstance(exc, DatabaseUnavailable):
-            exc = Unavailable("the database is not reachable; try again shortly", code="database_unavailable")
-        if isinstance(exc, FleethubError):
-            log.warning("WebSocket %s from %s: %d %s: %s", scope.get("path"), ws.remote_addr, exc.status,
-                        exc.code, exc.message)
-            status, body, reason = exc.status, general_body(exc), exc.message
+        error = database_unavailable() if isinstance(exc, DatabaseUnavailable) else exc
+        if isinstance(error, FleethubError):
+            log.warning("WebSocket %s from %s: %d %s: %s", scope.get("path"), ws.remote_addr, error.status,
+                        error.code, error.message)
         else:
             log.exception("the WebSocket handler for %s failed", scope.get("path"))
-            status, body, reason = 500, {"error": "internal", "message": "internal error"}, "internal error"
+            error = FleethubError("internal error")  # its text stays in the log
         with trio.move_on_after(2) as closing:
             closing.shield = True
             try:
                 if not ws.accepted:
-                    await ws.refuse(status, body)
+                    await ws.refuse(error.status, general_body(error))
                 else:
-                    await ws.close(1011, bounded_reason(reason))  # a close reason is at most 123 bytes
+                    # a close reason is at most 123 bytes
+                    await ws.close(Close.INTERNAL_ERROR, bounded_reason(error.message))
             except Exception as exc:  # noqa: BLE001 — the connection is gone as well: nothing left to tell
                 log.debug("could not end the failed WebSocket: %r", exc)
         return

@@ -130,6 +130,12 @@ class Unavailable(ServerError):
     code = "unavailable"
 
 
+def database_unavailable() -> Unavailable:
+    """What a caller hears when PostgreSQL cannot be asked (storage's DatabaseUnavailable): REST calls
+    (hub/app.py) and the device link's handshake (hub/asgi_websocket.py) say the same."""
+    return Unavailable("the database is not reachable; try again shortly", code="database_unavailable")
+
+
 class DeviceTimeout(ServerError):
     """The device did not answer in time."""
     status = 504

@@ -46,7 +46,7 @@ from hub.asgi_websocket import AsgiWebSocket
 from hub.auth.middleware import public
 from hub.auth.pat import digest
 from hub.cluster import presence as cluster_presence
-from hub.errors import DeviceError, DeviceOffline, FleethubError
+from hub.errors import DeviceError, DeviceOffline, FleethubError, Unauthenticated, general_body
 from hub.services import Link
 
 log = logging.getLogger("fleethub.link")
@@ -211,7 +211,8 @@ async def device_link(s, ws: AsgiWebSocket) -> None:
     row = await s.devices.find_by_token(digest(token)) if token else None
     if row is None:
         s.metrics.device_rejects += 1
-        await ws.refuse(401, {"error": "unauthenticated", "message": "a valid device token is required"})
+        refused = Unauthenticated("a valid device token is required")
+        await ws.refuse(refused.status, general_body(refused))
         return
     device_id = row["id"]
     del row, token  # this frame lives as long as the connection: keep nothing in it we don't need
