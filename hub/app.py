@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 import trio
-from quart import Request, Response, jsonify, request
+from quart import Request, Response, has_request_context, jsonify, request, websocket
 from quart_schema import QuartSchema
 from quart_schema.openapi import APIKeySecurityScheme, HttpSecurityScheme, Info
 from quart_trio import QuartTrio
@@ -41,8 +41,16 @@ _HTTP_CODES = {400: "bad_request", 401: "unauthenticated", 403: "forbidden", 404
                415: "unsupported_media_type"}
 
 
+def _where() -> tuple[str, str]:
+    """The method and path being answered: an HTTP request's, or a WebSocket's (one on a path no route
+    takes reaches the error handlers too, and has no request context: that was a 500 and a traceback)."""
+    if has_request_context():
+        return request.method, request.path
+    return "WEBSOCKET", websocket.path
+
+
 def _body_for(exc: FleethubError) -> dict:
-    path = request.path
+    path = _where()[1]
     if "/memory-test" in path:
         return memtest_body(exc)
     if path.startswith("/v1/cli/tunnel/"):
@@ -167,7 +175,7 @@ def create_app(services: Services) -> HubApp:
     @app.errorhandler(FleethubError)
     async def _fleethub_error(exc: FleethubError):
         if exc.status >= 500:
-            log.warning("%s %s -> %d %s", request.method, request.path, exc.status, exc.code)
+            log.warning("%s %s -> %d %s", *_where(), exc.status, exc.code)
         response = jsonify(_body_for(exc))
         response.status_code = exc.status
         response.headers.update(exc.headers)
@@ -200,7 +208,7 @@ def create_app(services: Services) -> HubApp:
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception):
-        log.exception("unhandled error on %s %s", request.method, request.path)
+        log.exception("unhandled error on %s %s", *_where())
         response = jsonify(_body_for(FleethubError("internal error")))
         response.status_code = 500
         return response

@@ -205,6 +205,12 @@ async def test_a_plain_get_of_the_link_is_426_and_the_refusal_has_a_json_body(hu
         assert json.loads(info.value.body) == {"error": "unauthenticated",
                                                "message": "a valid device token is required"}
         assert not await is_online(hub, dev_id)
+        # a WebSocket on a path no route takes (Quart's, not the link's) is a 404 with the JSON body
+        for path in ("/v1/device/link%00", "/nonexistent"):
+            with pytest.raises(ConnectionRejected) as info:
+                async with open_websocket_url(hub.base_url.replace("http://", "ws://") + path):
+                    pass
+            assert info.value.status_code == 404 and json.loads(info.value.body)["error"] == "not_found"
 
 
 def _task_names() -> list[str]:
