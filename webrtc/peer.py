@@ -72,6 +72,9 @@ class TunnelPeer:
         self._on_state = loop_mod.to_trio(on_state or (lambda _s: None))
         self.counters = Counters()
         self.state = "new"
+        # the pair ICE nominated, kept once seen: aioice forgets it when the connection closes, which
+        # can come (the far end leaving) before the session counts its last bytes by path
+        self._pair: tuple[str, str] | None = None
         self._pc: Any = None
         self._control: Any = None
         self._pumps: set[Pump] = set()
@@ -139,6 +142,8 @@ class TunnelPeer:
 
         @pc.on("connectionstatechange")
         def changed() -> None:
+            if pc.connectionState == "connected":
+                self._selected_pair()
             self.state = pc.connectionState
             self._on_state(pc.connectionState)
 
@@ -250,15 +255,16 @@ class TunnelPeer:
             self._control.send(text)
 
     def _selected_pair(self) -> tuple[str, str] | None:
-        # aiortc has no getSelectedCandidatePair; aioice keeps the nominated pair per component.
-        try:
-            nominated = self._pc.sctp.transport.transport._connection._nominated
-            pair = nominated.get(1)
-        except AttributeError:
-            return None
-        if pair is None:
-            return None
-        return pair.local_candidate.type, pair.remote_candidate.type
+        # aiortc has no getSelectedCandidatePair; aioice keeps the nominated pair per component, and
+        # nominates once (no ICE restart), so the first pair seen is the pair for the whole session.
+        if self._pair is None:
+            try:
+                pair = self._pc.sctp.transport.transport._connection._nominated.get(1)
+            except AttributeError:
+                pair = None
+            if pair is not None:
+                self._pair = pair.local_candidate.type, pair.remote_candidate.type
+        return self._pair
 
     async def _close(self) -> None:
         if self._server is not None:
