@@ -39,6 +39,23 @@ async def hold(s: Any, rollout_id: uuid.UUID) -> None:
         raise HeldElsewhere(f"another hub node runs rollout {rollout_id}")  # ours ends; theirs goes on
     if rollout_id in s.rollout_fences:
         return  # ours, renewed by keep()
+    # One take at a time on this node. A rollout just created is asked for by its POST and can be
+    # found by keep()'s round in the same moment; both took the lease, the second bumping the epoch
+    # over the first (its own lease), and whichever fence was kept last could be the stale one.
+    async with _holding(s):
+        if rollout_id in s.rollout_fences:
+            return  # the other caller took it
+        await _take(s, rollout_id)
+
+
+def _holding(s: Any) -> trio.Lock:
+    lock = s.extras.get("rollout_lease_holding")
+    if lock is None:
+        lock = s.extras["rollout_lease_holding"] = trio.Lock()
+    return lock
+
+
+async def _take(s: Any, rollout_id: uuid.UUID) -> None:
     if not s.bus.connected:
         raise HeldElsewhere(f"this node is cut off from NATS; another hub node is to run rollout {rollout_id}")
     ttl, asked = s.settings.rollout_lease_seconds, trio.current_time()  # the lease runs from before the ask

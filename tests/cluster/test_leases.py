@@ -6,9 +6,12 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
+from types import SimpleNamespace
+
 import pytest
 import trio
 
+from hub.cluster import leases
 from storage.leases import LeaseLost
 from tests.api.test_rollouts import HEALTHY, config
 from tests.hubtools import start_agent, start_hub, wait_for
@@ -28,6 +31,7 @@ async def test_an_expired_lease_moves_and_the_old_epoch_writes_nothing(nursery, 
         # settled first: its own (single-process, unfenced) actor writes nothing more while we test
         await wait_for(lambda: _completed(hub, rid), timeout=20, interval=0.1)
         await wait_for(lambda: s.registry.lookup(("rollout", rid)) is None, timeout=10)
+        await _two_holds_at_once_take_one_epoch(s, rid)
         now = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 
         old = await s.rollout_leases.acquire(rid, "a", now, 10)
@@ -50,6 +54,22 @@ async def test_an_expired_lease_moves_and_the_old_epoch_writes_nothing(nursery, 
         await s.rollouts.save(rid, now, state="paused", current_batch=0, reason="by b", accepted_failures=0,
                               accepted_batch=0, steps=[], fence=new)
         assert await s.db.fetchval("SELECT reason FROM rollouts WHERE id = $1", rid) == "by b"
+
+
+async def _two_holds_at_once_take_one_epoch(s, rid: uuid.UUID) -> None:
+    """hub/cluster/leases.py ``hold``, asked twice at once on one node (a rollout's POST and keep()'s
+    round finding it): one take, epoch 1, and the fence kept is the lease's. Both took it before, the
+    second at epoch 2 over the first. A node's view of the hub: only what hold reads."""
+    node = SimpleNamespace(registry=s.registry, rollout_fences={}, bus=SimpleNamespace(connected=True),
+                           settings=SimpleNamespace(rollout_lease_seconds=10.0), rollout_leases=s.rollout_leases,
+                           node_id="a", clock=s.clock, extras={})
+    async with trio.open_nursery() as both:
+        both.start_soon(leases.hold, node, rid)
+        both.start_soon(leases.hold, node, rid)
+    row = await s.db.fetchrow("SELECT owner, epoch FROM rollout_leases WHERE rollout_id = $1", rid)
+    assert (row["owner"], row["epoch"]) == ("a", 1)
+    assert node.rollout_fences[rid].epoch == 1
+    await s.db.execute("DELETE FROM rollout_leases WHERE rollout_id = $1", rid)  # the test below starts clean
 
 
 async def _completed(hub, rid) -> bool:
