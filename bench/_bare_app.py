@@ -14,8 +14,9 @@ No storage, no authentication, no actors: what is left is Quart-Trio + hypercorn
 the floor the hub's figures are compared with.
 
 ``--framework`` adds what the hub takes from its framework before any of its own work: quart_schema
-set up as the hub sets it up (hub/app.py, with its plain-answer shortcut), the route in a blueprint,
-the same app config, and a before/after request hook pair that sets the hub's answer headers
+set up as the hub sets it up (hub/app.py, and hub/answers.py: plain answers as they are, encoded
+with orjson), the route in a blueprint, the same app config, and a before/after request hook pair
+that sets the hub's answer headers
 (X-Request-ID, the three X-RateLimit-*) with none of its logic (no authentication, rate counting,
 metrics or audit). Between the bare app and this one is the framework's price; between this one and
 the hub, ours.
@@ -78,7 +79,7 @@ def _with_framework(app: QuartTrio, document: dict) -> QuartTrio:
     from quart_schema import QuartSchema
     from quart_schema.openapi import APIKeySecurityScheme, Info
 
-    from hub.app import _answer_plain_data_as_is
+    from hub import answers
     from hub.openapi import FleethubOpenAPI
 
     app.config["MAX_CONTENT_LENGTH"] = 1024 * 1024
@@ -87,7 +88,7 @@ def _with_framework(app: QuartTrio, document: dict) -> QuartTrio:
                 swagger_ui_path="/v1/docs", info=Info(title="floor", version="1.0"),
                 security_schemes={"ApiTokenAuth": APIKeySecurityScheme(in_="header", name="X-API-Token-ID")},
                 openapi_provider_class=FleethubOpenAPI)
-    _answer_plain_data_as_is(app)
+    answers.set_up(app)
     bp = Blueprint("devices", __name__, url_prefix="/v1/devices")
 
     @bp.get("/<device_id>")

@@ -54,4 +54,6 @@ def rfc3339(instant: dt.datetime | None) -> str | None:
     """RFC 3339 in UTC with a Z, millisecond precision: how every timestamp leaves the hub."""
     if instant is None:
         return None
-    return instant.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if instant.tzinfo is not UTC:  # asyncpg's and Clock's are UTC already: no conversion to make
+        instant = instant.astimezone(UTC)
+    return instant.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -24,7 +24,7 @@ from hub.api import (access, assistant, audit, billing, configurations, devices,
                      memtests, oauth, pagemaps, pats, rollouts, secret_files, sessions, tunnels, windows)
 from hub.api import validation
 from device_client.protocol import LINK_PATH
-from hub import asgi_websocket, console
+from hub import answers, asgi_websocket, console
 from hub.asgi_websocket import AsgiWebSocket
 from hub.auth import middleware
 from hub.ids import fast_uuid4
@@ -58,27 +58,19 @@ def _body_for(exc: FleethubError) -> dict:
     return general_body(exc)
 
 
-def _body_consumed(req: Request) -> bool:
-    if not (req.content_length or req.headers.get("Transfer-Encoding")):
+def _body_consumed(req: Request, headers: dict[str, str]) -> bool:
+    if not (_declared_length(headers.get("content-length")) or headers.get("transfer-encoding")):
         return True  # no body was sent
     complete = getattr(getattr(req, "body", None), "_complete", None)
     return complete.is_set() if complete is not None and hasattr(complete, "is_set") else False
 
 
-def _answer_plain_data_as_is(app: QuartTrio) -> None:
-    """quart_schema converts every view's answer for JSON, and for a dict or a list that means a new
-    pydantic TypeAdapter and a deep copy per response: 4 % of the hub's CPU on GET /v1/devices/{id}
-    (py-spy, bench/http_ratio.py). Our views answer plain JSON-ready dicts and lists; those go straight
-    to Quart. Anything else (a model) is still converted, and a model inside a dict is still encoded
-    by quart_schema's JSON provider."""
-    converted = app.make_response  # quart_schema's wrapper (functools.wraps keeps the original)
-    plain = converted.__wrapped__
-
-    async def make_response(result):  # noqa: ANN001, ANN202 — Quart's own signature
-        value = result[0] if isinstance(result, tuple) else result
-        return await (plain if type(value) in (dict, list) else converted)(result)
-
-    app.make_response = make_response
+def _declared_length(value: str | None) -> int:
+    """Content-Length as werkzeug reads it: a bad or negative value is no length."""
+    try:
+        return max(0, int(value)) if value else 0
+    except ValueError:
+        return 0
 
 
 class HubApp(QuartTrio):
@@ -104,6 +96,7 @@ def create_app(services: Services) -> HubApp:
     # its own, hub/console/pages.py) and answered a path the file system refused with a 500
     app = HubApp("fleethub", static_folder=None)
     app.device_link = partial(link.device_link, services)
+    services.http_views = app.view_functions  # the dict itself: the routes registered below are in it
     app.config["SERVICES"] = services
     app.config["MAX_CONTENT_LENGTH"] = 1024 * 1024
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
@@ -124,7 +117,7 @@ def create_app(services: Services) -> HubApp:
         security=EITHER,  # hub/openapi.py sets each operation's own
         openapi_provider_class=FleethubOpenAPI,
     )
-    _answer_plain_data_as_is(app)
+    answers.set_up(app)
     for module in (health, pats, sessions, oauth, access, audit, devices, fleets, configurations, secret_files,
                    rollouts, link, windows, memtests, pagemaps, diagnosis, tunnels, billing, assistant):
         app.register_blueprint(module.bp)
@@ -141,12 +134,13 @@ def create_app(services: Services) -> HubApp:
     async def _before() -> None:
         req, ctx = middleware.current()
         ctx.started = trio.current_time()  # trio's clock: virtual under a test's autojump clock
-        ctx.request_id = req.headers.get("X-Request-ID") or str(fast_uuid4())
+        headers = ctx.headers = middleware.headers_of(req)
+        ctx.request_id = headers.get("x-request-id") or str(fast_uuid4())
         ctx.principal = None
         ctx.org = None
         ctx.crossings = [0]  # storage crossings this request makes (storage/db.py counts them)
         crossings_counted.set(ctx.crossings)
-        await middleware.authenticate(services, req, ctx)
+        await middleware.authenticate(services, req, ctx, headers)
         # after authentication, so an anonymous caller still gets 401 and counts against its limit
         validation.refuse_unstorable_request_text(req)
 
@@ -157,7 +151,8 @@ def create_app(services: Services) -> HubApp:
         decision = middleware.answer_decision(services, req, ctx)
         if decision is not None:
             response.headers.update(decision.headers())
-        if not _body_consumed(req):
+        headers = ctx.headers if hasattr(ctx, "headers") else middleware.headers_of(req)  # _before may not have run
+        if not _body_consumed(req, headers):
             # Answered without reading the whole body (an auth error, a 405, a refusal): the
             # server stops reading a request whose body nobody consumes, so the connection cannot
             # carry another request — close it rather than leave the client's next request hanging.

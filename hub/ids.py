@@ -12,7 +12,19 @@ import secrets
 import uuid
 
 _random = random.Random(secrets.randbits(128))
+# RFC 4122 version 4: the version nibble 0100 and the variant bits 10, as uuid.UUID(version=4) sets them
+_KEEP = ~((0xF000 << 64) | (0xC000 << 48)) & ((1 << 128) - 1)
+_SET = (4 << 76) | (0x8000 << 48)
+_new = object.__new__
+_set = object.__setattr__
+_UNKNOWN = uuid.SafeUUID.unknown
 
 
 def fast_uuid4() -> uuid.UUID:
-    return uuid.UUID(int=_random.getrandbits(128), version=4)
+    # UUID(int=..., version=4) checks its arguments and the range on every call; two are made per
+    # request (its id and its audit row's), so the bits are set here and the object built directly,
+    # as uuid.UUID.__init__ stores them (tests/machines/test_ids.py holds the two equal).
+    u = _new(uuid.UUID)
+    _set(u, "int", (_random.getrandbits(128) & _KEEP) | _SET)
+    _set(u, "is_safe", _UNKNOWN)
+    return u

@@ -137,6 +137,9 @@ class Services:
         self.login_throttle = LoginThrottle()
         self.presence = WriteBehind(self.devices.write_presence, interval=0.5, name="presence rows")
         self.audit_log = WriteBehind(self.audit.write_many, interval=1.0, name="audit events")
+        # The HTTP app's view functions by endpoint (hub/app.py sets it): authentication finds the
+        # view a request was routed to without a read through Quart's current_app proxy.
+        self.http_views: dict | None = None
         self.usage = Usage(self.db)
         self.billing = Billing(self.db)
         # Storage work of delivery jobs (actors/device_delivery.py) never takes more than this many of the

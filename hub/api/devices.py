@@ -17,6 +17,7 @@ import trio
 from actors.device import Reboot, Send
 from device_client.linkcodes import Close
 from hub.cluster.asks import ask_device
+from device_client.clock import rfc3339
 from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
 from hub.auth.authz import Obj, authorize, require_org, scope_for_list
 from hub.api.sse import stream_response
@@ -128,18 +129,24 @@ def device_json(row: dict) -> dict:
     conn = live or {"state": row["state"], "online": row["online"], "bootReason": row["boot_reason"],
                     "lastSeenAt": row["last_seen_at"]}
     facts = live.get("facts") or {}
-    return jsonable({
-        "id": row["id"], "name": row["name"], "fleet_id": row["fleet_id"], "tags": row["tags"],
-        "online": conn["online"], "state": conn["state"], "last_seen": conn["lastSeenAt"],
+    # Each field converted by what it holds (ids, times; jsonable only for the JSON documents): the
+    # device document is the most read answer, and walking it whole was a quarter of its view's cost.
+    return {
+        "id": str(row["id"]), "name": row["name"], "fleet_id": _text(row["fleet_id"]), "tags": list(row["tags"]),
+        "online": conn["online"], "state": conn["state"], "last_seen": rfc3339(conn["lastSeenAt"]),
         "boot_reason": conn["bootReason"], "firmware": facts.get("firmware") or row["firmware"],
-        "architecture": facts.get("architecture") or row["architecture"], "conditions": row["conditions"],
+        "architecture": facts.get("architecture") or row["architecture"], "conditions": jsonable(row["conditions"]),
         "has_tunnel_identity": bool(facts.get("tunnelPublicKey") or row["tunnel_public_key"]),
-        "tunnel_targets": facts.get("tunnelTargets") or (row.get("facts") or {}).get("tunnelTargets"),
-        "configuration": {"config_id": row.get("config_id"), "version_id": row.get("config_version_id"),
-                          "applied_version_id": row.get("applied_version_id"), "status": row.get("config_status"),
-                          "error": row.get("config_error")},
-        "created_at": row["created_at"], "updated_at": row["updated_at"],
-    })
+        "tunnel_targets": jsonable(facts.get("tunnelTargets") or (row.get("facts") or {}).get("tunnelTargets")),
+        "configuration": {"config_id": _text(row.get("config_id")), "version_id": _text(row.get("config_version_id")),
+                          "applied_version_id": _text(row.get("applied_version_id")),
+                          "status": row.get("config_status"), "error": row.get("config_error")},
+        "created_at": rfc3339(row["created_at"]), "updated_at": rfc3339(row["updated_at"]),
+    }
+
+
+def _text(value: uuid.UUID | None) -> str | None:
+    return None if value is None else str(value)
 
 
 async def _check_fleet(fleet_id: uuid.UUID | None) -> None:

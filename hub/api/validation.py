@@ -124,9 +124,10 @@ def json_object(raw: bytes, what: str = "the body") -> dict:
 def refuse_unstorable_request_text(req: Request) -> None:
     """Every request: a query string or path parameter with NUL or a lone surrogate is 400 before
     any view reads it (views read request.args in many ways; this is the one place for all)."""
-    for key, value in req.args.items(multi=True):
-        _reject_unstorable(key, "query", "invalid_query")
-        _reject_unstorable(value, key, "invalid_query")
+    if req.query_string:  # else req.args would parse nothing into a new MultiDict
+        for key, value in req.args.items(multi=True):
+            _reject_unstorable(key, "query", "invalid_query")
+            _reject_unstorable(value, key, "invalid_query")
     for key, value in (req.view_args or {}).items():
         _reject_unstorable(value, key, "invalid_path")
 

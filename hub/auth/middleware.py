@@ -32,6 +32,7 @@ from storage.text import storable, storable_value
 from hub.errors import BadRequest, Forbidden, RateLimited, Unauthenticated
 
 ORG_HEADER = "X-Organization-ID"
+_ORG_KEY = ORG_HEADER.lower()  # its key in headers_of
 SESSION_COOKIE = "fleethub_session"
 CSRF_HEADER = "X-CSRF-Token"
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -69,11 +70,25 @@ def current() -> tuple[Request, Any]:
     return request._get_current_object(), g._get_current_object()
 
 
-def view_of(req: Request) -> Callable | None:
-    """The view function the request was routed to, or None (no route, or routing failed)."""
+def headers_of(req: Request) -> dict[str, str]:
+    """The request's headers as a plain dict by lower-case name (the first of a repeated one, as
+    ``Headers.get`` gives), read once from the ASGI scope. werkzeug's ``Headers.get`` walks its list
+    for every read and raises and catches an exception for every header that is absent; the request
+    path asks for five, most of them absent on most requests."""
+    out: dict[str, str] = {}
+    for name, value in req.scope.get("headers", ()):
+        key = name.decode("latin-1").lower()
+        if key not in out:
+            out[key] = value.decode("latin-1")
+    return out
+
+
+def view_of(req: Request, views: dict[str, Callable] | None = None) -> Callable | None:
+    """The view function the request was routed to, or None (no route, or routing failed).
+    ``views``: the app's view functions, when the caller has them (no read through ``current_app``)."""
     if req.routing_exception is not None or req.endpoint is None:
         return None
-    return current_app.view_functions.get(req.endpoint)
+    return (current_app.view_functions if views is None else views).get(req.endpoint)
 
 
 def client_addr(req: Request | None = None) -> str:
@@ -81,12 +96,11 @@ def client_addr(req: Request | None = None) -> str:
     return (req.remote_addr or "").split(",")[0].strip() or "unknown"
 
 
-def _credential(req: Request) -> tuple[str, str | None, str] | None:
-    headers = req.headers
-    secret = headers.get("X-API-Secret-Key")
+def _credential(req: Request, headers: dict[str, str]) -> tuple[str, str | None, str] | None:
+    secret = headers.get("x-api-secret-key")
     if secret:
-        return "pat", headers.get("X-API-Token-ID"), secret
-    scheme, _, value = headers.get("Authorization", "").partition(" ")
+        return "pat", headers.get("x-api-token-id"), secret
+    scheme, _, value = headers.get("authorization", "").partition(" ")
     value = value.strip()
     if scheme.lower() == "bearer" and value:
         return ("jwt", None, value) if looks_like_jwt(value) else ("bearer", None, value)
@@ -96,10 +110,11 @@ def _credential(req: Request) -> tuple[str, str | None, str] | None:
     return None
 
 
-async def authenticate(services, req: Request, ctx: Any) -> None:
+async def authenticate(services, req: Request, ctx: Any, headers: dict[str, str]) -> None:
     """Who is calling, checked against storage through the AuthCache; sets ``ctx.principal``,
-    ``ctx.org`` and ``ctx.ratelimit`` (``ctx`` is the request's ``g``) or raises."""
-    view = ctx.view = view_of(req)
+    ``ctx.org`` and ``ctx.ratelimit`` (``ctx`` is the request's ``g``; ``headers`` its
+    ``headers_of``) or raises."""
+    view = ctx.view = view_of(req, services.http_views)
     path = req.path
     if view is None or getattr(view, "_fleethub_public", False) or path in PUBLIC_PATHS:
         if view is None and path.startswith("/v1/"):
@@ -115,7 +130,7 @@ async def authenticate(services, req: Request, ctx: Any) -> None:
         return
     needs_org = not getattr(view, "_fleethub_no_org", False)
     org_id, org_problem = None, None
-    raw = req.headers.get(ORG_HEADER)
+    raw = headers.get(_ORG_KEY)
     if not raw:
         org_problem = BadRequest(f"the {ORG_HEADER} header is required", code="missing_organization")
     else:
@@ -124,7 +139,7 @@ async def authenticate(services, req: Request, ctx: Any) -> None:
         except ValueError:
             org_problem = BadRequest(f"{ORG_HEADER} is not a valid organisation id", code="invalid_organization")
 
-    cred = _credential(req)
+    cred = _credential(req, headers)
     if cred is None:
         _limit(services, ("addr", client_addr(req)), None, None, ctx)
         raise Unauthenticated("authentication required: send X-API-Token-ID and X-API-Secret-Key, "
@@ -268,6 +283,8 @@ async def org_row(services, org_id: uuid.UUID) -> dict | None:
 
 
 def _query_for_audit(req: Request) -> str | None:
+    if not req.query_string:
+        return None  # without parsing nothing into req.args
     args = req.args
     if not args:
         return None
@@ -282,7 +299,7 @@ def audit(services, status: int, req: Request, ctx: Any) -> None:
     path = req.path
     if not path.startswith("/v1/") or path in PUBLIC_PATHS:
         return
-    view = ctx.view if hasattr(ctx, "view") else view_of(req)  # set by authenticate, unless it never ran
+    view = ctx.view if hasattr(ctx, "view") else view_of(req, services.http_views)  # set by authenticate, unless it never ran
     if view is not None and getattr(view, "_fleethub_public", False) and p is None:
         return
     o = getattr(ctx, "org", None)
