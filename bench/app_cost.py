@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import shutil
 import sys
 import tempfile
 import time
@@ -92,6 +92,12 @@ def measure(hub: HubProcess, path: str, rounds: int, requests: int) -> dict:
         data_dir = Path(tempfile.mkdtemp(prefix="fleethub-bench-appcost-"))
         settings = Settings.from_env(data_dir=data_dir, database_url=hub.dsn(), host="127.0.0.1", port=0,
                                      log_level="WARNING")
+        try:
+            await measure_in(settings)
+        finally:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+    async def measure_in(settings) -> None:
         async with open_services(settings, serving=False) as services:
             hub_app = create_app(services)
             _, statuses, body = await _drive(hub_app, path, hub.headers, 1)
