@@ -178,6 +178,11 @@ class Registry:
     def lookup(self, key: Hashable) -> Actor | None:
         return self._actors.get(key)
 
+    def starting(self, key: Hashable) -> bool:
+        """Whether ``get`` is starting this key's actor now (its ``on_start`` may take storage round
+        trips; ``lookup`` says None until it has finished)."""
+        return key in self._starting
+
     async def get(self, key: Hashable, factory: Callable[[], Actor]) -> Actor:
         while True:
             actor = self._actors.get(key)

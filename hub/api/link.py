@@ -254,6 +254,10 @@ async def device_link(s, ws: AsgiWebSocket) -> None:
             for name in KEPT_UNLESS_SENT:
                 if name not in hello.model_fields_set:
                     del facts[name]
+            # The actor again, with no checkpoint before LinkUp reaches it: an offline actor at the end of
+            # its idle time can stop during the awaits above (claiming the epoch, the welcome), and the
+            # link would then talk to a stopped actor for its whole life. The same one when it runs.
+            actor = await s.device_actor(device_id)
             await _deliver(s, actor, device_id, LinkUp(conn_id, hello.bootReason, facts, hello.maintenance))
             await _deliver(s, actor, device_id, Hello(hello.secretFileDigests, hello.configVersionApplied,
                                                       {"lastMemoryTest": hello.lastMemoryTest,

@@ -92,7 +92,10 @@ async def _round(s: Any) -> None:
     cut_off = not s.bus.connected
     for rollout_id, fence in list(s.rollout_fences.items()):
         actor = s.registry.lookup(("rollout", rollout_id))
-        if actor is None or actor.lost:
+        # An actor still starting (its on_start reads storage) is not in the registry yet: its lease is
+        # kept and renewed like any other, not taken for a settled rollout's and released under it.
+        starting = actor is None and s.registry.starting(("rollout", rollout_id))
+        if (actor is None and not starting) or (actor is not None and actor.lost):
             # settled (the actor ended) or taken over: let the lease go
             _drop(s, rollout_id)
             await s.rollout_leases.release(fence)
@@ -101,7 +104,8 @@ async def _round(s: Any) -> None:
             if trio.current_time() >= expiries.get(rollout_id, 0.0):
                 log.warning("rollout %s: this node is cut off from NATS and its lease (epoch %d) lapsed; it "
                             "stops running it and another node takes it over", rollout_id, fence.epoch)
-                actor.lost = True
+                if actor is not None:
+                    actor.lost = True  # one still starting finds its fence gone at its first write
                 _drop(s, rollout_id)
             continue
         asked = trio.current_time()  # the renewed lease runs from before the ask
@@ -110,7 +114,8 @@ async def _round(s: Any) -> None:
         else:
             log.warning("rollout %s: lease epoch %d was taken over; this node stops running it",
                         rollout_id, fence.epoch)
-            actor.lost = True
+            if actor is not None:
+                actor.lost = True  # one still starting is refused at its first fenced write
             _drop(s, rollout_id)
     if cut_off:
         return  # take no lease while cut off: a node that can reach the devices should run them

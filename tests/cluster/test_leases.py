@@ -32,6 +32,7 @@ async def test_an_expired_lease_moves_and_the_old_epoch_writes_nothing(nursery, 
         await wait_for(lambda: _completed(hub, rid), timeout=20, interval=0.1)
         await wait_for(lambda: s.registry.lookup(("rollout", rid)) is None, timeout=10)
         await _two_holds_at_once_take_one_epoch(s, rid)
+        await _a_lease_whose_actor_is_starting_is_kept(s, rid)
         now = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 
         old = await s.rollout_leases.acquire(rid, "a", now, 10)
@@ -70,6 +71,24 @@ async def _two_holds_at_once_take_one_epoch(s, rid: uuid.UUID) -> None:
     assert (row["owner"], row["epoch"]) == ("a", 1)
     assert node.rollout_fences[rid].epoch == 1
     await s.db.execute("DELETE FROM rollout_leases WHERE rollout_id = $1", rid)  # the test below starts clean
+
+
+async def _a_lease_whose_actor_is_starting_is_kept(s, rid: uuid.UUID) -> None:
+    """keep()'s round while the rollout's actor is still in its on_start (not in the registry yet):
+    the lease is renewed, not released as a settled rollout's; once no actor runs or starts, it goes."""
+    starting = [True]
+    node = SimpleNamespace(registry=SimpleNamespace(lookup=lambda key: None, starting=lambda key: starting[0]),
+                           rollout_fences={}, bus=SimpleNamespace(connected=True),
+                           settings=SimpleNamespace(rollout_lease_seconds=10.0), rollout_leases=s.rollout_leases,
+                           rollouts=s.rollouts, node_id="a", clock=s.clock, extras={})
+    await leases.hold(node, rid)
+    await leases._round(node)
+    row = await s.db.fetchrow("SELECT owner, epoch FROM rollout_leases WHERE rollout_id = $1", rid)
+    assert row is not None and (row["owner"], row["epoch"]) == ("a", 1) and rid in node.rollout_fences
+    starting[0] = False  # it settled: nothing runs it
+    await leases._round(node)
+    assert await s.db.fetchrow("SELECT 1 FROM rollout_leases WHERE rollout_id = $1", rid) is None
+    assert rid not in node.rollout_fences
 
 
 async def _completed(hub, rid) -> bool:
