@@ -69,6 +69,7 @@ class RolloutActor(Actor):
         self.windows: dict[str, UpdateWindow | None] = {}
         self._tick_now = False
         self._windows_stale = False  # a reload was asked for while storage was unreachable
+        self._windows_seen = 0  # services.window_changes when the windows were last read
         # In a cluster: the lease this node holds (storage/leases.py), checked by every write; once
         # another node has taken it over this actor writes nothing more and stops (``lost``).
         self.fence = None
@@ -108,6 +109,7 @@ class RolloutActor(Actor):
 
     async def _load_windows(self) -> None:
         self._windows_stale = True  # until read: a tick retries it if storage is unreachable now
+        self._windows_seen = getattr(self.services, "window_changes", 0)
         windows: dict[str, UpdateWindow | None] = {}
         stored = await self.services.windows.get_many(self.row["org_id"], self.row["fleet_ids"])
         for fleet_id, raw in stored.items():
@@ -190,7 +192,8 @@ class RolloutActor(Actor):
         await self._write()
         if self.lost:
             return
-        if self._windows_stale:
+        if self._windows_stale or self._windows_seen != getattr(self.services, "window_changes", 0):
+            # a window changed while this actor started: fleet_changed told only registered actors
             await self._load_windows()
         views = await self._views()
         self._tick_now = False

@@ -105,6 +105,9 @@ class Services:
     link_epochs: dict[uuid.UUID, int] = field(default_factory=dict)
     # rollout -> the lease this node holds on it (cluster only; hub/cluster/leases.py)
     rollout_fences: dict[uuid.UUID, Any] = field(default_factory=dict)
+    # How many update windows changed in this process: a RolloutActor still starting (not in the
+    # registry, so fleet_changed cannot tell it) compares it after its start (actors/rollout.py).
+    window_changes: int = 0
     # the cluster-wide credential throttles and stream cap (cluster only; hub/cluster/limits.py)
     cluster_limits: Any = None
 
@@ -249,6 +252,7 @@ class Services:
     def fleet_changed(self, fleet_id: uuid.UUID) -> None:
         """A fleet's update window changed: the rollouts running on it re-read their windows. (A fleet
         has no actor: its window and its one active rollout live in storage — docs/architecture.md.)"""
+        self.window_changes += 1
         for actor in self.registry.actors():
             if isinstance(actor, RolloutActor) and fleet_id in actor.row.get("fleet_ids", ()):
                 actor.tell(ReloadWindows())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
+import uuid
 
 import trio
 
@@ -232,3 +233,44 @@ async def test_steps_stored_with_the_old_spelling_are_renamed_by_the_migration(d
             assert steps == ["QUEUED_MAINTENANCE"]
         finally:
             await db.close()
+
+
+async def test_a_window_changed_while_the_rollout_actor_starts_is_read_again(nursery, db_url, tmp_path, monkeypatch):
+    """fleet_changed tells the rollout actors in the registry; one still in its on_start is not there
+    yet. The window is changed right after that actor read it (closed, opening only next week): the
+    actor reads it again at its first tick, and the now-open window lets the rollout finish."""
+    from actors.rollout import RolloutActor
+
+    with trio.fail_after(90):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        fid, agents = await fleet_with_agents(hub, nursery, tmp_path, 1, name="w")
+        closed = {"enabled": True, "timezone": "UTC", "start_time": "00:00", "end_time": "00:01",
+                  "days_of_week": ["Monday"]}
+        now = hub.services.clock.now()
+        if now.weekday() == 0 and now.hour == 0 and now.minute < 1:
+            closed["days_of_week"] = ["Tuesday"]
+        assert (await hub.call("PUT", f"/v1/fleets/{fid}/update-window", json=closed)).status_code == 200
+        always = {**closed, "end_time": "00:00", "days_of_week": ["Monday", "Tuesday", "Wednesday", "Thursday",
+                                                                  "Friday", "Saturday", "Sunday"]}
+        load, changed = RolloutActor._load_windows, []
+
+        async def load_then_change(actor):
+            await load(actor)
+            if not changed:  # the first read is the starting actor's: change the window under it
+                changed.append(actor.rollout_id)
+                assert hub.services.registry.lookup(("rollout", actor.rollout_id)) is None  # not told
+                r = await hub.call("PUT", f"/v1/fleets/{fid}/update-window", json=always)
+                assert r.status_code == 200
+
+        monkeypatch.setattr(RolloutActor, "_load_windows", load_then_change)
+        cid, vid = await config(hub, "window-during-start", HEALTHY)
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 1})
+        assert r.status_code == 201, r.text
+        rid = r.json()["data"]["id"]
+        assert changed == [uuid.UUID(rid)]
+
+        async def done():
+            return (await rollout_state(hub, rid))["state"] == "completed"
+
+        await wait_for(done, timeout=30, interval=0.2)
+        assert next(iter(agents.values())).agent.configs.version_applied() == vid
