@@ -36,6 +36,24 @@ async def rollout_state(hub, rid) -> dict:
     return (await hub.call("GET", f"/v1/rollouts/{rid}")).json()["data"]
 
 
+EVERY_DAY = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+
+
+def closed_window(hub) -> dict:
+    """A window closed now and for days: one minute a week (on Tuesday if that minute is now)."""
+    closed = {"enabled": True, "timezone": "UTC", "start_time": "00:00", "end_time": "00:01",
+              "days_of_week": ["Monday"]}
+    now = hub.services.clock.now()
+    if now.weekday() == 0 and now.hour == 0 and now.minute < 1:
+        closed["days_of_week"] = ["Tuesday"]
+    return closed
+
+
+def open_window(closed: dict) -> dict:
+    """The same window open all day, every day."""
+    return {**closed, "start_time": "00:00", "end_time": "00:00", "days_of_week": EVERY_DAY}
+
+
 async def test_batched_rollout_canary_then_batches_to_completion(nursery, db_url, tmp_path):
     with trio.fail_after(120):
         hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
@@ -140,11 +158,7 @@ async def test_progress_stream_and_forced_rollout_audit(nursery, db_url, tmp_pat
     with trio.fail_after(90):
         hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
         fid, agents = await fleet_with_agents(hub, nursery, tmp_path, 2, name="s")
-        closed = {"enabled": True, "timezone": "UTC", "start_time": "00:00", "end_time": "00:01",
-                  "days_of_week": ["Monday"]}
-        now = hub.services.clock.now()
-        if now.weekday() == 0 and now.hour == 0 and now.minute < 1:
-            closed["days_of_week"] = ["Tuesday"]
+        closed = closed_window(hub)
         assert (await hub.call("PUT", f"/v1/fleets/{fid}/update-window", json=closed)).status_code == 200
         cid, vid = await config(hub, "streamed", HEALTHY)
         r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 1})
@@ -159,9 +173,7 @@ async def test_progress_stream_and_forced_rollout_audit(nursery, db_url, tmp_pat
                     events.append(line[7:])
                 if events == ["rollout.snapshot"] and not opened:
                     opened = True
-                    always = {**closed, "start_time": "00:00", "end_time": "00:00",
-                              "days_of_week": ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
-                                               "Sunday"]}
+                    always = open_window(closed)
                     assert (await hub.call("PUT", f"/v1/fleets/{fid}/update-window", json=always)).status_code == 200
                 if line.startswith("data: ") and '"state":"completed"' in line:
                     break
@@ -180,11 +192,7 @@ async def test_pause_holds_new_devices_and_resume_continues(nursery, db_url, tmp
     with trio.fail_after(90):
         hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
         fid, agents = await fleet_with_agents(hub, nursery, tmp_path, 3, name="p")
-        closed = {"enabled": True, "timezone": "UTC", "start_time": "00:00", "end_time": "00:01",
-                  "days_of_week": ["Monday"]}
-        now = hub.services.clock.now()
-        if now.weekday() == 0 and now.hour == 0 and now.minute < 1:
-            closed["days_of_week"] = ["Tuesday"]
+        closed = closed_window(hub)
         await hub.call("PUT", f"/v1/fleets/{fid}/update-window", json=closed)
         cid, vid = await config(hub, "paused", HEALTHY)
         r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 1})
@@ -192,8 +200,7 @@ async def test_pause_holds_new_devices_and_resume_continues(nursery, db_url, tmp
         r = await hub.call("POST", f"/v1/rollouts/{rid}/pause")
         assert r.status_code == 200 and r.json()["data"]["state"] == "paused"
         assert (await hub.call("POST", f"/v1/rollouts/{rid}/pause")).json()["data"]["state"] == "paused"
-        always = {**closed, "end_time": "00:00", "days_of_week": ["Monday", "Tuesday", "Wednesday", "Thursday",
-                                                                  "Friday", "Saturday", "Sunday"]}
+        always = open_window(closed)
         await hub.call("PUT", f"/v1/fleets/{fid}/update-window", json=always)
         await trio.sleep(1.5)  # the window is open, but a paused rollout starts nobody
         st = await rollout_state(hub, rid)
@@ -244,14 +251,9 @@ async def test_a_window_changed_while_the_rollout_actor_starts_is_read_again(nur
     with trio.fail_after(90):
         hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
         fid, agents = await fleet_with_agents(hub, nursery, tmp_path, 1, name="w")
-        closed = {"enabled": True, "timezone": "UTC", "start_time": "00:00", "end_time": "00:01",
-                  "days_of_week": ["Monday"]}
-        now = hub.services.clock.now()
-        if now.weekday() == 0 and now.hour == 0 and now.minute < 1:
-            closed["days_of_week"] = ["Tuesday"]
+        closed = closed_window(hub)
         assert (await hub.call("PUT", f"/v1/fleets/{fid}/update-window", json=closed)).status_code == 200
-        always = {**closed, "end_time": "00:00", "days_of_week": ["Monday", "Tuesday", "Wednesday", "Thursday",
-                                                                  "Friday", "Saturday", "Sunday"]}
+        always = open_window(closed)
         load, changed = RolloutActor._load_windows, []
 
         async def load_then_change(actor):
