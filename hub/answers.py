@@ -12,7 +12,7 @@
   the two to the same document). The output is the same JSON as before: keys sorted, compact, one
   newline at the end, and every type orjson would write its own way (datetimes, dataclasses) goes
   through the provider's ``default`` as it did. Two differences, both still valid JSON and decoded
-  to the same values: text outside ASCII is written as UTF-8 rather than ``\\uXXXX`` escapes, and a
+  to the same values: text outside ASCII is written as UTF-8 rather than as ``\\u`` escapes, and a
   float NaN or infinity (which no answer of ours carries) is ``null`` where ``json`` wrote the
   invalid ``NaN``. What orjson refuses (an integer past 64 bits, a key that is not text, text that
   is not valid Unicode) is encoded by the standard library as before, so nothing that encoded

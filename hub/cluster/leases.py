@@ -94,8 +94,7 @@ async def _round(s: Any) -> None:
         actor = s.registry.lookup(("rollout", rollout_id))
         # An actor still starting (its on_start reads storage) is not in the registry yet: its lease is
         # kept and renewed like any other, not taken for a settled rollout's and released under it.
-        starting = actor is None and s.registry.starting(("rollout", rollout_id))
-        if (actor is None and not starting) or (actor is not None and actor.lost):
+        if actor.lost if actor is not None else not s.registry.starting(("rollout", rollout_id)):
             # settled (the actor ended) or taken over: let the lease go
             _drop(s, rollout_id)
             await s.rollout_leases.release(fence)
