@@ -7,7 +7,9 @@ runs the same code with ``root=Path("/")``, and nothing else changes.
 A write never leaves a torn or half-owned file: the bytes go to a temporary file in the target's own
 directory (so the rename cannot cross filesystems), which gets its owner and mode, is fsynced, is
 renamed over the target, and then the directory is fsynced so the rename survives power loss. If any
-step fails, the previous file is untouched and the result is ``failed`` with the OS's reason.
+step fails, the previous file is untouched and the result is ``failed`` with the OS's reason. Every
+one of those steps names its target by directory descriptor and one name, never by a path string,
+and no symbolic link on the way is followed (devroot.py says why: the workload owns part of the tree).
 
 The store keeps a manifest, ``<data_dir>/secret-files.json`` = ``{path: {fileId, sha256, mode, uid,
 gid, source, configId}}``, of the files the hub put there: delete and wipe only ever touch those, and
@@ -31,20 +33,21 @@ from __future__ import annotations
 
 import base64
 import binascii
-import errno
 import hashlib
 import logging
 import os
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import trio
 
 from .commands import CommandError
 from .paths import SECRETS_DIR, check_mode, check_path, classify, parse_mode
-from .state import TMP_SUFFIX, StateFile, fsync_dir, write_atomic
+from .devroot import DeviceRoot, Refused
+from .state import StateFile
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -56,7 +59,6 @@ IGNORE_OWNER_ENV = "FLEETHUB_AGENT_IGNORE_OWNER"
 MAX_CONTENT_BYTES = 64 * 1024
 SECRETS_FILE_MASK = 0o444
 SECRETS_DIR_MODE = 0o755
-NEW_DIR_MODE = 0o755
 
 
 class FileFailure(Exception):
@@ -143,17 +145,13 @@ def _list(payload: dict[str, Any], key: str) -> list[Any]:
     return value
 
 
-def _sha256_of(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 class SecretFileStore:
     def __init__(self, data_dir: Path, root: Path, *, ignore_owner: bool | None = None,
                  owner_for_all: tuple[int, int] | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.owner_for_all = owner_for_all
         self.root = Path(root)
+        self.fs = DeviceRoot(self.root)
         self.manifest = StateFile(self.data_dir / MANIFEST_NAME)  # path -> entry
         if ignore_owner is None:
             ignore_owner = os.environ.get(IGNORE_OWNER_ENV, "") == "1"
@@ -165,6 +163,8 @@ class SecretFileStore:
     # ---- what the rest of the device asks ----
 
     def local_path(self, path: str) -> Path:
+        """Where ``path`` is for a reader outside the agent (tests, the simulator's workload); the
+        agent itself never uses this name for a write (devroot.py)."""
         return self.root / path.lstrip("/")
 
     def managed(self) -> dict[str, dict[str, Any]]:
@@ -259,6 +259,9 @@ class SecretFileStore:
             except FileFailure as exc:
                 results.append(_result(w.path, "failed", w.file_id, error=str(exc)))
                 continue
+            except Refused as exc:
+                results.append(_result(w.path, "failed", w.file_id, error=f"cannot write {w.path}: {exc}"))
+                continue
             except OSError as exc:
                 results.append(_result(w.path, "failed", w.file_id, error=self._os_error(w.path, exc)))
                 continue
@@ -271,64 +274,31 @@ class SecretFileStore:
         return results
 
     def _write(self, w: WantedFile) -> int:
-        """Make ``w`` true on disk; returns the mode the file got."""
+        """Make ``w`` true on disk; returns the mode the file got. Every step names its target by
+        directory fd and one name (devroot.py): nothing here resolves a path string."""
         secret = classify(w.path) == "secrets"
         mode = w.mode & SECRETS_FILE_MASK if secret else w.mode
-        local = self.local_path(w.path)
-        self._make_parents(w.path, secret)
-        self._confine(w.path, local)
-        try:
-            st = os.lstat(local)
-        except FileNotFoundError:
-            st = None
-        if st is not None and stat.S_ISDIR(st.st_mode):
-            raise FileFailure(f"cannot write {w.path}: a directory is in the way")
-        if (st is not None and stat.S_ISREG(st.st_mode) and st.st_size == len(w.data)
-                and _sha256_of(local) == w.sha256):
-            if self._fix_attributes(w.path, local, st, mode, w.uid, w.gid):
-                log.info("secret file %s: contents unchanged, mode/owner corrected", w.path)
-            return mode
-        write_atomic(local, w.data, mode, owner=lambda fd: self._chown(w.path, fd, w.uid, w.gid))
+        dir_mode = _secrets_dir_mode if secret else None
+        with self.fs.parent(w.path, create=True, dir_mode=dir_mode) as (dfd, name), _where(_dirname(w.path)):
+            st = DeviceRoot.lstat(dfd, name)
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                raise FileFailure(f"cannot write {w.path}: a directory is in the way")
+            if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == len(w.data):
+                with DeviceRoot.open_regular(dfd, name) as found:
+                    if found is not None and DeviceRoot.sha256_of(found[0]) == w.sha256:
+                        if self._fix_attributes(w.path, found[0], found[1], mode, w.uid, w.gid):
+                            log.info("secret file %s: contents unchanged, mode/owner corrected", w.path)
+                        return mode
+            DeviceRoot.replace(dfd, name, w.data, mode, owner=lambda fd: self._chown(w.path, fd, w.uid, w.gid))
         log.info("secret file %s written (sha256 %s…, mode %04o, owner %d:%d)",
                  w.path, w.sha256[:12], mode, w.uid, w.gid)
         return mode
 
-    def _make_parents(self, path: str, secret: bool) -> None:
-        directory = self.root
-        directory.mkdir(parents=True, exist_ok=True)
-        secrets_parts = len(SECRETS_DIR.strip("/").split("/"))
-        for depth, part in enumerate(path.strip("/").split("/")[:-1], start=1):
-            directory = directory / part
-            if not os.path.isdir(directory):
-                if os.path.lexists(directory):
-                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
-                os.mkdir(directory, NEW_DIR_MODE)
-                os.chmod(directory, NEW_DIR_MODE)  # mkdir's mode is filtered by the umask
-            if secret and depth >= secrets_parts:
-                if stat.S_IMODE(os.stat(directory).st_mode) != SECRETS_DIR_MODE:
-                    os.chmod(directory, SECRETS_DIR_MODE)
-
-    def _confine(self, path: str, local: Path) -> None:
-        # A symlinked directory could send a write outside the root or into a forbidden path; judge
-        # the path the kernel would really use, not the one we were given.
-        real_root = os.path.realpath(self.root)
-        rel = os.path.relpath(os.path.realpath(local.parent), real_root)
-        if rel == ".." or rel.startswith("../"):
-            raise FileFailure(f"cannot write {path}: its directory resolves outside the device root")
-        resolved = "/" + local.name if rel == "." else f"/{rel}/{local.name}"
-        if resolved != path:
-            problem = check_path(resolved)
-            if problem:
-                raise FileFailure(f"cannot write {path}: it resolves to {resolved}, and {problem}")
-
-    def _chown(self, path: str, target: int | Path, uid: int, gid: int) -> bool:
+    def _chown(self, path: str, fd: int, uid: int, gid: int) -> bool:
         """True when the owner is now uid:gid; False when it could not be and that is allowed."""
         uid, gid = self.owner_for_all or (uid, gid)
         try:
-            if isinstance(target, int):
-                os.fchown(target, uid, gid)
-            else:
-                os.chown(target, uid, gid, follow_symlinks=False)
+            os.fchown(fd, uid, gid)
         except PermissionError as exc:
             if self.ignore_owner:
                 return False
@@ -338,28 +308,24 @@ class SecretFileStore:
                 f"lacks CAP_CHOWN; {IGNORE_OWNER_ENV}=1 records the owner without applying it)") from None
         return True
 
-    def _fix_attributes(self, path: str, local: Path, st: os.stat_result, mode: int, uid: int, gid: int) -> bool:
+    def _fix_attributes(self, path: str, fd: int, st: os.stat_result, mode: int, uid: int, gid: int) -> bool:
         fixed = False
-        if (st.st_uid, st.st_gid) != (self.owner_for_all or (uid, gid)) and self._chown(path, local, uid, gid):
+        if (st.st_uid, st.st_gid) != (self.owner_for_all or (uid, gid)) and self._chown(path, fd, uid, gid):
             log.info("secret file %s: owner %d:%d corrected to %d:%d", path, st.st_uid, st.st_gid, uid, gid)
             fixed = True
         if stat.S_IMODE(st.st_mode) != mode:
-            os.chmod(local, mode)  # after chown, which may clear mode bits
+            os.fchmod(fd, mode)  # after chown, which may clear mode bits
             log.info("secret file %s: mode %04o corrected to %04o", path, stat.S_IMODE(st.st_mode), mode)
             fixed = True
         return fixed
 
-    def _os_error(self, path: str, exc: OSError) -> str:
-        message = f"cannot write {path}: {exc.strerror or exc}"
-        if exc.filename:
-            where = os.fspath(exc.filename)
-            name = os.path.basename(where)
-            if name.startswith(".") and name.endswith(TMP_SUFFIX):  # our temporary file: say where
-                where = os.path.dirname(where)
-            rel = os.path.relpath(where, self.root)
-            device = "/" if rel == "." else "/" + rel
-            if not rel.startswith("..") and device != path:
-                message += f" ({device})"
+    @staticmethod
+    def _os_error(path: str, exc: OSError, verb: str = "write") -> str:
+        # exc.filename is the device path of the directory where it failed (``_where``, devroot.py)
+        message = f"cannot {verb} {path}: {exc.strerror or exc}"
+        where = exc.filename if isinstance(exc.filename, str) and exc.filename.startswith("/") else None
+        if where and where != path:
+            message += f" ({where})"
         return message
 
     def _delete_sync(self, paths: list[Any]) -> list[dict[str, Any]]:
@@ -374,20 +340,18 @@ class SecretFileStore:
             if entry is None:
                 results.append(_result(path, "removed"))  # not ours, or already gone: nothing to do
                 continue
-            local = self.local_path(path)
             try:
-                self._confine(path, local)
-                if not os.path.isdir(local) or os.path.islink(local):
-                    os.unlink(local)
-                    fsync_dir(local.parent)
+                # a directory on the way that is missing means the file is gone too
+                with self.fs.parent(path) as (dfd, name), _where(_dirname(path)):
+                    DeviceRoot.remove(dfd, name)
             except FileNotFoundError:
                 pass
-            except FileFailure as exc:
-                results.append(_result(path, "failed", entry.get("fileId"), error=str(exc)))
+            except Refused as exc:
+                results.append(_result(path, "failed", entry.get("fileId"), error=f"cannot remove {path}: {exc}"))
                 continue
             except OSError as exc:
-                error = self._os_error(path, exc).replace("cannot write", "cannot remove", 1)
-                results.append(_result(path, "failed", entry.get("fileId"), error=error))
+                results.append(_result(path, "failed", entry.get("fileId"),
+                                       error=self._os_error(path, exc, "remove")))
                 continue
             changes[path] = None
             log.info("secret file %s removed", path)
@@ -400,31 +364,59 @@ class SecretFileStore:
         changes: dict[str, Any] = {}
         results: list[dict[str, Any]] = []
         for path, entry in sorted(self.manifest.load().items()):
-            file_id, local = entry.get("fileId"), self.local_path(path)
+            file_id = entry.get("fileId")
             try:
-                st = os.lstat(local)
-                if not stat.S_ISREG(st.st_mode):
-                    # something else took the path; it is not ours to delete any more
-                    changes[path] = None
-                    results.append(_result(path, "failed", file_id, error="changed on device"))
-                    continue
-                actual = _sha256_of(local)
-                if actual != entry["sha256"]:
-                    # report what is really there, so the hello's digest makes the hub push again
-                    changes[path] = {**entry, "sha256": actual}
-                    results.append(_result(path, "failed", file_id, error="changed on device"))
-                    continue
-                if self._fix_attributes(path, local, st, entry["mode"], entry["uid"], entry["gid"]):
-                    results.append(_result(path, "on_device", file_id, sha256=actual))
+                with self.fs.parent(path) as (dfd, name), _where(_dirname(path)), \
+                        DeviceRoot.open_regular(dfd, name) as found:
+                    if found is None:
+                        if DeviceRoot.lstat(dfd, name) is None:
+                            raise FileNotFoundError(path)
+                        # something else took the path; it is not ours to delete any more
+                        changes[path] = None
+                        results.append(_result(path, "failed", file_id, error="changed on device"))
+                        continue
+                    fd, st = found
+                    actual = DeviceRoot.sha256_of(fd)
+                    if actual != entry["sha256"]:
+                        # report what is really there, so the hello's digest makes the hub push again
+                        changes[path] = {**entry, "sha256": actual}
+                        results.append(_result(path, "failed", file_id, error="changed on device"))
+                        continue
+                    if self._fix_attributes(path, fd, st, entry["mode"], entry["uid"], entry["gid"]):
+                        results.append(_result(path, "on_device", file_id, sha256=actual))
             except FileNotFoundError:
                 changes[path] = None
                 results.append(_result(path, "failed", file_id, error="missing on device"))
+            except Refused as exc:
+                # a link now stands where a directory of ours was: never read or fixed through it
+                results.append(_result(path, "failed", file_id, error=f"cannot check {path}: {exc}"))
             except FileFailure as exc:
                 results.append(_result(path, "failed", file_id, error=str(exc)))
             except OSError as exc:
-                results.append(_result(path, "failed", file_id, error=self._os_error(path, exc)))
+                results.append(_result(path, "failed", file_id, error=self._os_error(path, exc, "check")))
         if changes:
             self.manifest.update(**changes)
         if results:
             log.warning("secret files checked at boot: %d corrected, missing or changed", len(results))
         return results
+
+
+def _dirname(path: str) -> str:
+    return path.rsplit("/", 1)[0] or "/"
+
+
+def _secrets_dir_mode(device_dir: str) -> int | None:
+    """Directories at and below the secrets directory are 0755 (mounted read-only into the workload);
+    others keep the mode they have, and new ones get devroot's 0755."""
+    return SECRETS_DIR_MODE if device_dir == SECRETS_DIR or device_dir.startswith(SECRETS_DIR + "/") else None
+
+
+@contextmanager
+def _where(device_dir: str) -> Iterator[None]:
+    """An OSError from an operation inside ``device_dir`` says so (a directory fd has no name)."""
+    try:
+        yield
+    except OSError as exc:
+        if not isinstance(exc.filename, str) or not exc.filename.startswith("/"):
+            exc.filename = device_dir
+        raise

@@ -46,7 +46,8 @@ from typing import Any, Awaitable, Callable, Mapping
 import trio
 
 from .backoff import Backoff
-from .paths import SECRETS_DIR, VOLUMES_DIR
+from .devroot import DeviceRoot, Refused
+from .paths import PLATFORM_DIR, SECRETS_DIR, VOLUMES_DIR
 
 log = logging.getLogger("fleethub.agent.workload")
 
@@ -212,6 +213,7 @@ class Workload:
         self.data_dir = Path(data_dir)
         self.run_as = run_as if run_as is not None and run_as.is_other() else None
         self.root = Path(root)
+        self.fs = DeviceRoot(self.root)
         self.log_path = self.data_dir / "workload.log"
         self.stop_grace = stop_grace
         self.restart_backoff = restart_backoff
@@ -255,15 +257,26 @@ class Workload:
             return {}
         return {"user": self.run_as.uid, "group": self.run_as.gid, "extra_groups": []}
 
+    def _make_secrets_dir(self) -> None:
+        with self.fs.directory(SECRETS_DIR, create=True):
+            pass
+
     def _prepare_for_account(self) -> None:
         if self.run_as is None:
             return
         _make_traversable(self.root)  # again at every start: a parent may have been tightened since
-        volumes = self.root / VOLUMES_DIR.lstrip("/")
-        os.makedirs(volumes, mode=0o700, exist_ok=True)
-        st = volumes.stat()
-        if (st.st_uid, st.st_gid) != (self.run_as.uid, self.run_as.gid):
-            os.chown(volumes, self.run_as.uid, self.run_as.gid)  # the workload's own persistent data
+        # the workload's own persistent data; opened by descriptor like every path under the root
+        # (devroot.py), though only the platform directory, which is root's, holds it
+        name = VOLUMES_DIR.rsplit("/", 1)[1]
+        with self.fs.directory(PLATFORM_DIR, create=True) as platform:
+            try:
+                os.mkdir(name, 0o700, dir_fd=platform)
+            except FileExistsError:
+                pass
+            with DeviceRoot.open_directory(platform, name) as volumes:
+                st = os.fstat(volumes)
+                if (st.st_uid, st.st_gid) != (self.run_as.uid, self.run_as.gid):
+                    os.fchown(volumes, self.run_as.uid, self.run_as.gid)
 
     # ---- control ----
 
@@ -420,9 +433,13 @@ class Workload:
         if spec is None:
             return
         # the workload may list its secrets before the first one arrives
-        os.makedirs(self.root / SECRETS_DIR.lstrip("/"), mode=0o755, exist_ok=True)
         try:
+            self._make_secrets_dir()
             self._prepare_for_account()
+        except Refused as exc:
+            self.last_error = f"the workload's directories could not be made: {exc}"
+            log.warning("%s", self.last_error)
+            return
         except OSError as exc:
             self.last_error = f"the workload could not be given its account: {exc.strerror or exc}"
             log.warning("%s", self.last_error)
