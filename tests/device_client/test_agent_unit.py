@@ -39,9 +39,13 @@ def _settings(path: Path, section: str) -> dict[str, list[str]]:
 
 
 def _env_example() -> dict[str, str]:
-    pairs = (line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines()
-             if line.strip() and not line.startswith("#"))
-    return {k: v for k, v in pairs}
+    """The example environment file as systemd reads it (and a shell: a value with spaces is quoted)."""
+    env = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            [env[key]] = shlex.split(value)  # one word each: a shell that sources it sets each variable
+    return env
 
 
 def _exec_start_argv(env: dict[str, str]) -> list[str]:
