@@ -36,7 +36,10 @@ import trio
 from trio_websocket import ConnectionRejected, HandshakeError, open_websocket_url
 
 from . import protocol
+from .agent import hub_urls, link_url
 from .clock import Clock
+from .tunnel import TunnelConfig
+from .workload import configured_user
 
 TOKEN_ENV = "FLEETHUB_DEVICE_TOKEN"
 HUB_TIMEOUT = 10.0  # seconds to connect and finish the upgrade, per hub URL
@@ -196,8 +199,6 @@ def check_dirs(data_dir: Path) -> list[Outcome]:
 
 
 def check_workload(name: str | None) -> Outcome:
-    from .workload import configured_user
-
     try:
         user = configured_user(name)
     except ValueError as exc:
@@ -212,8 +213,6 @@ def check_workload(name: str | None) -> Outcome:
 
 
 def check_tunnels(args: Any) -> Outcome:
-    from .tunnel import TunnelConfig
-
     try:
         config = TunnelConfig.from_flags(args.tunnel_target, args.tunnel_allow_port, args.ssh,
                                          args.tunnel_shell, args.tunnel_shell_user)
@@ -234,8 +233,6 @@ def _date(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
 async def ask_hub(url: str, token: str | None, *, clock: Clock, timeout: float = HUB_TIMEOUT,
                   ssl_context: Any = None) -> HubAnswer:
     """Open the device link with ``token`` and close it before the hello (the module's docstring)."""
-    from .agent import link_url
-
     headers = [(protocol.TOKEN_HEADER.lower().encode(), b"Bearer " + token.encode())] if token else []
     try:
         async with open_websocket_url(link_url(url), ssl_context, extra_headers=headers,
@@ -259,8 +256,6 @@ async def _ask_hubs(urls: list[str], token: str | None) -> list[HubAnswer]:
 
 def run(args: Any, environ: dict[str, str] | None = None) -> list[Outcome]:
     """Every check of ``fleethub agent`` ``args``; prints nothing."""
-    from .agent import hub_urls
-
     environ = dict(os.environ if environ is None else environ)
     token, token_outcome = read_token(args.token, args.token_file, environ)
     outcomes = [token_outcome]

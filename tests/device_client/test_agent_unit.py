@@ -94,6 +94,9 @@ def test_the_sandbox_keeps_what_the_agent_needs():
     assert service["LimitMEMLOCK"] == ["infinity"] and service["StandardOutput"] == ["journal"]
     # a memory test writes /proc/sys/vm/drop_caches and /sys/.../soft_offline_page
     assert "ProtectKernelTunables" not in service
+    # what test_agent_sandbox.py runs the agent under
+    assert {k: service[k] for k in ("PrivateTmp", "ProtectHome", "NoNewPrivileges")} == {
+        "PrivateTmp": ["yes"], "ProtectHome": ["yes"], "NoNewPrivileges": ["yes"]}
     shell = _settings(UNIT_DIR / "fleethub-agent-shell.conf", "Service")
     assert {k: v for k, v in shell.items() if k in service} == {k: ["no"] for k in shell}, \
         "the shell's drop-in only lifts settings the unit sets"
