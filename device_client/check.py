@@ -45,8 +45,8 @@ TOKEN_ENV = "FLEETHUB_DEVICE_TOKEN"
 HUB_TIMEOUT = 10.0  # seconds to connect and finish the upgrade, per hub URL
 
 # Tunnel grants carry a notBefore that a device accepts up to 30 s early (webrtc/grant.py,
-# NOT_BEFORE_SKEW; tests/device_client/test_agent_check.py keeps the two equal): a device clock
-# further off than that refuses fresh grants or honours expired ones.
+# NOT_BEFORE_SKEW; tests/device_client/test_agent_check.py keeps the two equal): a device clock further
+# behind than that refuses fresh grants, one as far ahead ends tunnels early (expiresAt by its clock).
 MAX_CLOCK_SKEW = 30.0
 DATE_RESOLUTION = 1.0  # an HTTP Date counts whole seconds
 
