@@ -151,6 +151,10 @@ def cmd_sim(args: argparse.Namespace) -> None:
 
 
 def cmd_agent(args: argparse.Namespace) -> None:
+    if args.check:
+        from device_client.check import main as check
+
+        sys.exit(check(args))
     from device_client.agent import Agent
 
     token = args.token or (Path(args.token_file).read_text().strip() if args.token_file else None) \
@@ -256,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", required=True)
     p.add_argument("--workload-user", help="run configuration workloads as this user (default: "
                                            "FLEETHUB_WORKLOAD_USER, else the agent's own user)")
+    p.add_argument("--check", action="store_true", help="check the token, the hub, the clock, the data dir, "
+                   "the workload user and the tunnel flags; one line each, exit non-zero on a failure")
     tunnel_flags(p)
     memtest_flags(p, sim=False)
     p.set_defaults(func=cmd_agent)
