@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from device_client import protocol
-from device_client.agent import Agent
+from device_client.agent import Agent, AgentConfig
 from device_client.clock import TestClock
 
 from device_fakehub import FakeHub
@@ -39,8 +39,8 @@ def no_threads(monkeypatch):
 
 
 async def run_agent(nursery, hub: FakeHub, data_dir, **kw) -> Agent:
-    agent = Agent("http://hub.test", "tok", data_dir, connector=hub.in_memory(nursery), rng=Top(),
-                  backoff_initial=0.5, backoff_max=4.0, **kw)
+    agent = Agent(AgentConfig("http://hub.test", "tok", data_dir, connector=hub.in_memory(nursery), rng=Top(),
+                              backoff_initial=0.5, backoff_max=4.0, **kw))
     nursery.start_soon(agent.run)
     return agent
 
@@ -183,7 +183,7 @@ async def test_a_reboot_is_stored_before_its_reply_is_sent(nursery, tmp_path, au
             return prepare(reason, command_id, reply)
 
         agent.store.prepare_reboot = recorded_prepare
-        ws = agent._ws
+        ws = agent.link._ws
         send = ws.send_message
 
         async def recorded_send(text):
