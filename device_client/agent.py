@@ -46,6 +46,7 @@ from .configs import ConfigManager
 from .context import DeviceContext
 from .files import SecretFileStore
 from .link.deviceside import MIN_HEARTBEAT  # noqa: F401  (kept importable from here)
+from .linkframes import FrameGuard
 from .memtest import attach as attach_memtest
 from .registry_proxy import RegistryProxy
 from .state import DeviceStore
@@ -93,6 +94,9 @@ class AgentStatistics:
 
 
 class Agent:
+    """One device: its boots and reboots, its ``Link`` and its parts, each part wired through the one
+    ``DeviceContext`` (see the module's docstring)."""
+
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.data_dir = config.data_dir
@@ -160,7 +164,7 @@ class Agent:
         return self.link.hub_keys
 
     @property
-    def frames(self) -> Any:
+    def frames(self) -> FrameGuard:
         return self.link.frames
 
     async def wait_connected(self) -> None:

@@ -8,6 +8,7 @@ connect and handshake timeouts.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -307,6 +308,16 @@ def test_link_url():
         link_url("ftp://x")
     with pytest.raises(ValueError):
         Agent(AgentConfig("http://h", "t", "/nonexistent", reboot_mode="shutdown"))
+
+
+def test_the_config_keeps_the_token_out_of_its_repr_and_cannot_change(tmp_path):
+    # a launcher may log its config; the token must not go with it
+    config = AgentConfig("http://h", "dev_s3cr3t-token", tmp_path, facts={"firmware": "fw 1"})
+    assert "s3cr3t" not in repr(config) and "s3cr3t" not in str(config)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.backoff_max = 1.0  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        AgentConfig("http://h,ftp://typo", "t", tmp_path)  # every URL of a list is checked at start
 
 
 async def test_state_is_consumed_at_boot(tmp_path):

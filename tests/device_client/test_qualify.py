@@ -147,7 +147,7 @@ def _roomy_links(monkeypatch, wrap=None) -> None:
     """The agent's link without the 1009 its socket library sends for a frame over the limit."""
     from contextlib import asynccontextmanager
 
-    from device_client import agent as agent_module
+    from device_client import agentlink as agent_module
 
     original = agent_module.open_websocket_url
 
@@ -187,17 +187,23 @@ class _Ceiling(random.Random):
 
 async def test_a_device_late_after_a_drain_close_fails_exactly_X3(nursery, tmp_path):
     # After 4004 its plain 2.5 s backoff instead of the 1 s window the reason stated.
-    class IgnoresTheDrainWindow(Agent):
-        def _after_close(self, delay: float) -> float:
-            if self._closed_with == 4004:
-                self._closed_with = None
+    def ignoring_the_drain_window(link):
+        after_close = link._after_close
+
+        def plain_backoff(delay: float) -> float:
+            if link._closed_with == 4004:
+                link._closed_with = None
                 return delay
-            return super()._after_close(delay)
+            return after_close(delay)
+
+        link._after_close = plain_backoff
 
     with trio.fail_after(60):
         async def agent(url):
-            await IgnoresTheDrainWindow(url, TOKEN, tmp_path / "agent", backoff_initial=2.5, backoff_max=2.5,
-                                        superseded_backoff=1.0, rng=_Ceiling()).run()
+            device = Agent(AgentConfig(url, TOKEN, tmp_path / "agent", backoff_initial=2.5, backoff_max=2.5,
+                                       superseded_backoff=1.0, rng=_Ceiling()))
+            ignoring_the_drain_window(device.link)
+            await device.run()
 
         options = Options(heartbeat=0.5, reconnect_timeout=10, superseded_wait=1.0, backoff_min_total=0.1,
                           drain_window=1.0, backoff_probes=1)
