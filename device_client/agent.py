@@ -133,8 +133,7 @@ class Agent:
         self.linkctl = linkctl.LinkControl(device)  # link.drain, link.keys, link.notice
         self.files = SecretFileStore(self.data_dir, self.root, ignore_owner=config.ignore_owner,
                                      owner_for_all=config.owner_for_all_files)
-        self.configs = ConfigManager(self.data_dir, self.files, self.workload,
-                                     device_id=lambda: self.link.device_id)
+        self.configs = ConfigManager(self.data_dir, self.files, self.workload, device_id=lambda: device.device_id)
         self.files.attach(device)
         # before the configuration: a test boot holds the workload before its boot hook starts it
         self.memtest = attach_memtest(device, config.memtest)  # None: simulated defaults

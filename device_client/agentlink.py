@@ -77,7 +77,7 @@ class Link:
         self.link_url = link_url(self.hub_url)
         self.clock = clock
         self.commands = commands
-        commands.on_idle = self._commands_answered
+        commands.on_idle = self._commands_answered  # a leave waits for the last reply in flight
         self.frames = FrameGuard(config.data_dir, clock, config.max_frame_bytes)  # the link's frame limit
         self.device_id: str | None = None  # welcome.deviceId
         self.hub_keys: dict[str, str] = {}  # welcome.hubKeys: kid -> public key that signs tunnel grants

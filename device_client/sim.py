@@ -27,7 +27,8 @@ from typing import Any, Iterable
 import httpx
 import trio
 
-from .agent import Agent, AgentConfig, hub_urls
+from .agent import Agent
+from .agentconfig import AgentConfig, hub_urls
 from .clock import Clock
 from .memtest import sim_config
 from .state import write_json_atomic
