@@ -35,7 +35,7 @@ from trio_websocket import open_websocket_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from device_client.agent import Agent  # noqa: E402
+from device_client.agent import Agent, AgentConfig  # noqa: E402
 from device_client.clock import Clock  # noqa: E402
 from webrtc.device_tunnel import attach as tunnel_engine  # noqa: E402
 
@@ -147,8 +147,8 @@ async def main(args: argparse.Namespace) -> None:
             if args.mode == "agent":
                 devices = json.loads(Path(cmd["devices_file"]).read_text())
                 for dev_id, token in devices:
-                    agent = Agent(args.hub, token, Path(args.data_dir) / dev_id, clock=clock,
-                                  connect_limiter=limiter, tunnel_engine=tunnel_engine)
+                    agent = Agent(AgentConfig(args.hub, token, Path(args.data_dir) / dev_id, clock=clock,
+                                              connect_limiter=limiter, tunnel_engine=tunnel_engine))
                     new.append(agent)
                     nursery.start_soon(agent.run)
             else:

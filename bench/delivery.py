@@ -260,7 +260,7 @@ def start_fleet(n: int, name: str, connect_timeout: float = 180.0) -> Fleet:
             raise RuntimeError(f"UPDATE devices SET fleet_id answered {done!r}, expected {n} rows")
         fleet.sim_root = shm_tempdir(f"fleethub-bench-{name}-")
         (fleet.sim_root / "devices.json").write_text(json.dumps(fleet.devices))
-        os.environ["FLEETHUB_AGENT_IGNORE_OWNER"] = "1"  # the Worker inherits it: Agent(ignore_owner=None) reads it
+        os.environ["FLEETHUB_AGENT_IGNORE_OWNER"] = "1"  # the Worker inherits it: ignore_owner=None reads it
         fleet.worker = Worker("agent", "--hub", hub.base_url, "--data-dir", str(fleet.sim_root), name=f"{name}-sim")
         t0 = time.monotonic()
         fleet.worker.send({"cmd": "add", "devices_file": str(fleet.sim_root / "devices.json"),

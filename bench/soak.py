@@ -84,7 +84,7 @@ def slope_mib_per_min(points: list[tuple[float, float]]) -> float | None:
 
 
 def start_workers(hub: HubProcess, devices: list, procs: int, root: Path, timeout: float) -> list[Worker]:
-    os.environ["FLEETHUB_AGENT_IGNORE_OWNER"] = "1"  # the Workers inherit it: Agent(ignore_owner=None) reads it
+    os.environ["FLEETHUB_AGENT_IGNORE_OWNER"] = "1"  # the Workers inherit it: ignore_owner=None reads it
     workers = []
     for k in range(procs):
         part = devices[k::procs]

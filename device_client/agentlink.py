@@ -1,12 +1,16 @@
-"""The agent's link, the IO shell around device_client/link/DeviceSide: connect (a limiter bounds
-simultaneous handshakes), send the hello, feed what arrives to the side and act on its events (run
-each command in its own task, send heartbeats when due), and when the link ends say why and how long
-to stay away (docs/device-protocol.md, close codes).
+"""The agent's link to the hub, an object of its own: ``Link`` connects (a limiter bounds
+simultaneous handshakes), sends the hello, feeds what arrives to device_client/link/DeviceSide and
+acts on its events (runs each command in its own task, sends heartbeats when due), and when the link
+ends says why and how long to stay away (docs/device-protocol.md, close codes), failing over to the
+next hub URL when a link never got its welcome.
 
-``LinkShell`` is a base of ``Agent`` (device_client/agent.py): these are its methods for the link;
-the state they use (the socket, the backoff, the limiter, the close code) is the agent's, set up in
-its ``__init__``. The split keeps the agent's module to what the device holds; the link's rules are
-in device_client/link/, not here.
+Its state is its own: the socket, the welcome's facts (device id, hub keys, frame limit), the
+backoff, the close code, the drain window, the counters. The agent (device_client/agent.py) holds one
+and drives it: ``connect_once`` and ``pause`` in turn, ``leave`` to end a link for a reboot. What the
+link needs from the agent comes in at construction, each for one reason: ``hello`` (the fields of
+every hello), ``uptime`` (heartbeats), ``on_link`` (the parts' link hooks, started after each
+welcome) and ``who`` (the name the logs give the device). The rules of the link are in
+device_client/link/, not here; this is their IO shell.
 """
 
 from __future__ import annotations
@@ -14,15 +18,20 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from typing import Any, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, AsyncContextManager, Awaitable, Callable
 
 import trio
-from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError
+from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError, open_websocket_url
 
 from . import protocol
-from .clock import rfc3339
+from .agentconfig import AgentConfig, link_url
+from .backoff import Backoff
+from .clock import Clock, rfc3339
+from .commands import CommandTable
 from .link import CommandReceived, DeviceSide, HeartbeatDue, Ignored, LinkFailed
 from .linkcodes import Close, drain_window
+from .linkframes import FrameGuard
 
 log = logging.getLogger("fleethub.agent")
 
@@ -45,8 +54,144 @@ class _LinkLost(Exception):
 _LINK_ERRORS = (HandshakeError, ConnectionClosed, OSError, trio.BrokenResourceError,
                 trio.ClosedResourceError, protocol.ProtocolError, _LinkLost)
 
-class LinkShell:
-    """The link's half of the agent (see the module's docstring)."""
+@dataclass(frozen=True)
+class LinkStatistics:
+    device_id: str | None
+    connected: bool
+    links: int  # welcomes received
+    link_failures: int  # connects or links that ended in an error
+    heartbeats_sent: int
+    last_error: str | None
+
+
+class Link:
+    """The device's link to the hub (see the module's docstring)."""
+
+    def __init__(self, config: AgentConfig, clock: Clock, commands: CommandTable, *,
+                 hello: Callable[[], dict[str, Any]], uptime: Callable[[], float],
+                 on_link: Callable[[], Awaitable[None]], who: Callable[[], str]) -> None:
+        # Several URLs (nodes of a cluster): a link that fails before its welcome moves on to the next,
+        # so the devices of a node that died come back through the others (``_fail_over``).
+        self.hub_urls = config.hub_urls
+        self.hub_url = self.hub_urls[0]
+        self.link_url = link_url(self.hub_url)
+        self.clock = clock
+        self.commands = commands
+        commands.on_idle = self._commands_answered  # a leave waits for the last reply in flight
+        self.frames = FrameGuard(config.data_dir, clock, config.max_frame_bytes)  # the link's frame limit
+        self.device_id: str | None = None  # welcome.deviceId
+        self.hub_keys: dict[str, str] = {}  # welcome.hubKeys: kid -> public key that signs tunnel grants
+        self.connected = False
+        self._hello, self._uptime, self._on_link, self._who = hello, uptime, on_link, who
+        self._auth = [(protocol.TOKEN_HEADER.lower().encode(), b"Bearer " + config.token.encode())]
+        self._backoff = Backoff(config.backoff_initial, config.backoff_max, config.rng)
+        self._superseded_backoff = config.superseded_backoff
+        self._limiter = config.connect_limiter
+        self._limiter_held = False
+        self._connect_timeout = config.connect_timeout
+        self._handshake_timeout = config.handshake_timeout
+        self._ssl_context = config.ssl_context
+        self._connector = config.connector  # None: a WebSocket to the hub's URL
+        self._closed_with: int | None = None  # the close code that ended the last link, if the hub sent one
+        self._closed_reason: str | None = None  # and its reason (4004 states the drain window in it)
+        self._reconnect_after: float | None = None  # set by link.drain: leave the link, come back then
+        # what ends this link once the replies being worked on are sent: (close code, reason, what to
+        # do before closing), in the order asked; a pending one also stops the next session starting
+        self._leaving: list[tuple[int, str, Callable[[], Awaitable[None]] | None]] = []
+        self._ws: Any = None
+        self._scope: trio.CancelScope | None = None  # the session or the pause a leave cancels
+        self._connected_event = trio.Event()
+        self._link_welcomed = False
+        self._link_error: BaseException | None = None
+        self._on_first_welcome: Callable[[], None] | None = None
+        self._stats = dict(links=0, link_failures=0, heartbeats_sent=0)
+        self._last_error: str | None = None
+
+    # ---- what the agent uses ----
+
+    def on_first_welcome(self, callback: Callable[[], None]) -> None:
+        self._on_first_welcome = callback
+
+    def leave(self, code: int, reason: str, before_close: Callable[[], Awaitable[None]] | None = None) -> None:
+        """End the link (or the pause before the next) once the replies being worked on are sent,
+        closing with ``code`` after ``await before_close()``; no session starts while one is pending."""
+        if all(code != pending for pending, _, _ in self._leaving):
+            self._leaving.append((code, reason, before_close))
+        self._commands_answered()
+
+    def stay(self) -> None:
+        """Forget a pending leave: the reboot that asked for it has happened (the agent's boot)."""
+        self._leaving.clear()
+
+    def request_reconnect(self, after: float, url: str | None = None) -> None:
+        """Leave the link once the replies being worked on are sent, and reconnect at a random moment
+        within ``after`` seconds — to ``url`` when given (ValueError if it is not a hub URL)."""
+        if url is not None:
+            self.link_url, self.hub_url = link_url(url), url
+        self._reconnect_after = after
+        self.leave(1001, "drained by the hub")  # 1001: going away
+
+    def reset_backoff(self) -> None:
+        self._backoff.reset()
+
+    async def send_event(self, kind: str, payload: dict[str, Any] | None = None) -> bool:
+        """Send an event now; False when there is no link (the next hello carries the state)."""
+        ws = self._ws
+        if ws is None:
+            return False
+        text = self.frames.encode_event(kind, payload or {})
+        if text is None:
+            return True  # too big even trimmed: dropped and recorded (linkframes.py), never to be resent
+        try:
+            await ws.send_message(text)
+        except _LINK_ERRORS:
+            return False
+        return True
+
+    def device_auth(self) -> dict[str, str]:
+        """The device's credential for the hub's device HTTP endpoints (memory-test page maps)."""
+        return {k.decode(): v.decode() for k, v in self._auth}
+
+    @property
+    def ssl_context(self) -> Any:
+        return self._ssl_context
+
+    async def wait_connected(self) -> None:
+        await self._connected_event.wait()
+
+    def statistics(self) -> LinkStatistics:
+        return LinkStatistics(device_id=self.device_id, connected=self.connected, last_error=self._last_error,
+                              **self._stats)
+
+    # ---- one link, then a pause ----
+
+    async def pause(self, welcomed: bool) -> None:
+        """Wait before the next connect: the backoff after a failure (and the next hub URL), the
+        drain window, or what the last close code asks for. ``leave`` cuts it short."""
+        if welcomed:
+            self._backoff.reset()
+        else:
+            self._fail_over()
+        delay = self._backoff.next_delay()
+        if self._reconnect_after is not None:
+            # drained by the hub: spread the reconnects over the window it gave
+            delay, self._reconnect_after = self._backoff.within(self._reconnect_after), None
+        else:
+            delay = self._after_close(delay)
+        log.debug("%s: reconnecting in %.2fs", self._who(), delay)
+        with trio.CancelScope() as self._scope:
+            await trio.sleep(delay)
+        self._scope = None
+
+    def _fail_over(self) -> None:
+        """After a link that never got its welcome: the next hub URL of the list, in turn (the same one
+        again when there is only one; a drain's successor URL stays until it fails too)."""
+        if len(self.hub_urls) < 2:
+            return
+        current = self.hub_urls.index(self.hub_url) if self.hub_url in self.hub_urls else -1
+        self.hub_url = self.hub_urls[(current + 1) % len(self.hub_urls)]
+        self.link_url = link_url(self.hub_url)
+        log.info("%s: trying the next hub, %s", self._who(), self.hub_url)
 
     def _after_close(self, delay: float) -> float:
         """How long to stay away after the hub closed the link with ``_closed_with`` (docs/device-protocol.md,
@@ -64,7 +209,20 @@ class LinkShell:
             return self._backoff.within(drain_window(self._closed_reason))
         return delay
 
-    async def _connect_once(self) -> bool:
+    def _commands_answered(self) -> None:
+        # a requested leave waits until every reply being worked on has been sent
+        if self._leaving and self.commands.inflight == 0 and self._scope is not None:
+            self._scope.cancel()
+
+    def _open(self) -> AsyncContextManager[Any]:
+        if self._connector is not None:  # a test's in-memory hub (tests/device_client/device_fakehub.py)
+            return self._connector(self._auth)
+        return open_websocket_url(self.link_url, self._ssl_context, extra_headers=self._auth,
+                                  max_message_size=protocol.MAX_FRAME_BYTES, connect_timeout=self._connect_timeout,
+                                  disconnect_timeout=5)
+
+    async def connect_once(self) -> bool:
+        """One link, from the connect to its end; True if it got its welcome."""
         self._link_welcomed = False
         self._link_error = None
         try:
@@ -73,16 +231,16 @@ class LinkShell:
                 # open 15,000 TCP connections in the same millisecond
                 await self._limiter.acquire_on_behalf_of(self)
                 self._limiter_held = True
-            async with self._open_link() as ws:
+            async with self._open() as ws:
                 with trio.CancelScope() as self._scope:
-                    if self._reboot_reason is None:
+                    if not self._leaving:
                         await self._session(ws)
                 self._scope = None
-                if self._reconnect_after is not None:
-                    await ws.aclose(1001, "drained by the hub")  # 1001: going away
-                if self._reboot_reason is not None:
-                    await self._persist_reboot()
-                    await ws.aclose(1012, "rebooting")  # 1012: service restart
+                leaving, self._leaving = self._leaving, []
+                for code, reason, before_close in leaving:
+                    if before_close is not None:
+                        await before_close()
+                    await ws.aclose(code, reason)
         except ConnectionRejected as exc:
             self._link_failed(exc)
             if exc.status_code in (401, 403):
@@ -108,6 +266,7 @@ class LinkShell:
                     # the hub refused a frame as too big: trim or drop it before coming back, never resend it
                     self.frames.refused_by_hub(exc.reason.reason or "")
         finally:
+            self._leaving.clear()  # a link that failed first: what asked to leave sees it has ended
             self._release_limiter()
             self._scope = None
             self._ws = None
@@ -136,12 +295,11 @@ class LinkShell:
             if self._on_first_welcome is not None:
                 self._on_first_welcome, started = None, self._on_first_welcome
                 started()
-            log.info("%s: linked to %s (boot reason %s)", self._who(), self.link_url, self.boot_reason)
             refusals = self.frames.take_report()
             if refusals:  # what the hub or the agent refused as too big since the last link
                 await self.send_event("link.refused", {"refusals": refusals})
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.hooks.run, self.hooks.link, self._who())
+                nursery.start_soon(self._on_link)
                 await self._guard(nursery.cancel_scope, self._drive, ws, side, nursery)
         finally:
             side.closed()
@@ -175,7 +333,7 @@ class LinkShell:
                     nursery.start_soon(self._guard, nursery.cancel_scope, self.commands.dispatch, event.command,
                                        functools.partial(self._send_reply, ws), self.device_id, self._who())
                 elif isinstance(event, HeartbeatDue):
-                    payload = {"deviceClock": rfc3339(self.clock.now()), "uptime": round(self.uptime(), 3)}
+                    payload = {"deviceClock": rfc3339(self.clock.now()), "uptime": round(self._uptime(), 3)}
                     await ws.send_message(side.heartbeat(payload, trio.current_time()))
                     self._stats["heartbeats_sent"] += 1
                 elif isinstance(event, Ignored):

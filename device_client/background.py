@@ -8,21 +8,24 @@ loops outlive link drops and decide themselves whether there is a link to send o
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import trio
 
+if TYPE_CHECKING:
+    from .context import DeviceContext
+
 
 class BootLoop:
-    def __init__(self, agent: Any, body: Callable[[], Awaitable[None]]) -> None:
-        self.agent = agent
+    def __init__(self, device: DeviceContext, body: Callable[[], Awaitable[None]]) -> None:
+        self.device = device
         self.body = body
         self._scope: trio.CancelScope | None = None
-        agent.add_boot_hook(self._start)
-        agent.add_shutdown_hook(self._stop)
+        device.add_boot_hook(self._start)
+        device.add_shutdown_hook(self._stop)
 
     async def _start(self) -> None:
-        nursery = self.agent.workload.nursery
+        nursery = self.device.nursery
         if nursery is None or self._scope is not None:
             return
         self._scope = trio.CancelScope()

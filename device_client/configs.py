@@ -37,7 +37,7 @@ from .state import write_json_atomic
 from .workload import Health, Workload, WorkloadSpec, parse_spec
 
 if TYPE_CHECKING:
-    from .agent import Agent
+    from .context import DeviceContext
 
 log = logging.getLogger("fleethub.agent.configs")
 
@@ -88,7 +88,7 @@ class ConfigManager:
         self._loaded = False
         self._lock = trio.Lock()
         self._boot_report: dict[str, Any] | None = None
-        self._agent: Agent | None = None
+        self._device: DeviceContext | None = None
 
     @property
     def current(self) -> dict[str, Any] | None:
@@ -152,13 +152,13 @@ class ConfigManager:
             return
         await self.workload.start(spec, self._env(record))
 
-    def attach(self, agent: Agent) -> None:
-        self._agent = agent
-        agent.register("config.apply", self.apply)
-        agent.add_hello_provider(lambda: {"configVersionApplied": self.version_applied()})
-        agent.add_boot_hook(self.boot)
-        agent.add_link_hook(self._on_link)
-        agent.add_shutdown_hook(self.workload.stop)
+    def attach(self, device: DeviceContext) -> None:
+        self._device = device
+        device.register("config.apply", self.apply)
+        device.add_hello_provider(lambda: {"configVersionApplied": self.version_applied()})
+        device.add_boot_hook(self.boot)
+        device.add_link_hook(self._on_link)
+        device.add_shutdown_hook(self.workload.stop)
         self.workload.on_health = self._health_changed
 
     async def _health_changed(self, health: Health) -> None:
@@ -228,7 +228,7 @@ class ConfigManager:
                 self._boot_report = None
 
     async def _send(self, kind: str, payload: dict[str, Any]) -> bool:
-        return await self._agent.send_event(kind, payload) if self._agent is not None else False
+        return await self._device.send_event(kind, payload) if self._device is not None else False
 
     def _env(self, record: dict[str, Any]) -> dict[str, str]:
         env = {"FLEETHUB_CONFIG_FILE": str(self.config_file(record["versionId"]))}

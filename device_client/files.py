@@ -50,7 +50,7 @@ from .devroot import DeviceRoot, Refused
 from .state import StateFile
 
 if TYPE_CHECKING:
-    from .agent import Agent
+    from .context import DeviceContext
 
 log = logging.getLogger("fleethub.agent.files")
 
@@ -158,7 +158,7 @@ class SecretFileStore:
         self.ignore_owner = ignore_owner
         self._lock = trio.Lock()
         self._boot_report: list[dict[str, Any]] = []
-        self._agent: Agent | None = None
+        self._device: DeviceContext | None = None
 
     # ---- what the rest of the device asks ----
 
@@ -211,14 +211,14 @@ class SecretFileStore:
 
     # ---- agent wiring ----
 
-    def attach(self, agent: Agent) -> None:
-        self._agent = agent
-        agent.register("files.put", self._handle_put)
-        agent.register("files.delete", self._handle_delete)
-        agent.register("files.wipe", self._handle_wipe)
-        agent.add_hello_provider(lambda: {"secretFileDigests": self.digests()})
-        agent.add_boot_hook(self._on_boot)
-        agent.add_link_hook(self._on_link)
+    def attach(self, device: DeviceContext) -> None:
+        self._device = device
+        device.register("files.put", self._handle_put)
+        device.register("files.delete", self._handle_delete)
+        device.register("files.wipe", self._handle_wipe)
+        device.add_hello_provider(lambda: {"secretFileDigests": self.digests()})
+        device.add_boot_hook(self._on_boot)
+        device.add_link_hook(self._on_link)
 
     async def _handle_put(self, payload: dict[str, Any]) -> dict[str, Any]:
         return {"results": await self.put(_list(payload, "files"))}
@@ -236,7 +236,7 @@ class SecretFileStore:
     async def _on_link(self) -> None:
         # at boot there is no link yet; the report goes out on the first link of the boot
         report = self._boot_report
-        if report and self._agent and await self._agent.send_event("files.result", {"results": report}):
+        if report and self._device and await self._device.send_event("files.result", {"results": report}):
             if self._boot_report is report:
                 self._boot_report = []
 

@@ -16,12 +16,15 @@ import datetime as dt
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from .background import BootLoop
 from .state import write_json_atomic
+
+if TYPE_CHECKING:
+    from .context import DeviceContext
 
 log = logging.getLogger("fleethub.agent.registry")
 
@@ -35,15 +38,15 @@ class RegistryProxy:
         self.bytes_per_minute = 0
         self.pending: dict[str, int] = {}  # UTC day -> bytes not yet reported
         self.reported = 0  # bytes the hub has been sent
-        self.agent: Any = None
+        self.device: Any = None
         self._sim_carry = 0.0
         self._wake = trio.Event()
 
-    def attach(self, agent: Any) -> RegistryProxy:
-        self.agent = agent
-        agent.add_boot_hook(self._load)
-        BootLoop(agent, self._loop)
-        agent.add_shutdown_hook(self._save)
+    def attach(self, device: DeviceContext) -> RegistryProxy:
+        self.device = device
+        device.add_boot_hook(self._load)
+        BootLoop(device, self._loop)
+        device.add_shutdown_hook(self._save)
         return self
 
     def configure(self, *, report_interval: float | None = None, bytes_per_minute: int | None = None) -> None:
@@ -63,7 +66,7 @@ class RegistryProxy:
         self.configure(bytes_per_minute=bytes_per_minute)
 
     def _today(self) -> str:
-        return self.agent.clock.now().astimezone(dt.UTC).date().isoformat()
+        return self.device.clock.now().astimezone(dt.UTC).date().isoformat()
 
     def carried(self, n: int) -> None:
         if n > 0:
@@ -92,7 +95,7 @@ class RegistryProxy:
         sent = 0
         for day in sorted(self.pending):
             n = self.pending[day]
-            if not self.agent.connected or not await self.agent.send_event(
+            if not self.device.connected or not await self.device.send_event(
                     "registry.bytes", {"fleetBytes": n, "day": day}):
                 break
             # only what was sent: carried() may have added to this day meanwhile

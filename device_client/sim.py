@@ -27,7 +27,8 @@ from typing import Any, Iterable
 import httpx
 import trio
 
-from .agent import Agent, hub_urls
+from .agent import Agent
+from .agentconfig import AgentConfig, hub_urls
 from .clock import Clock
 from .memtest import sim_config
 from .state import write_json_atomic
@@ -120,8 +121,8 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
     Devices handed in with ``devices`` come first, then those in sim.json, then new ones.
     ``workload_user``: the account of every workload (default: ``simulator_user()``). ``hub_url`` may
     name several nodes, comma-separated: devices are provisioned through the first, and each agent
-    fails over along the list (device_client/agent.py ``hub_urls``). ``agent_options`` go to every
-    ``Agent``; tunnels among them come from the launcher, ``{"tunnel": TunnelConfig, "tunnel_engine":
+    fails over along the list (device_client/agentconfig.py ``hub_urls``). ``agent_options`` go to every
+    ``AgentConfig``; tunnels among them come from the launcher, ``{"tunnel": TunnelConfig, "tunnel_engine":
     webrtc.device_tunnel.attach}`` (hub/cli.py, hub/demo.py): without them the devices have none.
     """
     primary = hub_urls(hub_url)[0]
@@ -170,8 +171,9 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
     devices_dir.chmod(0o711 if options.get("workload_user") else 0o700)
     options.update(agent_options or {})
     # memory tests: the i-th --memory-fault to the i-th device, each capped at its memory budget
-    agents = [Agent(hub_url, d["token"], data_dir / "devices" / d["id"], clock=clock,
-                    connect_limiter=limiter, **{"memtest": sim_config(i, memory_faults, memory_budget), **options})
+    agents = [Agent(AgentConfig(hub_url, d["token"], data_dir / "devices" / d["id"], clock=clock,
+                                connect_limiter=limiter,
+                                **{"memtest": sim_config(i, memory_faults, memory_budget), **options}))
               for i, d in enumerate(chosen)]
     for agent in agents:  # simulated registry-proxy traffic, reported as registry.bytes (billing)
         agent.registry_proxy.bytes_per_minute = registry_bytes_per_minute

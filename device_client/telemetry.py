@@ -12,7 +12,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -20,6 +20,9 @@ from .background import BootLoop
 from .clock import rfc3339
 from .commands import CommandError
 from .state import write_json_atomic
+
+if TYPE_CHECKING:
+    from .context import DeviceContext
 
 log = logging.getLogger("fleethub.agent.telemetry")
 
@@ -46,7 +49,7 @@ class Telemetry:
         self.interval = interval
         self.enabled = self._load()
         self.sent = 0
-        self.agent: Any = None
+        self.device: Any = None
         self._wake = trio.Event()
 
     def _load(self) -> bool:
@@ -55,11 +58,11 @@ class Telemetry:
         except (OSError, ValueError, AttributeError):
             return False
 
-    def attach(self, agent: Any) -> Telemetry:
-        self.agent = agent
-        agent.register("telemetry.set", self._set)
-        agent.add_hello_provider(lambda: {"telemetry": self.enabled})
-        BootLoop(agent, self._loop)
+    def attach(self, device: DeviceContext) -> Telemetry:
+        self.device = device
+        device.register("telemetry.set", self._set)
+        device.add_hello_provider(lambda: {"telemetry": self.enabled})
+        BootLoop(device, self._loop)
         return self
 
     def configure(self, *, interval: float) -> None:
@@ -83,9 +86,9 @@ class Telemetry:
         return {"enabled": self.enabled}
 
     def sample(self) -> dict[str, Any]:
-        agent = self.agent
-        stats = agent.statistics()
-        sample: dict[str, Any] = {"sentAt": rfc3339(agent.clock.now()), "uptime": round(agent.uptime(), 3),
+        device = self.device
+        stats = device.statistics()
+        sample: dict[str, Any] = {"sentAt": rfc3339(device.clock.now()), "uptime": round(device.uptime(), 3),
                                   "links": stats.links, "heartbeatsSent": stats.heartbeats_sent}
         try:
             sample["loadAverage"] = [round(x, 3) for x in os.getloadavg()]
@@ -103,5 +106,5 @@ class Telemetry:
             with trio.move_on_after(self.interval):
                 await wake.wait()
                 continue  # the setting or the period changed: start the period again
-            if self.enabled and self.agent.connected and await self.agent.send_event("telemetry", self.sample()):
+            if self.enabled and self.device.connected and await self.device.send_event("telemetry", self.sample()):
                 self.sent += 1

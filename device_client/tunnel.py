@@ -4,7 +4,7 @@ Only configuration lives here; the tunnel verbs themselves (``tunnel.open``, ``t
 ``tunnel.ice_restart``), the grant checks, the aiortc peer, the expiry and the ``tunnel.usage``
 reports are webrtc/device_tunnel.py's. device_client is the bottom layer and imports nothing of
 webrtc, so the agent does not attach them itself: its launcher passes ``webrtc.device_tunnel.attach``
-as ``Agent(tunnel_engine=...)`` with this ``TunnelConfig`` (docs/architecture.md, "Layers").
+as ``AgentConfig(tunnel_engine=...)`` with this ``TunnelConfig`` (docs/architecture.md, "Layers").
 
 A tunnel's target is a name from the device's own configuration, never the hub's:
 

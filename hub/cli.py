@@ -155,7 +155,7 @@ def cmd_agent(args: argparse.Namespace) -> None:
         from device_client.check import main as check
 
         sys.exit(check(args))
-    from device_client.agent import Agent
+    from device_client.agent import Agent, AgentConfig
 
     token = args.token or (Path(args.token_file).read_text().strip() if args.token_file else None) \
         or os.environ.get("FLEETHUB_DEVICE_TOKEN")
@@ -168,8 +168,9 @@ def cmd_agent(args: argparse.Namespace) -> None:
         workload_user = configured_user(args.workload_user)  # the device operator's choice; default: ours
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    agent = Agent(args.hub, token, Path(args.data_dir), reboot_mode="exec", **_tunnel_options(args),
-                  memtest=agent_config(args.memory_fault, args.memory_budget), workload_user=workload_user)
+    agent = Agent(AgentConfig(args.hub, token, Path(args.data_dir), reboot_mode="exec", **_tunnel_options(args),
+                              memtest=agent_config(args.memory_fault, args.memory_budget),
+                              workload_user=workload_user))
     _run(agent.run)
 
 

@@ -151,11 +151,11 @@ async def start_agent(nursery: trio.Nursery, hub_url: str, token: str, data_dir:
     """A real device agent in its own cancel scope; by default returns after its first welcome.
     Launched as ``fleethub agent`` launches it: with the tunnel engine (webrtc/device_tunnel.py), unless
     ``tunnel_engine=None`` is passed."""
-    from device_client.agent import Agent
+    from device_client.agent import Agent, AgentConfig
     from webrtc.device_tunnel import attach as tunnel_engine
 
-    agent = (agent_cls or Agent)(hub_url, token, data_dir,
-                                 **{**FAST_BACKOFF, "tunnel_engine": tunnel_engine, **options})
+    agent = (agent_cls or Agent)(AgentConfig(hub_url, token, data_dir,
+                                             **{**FAST_BACKOFF, "tunnel_engine": tunnel_engine, **options}))
     running = RunningAgent(agent, trio.CancelScope(), trio.Event())
 
     async def run(task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -16,7 +16,7 @@ sent at the next one.
 
 Here, not in device_client: this is the part that needs webrtc, and device_client is the layer below
 it. The agent's launcher (``fleethub agent``/``sim``/``demo``, hub/cli.py and hub/demo.py) passes
-``attach`` to ``Agent(tunnel_engine=...)``; an agent built without it has no tunnels at all
+``attach`` as ``AgentConfig(tunnel_engine=...)``; an agent built without it has no tunnels at all
 (docs/architecture.md, "Layers"). The log keeps the agent's name, ``fleethub.agent.tunnel``.
 """
 
@@ -37,7 +37,7 @@ from .sdp import fingerprints
 from .shell_channel import connect_shell
 
 if TYPE_CHECKING:
-    from device_client.agent import Agent
+    from device_client.context import DeviceContext
 
     from .peer import TunnelPeer
 
@@ -68,7 +68,7 @@ class Session:
         self.done = trio.Event()
         self._stop = trio.Event()
         self._expiry: trio.CancelScope | None = None
-        self._started = service.agent.clock.monotonic()
+        self._started = service.device.clock.monotonic()
         self._relayed = 0
         self._counted = 0  # bytes already classified as relayed or not
 
@@ -93,22 +93,22 @@ class Session:
             self.peer.send_control(self._renew(message.get("grant")))
 
     def _renew(self, token: Any) -> dict[str, Any]:
-        agent = self.service.agent
+        device = self.service.device
         try:
-            renewed = parse_grant(token, agent.hub_keys, now=agent.clock.now())
-            check_for_device(renewed, device_id=agent.device_id, device_key=agent.public_key_b64)
+            renewed = parse_grant(token, device.hub_keys, now=device.clock.now())
+            check_for_device(renewed, device_id=device.device_id, device_key=device.public_key_b64)
             same_session(self.grant, renewed)
         except GrantError as exc:
             log.info("tunnel %s: refused a renewal: %s", self.sid, exc.reason)
             return {"type": "error", "reason": exc.reason}
         self.grant = renewed
         if self._expiry is not None:
-            self._expiry.deadline = agent.clock.deadline_for(renewed.expires_at)
+            self._expiry.deadline = device.clock.deadline_for(renewed.expires_at)
         log.info("tunnel %s: renewed until %s", self.sid, rfc3339(renewed.expires_at))
         return {"type": "renewed", "expiresAt": rfc3339(renewed.expires_at)}
 
     async def run(self) -> None:
-        clock = self.service.agent.clock
+        clock = self.service.device.clock
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._report_usage)
@@ -139,7 +139,7 @@ class Session:
     async def _report_usage(self) -> None:
         while True:
             await trio.sleep(USAGE_INTERVAL)
-            await self.service.agent.send_event("tunnel.usage", self.usage(final=False))
+            await self.service.device.send_event("tunnel.usage", self.usage(final=False))
 
     def _classify(self) -> None:
         counters = self.peer.counters
@@ -155,7 +155,7 @@ class Session:
         usage: dict[str, Any] = {
             "sessionId": self.sid, "bytesIn": counters.received, "bytesOut": counters.sent,
             "relayedBytes": self._relayed, "final": final,
-            "durationSeconds": round(self.service.agent.clock.monotonic() - self._started, 3)}
+            "durationSeconds": round(self.service.device.clock.monotonic() - self._started, 3)}
         if final and self.reason:
             usage["reason"] = self.reason
         return usage
@@ -164,8 +164,8 @@ class Session:
 class TunnelService:
     """The agent's open sessions and the final usage reports still to send."""
 
-    def __init__(self, agent: "Agent", config: TunnelConfig) -> None:
-        self.agent = agent
+    def __init__(self, device: "DeviceContext", config: TunnelConfig) -> None:
+        self.device = device
         self.config = config
         self.sessions: dict[str, Session] = {}
         # Final usage of sessions that ended with no link (the hub down or unreachable): the bytes are
@@ -173,13 +173,13 @@ class TunnelService:
         self.unsent_finals: list[dict[str, Any]] = []
 
     async def report_final(self, usage: dict[str, Any]) -> None:
-        if not await self.agent.send_event("tunnel.usage", usage):
+        if not await self.device.send_event("tunnel.usage", usage):
             self.unsent_finals = (self.unsent_finals + [usage])[-MAX_UNSENT_FINALS:]
 
     async def _on_link(self) -> None:
         while self.unsent_finals:
             usage = self.unsent_finals[0]
-            if not await self.agent.send_event("tunnel.usage", usage):
+            if not await self.device.send_event("tunnel.usage", usage):
                 return
             if self.unsent_finals and self.unsent_finals[0] is usage:
                 self.unsent_finals.pop(0)
@@ -190,10 +190,10 @@ class TunnelService:
         token, offer = payload.get("grant"), payload.get("offer")
         if not isinstance(offer, dict) or not isinstance(offer.get("sdp"), str) or offer.get("type") != "offer":
             raise CommandError("rejected", "the payload has no SDP offer")
-        agent = self.agent
+        device = self.device
         try:
-            grant = parse_grant(token, agent.hub_keys, now=agent.clock.now())
-            check_for_device(grant, device_id=agent.device_id, device_key=agent.public_key_b64,
+            grant = parse_grant(token, device.hub_keys, now=device.clock.now())
+            check_for_device(grant, device_id=device.device_id, device_key=device.public_key_b64,
                              offer_fingerprints=fingerprints(offer["sdp"]))
         except GrantError as exc:
             log.warning("tunnel: refused a grant: %s", exc.reason)
@@ -201,7 +201,7 @@ class TunnelService:
         target = self.config.resolve(grant.target)
         if grant.sid in self.sessions:
             raise CommandError("rejected", f"session {grant.sid} is already open")
-        nursery = agent.nursery
+        nursery = device.nursery
         if nursery is None:
             raise CommandError("rejected", "the agent is shutting down")
         servers = [s for s in payload.get("iceServers") or [] if isinstance(s, dict)]
@@ -255,17 +255,17 @@ def _is_turn(server: dict[str, Any]) -> bool:
     return any(str(u).startswith(("turn:", "turns:")) for u in urls)
 
 
-def attach(agent: "Agent", config: TunnelConfig | None = None) -> TunnelService:
-    """The agent's tunnel engine (``Agent(tunnel_engine=attach)``): registers the tunnel verbs, their
+def attach(device: "DeviceContext", config: TunnelConfig | None = None) -> TunnelService:
+    """The agent's tunnel engine (``AgentConfig(tunnel_engine=attach)``): registers the tunnel verbs, their
     hooks and hello fields, and advertises ``capabilities.tunnel``. ``config`` None: no targets."""
-    service = TunnelService(agent, config or TunnelConfig())
-    agent.register("tunnel.open", service.open)
-    agent.register("tunnel.close", service.close)
-    agent.register("tunnel.ice_restart", service.ice_restart)
-    agent.add_shutdown_hook(service.shutdown)
-    agent.add_hello_provider(service.config.hello_fields)
-    agent.add_link_hook(service._on_link)
-    agent.capabilities.tunnel = True
+    service = TunnelService(device, config or TunnelConfig())
+    device.register("tunnel.open", service.open)
+    device.register("tunnel.close", service.close)
+    device.register("tunnel.ice_restart", service.ice_restart)
+    device.add_shutdown_hook(service.shutdown)
+    device.add_hello_provider(service.config.hello_fields)
+    device.add_link_hook(service._on_link)
+    device.capabilities.tunnel = True
     # an operator's first question when a tunnel is refused: what does this device offer?
     log.info("tunnel targets: %s", service.config.describe())
     return service

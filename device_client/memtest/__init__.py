@@ -2,20 +2,23 @@
 
 engine.py (memory and sweeps), patterns.py, faults.py (simulated faulty memory), confirm.py,
 verdict.py, plan.py (modes, sizes, back-off), runner.py (one run), retire.py, store.py, hwsim.py,
-tester.py (verbs and hooks: ``attach(agent, config)``).
+tester.py (verbs and hooks: ``attach(device, config)``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .tester import MemoryTester, MemtestConfig
+
+if TYPE_CHECKING:
+    from ..context import DeviceContext
 
 __all__ = ["MemoryTester", "MemtestConfig", "attach"]
 
 
-def attach(agent: Any, config: MemtestConfig | None = None) -> MemoryTester:
-    return MemoryTester(agent, config).attach()
+def attach(device: DeviceContext, config: MemtestConfig | None = None) -> MemoryTester:
+    return MemoryTester(device, config).attach()
 
 
 DEFAULT_SIM_BUDGET = 64 << 20

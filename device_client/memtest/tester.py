@@ -37,7 +37,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
@@ -53,6 +53,9 @@ from .hwsim import Hardware
 from .retire import soft_offline
 from .runner import FAULT_PAGES, Run
 from .store import MemtestStore
+
+if TYPE_CHECKING:
+    from ..context import DeviceContext
 
 log = logging.getLogger("fleethub.agent.memtest")
 
@@ -79,10 +82,10 @@ class MemtestConfig:
 
 
 class MemoryTester:
-    def __init__(self, agent: Any, config: MemtestConfig | None = None) -> None:
-        self.agent = agent
+    def __init__(self, device: DeviceContext, config: MemtestConfig | None = None) -> None:
+        self.device = device
         self.config = config or MemtestConfig()
-        self.store = MemtestStore(agent.data_dir)
+        self.store = MemtestStore(device.data_dir)
         self.hw = Hardware(simulated=self.config.simulated)
         self.run: Run | None = None
         self.maintenance = False
@@ -97,22 +100,22 @@ class MemoryTester:
     # ---- wiring ----
 
     def attach(self) -> MemoryTester:
-        agent, enabled = self.agent, self.config.enabled
-        agent.capabilities.memoryTest = protocol.MemoryTestCapabilities(
+        device, enabled = self.device, self.config.enabled
+        device.capabilities.memoryTest = protocol.MemoryTestCapabilities(
             online=enabled, offline=enabled and self.config.test_boot,
             offlineReason=None if enabled and self.config.test_boot else (
                 TEST_BOOT_UNSUPPORTED if enabled else NO_MEMORY_TEST))
-        agent.add_hello_provider(self._hello)
-        agent.frames.on_too_big("memtest.result", self._trim_result)
+        device.add_hello_provider(self._hello)
+        device.on_event_too_big("memtest.result", self._trim_result)
         if not enabled:
             return self
-        agent.register("memtest.start", self._start)
-        agent.register("memtest.cancel", self._cancel)
-        agent.register("memtest.status", self._status)
-        agent.register("memtest.ack", self._ack)
-        agent.add_boot_hook(self.boot)
-        agent.add_link_hook(self._link)
-        agent.add_shutdown_hook(self._shutdown)
+        device.register("memtest.start", self._start)
+        device.register("memtest.cancel", self._cancel)
+        device.register("memtest.status", self._status)
+        device.register("memtest.ack", self._ack)
+        device.add_boot_hook(self.boot)
+        device.add_link_hook(self._link)
+        device.add_shutdown_hook(self._shutdown)
         return self
 
     @property
@@ -124,7 +127,7 @@ class MemoryTester:
         return {"retiredPages": bounds.retired_listed(self.store.retired()),
                 "lastMemoryTest": history[0] if history else None,
                 "memoryTestRunning": self.run.status() if self.running else None,  # type: ignore[union-attr]
-                "workloadHeld": self.agent.workload.held, "maintenance": self.maintenance}
+                "workloadHeld": self.device.workload.held, "maintenance": self.maintenance}
 
     def health(self) -> dict[str, Any]:
         retired = self.store.retired()
@@ -133,7 +136,7 @@ class MemoryTester:
         fault = len(retired) > FAULT_PAGES or bool(last and last.get("fault"))
         reason = (last or {}).get("faultReason") if last and last.get("fault") else (
             f"{len(retired)} pages retired (more than {FAULT_PAGES})" if fault else None)
-        return {"capabilities": self.agent.capabilities.memoryTest.model_dump(),
+        return {"capabilities": self.device.capabilities.memoryTest.model_dump(),
                 "hardwareCorruptedBytes": self.hw.hardware_corrupted_bytes(len(retired), PAGE),
                 "edac": self.hw.edac(), "simulated": self.config.simulated,
                 "retiredPages": len(retired), "retired": bounds.retired_listed(retired), "fault": fault,
@@ -160,7 +163,7 @@ class MemoryTester:
         stopped = plan["mode"] == "full_online"
         try:
             if stopped:
-                await self._progress(_pending_status(run_id, plan, "stopping_workload", self.agent.clock))
+                await self._progress(_pending_status(run_id, plan, "stopping_workload", self.device.clock))
                 await self._stop_workload()
             try:
                 run = self._new_run(run_id, plan)
@@ -168,14 +171,14 @@ class MemoryTester:
             except BaseException:
                 if stopped:  # nothing runs: the workload must not stay stopped
                     with trio.CancelScope(shield=True):
-                        await self.agent.workload.release()
+                        await self.device.workload.release()
                 raise
         finally:
             self._starting = False
         return {"status": run.status()}
 
     async def _stop_workload(self) -> None:
-        workload = self.agent.workload
+        workload = self.device.workload
         await workload.hold()
         if workload.running:
             await workload.release()
@@ -188,13 +191,13 @@ class MemoryTester:
                 log.info("memtest: could not drop caches: %s", exc)
 
     async def _request_test_boot(self, run_id: str, plan: dict[str, Any]) -> dict[str, Any]:
-        now = rfc3339(self.agent.clock.now())
+        now = rfc3339(self.device.clock.now())
         record = {"runId": run_id, "plan": plan, "startedAt": now, "phase": "rebooting", "pass": 0,
                   "pattern": None}
         self.store.set_test_boot({**record, "started": False})
         self.store.checkpoint(record)
-        self.agent.request_reboot("memory_test")
-        status = _pending_status(run_id, plan, "rebooting", self.agent.clock)
+        self.device.request_reboot("memory_test")
+        status = _pending_status(run_id, plan, "rebooting", self.device.clock)
         self._last_status = status
         return {"status": status}
 
@@ -216,7 +219,7 @@ class MemoryTester:
         status = self.run.status() if self.run is not None and (self.running or self.holding) else self._last_status
         if status is None:
             history = self.store.history()
-            status = _ended_status(history[0]) if history else _pending_status(None, None, "idle", self.agent.clock)
+            status = _ended_status(history[0]) if history else _pending_status(None, None, "idle", self.device.clock)
         # brief: eleven full results could pass the frame limit; the hub has them in full
         return {"supported": self.config.enabled, "status": status, "health": self.health(),
                 "history": [bounds.brief(r) for r in self.store.history()]}
@@ -234,14 +237,14 @@ class MemoryTester:
         meminfo = self.config.meminfo or plans.read_meminfo
         size = plans.size_for(plan, meminfo(), self.config.budget)
         ignored = {a // PAGE for a in self.store.retired()} if self.config.simulated else None
-        return Run(run_id, plan, size=size, clock=self.agent.clock, hw=self.hw,
+        return Run(run_id, plan, size=size, clock=self.device.clock, hw=self.hw,
                    checkpoint=self.store.checkpoint, progress=self._progress, meminfo=meminfo,
                    fault=self.config.fault if self.config.simulated else None,
                    fault_seed=self.config.fault_seed, ignored_pages=ignored,
                    physical=not self.config.simulated, chunk_words=self.config.chunk_words)
 
     def _launch(self, run: Run, *, stopped: bool, test_boot: bool) -> None:
-        nursery = self.agent.nursery
+        nursery = self.device.nursery
         if nursery is None:
             raise CommandError("internal", "the agent is not running")
         self.run, self._done, self._release_hold = run, trio.Event(), trio.Event()
@@ -250,7 +253,7 @@ class MemoryTester:
 
     async def _progress(self, status: dict[str, Any]) -> None:
         self._last_status = status
-        await self.agent.send_event("memtest.progress", status)
+        await self.device.send_event("memtest.progress", status)
 
     async def _supervise(self, run: Run, stopped: bool, test_boot: bool) -> None:
         try:
@@ -263,16 +266,16 @@ class MemoryTester:
                 if stopped and not test_boot:  # restored before the hub hears the run has ended
                     await self._phase(run, "restoring")
                     with trio.CancelScope(shield=True):
-                        await self.agent.workload.release()
+                        await self.device.workload.release()
                 self._keep_page_map(run, result)
                 await self._finish(run, result)
-                self.agent.nursery.start_soon(self._upload_page_maps)
+                self.device.nursery.start_soon(self._upload_page_maps)
                 if test_boot:
                     await self._end_test_boot(run, result)
         finally:
             if stopped and not test_boot:  # whatever the end: a crash of the run, the agent stopping
                 with trio.CancelScope(shield=True):
-                    await self.agent.workload.release()
+                    await self.device.workload.release()
             self._done.set()
 
     async def _finish(self, run: Run, result: dict[str, Any]) -> None:
@@ -290,11 +293,11 @@ class MemoryTester:
         self._last_status = _ended_status(result)
         log.info("memtest %s: %s (%s), %d errors", run.run_id, result["outcome"], result["verdict"],
                  result["errorCount"])
-        await self.agent.send_event("memtest.result", {"result": result})
+        await self.device.send_event("memtest.result", {"result": result})
 
     def _details(self) -> dict[str, Any]:
         """The hardware and versions a result was made with (the spec's run-report details)."""
-        facts = getattr(self.agent, "facts", None) or {}
+        facts = getattr(self.device, "facts", None) or {}
         try:
             total = (self.config.meminfo or plans.read_meminfo)().total
         except (OSError, ValueError, KeyError):
@@ -322,7 +325,7 @@ class MemoryTester:
             # the test failed; the device holds in maintenance (step holding) until cancel or 30 min
             run.phase, run.step = "failed", "holding"
             self._last_status = run.status()
-            await self.agent.send_event("memtest.progress", self._last_status)
+            await self.device.send_event("memtest.progress", self._last_status)
             with trio.move_on_after(HOLD_SECONDS):
                 await self._release_hold.wait()
             self.holding = False
@@ -330,9 +333,9 @@ class MemoryTester:
         self.store.set_test_boot(None)
         self.maintenance = False
         self._last_status = {**(self._last_status or {}), "phase": "restoring", "step": None}
-        await self.agent.send_event("memtest.progress", self._last_status)
+        await self.device.send_event("memtest.progress", self._last_status)
         self._last_status = _ended_status(result)
-        self.agent.request_reboot(TEST_BOOT_DONE)
+        self.device.request_reboot(TEST_BOOT_DONE)
 
     # ---- hooks ----
 
@@ -342,18 +345,18 @@ class MemoryTester:
             soft_offline(physical, real=not self.config.simulated)
         checkpoint = self.store.load_checkpoint()
         test_boot = self.store.test_boot()
-        if (test_boot and not test_boot.get("started") and self.agent.boot_reason == "memory_test"):
+        if (test_boot and not test_boot.get("started") and self.device.boot_reason == "memory_test"):
             await self._begin_test_boot(test_boot)
             return
         if checkpoint is not None:
-            self.store.add_result(_interrupted(checkpoint, self.agent.clock, self._details()))
+            self.store.add_result(_interrupted(checkpoint, self.device.clock, self._details()))
             self.store.clear_checkpoint()
         if test_boot:
             self.store.set_test_boot(None)
 
     async def _begin_test_boot(self, record: dict[str, Any]) -> None:
         self.store.set_test_boot({**record, "started": True})
-        await self.agent.workload.hold()  # before the configuration's boot hook would start it
+        await self.device.workload.hold()  # before the configuration's boot hook would start it
         self.maintenance = True
         run = self._new_run(record["runId"], record["plan"])
         self._launch(run, stopped=True, test_boot=True)
@@ -384,12 +387,12 @@ class MemoryTester:
             return
         self._uploading = True
         try:
-            async with httpx.AsyncClient(verify=self.agent.ssl_context or True, timeout=UPLOAD_TIMEOUT) as client:
+            async with httpx.AsyncClient(verify=self.device.ssl_context or True, timeout=UPLOAD_TIMEOUT) as client:
                 for run_id, path in maps:
-                    url = f"{self.agent.hub_url.rstrip('/')}/v1/device/memory-tests/{quote(run_id, safe='')}/page-map"
+                    url = f"{self.device.hub_url.rstrip('/')}/v1/device/memory-tests/{quote(run_id, safe='')}/page-map"
                     try:
                         r = await client.put(url, content=path.read_bytes(), headers={
-                            **self.agent.device_auth(), "Content-Type": "application/json",
+                            **self.device.device_auth(), "Content-Type": "application/json",
                             "Content-Encoding": "gzip"})
                     except (httpx.HTTPError, OSError) as exc:
                         log.info("memtest %s: page map upload failed (%s); again at the next link", run_id, exc)
@@ -406,11 +409,11 @@ class MemoryTester:
             self._uploading = False
 
     async def _link(self) -> None:
-        self.agent.nursery.start_soon(self._upload_page_maps)
+        self.device.nursery.start_soon(self._upload_page_maps)
         for result in self.store.unacked():
-            if not await self.agent.send_event("memtest.result", {"result": result}):
+            if not await self.device.send_event("memtest.result", {"result": result}):
                 return
-        await self.agent.send_event("memtest.health", {"health": self.health()})
+        await self.device.send_event("memtest.health", {"health": self.health()})
 
     async def _shutdown(self) -> None:
         # the agent stops or reboots: to the run this is a power loss (no result; its checkpoint
@@ -420,7 +423,7 @@ class MemoryTester:
             await self._done.wait()
         self.maintenance = False
         self.holding = False
-        self.agent.workload.held = False
+        self.device.workload.held = False
 
 
 def _ended_status(result: dict[str, Any]) -> dict[str, Any]:

@@ -56,7 +56,7 @@ class _SlowRandom(random.Random):
 
 
 class StuckRebootAgent(Agent):
-    """An agent whose reboot handler never answers. (``Agent.register`` refuses to replace a
+    """An agent whose reboot handler never answers. (``DeviceContext.register`` refuses to replace a
     built-in verb, so the handler is overridden here.)"""
 
     async def _reboot(self, payload):

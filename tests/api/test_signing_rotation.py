@@ -265,7 +265,7 @@ async def test_a_connected_agent_takes_grants_of_the_new_key_without_reconnectin
             new_kid = result["kids"][0]
             await wait_for(lambda: new_kid in agent.hub_keys, timeout=10)  # link.keys, pushed after the NOTIFY
             assert agent.hub_keys == s.tunnels.grants.hub_keys and set(agent.hub_keys) == {new_kid, old_kid}
-            assert agent._stats["links"] == 1  # the same link: no reconnect
+            assert agent.statistics().links == 1  # the same link: no reconnect
 
             # the agent verifies a grant of the new key (it answers with its SDP) ...
             after = await open_echo()
@@ -279,7 +279,7 @@ async def test_a_connected_agent_takes_grants_of_the_new_key_without_reconnectin
             assert r.status_code == 200, r.text
             renewed = parse_grant(r.json()["data"]["grant"], agent.hub_keys, now=s.clock.now())
             assert renewed.kid == new_kid and renewed.sid == before["session_id"]
-            assert agent._stats["links"] == 1
+            assert agent.statistics().links == 1
         finally:
             for peer in peers:
                 await peer.close()

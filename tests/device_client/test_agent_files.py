@@ -12,7 +12,7 @@ import sys
 import pytest
 import trio
 
-from device_client.agent import Agent
+from device_client.agent import Agent, AgentConfig
 
 from device_fakehub import FakeHub
 
@@ -79,7 +79,7 @@ async def read_mirror(out, until=lambda m: True) -> dict:
 
 async def test_files_put_delete_and_wipe_over_the_link(hub, nursery, tmp_path):
     with trio.fail_after(10):
-        agent = Agent(hub.url, "tok", tmp_path / "dev", **FAST)
+        agent = Agent(AgentConfig(hub.url, "tok", tmp_path / "dev", **FAST))
         scope = await start(nursery, agent)
         link = await hub.next_link()
         assert link.hello.secretFileDigests == {}
@@ -107,7 +107,7 @@ async def test_files_put_delete_and_wipe_over_the_link(hub, nursery, tmp_path):
 
         # the next hello (a process restart) reports what the device holds
         scope.cancel()
-        await start(nursery, Agent(hub.url, "tok", tmp_path / "dev", **FAST))
+        await start(nursery, Agent(AgentConfig(hub.url, "tok", tmp_path / "dev", **FAST)))
         link = await hub.next_link()
         assert link.hello.secretFileDigests == {"/etc/app/tls.key": hashlib.sha256(data).hexdigest()}
         assert (await link.command("files.put", {"files": [file_payload("/opt/x", b"x", "x")]})).ok
@@ -122,7 +122,7 @@ async def test_files_put_delete_and_wipe_over_the_link(hub, nursery, tmp_path):
 async def test_config_apply_over_the_link_with_live_secret_updates(hub, nursery, tmp_path):
     out = tmp_path / "mirror.json"
     with trio.fail_after(20):
-        agent = Agent(hub.url, "tok", tmp_path / "dev", **FAST)
+        agent = Agent(AgentConfig(hub.url, "tok", tmp_path / "dev", **FAST))
         scope = await start(nursery, agent)
         link = await hub.next_link()
         assert link.hello.configVersionApplied is None
@@ -165,7 +165,7 @@ async def test_config_apply_over_the_link_with_live_secret_updates(hub, nursery,
         while os.path.exists(f"/proc/{workload_pid}") and open(f"/proc/{workload_pid}/stat").read().split(") ")[1][0] != "Z":
             await trio.sleep(0.01)  # the agent stopped its workload when it stopped
         out.unlink()
-        agent2 = Agent(hub.url, "tok", tmp_path / "dev", **FAST)
+        agent2 = Agent(AgentConfig(hub.url, "tok", tmp_path / "dev", **FAST))
         await start(nursery, agent2)
         link = await hub.next_link()
         assert link.hello.configVersionApplied == "v1"
@@ -178,7 +178,7 @@ async def test_config_apply_over_the_link_with_live_secret_updates(hub, nursery,
 async def test_an_in_process_reboot_restarts_the_workload(hub, nursery, tmp_path):
     out = tmp_path / "mirror.json"
     with trio.fail_after(20):
-        agent = Agent(hub.url, "tok", tmp_path / "dev", **FAST)
+        agent = Agent(AgentConfig(hub.url, "tok", tmp_path / "dev", **FAST))
         await start(nursery, agent)
         link = await hub.next_link()
         assert (await link.command("config.apply", mirror_version(out))).payload["status"] == "applied"
@@ -192,7 +192,7 @@ async def test_an_in_process_reboot_restarts_the_workload(hub, nursery, tmp_path
 
 async def test_drift_found_at_boot_is_reported_once_linked(hub, nursery, tmp_path):
     with trio.fail_after(10):
-        scope = await start(nursery, Agent(hub.url, "tok", tmp_path / "dev", **FAST))
+        scope = await start(nursery, Agent(AgentConfig(hub.url, "tok", tmp_path / "dev", **FAST)))
         link = await hub.next_link()
         reply = await link.command("files.put", {"files": [file_payload("/etc/a", b"a", "fa"),
                                                            file_payload("/etc/b", b"b", "fb"),
@@ -205,7 +205,7 @@ async def test_drift_found_at_boot_is_reported_once_linked(hub, nursery, tmp_pat
         os.unlink(root / "etc/b")
         (root / "etc/c").write_bytes(b"tampered")
 
-        await start(nursery, Agent(hub.url, "tok", tmp_path / "dev", **FAST))
+        await start(nursery, Agent(AgentConfig(hub.url, "tok", tmp_path / "dev", **FAST)))
         link = await hub.next_link()
         assert link.hello.secretFileDigests == {"/etc/a": hashlib.sha256(b"a").hexdigest(),
                                                 "/etc/c": hashlib.sha256(b"tampered").hexdigest()}

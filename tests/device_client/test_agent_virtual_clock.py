@@ -13,8 +13,9 @@ import random
 import pytest
 import trio
 
+from device_client import agent as agent_module
 from device_client import protocol
-from device_client.agent import Agent
+from device_client.agent import Agent, AgentConfig
 from device_client.clock import TestClock
 
 from device_fakehub import FakeHub
@@ -39,8 +40,8 @@ def no_threads(monkeypatch):
 
 
 async def run_agent(nursery, hub: FakeHub, data_dir, **kw) -> Agent:
-    agent = Agent("http://hub.test", "tok", data_dir, connector=hub.in_memory(nursery), rng=Top(),
-                  backoff_initial=0.5, backoff_max=4.0, **kw)
+    agent = Agent(AgentConfig("http://hub.test", "tok", data_dir, connector=hub.in_memory(nursery), rng=Top(),
+                              backoff_initial=0.5, backoff_max=4.0, **kw))
     nursery.start_soon(agent.run)
     return agent
 
@@ -183,7 +184,7 @@ async def test_a_reboot_is_stored_before_its_reply_is_sent(nursery, tmp_path, au
             return prepare(reason, command_id, reply)
 
         agent.store.prepare_reboot = recorded_prepare
-        ws = agent._ws
+        ws = agent.link._ws
         send = ws.send_message
 
         async def recorded_send(text):
@@ -200,6 +201,27 @@ async def test_a_reboot_is_stored_before_its_reply_is_sent(nursery, tmp_path, au
         assert relinked.hello.bootReason == "maintenance"
         again = await relinked.command("reboot", {"reason": "maintenance"}, id="c-reboot")
         assert again.ok and agent.boot_count == 2  # the resend is answered from what was stored, no second boot
+
+
+async def test_a_reboot_asked_for_between_links_ends_the_wait_and_the_next_link_is_whole(nursery, tmp_path,
+                                                                                         autojump_clock):
+    # A part may ask with no link up (the memory tester's return to service): the backoff's wait ends
+    # at once, the agent reboots, and the link after the reboot runs its session (the leave the reboot
+    # asked of the link is forgotten at the boot) with the new boot reason.
+    hub = FakeHub(heartbeat=1000)
+    hub.reject_status = 503
+    with trio.fail_after(600):
+        agent = await run_agent(nursery, hub, tmp_path / "dev")
+        while hub.rejections < 2:
+            await trio.sleep(0.01)
+        await trio.sleep(0.1)  # inside the 1 s wait before the third connect
+        hub.reject_status = None
+        asked = trio.current_time()
+        agent.request_reboot("memory_test_done")
+        link = await hub.next_link()
+        assert trio.current_time() - asked == pytest.approx(agent_module.REBOOT_PAUSE)
+        assert link.hello.bootReason == "memory_test_done"
+        assert (await link.command("ping", {})).ok
 
 
 def test_the_drain_reason_the_hub_writes_is_the_one_the_device_reads():

@@ -52,11 +52,11 @@ def test_a_policy_that_cannot_back_off_is_refused(initial, maximum, factor):
         Backoff(initial, maximum, factor=factor)
 
 
-def test_the_agent_the_supervisor_and_the_workload_share_it():
+def test_the_link_the_supervisor_and_the_workload_share_it():
     import actors.runtime
-    import device_client.agent
+    import device_client.agentlink
     import device_client.workload
 
-    assert device_client.agent.Backoff is Backoff
+    assert device_client.agentlink.Backoff is Backoff
     assert actors.runtime.Backoff is Backoff
     assert device_client.workload.Backoff is Backoff

@@ -31,8 +31,9 @@ while True:
 """
 
 
-class StubAgent:
-    """What the configuration manager uses of the agent: registration and events."""
+class StubDevice:
+    """What the configuration manager uses of its DeviceContext (device_client/context.py): registration
+    and events."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, dict]] = []
@@ -70,7 +71,7 @@ def make_device(tmp_path, device_id="dev-1"):
     files = SecretFileStore(data_dir, data_dir / "root")
     workload = Workload(data_dir, data_dir / "root", stop_grace=0.5)
     configs = ConfigManager(data_dir, files, workload, device_id=lambda: device_id)
-    agent = StubAgent()
+    agent = StubDevice()
     configs.attach(agent)
     return SimpleNamespace(data_dir=data_dir, files=files, workload=workload, configs=configs, agent=agent)
 

@@ -8,6 +8,7 @@ connect and handshake timeouts.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -22,7 +23,7 @@ from nacl.signing import SigningKey
 
 from device_client import agent as agent_mod
 from device_client import protocol
-from device_client.agent import Agent, CommandError, link_url
+from device_client.agent import Agent, AgentConfig, CommandError, link_url
 from device_client.clock import TestClock
 from device_client.state import StateFile
 
@@ -42,7 +43,7 @@ async def hub(nursery):
 
 
 def make_agent(hub: FakeHub, data_dir, **kw) -> Agent:
-    return Agent(hub.url, kw.pop("token", "tok"), data_dir, **{**FAST, **kw})
+    return Agent(AgentConfig(hub.url, kw.pop("token", "tok"), data_dir, **{**FAST, **kw}))
 
 
 async def start(nursery, agent: Agent) -> trio.CancelScope:
@@ -105,11 +106,11 @@ async def test_ping_unknown_verb_and_failing_handlers(hub, nursery, tmp_path):
         async def refuses(payload):
             raise CommandError("busy", "a memory test is running")
 
-        agent.register("broken", broken)
-        agent.register("refuses", refuses)
+        agent.context.register("broken", broken)
+        agent.context.register("refuses", refuses)
         with pytest.raises(ValueError):
-            agent.register("ping", broken)
-        agent.register("refuses", refuses, replace=True)
+            agent.context.register("ping", broken)
+        agent.context.register("refuses", refuses, replace=True)
         await start(nursery, agent)
         link = await hub.next_link()
 
@@ -153,8 +154,8 @@ async def test_repeated_command_id_gets_the_stored_reply(hub, nursery, tmp_path)
             await release.wait()
             return {"slow": True}
 
-        agent.register("count", count)
-        agent.register("slow", slow)
+        agent.context.register("count", count)
+        agent.context.register("slow", slow)
         await start(nursery, agent)
         link = await hub.next_link()
 
@@ -267,7 +268,7 @@ async def test_reconnects_after_the_hub_drops_the_link(hub, nursery, tmp_path):
 async def test_unreachable_hub_backs_off(nursery, tmp_path):
     with trio.fail_after(5):
         port = free_port()  # nothing listens there: connection refused
-        agent = Agent(f"http://127.0.0.1:{port}", "tok", tmp_path / "dev", **FAST)
+        agent = Agent(AgentConfig(f"http://127.0.0.1:{port}", "tok", tmp_path / "dev", **FAST))
         nursery.start_soon(agent.run)
         while agent.statistics().link_failures < 3:
             await trio.sleep(0.005)
@@ -278,7 +279,7 @@ async def test_send_event_and_hello_providers(hub, nursery, tmp_path):
     with trio.fail_after(5):
         agent = make_agent(hub, tmp_path / "dev")
         assert await agent.send_event("health", {"ok": True}) is False  # no link yet
-        agent.add_hello_provider(lambda: {"secretFileDigests": {"/etc/x": "ab" * 32}, "retiredPages": [7]})
+        agent.context.add_hello_provider(lambda: {"secretFileDigests": {"/etc/x": "ab" * 32}, "retiredPages": [7]})
         await start(nursery, agent)
         link = await hub.next_link()
         assert link.hello.secretFileDigests == {"/etc/x": "ab" * 32} and link.hello.retiredPages == [7]
@@ -306,13 +307,23 @@ def test_link_url():
     with pytest.raises(ValueError):
         link_url("ftp://x")
     with pytest.raises(ValueError):
-        Agent("http://h", "t", "/nonexistent", reboot_mode="shutdown")
+        Agent(AgentConfig("http://h", "t", "/nonexistent", reboot_mode="shutdown"))
+
+
+def test_the_config_keeps_the_token_out_of_its_repr_and_cannot_change(tmp_path):
+    # a launcher may log its config; the token must not go with it
+    config = AgentConfig("http://h", "dev_s3cr3t-token", tmp_path, facts={"firmware": "fw 1"})
+    assert "s3cr3t" not in repr(config) and "s3cr3t" not in str(config)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.backoff_max = 1.0  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        AgentConfig("http://h,ftp://typo", "t", tmp_path)  # every URL of a list is checked at start
 
 
 async def test_state_is_consumed_at_boot(tmp_path):
     # a pending boot reason left by a reboot is reported once, then cleared on disk
     StateFile(tmp_path / "state.json").update(pendingBootReason="reboot", bootCount=4)
-    agent = Agent("http://127.0.0.1:9", "t", tmp_path)
+    agent = Agent(AgentConfig("http://127.0.0.1:9", "t", tmp_path))
     await agent._boot()
     assert (agent.boot_reason, agent.boot_count) == ("reboot", 5)
     assert json.loads((tmp_path / "state.json").read_text()) == {"bootCount": 5}

@@ -16,7 +16,7 @@ import trio
 from device_fakehub import FakeHub
 
 from device_client import protocol
-from device_client.agent import Agent
+from device_client.agent import Agent, AgentConfig
 from device_client.memtest import MemtestConfig
 from device_client.workload import parse_spec
 
@@ -39,7 +39,7 @@ async def hub(nursery):
 
 def make_agent(hub, data_dir, **memtest):
     config = MemtestConfig(budget=SMALL, chunk_words=1 << 13, **memtest)
-    return Agent(hub.url, "tok", data_dir, memtest=config, **FAST)
+    return Agent(AgentConfig(hub.url, "tok", data_dir, memtest=config, **FAST))
 
 
 async def start(nursery, agent):

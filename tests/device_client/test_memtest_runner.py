@@ -12,7 +12,7 @@ import datetime as dt
 
 import trio
 
-from device_client.agent import Agent
+from device_client.agent import Agent, AgentConfig
 from device_client.clock import TestClock
 from device_client.memtest import MemtestConfig
 from device_client.memtest.hwsim import Hardware
@@ -74,8 +74,8 @@ async def test_live_backs_off_when_memory_is_tight(autojump_clock):
 
 
 async def _failed_test_boot(nursery, tmp_path, **plan_kw):
-    agent = Agent("http://127.0.0.1:9", "tok", tmp_path / "dev", clock=TestClock(),
-                  memtest=MemtestConfig(budget=SMALL, chunk_words=1 << 13, fault="stuck"))
+    agent = Agent(AgentConfig("http://127.0.0.1:9", "tok", tmp_path / "dev", clock=TestClock(),
+                              memtest=MemtestConfig(budget=SMALL, chunk_words=1 << 13, fault="stuck")))
     agent.nursery = nursery
     tester = agent.memtest
     reply = await tester._start({"runId": "tb", "plan": plan("test_boot", holdOnFailure=True, **plan_kw)})
@@ -120,8 +120,8 @@ async def test_cancel_releases_the_hold(autojump_clock, nursery, tmp_path):
 
 
 async def test_a_failed_test_boot_without_hold_returns_to_service(autojump_clock, nursery, tmp_path):
-    agent = Agent("http://127.0.0.1:9", "tok", tmp_path / "dev", clock=TestClock(),
-                  memtest=MemtestConfig(budget=SMALL, chunk_words=1 << 13, fault="stuck"))
+    agent = Agent(AgentConfig("http://127.0.0.1:9", "tok", tmp_path / "dev", clock=TestClock(),
+                              memtest=MemtestConfig(budget=SMALL, chunk_words=1 << 13, fault="stuck")))
     agent.nursery = nursery
     with trio.fail_after(3600):
         await agent.memtest._start({"runId": "tb", "plan": plan("test_boot", holdOnFailure=False)})

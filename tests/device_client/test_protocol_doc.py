@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from device_client import linkcodes, protocol, protocol_schema, verbs
-from device_client.agent import Agent
+from device_client.agent import Agent, AgentConfig
 from device_client.memtest import MemtestConfig
 from webrtc.device_tunnel import attach as tunnel_engine
 
@@ -38,7 +38,8 @@ def test_a_changed_model_makes_the_document_stale(monkeypatch):
 
 def test_every_verb_the_agent_answers_is_in_the_table_and_no_other(tmp_path):
     # with the tunnel engine its launchers pass in (webrtc/device_tunnel.py): the tunnel verbs too
-    agent = Agent("http://127.0.0.1:9", "t", tmp_path, memtest=MemtestConfig(), tunnel_engine=tunnel_engine)
+    agent = Agent(AgentConfig("http://127.0.0.1:9", "t", tmp_path, memtest=MemtestConfig(),
+                              tunnel_engine=tunnel_engine))
     assert set(agent.commands.verbs()) == set(verbs.VERBS)
 
 
@@ -93,7 +94,8 @@ def test_the_served_document_is_json_schema_and_the_agents_hello_satisfies_it(tm
                *(e["payload"] for e in doc["events"].values())]
     for schema in schemas:
         jsonschema.Draft202012Validator.check_schema(schema)
-    agent = Agent("http://127.0.0.1:9", "t", tmp_path, memtest=MemtestConfig(), tunnel_engine=tunnel_engine)
+    agent = Agent(AgentConfig("http://127.0.0.1:9", "t", tmp_path, memtest=MemtestConfig(),
+                              tunnel_engine=tunnel_engine))
     hello = json.loads(agent.frames.encode_hello(agent._hello()))
     jsonschema.validate(hello, doc["frames"]["hello"])
     with pytest.raises(jsonschema.ValidationError):

@@ -13,7 +13,7 @@ import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 from device_client import protocol
-from device_client.agent import Agent, link_url
+from device_client.agent import Agent, AgentConfig, link_url
 from device_client.qualify.cli import DEFAULT_DEVICE_ID, qualify
 from device_client.qualify.link import Listener
 from device_client.qualify.rules import RULES
@@ -48,8 +48,8 @@ async def _qualify(nursery, device, options: Options = FAST):
 async def test_our_agent_passes_every_rule(nursery, tmp_path):
     with trio.fail_after(60):
         async def agent(url):
-            await Agent(url, TOKEN, tmp_path / "agent", backoff_initial=0.1, backoff_max=0.4,
-                        superseded_backoff=1.0).run()
+            await Agent(AgentConfig(url, TOKEN, tmp_path / "agent", backoff_initial=0.1, backoff_max=0.4,
+                                    superseded_backoff=1.0)).run()
 
         verdicts = await _qualify(nursery, agent)
         failed = {k: (v.status, v.evidence) for k, v in verdicts.items() if not v.passed}
@@ -115,8 +115,8 @@ async def test_a_device_that_comes_straight_back_fails_exactly_the_backoff_rules
     # 1 s, not FAST's 0.1 s (which suits FAST's patient agents), keeps that out of the verdict.
     with trio.fail_after(60):
         async def impatient(url):
-            await Agent(url, TOKEN, tmp_path / "agent", backoff_initial=0.001, backoff_max=0.001,
-                        superseded_backoff=0.0).run()
+            await Agent(AgentConfig(url, TOKEN, tmp_path / "agent", backoff_initial=0.001, backoff_max=0.001,
+                                    superseded_backoff=0.0)).run()
 
         verdicts = await _qualify(nursery, impatient, dataclasses.replace(FAST, backoff_min_total=1.0))
         assert {k for k, v in verdicts.items() if not v.passed} == {"X1", "X2"}
@@ -147,7 +147,7 @@ def _roomy_links(monkeypatch, wrap=None) -> None:
     """The agent's link without the 1009 its socket library sends for a frame over the limit."""
     from contextlib import asynccontextmanager
 
-    from device_client import agent as agent_module
+    from device_client import agentlink as agent_module
 
     original = agent_module.open_websocket_url
 
@@ -168,8 +168,8 @@ async def test_a_device_that_does_not_close_1009_on_an_oversized_frame_fails_exa
     _roomy_links(monkeypatch, _DroppingLink if drops else None)
     with trio.fail_after(60):
         async def agent(url):
-            await Agent(url, TOKEN, tmp_path / "agent", backoff_initial=0.1, backoff_max=0.4,
-                        superseded_backoff=1.0).run()
+            await Agent(AgentConfig(url, TOKEN, tmp_path / "agent", backoff_initial=0.1, backoff_max=0.4,
+                                    superseded_backoff=1.0)).run()
 
         verdicts = await _qualify(nursery, agent)
         assert {k for k, v in verdicts.items() if not v.passed} == {"L1"}
@@ -187,17 +187,23 @@ class _Ceiling(random.Random):
 
 async def test_a_device_late_after_a_drain_close_fails_exactly_X3(nursery, tmp_path):
     # After 4004 its plain 2.5 s backoff instead of the 1 s window the reason stated.
-    class IgnoresTheDrainWindow(Agent):
-        def _after_close(self, delay: float) -> float:
-            if self._closed_with == 4004:
-                self._closed_with = None
+    def ignoring_the_drain_window(link):
+        after_close = link._after_close
+
+        def plain_backoff(delay: float) -> float:
+            if link._closed_with == 4004:
+                link._closed_with = None
                 return delay
-            return super()._after_close(delay)
+            return after_close(delay)
+
+        link._after_close = plain_backoff
 
     with trio.fail_after(60):
         async def agent(url):
-            await IgnoresTheDrainWindow(url, TOKEN, tmp_path / "agent", backoff_initial=2.5, backoff_max=2.5,
-                                        superseded_backoff=1.0, rng=_Ceiling()).run()
+            device = Agent(AgentConfig(url, TOKEN, tmp_path / "agent", backoff_initial=2.5, backoff_max=2.5,
+                                       superseded_backoff=1.0, rng=_Ceiling()))
+            ignoring_the_drain_window(device.link)
+            await device.run()
 
         options = Options(heartbeat=0.5, reconnect_timeout=10, superseded_wait=1.0, backoff_min_total=0.1,
                           drain_window=1.0, backoff_probes=1)
@@ -257,8 +263,8 @@ async def test_the_command_line_prints_each_rule_and_exits_0_for_our_agent(nurse
         async def agent():
             with agent_scope:
                 await trio.sleep(0.3)  # the kit is listening by then; the agent retries anyway
-                await Agent(f"http://127.0.0.1:{port}", TOKEN, tmp_path / "agent", backoff_initial=0.1,
-                            backoff_max=0.4, superseded_backoff=1.0).run()
+                await Agent(AgentConfig(f"http://127.0.0.1:{port}", TOKEN, tmp_path / "agent", backoff_initial=0.1,
+                                        backoff_max=0.4, superseded_backoff=1.0)).run()
 
         nursery.start_soon(agent)
         code = await main(args)

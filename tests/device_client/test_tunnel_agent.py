@@ -15,7 +15,7 @@ import pytest
 import trio
 from nacl.signing import SigningKey
 
-from device_client.agent import Agent
+from device_client.agent import Agent, AgentConfig
 from device_client.clock import rfc3339
 from device_client.tunnel import TunnelConfig
 from webrtc.device_tunnel import attach as tunnel_engine
@@ -87,8 +87,8 @@ async def rig(nursery, tmp_path):
     hub.hub_keys = {KID: base64.b64encode(bytes(HUB_KEY.verify_key)).decode()}
     config = TunnelConfig(targets={"echo": ("127.0.0.1", echo_port), "closed": ("127.0.0.1", 1)},
                           allowed_ports=frozenset({echo_port}), ssh=False)
-    agent = Agent(hub.url, "tok", tmp_path / "dev", backoff_initial=0.01, backoff_max=0.04, tunnel=config,
-                  tunnel_engine=tunnel_engine)
+    agent = Agent(AgentConfig(hub.url, "tok", tmp_path / "dev", backoff_initial=0.01, backoff_max=0.04, tunnel=config,
+                              tunnel_engine=tunnel_engine))
     await nursery.start(agent.run)
     link = await hub.next_link()
     return Rig(nursery, hub, agent, link, echo_port)
@@ -228,10 +228,10 @@ async def test_an_agent_without_the_tunnel_engine_has_no_tunnels(nursery, tmp_pa
     # device_client cannot import webrtc: the launcher passes the engine in, and without it the agent
     # advertises nothing it could not serve
     with pytest.raises(ValueError, match="tunnel engine"):
-        Agent("http://127.0.0.1:9", "tok", tmp_path / "x", tunnel=TunnelConfig(ssh=True))
+        Agent(AgentConfig("http://127.0.0.1:9", "tok", tmp_path / "x", tunnel=TunnelConfig(ssh=True)))
     with trio.fail_after(30):
         hub = await nursery.start(FakeHub().serve)
-        agent = Agent(hub.url, "tok", tmp_path / "dev", backoff_initial=0.01, backoff_max=0.04)
+        agent = Agent(AgentConfig(hub.url, "tok", tmp_path / "dev", backoff_initial=0.01, backoff_max=0.04))
         await nursery.start(agent.run)
         link = await hub.next_link()
         assert agent.tunnel is None
