@@ -36,8 +36,9 @@ import trio
 from trio_websocket import ConnectionRejected, HandshakeError, open_websocket_url
 
 from . import protocol
-from .agent import hub_urls, link_url
+from .agentconfig import hub_urls, link_url
 from .clock import Clock
+from .devroot import DeviceRoot
 from .tunnel import TunnelConfig
 from .workload import configured_user
 
@@ -139,37 +140,27 @@ def judge_clock(answers: Iterable[HubAnswer]) -> Outcome:
 
 
 def probe_dir(path: Path) -> str | None:
-    """Create, write, fsync and remove a file in ``path``, as the agent's writes do; None when that
-    worked, else the reason. The probe's name is random and opened O_EXCL|O_NOFOLLOW in the directory
-    itself, so it never touches anything that was there."""
-    # Plain os calls under the data dir: files.py is being rewritten to directory file descriptors;
-    # this probe takes its path code once that lands.
+    """Write a file in ``path`` and remove it through the code the agent's own writes use
+    (devroot.py: a temporary file made O_EXCL|O_NOFOLLOW in the directory's descriptor, fsynced and
+    renamed); None when that worked, else the reason. The name is random, so nothing that was there
+    is touched."""
     try:
         dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         return exc.strerror
     name = f"{PROBE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=dir_fd)
+        DeviceRoot.replace(dir_fd, name, b"probe\n", 0o600)
     except OSError as exc:
         os.close(dir_fd)
         return exc.strerror
-    problem = None
     try:
-        os.write(fd, b"probe\n")
-        os.fsync(fd)
+        DeviceRoot.remove(dir_fd, name)
     except OSError as exc:
-        problem = exc.strerror
-    finally:
-        os.close(fd)
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except OSError as exc:
-        problem = problem or f"the probe {name} could not be removed: {exc.strerror}"
+        return f"the probe {name} could not be removed: {exc.strerror}"
     finally:
         os.close(dir_fd)
-    return problem
+    return None
 
 
 def check_dirs(data_dir: Path) -> list[Outcome]:
