@@ -197,13 +197,28 @@ def cmd_admin(args: argparse.Namespace) -> None:
     print(json.dumps(trio.run(run_admin, _settings(args), args), indent=2))
 
 
+class _Deferred(argparse.ArgumentParser):
+    """A subcommand's parser that adds its arguments (``arguments(parser)``) when it is the one parsing:
+    building ``fleethub admin``'s imports the hub's modules, which ``fleethub agent`` has no use for."""
+
+    def __init__(self, *args, arguments=None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._arguments = arguments
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._arguments is not None:
+            arguments, self._arguments = self._arguments, None
+            arguments(self)
+        return super().parse_known_args(args, namespace)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleethub", description=__doc__)
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
     parser.add_argument("--log-format", default=None, choices=["text", "json"],
                         help="text (default) or json: one object per line with request id and organisation")
     parser.set_defaults(device_side=False)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Deferred)
     from device_client.agent_cli import add_arguments as agent_args
     from device_client.memtest import add_cli_flags as memtest_flags
     from device_client.tunnel import add_arguments as tunnel_flags
@@ -267,7 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     device_test_args(p)
     p.set_defaults(func=cmd_device_test, device_side=True)
 
-    p = sub.add_parser("admin", help="create organisations, users and PATs directly in storage")
+    sub.add_parser("admin", help="create organisations, users and PATs directly in storage",
+                   arguments=partial(_admin_arguments, hub_args))
+    return parser
+
+
+def _admin_arguments(hub_args, p: argparse.ArgumentParser) -> None:
     hub_args(p)
     asub = p.add_subparsers(dest="admin_command", required=True)
     a = asub.add_parser("create-org")
@@ -303,7 +323,6 @@ def build_parser() -> argparse.ArgumentParser:
     from hub.assistant.admin import add_parsers as add_assistant_parsers
     add_assistant_parsers(asub)
     p.set_defaults(func=cmd_admin)
-    return parser
 
 
 def cmd_device_test(args: argparse.Namespace) -> None:

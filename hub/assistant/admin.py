@@ -25,7 +25,8 @@ def add_parsers(asub) -> None:
 
 
 async def run(s, args: argparse.Namespace, now: dt.datetime) -> dict:
-    # here, not at the top: `fleethub`'s parser takes add_parsers() on a device, where asyncpg is not installed
+    # here, not at the top: `fleethub admin --help` builds add_parsers() on a device too, where asyncpg is not
+    # installed (hub/cli.py then says which extra the command needs)
     from storage.assistant import AssistantStore
 
     store = AssistantStore(s.db)

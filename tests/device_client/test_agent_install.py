@@ -63,6 +63,8 @@ def test_the_agents_entry_loads_nothing_of_the_hub(tmp_path):
     loaded = json.loads(done.stdout)
     assert "device_client.agent" in loaded and "webrtc.device_tunnel" in loaded
     assert sorted(m for m in loaded if m.partition(".")[0] in HUB_MODULES) == []
+    # a command's imports are its own: of the hub's packages, only the entry
+    assert sorted(m for m in loaded if m.partition(".")[0] in ("hub", "actors", "storage")) == ["hub", "hub.cli"]
 
 
 def test_a_hub_command_without_the_hub_names_the_extra(tmp_path):
@@ -88,7 +90,7 @@ def _device_venv(tmp_path: Path) -> Path:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(src)],
-                          env=_no_pythonpath(), capture_output=True, text=True, timeout=240)
+                          env=_no_pythonpath(), capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return venv / "bin"
 
@@ -126,11 +128,17 @@ async def _stop(proc: trio.Process) -> None:
 
 @pytest.mark.slow
 async def test_the_device_install_alone_links_to_a_hub_and_passes_the_kit(nursery, db_url, tmp_path):
-    with trio.fail_after(240):
+    with trio.fail_after(180):
         bin_dir = await trio.to_thread.run_sync(_device_venv, tmp_path)
         installed = await trio.to_thread.run_sync(_installed, bin_dir)
         assert "fleethub" in installed and "aiortc" in installed and "trio-websocket" in installed
         assert sorted(installed & set(HUB_DISTRIBUTIONS)) == []
+        # the hub's commands are there and say what they need
+        no_hub = str(tmp_path / "no-hub")
+        for command in (["serve", "--data-dir", no_hub], ["admin", "--data-dir", no_hub, "create-org", "acme"]):
+            done = await trio.run_process([str(bin_dir / "fleethub"), *command], env=_no_pythonpath(), cwd=tmp_path,
+                                          check=False, capture_stdout=True, capture_stderr=True)
+            assert done.returncode == 1 and b"needs the hub: pip install 'fleethub[hub]'" in done.stderr, done.stderr
 
         hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
         device_id, token = await hub.provision("clean-venv")
