@@ -38,10 +38,11 @@ def _logging(args: argparse.Namespace) -> None:
 
 
 def _missing_hub_module(exc: BaseException) -> str | None:
-    """The hub-only module whose absence ``exc`` reports (an ImportError, alone or in a group), else None."""
+    """The hub-only module whose absence ``exc`` reports (alone or in a group), else None. Only a module
+    not found: a name missing from an installed module (ImportError) is a version to fix, not an extra."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    if isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] in HUB_ONLY:
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] in HUB_ONLY:
         return exc.name
     return None
 

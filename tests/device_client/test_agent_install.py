@@ -79,6 +79,18 @@ def test_a_hub_command_without_the_hub_names_the_extra(tmp_path):
     assert done.stderr.strip() == "fleethub serve needs the hub: pip install 'fleethub[hub]' (quart is not installed)"
 
 
+def test_only_a_missing_hub_module_is_reported_as_the_missing_extra():
+    from hub.cli import _missing_hub_module
+
+    assert _missing_hub_module(ModuleNotFoundError("no quart", name="quart.app")) == "quart.app"
+    # through the trio run's nursery, as a hub command raises it
+    assert _missing_hub_module(ExceptionGroup("run", [ModuleNotFoundError("x", name="asyncpg")])) == "asyncpg"
+    # a name missing from an installed hub module is a version problem, not a missing extra
+    assert _missing_hub_module(ImportError("cannot import name 'g'", name="quart")) is None
+    assert _missing_hub_module(ModuleNotFoundError("no numpy", name="numpy")) is None
+    assert _missing_hub_module(ValueError("quart")) is None
+
+
 def _device_venv(tmp_path: Path) -> Path:
     """A clean venv holding ``pip install <this tree>`` and nothing else; returns its bin directory.
     Built from a copy so that the build's own files (build/, *.egg-info) stay out of the tree."""
