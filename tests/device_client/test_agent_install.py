@@ -79,6 +79,23 @@ def test_a_hub_command_without_the_hub_names_the_extra(tmp_path):
     assert done.stderr.strip() == "fleethub serve needs the hub: pip install 'fleethub[hub]' (quart is not installed)"
 
 
+def test_the_clis_hub_modules_are_the_hub_extras():
+    # hub/cli.py names the extra for these modules; the development venv has the extra installed
+    from importlib.metadata import packages_distributions
+
+    from hub.cli import HUB_ONLY
+
+    def normal(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["hub"]
+    distributions = {normal(re.split(r"[<>=\[;]", requirement)[0]) for requirement in extra}
+    modules = {module for module, owners in packages_distributions().items()
+               if {normal(owner) for owner in owners} & distributions}
+    assert modules == HUB_ONLY
+    assert set(HUB_MODULES) <= HUB_ONLY
+
+
 def test_only_a_missing_hub_module_is_reported_as_the_missing_extra():
     from hub.cli import _missing_hub_module
 
