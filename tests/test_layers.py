@@ -45,3 +45,23 @@ def test_a_new_wrong_arrow_breaks_the_layer_contract(tmp_path):
     done = lint(tmp_path, tmp_path / "contracts.ini")
     assert done.returncode != 0
     assert "actors.thing -> hub.thing" in done.stdout and "device_client.thing -> webrtc.thing" in done.stdout
+
+
+def test_a_hub_import_on_the_device_side_breaks_the_agent_contract(tmp_path):
+    # the device side as a tiny tree: the kit's module imports quart, `fleethub tunnel` imports asyncpg
+    files = {"hub/__init__.py": "", "actors/__init__.py": "", "storage/__init__.py": "", "webrtc/__init__.py": "",
+             "device_client/__init__.py": "", "device_client/thing.py": "import quart\n",
+             "webrtc/device_tunnel.py": "import device_client.thing\n", "webrtc/cli_tunnel.py": "import asyncpg\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    config = configparser.ConfigParser()
+    config.read(ROOT / ".importlinter")
+    out = configparser.ConfigParser()
+    out["importlinter"] = dict(config["importlinter"])
+    out["importlinter:contract:agent-without-hub"] = dict(config["importlinter:contract:agent-without-hub"])
+    with open(tmp_path / "contracts.ini", "w") as f:
+        out.write(f)
+    done = lint(tmp_path, tmp_path / "contracts.ini")
+    assert done.returncode != 0
+    assert "device_client.thing -> quart" in done.stdout and "webrtc.cli_tunnel -> asyncpg" in done.stdout, done.stdout

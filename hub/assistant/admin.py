@@ -7,7 +7,6 @@ import datetime as dt
 import uuid
 
 from hub.assistant.budget import DEFAULT_SOFT_PERCENT
-from storage.assistant import AssistantStore
 
 COMMANDS = ("assistant-budget", "staff")
 
@@ -26,6 +25,10 @@ def add_parsers(asub) -> None:
 
 
 async def run(s, args: argparse.Namespace, now: dt.datetime) -> dict:
+    # here, not at the top: `fleethub admin --help` builds add_parsers() on a device too, where asyncpg is not
+    # installed (hub/cli.py then says which extra the command needs)
+    from storage.assistant import AssistantStore
+
     store = AssistantStore(s.db)
     if args.admin_command == "assistant-budget":
         if args.monthly_tokens < 0 or not 1 <= args.soft_percent <= 100:

@@ -40,7 +40,7 @@ except ImportError:  # pragma: no cover - the test extras install it
 
 def _why_no_browser() -> str | None:
     if sync_playwright is None:
-        return "playwright is not installed (pip install -e '.[test]')"
+        return "playwright is not installed (pip install -e '.[hub,test]')"
     if not os.access(CHROMIUM, os.X_OK):
         return f"{CHROMIUM} is missing (make system-deps installs Debian's chromium)"
     return None

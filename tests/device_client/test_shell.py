@@ -135,15 +135,16 @@ def test_resize_messages_are_validated():
 
 
 def test_the_switch_on_the_command_lines_and_in_hello():
-    from hub.cli import _tunnel_config, build_parser
+    from device_client.agent_cli import tunnel_config
+    from hub.cli import build_parser
 
     parser = build_parser()
     agent = ["agent", "--hub", "http://127.0.0.1:1", "--data-dir", "/nonexistent"]
-    assert _tunnel_config(parser.parse_args(agent)).shell is None
-    on = _tunnel_config(parser.parse_args([*agent, "--tunnel-shell"]))
+    assert tunnel_config(parser.parse_args(agent)).shell is None
+    on = tunnel_config(parser.parse_args([*agent, "--tunnel-shell"]))
     assert on.shell is not None and on.shell.uid == os.getuid()
     sim = ["sim", "--hub", "http://127.0.0.1:1", "--data-dir", "/nonexistent", "--tunnel-shell"]
-    assert _tunnel_config(parser.parse_args(sim)).shell is not None
+    assert tunnel_config(parser.parse_args(sim)).shell is not None
     assert parser.parse_args(["demo", "--tunnel-shell"]).tunnel_shell is True
     assert on.hello_fields()["tunnelTargets"]["shell"] is True
     off = TunnelConfig().hello_fields()["tunnelTargets"]

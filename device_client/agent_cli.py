@@ -1,0 +1,69 @@
+"""``fleethub agent``: the device agent's flags and its wiring, apart from the hub's commands.
+
+hub/cli.py is the one ``fleethub`` entry and delegates the ``agent`` command here. Everything this
+module imports is in the plain distribution (``pip install fleethub``, no ``[hub]`` extra): on a device
+the hub's dependencies are not installed (.importlinter, "agent-without-hub";
+tests/device_client/test_agent_install.py). The tunnel engine (webrtc/device_tunnel.py) is passed in
+by the launcher: device_client is the bottom layer and does not import webrtc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from device_client.memtest import add_cli_flags as memtest_flags
+    from device_client.tunnel import add_arguments as tunnel_flags
+
+    p.add_argument("--hub", required=True, help="hub base URL, or several nodes' URLs comma-separated: a "
+                                                "link that fails before its welcome moves on to the next")
+    p.add_argument("--token", help="the device token from POST /v1/devices (visible in ps; prefer "
+                                   "--token-file or FLEETHUB_DEVICE_TOKEN on a shared machine)")
+    p.add_argument("--token-file", help="a file holding the device token")
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--workload-user", help="run configuration workloads as this user (default: "
+                                           "FLEETHUB_WORKLOAD_USER, else the agent's own user)")
+    p.add_argument("--check", action="store_true", help="check the token, the hub, the clock, the data dir, "
+                   "the workload user and the tunnel flags; one line each, exit non-zero on a failure")
+    tunnel_flags(p)
+    memtest_flags(p, sim=False)
+
+
+def build_agent(args: argparse.Namespace, tunnel_engine: Callable[..., Any]):
+    """The Agent that ``fleethub agent`` runs, from its flags (SystemExit with the reason on a bad one)."""
+    from device_client.agent import Agent, AgentConfig
+
+    token = args.token or (Path(args.token_file).read_text().strip() if args.token_file else None) \
+        or os.environ.get("FLEETHUB_DEVICE_TOKEN")
+    if not token:
+        raise SystemExit("fleethub agent needs --token, --token-file or FLEETHUB_DEVICE_TOKEN")
+    from device_client.memtest import agent_config
+    from device_client.workload import configured_user
+
+    try:
+        workload_user = configured_user(args.workload_user)  # the device operator's choice; default: ours
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return Agent(AgentConfig(args.hub, token, Path(args.data_dir), reboot_mode="exec",
+                             **tunnel_options(args, tunnel_engine),
+                             memtest=agent_config(args.memory_fault, args.memory_budget),
+                             workload_user=workload_user))
+
+
+def tunnel_options(args: argparse.Namespace, tunnel_engine: Callable[..., Any]) -> dict:
+    """The agent's tunnels: its configuration from the flags and the engine that serves them."""
+    return {"tunnel": tunnel_config(args), "tunnel_engine": tunnel_engine}
+
+
+def tunnel_config(args: argparse.Namespace):
+    from device_client.tunnel import TunnelConfig
+
+    try:
+        return TunnelConfig.from_flags(args.tunnel_target, args.tunnel_allow_port, args.ssh,
+                                       args.tunnel_shell, args.tunnel_shell_user)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
