@@ -34,7 +34,7 @@ def parse_size(text: str) -> int:
 
 def add_cli_flags(parser: Any, *, sim: bool) -> None:
     """``--memory-fault KIND`` (repeatable) and ``--memory-budget SIZE`` for fleethub sim/demo/agent."""
-    from .faults import KINDS
+    from .hwsim import KINDS
 
     who = "the i-th one applies to the i-th simulated device" if sim else "simulates faulty memory"
     parser.add_argument("--memory-fault", action="append", default=[], choices=KINDS, metavar="KIND",
