@@ -33,7 +33,6 @@ from device_client.commands import CommandError
 from device_client.tunnel import ShellTarget, TunnelConfig
 
 from .sdp import fingerprints
-from .shell_channel import connect_shell
 
 if TYPE_CHECKING:
     from device_client.agent import Agent
@@ -53,6 +52,8 @@ def peer_target(target: "tuple[str, int] | ShellTarget") -> "tuple[str, int] | C
     """What ``TunnelPeer.answer`` takes for a resolved target: the address of a TCP target, or for the
     shell a coroutine function that joins each ``shell`` channel's Pump to its own PTY (asyncio side)."""
     if isinstance(target, ShellTarget):
+        from .shell_channel import connect_shell  # asyncio's PTY side: with the first shell channel
+
         return functools.partial(connect_shell, user=target.user)
     return target
 
