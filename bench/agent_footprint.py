@@ -146,6 +146,34 @@ def move_bytes(port: int, total: int, chunk: int = 64 * 1024, timeout: float = 1
     return time.monotonic() - t0
 
 
+def import_cost() -> dict[str, int]:
+    """VmRSS (KiB) of fresh interpreters importing the bare client's modules, then the wire models
+    (device_client/protocol.py: pydantic) on top, then the agent: what pydantic costs the agent."""
+    steps = {"trio + trio_websocket": "import trio, trio_websocket",
+             "+ device_client.protocol (pydantic)": "import trio, trio_websocket, device_client.protocol",
+             "+ device_client.agent": "import trio, trio_websocket, device_client.protocol, device_client.agent"}
+    out = {}
+    for name, code in steps.items():
+        r = subprocess.run([PY, "-c", code + "\nprint(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"],
+                           capture_output=True, text=True, cwd=str(REPO), timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"{code!r} failed: {r.stderr[-500:]}")
+        out[name] = int(r.stdout.split()[-1])
+    return out
+
+
+def code_version() -> str:
+    """The commit measured, with its parents (a merge shows which branches were measured together)."""
+    try:
+        line = subprocess.run(["git", "log", "-1", "--format=%h (parents %p)", "HEAD"], cwd=str(REPO),
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "hub", "device_client", "webrtc"],
+                               cwd=str(REPO), capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (line or "unknown") + (" with uncommitted changes in hub/device_client/webrtc" if dirty else "")
+
+
 def installed_size() -> dict:
     """Bytes on disk of the distributions a device installs for the agent, from their RECORD files in
     this venv: the requirements of this tree's pyproject.toml (its base dependencies when it has a
@@ -180,6 +208,8 @@ def installed_size() -> dict:
                 todo.append((sub, frozenset(sub.extras)))
     sizes: dict[str, int] = {}
     for name, dist in seen.items():
+        if not dist.files:
+            continue
         total = 0
         for f in dist.files or []:
             try:
@@ -188,7 +218,28 @@ def installed_size() -> dict:
                 pass
         sizes[name] = total
     return {"split": split, "roots": [str(r) for r in roots], "bytes": sum(sizes.values()),
-            "by_distribution": dict(sorted(sizes.items(), key=lambda kv: -kv[1]))}
+            "by_distribution": dict(sorted(sizes.items(), key=lambda kv: -kv[1])),
+            "tunnel_and_memtest_bytes": sum(sizes.get(n, 0) for n in only_through(seen, {"aiortc", "numpy"}))}
+
+
+def only_through(seen: dict, heavy: set[str]) -> set[str]:
+    """The distributions of ``seen`` that nothing but ``heavy`` (and what only they need) requires:
+    what a device would not install if tunnels (aiortc) and memory tests (numpy) were optional."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    needs = {name: {canonicalize_name(Requirement(s).name) for s in dist.requires or []} & set(seen)
+             for name, dist in seen.items()}
+    out = set(heavy) & set(seen)
+    changed = True
+    while changed:
+        changed = False
+        for name in set(seen) - out:
+            users = {n for n, reqs in needs.items() if name in reqs}
+            if users and users <= out:
+                out.add(name)
+                changed = True
+    return out
 
 
 def loaded_libraries(pid: int) -> list[str]:
@@ -227,7 +278,7 @@ def measure(args: argparse.Namespace) -> dict:
                            env={"FLEETHUB_TUNNELS": "on"})
     echo, echo_port = echo_server()
     procs: dict[str, subprocess.Popen] = {}
-    r: dict = {"heartbeat": args.heartbeat}
+    r: dict = {"heartbeat": args.heartbeat, "commit": code_version()}
     try:
         hub.bootstrap()
         agent_id, _, agent_env = tunnel_device(hub, "footprint-agent")
@@ -306,7 +357,7 @@ def mib(kib: int) -> str:
     return f"{kib / 1024:.1f}"
 
 
-def render(r: dict, size: dict, facts: dict) -> str:
+def render(r: dict, size: dict, cost: dict[str, int], facts: dict) -> str:
     by = size["by_distribution"]
     top = ", ".join(f"{name} {b / 2**20:.1f}" for name, b in list(by.items())[:8])
     how = ("the base dependencies of pyproject.toml (the agent's install: the hub's are in the `hub` extra)"
@@ -320,6 +371,7 @@ def render(r: dict, size: dict, facts: dict) -> str:
             ["`fleethub agent` 2 s after the tunnel closed", mib(r["agent_after_tunnel_kib"]), "—"]]
     return "\n".join([
         "## Agent footprint (bench/agent_footprint.py)", "", f"`{command_line()}`", "", facts_line(facts), "",
+        f"Code measured: commit {r['commit']}.", "",
         f"One hub (`fleethub serve`, heartbeat interval {r['heartbeat']} s); beside each other, each in its own "
         f"process: a bare client (this script's `--bare-client`: trio-websocket, hello, heartbeats) and "
         f"`{r['agent_argv']}`. VmRSS is the max of {len(r['idle_samples_kib']['bare'])} samples 1 s apart "
@@ -332,7 +384,13 @@ def render(r: dict, size: dict, facts: dict) -> str:
         + (", ".join(r["agent_native_libs_tunnel"]) or "none") + ".", "",
         f"Installed size of the agent's distributions: **{size['bytes'] / 2**20:.1f} MiB** in "
         f"{len(by)} distributions: {how}, closed over their own requirements (importlib.metadata, markers "
-        f"evaluated), each distribution's RECORD files stat'ed in this venv. Largest (MiB): {top}.", ""])
+        f"evaluated), each distribution's RECORD files stat'ed in this venv. Largest (MiB): {top}. Of it, "
+        f"{size['tunnel_and_memtest_bytes'] / 2**20:.1f} MiB are aiortc and numpy and what only they require "
+        f"(what tunnels and memory tests add to a device's disk).", "",
+        "What the wire models cost (fresh interpreters, VmRSS after the imports, MiB): "
+        + "; ".join(f"{name} {mib(kib)}" for name, kib in cost.items())
+        + f". pydantic and the models of device_client/protocol.py: "
+        f"{mib(cost['+ device_client.protocol (pydantic)'] - cost['trio + trio_websocket'])} MiB of the agent's.", ""])
 
 
 def main() -> int:
@@ -353,6 +411,7 @@ def main() -> int:
         args.settle, args.samples, args.heartbeat, args.tunnel_bytes = 2.0, 2, 2.0, 2**20
     facts = machine_facts(0 if args.smoke else args.quiet_wait)
     size = installed_size()
+    cost = import_cost()
     broken = False
     try:
         r = measure(args)
@@ -364,8 +423,8 @@ def main() -> int:
     if r is None:
         return verdicts.exit_code(broken=True)
     (OUT_DIR / f"agent_footprint{'-smoke' if args.smoke else ''}.json").write_text(
-        json.dumps({**r, "installed": size}, indent=1))
-    body = render(r, size, facts) + "\n" + verdicts.markdown() + "\n"
+        json.dumps({**r, "installed": size, "import_cost_kib": cost}, indent=1))
+    body = render(r, size, cost, facts) + "\n" + verdicts.markdown() + "\n"
     print(body)
     if not args.no_write or args.smoke:
         log(f"wrote {write_section('agent_footprint', body, smoke=args.smoke)}")
