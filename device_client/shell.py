@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import asyncio  # the loop is webrtc's; an agent with the shell off never loads asyncio
+    import asyncio  # the loop is webrtc's, started with the first shell channel: an idle agent has no asyncio
 
 log = logging.getLogger("fleethub.agent.shell")
 
