@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import asyncio  # the loop is webrtc's, started with the first shell channel: an idle agent has no asyncio
+    import asyncio  # the loop is webrtc's (webrtc/loop.py), started with the first tunnel: an idle agent has none
 
 log = logging.getLogger("fleethub.agent.shell")
 
