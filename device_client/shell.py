@@ -20,7 +20,6 @@ asyncio thread (webrtc/loop.py) like everything that touches a channel.
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import logging
 import os
@@ -32,7 +31,10 @@ import sys
 import termios
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncio  # the loop is webrtc's (webrtc/loop.py), started with the first tunnel: an idle agent has none
 
 log = logging.getLogger("fleethub.agent.shell")
 

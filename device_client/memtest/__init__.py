@@ -3,6 +3,10 @@
 engine.py (memory and sweeps), patterns.py, faults.py (simulated faulty memory), confirm.py,
 verdict.py, plan.py (modes, sizes, back-off), runner.py (one run), retire.py, store.py, hwsim.py,
 tester.py (verbs and hooks: ``attach(device, config)``).
+
+Attaching the tester, its hello fields and capabilities and the CLI flags import no numpy: the engine
+(runner.py and what it imports) loads when a run starts, httpx when a page map is uploaded, so an
+agent that never tests does not hold them (bench/agent_footprint.py, tests/device_client/test_agent_footprint.py).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def parse_size(text: str) -> int:
 
 def add_cli_flags(parser: Any, *, sim: bool) -> None:
     """``--memory-fault KIND`` (repeatable) and ``--memory-budget SIZE`` for fleethub sim/demo/agent."""
-    from .faults import KINDS
+    from .hwsim import KINDS
 
     who = "the i-th one applies to the i-th simulated device" if sim else "simulates faulty memory"
     parser.add_argument("--memory-fault", action="append", default=[], choices=KINDS, metavar="KIND",

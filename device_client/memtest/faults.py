@@ -39,9 +39,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .engine import PAGE_WORDS
+from .hwsim import KINDS
 from .patterns import U64, Step
 
-KINDS = ("stuck", "weak", "data_line", "address_line", "thermal", "intermittent")
 WEAK_RETENTION_S = 120.0
 DATA_LINE_BIT = 13
 ADDRESS_LINE_BIT = 12  # of the word offset: words 32 KiB apart share a cell

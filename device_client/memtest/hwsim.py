@@ -25,6 +25,10 @@ from pathlib import Path
 
 import trio
 
+# The faults a simulated device's memory may have (faults.py acts them out). Named here, with the rest of
+# the simulated hardware, so the CLI's --memory-fault choices need no numpy.
+KINDS = ("stuck", "weak", "data_line", "address_line", "thermal", "intermittent")
+
 AMBIENT_C = 40.0
 RISE_C = 45.0
 COOL_S = 120.0

@@ -39,6 +39,7 @@ from .faults import FaultModel
 from .hwsim import Hardware
 from .patterns import Address, Pair, Pattern, full_suite
 from .plan import BACKOFF_WAIT_S, MIN_BYTES, MemInfo
+from .retire import FAULT_PAGES
 from .bounds import KERNEL_RANGES, MESSAGE_MAX, RESULT_ERRORS, RESULT_PAGES, page_summary
 from .verdict import Findings, error_entry, verdict
 
@@ -46,7 +47,6 @@ log = logging.getLogger("fleethub.agent.memtest")
 
 PROGRESS_EVERY = 1.0  # seconds: memtest.progress events
 YIELD_EVERY = 2  # chunks between trio checkpoints
-FAULT_PAGES = 32
 FAULT_BYTES = 1 << 20
 LINE_VERDICTS = ("data_line", "address_line")
 PHASES = MEMTEST_PHASES  # the spec's: the only values ``phase`` takes

@@ -40,8 +40,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import httpx
-import numpy as np
 import trio
 
 from .. import protocol
@@ -50,12 +48,12 @@ from ..commands import CommandError
 from . import bounds
 from . import plan as plans
 from .hwsim import Hardware
-from .retire import soft_offline
-from .runner import FAULT_PAGES, Run
+from .retire import FAULT_PAGES, soft_offline
 from .store import MemtestStore
 
 if TYPE_CHECKING:
     from ..context import DeviceContext
+    from .runner import Run
 
 log = logging.getLogger("fleethub.agent.memtest")
 
@@ -234,6 +232,8 @@ class MemoryTester:
     # ---- runs ----
 
     def _new_run(self, run_id: str, plan: dict[str, Any]) -> Run:
+        from .runner import Run  # numpy: an agent that never tests never loads it (bench/agent_footprint.py)
+
         meminfo = self.config.meminfo or plans.read_meminfo
         size = plans.size_for(plan, meminfo(), self.config.budget)
         ignored = {a // PAGE for a in self.store.retired()} if self.config.simulated else None
@@ -308,7 +308,7 @@ class MemoryTester:
                              "budgetBytes": self.config.budget, "edac": self.hw.edac()},
                 "versions": {"agent": getattr(agent_module, "AGENT_VERSION", None),
                              "firmware": str(facts.get("firmware") or platform.platform())[:protocol.FACT_MAX],
-                             "engine": f"fleethub memtest 1 (numpy {np.__version__})"}}
+                             "engine": f"fleethub memtest 1 (numpy {_numpy_version()})"}}
 
     async def _phase(self, run: Run, phase: str, step: str | None = None) -> None:
         """A phase of the run's end the runner does not see (retiring, restoring)."""
@@ -385,6 +385,8 @@ class MemoryTester:
         maps = self.store.page_maps()
         if not maps or self._uploading:
             return
+        import httpx  # only a run's page maps go over HTTP
+
         self._uploading = True
         try:
             async with httpx.AsyncClient(verify=self.device.ssl_context or True, timeout=UPLOAD_TIMEOUT) as client:
@@ -463,3 +465,14 @@ def _interrupted(checkpoint: dict[str, Any], clock: Any, hardware: dict[str, Any
             "coverageBytes": 0, "totalBytes": 0, "maxTempMilliC": None, "pageSize": PAGE, "errorCount": 0,
             "errors": [], "confirmedErrors": 0, "pages": [], "retired": [], "kernel": None, "interrupted": where,
             "fault": False, "faultReason": None, **(hardware or {})}
+
+
+def _numpy_version() -> str:
+    # from the installed distribution's metadata: a result made at boot (a run a reboot interrupted)
+    # names its engine without importing numpy
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("numpy")
+    except PackageNotFoundError:
+        return "unknown"
