@@ -20,7 +20,8 @@ from device_client.qualify.rules import RULES
 from device_client.qualify.scenarios import Options
 
 TOKEN = "dev_qualify"
-FAST = Options(heartbeat=0.5, reconnect_timeout=10, superseded_wait=1.0, backoff_min_total=0.1, drain_window=1.0)
+FAST = Options(heartbeat=0.5, reconnect_timeout=10, superseded_wait=1.0, backoff_min_total=0.1, drain_window=1.0,
+               slowest_backoff=0.3, verify_seconds=1.0)
 
 
 async def _qualify(nursery, device, options: Options = FAST):
