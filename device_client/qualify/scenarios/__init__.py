@@ -28,7 +28,7 @@ __all__ = ["BOOT_REASON", "Options", "Qualification", "Run", "Verdict"]
 # In order; each takes the run and the live link and returns the link to go on with (None: the
 # device did not come back, and the rules not yet observed are NOT RUN).
 STEPS = (commands.commands, files.files, commands.idempotency, files.configuration, files.config_rejected,
-         files.interrupted_apply, commands.keys, commands.heartbeats, memtests.memory_test, reboots.reboot,
+         commands.keys, commands.heartbeats, memtests.memory_test, files.interrupted_apply, reboots.reboot,
          closes.drain, reboots.reboot_without_reason, closes.oversized, closes.heartbeat_timeout_close,
          closes.draining_close, closes.hello_timeout_close, refusals.out_of_order, refusals.revoked,
          refusals.unknown_version, closes.superseded_close)

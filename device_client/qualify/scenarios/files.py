@@ -88,7 +88,7 @@ async def config_rejected(q: Run, conn: Conn) -> Conn:
     # An invalid spec (an empty workload command) is answered rejected, with the reason and the
     # version the device still runs (rolledBackTo), and the same result as event config.result.
     if not q.config:
-        q.check("A4", False, "not run: config.apply of a valid version (A1) failed first")
+        q.skip("A4", "config.apply of a valid version (A1) failed first")
         return conn
     payload = _version(q, {"workload": {"command": []}}, files=False)
     running = q.config["versionId"]
@@ -110,7 +110,7 @@ async def interrupted_apply(q: Run, conn: Conn) -> Conn | None:
     """A5: an apply the link drops under, then one a reboot comes in on, then an empty version that
     stops the workload they started."""
     if not q.config:
-        q.check("A5", False, "not run: config.apply of a valid version (A1) failed first")
+        q.skip("A5", "config.apply of a valid version (A1) failed first")
         return conn
     running, cid = q.config["versionId"], conn.new_id()
     payload = _version(q, _slow_spec(q))

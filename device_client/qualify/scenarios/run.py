@@ -95,6 +95,10 @@ class Run:
         self.verdicts[rule].checks.append((bool(ok), evidence))
         return bool(ok)
 
+    def skip(self, rule: str, why: str) -> None:
+        """``rule`` cannot be observed (what it needs failed first): NOT RUN, with why."""
+        self.verdicts[rule].not_run = why
+
     def not_run(self, why: str) -> None:
         for v in self.verdicts.values():
             if not v.checks and v.not_run is None:
