@@ -365,8 +365,8 @@ class _HelloTwiceAfter4409(Agent):
 
 
 _BROKEN = {
-    "R4": (_KeepsTheOldBootReason, "after reboot {} (no reason) the hello said bootReason 'qualify'; the document's "
-                                   "default is 'reboot' (the boot before said 'qualify')"),
+    "R4": (_KeepsTheOldBootReason, ("after reboot {} (no reason) the hello said bootReason 'qualify'; the document's "
+                                    "default is 'reboot' (the boot before said 'qualify')")),
     "A4": (_ForgetsWhatItRolledBackTo, "the document wants status rejected, an error in words and rolledBackTo"),
     "A5": (_NamesTheVersionBeingVerified, "never a version being verified"),
     "M1": (_SendsTheResultAsText, "event memtest.result: result: Input should be a valid dictionary"),

@@ -19,11 +19,10 @@ token, 401, out of order, unknown version); run.py holds what they share.
 
 from __future__ import annotations
 
-from ..link import Listener
 from . import closes, commands, files, memtests, reboots, refusals
-from .run import BOOT_REASON, Options, Run, Verdict
+from .run import Options, Run, Verdict
 
-__all__ = ["BOOT_REASON", "Options", "Qualification", "Run", "Verdict"]
+__all__ = ["Options", "Qualification", "Run", "Verdict"]
 
 # In order; each takes the run and the live link and returns the link to go on with (None: the
 # device did not come back, and the rules not yet observed are NOT RUN).

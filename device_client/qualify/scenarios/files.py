@@ -10,6 +10,7 @@ import trio
 
 from ... import protocol, verbs
 from ..link import Conn, short
+from .reboots import REBOOT_REASON
 from .run import BASE, Run, secret
 
 
@@ -154,7 +155,7 @@ async def _reboot_during_apply(q: Run, conn: Conn) -> Conn | None:
     apply_id, reboot_id = conn.new_id(), conn.new_id()
     await conn.send_command("config.apply", payload, id=apply_id)
     await trio.sleep(min(0.3, q.o.verify_seconds / 4))
-    await conn.send_command("reboot", {"reason": "qualify"}, id=reboot_id)
+    await conn.send_command("reboot", {"reason": REBOOT_REASON}, id=reboot_id)
     applied = await conn.reply(apply_id, 120)
     rebooting = await conn.reply(reboot_id, 15)
     with trio.move_on_after(15):

@@ -12,8 +12,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import trio
-
 from ... import linkcodes, protocol, verbs
 from ...link.events import ProtocolViolation
 from ...link.hubside import HubSide
