@@ -198,7 +198,8 @@ async def test_a_device_late_after_a_drain_close_fails_exactly_X3(nursery, tmp_p
                 return delay
             return super()._after_close(delay)
 
-    with trio.fail_after(60):
+    # its 2.5 s backoff after every close (the kit's ~15 closes and reconnects) makes this run ~40 s
+    with trio.fail_after(120):
         async def agent(url):
             await IgnoresTheDrainWindow(url, TOKEN, tmp_path / "agent", backoff_initial=2.5, backoff_max=2.5,
                                         superseded_backoff=1.0, rng=_Ceiling()).run()

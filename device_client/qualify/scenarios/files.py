@@ -78,6 +78,11 @@ def _version(q: Run, spec: dict[str, Any], *, files: bool = True) -> dict[str, A
             "files": q.config_files if files else []}
 
 
+def _into(q: Run) -> float:
+    """How far into a slow version's verification the kit drops the link or sends the reboot."""
+    return min(0.3, q.o.verify_seconds / 4)
+
+
 def _slow_spec(q: Run) -> dict[str, Any]:
     # A workload whose health check takes verify_seconds: the version is being verified that long.
     return {"workload": {"command": ["sleep", "600"],
@@ -97,7 +102,7 @@ async def config_rejected(q: Run, conn: Conn) -> Conn:
     if result is not None:
         q.check("A4", result.status == "rejected" and bool(result.error) and result.rolledBackTo == running
                 and result.versionId == payload["versionId"],
-                f"spec {{workload: {{command: []}}}}: result {short(result.model_dump(exclude_none=True), 200)}; "
+                f"spec {{workload: {{command: []}}}}: result {short(result.model_dump(exclude_none=True), 200)}",
                 f"the document wants status rejected, an error in words and rolledBackTo {running!r} (the "
                 f"version the device runs)")
     event = await _result_event(conn, payload["versionId"], q.o.event_timeout)
@@ -118,7 +123,7 @@ async def interrupted_apply(q: Run, conn: Conn) -> Conn | None:
     new = payload["versionId"]
     sent = trio.current_time()
     await conn.send_command("config.apply", payload, id=cid)
-    await trio.sleep(min(0.3, q.o.verify_seconds / 4))
+    await trio.sleep(_into(q))
     await conn.close(1011, "qualification: the link dropped during config.apply")
     nxt = await q.next_link(conn)
     if nxt is None:
@@ -126,14 +131,15 @@ async def interrupted_apply(q: Run, conn: Conn) -> Conn | None:
     said = nxt.hello.configVersionApplied
     early = nxt.opened_at < sent + q.o.verify_seconds  # its health check cannot have passed yet
     q.check("A5", said == running if early else said in (running, new),
-            f"the link dropped {q.o.verify_seconds:g} s into a version's verification (its health check "
-            f"is sleep {q.o.verify_seconds:g}); the hello {nxt.opened_at - sent:.2f} s after the apply said "
-            f"configVersionApplied {said!r}: the document wants {running!r} (the version it runs) until the "
-            f"new one {new!r} is verified, never a version being verified")
+            f"the link dropped {_into(q):g} s into a version's verification (its health check is "
+            f"sleep {q.o.verify_seconds:g}); the hello {nxt.opened_at - sent:.2f} s after the apply said "
+            f"configVersionApplied {said!r}",
+            f"the document wants {running!r} (the version it runs) until the new one {new!r} is verified, "
+            f"never a version being verified")
     again = q.strict("A5", "config.apply", await q.cmd(nxt, "config.apply", payload, id=cid, timeout=120))
     if again is not None:
         q.check("A5", again.status == "applied" and again.versionId == new,
-                f"the apply's id sent again on the next link: {short(again.model_dump(exclude_none=True), 160)}; "
+                f"the apply's id sent again on the next link: {short(again.model_dump(exclude_none=True), 160)}",
                 f"the document wants the first apply's result (applied, {new!r}), waited for if it still runs")
         q.config = {"configId": payload["configId"], "versionId": new}
     nxt = await _reboot_during_apply(q, nxt)
@@ -154,7 +160,7 @@ async def _reboot_during_apply(q: Run, conn: Conn) -> Conn | None:
     payload = _version(q, _slow_spec(q))
     apply_id, reboot_id = conn.new_id(), conn.new_id()
     await conn.send_command("config.apply", payload, id=apply_id)
-    await trio.sleep(min(0.3, q.o.verify_seconds / 4))
+    await trio.sleep(_into(q))
     await conn.send_command("reboot", {"reason": REBOOT_REASON}, id=reboot_id)
     applied = await conn.reply(apply_id, 120)
     rebooting = await conn.reply(reboot_id, 15)
@@ -162,10 +168,10 @@ async def _reboot_during_apply(q: Run, conn: Conn) -> Conn | None:
         await conn.closed.wait()
     ok = applied is not None and applied.ok and (applied.payload or {}).get("status") == "applied"
     q.check("A5", ok and rebooting is not None,
-            f"reboot sent {q.o.verify_seconds:g} s before a version's verification ends: the apply answered "
-            f"{short(applied.payload if applied else 'nothing before the link closed', 120)}, the reboot "
-            f"{short(rebooting.payload if rebooting else None, 60)}. The document wants the apply's result "
-            f"(applied) sent before the reboot closes the link")
+            f"reboot sent {_into(q):g} s into a version's {q.o.verify_seconds:g}-s verification: the apply "
+            f"answered {short(applied.payload if applied else 'nothing before the link closed', 120)}, the "
+            f"reboot {short(rebooting.payload if rebooting else None, 60)}",
+            "the document wants the apply's result (applied) sent before the reboot closes the link")
     q.booted()
     nxt = await q.next_link(conn)
     if nxt is None:
@@ -174,8 +180,8 @@ async def _reboot_during_apply(q: Run, conn: Conn) -> Conn | None:
         q.config = {"configId": payload["configId"], "versionId": payload["versionId"]}
     said = nxt.hello.configVersionApplied
     q.check("A5", said == q.config["versionId"],
-            f"after the reboot that waited for the apply, configVersionApplied {said!r}; applied "
-            f"{q.config['versionId']!r}")
+            f"after the reboot that waited for the apply, configVersionApplied {said!r}",
+            f"the document wants the version applied, {q.config['versionId']!r}")
     return nxt
 
 

@@ -36,16 +36,18 @@ async def revoked(q: Run, conn: Conn) -> Conn | None:
         return None
     gap = refused_at - closed_at
     q.check("X5", gap >= slowest,
-            f"the next handshake came {gap:.2f} s after close 4003; the document wants the slowest backoff "
-            f"(the device's backoff cap; the kit wants at least {slowest:g} s): the token will not work sooner")
+            f"the next handshake came {gap:.2f} s after close 4003",
+            f"the document wants the slowest backoff (the device's backoff cap; the kit wants at least "
+            f"{slowest:g} s): the token will not work sooner")
     nxt = await q.listener.next_conn(_away_limit(q))
     if nxt is None:
         q.check("T2", False, f"no handshake within {_away_limit(q):.0f} s of the 401")
         return None
     gap = nxt.opened_at - refused_at
     q.check("T2", gap >= slowest,
-            f"the handshake after a 401 came {gap:.2f} s after it; the document wants no retry of a 401 "
-            f"sooner than the slowest backoff (the device's backoff cap; the kit wants at least {slowest:g} s)")
+            f"the handshake after a 401 came {gap:.2f} s after it",
+            f"the document wants no retry of a 401 sooner than the slowest backoff (the device's backoff cap; "
+            f"the kit wants at least {slowest:g} s)")
     return nxt if await q.handshake(nxt) is not None else None
 
 
@@ -85,7 +87,7 @@ async def unknown_version(q: Run, conn: Conn) -> Conn | None:
     said = first.frame.protocol if first is not None and isinstance(first.frame, protocol.Hello) else None
     gap = nxt.opened_at - closed_at
     q.check("X7", said == spoken or gap >= q.o.slowest_backoff,
-            f"after close 4426 {reason!r} the device came back {gap:.2f} s later with protocol {said}; the "
-            f"document wants a version the reason lists ({spoken}) or the slowest backoff (the device's backoff "
-            f"cap; the kit wants at least {q.o.slowest_backoff:g} s)")
+            f"after close 4426 {reason!r} the device came back {gap:.2f} s later with protocol {said}",
+            f"the document wants a version the reason lists ({spoken}) or the slowest backoff (the device's "
+            f"backoff cap; the kit wants at least {q.o.slowest_backoff:g} s)")
     return nxt if await q.handshake(nxt) is not None else None

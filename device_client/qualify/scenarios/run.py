@@ -89,7 +89,11 @@ class Run:
 
     # ---- recording ----
 
-    def check(self, rule: str, ok: bool, evidence: str) -> bool:
+    def check(self, rule: str, ok: bool, evidence: str, wanted: str | None = None) -> bool:
+        """Record an observation; a failed one also says what the document wants (``wanted``), for
+        the device maker who reads only the verdict."""
+        if not ok and wanted:
+            evidence = f"{evidence}; {wanted}"
         self.verdicts[rule].checks.append((bool(ok), evidence))
         return bool(ok)
 
