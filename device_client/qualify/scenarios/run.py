@@ -172,8 +172,9 @@ class Run:
             self.boot_reason = hello.bootReason
             return
         self.check("R4", hello.bootReason == self.boot_reason,
-                   f"a reconnect without a reboot: bootReason {hello.bootReason!r}; the boot's reason was "
-                   f"{self.boot_reason!r} (the hello says why the device last booted, and it did not boot)")
+                   f"a reconnect without a reboot: bootReason {hello.bootReason!r}, the boot's {self.boot_reason!r}",
+                   "the document wants the boot's reason on every link of that boot (the hello says why the "
+                   "device last booted, and it did not boot)")
 
     def booted(self) -> None:
         """The device was told to reboot: the next hello starts a boot (its reason is checked by the step)."""
