@@ -45,6 +45,11 @@ def _we_refused(reason: str | None) -> bool:
     return bool(reason) and reason.startswith(_OUR_TOO_BIG)  # type: ignore[union-attr]
 
 
+# _closed_with after a handshake the hub refused with 401 or 403: the token will not start working
+# by itself, so the next try waits the slowest backoff, as after 4003 (docs/device-protocol.md).
+TOKEN_REFUSED = 401
+
+
 class _LinkLost(Exception):
     """The hub answered, but not with a usable link (no welcome, wrong first frame)."""
 
@@ -202,7 +207,7 @@ class Link:
             log.warning("%s: another connection with this device's token took over (4001); staying away "
                         "%.0f s. If this repeats, two devices share one token.", self._who(), self._superseded_backoff)
             return self._superseded_backoff + delay
-        if code in (Close.CREDENTIAL_REVOKED, Close.UNKNOWN_VERSION):
+        if code in (Close.CREDENTIAL_REVOKED, Close.UNKNOWN_VERSION, TOKEN_REFUSED):
             return max(delay, self._backoff.maximum)
         if code == Close.DRAINING:
             # every device of a drained hub comes back at once otherwise: spread over the stated window
@@ -244,9 +249,10 @@ class Link:
         except ConnectionRejected as exc:
             self._link_failed(exc)
             if exc.status_code in (401, 403):
+                self._closed_with, self._closed_reason = TOKEN_REFUSED, None
                 log.warning("%s: the hub refused the device token (HTTP %d) at %s; check the "
-                            "token or the device's registration. Retrying with backoff.",
-                            self._who(), exc.status_code, self.link_url)
+                            "token or the device's registration. Retrying in %.0f s.",
+                            self._who(), exc.status_code, self.link_url, self._backoff.maximum)
             else:
                 log.warning("%s: the hub refused the link (HTTP %d)", self._who(), exc.status_code)
         except _LINK_ERRORS as exc:

@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="X1: least seconds the device stays away in all over 6 reconnects after close 4002")
     p.add_argument("--drain-window", type=float, default=2.0,
                    help="X3: the reconnect window the kit's close 4004 states (seconds)")
+    p.add_argument("--slowest-backoff", type=float, default=10.0,
+                   help="T2, X5, X7: least seconds the device must stay away after a 401, close 4003 or close 4426 "
+                        "(the document's slowest backoff, the device's backoff cap)")
     p.add_argument("--file-owner", default="0:0", metavar="UID:GID", help="owner of the files the kit writes")
     p.add_argument("--format", choices=("text", "json"), default="text")
 
@@ -49,7 +52,8 @@ def options_from(args: argparse.Namespace) -> Options:
     uid, _, gid = args.file_owner.partition(":")
     return Options(heartbeat=args.heartbeat, first_timeout=args.wait, reconnect_timeout=args.reconnect_timeout,
                    superseded_wait=args.superseded_wait, file_owner=(int(uid), int(gid or uid)),
-                   backoff_min_total=args.backoff_min, drain_window=args.drain_window)
+                   backoff_min_total=args.backoff_min, drain_window=args.drain_window,
+                   slowest_backoff=args.slowest_backoff)
 
 
 async def qualify(listener: Listener, options: Options, *, task_status=trio.TASK_STATUS_IGNORED):

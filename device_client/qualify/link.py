@@ -126,6 +126,9 @@ class Listener:
         self.device_id = device_id
         self.refused: list[str] = []  # why handshakes were refused
         self._send, self._conns = trio.open_memory_channel[Conn](16)
+        # the next handshakes to answer 401 whatever the token (a revoked token), and when each came
+        self.refuse_next = 0
+        self._refusal_sent, self._refusals = trio.open_memory_channel[float](16)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -138,7 +141,19 @@ class Listener:
             return await self._conns.receive()
         return None
 
+    async def next_refusal(self, timeout: float) -> float | None:
+        """When the next handshake ``refuse_next`` answered 401 came; None if none within ``timeout``."""
+        with trio.move_on_after(timeout):
+            return await self._refusals.receive()
+        return None
+
     async def _handle(self, request: WebSocketRequest) -> None:
+        if self.refuse_next > 0 and request.path == protocol.LINK_PATH:
+            self.refuse_next -= 1
+            at = trio.current_time()
+            await request.reject(401, body=b'{"error": "unauthorized", "message": "qualification: a revoked token"}')
+            await self._refusal_sent.send(at)
+            return
         if request.path != protocol.LINK_PATH:
             self.refused.append(f"HTTP 404: path {request.path!r} (expected {protocol.LINK_PATH})")
             await request.reject(404)

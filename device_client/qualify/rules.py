@@ -15,6 +15,8 @@ class Rule:
 
 RULES: tuple[Rule, ...] = (
     Rule("T1", "Transport and authentication", "connects to /v1/device/link with Authorization: Bearer <device token>"),
+    Rule("T2", "Transport and authentication", "after a handshake answered HTTP 401 the device retries no "
+                                               "sooner than its slowest backoff (its backoff cap; the kit wants at least 10 s)"),
     Rule("H1", "Hello", "the first frame is a hello, sent within 10 s of the handshake"),
     Rule("H2", "Hello", "the hello matches the schema (field types)"),
     Rule("H3", "Versions", "the hello names a supported protocol version, or none (version 1)"),
@@ -37,17 +39,32 @@ RULES: tuple[Rule, ...] = (
     Rule("A1", "Secret files and configurations", "config.apply answers a ConfigApplyResult: applied, its ids, its files on_device"),
     Rule("A2", "Events", "a config.apply result is also sent as event config.result"),
     Rule("A3", "Hello", "after a reconnect, hello.configVersionApplied names the applied version"),
+    Rule("A4", "Secret files and configurations", "an invalid spec is answered rejected with an error and "
+                                                  "rolledBackTo the version the device runs, also as event config.result"),
+    Rule("A5", "Secret files and configurations", "an apply interrupted by a link drop: the next hello names "
+                                                  "the version the device ran until the new one is verified, and the "
+                                                  "resent id gets the result; a reboot waits for the apply's reply"),
     Rule("K1", "Verbs", "link.keys replaces the hub keys and answers their kids"),
     Rule("K2", "Verbs", "link.keys with a key that is not Ed25519 is refused (invalid_payload)"),
+    Rule("M1", "Events", "a started memory test's replies and memtest.progress, memtest.result and "
+                         "memtest.health events match the link schema and name the run (optional verbs)"),
     Rule("R1", "Reboots and boot reasons", "reboot is answered {rebooting: true}, then the device closes the link"),
     Rule("R2", "Reboots and boot reasons", "the device comes back with a hello whose bootReason is the reboot's reason"),
     Rule("R3", "Idempotency", "the reboot's command id sent again after the reboot gets the stored reply and no second reboot"),
+    Rule("R4", "Reboots and boot reasons", "after a reboot with no reason the hello says reboot, not the "
+                                           "reason of the boot before; a reconnect without a reboot keeps the boot's reason"),
     Rule("D1", "Close codes", "link.drain is answered, the device closes with 1001 and reconnects within reconnectAfter"),
     Rule("L1", "Limits", "a frame over the limit is not answered: the device closes with 1009 and a reason, then reconnects"),
     Rule("X1", "Close codes", "after close 4002 (heartbeat timeout) the device reconnects with backoff: over 5 links "
                               "the kit closes before its welcome it stays away at least 1 s in all, not in an immediate loop"),
     Rule("X3", "Close codes", "after close 4004 (draining) the device reconnects within the window its reason states"),
     Rule("X4", "Close codes", "after close 4408 (hello timeout) the device reconnects and sends its hello at once (within 1 s)"),
+    Rule("X5", "Close codes", "after close 4003 (token revoked) the device stays away its slowest backoff "
+                              "(its backoff cap; the kit wants at least 10 s)"),
+    Rule("X6", "Close codes", "after close 4409 (out of order) the device reconnects and sends its hello "
+                              "once per link, and no welcome or command"),
+    Rule("X7", "Close codes", "after close 4426 (unknown version) the device comes back with a version the "
+                              "reason lists, or after its slowest backoff (the kit wants at least 10 s)"),
     Rule("X2", "Close codes", "after close 4001 (superseded) the device waits at least the superseded backoff"),
 )
 BY_ID = {r.id: r for r in RULES}

@@ -47,8 +47,9 @@ async def _drain(stream) -> None:
 
 
 async def test_the_kit_process_qualifies_the_agent_process(nursery, tmp_path):
-    with trio.fail_after(180):
-        # --superseded-wait is the agent's own 30 s: the agent under test runs with its defaults.
+    with trio.fail_after(300):
+        # --superseded-wait is the agent's own 30 s: the agent under test runs with its defaults, so
+        # its slowest backoff (30 s) after 4003, the 401 and 4426 takes most of the run.
         kit, port, out = await _start_kit(nursery, "--heartbeat", "0.5", "--reconnect-timeout", "60")
         env = {**os.environ, "FLEETHUB_DEVICE_TOKEN": TOKEN}
         agent = await trio.lowlevel.open_process([*FLEETHUB, "agent", "--hub", f"http://127.0.0.1:{port}",
