@@ -293,15 +293,15 @@ class _KeepsTheOldBootReason(Agent):
 class _ForgetsWhatItRolledBackTo(Agent):
     """Answers a rejected apply with rolledBackTo null (its config.result event is right)."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, config) -> None:
+        super().__init__(config)
         apply = self.configs.apply
 
         async def forgetful(payload):
             result = await apply(payload)
             return {**result, "rolledBackTo": None} if result["status"] == "rejected" else result
 
-        self.register("config.apply", forgetful, replace=True)
+        self.context.register("config.apply", forgetful, replace=True)
 
 
 class _NamesTheVersionBeingVerified(Agent):
@@ -309,8 +309,8 @@ class _NamesTheVersionBeingVerified(Agent):
     and its hello names the newest version written, verified or not. (Ours keeps the link's end
     waiting for a running apply, so it never says hello mid-verification.)"""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, config) -> None:
+        super().__init__(config)
         self.configs.version_applied = lambda: (self.configs.current or {}).get("versionId")
         apply = self.configs.apply
 
@@ -330,27 +330,39 @@ class _NamesTheVersionBeingVerified(Agent):
                 raise out["error"]
             return out["result"]
 
-        self.register("config.apply", in_background, replace=True)
+        self.context.register("config.apply", in_background, replace=True)
 
 
 class _SendsTheResultAsText(Agent):
     """Its memtest.result event carries the outcome as a string where the Result object goes."""
 
-    async def send_event(self, kind, payload=None):
-        if kind == "memtest.result":
-            payload = {**payload, "result": payload["result"]["outcome"]}
-        return await super().send_event(kind, payload)
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        send = self.link.send_event
+
+        async def as_text(kind, payload=None):
+            if kind == "memtest.result":
+                payload = {**payload, "result": payload["result"]["outcome"]}
+            return await send(kind, payload)
+
+        self.link.send_event = as_text
 
 
 def _straight_back_after(code: int):
-    """An agent that treats ``code`` (a close code, or the agent's marker of a 401) like any other close."""
+    """An agent that treats ``code`` (a close code, or the link's marker of a 401) like any other close."""
 
     class StraightBack(Agent):
-        def _after_close(self, delay: float) -> float:
-            if self._closed_with == code:
-                self._closed_with = None
-                return delay
-            return super()._after_close(delay)
+        def __init__(self, config) -> None:
+            super().__init__(config)
+            link, after_close = self.link, self.link._after_close
+
+            def straight_back(delay: float) -> float:
+                if link._closed_with == code:
+                    link._closed_with = None
+                    return delay
+                return after_close(delay)
+
+            link._after_close = straight_back
 
     return StraightBack
 
@@ -358,17 +370,22 @@ def _straight_back_after(code: int):
 class _HelloTwiceAfter4409(Agent):
     """After 4409 it sends its hello twice on the next link."""
 
-    _twice = False
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        link, after_close, session = self.link, self.link._after_close, self.link._session
+        twice = [False]
 
-    def _after_close(self, delay: float) -> float:
-        self._twice = self._closed_with == 4409
-        return super()._after_close(delay)
+        def noting_4409(delay: float) -> float:
+            twice[0] = link._closed_with == 4409
+            return after_close(delay)
 
-    async def _session(self, ws) -> None:
-        if self._twice:
-            self._twice = False
-            await ws.send_message(self.frames.encode_hello(self._hello()))
-        await super()._session(ws)
+        async def hello_twice(ws) -> None:
+            if twice[0]:
+                twice[0] = False
+                await ws.send_message(link.frames.encode_hello(link._hello()))
+            await session(ws)
+
+        link._after_close, link._session = noting_4409, hello_twice
 
 
 _BROKEN = {
@@ -389,8 +406,8 @@ async def test_a_device_that_breaks_one_new_rule_fails_exactly_it(nursery, tmp_p
     broken, evidence = _BROKEN[rule]
     with trio.fail_after(60):
         async def agent(url):
-            await broken(url, TOKEN, tmp_path / "agent", backoff_initial=0.1, backoff_max=0.4,
-                         superseded_backoff=1.0).run()
+            await broken(AgentConfig(url, TOKEN, tmp_path / "agent", backoff_initial=0.1, backoff_max=0.4,
+                                     superseded_backoff=1.0)).run()
 
         verdicts = await _qualify(nursery, agent)
         failed = {k: v.evidence for k, v in verdicts.items() if not v.passed}
