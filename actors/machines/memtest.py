@@ -347,7 +347,13 @@ class MemtestMachine:
                 self.status = event.status
                 return [SaveStatus(event.status)]
             return []
-        return [SaveStatus(self.status)] if self.status is not None else []
+        # The device says nothing runs while the hub held a running test: the device's end of that
+        # run when it names it; else the run died without a word (a reboot, a crash: the spec's
+        # interrupted). Never the run's last progress, which would read as testing for ever.
+        same_run = event.status is not None and event.status.get("runId") == (self.status or {}).get("runId")
+        ended = event.status if same_run else {**(self.status or {}), "phase": "interrupted", "step": None}
+        self.status = ended
+        return [SaveStatus(ended), Publish(operation(ended))]
 
     def _finished(self, event: Finished, now: dt.datetime, key: Key, old: RunState) -> list[object]:
         result = event.result

@@ -246,6 +246,7 @@ class MemoryTester:
             raise CommandError("internal", "the agent is not running")
         self.run, self._done, self._release_hold = run, trio.Event(), trio.Event()
         self._last_status = run.status()
+        self.store.checkpoint(run.where())  # on disk before it runs: a reboot from here is an interruption
         nursery.start_soon(self._supervise, run, stopped, test_boot)
 
     async def _progress(self, status: dict[str, Any]) -> None:
@@ -337,6 +338,11 @@ class MemoryTester:
     # ---- hooks ----
 
     async def boot(self) -> None:
+        # A boot forgets what ran in memory (an in-process reboot keeps this object): an online test
+        # cannot survive a reboot, its checkpoint below makes it an interrupted result, and the last
+        # status a read answers is that result's, never the run's last progress.
+        self.run, self._last_status = None, None
+        self.maintenance = self.holding = False
         physical = self.store.retired_physical()
         if physical:  # soft offlining does not survive a reboot: before the workload starts
             soft_offline(physical, real=not self.config.simulated)
