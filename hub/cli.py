@@ -165,7 +165,8 @@ def cmd_agent(args: argparse.Namespace) -> None:
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     agent = Agent(args.hub, token, Path(args.data_dir), reboot_mode="exec", **_tunnel_options(args),
-                  memtest=agent_config(args.memory_fault, args.memory_budget), workload_user=workload_user)
+                  memtest=agent_config(args.memory_fault, args.memory_budget, test_boot=args.memtest_test_boot),
+                  workload_user=workload_user)
     _run(agent.run)
 
 

@@ -69,7 +69,10 @@ PAGE = 4096
 @dataclass
 class MemtestConfig:
     enabled: bool = True  # False: firmware without memory tests (supported false)
-    test_boot: bool = True  # False: the board's bootloader cannot do a test boot
+    # False: the board's bootloader cannot do a test boot (offlineReason TEST_BOOT_UNSUPPORTED). True
+    # here for simulated devices; ``fleethub agent`` on a real device sets it from --memtest-test-boot
+    # (memtest.agent_config), False unless the device maker says the board supports it.
+    test_boot: bool = True
     simulated: bool = True  # False only for a real device (fleethub agent without budget or fault)
     budget: int | None = 64 << 20  # bytes a run may test at most; None: no cap
     fault: str | None = None  # faults.KINDS: simulated faulty memory
