@@ -147,10 +147,19 @@ async def _delete(owner: Owner, file_id: str):
         raise NotFound("secret file not found")
     path, devices = result
     for device_id in devices:
-        actor = s.registry.lookup(("device", device_id))
-        if actor is not None:
-            actor.tell(RemoveFiles((path,)))  # an offline device drops it at its next hello
+        await tell_removal(s, device_id, (path,))
     return {"data": {"id": file_id, "path": path, "deleted": True}}
+
+
+async def tell_removal(s, device_id, paths: tuple[str, ...]) -> None:
+    """Have the device remove these paths now if it is linked, to this node or (in a cluster) another:
+    there this node's own actor, started if need be, passes it on (hub/cluster/tells.py). An offline
+    device drops them at its next hello, so a single node starts no actor for one it does not hold."""
+    actor = s.registry.lookup(("device", device_id))
+    if actor is None and getattr(s, "clustered", False):
+        actor = await s.device_actor(device_id)
+    if actor is not None:
+        actor.tell(RemoveFiles(paths))
 
 
 class SecretFileOut(BaseModel):
