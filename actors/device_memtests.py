@@ -232,13 +232,15 @@ class DeviceMemtests:
             return False
         return True
 
-    def on_link_up(self, facts: dict[str, Any]) -> None:
+    def on_link_up(self, facts: dict[str, Any], *, rebooted: bool = False) -> None:
+        """The hello's memory-test facts; ``rebooted``: it follows a reboot the device accepted, so an
+        online test it still reports running is stale (the machine ends it interrupted)."""
         self._hello_held = bool(facts.get("workloadHeld"))
         running = memtest_status(facts.get("memoryTestRunning"))
         if running is not None and not self._checked(verbs.check_member, MemtestStatus, running,
                                                      "hello memoryTestRunning"):
             return
-        self._handle(mm.Observed(running))
+        self._handle(mm.Observed(running, rebooted=rebooted))
 
     def on_link_down(self) -> None:
         if self.machine.status is not None:

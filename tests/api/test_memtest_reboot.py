@@ -100,3 +100,39 @@ async def _online(hub, dev_id: str) -> bool:
 
 async def _offline(hub, dev_id: str) -> bool:
     return not await _online(hub, dev_id)
+
+
+async def test_a_hello_after_a_reboot_still_reporting_an_online_test_does_not_keep_the_hub_busy(
+        nursery, db_url, tmp_path):
+    """The stale status of a device that keeps its last status through a reboot (as the agent did):
+    the hub ends the online test interrupted and takes a new start to the device."""
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", command_timeout=2.0)
+        dev_id, token = await hub.provision("stale")
+        before = ScriptedDevice(hub, token)
+
+        async def drop_link() -> None:
+            await trio.sleep(0.2)
+            before.scope.cancel()
+
+        async def reboot(p: dict) -> dict:
+            nursery.start_soon(drop_link)  # the link drops right after the reply goes out
+            return {"rebooting": True}
+
+        before.handlers["reboot"] = reboot
+        await nursery.start(before.run)
+        r = await hub.call("POST", mt(dev_id), json={"passes": 3})
+        assert r.status_code == 202, r.text
+        started = trio.current_time()
+        stale = {**before.running, "phase": "testing"}
+        r = await hub.call("POST", f"/v1/devices/{dev_id}/reboot")
+        assert r.status_code == 202, r.text
+        await wait_for(lambda: _offline(hub, dev_id), timeout=10)
+        after = ScriptedDevice(hub, token, bootReason="reboot", memoryTestRunning=stale)
+        after.running = None  # what it runs now: nothing (only its hello is stale)
+        await nursery.start(after.run)
+        await wait_for(lambda: _online(hub, dev_id), timeout=10)
+        await trio.sleep_until(started + 5.1)
+        r = await hub.call("POST", mt(dev_id), json={"quick": True})
+        assert r.status_code == 202, r.text
+        assert after.sent("memtest.start"), "the start went to the device, not refused from a stale status"

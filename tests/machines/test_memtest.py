@@ -353,3 +353,18 @@ def test_a_device_that_says_nothing_runs_ends_the_hubs_running_test_interrupted(
     m.handle(Observed(None), at(5))
     m.handle(Finished(result("r1", "interrupted")), at(6))
     assert m.status["phase"] == "interrupted" and m.status["outcome"] == "interrupted"
+
+
+def test_an_online_test_a_hello_reports_after_a_reboot_is_stale_and_ends_interrupted():
+    m = running()
+    m.handle(Observed(status("r1", "testing"), rebooted=True), at(5))
+    assert m.state is RunState.IDLE and m.status["phase"] == "interrupted"
+    # a test boot is what runs after its own reboot
+    m = MemtestMachine()
+    m.handle(Observed(status("b1", "kernel_sweep", plan_for({"impact": "stopped", "placement": "offline"})),
+                      rebooted=True), at(5))
+    assert m.state is RunState.RUNNING
+    # without a reboot the device's word stands
+    m = running()
+    m.handle(Observed(status("r1", "testing")), at(5))
+    assert m.state is RunState.RUNNING
