@@ -279,7 +279,7 @@ class DeviceActor(Actor):
             # (hub/api/link.py KEPT_UNLESS_SENT) keeps the value the last hello gave
             self.facts = {**(self.facts or {}), **(msg.facts or {})}
             self._job(self.hooks.on_link, self.org_id, self.device_id, msg.facts or {})
-            self.memtests.on_link_up(msg.facts)
+            self.memtests.on_link_up(msg.facts, rebooted=self.machine.state is cm.Conn.REBOOTING)
         if isinstance(msg, cm.LinkDown) and msg.conn_id == self.machine.conn_id:
             self.memtests.on_link_down()
         if isinstance(msg, (cm.LinkUp, cm.Heartbeat)):

@@ -231,6 +231,7 @@ class DeviceDelivery:
         if runs:
             if device["applied_version_id"] != target or device["config_status"] != "applied":
                 await self._db(s.devices.set_config_result, self.device_id, "applied", None, target, s.clock.now())
+            await self._send_waiting_config_files(device)
             return
         version = await self._db(s.configs.version, device["org_id"], target)
         if version is None:
@@ -249,6 +250,29 @@ class DeviceDelivery:
                            device["applied_version_id"], s.clock.now())
             await self._db(s.secrets.mark_config_files, self.device_id, device["config_id"], "failed",
                            f"configuration not applied: {exc.reason}", s.clock.now())
+            return
+        await self.record_config_result(result.model_dump())
+
+    async def _send_waiting_config_files(self, device: dict) -> None:
+        """The configuration's files added or replaced since the device got the version it runs: a
+        config.apply of that same version carrying only them (the device restarts nothing and writes
+        the files; device_client/configs.py). Without it they would wait for the next version."""
+        s = self.s
+        files = await self._db(s.secrets.config_files_waiting, self.device_id, device["config_id"])
+        if not files:
+            return
+        version = await self._db(s.configs.version, device["org_id"], device["config_version_id"])
+        if version is None:
+            return
+        payload = {"configId": str(device["config_id"]), "versionId": str(version["id"]),
+                   "version": version["version"], "spec": version["spec"],
+                   "files": [self.file_payload(f) for f in files]}
+        try:
+            result = await self._strict("config.apply", payload, timeout=APPLY_TIMEOUT)
+        except NotDone as exc:
+            if not exc.offline:  # failed with the reason; the next hello or upload sends them again
+                await self._db(s.secrets.mark_config_files, self.device_id, device["config_id"], "failed",
+                               f"configuration files not applied: {exc.reason}", s.clock.now())
             return
         await self.record_config_result(result.model_dump())
 

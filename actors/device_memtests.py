@@ -38,7 +38,9 @@ from actors.errors import (
 from actors.machines import memory_fault as mf
 from actors.machines import memtest as mm
 from actors.runtime import ActorCrashed
+from device_client import verbs
 from device_client.clock import rfc3339
+from device_client.memtest_members import MemtestResult, MemtestStatus
 from device_client.protocol import memtest_result, memtest_status, subject
 
 if TYPE_CHECKING:
@@ -202,24 +204,43 @@ class DeviceMemtests:
 
     # -- what the device tells ----------------------------------------------------------------------
     def on_event(self, kind: str, payload: dict[str, Any]) -> None:
-        # An older agent's sub-steps as phases and null verdicts read as the spec's (protocol.memtest_*)
+        # An older agent's sub-steps as phases and null verdicts read as the spec's (protocol.memtest_*),
+        # then checked against the link's models (device_client/memtest_members.py): a malformed
+        # report is a protocol error, dropped and told to the device.
         if kind == "memtest.progress":
             status = payload.get("status", payload) if isinstance(payload.get("status"), dict) else payload
-            self._handle(mm.Progress(memtest_status(status)))
+            status = memtest_status(status)
+            if self._checked(verbs.check_event, kind, status):
+                self._handle(mm.Progress(status))
         elif kind == "memtest.result":
-            result = payload.get("result")
-            if isinstance(result, dict) and result.get("runId"):
-                self._handle(mm.Finished(memtest_result(result)))
+            result = memtest_result(payload.get("result"))
+            if self._checked(verbs.check_event, kind, {**payload, "result": result}):
+                self._handle(mm.Finished(result))
         elif kind == "memtest.health":
-            health = payload.get("health")
-            if isinstance(health, dict):
-                self._in_order(self._store_health, health)
+            if self._checked(verbs.check_event, kind, payload):
+                self._in_order(self._store_health, payload["health"])
         else:
             log.info("device %s: unknown memory-test event %s", self.actor.device_id, kind)
 
-    def on_link_up(self, facts: dict[str, Any]) -> None:
+    def _checked(self, check, *args) -> bool:
+        """Whether what the device sent matches its model; if not, a protocol error (counted for the
+        diagnosis and told to the device, as actors/device_delivery.py does for files and configs)."""
+        try:
+            check(*args)
+        except verbs.Malformed as exc:
+            self._spawn(self.actor.delivery.protocol_error, str(exc))
+            return False
+        return True
+
+    def on_link_up(self, facts: dict[str, Any], *, rebooted: bool = False) -> None:
+        """The hello's memory-test facts; ``rebooted``: it follows a reboot the device accepted, so an
+        online test it still reports running is stale (the machine ends it interrupted)."""
         self._hello_held = bool(facts.get("workloadHeld"))
-        self._handle(mm.Observed(memtest_status(facts.get("memoryTestRunning"))))
+        running = memtest_status(facts.get("memoryTestRunning"))
+        if running is not None and not self._checked(verbs.check_member, MemtestStatus, running,
+                                                     "hello memoryTestRunning"):
+            return
+        self._handle(mm.Observed(running, rebooted=rebooted))
 
     def on_link_down(self) -> None:
         if self.machine.status is not None:
@@ -227,9 +248,9 @@ class DeviceMemtests:
 
     def on_hello(self, memtest: dict[str, Any] | None) -> None:
         memtest = memtest or {}
-        last = memtest.get("lastMemoryTest")
-        if isinstance(last, dict) and last.get("runId") and last.get("outcome"):
-            self._handle(mm.Finished(memtest_result(last)))
+        last = memtest_result(memtest.get("lastMemoryTest"))
+        if last is not None and self._checked(verbs.check_member, MemtestResult, last, "hello lastMemoryTest"):
+            self._handle(mm.Finished(last))
         retired = [p for p in memtest.get("retiredPages") or [] if isinstance(p, int)]
         if retired:
             self._in_order(self._merge, retired, [], None)
@@ -336,6 +357,7 @@ class DeviceMemtests:
         error: AskError | None = None
         try:
             answer = await self._request(verb, payload, timeout)
+            await self._check_answer(verb, answer)
             if verb == "memtest.start":
                 status = {"runId": key, "plan": payload["plan"], **(answer.get("status") or {})}
                 try:
@@ -353,13 +375,28 @@ class DeviceMemtests:
             raise
         await self.actor.post(_Answered(key, verb, answer, error, running))
 
+    async def _check_answer(self, verb: str, answer: dict[str, Any]) -> None:
+        """The reply read as the spec's (an older agent's phases and verdicts) and checked against the
+        verb's model: a malformed one is a protocol error, and the caller gets a device error."""
+        answer = dict(answer or {})
+        if isinstance(answer.get("status"), dict):
+            answer["status"] = memtest_status(answer["status"])
+        if isinstance(answer.get("history"), list):
+            answer["history"] = [memtest_result(r) for r in answer["history"]]
+        try:
+            verbs.check_reply(verb, answer)
+        except verbs.Malformed as exc:
+            await self.actor.delivery.protocol_error(str(exc))
+            raise DeviceRefused(f"the device's answer was malformed ({exc})"[:500], code="internal") from None
+
     async def _running_status(self) -> dict[str, Any] | None:
         """After the device said busy: what runs, for the 409 body (None if the read fails)."""
         try:
             answer = await self._request("memtest.status", {}, self.s.settings.command_timeout)
+            await self._check_answer("memtest.status", answer)
         except AskError:
             return None
-        return answer.get("status")
+        return memtest_status(answer.get("status"))
 
     # -- storage ------------------------------------------------------------------------------------
     async def _save(self, status: dict[str, Any]) -> None:

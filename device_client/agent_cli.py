@@ -50,7 +50,8 @@ def build_agent(args: argparse.Namespace, tunnel_engine: Callable[..., Any]):
         raise SystemExit(str(exc)) from None
     return Agent(AgentConfig(args.hub, token, Path(args.data_dir), reboot_mode="exec",
                              **tunnel_options(args, tunnel_engine),
-                             memtest=agent_config(args.memory_fault, args.memory_budget),
+                             memtest=agent_config(args.memory_fault, args.memory_budget,
+                                                 test_boot=args.memtest_test_boot),
                              workload_user=workload_user))
 
 

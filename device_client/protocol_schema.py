@@ -57,8 +57,10 @@ HELLO_NOTES: dict[str, str] = {
                          "files and a configuration's files alike (empty after files.wipe); where a configuration "
                          "file was overridden, the path shows the device file's digest",
     "retiredPages": "physical addresses of memory pages the device retired",
-    "lastMemoryTest": "the newest memory-test Result (docs/memtests.md)",
-    "memoryTestRunning": "Status of a memory test in progress",
+    "lastMemoryTest": "the newest memory-test result, a MemtestResult (the models below; the hub checks it: a "
+                      "malformed one is a protocol error and is ignored)",
+    "memoryTestRunning": "the MemtestStatus of a memory test in progress, or null: nothing runs (after a reboot an "
+                         "online test never does: it ended interrupted). Checked like lastMemoryTest",
     "maintenance": "up in maintenance (a test boot), workload held",
     "workloadHeld": "the workload is held (a memory test): rollouts defer the device",
     "pendingActions": "health_check, battery_discharging, mission_critical",

@@ -9,8 +9,9 @@ them again from here and fails when the document differs, and the qualification 
 (device_client/qualify/) checks a device's replies against these same models.
 
 The hub is strict about the results that move a state (``files.put``, ``files.delete``,
-``config.apply``, events ``files.result`` and ``config.result``): it validates them with ``check``
-and treats a malformed one as a protocol error. Other replies are read leniently: a model here
+``config.apply``, events ``files.result`` and ``config.result``) and about what a memory test reports
+(the memtest replies and events, whose members are memtest_members.py's): it validates them with
+``check`` and treats a malformed one as a protocol error. Other replies are read leniently: a model here
 documents them and the kit checks them, and extra members are always allowed (a newer device may
 say more than an older hub reads).
 """
@@ -21,6 +22,18 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .memtest_members import (  # noqa: F401  (nested models: the doc's tables find them here by name)
+    MemtestEdac,
+    MemtestError,
+    MemtestHealth,
+    MemtestInterrupted,
+    MemtestKernel,
+    MemtestPage,
+    MemtestPlan,
+    MemtestResult,
+    MemtestStatus,
+)
 
 
 class Body(BaseModel):
@@ -149,10 +162,11 @@ class TelemetryState(Body):
 
 # ---- memory tests ---------------------------------------------------------------------------------
 
+# Status, Health, Result and Plan: device_client/memtest_members.py
+
 class MemtestStart(Body):
     runId: str
-    plan: dict[str, Any] = Field(description="Plan: mode, impact, placement, quick, passes, kernelPasses, bitFade, "
-                                             "holdOnFailure, timeBudgetSeconds, maxBytes? (defaults applied)")
+    plan: MemtestPlan = Field(description="every member with its mode default applied")
 
 
 class MemtestCancel(Body):
@@ -160,14 +174,14 @@ class MemtestCancel(Body):
 
 
 class MemtestStatusReply(Body):
-    status: dict[str, Any] | None = Field(description="Status (the spec's member names)")
+    status: MemtestStatus | None = Field(description="the run's status now (the ended one after a cancel)")
 
 
 class MemtestStatusFull(Body):
-    supported: bool
-    status: dict[str, Any] | None
-    health: dict[str, Any]
-    history: list[dict[str, Any]]
+    supported: bool = Field(description="false: the firmware has no memory test")
+    status: MemtestStatus | None = Field(description="the current or last run; phase idle when no test ever ran")
+    health: MemtestHealth
+    history: list[MemtestResult] = Field(description="up to 10 recent results, newest first, brief")
 
 
 class MemtestAck(Body):
@@ -218,11 +232,11 @@ class WorkloadHealth(Body):
 
 
 class MemtestResultEvent(Body):
-    result: dict[str, Any] = Field(description="Result (the spec's member names); sent until memtest.ack")
+    result: MemtestResult = Field(description="sent until memtest.ack")
 
 
 class MemtestHealthEvent(Body):
-    health: dict[str, Any]
+    health: MemtestHealth
 
 
 class TunnelUsage(Body):
@@ -291,11 +305,11 @@ VERBS: dict[str, Verb] = {v.name: v for v in (
     Verb("telemetry.set", "switch telemetry events on or off; persisted", TelemetrySet, TelemetryState,
          optional=True),
     Verb("memtest.start", "start a memory test (docs/memtests.md)", MemtestStart, MemtestStatusReply,
-         errors=("busy", "unsupported", "workload_stop_failed", "invalid"), optional=True),
+         errors=("busy", "unsupported", "workload_stop_failed", "invalid"), optional=True, strict=True),
     Verb("memtest.cancel", "cancel the running test", MemtestCancel, MemtestStatusReply,
-         errors=("not_running",), optional=True),
+         errors=("not_running",), optional=True, strict=True),
     Verb("memtest.status", "the tester's status, health and brief history", Empty, MemtestStatusFull,
-         optional=True),
+         optional=True, strict=True),
     Verb("memtest.ack", "the hub stored these results: stop sending them", MemtestAck, Empty,
          errors=("invalid",), optional=True),
     Verb("tunnel.open", "answer a tunnel offer after checking the grant", TunnelOpen, TunnelAnswer,
@@ -323,9 +337,11 @@ EVENTS: dict[str, EventKind] = {e.kind: e for e in (
     EventKind("config.result", "the outcome of a config.apply (also its reply), or of an apply a power loss "
               "interrupted", ConfigApplyResult, strict=True),
     EventKind("workload.health", "the workload's health changed", WorkloadHealth),
-    EventKind("memtest.progress", "a running memory test's Status (at most about one a second)", Body),
-    EventKind("memtest.result", "a finished run's Result, again at every link until memtest.ack", MemtestResultEvent),
-    EventKind("memtest.health", "the tester's Health, at every link", MemtestHealthEvent),
+    EventKind("memtest.progress", "a running memory test's Status (at most about one a second)", MemtestStatus,
+              strict=True),
+    EventKind("memtest.result", "a finished run's Result, again at every link until memtest.ack", MemtestResultEvent,
+              strict=True),
+    EventKind("memtest.health", "the tester's Health, at every link", MemtestHealthEvent, strict=True),
     EventKind("tunnel.usage", "totals of a tunnel session every 30 s and at its close", TunnelUsage),
     EventKind("telemetry", "a sample while telemetry is on", Body),
     EventKind("registry.bytes", "bytes the registry proxy carried that day since the last report", RegistryBytes),
@@ -360,6 +376,11 @@ def check_reply(verb: str, payload: Any) -> BaseModel:
 
 def check_payload(verb: str, payload: Any) -> BaseModel:
     return _check(VERBS[verb].payload, payload, f"command {verb}")
+
+
+def check_member(model: type[BaseModel], value: Any, what: str) -> BaseModel:
+    """A member of a frame (say the hello's lastMemoryTest) as ``model``; Malformed naming the field."""
+    return _check(model, value, what)
 
 
 def check_event(kind: str, payload: Any) -> BaseModel:

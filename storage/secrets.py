@@ -232,6 +232,26 @@ class SecretFiles:
                 ORDER BY f.path""", device_id, config_id)
         return [dict(r) for r in rows]
 
+    async def config_files_waiting(self, device_id: uuid.UUID, config_id: uuid.UUID) -> list[dict]:
+        """The configuration's files still pending on this device, with ciphertext: added or replaced
+        after the device got the version it runs."""
+        rows = await self.db.fetch(
+            f"""SELECT f.{_FILE_COLUMNS.replace(', ', ', f.')}, f.ciphertext FROM secret_files f
+                JOIN secret_file_deliveries d ON d.file_id = f.id AND d.device_id = $1
+                WHERE f.config_id = $2 AND d.status = 'pending' ORDER BY f.path""", device_id, config_id)
+        return [dict(r) for r in rows]
+
+    async def devices_running_config_waiting(self, file_id: uuid.UUID) -> list[uuid.UUID]:
+        """Online devices that run (applied) their configuration's assigned version and wait for this
+        configuration file: the ones to send it to now. Any other device gets it with its next version
+        or at its next hello."""
+        rows = await self.db.fetch(
+            """SELECT dev.id FROM secret_file_deliveries d JOIN devices dev ON dev.id = d.device_id
+               WHERE d.file_id = $1 AND d.status = 'pending' AND dev.online
+                 AND dev.config_version_id IS NOT NULL AND dev.applied_version_id = dev.config_version_id
+                 AND dev.config_status = 'applied'""", file_id)
+        return [r["id"] for r in rows]
+
     async def record(self, device_id: uuid.UUID, results: list[dict], now: dt.datetime) -> None:
         """Apply a device's file results: on_device / failed (with its error) per file id."""
         rows = [(uuid.UUID(r["fileId"]), r["status"], r.get("error"), r.get("sha256"))

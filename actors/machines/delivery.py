@@ -7,7 +7,9 @@ reports it holds. Pure: no IO; storage carries out the status changes in batches
     any ──delete──► removed from the device
 
 A configuration's file arrives with the device's next configuration update; a device file is pushed
-shortly after it is saved. When the device rejects a configuration, its files are not applied: they
+shortly after it is saved. For a device that already runs the configuration, that update is a
+config.apply of the same version carrying the new files (actors/device_delivery.py), sent at upload,
+at hello and with a rollout; ``reconcile`` below only repairs files already delivered. When the device rejects a configuration, its files are not applied: they
 fail with the rejection as their error.
 """
 
@@ -85,7 +87,7 @@ def reconcile(expected: list[dict], digests: dict[str, str], *, push_config_file
 
     Device files that are missing or different are pushed. A configuration's files are re-pushed only
     when ``push_config_files`` (the device runs the assigned version) and they had already been
-    delivered or failed; new ones wait for the next configuration update, as the spec says.
+    delivered or failed; new ones go with a config.apply (actors/device_delivery.py), not files.put.
     """
     plan = Plan()
     wanted_paths = set()
@@ -98,8 +100,8 @@ def reconcile(expected: list[dict], digests: dict[str, str], *, push_config_file
         elif f.get("config_id") is None:
             plan.push.append(str(f["id"]))
         elif push_config_files and f.get("status") != Delivery.PENDING.value:
-            # Repair: it was written (or failed) with the version the device runs; a new file still
-            # pending waits for the next configuration update, as the spec says.
+            # Repair: it was written (or failed) with the version the device runs; a file still
+            # pending goes with a config.apply instead, as the spec's configuration update.
             plan.push.append(str(f["id"]))
     plan.remove = sorted(p for p in digests if p not in wanted_paths)
     return plan

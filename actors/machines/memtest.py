@@ -66,8 +66,10 @@ class Progress:
 
 @dataclass(frozen=True)
 class Observed:
-    """What the device says runs (a status read, the hello's memoryTestRunning); None: nothing."""
+    """What the device says runs (a status read, the hello's memoryTestRunning); None: nothing.
+    ``rebooted``: a hello after a reboot the device accepted, where an online test cannot still run."""
     status: dict[str, Any] | None
+    rebooted: bool = False
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,12 @@ def _ended(status: dict[str, Any] | None) -> bool:
     return status is not None and status.get("phase") in TERMINAL_PHASES
 
 
+def _online(status: dict[str, Any]) -> bool:
+    """An online run (not a test boot, which is what runs after its own reboot)."""
+    plan = status.get("plan") or {}
+    return plan.get("placement") != "offline" and plan.get("mode") != "test_boot"
+
+
 def operation(status: dict[str, Any], result: dict[str, Any] | None = None) -> dict[str, Any]:
     """The device-state-stream payload of a memory test: phase, pass, pattern, coverage, rate,
     errors, temperature (and outcome and verdict once it ended)."""
@@ -282,7 +290,8 @@ class MemtestMachine:
                 return (kind, STALE)
             return (kind, ENDED) if _ended(event.status) else kind
         if isinstance(event, Observed):
-            return (kind, NOTHING) if event.status is None or _ended(event.status) else kind
+            survived = event.rebooted and event.status is not None and _online(event.status)
+            return (kind, NOTHING) if event.status is None or _ended(event.status) or survived else kind
         if isinstance(event, Finished):
             ours = self.status is not None and status.get("runId") == event.result.get("runId")
             return kind if ours else (kind, OTHER_RUN)
@@ -343,11 +352,18 @@ class MemtestMachine:
         if key == Observed:
             return self._adopt(event.status, publish=event.status != self.status)
         if old is S.IDLE:  # nothing runs, and nothing did: keep the device's last word on record
-            if event.status is not None and event.status != self.status:
+            if event.status is not None and _ended(event.status) and event.status != self.status:
                 self.status = event.status
                 return [SaveStatus(event.status)]
             return []
-        return [SaveStatus(self.status)] if self.status is not None else []
+        # The device says nothing runs while the hub held a running test: the device's end of that
+        # run when it names it; else the run died without a word (a reboot, a crash: the spec's
+        # interrupted). Never the run's last progress, which would read as testing for ever.
+        same_run = (_ended(event.status)
+                    and event.status.get("runId") == (self.status or {}).get("runId"))  # type: ignore[union-attr]
+        ended = event.status if same_run else {**(self.status or {}), "phase": "interrupted", "step": None}
+        self.status = ended
+        return [SaveStatus(ended), Publish(operation(ended))]
 
     def _finished(self, event: Finished, now: dt.datetime, key: Key, old: RunState) -> list[object]:
         result = event.result

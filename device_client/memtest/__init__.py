@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .tester import MemoryTester, MemtestConfig
+from .tester import TEST_BOOT_UNSUPPORTED, MemoryTester, MemtestConfig
 
 if TYPE_CHECKING:
     from ..context import DeviceContext
@@ -40,7 +40,8 @@ def parse_size(text: str) -> int:
 
 
 def add_cli_flags(parser: Any, *, sim: bool) -> None:
-    """``--memory-fault KIND`` (repeatable) and ``--memory-budget SIZE`` for fleethub sim/demo/agent."""
+    """``--memory-fault KIND`` (repeatable) and ``--memory-budget SIZE`` for fleethub sim/demo/agent;
+    ``--memtest-test-boot`` for the agent alone (a simulated device always offers the test boot)."""
     from .hwsim import KINDS
 
     who = "the i-th one applies to the i-th simulated device" if sim else "simulates faulty memory"
@@ -50,6 +51,11 @@ def add_cli_flags(parser: Any, *, sim: bool) -> None:
                         help="memory a memory test may use per device (default 64M for simulated "
                              "devices" + ("" if sim else "; without this and --memory-fault the agent "
                                           "is a real device and tests real free memory") + ")")
+    if not sim:
+        parser.add_argument("--memtest-test-boot", action="store_true",
+                            help="this board's bootloader supports a memory-test boot (the device maker "
+                                 "wired it): report test boots as available. Without it a real device "
+                                 f"reports them unavailable: \"{TEST_BOOT_UNSUPPORTED}\"")
 
 
 def sim_config(index: int, faults: list[str] | None, budget: int | None) -> MemtestConfig:
@@ -59,8 +65,13 @@ def sim_config(index: int, faults: list[str] | None, budget: int | None) -> Memt
                          fault=faults[index] if index < len(faults) else None, fault_seed=index + 1)
 
 
-def agent_config(faults: list[str] | None, budget: int | None) -> MemtestConfig:
-    """``fleethub agent``: a real device unless it is given a budget or a fault to simulate."""
+def agent_config(faults: list[str] | None, budget: int | None, *, test_boot: bool = False) -> MemtestConfig:
+    """``fleethub agent``: a real device unless it is given a budget or a fault to simulate.
+
+    A real device offers a test boot only when ``test_boot`` (``--memtest-test-boot``) says its
+    bootloader supports one: the spec wants x86 PCs and servers or Jetson boards on an OS image with
+    support, which nothing on the device can tell the agent, and the agent knows of no bootloader
+    mechanism to detect. A simulated device is the documented simulation backend and offers it."""
     if not faults and budget is None:
-        return MemtestConfig(simulated=False, budget=None)
+        return MemtestConfig(simulated=False, budget=None, test_boot=test_boot)
     return sim_config(0, faults, budget)

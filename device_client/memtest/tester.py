@@ -70,7 +70,10 @@ PAGE = 4096
 @dataclass
 class MemtestConfig:
     enabled: bool = True  # False: firmware without memory tests (supported false)
-    test_boot: bool = True  # False: the board's bootloader cannot do a test boot
+    # False: the board's bootloader cannot do a test boot (offlineReason TEST_BOOT_UNSUPPORTED). True
+    # here for simulated devices; ``fleethub agent`` on a real device sets it from --memtest-test-boot
+    # (memtest.agent_config), False unless the device maker says the board supports it.
+    test_boot: bool = True
     simulated: bool = True  # False only for a real device (fleethub agent without budget or fault)
     budget: int | None = 64 << 20  # bytes a run may test at most; None: no cap
     fault: str | None = None  # faults.KINDS: simulated faulty memory
@@ -249,6 +252,7 @@ class MemoryTester:
             raise CommandError("internal", "the agent is not running")
         self.run, self._done, self._release_hold = run, trio.Event(), trio.Event()
         self._last_status = run.status()
+        self.store.checkpoint(run.where())  # on disk before it runs: a reboot from here is an interruption
         nursery.start_soon(self._supervise, run, stopped, test_boot)
 
     async def _progress(self, status: dict[str, Any]) -> None:
@@ -340,6 +344,11 @@ class MemoryTester:
     # ---- hooks ----
 
     async def boot(self) -> None:
+        # A boot forgets what ran in memory (an in-process reboot keeps this object): an online test
+        # cannot survive a reboot, its checkpoint below makes it an interrupted result, and the last
+        # status a read answers is that result's, never the run's last progress.
+        self.run, self._last_status = None, None
+        self.maintenance = self.holding = False
         physical = self.store.retired_physical()
         if physical:  # soft offlining does not survive a reboot: before the workload starts
             soft_offline(physical, real=not self.config.simulated)

@@ -16,9 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from quart import Blueprint, g, request
 from quart_schema import document_querystring
 
-from actors.device import ApplyConfig, RemoveFiles
+from actors.device import ApplyConfig
 from device_client.protocol import CONFIG_SPEC_MAX_BYTES
 from hub.api.common import Pagination, errors, jsonable, org, pagination, parse_uuid, principal, services
+from hub.api.secret_files import tell_removal
 from hub.api.validation import DeletedOut, body, enveloped, invalid, responds
 from hub.auth.authz import Obj, authorize, require_org, scope_for_list
 from hub.errors import BadRequest, Conflict, NotFound
@@ -307,9 +308,7 @@ async def delete_configuration(configId: str):
     for device_id, path in removed:
         by_device.setdefault(device_id, []).append(path)
     for device_id, paths in by_device.items():
-        actor = s.registry.lookup(("device", device_id))
-        if actor is not None:
-            actor.tell(RemoveFiles(tuple(paths)))  # offline devices drop them at their next hello
+        await tell_removal(s, device_id, tuple(paths))  # offline devices drop them at their next hello
     return {"data": {"id": str(config["id"]), "deleted": True, "secretFilesDeleted": files}}
 
 

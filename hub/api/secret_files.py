@@ -16,7 +16,7 @@ import re
 from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
-from actors.device import RemoveFiles, SyncFiles
+from actors.device import ApplyConfig, RemoveFiles, SyncFiles
 from device_client.paths import check_mode, check_path
 from hub.api.common import errors, jsonable, org, parse_uuid, services
 from hub.api.validation import DeletedOut, body, enveloped, responds
@@ -129,6 +129,11 @@ async def _upload(owner: Owner, data: Upload):
     if owner.kind == "device":
         actor = await s.device_actor(owner.id)
         actor.tell(SyncFiles())  # pushed shortly after save when the device is online
+    else:
+        # Devices already running the configuration get it now, with the version they run; the others
+        # with their next version or at their next hello (actors/device_delivery.py).
+        for device_id in await s.secrets.devices_running_config_waiting(row["id"]):
+            (await s.device_actor(device_id)).tell(ApplyConfig())
     files = await s.secrets.list(org().org_id, owner) or []
     saved = next(f for f in files if f["id"] == row["id"])
     created = row["created_at"] == row["updated_at"]
@@ -142,10 +147,19 @@ async def _delete(owner: Owner, file_id: str):
         raise NotFound("secret file not found")
     path, devices = result
     for device_id in devices:
-        actor = s.registry.lookup(("device", device_id))
-        if actor is not None:
-            actor.tell(RemoveFiles((path,)))  # an offline device drops it at its next hello
+        await tell_removal(s, device_id, (path,))
     return {"data": {"id": file_id, "path": path, "deleted": True}}
+
+
+async def tell_removal(s, device_id, paths: tuple[str, ...]) -> None:
+    """Have the device remove these paths now if it is linked, to this node or (in a cluster) another:
+    there this node's own actor, started if need be, passes it on (hub/cluster/tells.py). An offline
+    device drops them at its next hello, so a single node starts no actor for one it does not hold."""
+    actor = s.registry.lookup(("device", device_id))
+    if actor is None and getattr(s, "clustered", False):
+        actor = await s.device_actor(device_id)
+    if actor is not None:
+        actor.tell(RemoveFiles(paths))
 
 
 class SecretFileOut(BaseModel):

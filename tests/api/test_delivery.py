@@ -132,32 +132,55 @@ async def test_configuration_files_arrive_with_the_version_and_a_device_file_ove
         assert (await file_status(hub, curl, "/etc/app/shared"))["status"] == "overridden"
         assert running.agent.workload.running
 
-        # a new version whose workload fails its health check: rejected, rolled back, files not applied
+        # a file added to the configuration the device runs goes to it at once, with that version
+        r = await hub.call("POST", curl, json={"path": "/etc/app/added", "content_base64": b64(b"added")})
+        assert r.status_code == 201
+        await wait_for(lambda: status_is(hub, curl, "/etc/app/added", "on_device"), timeout=10)
+        assert (root / "etc/app/added").read_bytes() == b"added"
+
+        # a new version whose workload fails its health check: rejected, rolled back, the files the
+        # device had from the version it keeps stay
         r = await hub.call("PUT", f"/v1/configurations/{cid}", json={"spec": {"workload": _workload(False)}})
         v2 = r.json()["data"]["version"]["id"]
-        r = await hub.call("POST", curl, json={"path": "/etc/app/v2-only", "content_base64": b64(b"v2")})
         r = await hub.call("PUT", f"/v1/devices/{dev}/configuration", json={"configId": cid, "versionId": v2})
         assert r.status_code == 202
-
-        async def rejected():
-            d = (await hub.call("GET", f"/v1/devices/{dev}")).json()["data"]
-            return d["configuration"]["status"] == "rejected"
-
-        await wait_for(rejected, timeout=30)
+        await wait_for(lambda: config_status(hub, dev, "rejected"), timeout=30)
         d = (await hub.call("GET", f"/v1/devices/{dev}")).json()["data"]
         assert d["configuration"]["error"] and d["configuration"]["applied_version_id"] != v2
-        assert not (root / "etc/app/v2-only").exists()
-        f = await file_status(hub, curl, "/etc/app/v2-only")
-        assert f["status"] == "failed" and "rejected" in f["error"]
+        assert (root / "etc/app/added").read_bytes() == b"added"
         assert running.agent.workload.running  # the previous version's workload was restored
 
         # deleting the configuration removes its files from the device
         r = await hub.call("DELETE", f"/v1/configurations/{cid}")
         assert r.status_code == 200
-        # the configuration's files (token, shared, v2-only), not its deliveries (shared is overridden)
+        # the configuration's files (token, shared, added), not its deliveries (shared is overridden)
         assert r.json()["data"]["secretFilesDeleted"] == 3
         await wait_for(lambda: not (root / "var/lib/fleethub/secrets/token").exists(), timeout=10)
+        await wait_for(lambda: not (root / "etc/app/added").exists(), timeout=10)
         assert (root / "etc/app/shared").read_bytes() == b"device"
+
+
+async def config_status(hub, dev: str, status: str) -> bool:
+    d = (await hub.call("GET", f"/v1/devices/{dev}")).json()["data"]
+    return d["configuration"]["status"] == status
+
+
+async def test_a_rejected_configurations_files_are_not_applied(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        dev, token = await hub.provision("picky")
+        running = await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
+        r = await hub.call("POST", "/v1/configurations", json={"name": "bad", "spec": {"workload": _workload(False)}})
+        bad = r.json()["data"]["id"]
+        burl = f"/v1/configurations/{bad}/secret-files"
+        r = await hub.call("POST", burl, json={"path": "/etc/app/bad-only", "content_base64": b64(b"bad")})
+        assert r.status_code == 201
+        r = await hub.call("PUT", f"/v1/devices/{dev}/configuration", json={"configId": bad})
+        assert r.status_code == 202
+        await wait_for(lambda: config_status(hub, dev, "rejected"), timeout=30)
+        assert not (running.agent.root / "etc/app/bad-only").exists()
+        f = await file_status(hub, burl, "/etc/app/bad-only")
+        assert f["status"] == "failed" and "rejected" in f["error"]
 
 
 async def test_offline_device_gets_its_files_when_it_connects(nursery, db_url, tmp_path):

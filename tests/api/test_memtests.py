@@ -26,7 +26,7 @@ from tests.hubtools import start_hub, wait_for
 BOTH = {"online": True, "offline": True}
 ONLINE_ONLY = {"online": True, "offline": False,
                "offlineReason": "test boot is not supported by this board's bootloader yet"}
-HEALTH = {"capabilities": BOTH, "hardwareCorruptedBytes": 0, "edac": {"ce": -1, "ue": -1}, "retiredPages": [],
+HEALTH = {"capabilities": BOTH, "hardwareCorruptedBytes": 0, "edac": {"correctable": -1, "uncorrectable": -1}, "retiredPages": [],
           "fault": False, "faultReason": None, "kernelLines": []}
 COMMAND_TIMEOUT = 1.0
 

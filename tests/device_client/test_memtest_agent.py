@@ -15,7 +15,7 @@ import pytest
 import trio
 from device_fakehub import FakeHub
 
-from device_client import protocol
+from device_client import protocol, verbs
 from device_client.agent import Agent, AgentConfig
 from device_client.memtest import MemtestConfig
 from device_client.workload import parse_spec
@@ -96,6 +96,11 @@ async def test_live_run_start_busy_cancel_status_ack(hub, nursery, tmp_path):
         assert status["status"]["phase"] == "cancelled"
         assert [r["runId"] for r in status["history"]] == ["r1"]
         assert status["health"]["edac"]["correctable"] >= 0 and status["health"]["simulated"] is True
+        # what the agent sends is what the link's models say (the hub refuses anything else)
+        verbs.check_reply("memtest.status", status)
+        verbs.check_reply("memtest.cancel", cancelled.payload)
+        verbs.check_event("memtest.result", {"result": result})
+        verbs.check_event("memtest.progress", waiting)
 
         # unacknowledged results are sent again at the next link; acknowledged ones are not
         await link.ws.aclose()

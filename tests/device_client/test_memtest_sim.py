@@ -63,3 +63,31 @@ async def test_the_ith_fault_goes_to_the_ith_device(hub, nursery, tmp_path):
             assert result["totalBytes"] == 256 << 10  # the budget caps what is tested
             verdicts[device_id] = result["verdict"]
         assert verdicts == {"d0": "weak_cells", "d1": "data_line", "d2": "ok"}
+
+
+async def test_a_real_agent_offers_a_test_boot_only_when_its_board_is_said_to_support_one(hub, nursery, tmp_path):
+    """``fleethub agent`` on real hardware: test boots unavailable with the spec's reason, unless
+    --memtest-test-boot says the bootloader supports them; a simulated device offers them."""
+    from device_client.agent import Agent, AgentConfig
+
+    def caps_of(argv: list[str]):
+        args = build_parser().parse_args(["agent", "--hub", "http://h", "--data-dir", "d", *argv])
+        return agent_config(args.memory_fault, args.memory_budget, test_boot=args.memtest_test_boot)
+
+    with trio.fail_after(20):
+        for i, (argv, offline, reason) in enumerate([
+                ([], False, "test boot is not supported by this board's bootloader yet"),
+                (["--memtest-test-boot"], True, None),
+                (["--memory-budget", "1M"], True, None)]):
+            hub.tokens = {f"tok{i}": f"d{i}"}
+            agent = Agent(AgentConfig(hub.url, f"tok{i}", tmp_path / f"a{i}", memtest=caps_of(argv), **FAST))
+            scope = trio.CancelScope()
+
+            async def run(task_status, agent=agent, scope=scope):
+                with scope:
+                    await agent.run(task_status=task_status)
+
+            await nursery.start(run)
+            caps = (await hub.next_link()).hello.capabilities.memoryTest
+            assert (caps.online, caps.offline, caps.offlineReason) == (True, offline, reason), argv
+            scope.cancel()

@@ -334,3 +334,37 @@ def test_phases_and_verdicts_of_an_older_agent_read_as_the_spec_names_them():
                                                                     "pattern": "x"}
     assert memtest_result({"verdict": None})["verdict"] == "unknown"
     assert memtest_result({"verdict": "thermal"})["verdict"] == "thermal"
+
+
+def test_a_device_that_says_nothing_runs_ends_the_hubs_running_test_interrupted():
+    """After a reboot the hello (or a status read) says nothing runs: the hub's running test ends as
+    the spec's interrupted, not as its last progress (which would read testing for ever)."""
+    m = running()
+    effects = m.handle(Observed(None), at(5))
+    assert m.state is RunState.IDLE and m.running is None
+    assert m.status["runId"] == "r1" and m.status["phase"] == "interrupted"
+    assert mm.SaveStatus(m.status) in effects and any(isinstance(e, Publish) for e in effects)
+    # the device's own word on that run wins when it has one
+    m = running()
+    m.handle(Observed(status("r1", "cancelled")), at(5))
+    assert m.state is RunState.IDLE and m.status["phase"] == "cancelled"
+    # the result the device sends next still completes the record
+    m = running()
+    m.handle(Observed(None), at(5))
+    m.handle(Finished(result("r1", "interrupted")), at(6))
+    assert m.status["phase"] == "interrupted" and m.status["outcome"] == "interrupted"
+
+
+def test_an_online_test_a_hello_reports_after_a_reboot_is_stale_and_ends_interrupted():
+    m = running()
+    m.handle(Observed(status("r1", "testing"), rebooted=True), at(5))
+    assert m.state is RunState.IDLE and m.status["phase"] == "interrupted"
+    # a test boot is what runs after its own reboot
+    m = MemtestMachine()
+    m.handle(Observed(status("b1", "kernel_sweep", plan_for({"impact": "stopped", "placement": "offline"})),
+                      rebooted=True), at(5))
+    assert m.state is RunState.RUNNING
+    # without a reboot the device's word stands
+    m = running()
+    m.handle(Observed(status("r1", "testing")), at(5))
+    assert m.state is RunState.RUNNING
