@@ -156,7 +156,8 @@ class MemtestEdac(_Members):
 class MemtestHealth(_Members):
     """The tester's Health (the spec's members; ``retired`` and ``simulated`` are extensions)."""
     capabilities: MemoryTestCapabilities | None = None
-    hardwareCorruptedBytes: int | None = _count()
+    hardwareCorruptedBytes: int | None = Field(
+        None, ge=-1, description="HardwareCorrupted of /proc/meminfo in bytes; -1 when the kernel does not report it")
     edac: MemtestEdac | None = None
     retiredPages: int | list[int] | None = Field(None, description="how many pages are retired (a list of their "
                                                                    "addresses is read as well)")
