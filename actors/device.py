@@ -19,7 +19,7 @@ import trio
 
 from actors.bus import NoResponders, RequestTimeout
 from actors.device_delivery import DeviceDelivery
-from actors.errors import Conflict, DeviceOffline, DeviceRefused, DeviceTimeout
+from actors.errors import Conflict, DeviceFailure, DeviceOffline, DeviceTimeout
 from actors.machines import connection as cm
 from actors.device_memtests import MESSAGES as MEMTEST_MESSAGES
 from actors.device_memtests import DeviceMemtests
@@ -383,7 +383,9 @@ class DeviceActor(Actor):
         except RequestTimeout:
             done = _CommandDone(effect.command_id, False, None,
                                 DeviceTimeout("the device did not answer in time"))
-        except DeviceRefused as exc:
+        except DeviceFailure as exc:
+            # the device's answer (refused) or the link's (it closed before the reply: offline): an
+            # outcome of the command, for its caller, not a fault of this actor
             done = _CommandDone(effect.command_id, False, None, exc)
         except Exception:
             # A bug, not the device's answer: the actor crashes (and restarts), but the asker hears
