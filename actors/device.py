@@ -24,9 +24,9 @@ from actors.machines import connection as cm
 from actors.device_memtests import MESSAGES as MEMTEST_MESSAGES
 from actors.device_memtests import DeviceMemtests
 from actors.runtime import Actor, ActorCrashed
-from device_client.clock import rfc3339
-from device_client.linkcodes import Close
-from device_client.protocol import subject
+from device_client.shared.clock import rfc3339
+from device_client.shared.linkcodes import Close
+from device_client.shared.protocol import subject
 
 if TYPE_CHECKING:
     from actors.services import Services

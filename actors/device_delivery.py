@@ -27,8 +27,8 @@ import trio
 from actors.bus import BusError, NoResponders, RequestTimeout
 from actors.errors import AskError, DeviceOffline, DeviceRefused
 from actors.machines.delivery import reconcile
-from device_client import verbs
-from device_client.protocol import subject
+from device_client.shared import verbs
+from device_client.shared.protocol import subject
 
 if TYPE_CHECKING:
     from actors.device import DeviceActor
@@ -100,7 +100,7 @@ class DeviceDelivery:
 
     async def _strict(self, verb: str, payload: dict, timeout: float | None = None) -> Any:
         """Send a command whose result moves a state and return the result as its model
-        (device_client/verbs.py). NotDone says why there is none: no link, no answer in time, the link
+        (device_client/shared/verbs.py). NotDone says why there is none: no link, no answer in time, the link
         dropped, the device refused (its error), or a malformed result (a protocol error, recorded for
         the device's diagnosis and told to the device)."""
         timeout = timeout or self.s.settings.command_timeout

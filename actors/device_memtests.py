@@ -38,10 +38,10 @@ from actors.errors import (
 from actors.machines import memory_fault as mf
 from actors.machines import memtest as mm
 from actors.runtime import ActorCrashed
-from device_client import verbs
-from device_client.clock import rfc3339
-from device_client.memtest_members import MemtestResult, MemtestStatus
-from device_client.protocol import memtest_result, memtest_status, subject
+from device_client.shared import verbs
+from device_client.shared.clock import rfc3339
+from device_client.shared.memtest_members import MemtestResult, MemtestStatus
+from device_client.shared.protocol import memtest_result, memtest_status, subject
 
 if TYPE_CHECKING:
     from actors.device import DeviceActor
@@ -205,7 +205,7 @@ class DeviceMemtests:
     # -- what the device tells ----------------------------------------------------------------------
     def on_event(self, kind: str, payload: dict[str, Any]) -> None:
         # An older agent's sub-steps as phases and null verdicts read as the spec's (protocol.memtest_*),
-        # then checked against the link's models (device_client/memtest_members.py): a malformed
+        # then checked against the link's models (device_client/shared/memtest_members.py): a malformed
         # report is a protocol error, dropped and told to the device.
         if kind == "memtest.progress":
             status = payload.get("status", payload) if isinstance(payload.get("status"), dict) else payload

@@ -7,7 +7,7 @@ that nobody answers in time raises ``RequestTimeout``; the API turns these into 
 504 device_timeout as it does for the in-process bus.
 
 nats-py is asyncio-only, so the client lives on a private asyncio loop in its own thread, as asyncpg
-does (storage/db.py), and trio awaits it through ``device_client.bridge.run_on``. Messages the server
+does (storage/db.py), and trio awaits it through ``device_client.shared.bridge.run_on``. Messages the server
 delivers are handed to trio through the trio token and run as tasks in the bus's nursery.
 
 Within one process the newest subscription of a pattern wins, as in the in-process bus: the bus keeps
@@ -43,7 +43,7 @@ import trio
 
 from actors import errors as actor_errors
 from actors.bus import BusError, Handler, NoResponders, RequestTimeout
-from device_client.bridge import run_on, start_loop_thread, stop_loop_thread
+from device_client.shared.bridge import run_on, start_loop_thread, stop_loop_thread
 
 log = logging.getLogger("fleethub.natsbus")
 

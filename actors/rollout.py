@@ -31,7 +31,7 @@ from actors.errors import Conflict, NotFound
 from actors.machines import rollout as rm
 from actors.machines.window import UpdateWindow, WindowError, is_open, next_start_after
 from actors.runtime import Actor
-from device_client.clock import rfc3339
+from device_client.shared.clock import rfc3339
 from storage.db import DatabaseUnavailable
 from storage.leases import LeaseLost
 

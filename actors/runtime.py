@@ -63,7 +63,7 @@ from actors.errors import ActorCrashed, ActorError, ActorStopped, AskError, AskT
 from actors.mailbox import Mailbox
 # Supervision lives in actors/supervisor.py; named here too, where callers have always found them.
 from actors.supervisor import Escalation, Registry, Supervisor, is_storage_outage  # noqa: F401
-from device_client.backoff import Backoff
+from device_client.shared.backoff import Backoff
 from storage.db import DatabaseUnavailable
 
 __all__ = ["Actor", "ActorCrashed", "ActorError", "ActorStopped", "AskTimeout", "Escalation", "MailboxFull",
@@ -127,7 +127,7 @@ class Actor:
     storage_backoff_max = 5.0
     # Class defaults: an actor gets its own values only once it has seen an outage (15,000 devices).
     storage_waits = 0
-    _storage_backoff: Backoff | None = None  # the one Backoff (device_client/backoff.py), made at the first outage
+    _storage_backoff: Backoff | None = None  # the one Backoff (device_client/shared/backoff.py), made at the first outage
     _storage_until = -math.inf  # deadlines wait until then: storage was unreachable
     # Class defaults too, for actors that crashed (few): set on the actor at its first crash.
     _crash_times: deque[float] | None = None  # when it crashed, within the supervisor's window (escalation)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from actors.bus import Bus
     from actors.runtime import Actor, Registry
-    from device_client.clock import Clock
+    from device_client.shared.clock import Clock
     from storage.behind import WriteBehind
     from storage.configs import Configurations
     from storage.devices import Devices

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.parktimer import ParkTimer
-from device_client.backoff import Backoff
+from device_client.shared.backoff import Backoff
 from storage.db import DatabaseUnavailable
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ from trio_websocket import open_websocket_url
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from device_client.agent import Agent, AgentConfig  # noqa: E402
-from device_client.clock import Clock  # noqa: E402
+from device_client.shared.clock import Clock  # noqa: E402
 from webrtc.device_tunnel import attach as tunnel_engine  # noqa: E402
 
 HELLO_LIKE = json.dumps({"type": "hello", "protocol": 1, "agentVersion": "0.1.0", "firmware": "x" * 40,

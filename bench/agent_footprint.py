@@ -148,10 +148,10 @@ def move_bytes(port: int, total: int, chunk: int = 64 * 1024, timeout: float = 1
 
 def import_cost() -> dict[str, int]:
     """VmRSS (KiB) of fresh interpreters importing the bare client's modules, then the wire models
-    (device_client/protocol.py: pydantic) on top, then the agent: what pydantic costs the agent."""
+    (device_client/shared/protocol.py: pydantic) on top, then the agent: what pydantic costs the agent."""
     steps = {"trio + trio_websocket": "import trio, trio_websocket",
-             "+ device_client.protocol (pydantic)": "import trio, trio_websocket, device_client.protocol",
-             "+ device_client.agent": "import trio, trio_websocket, device_client.protocol, device_client.agent"}
+             "+ device_client.shared.protocol (pydantic)": "import trio, trio_websocket, device_client.shared.protocol",
+             "+ device_client.agent": "import trio, trio_websocket, device_client.shared.protocol, device_client.agent"}
     out = {}
     for name, code in steps.items():
         r = subprocess.run([PY, "-c", code + "\nprint(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"],
@@ -389,8 +389,8 @@ def render(r: dict, size: dict, cost: dict[str, int], facts: dict) -> str:
         f"(what tunnels and memory tests add to a device's disk).", "",
         "What the wire models cost (fresh interpreters, VmRSS after the imports, MiB): "
         + "; ".join(f"{name} {mib(kib)}" for name, kib in cost.items())
-        + f". pydantic and the models of device_client/protocol.py: "
-        f"{mib(cost['+ device_client.protocol (pydantic)'] - cost['trio + trio_websocket'])} MiB of the agent's.", ""])
+        + f". pydantic and the models of device_client/shared/protocol.py: "
+        f"{mib(cost['+ device_client.shared.protocol (pydantic)'] - cost['trio + trio_websocket'])} MiB of the agent's.", ""])
 
 
 def main() -> int:

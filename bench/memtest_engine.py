@@ -122,7 +122,7 @@ def live_quick(size: int) -> dict:
     clock: wall time, and the rate the device reports in its status (what the hub shows)."""
     import trio
 
-    from device_client.clock import Clock
+    from device_client.shared.clock import Clock
     from device_client.memtest.hwsim import Hardware
     from device_client.memtest.plan import check
     from device_client.memtest.runner import Run

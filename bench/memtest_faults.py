@@ -31,7 +31,7 @@ from device_client.memtest import parse_size  # noqa: E402
 def timed_run(size: int, fault: str | None) -> dict:
     import trio
 
-    from device_client.clock import Clock
+    from device_client.shared.clock import Clock
     from device_client.memtest import faults, verdict
     from device_client.memtest.hwsim import Hardware
     from device_client.memtest.plan import check

@@ -2,7 +2,7 @@
 
 A link lives through: connect (``Authorization: Bearer <token>``) → ``hello`` → ``welcome`` →
 heartbeats and commands until the socket drops → reconnect with full-jitter exponential backoff
-(``Link``, agentlink.py, around the protocol of device_client/link/). Commands are answered by verb
+(``Link``, agentlink.py, around the protocol of device_client/shared/link/). Commands are answered by verb
 handlers the parts register; replies are remembered by command id so a command the hub sends
 twice runs once (commands.py). A reboot is a boot: the agent stops the
 workload, persists the reason, closes the link and either restarts its session in process
@@ -37,15 +37,16 @@ from typing import Any
 
 import trio
 
-from . import linkctl, protocol
+from . import linkctl
+from .shared import protocol
 from .agentconfig import AgentConfig, TunnelEngine, hub_urls, link_url  # noqa: F401  (importable from here)
 from .agentlink import Link
-from .clock import Clock, rfc3339
+from .shared.clock import Clock, rfc3339
 from .commands import CommandError, CommandTable, Hooks, current_command
 from .configs import ConfigManager
 from .context import DeviceContext
 from .files import SecretFileStore
-from .link.deviceside import MIN_HEARTBEAT  # noqa: F401  (kept importable from here)
+from .shared.link.deviceside import MIN_HEARTBEAT  # noqa: F401  (kept importable from here)
 from .linkframes import FrameGuard
 from .memtest import attach as attach_memtest
 from .registry_proxy import RegistryProxy

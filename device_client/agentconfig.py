@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncContextManager, Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from . import protocol
-from .clock import Clock
-from .linkcodes import SUPERSEDED_BACKOFF
+from .shared import protocol
+from .shared.clock import Clock
+from .shared.linkcodes import SUPERSEDED_BACKOFF
 
 if TYPE_CHECKING:  # types only: the config module loads none of the parts
     import trio

@@ -1,5 +1,5 @@
 """The agent's link to the hub, an object of its own: ``Link`` connects (a limiter bounds
-simultaneous handshakes), sends the hello, feeds what arrives to device_client/link/DeviceSide and
+simultaneous handshakes), sends the hello, feeds what arrives to device_client/shared/link/DeviceSide and
 acts on its events (runs each command in its own task, sends heartbeats when due), and when the link
 ends says why and how long to stay away (docs/device-protocol.md, close codes), failing over to the
 next hub URL when a link never got its welcome.
@@ -10,7 +10,7 @@ and drives it: ``connect_once`` and ``pause`` in turn, ``leave`` to end a link f
 link needs from the agent comes in at construction, each for one reason: ``hello`` (the fields of
 every hello), ``uptime`` (heartbeats), ``on_link`` (the parts' link hooks, started after each
 welcome) and ``who`` (the name the logs give the device). The rules of the link are in
-device_client/link/, not here; this is their IO shell.
+device_client/shared/link/, not here; this is their IO shell.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from typing import Any, AsyncContextManager, Awaitable, Callable
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError, open_websocket_url
 
-from . import protocol
+from .shared import protocol
 from .agentconfig import AgentConfig, link_url
-from .backoff import Backoff
-from .clock import Clock, rfc3339
+from .shared.backoff import Backoff
+from .shared.clock import Clock, rfc3339
 from .commands import CommandTable
-from .link import CommandReceived, DeviceSide, HeartbeatDue, Ignored, LinkFailed
-from .linkcodes import Close, drain_window
+from .shared.link import CommandReceived, DeviceSide, HeartbeatDue, Ignored, LinkFailed
+from .shared.linkcodes import Close, drain_window
 from .linkframes import FrameGuard
 
 log = logging.getLogger("fleethub.agent")

@@ -35,9 +35,9 @@ from typing import Any, Iterable
 import trio
 from trio_websocket import ConnectionRejected, HandshakeError, open_websocket_url
 
-from . import protocol
+from .shared import protocol
 from .agentconfig import hub_urls, link_url
-from .clock import Clock
+from .shared.clock import Clock
 from .devroot import DeviceRoot
 from .tunnel import TunnelConfig
 from .workload import configured_user

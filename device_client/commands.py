@@ -15,8 +15,8 @@ from typing import Any, Awaitable, Callable
 
 import trio
 
-from . import protocol
-from .link.replies import REPLY_MEMORY, ReplyMemory
+from .shared import protocol
+from .shared.link.replies import REPLY_MEMORY, ReplyMemory
 
 log = logging.getLogger("fleethub.agent")
 

@@ -52,8 +52,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 if TYPE_CHECKING:
     import trio
 
-    from . import protocol
-    from .clock import Clock
+    from .shared import protocol
+    from .shared.clock import Clock
     from .commands import CommandTable, Handler, Hook, Hooks
     from .agentlink import Link
     from .linkframes import Trimmer

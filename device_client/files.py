@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 import trio
 
 from .commands import CommandError
-from .paths import SECRETS_DIR, check_mode, check_path, classify, parse_mode
+from .shared.paths import SECRETS_DIR, check_mode, check_path, classify, parse_mode
 from .devroot import DeviceRoot, Refused
 from .state import StateFile
 

@@ -1,7 +1,7 @@
 """The agent's side of the link's frame limit: never send a frame the hub would refuse, and never
 send one it did refuse again.
 
-Frames are bounded by construction (device_client/protocol.py), so this is the net under that:
+Frames are bounded by construction (device_client/shared/protocol.py), so this is the net under that:
 
 - Before sending, ``protocol.encode`` refuses a frame over the link's limit (the smaller of ours and
   the welcome's ``maxFrameBytes``). The frame is not sent; its owner's trimmer (``on_too_big``,
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import protocol
+from .shared import protocol
 from .state import StateFile
 
 log = logging.getLogger("fleethub.agent")
@@ -182,7 +182,7 @@ class FrameGuard:
         self.refused += 1
         log.warning("link: %s frame of %d bytes refused by the %s (limit %d): %s", what, size,
                     "hub" if by == "hub" else "agent itself", self.limit, action)
-        from .clock import rfc3339
+        from .shared.clock import rfc3339
 
         record = {"frame": what, "bytes": size, "limit": self.limit, "by": by, "action": action,
                   "reason": reason[:200], "at": rfc3339(self.clock.now())}

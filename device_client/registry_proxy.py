@@ -1,5 +1,5 @@
 """Registry-proxy accounting: the bytes the device's registry proxy carried, reported to the hub
-for billing as event ``registry.bytes`` {fleetBytes, day} (device_client/protocol.py, Billing).
+for billing as event ``registry.bytes`` {fleetBytes, day} (device_client/shared/protocol.py, Billing).
 
 ``carried(n)`` is what the proxy calls for each chunk it relays. Counts are kept per UTC day until
 the hub has them: a report that cannot be sent (no link) stays pending, and pending counts are

@@ -29,7 +29,7 @@ import trio
 
 from .agent import Agent
 from .agentconfig import AgentConfig, hub_urls
-from .clock import Clock
+from .shared.clock import Clock
 from .memtest import sim_config
 from .state import write_json_atomic
 from .workload import RunAs, simulator_user

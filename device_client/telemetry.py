@@ -1,5 +1,5 @@
 """Telemetry: while the organisation's telemetry entitlement is on, the device sends a ``telemetry``
-event with a few health figures every ``interval`` seconds (device_client/protocol.py, Billing).
+event with a few health figures every ``interval`` seconds (device_client/shared/protocol.py, Billing).
 
 The setting comes from the hub (command ``telemetry.set``), is persisted in ``telemetry.json`` so a
 reboot keeps it, and is reported in every hello so the hub only sends the command when it differs.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .background import BootLoop
-from .clock import rfc3339
+from .shared.clock import rfc3339
 from .commands import CommandError
 from .state import write_json_atomic
 

@@ -45,9 +45,9 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import trio
 
-from .backoff import Backoff
+from .shared.backoff import Backoff
 from .devroot import DeviceRoot, Refused
-from .paths import PLATFORM_DIR, SECRETS_DIR, VOLUMES_DIR
+from .shared.paths import PLATFORM_DIR, SECRETS_DIR, VOLUMES_DIR
 
 log = logging.getLogger("fleethub.agent.workload")
 

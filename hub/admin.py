@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trio
 
-from device_client.clock import Clock
+from device_client.shared.clock import Clock
 from hub.auth.passwords import hash_password
 from hub.billing import admin as billing_admin
 from hub.tunnels import admin as tunnel_admin

@@ -23,7 +23,7 @@ from werkzeug.exceptions import HTTPException
 from hub.api import (access, assistant, audit, billing, configurations, devices, diagnosis, fleets, health, link,
                      memtests, oauth, pagemaps, pats, rollouts, secret_files, sessions, tunnels, windows)
 from hub.api import validation
-from device_client.protocol import LINK_PATH
+from device_client.shared.protocol import LINK_PATH
 from hub import answers, asgi_websocket, console
 from hub.asgi_websocket import AsgiWebSocket
 from hub.auth import middleware

@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from device_client.linkcodes import Close, bounded_reason
+from device_client.shared.linkcodes import Close, bounded_reason
 from hub.errors import FleethubError, database_unavailable, general_body
 from storage.db import DatabaseUnavailable
 

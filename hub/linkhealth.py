@@ -1,6 +1,6 @@
 """What this hub process saw going wrong on device links, per device, for the diagnosis
 (hub/api/diagnosis.py): takeovers of a device's link (two holders of one token,
-actors/machines/takeover.py) and protocol errors (a malformed result, device_client/verbs.py).
+actors/machines/takeover.py) and protocol errors (a malformed result, device_client/shared/verbs.py).
 Bounded: past ``DEVICES`` devices the oldest entry goes."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from device_client.clock import Clock
+from device_client.shared.clock import Clock
 from hub.frames import HARD_CAP
 from hub.app import create_app
 from hub.services import Services, open_services
@@ -34,7 +34,7 @@ def hypercorn_config(host: str, port: int, settings: Settings | None = None) -> 
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = 3
-    # Device frames are bounded by construction below MAX_FRAME_BYTES (device_client/protocol.py); the
+    # Device frames are bounded by construction below MAX_FRAME_BYTES (device_client/shared/protocol.py); the
     # link refuses a bigger one itself, with a reason the device can act on (hub/frames.py). hypercorn
     # closes (1009, no reason) only past HARD_CAP, so a broken or hostile peer cannot make it buffer more.
     config.websocket_max_message_size = HARD_CAP

@@ -22,8 +22,8 @@ from actors.bus import Bus
 from actors.device import DeviceActor
 from actors.rollout import ReloadWindows, RolloutActor
 from actors.runtime import Registry, Supervisor
-from device_client.clock import Clock
-from device_client.linkcodes import Close, draining_reason
+from device_client.shared.clock import Clock
+from device_client.shared.linkcodes import Close, draining_reason
 from hub import gc_tuning
 from hub.auth.cache import AuthCache
 from hub.billing.devices import BillingHooks
@@ -72,7 +72,7 @@ class Link:
     device_id: uuid.UUID
     conn_id: str
     cancel_scope: trio.CancelScope
-    close_code: int = 1000  # what the link handler closes the socket with (device_client/linkcodes.py)
+    close_code: int = 1000  # what the link handler closes the socket with (device_client/shared/linkcodes.py)
     close_reason: str = ""
 
     def close(self, code: int = 1000, reason: str = "") -> None:

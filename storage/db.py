@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import asyncpg
 import trio
 
-from device_client.bridge import run_on, start_loop_thread, stop_loop_thread
+from device_client.shared.bridge import run_on, start_loop_thread, stop_loop_thread
 
 T = TypeVar("T")
 log = logging.getLogger("fleethub.storage")

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import httpx
 import trio
 
-from device_client.clock import Clock
+from device_client.shared.clock import Clock
 
 from .grant import GrantError, parse_time, read_unverified
 from .peer import TunnelPeer

@@ -1,6 +1,6 @@
 """The device's side of remote tunnels: ``tunnel.open``, ``tunnel.close``, ``tunnel.ice_restart``.
 
-The hub hands the device a grant it signed and the CLI's SDP offer (device_client/protocol.py,
+The hub hands the device a grant it signed and the CLI's SDP offer (device_client/shared/protocol.py,
 "Tunnels"). The device trusts the grant only after checking it itself (grant.py): signed by a key
 from ``welcome.hubKeys``, valid now by the device's own clock, for this device and its tunnel key,
 and bound to the DTLS certificate of this very offer. Then it answers with aiortc (peer.py) and
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 
-from device_client.clock import rfc3339
+from device_client.shared.clock import rfc3339
 from device_client.commands import CommandError
 from device_client.tunnel import ShellTarget, TunnelConfig
 

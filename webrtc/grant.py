@@ -1,4 +1,4 @@
-"""Tunnel grants: the hub's signed permission for one tunnel session (device_client/protocol.py, "Tunnels").
+"""Tunnel grants: the hub's signed permission for one tunnel session (device_client/shared/protocol.py, "Tunnels").
 
 A grant is a JWT (RFC 7519, compact JWS) signed with Ed25519 (``alg: EdDSA``) by a key of the hub's
 signing ring, whose id is the header's ``kid``. Its claims are the session's fields (``sid``, ``orgId``,
@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import jwt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from device_client.clock import rfc3339
+from device_client.shared.clock import rfc3339
 
 GRANT_VERSION = 2  # 1 was the hand-rolled "payload.signature" format before grants were JWTs
 ISSUER = "fleethub"

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from device_client.bridge import run_on, start_loop_thread
+from device_client.shared.bridge import run_on, start_loop_thread
 
 T = TypeVar("T")
 

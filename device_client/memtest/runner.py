@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import trio
 
-from ..clock import Clock, rfc3339
-from ..protocol import MEMTEST_PHASES
-from . import pagemap
+from ..shared.clock import Clock, rfc3339
+from ..shared.protocol import MEMTEST_PHASES
+from ..shared import pagemap
 from .confirm import IDLE_DECAY_S, confirm
 from .engine import PAGE, Engine, Region
 from .faults import FaultModel

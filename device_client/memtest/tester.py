@@ -1,6 +1,6 @@
 """The device's memory tester as the agent sees it: verbs, hello fields and boot/link/shutdown hooks.
 
-Verbs (device_client/protocol.py, "Memory tests"): memtest.start, memtest.cancel, memtest.status,
+Verbs (device_client/shared/protocol.py, "Memory tests"): memtest.start, memtest.cancel, memtest.status,
 memtest.ack. One run at a time. A run lives in the agent's nursery (it outlives links); its result
 is saved (store.py) and sent as ``memtest.result`` now and at every link until acknowledged.
 
@@ -42,8 +42,8 @@ from urllib.parse import quote
 
 import trio
 
-from .. import protocol
-from ..clock import rfc3339
+from ..shared import protocol
+from ..shared.clock import rfc3339
 from ..commands import CommandError
 from . import bounds
 from . import plan as plans

@@ -12,7 +12,7 @@ import sys
 
 import trio
 
-from .. import linkcodes
+from ..shared import linkcodes
 from .link import Listener
 from .report import passed, write
 from .scenarios import Options, Qualification

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import trio
 from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
 
-from .. import protocol
+from ..shared import protocol
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from quart import Blueprint, g
 from quart_schema import document_request, security_scheme
 
-from device_client.clock import rfc3339
+from device_client.shared.clock import rfc3339
 from hub.api.common import errors, jsonable, org, services
 from hub.api.validation import parse_body, path_values, query, responds
 from hub.auth.authz import require_org

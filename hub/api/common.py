@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import current_app, g
 from quart_schema import document_response
 
-from device_client.clock import rfc3339
+from device_client.shared.clock import rfc3339
 from hub.auth.principals import OrgContext, Principal
 from hub.errors import BadRequest
 

@@ -17,7 +17,7 @@ from quart import Blueprint, g, request
 from quart_schema import document_querystring
 
 from actors.device import ApplyConfig
-from device_client.protocol import CONFIG_SPEC_MAX_BYTES
+from device_client.shared.protocol import CONFIG_SPEC_MAX_BYTES
 from hub.api.common import Pagination, errors, jsonable, org, pagination, parse_uuid, principal, services
 from hub.api.secret_files import tell_removal
 from hub.api.validation import DeletedOut, body, enveloped, invalid, responds

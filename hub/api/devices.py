@@ -15,9 +15,9 @@ from quart import Blueprint
 import trio
 
 from actors.device import Reboot, Send
-from device_client.linkcodes import Close
+from device_client.shared.linkcodes import Close
 from hub.cluster.asks import ask_device
-from device_client.clock import rfc3339
+from device_client.shared.clock import rfc3339
 from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
 from hub.auth.authz import Obj, authorize, require_org, scope_for_list
 from hub.api.sse import stream_response

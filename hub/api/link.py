@@ -12,7 +12,7 @@ records in flight are bounded. A frame with a string the hub could not store (NU
 outside ``protocol.EVENT_KIND_PATTERN`` closes the link with 4400 and a reason naming the field.
 
 Every way the hub ends a link has its own close code and a reason cut at a word
-(device_client/linkcodes.py): a hello timeout 4408, an unknown protocol version 4426, a newer link of
+(device_client/shared/linkcodes.py): a hello timeout 4408, an unknown protocol version 4426, a newer link of
 the same device 4001 (superseded), silence 4002, a revoked token 4003, shutdown 4004. A takeover
 soon after others (two holders of one token) is held back before it is accepted, and counted for the
 device's diagnosis (hub/linkhealth.py). A hello that omits a fact (firmware, architecture) leaves it
@@ -35,11 +35,11 @@ from quart_schema import hide
 from actors.device import DeviceEvent, Hello
 from actors.machines.connection import Heartbeat, LinkDown, LinkUp
 from actors.runtime import ActorError, MailboxFull, Reply
-from device_client import protocol as p
-from device_client import protocol_schema
-from device_client.link import EventReceived, HeartbeatReceived, HubSide, ProtocolViolation, ReplyReceived
-from device_client.link.hubside import HELLO_TIMEOUT, LinkClosedError
-from device_client.linkcodes import Close
+from device_client.shared import protocol as p
+from device_client.shared import protocol_schema
+from device_client.shared.link import EventReceived, HeartbeatReceived, HubSide, ProtocolViolation, ReplyReceived
+from device_client.shared.link.hubside import HELLO_TIMEOUT, LinkClosedError
+from device_client.shared.linkcodes import Close
 from hub import frames
 from hub.api.validation import responds
 from hub.asgi_websocket import AsgiWebSocket
@@ -52,10 +52,10 @@ from hub.services import Link
 log = logging.getLogger("fleethub.link")
 bp = Blueprint("link", __name__)
 
-# WebSocket close codes of the link, one per cause (device_client/linkcodes.py, docs/device-protocol.md):
+# WebSocket close codes of the link, one per cause (device_client/shared/linkcodes.py, docs/device-protocol.md):
 # a frame that is not JSON or not a frame; one out of order (a second hello, a welcome or a command
 # from a device). Frames over MAX_FRAME_BYTES are closed with 1009 and a reason. Which frame gets
-# which code is the protocol's (device_client/link/hubside.py); this handler is its IO shell.
+# which code is the protocol's (device_client/shared/link/hubside.py); this handler is its IO shell.
 CLOSE_BAD_FRAME = Close.BAD_FRAME
 CLOSE_OUT_OF_ORDER = Close.OUT_OF_ORDER
 # Hello facts a hello may leave out: the hub keeps what it had (a partial hello blanks nothing).

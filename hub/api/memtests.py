@@ -19,7 +19,7 @@ from quart_schema import document_querystring, document_request, document_respon
 
 from actors.errors import AskError
 from actors.machines import memtest_plan
-from device_client.protocol import memtest_result, memtest_status
+from device_client.shared.protocol import memtest_result, memtest_status
 from actors.device_memtests import CancelTest, ReadStatus, StartTest
 from hub.api.common import jsonable, org, parse_uuid, principal, services
 from hub.api.devices import device_obj

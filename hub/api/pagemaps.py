@@ -2,7 +2,7 @@
 
 A result lists the pages with the most errors and sums up the rest (device_client/memtest/bounds.py);
 when there are more, the device uploads the whole map here instead of in a frame of the link
-(device_client/memtest/pagemap.py has the format):
+(device_client/shared/pagemap.py has the format):
 
 - ``PUT /v1/device/memory-tests/{runId}/page-map``: the device's own token (``Authorization: Bearer
   dev_…``), a gzip body of at most 1 MiB that must inflate to at most 16 MiB of a valid map; stored
@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from quart import Blueprint, request
 from quart_schema import document_response
 
-from device_client.memtest import pagemap
+from device_client.shared import pagemap
 from hub.api.common import errors, jsonable, org, services
 from hub.api.memtests import MemtestError, _device
 from hub.auth.middleware import public

@@ -17,7 +17,7 @@ from quart_schema import document_request
 
 from actors.machines import rollout as rm
 from actors.machines.window import UpdateWindow, WindowError, is_open, next_start_after
-from device_client.clock import rfc3339
+from device_client.shared.clock import rfc3339
 from hub.cluster.asks import control_rollout
 from hub.cluster.leases import HeldElsewhere
 from hub.api.common import PageQuery, errors, jsonable, org, pagination, parse_uuid, principal, services

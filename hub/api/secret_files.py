@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
 from actors.device import ApplyConfig, RemoveFiles, SyncFiles
-from device_client.paths import check_mode, check_path
+from device_client.shared.paths import check_mode, check_path
 from hub.api.common import errors, jsonable, org, parse_uuid, services
 from hub.api.validation import DeletedOut, body, enveloped, responds
 from hub.auth.authz import Obj, authorize

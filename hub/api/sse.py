@@ -23,7 +23,7 @@ def sse(event: dict) -> bytes:
 
 
 def _frame_or_skip(event: dict) -> bytes:
-    # Kinds are checked where they enter (device_client/protocol.py): one that is still unsafe here is
+    # Kinds are checked where they enter (device_client/shared/protocol.py): one that is still unsafe here is
     # a bug elsewhere. It is left out of the stream (logged), never written raw.
     try:
         return sse(event)

@@ -38,7 +38,7 @@ from quart_schema import document_response
 
 from actors.errors import ActorError, AskError
 from actors.tunnel import Close, IceRestart, Watch
-from device_client.clock import rfc3339
+from device_client.shared.clock import rfc3339
 from hub.api.common import jsonable, org, parse_uuid, principal, services
 from hub.api.validation import body, enveloped, responds, strict_loads
 from hub.auth.middleware import public

@@ -31,7 +31,7 @@ from quart import Blueprint
 from quart_schema import document_request
 
 from actors.machines.window import UpdateWindow, WindowError, check
-from device_client.clock import rfc3339
+from device_client.shared.clock import rfc3339
 from hub.api.common import errors, org, parse_uuid, services
 from hub.api.validation import parse_body, responds
 from hub.auth.authz import Obj, authorize

@@ -26,7 +26,7 @@ import trio
 
 from actors.bus import BusError
 from actors.device import DeviceHooks
-from device_client.protocol import subject
+from device_client.shared.protocol import subject
 from hub.billing.state import org_billing
 from hub.errors import FleethubError
 

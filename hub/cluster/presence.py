@@ -14,7 +14,7 @@ import logging
 import uuid
 from typing import Any
 
-from device_client.linkcodes import Close
+from device_client.shared.linkcodes import Close
 
 log = logging.getLogger("fleethub.cluster")
 

@@ -1,6 +1,6 @@
 """Tunnel grants, signed with the hub's signing key ring (hub/auth/signing_keys.py, also the JWTs').
 
-Format (device_client/protocol.py, "Tunnels"): a JWT signed with EdDSA whose header ``kid`` names the
+Format (device_client/shared/protocol.py, "Tunnels"): a JWT signed with EdDSA whose header ``kid`` names the
 signing key (``hub-`` + the first 16 hex digits of SHA-256 of its 32 raw bytes); webrtc/grant.py holds the
 claims, the one translation between them and the payload dict kept here, and the device's and CLI's
 checks. Devices verify with the keys of
@@ -21,7 +21,7 @@ from typing import Any
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from device_client.clock import rfc3339
+from device_client.shared.clock import rfc3339
 from hub.auth.signing_keys import SigningKeys
 from hub.errors import BadRequest, FleethubError
 from webrtc.grant import GRANT_VERSION, GrantError, sign_grant, verify_grant

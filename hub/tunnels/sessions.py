@@ -20,7 +20,7 @@ import trio
 
 from actors.errors import ActorError, AskError
 from actors.tunnel import Ended, TunnelActor
-from device_client.backoff import Backoff
+from device_client.shared.backoff import Backoff
 from hub.tunnels.grants import GrantSigner
 from hub.tunnels.tokens import TunnelTokens
 from storage.db import DatabaseUnavailable

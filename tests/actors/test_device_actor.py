@@ -23,8 +23,8 @@ from actors.bus import Bus
 from actors.device import DeviceActor, DeviceEvent, GetLive, Reboot, Send
 from actors.machines.connection import Heartbeat, LinkDown, LinkUp
 from actors.runtime import ActorCrashed, Registry, Supervisor
-from device_client.clock import TestClock
-from device_client.protocol import subject
+from device_client.shared.clock import TestClock
+from device_client.shared.protocol import subject
 from actors.errors import DeviceOffline, DeviceRefused, DeviceTimeout
 from hub.events import EventHub
 from hub.metering import Meter

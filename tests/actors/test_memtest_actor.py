@@ -22,8 +22,8 @@ from actors.machines.connection import LinkDown, LinkUp
 from actors.machines.memtest_plan import plan_for
 from actors.device_memtests import CancelTest, ReadStatus, StartTest
 from actors.runtime import Registry, Supervisor
-from device_client.clock import TestClock
-from device_client.protocol import subject
+from device_client.shared.clock import TestClock
+from device_client.shared.protocol import subject
 from actors.errors import Conflict, DeviceRefused, TooSoon
 from hub.events import EventHub
 from hub.settings import Settings

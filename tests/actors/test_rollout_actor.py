@@ -18,7 +18,7 @@ import trio
 
 from actors.rollout import RolloutActor
 from actors.runtime import Registry, Supervisor
-from device_client.clock import TestClock
+from device_client.shared.clock import TestClock
 from hub.events import EventHub
 
 UTC = dt.timezone.utc

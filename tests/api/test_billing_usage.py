@@ -21,7 +21,7 @@ from functools import partial
 
 import trio
 
-from device_client.clock import TestClock
+from device_client.shared.clock import TestClock
 from device_client.sim import run_sim
 from tests.api.billing_helpers import admin, bearer
 from tests.hubtools import start_agent, start_hub, wait_for

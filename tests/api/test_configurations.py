@@ -67,8 +67,8 @@ async def test_create_validation(nursery, db_url, tmp_path):
         assert ok.status_code == 201 and ok.json()["data"]["version"]["spec"]["ports"] == [{"port": 65535}]
         dup = await hub.call("POST", "/v1/configurations", json={"name": "a", "spec": SPEC})
         assert dup.status_code == 409
-        # the spec rides in config.apply beside the files: bounded when saved (device_client/protocol.py)
-        from device_client.protocol import CONFIG_SPEC_MAX_BYTES
+        # the spec rides in config.apply beside the files: bounded when saved (device_client/shared/protocol.py)
+        from device_client.shared.protocol import CONFIG_SPEC_MAX_BYTES
         at_limit = {"blob": "x" * (CONFIG_SPEC_MAX_BYTES - 100)}  # the stored spec adds a few defaults
         r = await hub.call("POST", "/v1/configurations", json={"name": "big", "spec": at_limit})
         assert r.status_code == 201, r.text[:200]

@@ -12,7 +12,7 @@ import uuid
 import trio
 from trio_websocket import open_websocket_url
 
-from device_client import protocol
+from device_client.shared import protocol
 from device_client.agent import link_url
 from hub.api.link import CLOSE_BAD_FRAME
 from tests.api.test_link_abuse import _closed_with

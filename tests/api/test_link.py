@@ -15,7 +15,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
-from device_client import protocol
+from device_client.shared import protocol
 from device_client.agent import Agent, link_url
 from storage.db import Database
 from tests.hubtools import assert_error, device, metric_value, metrics, start_agent, start_hub, wait_for

@@ -8,7 +8,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from device_client import protocol
+from device_client.shared import protocol
 from device_client.agent import link_url
 from hub.api.link import CLOSE_BAD_FRAME, CLOSE_OUT_OF_ORDER, MAX_FRAME_BYTES
 from tests.hubtools import start_agent, start_hub, wait_for

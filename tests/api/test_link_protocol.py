@@ -14,7 +14,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from device_client import linkcodes, protocol
+from device_client.shared import linkcodes, protocol
 from device_client.agent import link_url
 from hub.api import link as link_module
 from tests.hubtools import device, start_agent, start_hub, wait_for

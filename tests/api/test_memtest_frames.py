@@ -152,7 +152,7 @@ async def test_the_full_page_map_is_uploaded_stored_and_read_by_operators(nurser
 async def test_a_command_too_big_for_the_link_is_never_sent_and_the_caller_hears_why(nursery, db_url, tmp_path):
     """Hub → device: a command over the limit is refused before it is sent (the device would close
     the link with 1009 and come back to the same command); the device stays linked."""
-    from device_client.protocol import subject
+    from device_client.shared.protocol import subject
     from hub.errors import DeviceError
 
     hub = await start_hub(nursery, db_url, tmp_path / "hub", command_timeout=2.0)

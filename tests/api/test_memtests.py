@@ -1,7 +1,7 @@
 """Memory tests through the REST API, against a real hub and PostgreSQL.
 
 The device here is ``ScriptedDevice``: a device that speaks the documented link protocol
-(device_client/protocol.py, "Memory tests") over a real WebSocket and answers each memtest verb as
+(device_client/shared/protocol.py, "Memory tests") over a real WebSocket and answers each memtest verb as
 the test scripts it — including the refusals a real agent only gives under hardware conditions
 (workload that will not stop, a device that never answers). It pins the hub's half of the contract,
 every row of the spec's memory-test errors table included, independently of the agent.
@@ -18,7 +18,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from device_client import protocol
+from device_client.shared import protocol
 from device_client.agent import link_url
 from hub.auth.passwords import hash_password
 from tests.hubtools import start_hub, wait_for

@@ -15,7 +15,7 @@ import uuid
 import pytest
 import trio
 
-from device_client.paths import VOLUMES_DIR
+from device_client.shared.paths import VOLUMES_DIR
 from device_client.tunnel import TunnelConfig
 from storage.embedded import EmbeddedPostgres
 from tests.api.test_rollouts import config, fleet_with_agents, rollout_state

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from actors.machines.window import UpdateWindow, check
-from device_client.clock import TestClock, rfc3339
+from device_client.shared.clock import TestClock, rfc3339
 from storage.windows import UpdateWindows
 from tests.hubtools import assert_error, start_hub
 

@@ -14,7 +14,7 @@ import trio
 from nacl.signing import SigningKey
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from device_client import protocol
+from device_client.shared import protocol
 from device_client.agent import link_url
 
 FINGERPRINT = "sha-256 " + ":".join(f"{i:02X}" for i in range(32))

@@ -11,7 +11,7 @@ import uuid
 import httpx
 import trio
 
-from device_client.paths import VOLUMES_DIR
+from device_client.shared.paths import VOLUMES_DIR
 from tests.cluster.clustertools import seed
 from tests.e2e.killtools import COUNTING_WORKLOAD, workload_starts
 from tests.hubtools import start_agent, wait_for

@@ -16,7 +16,7 @@ import trio
 import trio.testing
 from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket, wrap_client_stream, wrap_server_stream
 
-from device_client import protocol
+from device_client.shared import protocol
 
 
 class Link:

@@ -23,7 +23,7 @@ import trio
 from device_fakehub import FakeHub
 from nacl.signing import SigningKey
 
-from device_client.clock import rfc3339
+from device_client.shared.clock import rfc3339
 from webrtc.grant import GRANT_VERSION, sign_grant
 from webrtc.loop import restrict_host_addresses
 from webrtc.peer import TunnelPeer

@@ -14,9 +14,9 @@ import pytest
 import trio
 
 from device_client import agent as agent_module
-from device_client import protocol
+from device_client.shared import protocol
 from device_client.agent import Agent, AgentConfig
-from device_client.clock import TestClock
+from device_client.shared.clock import TestClock
 
 from device_fakehub import FakeHub
 
@@ -227,7 +227,7 @@ async def test_a_reboot_asked_for_between_links_ends_the_wait_and_the_next_link_
 
 
 def test_the_drain_reason_the_hub_writes_is_the_one_the_device_reads():
-    from device_client.linkcodes import DRAIN_WINDOW_DEFAULT, drain_window, draining_reason
+    from device_client.shared.linkcodes import DRAIN_WINDOW_DEFAULT, drain_window, draining_reason
 
     assert [drain_window(draining_reason(w)) for w in (3, 10.0, 60)] == [3.0, 10.0, 60.0]
     assert drain_window(None) == drain_window("bye") == DRAIN_WINDOW_DEFAULT

@@ -1,4 +1,4 @@
-"""The one backoff (device_client/backoff.py): its sequence as a table, its jitter from the random
+"""The one backoff (device_client/shared/backoff.py): its sequence as a table, its jitter from the random
 generator it is given, and the three places that use it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from device_client.backoff import Backoff
+from device_client.shared.backoff import Backoff
 
 
 class Fixed(random.Random):

@@ -10,7 +10,7 @@ import threading
 import pytest
 import trio
 
-from device_client.bridge import run_on
+from device_client.shared.bridge import run_on
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ async def test_the_wait_after_a_cancellation_is_bounded(loop):
 async def test_stopping_the_loop_thread_unwinds_the_tasks_still_pending():
     """As ``asyncio.run`` ends: a task left pending (nats-py's subscription readers after ``close()``)
     is cancelled and runs its cleanup, instead of being garbage-collected half-way with the loop."""
-    from device_client.bridge import start_loop_thread, stop_loop_thread
+    from device_client.shared.bridge import start_loop_thread, stop_loop_thread
 
     unwound = threading.Event()
 

@@ -22,9 +22,9 @@ import trio
 from nacl.signing import SigningKey
 
 from device_client import agent as agent_mod
-from device_client import protocol
+from device_client.shared import protocol
 from device_client.agent import Agent, AgentConfig, CommandError, link_url
-from device_client.clock import TestClock
+from device_client.shared.clock import TestClock
 from device_client.state import StateFile
 
 from device_fakehub import FakeHub

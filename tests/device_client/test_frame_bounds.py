@@ -1,7 +1,7 @@
 """Every frame of the device link fits its limit by construction (issue 19, item 1).
 
 Each frame type's worst case is built from the limits the code names (device_client/memtest/bounds.py,
-confirm.py, storage/secrets.py, device_client/paths.py, linkframes.py) with every number at its widest
+confirm.py, storage/secrets.py, device_client/shared/paths.py, linkframes.py) with every number at its widest
 and every free text at its longest in 4-byte characters, and encoded with ``protocol.encode``, which
 refuses anything over ``MAX_FRAME_BYTES``. The memory-test result comes from a real run whose lists
 reach their caps (a data-line fault fails every page), then widened.
@@ -16,15 +16,15 @@ import pytest
 import trio
 import trio.testing
 
-from device_client import protocol
-from device_client.clock import TestClock
+from device_client.shared import protocol
+from device_client.shared.clock import TestClock
 from device_client.linkframes import KEEP, FrameGuard
 from device_client.memtest import bounds
 from device_client.memtest.confirm import CONFIRM_MAX_PAGES
 from device_client.memtest.hwsim import Hardware
 from device_client.memtest.runner import Run
 from device_client.memtest.tester import _ended_status
-from device_client.paths import MAX_PATH_BYTES
+from device_client.shared.paths import MAX_PATH_BYTES
 from storage.secrets import MAX_FILES, MAX_TOTAL_BYTES
 
 LIMIT = protocol.MAX_FRAME_BYTES

@@ -15,7 +15,7 @@ import pytest
 import trio
 from device_fakehub import FakeHub
 
-from device_client import protocol, verbs
+from device_client.shared import protocol, verbs
 from device_client.agent import Agent, AgentConfig
 from device_client.memtest import MemtestConfig
 from device_client.workload import parse_spec

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import trio
 
-from device_client import protocol
-from device_client.clock import TestClock
+from device_client.shared import protocol
+from device_client.shared.clock import TestClock
 from device_client.memtest import confirm as confirm_mod
 from device_client.memtest.engine import PAGE_WORDS, Engine, Region, drain
 from device_client.memtest.faults import ADDRESS_LINE_BIT, DATA_LINE_BIT, FaultModel

@@ -13,7 +13,7 @@ import datetime as dt
 import trio
 
 from device_client.agent import Agent, AgentConfig
-from device_client.clock import TestClock
+from device_client.shared.clock import TestClock
 from device_client.memtest import MemtestConfig
 from device_client.memtest.hwsim import Hardware
 from device_client.memtest.plan import MemInfo

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from device_client import paths
-from device_client.paths import FORBIDDEN, PLATFORM_DIR, check_mode, check_path, classify, parse_mode
+from device_client.shared import paths
+from device_client.shared.paths import FORBIDDEN, PLATFORM_DIR, check_mode, check_path, classify, parse_mode
 
 SYSTEM_TREES = ["/proc", "/sys", "/dev", "/boot", "/app", "/bin", "/sbin", "/lib", "/lib64", "/usr", "/run", "/tmp"]
 ACCOUNT_FILES = ["/etc/passwd", "/etc/shadow", "/etc/group", "/etc/gshadow", "/etc/sudoers", "/etc/fstab", "/etc/mtab"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from device_client import linkcodes, protocol, protocol_schema, verbs
+from device_client.shared import linkcodes, protocol, protocol_schema, verbs
 from device_client.agent import Agent, AgentConfig
 from device_client.memtest import MemtestConfig
 from webrtc.device_tunnel import attach as tunnel_engine
@@ -25,7 +25,7 @@ def test_the_documents_generated_blocks_are_what_the_code_says():
     names = set(re.findall(r"<!-- generated:([a-z-]+) -->", text))
     assert names == set(protocol_schema.tables()), "every generated block is in the document, once"
     assert protocol_schema.render(text) == text, (
-        "docs/device-protocol.md is stale: run python -m device_client.protocol_schema docs/device-protocol.md")
+        "docs/device-protocol.md is stale: run python -m device_client.shared.protocol_schema docs/device-protocol.md")
 
 
 def test_a_changed_model_makes_the_document_stale(monkeypatch):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from device_client import protocol as p
+from device_client.shared import protocol as p
 
 
 @pytest.mark.parametrize("kind", ["heartbeat", "files.result", "tunnel.usage", "memtest.progress", "registry.bytes",

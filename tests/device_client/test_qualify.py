@@ -12,7 +12,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from device_client import protocol
+from device_client.shared import protocol
 from device_client.agent import Agent, AgentConfig, link_url
 from device_client.qualify.cli import DEFAULT_DEVICE_ID, qualify
 from device_client.qualify.link import Listener

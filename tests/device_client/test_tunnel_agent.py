@@ -16,7 +16,7 @@ import trio
 from nacl.signing import SigningKey
 
 from device_client.agent import Agent, AgentConfig
-from device_client.clock import rfc3339
+from device_client.shared.clock import rfc3339
 from device_client.tunnel import TunnelConfig
 from webrtc.device_tunnel import attach as tunnel_engine
 from webrtc.grant import GRANT_VERSION, sign_grant

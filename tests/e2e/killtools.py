@@ -11,7 +11,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from device_client.paths import VOLUMES_DIR
+from device_client.shared.paths import VOLUMES_DIR
 from device_client.state import TMP_SUFFIX
 from tests.e2e.clitools import Proc, clean_env, fleethub_exe
 

@@ -1,5 +1,5 @@
 """Two small things every answer carries, built by hand for speed: a request's or audit row's id
-(hub/ids.py) and a timestamp's text (device_client/clock.py ``rfc3339``). Each equals what the
+(hub/ids.py) and a timestamp's text (device_client/shared/clock.py ``rfc3339``). Each equals what the
 standard library's slower way gives."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pickle
 import random
 import uuid
 
-from device_client.clock import UTC, rfc3339
+from device_client.shared.clock import UTC, rfc3339
 from hub import ids
 
 

@@ -1,4 +1,4 @@
-"""The device link's protocol without IO (device_client/link/): text frames and instants in, events
+"""The device link's protocol without IO (device_client/shared/link/): text frames and instants in, events
 and frames out. Every (state, input) pair of both sides is a row of one table."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from device_client import protocol as p
-from device_client.link import (CommandReceived, DeviceSide, DeviceState, EventReceived, HeartbeatDue,
+from device_client.shared import protocol as p
+from device_client.shared.link import (CommandReceived, DeviceSide, DeviceState, EventReceived, HeartbeatDue,
                                 HeartbeatReceived, HelloReceived, HubSide, HubState, Ignored, LinkFailed,
                                 ProtocolViolation, ReplyMemory, ReplyReceived, WelcomeReceived)
-from device_client.link.hubside import LinkClosedError
-from device_client.linkcodes import Close
+from device_client.shared.link.hubside import LinkClosedError
+from device_client.shared.linkcodes import Close
 
 T0 = 1000.0
 LIMIT = 4096

@@ -322,7 +322,7 @@ def test_a_failed_test_boot_holding_in_maintenance_holds_the_workload():
 
 
 def test_phases_and_verdicts_of_an_older_agent_read_as_the_spec_names_them():
-    from device_client.protocol import MEMTEST_PHASES, memtest_phase, memtest_result, memtest_status
+    from device_client.shared.protocol import MEMTEST_PHASES, memtest_phase, memtest_result, memtest_status
 
     assert memtest_phase("patterns") == ("testing", "patterns")
     assert memtest_phase("idle_decay") == ("testing", "idle_decay")

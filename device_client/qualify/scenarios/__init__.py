@@ -5,7 +5,7 @@ configurations (applied, rejected, interrupted by a link drop and by a reboot), 
 short memory test; then two reboots (with a reason and without), a drain, an oversized frame and
 the hub's closes (4002, 4004, 4408, 4409, 4003 with a 401 after it, 4426, 4001) each end a link and
 the device must come back as the document says. The kit answers the handshake with the hub's own
-link side (device_client/link/hubside.py): a first frame the hub would refuse is closed with the
+link side (device_client/shared/link/hubside.py): a first frame the hub would refuse is closed with the
 hub's code and reason, and every link the kit ends gets a close code (never a dropped socket,
 1006). Timings are read off the kit's own clock. The kit writes only under
 /var/lib/fleethub/secrets/qualify/ and wipes what it put at the end; its configurations run at most

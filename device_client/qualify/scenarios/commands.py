@@ -7,7 +7,7 @@ import base64
 
 import trio
 
-from ... import verbs
+from ...shared import verbs
 from ..link import Conn, short
 from .run import BASE, Run, secret
 

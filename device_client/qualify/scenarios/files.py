@@ -8,7 +8,7 @@ from typing import Any
 
 import trio
 
-from ... import protocol, verbs
+from ...shared import protocol, verbs
 from ..link import Conn, short
 from .reboots import REBOOT_REASON
 from .run import BASE, Run, secret

@@ -1,5 +1,5 @@
 """The memory-test step (M1): a short Live Quick test, started, followed and acknowledged, with every
-reply and event checked against the link schema (device_client/verbs.py, served as
+reply and event checked against the link schema (device_client/shared/verbs.py, served as
 /v1/device/protocol.json) and the members the kit itself relies on (docs/memtests.md): a Status's
 runId and phase, a Result's runId, outcome and verdict. The memtest verbs are optional: a device
 whose hello says no online memory test and that answers them unknown_command passes, said so."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from ... import protocol, verbs
+from ...shared import protocol, verbs
 from ..link import Conn, Received, short
 from .run import Run
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from ... import protocol
+from ...shared import protocol
 from ..link import Conn, short
 from .run import Run
 

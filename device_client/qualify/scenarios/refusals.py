@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import trio
 
-from ... import linkcodes, protocol
+from ...shared import linkcodes, protocol
 from ..link import Conn, short
 from .run import Run
 

@@ -1,6 +1,6 @@
 """One qualification run's state and its handling of links: the options, the verdict of each rule,
 the commands whose replies rule C2 checks, the handshake (answered by the hub's own link side,
-device_client/link/hubside.py, so the kit cannot drift from the hub on what a first frame earns)
+device_client/shared/link/hubside.py, so the kit cannot drift from the hub on what a first frame earns)
 and ending a link as the hub ends it. The steps (the sibling modules) take a ``Run``."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ... import linkcodes, protocol, verbs
-from ...link.events import ProtocolViolation
-from ...link.hubside import HubSide
+from ...shared import linkcodes, protocol, verbs
+from ...shared.link.events import ProtocolViolation
+from ...shared.link.hubside import HubSide
 from ..link import Conn, Listener, short
 from ..rules import RULES
 

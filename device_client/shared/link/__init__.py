@@ -9,7 +9,7 @@ agent (device_client/agent.py) are the IO shells around it.
     replies.ReplyMemory   a command id answered once: the device's bounded reply memory
     events                what either side returns
 
-Close codes and reasons are device_client/linkcodes.py's; the wire models device_client/protocol.py's.
+Close codes and reasons are device_client/shared/linkcodes.py's; the wire models device_client/shared/protocol.py's.
 """
 
 from .deviceside import DeviceSide, DeviceState

@@ -4,7 +4,7 @@ the reason text that comes with them.
 Each cause has its own code, so a device (and the person reading its log) can tell a link that was
 taken over by another holder of its token from one the hub dropped for silence or one refused for a
 bad frame. 4000-4999 are the application's (RFC 6455 section 7.4.2); 1001, 1009 and 1011 are RFC 6455's own.
-The table is rendered into docs/device-protocol.md (device_client/protocol_schema.py).
+The table is rendered into docs/device-protocol.md (device_client/shared/protocol_schema.py).
 """
 
 from __future__ import annotations

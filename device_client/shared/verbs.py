@@ -4,7 +4,7 @@ which errors it may answer, and what each event's payload is.
 protocol.py models the frames (hello, welcome, command, reply, event); this module models what goes
 *inside* a command's ``payload``, a reply's ``payload`` and an event's ``payload``, verb by verb. It
 is the single source of docs/device-protocol.md's verb and event tables and of the JSON Schema the
-hub serves (``GET /v1/device/protocol.json``, device_client/protocol_schema.py): a test renders
+hub serves (``GET /v1/device/protocol.json``, device_client/shared/protocol_schema.py): a test renders
 them again from here and fails when the document differs, and the qualification kit
 (device_client/qualify/) checks a device's replies against these same models.
 
@@ -162,7 +162,7 @@ class TelemetryState(Body):
 
 # ---- memory tests ---------------------------------------------------------------------------------
 
-# Status, Health, Result and Plan: device_client/memtest_members.py
+# Status, Health, Result and Plan: device_client/shared/memtest_members.py
 
 class MemtestStart(Body):
     runId: str

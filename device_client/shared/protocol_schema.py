@@ -4,7 +4,7 @@ the code's own models (protocol.py frames, verbs.py verbs and events, linkcodes.
 ``document()`` is the JSON Schema document the hub serves at ``GET /v1/device/protocol.json``.
 ``tables()`` renders the generated blocks of docs/device-protocol.md; tests/device_client/
 test_protocol_doc.py fails when the file's blocks differ, so the prose cannot drift from the code.
-Regenerate the blocks with ``python -m device_client.protocol_schema docs/device-protocol.md``.
+Regenerate the blocks with ``python -m device_client.shared.protocol_schema docs/device-protocol.md``.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def tables() -> dict[str, str]:
     closes += [_row(str(int(r.code)), r.code.name, r.by, r.meaning, r.device_should) for r in linkcodes.CLOSE_RULES]
     limits = [_row("limit", "value", "meaning"), _row("---", "---", "---")]
     limits += [_row(f"`{name}`", f"`{value}`", note) for name, (value, note) in LIMITS.items()]
-    from .qualify.rules import RULES
+    from ..qualify.rules import RULES
 
     rules = [_row("rule", "section", "the device…"), _row("---", "---", "---")]
     rules += [_row(r.id, r.section, r.text) for r in RULES]
