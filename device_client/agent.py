@@ -102,7 +102,8 @@ class Agent:
         self.config = config
         self.data_dir = config.data_dir
         self.store = DeviceStore(self.data_dir)
-        self.root = self.store.root  # the device's filesystem for files the hub delivers
+        # the device's filesystem for files the hub delivers: the real one ("/") on a device in service
+        self.root = config.device_root or self.store.root
         self.clock = config.clock or Clock()
         self.capabilities = protocol.Capabilities(
             memoryTest=protocol.MemoryTestCapabilities(

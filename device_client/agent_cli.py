@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "--token-file or FLEETHUB_DEVICE_TOKEN on a shared machine)")
     p.add_argument("--token-file", help="a file holding the device token")
     p.add_argument("--data-dir", required=True)
+    p.add_argument("--device-root", help="where device paths land: / on a device in service, so a file for "
+                                         "/etc/app/key is written at /etc/app/key (default: DATA_DIR/root, a "
+                                         "sandbox for trying the agent out); docs/agent.md")
     p.add_argument("--workload-user", help="run configuration workloads as this user (default: "
                                            "FLEETHUB_WORKLOAD_USER, else the agent's own user)")
     p.add_argument("--check", action="store_true", help="check the token, the hub, the clock, the data dir, "
@@ -48,11 +51,16 @@ def build_agent(args: argparse.Namespace, tunnel_engine: Callable[..., Any]):
         workload_user = configured_user(args.workload_user)  # the device operator's choice; default: ours
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    return Agent(AgentConfig(args.hub, token, Path(args.data_dir), reboot_mode="exec",
+    try:
+        config = AgentConfig(args.hub, token, Path(args.data_dir), reboot_mode="exec",
                              **tunnel_options(args, tunnel_engine),
                              memtest=agent_config(args.memory_fault, args.memory_budget,
                                                  test_boot=args.memtest_test_boot),
-                             workload_user=workload_user))
+                             workload_user=workload_user,
+                             device_root=Path(args.device_root) if args.device_root else None)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return Agent(config)
 
 
 def tunnel_options(args: argparse.Namespace, tunnel_engine: Callable[..., Any]) -> dict:

@@ -13,6 +13,7 @@ first failover. The token is left out of the repr: a config may be logged, a sec
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .shared import protocol
 from .shared.clock import Clock
 from .shared.linkcodes import SUPERSEDED_BACKOFF
+from .shared.paths import PLATFORM_DIR
 
 if TYPE_CHECKING:  # types only: the config module loads none of the parts
     import trio
@@ -60,11 +62,28 @@ def hub_urls(hub_url: str | Sequence[str]) -> list[str]:
     return urls
 
 
+def _checked_root(root: Path, data_dir: Path) -> Path:
+    """A device root must be absolute, and the data dir (keys, tokens' state, manifests) must not lie
+    in the part of it the hub writes or the workload owns: the platform directory."""
+    if not root.is_absolute():
+        raise ValueError(f"the device root must be an absolute path, got {str(root)!r}")
+    platform = root / PLATFORM_DIR.lstrip("/")
+    data = Path(os.path.abspath(data_dir))
+    if data == platform or platform in data.parents:
+        raise ValueError(f"the data dir {data} is inside the device's platform directory {platform}, where "
+                         "the hub delivers files and the workload keeps its volumes: put it elsewhere "
+                         "(docs/agent.md uses /var/lib/fleethub-agent)")
+    return root
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     hub_url: str | Sequence[str]  # one URL, several (a cluster's nodes) or a comma-separated string
     token: str = field(repr=False)
     data_dir: Path
+    # where device paths land: None is <data_dir>/root, a sandbox for trying the agent out (and every
+    # simulated device); "/" on a device in service, so /etc/app/key is the real /etc/app/key
+    device_root: Path | None = None
     facts: Mapping[str, Any] = field(default_factory=dict)  # firmware, architecture (hello); tags
     reboot_mode: str = "restart"  # restart: a new session in process (simulation); exec: re-execute
     # ---- the link ----
@@ -97,6 +116,8 @@ class AgentConfig:
                              "webrtc.device_tunnel.attach)")
         hub_urls(self.hub_url)
         object.__setattr__(self, "data_dir", Path(self.data_dir))
+        if self.device_root is not None:
+            object.__setattr__(self, "device_root", _checked_root(Path(self.device_root), self.data_dir))
         object.__setattr__(self, "facts", dict(self.facts))  # a copy: the caller's dict may change later
 
     @property

@@ -38,6 +38,7 @@ from trio_websocket import ConnectionRejected, HandshakeError, open_websocket_ur
 from .shared import protocol
 from .agentconfig import hub_urls, link_url
 from .shared.clock import Clock
+from .shared.paths import PLATFORM_DIR
 from .devroot import DeviceRoot
 from .tunnel import TunnelConfig
 from .workload import configured_user
@@ -163,30 +164,46 @@ def probe_dir(path: Path) -> str | None:
     return None
 
 
-def check_dirs(data_dir: Path) -> list[Outcome]:
-    """The data dir (state, identity key, manifests) and the device root below it (delivered files)."""
-    root = data_dir / "root"  # state.DeviceStore's root
+def check_dirs(data_dir: Path, device_root: Path | None = None) -> list[Outcome]:
+    """The data dir (state, identity key, manifests) and where delivered files land: the device root
+    below the data dir by default, or ``--device-root``'s platform directory (``/var/lib/fleethub``
+    under it: every device writes there, and a sandbox leaves the rest of ``/`` read-only)."""
+    outcomes = _check_data_dir(data_dir)
+    if device_root is None:
+        root = data_dir / "root"  # state.DeviceStore's root
+        if not data_dir.is_dir() or not root.exists():
+            return outcomes + [Outcome(True, "device root", f"{root}: made at the first start")]
+        problem = probe_dir(root)
+        return outcomes + [Outcome(problem is None, "device root", f"{root} is not writable: {problem}" if problem
+                                   else f"{root} is writable")]
+    platform = device_root / PLATFORM_DIR.lstrip("/")
+    if platform.is_dir():
+        problem = probe_dir(platform)
+        return outcomes + [Outcome(problem is None, "device root",
+                                   f"{platform} (the platform directory) is not writable: {problem}" if problem
+                                   else f"{device_root}: {platform} (the platform directory) is writable")]
+    parent = next((p for p in platform.parents if p.exists()), Path("/"))
+    problem = probe_dir(parent)
+    return outcomes + [Outcome(problem is None, "device root",
+                               f"{platform} does not exist and cannot be made in {parent}: {problem}" if problem
+                               else f"{device_root}: {platform} is made at the first start")]
+
+
+def _check_data_dir(data_dir: Path) -> list[Outcome]:
     if not data_dir.exists():
-        # the agent makes both at its first start (under systemd, StateDirectory= makes the data dir)
+        # the agent makes it at its first start (under systemd, StateDirectory= makes the data dir)
         parent = next((p for p in data_dir.parents if p.exists()), Path("/"))
         problem = probe_dir(parent)
         if problem:
             return [Outcome(False, "data dir", f"{data_dir} does not exist and cannot be made in {parent}: "
                                                f"{problem}")]
         return [Outcome(True, "data dir", f"{data_dir} does not exist yet; the agent makes it at its first "
-                                          "start"),
-                Outcome(True, "device root", f"{root}: made at the first start")]
+                                          "start")]
     if not data_dir.is_dir():
         return [Outcome(False, "data dir", f"{data_dir} is not a directory")]
-    outcomes = []
-    for name, path in (("data dir", data_dir), ("device root", root)):
-        if name == "device root" and not path.exists():
-            outcomes.append(Outcome(True, name, f"{path}: made at the first start"))
-            continue
-        problem = probe_dir(path)
-        outcomes.append(Outcome(problem is None, name, f"{path} is not writable: {problem}" if problem
-                                else f"{path} is writable"))
-    return outcomes
+    problem = probe_dir(data_dir)
+    return [Outcome(problem is None, "data dir", f"{data_dir} is not writable: {problem}" if problem
+                    else f"{data_dir} is writable")]
 
 
 def check_workload(name: str | None) -> Outcome:
@@ -259,7 +276,8 @@ def run(args: Any, environ: dict[str, str] | None = None) -> list[Outcome]:
         answers = trio.run(_ask_hubs, urls, token)
         outcomes += [judge_hub(answer, token is not None) for answer in answers]
     outcomes.append(judge_clock(answers))
-    outcomes += check_dirs(Path(args.data_dir))
+    root = getattr(args, "device_root", None)
+    outcomes += check_dirs(Path(args.data_dir), Path(root) if root else None)
     outcomes.append(check_workload(args.workload_user))
     outcomes.append(check_tunnels(args))
     return outcomes

@@ -48,10 +48,10 @@ def _env_example() -> dict[str, str]:
     return env
 
 
-def _exec_start_argv(env: dict[str, str]) -> list[str]:
+def _exec_start_argv(env: dict[str, str], unit: Path = UNIT) -> list[str]:
     """ExecStart as systemd runs it: ${VAR} is one argument, an unbraced $VAR splits on whitespace,
-    %d is the credentials directory."""
-    [line] = _settings(UNIT, "Service")["ExecStart"]
+    %d is the credentials directory. A drop-in's empty ExecStart= clears the unit's first."""
+    line = [v for v in _settings(unit, "Service")["ExecStart"] if v][-1]
     argv = []
     for word in shlex.split(line):
         unbraced = re.fullmatch(r"\$([A-Z_]+)", word)
@@ -79,6 +79,20 @@ def test_exec_start_is_a_command_line_the_agent_accepts():
     assert args.tunnel_target == ["web=127.0.0.1:80"]  # FLEETHUB_AGENT_ARGS reached the parser
     # and the same line with --check is the check docs/agent.md runs
     assert build_parser().parse_args([*argv[1:], "--check"]).check
+
+
+def test_the_device_root_drop_in_is_a_command_line_the_agent_accepts_with_its_own_data_dir():
+    from device_client.agentconfig import AgentConfig
+
+    dropin = UNIT_DIR / "fleethub-agent-device-root.conf"
+    argv = _exec_start_argv(_env_example(), dropin)
+    args = build_parser().parse_args(argv[1:])
+    service = _settings(dropin, "Service")
+    assert args.device_root == "/" and args.data_dir == "/var/lib/fleethub-agent"
+    assert service["StateDirectory"] == ["", "fleethub-agent"] and service["ExecStart"][0] == ""
+    assert "/var/lib/fleethub" in service["ReadWritePaths"][0].split()  # the platform directory
+    # and the agent takes the pair (a data dir inside the platform directory is refused)
+    assert AgentConfig(args.hub, "t", args.data_dir, device_root=args.device_root).device_root == Path("/")
 
 
 def test_every_variable_the_unit_uses_is_in_the_environment_example():
@@ -111,6 +125,8 @@ def test_systemd_accepts_the_unit_and_the_shell_drop_in(tmp_path):
     dropins = tmp_path / f"{UNIT.name}.d"
     dropins.mkdir()
     shutil.copy(UNIT_DIR / "fleethub-agent-shell.conf", dropins / "shell.conf")
+    (dropins / "device-root.conf").write_text(
+        (UNIT_DIR / "fleethub-agent-device-root.conf").read_text().replace(INSTALLED, str(program)))
     done = subprocess.run(["systemd-analyze", "verify", str(tmp_path / UNIT.name)], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and done.stderr == "" and done.stdout == "", done.stdout + done.stderr
