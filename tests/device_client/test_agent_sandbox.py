@@ -33,12 +33,18 @@ from tests.hubtools import start_hub, wait_for
 ROOT = Path(__file__).resolve().parents[2]
 FLEETHUB = [sys.executable, "-m", "hub.cli"]
 
+# $2: the checkout and the venv when they lie under /tmp (a CI clone may): the fresh /tmp would hide
+# the very program under test, so they are carried into it, read-only, through a bind of the old /tmp
 SANDBOX = r"""
 set -e
-data=$1; shift
+data=$1; keep=$2; shift 2
 mount --bind "$data" "$data"
+if [ -n "$keep" ]; then mount --bind /tmp /mnt; fi
 mount -o remount,bind,ro /
 mount -t tmpfs -o mode=1777 tmpfs /tmp
+for k in $keep; do
+    mkdir -p "$k"; mount --bind "/mnt${k#/tmp}" "$k"; mount -o remount,bind,ro "$k"
+done
 for d in /home /run/user; do if [ -d "$d" ]; then mount -t tmpfs -o ro,mode=0755 tmpfs "$d"; fi; done
 exec setpriv --no-new-privs -- "$@"
 """
@@ -56,8 +62,14 @@ def _namespaces_work() -> bool:
 pytestmark = pytest.mark.skipif(not _namespaces_work(), reason="needs root and mount namespaces")
 
 
+def _under_tmp() -> str:
+    paths = {str(p) for p in (ROOT, Path(sys.prefix)) if Path("/tmp") in p.parents}
+    return " ".join(p for p in sorted(paths) if not any(q != p and p.startswith(q + "/") for q in paths))
+
+
 def _sandboxed(data: Path, *argv: str) -> list[str]:
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX, "sandbox", str(data), *argv]
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX, "sandbox", str(data), _under_tmp(),
+            *argv]
 
 
 @pytest.fixture
