@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import linkcodes, protocol, verbs
+from .memtest_members import MemtestResult, MemtestStatus
 
 FRAMES: dict[str, type[BaseModel]] = {"hello": protocol.Hello, "welcome": protocol.Welcome,
                                       "command": protocol.Command, "reply": protocol.Reply,
@@ -67,7 +68,25 @@ HELLO_NOTES: dict[str, str] = {
     "telemetry": "whether telemetry events are on (the hub's last telemetry.set); null: no telemetry",
 }
 NESTED = (protocol.Capabilities, protocol.MemoryTestCapabilities, protocol.TunnelTargets)
+# Members a frame's model keeps as plain objects, so that the hub can refuse a malformed one and keep
+# the rest of the frame (actors/device_memtests.py checks them with these models): typed here, in the
+# schema and the document, so a device maker reads the same types the hub checks.
+TYPED_MEMBERS: dict[type[BaseModel], dict[str, type[BaseModel]]] = {
+    protocol.Hello: {"lastMemoryTest": MemtestResult, "memoryTestRunning": MemtestStatus}}
 BLOCK = re.compile(r"(<!-- generated:(?P<name>[a-z-]+) -->\n)(?P<body>.*?)(<!-- /generated:(?P=name) -->)", re.S)
+
+
+def schema_of(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON Schema, with its TYPED_MEMBERS as references to their models."""
+    schema = model.model_json_schema()
+    for name, member in TYPED_MEMBERS.get(model, {}).items():
+        sub = member.model_json_schema()
+        defs = schema.setdefault("$defs", {})
+        defs.update(sub.pop("$defs", {}))
+        defs[member.__name__] = sub
+        kept = {k: v for k, v in schema["properties"][name].items() if k in ("default", "description", "title")}
+        schema["properties"][name] = {"anyOf": [{"$ref": f"#/$defs/{member.__name__}"}, {"type": "null"}], **kept}
+    return schema
 
 
 def document() -> dict[str, Any]:
@@ -78,7 +97,7 @@ def document() -> dict[str, Any]:
         "description": "WebSocket GET /v1/device/link, JSON text frames; docs/device-protocol.md",
         "protocolVersion": protocol.PROTOCOL_VERSION,
         "supportedVersions": list(linkcodes.SUPPORTED_VERSIONS),
-        "frames": {name: model.model_json_schema() for name, model in FRAMES.items()},
+        "frames": {name: schema_of(model) for name, model in FRAMES.items()},
         "verbs": {v.name: {"summary": v.summary, "optional": v.optional, "strict": v.strict,
                            "errors": [*verbs.COMMON_ERRORS, *v.errors],
                            "payload": v.payload.model_json_schema(), "reply": v.reply.model_json_schema()}
@@ -113,7 +132,7 @@ def _type(prop: dict[str, Any]) -> str:
 
 
 def _fields(model: type[BaseModel]) -> list[tuple[str, str, bool, str]]:
-    schema = model.model_json_schema()
+    schema = schema_of(model)
     required = set(schema.get("required", []))
     out = []
     for name, prop in schema.get("properties", {}).items():

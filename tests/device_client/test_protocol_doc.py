@@ -120,3 +120,18 @@ def test_close_reasons_fit_and_are_cut_at_a_word(text, limit):
         assert reason.endswith("…")
         kept = reason[:-1]
         assert text.startswith(kept) and (" " not in text or text[len(kept)] == " ")
+
+
+def test_the_hellos_memory_test_members_are_typed_in_the_schema():
+    """lastMemoryTest and memoryTestRunning are kept as objects by the Hello model (the hub checks them
+    itself, so one bad member does not cost the frame), and typed in protocol.json all the same."""
+    import jsonschema
+
+    hello = protocol_schema.document()["frames"]["hello"]
+    validator = jsonschema.Draft202012Validator(hello)
+    base = {"type": "hello", "protocol": 1, "agentVersion": "x", "bootReason": "power_on"}
+    assert validator.is_valid({**base, "lastMemoryTest": None, "memoryTestRunning": None})
+    assert not validator.is_valid({**base, "lastMemoryTest": {"runId": "r", "outcome": "no such outcome"}})
+    assert not validator.is_valid({**base, "memoryTestRunning": {"runId": "r", "phase": "testing",
+                                                                 "testedBytes": -5}})
+    assert hello["properties"]["lastMemoryTest"]["anyOf"][0] == {"$ref": "#/$defs/MemtestResult"}
