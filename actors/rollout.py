@@ -82,10 +82,11 @@ class RolloutActor(Actor):
         self._apply: list[uuid.UUID] = []    # assigned; their DeviceActor not told yet
         self._steps: dict[str, rm.DeviceStep] = {}
         self._save = False                   # the rollout row changed
+        self._release = False                # cancelled: its devices get back what they run
         self._events: list[dict[str, Any]] = []  # published once what they announce is stored
 
     def _unwritten(self) -> bool:
-        return bool(self._assign or self._apply or self._steps or self._save or self._events)
+        return bool(self._assign or self._apply or self._steps or self._save or self._events or self._release)
 
     async def on_start(self) -> None:
         s = self.services
@@ -139,11 +140,15 @@ class RolloutActor(Actor):
                 effects = m.handle(msg.event, self.services.clock.now())
             except rm.IllegalTransition as exc:
                 raise Conflict(str(exc), code="invalid_state") from None
+            # A cancel also gives the devices back what they run, before the row says cancelled.
+            self._release = m.state is rm.RolloutState.CANCELLED and before[0] is not rm.RolloutState.CANCELLED
             try:
                 await self._carry_out(effects)
             except DatabaseUnavailable:
-                # Not stored, so not done: the operator hears 503 and may try again. Pause, resume
-                # and cancel only change the rollout row, so this undoes them whole.
+                # Not stored, so not done: the operator hears 503 and may try again. Pause and
+                # resume only change the rollout row, so this undoes them whole; a cancel's release
+                # may be stored already: its devices were put back to pending, and a running
+                # rollout assigns them again at its next tick.
                 m.state, m.reason, m.current_batch, m.accepted_failures, m.accepted_batch = before
                 self._clear_unwritten()
                 raise
@@ -276,6 +281,10 @@ class RolloutActor(Actor):
             actor = await s.device_actor(self._apply[0])  # a passivated one starts from storage
             actor.tell(ApplyConfig())
             self._apply.pop(0)
+        if self._release:
+            released = await s.rollouts.release(self.rollout_id, self.row["version_id"], now, fence=self.fence)
+            self._steps.update({st.device_id: st for st in self.machine.released([str(d) for d in released], now)})
+            self._release = False
         if self._steps or self._save:
             m = self.machine
             await s.rollouts.save(
