@@ -152,3 +152,55 @@ async def test_a_directly_assigned_version_the_device_rejected_is_not_resent(nur
             return applies_of(caplog, v2) == 2 and await rejected()
 
         await wait_for(tried_again, timeout=30, interval=0.2)
+
+
+async def test_release_gives_back_what_each_device_runs_and_nothing_else(nursery, db_url, tmp_path):
+    """Storage's half of a cancel, device by device (no agents: the rows are set as each case leaves them)."""
+    import uuid
+
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub")
+        s = hub.services
+        org = uuid.UUID(hub.org_id)
+        fid = (await hub.call("POST", "/v1/fleets", json={"name": "rel"})).json()["data"]["id"]
+        c1, v1 = (uuid.UUID(x) for x in await config(hub, "runs", HEALTHY))
+        c2, v2 = (uuid.UUID(x) for x in await config(hub, "next", FAILING))
+        for cid, path in ((c1, "/etc/app/run-token"), (c2, "/etc/app/next-token")):
+            r = await hub.call("POST", f"/v1/configurations/{cid}/secret-files",
+                               json={"path": path, "content_base64": base64.b64encode(b"x").decode()})
+            assert r.status_code == 201, r.text
+        names = ["rejected", "never_sent", "applying", "reassigned", "ran_none", "applied_it"]
+        dev = {n: uuid.UUID((await hub.provision(n, fleet_id=fid))[0]) for n in names}
+        now = s.clock.now()
+        for n in names[:-2] + ["applied_it"]:  # each ran v1 of c1
+            await s.secrets.assign_config(dev[n], c1, now)
+            await s.devices.assign_config(org, dev[n], c1, v1, now)
+            await s.devices.set_config_result(dev[n], "applied", None, v1, now)
+        rid = uuid.uuid4()
+        await s.rollouts.create(
+            {"id": rid, "org_id": org, "fleet_ids": [uuid.UUID(fid)], "config_id": c2, "version_id": v2,
+             "force": True, "batch_size": None, "success_threshold": 0.9, "failure_threshold": 0.1,
+             "state": "cancelled", "created_by": "test", "created_by_user": None, "created_at": now, "updated_at": now},
+            [(dev[n], uuid.UUID(fid), 0, "updating", None) for n in names])
+        await s.rollouts.assign(list(dev.values()), c2, v2, now)
+        await s.devices.set_config_result(dev["rejected"], "rejected", "health check failed", v1, now)
+        await s.devices.set_config_result(dev["applying"], "applying", None, v1, now)
+        await s.devices.assign_config(org, dev["reassigned"], c1, v1, now)  # an operator's assignment since
+        await s.devices.set_config_result(dev["applied_it"], "applied", None, v2, now)
+
+        released = await s.rollouts.release(rid, v2, now)
+        assert sorted(released) == sorted([dev["rejected"], dev["never_sent"], dev["ran_none"]])
+        rows = {n: await s.devices.get_any(dev[n]) for n in names}
+        for n in ("rejected", "never_sent"):
+            r = rows[n]
+            assert (r["config_id"], r["config_version_id"], r["applied_version_id"], r["config_status"],
+                    r["config_error"]) == (c1, v1, v1, "applied", None), n
+            paths = {f["path"] for f in await s.secrets.expected_on_device(dev[n])}
+            assert paths == {"/etc/app/run-token"}, n  # the configuration it runs, not the cancelled one's
+        assert (rows["ran_none"]["config_id"], rows["ran_none"]["config_version_id"],
+                rows["ran_none"]["config_status"]) == (None, None, None)
+        assert await s.secrets.expected_on_device(dev["ran_none"]) == []
+        assert (rows["applying"]["config_version_id"], rows["applying"]["config_status"]) == (v2, "applying")
+        assert (rows["reassigned"]["config_version_id"], rows["reassigned"]["config_status"]) == (v1, "pending")
+        assert (rows["applied_it"]["config_version_id"], rows["applied_it"]["config_status"]) == (v2, "applied")
+        assert await s.rollouts.release(rid, v2, now) == []
