@@ -202,7 +202,12 @@ class RolloutActor(Actor):
             await self._load_windows()
         views = await self._views()
         self._tick_now = False
-        await self._carry_out(self.machine.handle(rm.Tick(views), self.services.clock.now()))
+        effects = self.machine.handle(rm.Tick(views), self.services.clock.now())
+        if effects and self.machine.state is rm.RolloutState.CANCELLED:
+            # A device that was applying at the cancel has finished: if it does not run the version
+            # (rejected, or failed by the hub's verdict) it gets back what it runs, as the others did.
+            self._release = True
+        await self._carry_out(effects)
 
     def should_stop(self) -> bool:
         return not self._active() and not self._unwritten()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import sys
 
 import trio
 
@@ -204,3 +205,42 @@ async def test_release_gives_back_what_each_device_runs_and_nothing_else(nursery
         assert (rows["reassigned"]["config_version_id"], rows["reassigned"]["config_status"]) == (v1, "pending")
         assert (rows["applied_it"]["config_version_id"], rows["applied_it"]["config_status"]) == (v2, "applied")
         assert await s.rollouts.release(rid, v2, now) == []
+
+
+SLOW_FAILING = {"command": HEALTHY["command"],
+                "healthCheck": {"command": [sys.executable, "-c", "import sys; sys.exit(1)"],
+                                "graceSeconds": 3, "timeoutSeconds": 2}}
+
+
+async def test_a_device_applying_at_the_cancel_finishes_and_is_then_left_on_what_it_runs(nursery, db_url, tmp_path,
+                                                                                        caplog):
+    caplog.set_level(logging.INFO)
+    with trio.fail_after(120):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        fid, agents = await fleet_with_agents(hub, nursery, tmp_path, 2)
+        cid, v1 = await config(hub, "app", HEALTHY)
+        await with_token_file(hub, cid)
+        await assign_and_wait(hub, agents, cid, v1)
+        r = await hub.call("POST", f"/v1/configurations/{cid}/versions", json={"spec": {"workload": SLOW_FAILING}})
+        v2 = r.json()["data"]["id"]
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 5})
+        rid = r.json()["data"]["id"]
+
+        async def verifying():
+            return any(d["step"] == "verifying" for d in (await rollout_state(hub, rid))["devices"])
+
+        await wait_for(verifying, timeout=30, interval=0.1)
+        canary = next(d["device_id"] for d in (await rollout_state(hub, rid))["devices"] if d["step"] == "verifying")
+        r = await hub.call("POST", f"/v1/rollouts/{rid}/cancel")
+        assert r.status_code == 200 and r.json()["data"]["state"] == "cancelled"
+        assert (await device(hub, canary))["configuration"]["version_id"] == v2  # still applying: it finishes
+
+        async def given_back():
+            conf = (await device(hub, canary))["configuration"]
+            return (conf["version_id"], conf["status"]) == (v1, "applied")
+
+        await wait_for(given_back, timeout=30, interval=0.2)
+        assert (await rollout_state(hub, rid))["counts"]["failed"] == 1
+        await reboot(nursery, hub, agents, canary, tmp_path, agents[canary].agent.config.data_dir.name)
+        assert applies_of(caplog, v2) == 1, "the cancelled version was sent again after the reconnect"
+        assert agents[canary].agent.configs.version_applied() == v1
