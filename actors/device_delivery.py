@@ -199,12 +199,13 @@ class DeviceDelivery:
         s = self.s
         device = await self._db(s.devices.get_any, self.device_id)
         expected = await self._db(s.secrets.expected_on_device, self.device_id)
-        # The files of the configuration the device runs stay even when another is assigned: until
-        # that one is applied, the device runs (or rolls back to) this one, and needs them.
-        keep = (await self._db(s.secrets.paths_of_version, device["applied_version_id"])
-                if device is not None and device["applied_version_id"] is not None else [])
         runs_assigned = (device is not None and device["config_version_id"] is not None
                          and device["config_version_id"] == device["applied_version_id"])
+        # The files of the configuration the device runs stay even when another is assigned: until
+        # that one is applied, the device runs (or rolls back to) this one, and needs them. (A device
+        # that runs what it is assigned, nearly every hello, has them all in ``expected`` already.)
+        keep = (await self._db(s.secrets.paths_of_version, device["applied_version_id"])
+                if device is not None and device["applied_version_id"] is not None and not runs_assigned else [])
         plan = reconcile(expected, digests, push_config_files=runs_assigned, keep=keep)
         now = s.clock.now()
         if plan.confirm:

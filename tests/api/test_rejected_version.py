@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import logging
 import sys
+import uuid
 
 import trio
 
@@ -157,8 +158,6 @@ async def test_a_directly_assigned_version_the_device_rejected_is_not_resent(nur
 
 async def test_release_gives_back_what_each_device_runs_and_nothing_else(nursery, db_url, tmp_path):
     """Storage's half of a cancel, device by device (no agents: the rows are set as each case leaves them)."""
-    import uuid
-
     with trio.fail_after(60):
         hub = await start_hub(nursery, db_url, tmp_path / "hub")
         s = hub.services
