@@ -147,8 +147,8 @@ class RolloutActor(Actor):
             except DatabaseUnavailable:
                 # Not stored, so not done: the operator hears 503 and may try again. Pause and
                 # resume only change the rollout row, so this undoes them whole; a cancel's release
-                # may be stored already: its devices were put back to pending, and a running
-                # rollout assigns them again at its next tick.
+                # may be stored already (devices and their steps, in one transaction: steps pending
+                # in storage and in the machine alike), and a running rollout assigns them again.
                 m.state, m.reason, m.current_batch, m.accepted_failures, m.accepted_batch = before
                 self._clear_unwritten()
                 raise

@@ -142,8 +142,9 @@ class Rollouts:
         version to that does not run it and is not applying it now (pending, rejected, failed) is
         assigned the version it runs (or none), with that version's configuration and files, so
         no later link or upload sends it the cancelled version. A device applying it finishes (its
-        result still counts); one assigned something else since is left alone. Returns the devices
-        released (idempotent: a second call finds none)."""
+        result still counts); one assigned something else since is left alone. Their steps still in
+        flight go back to pending (``RolloutMachine.released`` does the same in memory). Returns the
+        devices released (idempotent: a second call finds none)."""
 
         async def body(conn: asyncpg.Connection) -> list[uuid.UUID]:
             await check_lease(conn, fence)
@@ -169,6 +170,12 @@ class Rollouts:
                               config_error = NULL, updated_at = $2
                        FROM devices o LEFT JOIN configuration_versions v ON v.id = o.applied_version_id
                        WHERE d.id = o.id AND d.id = ANY($1::uuid[])""", ids, now)
+                # Their steps still in flight were never updated: pending, in the same transaction,
+                # so a restarted rollout never waits on a device that no longer names its version.
+                await conn.execute(
+                    """UPDATE rollout_devices SET step = 'pending', error = NULL, updated_at = $3
+                       WHERE rollout_id = $1 AND device_id = ANY($2::uuid[]) AND step IN ('updating', 'verifying')""",
+                    rollout_id, ids, now)
             return ids
 
         released = await self.db.run(body, transaction=True)

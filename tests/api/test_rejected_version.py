@@ -181,7 +181,7 @@ async def test_release_gives_back_what_each_device_runs_and_nothing_else(nursery
             {"id": rid, "org_id": org, "fleet_ids": [uuid.UUID(fid)], "config_id": c2, "version_id": v2,
              "force": True, "batch_size": None, "success_threshold": 0.9, "failure_threshold": 0.1,
              "state": "cancelled", "created_by": "test", "created_by_user": None, "created_at": now, "updated_at": now},
-            [(dev[n], uuid.UUID(fid), 0, "updating", None) for n in names])
+            [(dev[n], uuid.UUID(fid), 0, "failed" if n == "rejected" else "updating", None) for n in names])
         await s.rollouts.assign(list(dev.values()), c2, v2, now)
         await s.devices.set_config_result(dev["rejected"], "rejected", "health check failed", v1, now)
         await s.devices.set_config_result(dev["applying"], "applying", None, v1, now)
@@ -203,6 +203,11 @@ async def test_release_gives_back_what_each_device_runs_and_nothing_else(nursery
         assert (rows["applying"]["config_version_id"], rows["applying"]["config_status"]) == (v2, "applying")
         assert (rows["reassigned"]["config_version_id"], rows["reassigned"]["config_status"]) == (v1, "pending")
         assert (rows["applied_it"]["config_version_id"], rows["applied_it"]["config_status"]) == (v2, "applied")
+        steps = {st["device_id"]: st["step"] for st in (await s.rollouts.get_any(rid))[1]}
+        assert {n: steps[dev[n]] for n in names} == {
+            "rejected": "failed",  # its result stays the rollout's record
+            "never_sent": "pending", "ran_none": "pending",  # never updated
+            "applying": "updating", "reassigned": "updating", "applied_it": "updating"}  # not released
         assert await s.rollouts.release(rid, v2, now) == []
 
 
