@@ -201,7 +201,12 @@ class DeviceDelivery:
         expected = await self._db(s.secrets.expected_on_device, self.device_id)
         runs_assigned = (device is not None and device["config_version_id"] is not None
                          and device["config_version_id"] == device["applied_version_id"])
-        plan = reconcile(expected, digests, push_config_files=runs_assigned)
+        # The files of the configuration the device runs stay even when another is assigned: until
+        # that one is applied, the device runs (or rolls back to) this one, and needs them. (A device
+        # that runs what it is assigned, nearly every hello, has them all in ``expected`` already.)
+        keep = (await self._db(s.secrets.paths_of_version, device["applied_version_id"])
+                if device is not None and device["applied_version_id"] is not None and not runs_assigned else [])
+        plan = reconcile(expected, digests, push_config_files=runs_assigned, keep=keep)
         now = s.clock.now()
         if plan.confirm:
             by_id = {str(f["id"]): f for f in expected}
@@ -232,6 +237,11 @@ class DeviceDelivery:
             if device["applied_version_id"] != target or device["config_status"] != "applied":
                 await self._db(s.devices.set_config_result, self.device_id, "applied", None, target, s.clock.now())
             await self._send_waiting_config_files(device)
+            return
+        if device["config_status"] == "rejected":
+            # The device verified this version, found it unhealthy and rolled back: sending it again
+            # (at each link, upload or hub restart) would restart its workload into the same failure.
+            # It goes again only when assigned again (a rollout or an assignment makes it pending).
             return
         version = await self._db(s.configs.version, device["org_id"], target)
         if version is None:

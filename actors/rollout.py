@@ -82,10 +82,11 @@ class RolloutActor(Actor):
         self._apply: list[uuid.UUID] = []    # assigned; their DeviceActor not told yet
         self._steps: dict[str, rm.DeviceStep] = {}
         self._save = False                   # the rollout row changed
+        self._release = False                # cancelled: its devices get back what they run
         self._events: list[dict[str, Any]] = []  # published once what they announce is stored
 
     def _unwritten(self) -> bool:
-        return bool(self._assign or self._apply or self._steps or self._save or self._events)
+        return bool(self._assign or self._apply or self._steps or self._save or self._events or self._release)
 
     async def on_start(self) -> None:
         s = self.services
@@ -139,11 +140,15 @@ class RolloutActor(Actor):
                 effects = m.handle(msg.event, self.services.clock.now())
             except rm.IllegalTransition as exc:
                 raise Conflict(str(exc), code="invalid_state") from None
+            # A cancel also gives the devices back what they run, before the row says cancelled.
+            self._release = m.state is rm.RolloutState.CANCELLED and before[0] is not rm.RolloutState.CANCELLED
             try:
                 await self._carry_out(effects)
             except DatabaseUnavailable:
-                # Not stored, so not done: the operator hears 503 and may try again. Pause, resume
-                # and cancel only change the rollout row, so this undoes them whole.
+                # Not stored, so not done: the operator hears 503 and may try again. Pause and
+                # resume only change the rollout row, so this undoes them whole; a cancel's release
+                # may be stored already (devices and their steps, in one transaction: steps pending
+                # in storage and in the machine alike), and a running rollout assigns them again.
                 m.state, m.reason, m.current_batch, m.accepted_failures, m.accepted_batch = before
                 self._clear_unwritten()
                 raise
@@ -197,7 +202,12 @@ class RolloutActor(Actor):
             await self._load_windows()
         views = await self._views()
         self._tick_now = False
-        await self._carry_out(self.machine.handle(rm.Tick(views), self.services.clock.now()))
+        effects = self.machine.handle(rm.Tick(views), self.services.clock.now())
+        if effects and self.machine.state is rm.RolloutState.CANCELLED:
+            # A device that was applying at the cancel has finished: if it does not run the version
+            # (rejected, or failed by the hub's verdict) it gets back what it runs, as the others did.
+            self._release = True
+        await self._carry_out(effects)
 
     def should_stop(self) -> bool:
         return not self._active() and not self._unwritten()
@@ -276,6 +286,10 @@ class RolloutActor(Actor):
             actor = await s.device_actor(self._apply[0])  # a passivated one starts from storage
             actor.tell(ApplyConfig())
             self._apply.pop(0)
+        if self._release:
+            released = await s.rollouts.release(self.rollout_id, self.row["version_id"], now, fence=self.fence)
+            self._steps.update({st.device_id: st for st in self.machine.released([str(d) for d in released], now)})
+            self._release = False
         if self._steps or self._save:
             m = self.machine
             await s.rollouts.save(

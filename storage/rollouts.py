@@ -135,3 +135,50 @@ class Rollouts:
         await self.db.run(body, transaction=True)
         if self.device_cache is not None:
             self.device_cache.evict(device_ids)
+
+    async def release(self, rollout_id: uuid.UUID, version_id: uuid.UUID, now: dt.datetime,
+                      fence: Fence | None = None) -> list[uuid.UUID]:
+        """A cancelled rollout gives its devices back what they run: each device it assigned its
+        version to that does not run it and is not applying it now (pending, rejected, failed) is
+        assigned the version it runs (or none), with that version's configuration and files, so
+        no later link or upload sends it the cancelled version. A device applying it finishes (its
+        result still counts); one assigned something else since is left alone. Their steps still in
+        flight go back to pending (``RolloutMachine.released`` does the same in memory). Returns the
+        devices released (idempotent: a second call finds none)."""
+
+        async def body(conn: asyncpg.Connection) -> list[uuid.UUID]:
+            await check_lease(conn, fence)
+            rows = await conn.fetch(
+                """SELECT d.id, d.config_id, v.config_id AS runs_config
+                   FROM rollout_devices r JOIN devices d ON d.id = r.device_id
+                   LEFT JOIN configuration_versions v ON v.id = d.applied_version_id
+                   WHERE r.rollout_id = $1 AND d.config_version_id = $2
+                     AND d.config_status IS DISTINCT FROM 'applying'
+                     AND NOT (d.config_status = 'applied' AND d.applied_version_id = $2)
+                   FOR UPDATE OF d""", rollout_id, version_id)
+            by_config: dict[uuid.UUID | None, list[uuid.UUID]] = {}
+            for r in rows:
+                if r["runs_config"] != r["config_id"]:
+                    by_config.setdefault(r["runs_config"], []).append(r["id"])
+            for config_id, ids in by_config.items():
+                await assign_deliveries(conn, ids, config_id, now)
+            ids = [r["id"] for r in rows]
+            if ids:
+                await conn.execute(
+                    """UPDATE devices d SET config_id = v.config_id, config_version_id = v.id,
+                              config_status = CASE WHEN v.id IS NULL THEN NULL ELSE 'applied' END,
+                              config_error = NULL, updated_at = $2
+                       FROM devices o LEFT JOIN configuration_versions v ON v.id = o.applied_version_id
+                       WHERE d.id = o.id AND d.id = ANY($1::uuid[])""", ids, now)
+                # Their steps still in flight were never updated: pending, in the same transaction,
+                # so a restarted rollout never waits on a device that no longer names its version.
+                await conn.execute(
+                    """UPDATE rollout_devices SET step = 'pending', error = NULL, updated_at = $3
+                       WHERE rollout_id = $1 AND device_id = ANY($2::uuid[]) AND step IN ('updating', 'verifying')""",
+                    rollout_id, ids, now)
+            return ids
+
+        released = await self.db.run(body, transaction=True)
+        if self.device_cache is not None and released:
+            self.device_cache.evict(released)
+        return released

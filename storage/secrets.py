@@ -232,6 +232,14 @@ class SecretFiles:
                 ORDER BY f.path""", device_id, config_id)
         return [dict(r) for r in rows]
 
+    async def paths_of_version(self, version_id: uuid.UUID) -> list[str]:
+        """Paths of the files of the configuration a version belongs to (a device running that
+        version keeps them)."""
+        rows = await self.db.fetch(
+            """SELECT f.path FROM secret_files f JOIN configuration_versions v ON v.config_id = f.config_id
+               WHERE v.id = $1""", version_id)
+        return [r["path"] for r in rows]
+
     async def config_files_waiting(self, device_id: uuid.UUID, config_id: uuid.UUID) -> list[dict]:
         """The configuration's files still pending on this device, with ciphertext: added or replaced
         after the device got the version it runs."""

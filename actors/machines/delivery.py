@@ -15,6 +15,7 @@ fail with the rejection as their error.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -81,9 +82,13 @@ class Plan:
     remove: list[str] = field(default_factory=list)    # paths on the device the hub no longer has
 
 
-def reconcile(expected: list[dict], digests: dict[str, str], *, push_config_files: bool) -> Plan:
+def reconcile(expected: list[dict], digests: dict[str, str], *, push_config_files: bool,
+              keep: Iterable[str] = ()) -> Plan:
     """``expected``: files that should be on the device ({id, path, sha256, config_id?, status});
-    ``digests``: path → sha256 the device reports for the files it manages.
+    ``digests``: path → sha256 the device reports for the files it manages; ``keep``: paths of the
+    configuration the device runs, never removed here even when another configuration is assigned
+    (the device runs that one until it applies the new one, and returns to it if it rejects it; the
+    device itself removes them once a new configuration is applied: device_client/configs.py).
 
     Device files that are missing or different are pushed. A configuration's files are re-pushed only
     when ``push_config_files`` (the device runs the assigned version) and they had already been
@@ -103,5 +108,6 @@ def reconcile(expected: list[dict], digests: dict[str, str], *, push_config_file
             # Repair: it was written (or failed) with the version the device runs; a file still
             # pending goes with a config.apply instead, as the spec's configuration update.
             plan.push.append(str(f["id"]))
+    wanted_paths.update(keep)
     plan.remove = sorted(p for p in digests if p not in wanted_paths)
     return plan

@@ -278,6 +278,18 @@ class RolloutMachine:
     def _cancel(self, event: Cancel, now: dt.datetime) -> tuple[Key, str | None, list[object]]:
         return Cancel, "cancelled by an operator", []
 
+    def released(self, device_ids: list[str], now: dt.datetime) -> list[DeviceStep]:
+        """After a cancel, storage gave these devices back the version they run
+        (storage/rollouts.py ``release``): those the rollout still waited on were never updated, so
+        they are pending again (else a cancelled rollout would wait on them forever). Returns the
+        steps changed."""
+        changed: list[DeviceStep] = []
+        for device_id in device_ids:
+            st = self.steps.get(device_id)
+            if st is not None and st.step in IN_FLIGHT:
+                self._move(st, Step.PENDING, now, changed)
+        return changed
+
     def _save(self) -> SaveRollout:
         return SaveRollout(self.state, self.current_batch, self.reason, self.accepted_failures, self.accepted_batch)
 

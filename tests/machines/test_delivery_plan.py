@@ -38,3 +38,13 @@ def test_illegal_status_events_raise():
         next_status(Delivery.OVERRIDDEN, Wrote("x"))
     with pytest.raises(IllegalTransition):
         next_status(Delivery.ON_DEVICE, OverrideRemoved())
+
+
+def test_reconcile_keeps_the_files_of_the_configuration_the_device_runs():
+    # Another configuration is assigned (its file /new is expected); the device still runs the one
+    # whose file is /run/db-token (it rejected the new one, or has not applied it yet).
+    expected = [f("9", "/new", "nn", "failed", config_id="next")]
+    digests = {"/run/db-token": "tt", "/stale": "zz"}
+    plan = reconcile(expected, digests, push_config_files=False, keep=["/run/db-token"])
+    assert plan.remove == ["/stale"]
+    assert reconcile(expected, digests, push_config_files=False).remove == ["/run/db-token", "/stale"]

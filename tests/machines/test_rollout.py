@@ -115,6 +115,21 @@ def test_failure_threshold_pauses_a_later_batch_and_in_flight_devices_finish():
     assert m.current_batch == 1 and m.state is rm.RolloutState.PAUSED
 
 
+def test_devices_released_by_a_cancel_are_pending_again_and_the_rollout_waits_on_none():
+    # Storage gave them back the version they run (storage/rollouts.py release): left updating, a
+    # cancelled rollout would wait on them forever (their device rows no longer name its version).
+    m = machine(25, batch_size=10)
+    m.handle(rm.Tick(views(m)), T0)  # the canary d000, d001 updating (say offline: never sent)
+    m.handle(rm.Cancel(), T0)
+    assert m.has_in_flight()
+    later = T0 + dt.timedelta(seconds=1)
+    changed = m.released(["d000", "d001", "d005"], later)  # d005 was never started: unchanged
+    assert [(s.device_id, s.step, s.updated_at) for s in changed] == [
+        ("d000", rm.Step.PENDING, later), ("d001", rm.Step.PENDING, later)]
+    assert not m.has_in_flight() and m.state is rm.RolloutState.CANCELLED
+    assert m.released(["d000"], later) == []
+
+
 def test_a_failed_result_counts_against_the_failure_threshold_like_a_rejection():
     # "failed" is the hub's verdict on an apply that went unanswered or came back malformed: it must
     # not leave the device in flight (the rollout would wait forever) but count as a failure.
