@@ -95,3 +95,29 @@ async def test_the_health_checks_words_reach_the_api_and_the_list_filters_by_sta
             assert conf["check_output"] is None and conf["workload_log"] is None
         await wait_for(lambda: status_is("rejecting", "rejected"), timeout=30)
         assert (await _configuration(hub, devices["rejecting"][0]))["check_output"].endswith("db unreachable")
+
+
+async def test_a_rollouts_failed_step_says_what_the_check_said(nursery, db_url, tmp_path):
+    with trio.fail_after(90):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        r = await hub.call("POST", "/v1/fleets", json={"name": "f"})
+        fid = r.json()["data"]["id"]
+        dev, token = await hub.provision("canary", fleet_id=fid)
+        await start_agent(nursery, hub.base_url, token, tmp_path / "canary")
+        spec = _spec("print('db unreachable'); raise SystemExit(1)")
+        r = await hub.call("POST", "/v1/configurations", json={"name": "bad", "spec": spec})
+        cid = r.json()["data"]["id"]
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid,
+                                                         "batch_size": 1})
+        assert r.status_code in (200, 201, 202), r.text
+        rid = r.json()["data"]["id"]
+
+        async def step() -> dict:
+            return (await hub.call("GET", f"/v1/rollouts/{rid}")).json()["data"]["devices"][0]
+
+        async def failed() -> bool:
+            return (await step())["step"] == "failed"
+
+        await wait_for(failed, timeout=60, interval=0.2)
+        assert (await step())["error"].endswith("the health check exited with code 1: db unreachable")
+        assert (await _configuration(hub, dev))["check_output"] == "db unreachable"
