@@ -37,6 +37,8 @@ def visible(data: bytes) -> str:
         newline = data.find(b"\n")
         if 0 <= newline < len(data) - 1:
             data = data[newline + 1:]
+        else:  # one long line: at least do not start inside a character (UTF-8 continuation bytes)
+            data = data[next((i for i, b in enumerate(data[:4]) if not 0x80 <= b <= 0xBF), 0):]
     text = data.decode("utf-8", "replace").replace("\r\n", "\n")
     lines = text.rstrip("\n").split("\n")[-MAX_LINES:]
     text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", "\n".join(lines))
