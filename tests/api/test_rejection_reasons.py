@@ -119,5 +119,7 @@ async def test_a_rollouts_failed_step_says_what_the_check_said(nursery, db_url, 
             return (await step())["step"] == "failed"
 
         await wait_for(failed, timeout=60, interval=0.2)
-        assert (await step())["error"].endswith("the health check exited with code 1: db unreachable")
+        failed_step = await step()
+        assert failed_step["error"].endswith("the health check exited with code 1: db unreachable")
+        assert failed_step["check_output"] == "db unreachable"
         assert (await _configuration(hub, dev))["check_output"] == "db unreachable"

@@ -25,12 +25,6 @@ export async function render(main, id) {
       ['Device', 'Batch', 'Step', 'Error', 'Updated'].map((t) => h('th', {}, t)))), devices))));
 
   const names = new Map();
-  const configurations = new Map(); // device id -> its configuration, read with its name
-  // what the device said when it rejected this rollout's version (its configuration holds the latest rejection)
-  function rejection(deviceId, versionId) {
-    const c = configurations.get(deviceId);
-    return c && c.status === 'rejected' && c.version_id === versionId ? rejectionOutput(c) : null;
-  }
   function paint(r) {
     fill(state, badge(r.state, r.state === 'completed' ? 'ok' : r.state === 'failed' || r.state === 'cancelled' ? 'bad' : 'warn'));
     fill(summary, h('p', {}, `${r.total_devices} devices · current batch ${r.current_batch} · batch size ${r.batch_size ?? 'all'}`,
@@ -44,14 +38,13 @@ export async function render(main, id) {
         h('td', {}, inProgress), h('td', { class: 'succeeded' }, c.succeeded || 0), h('td', {}, c.failed || 0), h('td', {}, other));
     }));
     fill(devices, ...r.devices.map((d) => h('tr', {}, h('td', {}, h('a', { href: `/console/devices/${d.device_id}` }, names.get(d.device_id) || d.device_id.slice(0, 8))),
-      h('td', {}, d.batch), h('td', {}, badge(d.step, d.step === 'succeeded' ? 'ok' : d.step === 'failed' ? 'bad' : '')), h('td', {}, d.error || '', d.step === 'failed' ? rejection(d.device_id, r.version_id) : null), h('td', {}, when(d.updated_at)))));
+      h('td', {}, d.batch), h('td', {}, badge(d.step, d.step === 'succeeded' ? 'ok' : d.step === 'failed' ? 'bad' : '')), h('td', {}, d.error || '', rejectionOutput({ check_output: d.check_output })), h('td', {}, when(d.updated_at)))));
     for (const b of buttons) b.disabled = DONE.has(r.state);
   }
 
   const first = (await api('GET', `/v1/rollouts/${id}`)).data;
   await Promise.all(first.devices.slice(0, 200).map((d) => api('GET', `/v1/devices/${d.device_id}`)
-    .then((x) => { names.set(d.device_id, x.data.name); configurations.set(d.device_id, x.data.configuration); })
-    .catch(() => {})));
+    .then((x) => names.set(d.device_id, x.data.name)).catch(() => {})));
   paint(first);
 
   // Each event says something moved; the rollout's whole status is read again, at most every 300 ms.
