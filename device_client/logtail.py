@@ -15,12 +15,16 @@ shown.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import BinaryIO
 
 from .shared.verbs import OUTPUT_TAIL_CHARS
+
+log = logging.getLogger("fleethub.agent.workload")
 
 MAX_BYTES = 2048
 MAX_LINES = 20
@@ -69,3 +73,19 @@ def file_tail(path: Path) -> str | None:
     except FileNotFoundError:
         return None
     return visible(data) or None
+
+
+def append_and_tail(out: BinaryIO, log_path: Path) -> str | None:
+    """A finished program's output (the open file ``out``) appended to the log at ``log_path``, and
+    its ``visible`` end; None when it printed nothing. The log is for a human later: when it cannot
+    be written the end is still returned."""
+    tail = read_tail(out)
+    if not tail:
+        return None
+    out.seek(0)
+    try:
+        with open(log_path, "ab") as log_file:
+            shutil.copyfileobj(out, log_file)
+    except OSError as exc:
+        log.warning("a health check's output could not be added to %s: %s", log_path, exc.strerror or exc)
+    return visible(tail) or None

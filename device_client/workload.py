@@ -37,13 +37,12 @@ import logging
 import math
 import os
 import pwd
-import shutil
 import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, BinaryIO, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import trio
 
@@ -374,7 +373,11 @@ class Workload:
         to an unnamed file first, so its end is the check's alone and not the workload's lines
         written meanwhile, then to the workload log, as before."""
         assert spec.health_command is not None
-        with tempfile.TemporaryFile(dir=self.data_dir) as out:
+        try:
+            out = tempfile.TemporaryFile(dir=self.data_dir)
+        except OSError as exc:  # a full or read-only data dir: the check cannot be run as it should
+            return f"the health check could not start: its output has nowhere to go ({exc.strerror or exc})", None
+        with out:
             with trio.move_on_after(spec.timeout) as scope:
                 try:
                     result = await trio.run_process(
@@ -383,22 +386,12 @@ class Workload:
                         deliver_cancel=_kill_now, **self._account())
                 except OSError as exc:
                     return f"the health check could not start: {exc.strerror or exc}", None
-            tail = await trio.to_thread.run_sync(self._keep_check_output, out)
+            tail = await trio.to_thread.run_sync(logtail.append_and_tail, out, self.log_path)
         if scope.cancelled_caught:
             return f"the health check did not finish within {spec.timeout:g}s", tail
         if result.returncode != 0:
             return f"the health check {_describe_exit(result.returncode)}", tail
         return None, None
-
-    def _keep_check_output(self, out: BinaryIO) -> str | None:
-        """Append the check's output to the workload log; return its end (logtail.visible)."""
-        tail = logtail.read_tail(out)
-        if not tail:
-            return None
-        out.seek(0)
-        with open(self.log_path, "ab") as log_file:
-            shutil.copyfileobj(out, log_file)
-        return logtail.visible(tail) or None
 
     # ---- supervision ----
 
