@@ -30,7 +30,6 @@ from actors.errors import AskError, DeviceOffline, DeviceRefused
 from actors.machines.delivery import reconcile
 from device_client.shared import verbs
 from device_client.shared.protocol import subject
-from storage.text import storable
 
 if TYPE_CHECKING:
     from actors.device import DeviceActor
@@ -303,10 +302,10 @@ class DeviceDelivery:
             await self._db(s.devices.set_config_result, self.device_id, "applied", None, version_id, now)
             await self._db(s.secrets.record, self.device_id, _ours(result.get("files", [])), now)
         else:
-            # storable: a device's text may hold what PostgreSQL refuses (NUL, a lone surrogate)
-            error = storable(str(result.get("error") or "the device rejected the configuration")[:500])
-            await self._db(partial(s.devices.set_config_result, check_output=_text(result.get("checkOutput")),
-                                   workload_log=_text(result.get("workloadLog"))),
+            error = str(result.get("error") or "the device rejected the configuration")[:500]
+            # the device's words, bounded by the wire schema (checked above) and storable (protocol.decode)
+            await self._db(partial(s.devices.set_config_result, check_output=result.get("checkOutput") or None,
+                                   workload_log=result.get("workloadLog") or None),
                            self.device_id, "rejected", error, _uuid(result.get("rolledBackTo")), now)
             await self._db(s.secrets.mark_config_files, self.device_id, config_id, "failed",
                                               f"configuration rejected by the device: {error}", now)
@@ -327,11 +326,6 @@ def file_results(sent: list[dict], results: list[Any]) -> list[dict]:
         elif r.status == "failed":
             out.append({"fileId": p["fileId"], "status": "failed", "error": (r.error or "failed on the device")[:500]})
     return out
-
-
-def _text(value: str | None) -> str | None:
-    """A rejection's output as the device sent it (bounded by the wire schema), storable."""
-    return storable(value) if value else None
 
 
 def _uuid(value: Any) -> uuid.UUID | None:

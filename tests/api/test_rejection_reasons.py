@@ -123,3 +123,40 @@ async def test_a_rollouts_failed_step_says_what_the_check_said(nursery, db_url, 
         assert failed_step["error"].endswith("the health check exited with code 1: db unreachable")
         assert failed_step["check_output"] == "db unreachable"
         assert (await _configuration(hub, dev))["check_output"] == "db unreachable"
+
+
+async def test_a_device_that_sends_more_than_the_bound_fails_the_apply_and_nothing_of_it_is_kept(nursery, db_url,
+                                                                                                tmp_path):
+    # a device written from the document, not our agent (NUL and the like never get this far: the
+    # link refuses such a frame whole, device_client/shared/protocol.py)
+    from tests.api.test_link_protocol import connect
+
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        sent = {"checkOutput": "x" * 2048, "workloadLog": "app log"}
+
+        async def answer(verb, payload):
+            if verb == "config.apply":
+                return {"status": "rejected", "configId": payload["configId"], "versionId": payload["versionId"],
+                        "error": "health check failed", "rolledBackTo": None, "files": [], **sent}
+            return {}
+
+        r = await hub.call("POST", "/v1/configurations", json={"name": "app", "spec": {}})
+        cid = r.json()["data"]["id"]
+        results = []
+        for name in ("at-the-bound", "past-it"):
+            dev, token = await hub.provision(name)
+            await connect(nursery, hub, token, answer=answer)
+            assert (await hub.call("PUT", f"/v1/devices/{dev}/configuration", json={"configId": cid})).status_code == 202
+
+            async def settled(dev=dev) -> bool:
+                return (await _configuration(hub, dev))["status"] in ("rejected", "failed")
+
+            await wait_for(settled, timeout=15)
+            results.append(await _configuration(hub, dev))
+            sent["checkOutput"] += "x"
+        at, past = results
+        assert at["status"] == "rejected", at["error"]
+        assert at["check_output"] == "x" * 2048 and at["workload_log"] == "app log"
+        assert past["status"] == "failed" and "checkOutput" in past["error"], past["error"]
+        assert past["check_output"] is None and past["workload_log"] is None
