@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import logging
 import uuid
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -312,8 +313,10 @@ class DeviceDelivery:
             await self._db(s.secrets.record, self.device_id, _ours(result.get("files", [])), now)
         else:
             error = str(result.get("error") or "the device rejected the configuration")[:500]
-            await self._db(s.devices.set_config_result, self.device_id, "rejected", error,
-                           _uuid(result.get("rolledBackTo")), now)
+            # the device's words, bounded by the wire schema (checked above) and storable (protocol.decode)
+            await self._db(partial(s.devices.set_config_result, check_output=result.get("checkOutput") or None,
+                                   workload_log=result.get("workloadLog") or None),
+                           self.device_id, "rejected", error, _uuid(result.get("rolledBackTo")), now)
             await self._db(s.secrets.mark_config_files, self.device_id, config_id, "failed",
                                               f"configuration rejected by the device: {error}", now)
 

@@ -11,7 +11,10 @@
    other configuration are removed (a file belongs to the configuration the device runs), and the
    result is ``applied``;
 4. not healthy: the previous record and workload are restored, none of the new files are written, and
-   the result is ``rejected`` with the error and ``rolledBackTo`` (the previous versionId, or null).
+   the result is ``rejected`` with the error (ending with the health check's last output line),
+   ``rolledBackTo`` (the previous versionId, or null), and, when there is any, ``checkOutput`` (the
+   end of what the failing health check printed) and ``workloadLog`` (the workload log's last
+   lines), both bounded by logtail.py.
 
 The result is both the reply and a ``config.result`` event. Applying the version that is already
 applied restarts nothing; it only writes the payload's files (the hub sends files added since). A
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 
+from . import logtail
 from .commands import CommandError
 from .files import SecretFileStore
 from .state import write_json_atomic
@@ -195,10 +199,14 @@ class ConfigManager:
                 if request.files else []
             return _result("applied", request.config_id, request.version_id,
                            files + await self._remove_other_configurations(request.config_id))
+        # read before the restore: the previous workload's start is not this version's story
+        workload_log = await trio.to_thread.run_sync(self.workload.log_tail)
         await trio.to_thread.run_sync(self._save_current, base)
         await self._restore(base)
+        said = logtail.last_line(health.output) if health.output else None
         return _result("rejected", request.config_id, request.version_id, [],
-                       error=f"health check failed: {health.detail}", rolled_back_to=base_id)
+                       error=f"health check failed: {health.detail}" + (f": {said}" if said else ""),
+                       rolled_back_to=base_id, check_output=health.output, workload_log=workload_log)
 
     async def _run_and_verify(self, spec: WorkloadSpec | None, record: dict[str, Any]) -> Health:
         await self.workload.restart(spec, self._env(record))
@@ -261,9 +269,15 @@ def _without_previous(record: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _result(status: str, config_id: str, version_id: str, files: list[dict[str, Any]], *,
-            error: str | None = None, rolled_back_to: str | None = None) -> dict[str, Any]:
+            error: str | None = None, rolled_back_to: str | None = None, check_output: str | None = None,
+            workload_log: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"status": status, "configId": config_id, "versionId": version_id, "files": files}
     if status == "rejected":
         out["error"] = error
         out["rolledBackTo"] = rolled_back_to
+        # only what there is: a hub older than these fields reads the result as before
+        if check_output:
+            out["checkOutput"] = check_output
+        if workload_log:
+            out["workloadLog"] = workload_log
     return out

@@ -39,12 +39,14 @@ import os
 import pwd
 import signal
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
 
 import trio
 
+from . import logtail
 from .shared.backoff import Backoff
 from .devroot import DeviceRoot, Refused
 from .shared.paths import PLATFORM_DIR, SECRETS_DIR, VOLUMES_DIR
@@ -124,6 +126,8 @@ class WorkloadSpec:
 class Health:
     healthy: bool
     detail: str
+    #: the end of what the failing health check printed (logtail.visible), None when it printed nothing
+    output: str | None = field(default=None, compare=False)
 
     def event(self) -> dict[str, Any]:
         return {"healthy": self.healthy, "detail": self.detail}
@@ -337,9 +341,9 @@ class Workload:
         if proc.poll() is not None:
             return Health(False, f"the workload {_describe_exit(proc.returncode)}")
         if spec.health_command:
-            problem = await self._run_health_command(spec)
+            problem, output = await self._run_health_command(spec)
             if problem:
-                return Health(False, problem)
+                return Health(False, problem, output)
             if proc.poll() is not None:
                 return Health(False, f"the workload {_describe_exit(proc.returncode)}")
             return Health(True, "running; the health check passed")
@@ -358,24 +362,36 @@ class Workload:
                     return last
                 await trio.sleep(0.1)
         reason = f": {last.detail}" if last else ""
-        return Health(False, f"not healthy within {deadline:g}s{reason}")
+        return Health(False, f"not healthy within {deadline:g}s{reason}", last.output if last else None)
 
-    async def _run_health_command(self, spec: WorkloadSpec) -> str | None:
+    def log_tail(self) -> str | None:
+        """The workload log's last lines (logtail.visible), None when it is empty or missing."""
+        return logtail.file_tail(self.log_path)
+
+    async def _run_health_command(self, spec: WorkloadSpec) -> tuple[str | None, str | None]:
+        """(why the check failed or None, the end of what it printed when it failed). The output goes
+        to an unnamed file first, so its end is the check's alone and not the workload's lines
+        written meanwhile, then to the workload log, as before."""
         assert spec.health_command is not None
-        with trio.move_on_after(spec.timeout) as scope:
-            try:
-                with open(self.log_path, "ab") as out:
+        try:
+            out = tempfile.TemporaryFile(dir=self.data_dir)
+        except OSError as exc:  # a full or read-only data dir: the check cannot be run as it should
+            return f"the health check could not start: its output has nowhere to go ({exc.strerror or exc})", None
+        with out:
+            with trio.move_on_after(spec.timeout) as scope:
+                try:
                     result = await trio.run_process(
                         list(spec.health_command), check=False, stdin=subprocess.DEVNULL, stdout=out,
                         stderr=subprocess.STDOUT, env=self.environment(), cwd=self.root,
                         deliver_cancel=_kill_now, **self._account())
-            except OSError as exc:
-                return f"the health check could not start: {exc.strerror or exc}"
+                except OSError as exc:
+                    return f"the health check could not start: {exc.strerror or exc}", None
+            tail = await trio.to_thread.run_sync(logtail.append_and_tail, out, self.log_path)
         if scope.cancelled_caught:
-            return f"the health check did not finish within {spec.timeout:g}s"
+            return f"the health check did not finish within {spec.timeout:g}s", tail
         if result.returncode != 0:
-            return f"the health check {_describe_exit(result.returncode)}"
-        return None
+            return f"the health check {_describe_exit(result.returncode)}", tail
+        return None, None
 
     # ---- supervision ----
 

@@ -15,7 +15,11 @@ from storage.rowcache import RowCache
 DEVICE_COLUMNS = (
     "id, org_id, fleet_id, name, tags, firmware, architecture, online, state, boot_reason, "
     "last_seen_at, connected_at, tunnel_public_key, facts, conditions, created_at, updated_at, "
-    "config_id, config_version_id, applied_version_id, config_status, config_error")
+    "config_id, config_version_id, applied_version_id, config_status, config_error, config_check_output, "
+    "config_workload_log, "
+    # the versions' numbers, which operators read (a version's number never changes: cacheable)
+    "(SELECT version FROM configuration_versions cv WHERE cv.id = devices.config_version_id) AS config_version, "
+    "(SELECT version FROM configuration_versions cv WHERE cv.id = devices.applied_version_id) AS applied_version")
 
 
 def _device(row: asyncpg.Record | None) -> dict | None:
@@ -101,10 +105,12 @@ class Devices:
     async def list(self, org_id: uuid.UUID, *, offset: int, limit: int, fleet_id: uuid.UUID | None = None,
                    online: bool | None = None, tag: str | None = None, firmware: str | None = None,
                    architecture: str | None = None, condition: str | None = None, updating: bool | None = None,
-                   search: str | None = None, only: tuple[set, set] | None = None) -> tuple[list[dict], int]:
+                   config_status: str | None = None, search: str | None = None,
+                   only: tuple[set, set] | None = None) -> tuple[list[dict], int]:
         """``only`` = (device ids, fleet ids): restrict to devices granted directly or through a fleet.
         ``condition`` is a condition type (MemoryFault); ``updating``, a configuration on its way
-        (pending or applying); ``search``, a case-insensitive substring of the name (taken literally)."""
+        (pending or applying); ``config_status``, one configuration status (``none``: no configuration
+        assigned); ``search``, a case-insensitive substring of the name (taken literally)."""
         where = ["org_id = $1"]
         args: list = [org_id]
         if only is not None:
@@ -128,6 +134,11 @@ class Devices:
             where.append(f"conditions @> ${len(args)}::jsonb")
         if updating is not None:
             where.append(("" if updating else "NOT ") + "coalesce(config_status IN ('pending', 'applying'), false)")
+        if config_status == "none":
+            where.append("config_status IS NULL")
+        elif config_status is not None:
+            args.append(config_status)
+            where.append(f"config_status = ${len(args)}")
         if search:
             # LIKE's own characters are escaped: the operator's text is matched as typed
             args.append("%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
@@ -166,14 +177,18 @@ class Devices:
                             version_id: uuid.UUID, now: dt.datetime) -> dict | None:
         return self._evicted(device_id, await self.db.fetchrow(
             f"UPDATE devices SET config_id = $3, config_version_id = $4, config_status = 'pending', "
-            f"config_error = NULL, updated_at = $5 WHERE org_id = $1 AND id = $2 RETURNING {DEVICE_COLUMNS}",
+            f"config_error = NULL, config_check_output = NULL, config_workload_log = NULL, updated_at = $5 WHERE org_id = $1 AND id = $2 RETURNING {DEVICE_COLUMNS}",
             org_id, device_id, config_id, version_id, now))
 
     async def set_config_result(self, device_id: uuid.UUID, status: str, error: str | None,
-                                applied_version_id: uuid.UUID | None, now: dt.datetime) -> None:
+                                applied_version_id: uuid.UUID | None, now: dt.datetime, *,
+                                check_output: str | None = None, workload_log: str | None = None) -> None:
+        """``check_output`` and ``workload_log``: what a rejecting device sent (migration 0020); every
+        other result clears them, so they always belong to the rejection shown."""
         await self.db.execute(
-            "UPDATE devices SET config_status = $2, config_error = $3, applied_version_id = $4, updated_at = $5 "
-            "WHERE id = $1", device_id, status, error, applied_version_id, now)
+            "UPDATE devices SET config_status = $2, config_error = $3, applied_version_id = $4, updated_at = $5, "
+            "config_check_output = $6, config_workload_log = $7 WHERE id = $1",
+            device_id, status, error, applied_version_id, now, check_output, workload_log)
         self.cache.evict([device_id])
 
     def _evicted(self, device_id: uuid.UUID, row: asyncpg.Record | None) -> dict | None:
@@ -185,7 +200,8 @@ class Devices:
     async def clear_config(self, device_id: uuid.UUID, now: dt.datetime) -> None:
         await self.db.execute(
             "UPDATE devices SET config_id = NULL, config_version_id = NULL, applied_version_id = NULL, "
-            "config_status = NULL, config_error = NULL, updated_at = $2 WHERE id = $1", device_id, now)
+            "config_status = NULL, config_error = NULL, config_check_output = NULL, config_workload_log = NULL, "
+            "updated_at = $2 WHERE id = $1", device_id, now)
         self.cache.evict([device_id])
 
 

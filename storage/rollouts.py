@@ -54,8 +54,13 @@ class Rollouts:
             row = await conn.fetchrow("SELECT * FROM rollouts WHERE org_id = $1 AND id = $2", org_id, rollout_id)
             if row is None:
                 return None
-            steps = await conn.fetch("SELECT * FROM rollout_devices WHERE rollout_id = $1 ORDER BY batch, device_id",
-                                     rollout_id)
+            # check_output: what the device's health check printed when it rejected this version
+            # (devices.config_check_output, kept with its rejection only)
+            steps = await conn.fetch(
+                "SELECT r.*, CASE WHEN d.config_status = 'rejected' AND d.config_version_id = $2 "
+                "THEN d.config_check_output END AS check_output FROM rollout_devices r "
+                "LEFT JOIN devices d ON d.id = r.device_id WHERE r.rollout_id = $1 ORDER BY r.batch, r.device_id",
+                rollout_id, row["version_id"])
             return dict(row), [dict(s) for s in steps]
 
         return await self.db.run(body)

@@ -92,6 +92,10 @@ class FilesWiped(Body):
 
 # ---- configurations -------------------------------------------------------------------------------
 
+#: checkOutput and workloadLog: the agent's bound (device_client/logtail.py MAX_CHARS), which the hub holds it to
+OUTPUT_TAIL_CHARS = 2048
+
+
 class ConfigApply(Body):
     configId: str
     versionId: str
@@ -107,6 +111,13 @@ class ConfigApplyResult(Body):
     error: str | None = Field(None, description="why it was rejected (rejected)")
     rolledBackTo: str | None = Field(None, description="the versionId the device runs again, or null (rejected)")
     files: list[FileResult] = Field(default_factory=list, description="the configuration's files (applied)")
+    checkOutput: str | None = Field(None, max_length=OUTPUT_TAIL_CHARS,
+                                    description="the end of what the failing health check printed (rejected): its "
+                                                "last 20 lines within its last 2 KiB, undecodable bytes as U+FFFD, "
+                                                "control characters other than newline and tab escaped (\\x1b)")
+    workloadLog: str | None = Field(None, max_length=OUTPUT_TAIL_CHARS,
+                                    description="the workload log's last lines when the version was rejected, "
+                                                "bounded and escaped as checkOutput")
 
 
 # ---- the device and the link ----------------------------------------------------------------------

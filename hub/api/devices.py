@@ -54,17 +54,29 @@ class DeviceQuery(PageQuery):
     condition: Literal["MemoryFault"] | None = Field(None, description="devices with this condition")
     updating: bool | None = Field(None, description="a configuration on its way to the device (pending or "
                                                     "applying), or not")
+    config_status: Literal["pending", "applying", "applied", "rejected", "failed", "none"] | None = Field(
+        None, description="devices whose configuration has this status (configuration.status); none: no "
+                          "configuration assigned")
     search: str | None = Field(None, max_length=200, description="part of the device's name, any case")
 
 
 class DeviceConfiguration(BaseModel):
     config_id: uuid.UUID | None
     version_id: uuid.UUID | None
+    version: int | None = Field(description="the assigned version's number")
     applied_version_id: uuid.UUID | None
+    applied_version: int | None = Field(description="the number of the version the device runs and has verified")
     status: Literal["pending", "applying", "applied", "rejected", "failed"] | None = Field(
         description="pending (assigned), applying (sent to the device), applied, rejected (by the device, "
                     "rolled back) or failed (no valid result in time; sent again at the next link)")
-    error: str | None = Field(description="why it was rejected or failed")
+    error: str | None = Field(description="why it was rejected or failed; a health check's rejection ends with the "
+                                          "check's last output line")
+    check_output: str | None = Field(description="rejected by its health check: the end of what the check printed "
+                                                 "on the device (its last 20 lines within 2 KiB, at most 2,048 "
+                                                 "characters, control characters escaped as \\xNN); else null")
+    workload_log: str | None = Field(description="rejected: the workload log's last lines on the device when it "
+                                                 "rejected the version, bounded and escaped as check_output; else "
+                                                 "null")
 
 
 class DeviceOut(BaseModel):
@@ -138,11 +150,20 @@ def device_json(row: dict) -> dict:
         "architecture": facts.get("architecture") or row["architecture"], "conditions": jsonable(row["conditions"]),
         "has_tunnel_identity": bool(facts.get("tunnelPublicKey") or row["tunnel_public_key"]),
         "tunnel_targets": jsonable(facts.get("tunnelTargets") or (row.get("facts") or {}).get("tunnelTargets")),
-        "configuration": {"config_id": _text(row.get("config_id")), "version_id": _text(row.get("config_version_id")),
-                          "applied_version_id": _text(row.get("applied_version_id")),
-                          "status": row.get("config_status"), "error": row.get("config_error")},
+        "configuration": _configuration(row),
         "created_at": rfc3339(row["created_at"]), "updated_at": rfc3339(row["updated_at"]),
     }
+
+
+def _configuration(row: dict) -> dict:
+    rejected = row.get("config_status") == "rejected"
+    return {"config_id": _text(row.get("config_id")), "version_id": _text(row.get("config_version_id")),
+            "version": row.get("config_version"), "applied_version_id": _text(row.get("applied_version_id")),
+            "applied_version": row.get("applied_version"), "status": row.get("config_status"),
+            "error": row.get("config_error"),
+            # the device's words belong to its rejection only (storage clears them with any other result)
+            "check_output": row.get("config_check_output") if rejected else None,
+            "workload_log": row.get("config_workload_log") if rejected else None}
 
 
 def _text(value: uuid.UUID | None) -> str | None:
@@ -189,7 +210,7 @@ async def list_devices(query_args: DeviceQuery):
         org().org_id, offset=query_args.offset, limit=query_args.limit, fleet_id=query_args.fleet_id,
         online=query_args.online, tag=query_args.tag, firmware=query_args.firmware,
         architecture=query_args.architecture, condition=query_args.condition, updating=query_args.updating,
-        search=query_args.search, only=None if everything else (ids, fleets))
+        config_status=query_args.config_status, search=query_args.search, only=None if everything else (ids, fleets))
     return {"data": [device_json(r) for r in rows],
             "pagination": pagination(query_args.page, query_args.limit, total)}
 

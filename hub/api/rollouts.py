@@ -137,6 +137,8 @@ class RolloutDeviceOut(BaseModel):
     batch: int
     step: StepName
     error: str | None
+    check_output: str | None = Field(None, description="the device rejected the version: the end of what its health "
+                                                       "check printed (as the device's configuration.check_output)")
     updated_at: str
 
 
@@ -266,7 +268,8 @@ async def _rollout_json(rollout_id: uuid.UUID) -> dict:
         "batches": [{"batch": n, "canary": n == 0 and len(batches) > 1 and not row["force"], "counts": c}
                     for n, c in sorted(batches.items())],
         "devices": [{"device_id": st["device_id"], "fleet_id": st["fleet_id"], "batch": st["batch"],
-                     "step": st["step"], "error": st["error"], "updated_at": st["updated_at"]} for st in steps],
+                     "step": st["step"], "error": st["error"], "check_output": st.get("check_output"),
+                     "updated_at": st["updated_at"]} for st in steps],
     })
 
 

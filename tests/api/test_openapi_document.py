@@ -87,6 +87,13 @@ async def test_the_document_says_what_the_spec_says(hub):
         for path in ("/v1/devices", "/v1/fleets", "/v1/rollouts"):
             q = query("get", path)
             assert q["page"]["default"] == 1 and q["limit"]["default"] == 10, (path, q)
+        # the device list's configuration filter, named as its other filters are, with its values
+        statuses = query("get", "/v1/devices")["config_status"]
+        assert {"rejected", "applied", "pending", "none"} <= set(json.dumps(statuses).replace('"', " ").split())
+        # a device's configuration says why it was rejected, in the device's words
+        configuration = doc["components"]["schemas"]["DeviceConfiguration"]["properties"]
+        assert {"check_output", "workload_log", "version", "applied_version"} <= set(configuration)
+        assert "2,048" in configuration["check_output"]["description"]
         assert query("get", "/v1/audit-events")["limit"]["default"] == 50
         assert query("get", "/v1/billing/tunnel/usage/records")["limit"]["default"] == 50
         assert query("get", "/v1/devices/{id}/memory-test/results")["limit"]["default"] == 20

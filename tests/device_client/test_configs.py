@@ -148,9 +148,12 @@ async def test_a_failing_health_check_rolls_back_and_writes_no_files(device, tmp
         v1_pid = (await seen(tmp_path, "v1"))["pid"]
         bad_file = file_payload("/etc/app/new-secret", b"n", "file-2", "cfg-1")
         result = await device.configs.apply(version(tmp_path, "v2", healthy=False, files=[bad_file], n=2))
+        workload_log = result.pop("workloadLog")
         assert result == {"status": "rejected", "configId": "cfg-1", "versionId": "v2",
                           "error": "health check failed: not healthy within 2.1s: the health check exited with code 1",
                           "rolledBackTo": "v1", "files": []}
+        assert "--- starting" in workload_log and "app-v2.json" in workload_log
+        result["workloadLog"] = workload_log
         assert device.agent.events[-1] == ("config.result", result)
         v2 = await seen(tmp_path, "v2")  # it really ran...
         assert not alive(v2["pid"])  # ...and was stopped again
@@ -163,6 +166,34 @@ async def test_a_failing_health_check_rolls_back_and_writes_no_files(device, tmp
     current = json.loads((device.data_dir / "config-current.json").read_text())
     assert (current["versionId"], current["state"]) == ("v1", "applied")
     assert device.configs.version_applied() == "v1"
+
+
+async def test_a_rejection_carries_the_checks_output_and_the_workload_log_bounded_and_visible(device, tmp_path):
+    with trio.fail_after(20):
+        await device.configs.apply(version(tmp_path, "v1"))
+        await seen(tmp_path, "v1")
+        secret = b"s3cret-" + os.urandom(8).hex().encode()
+        v2 = version(tmp_path, "v2", n=2, files=[file_payload("/var/lib/fleethub/secrets/db", secret, "f", "cfg-1")])
+        workload = v2["spec"]["workload"]
+        workload["env"]["DB_PASSWORD"] = secret.decode()
+        # far more than the bound, a colour code, a carriage return, a byte that is not UTF-8, then the reason
+        noise = "".join(f"line {i} " + "x" * 60 + "\\n" for i in range(200))
+        workload["healthCheck"]["command"] = [PY, "-c", (
+            "import sys; w = sys.stdout.buffer.write; "
+            f"w(b'{noise}'); w(b'\\x1b[31mred\\x1b[0m\\rover\\xff\\n'); w(b'db unreachable\\n'); sys.exit(1)")]
+        result = await device.configs.apply(v2)
+    assert result["status"] == "rejected" and result["rolledBackTo"] == "v1"
+    assert result["error"].endswith("the health check exited with code 1: db unreachable")
+    output = result["checkOutput"]
+    assert output.endswith("\\x1b[31mred\\x1b[0m\\x0dover\ufffd\ndb unreachable")
+    lines = output.split("\n")
+    assert len(lines) == 20 and lines[0].startswith("line 182 ")  # whole lines: the last 20
+    assert len(output) <= 2048  # the wire's bound
+    assert result["workloadLog"].endswith("db unreachable")  # the log's end: the check's lines are in it
+    # the check's output is in the workload log too, whole, as before
+    assert "line 0 " in (device.data_dir / "workload.log").read_text(errors="replace")
+    # nothing of ours that is secret: neither the environment nor the file
+    assert secret.decode() not in json.dumps(result)
 
 
 async def test_a_crashing_first_version_leaves_no_configuration(device, tmp_path):

@@ -3,6 +3,7 @@
 import { api, follow } from '../api.js';
 import { fill, h, badge, bytes, confirmDialog, field, notice, when } from '../dom.js';
 import { mountTerminal } from '../terminal.js';
+import { configBadge, rejectionOutput } from '../configstatus.js';
 
 const MODES = {
   live: { label: 'Live', plan: { impact: 'running', placement: 'online' }, hint: 'tests free memory beside the running workload' },
@@ -120,7 +121,8 @@ export async function render(main, id) {
   function paintDevice() {
     title.textContent = device.name;
     fill(state, badge(device.state, device.online ? 'ok' : 'off'),
-      (device.conditions || []).some((c) => c.type === 'MemoryFault') ? badge('Memory fault', 'bad') : null);
+      (device.conditions || []).some((c) => c.type === 'MemoryFault') ? badge('Memory fault', 'bad') : null,
+      ['rejected', 'failed'].includes(device.configuration?.status) ? configBadge(device.configuration) : null);
     const targets = device.tunnel_targets;
     fill(facts, dl([
       ['State', device.state], ['Last seen', when(device.last_seen)], ['Boot reason', device.boot_reason],
@@ -128,9 +130,10 @@ export async function render(main, id) {
       ['Tunnel targets', targets ? [...(targets.names || []), targets.ssh ? 'ssh' : null, targets.shell ? 'shell' : null].filter(Boolean).join(', ') : null],
       ['Device id', device.id], ['Created', when(device.created_at)]]));
     const c = device.configuration || {};
-    fill(config, dl([['Configuration', c.config_id], ['Assigned version', c.version_id],
-      ['Applied version', c.applied_version_id], ['Status', c.status ? badge(c.status, c.status === 'applied' ? 'ok' : c.status === 'pending' || c.status === 'applying' ? 'warn' : 'bad') : null],
-      ['Error', c.error]]));
+    const numbered = (n, vid) => (vid ? h('span', { title: vid }, n === null || n === undefined ? vid : `v${n}`) : null);
+    fill(config, dl([['Configuration', c.config_id], ['Assigned version', numbered(c.version, c.version_id)],
+      ['Applied version', numbered(c.applied_version, c.applied_version_id)], ['Status', c.status ? configBadge(c) : null],
+      ['Error', c.error]]), rejectionOutput(c));
   }
 
   // The device's own files, then its configuration's files with this device's delivery of each

@@ -4,6 +4,7 @@
 // operator pages, filters or presses Refresh.
 import { api, follow, query } from '../api.js';
 import { fill, h, badge, confirmDialog, field, notice, when } from '../dom.js';
+import { configBadge } from '../configstatus.js';
 
 const LIMIT = 25;
 
@@ -17,6 +18,7 @@ export async function render(main) {
     search: params.get('search') || '', online: params.get('online') || '', fleet_id: params.get('fleet_id') || '',
     tag: params.get('tag') || '', firmware: params.get('firmware') || '', architecture: params.get('architecture') || '',
     condition: params.get('condition') || '', updating: params.get('updating') || '',
+    config_status: params.get('config_status') || '',
   };
   let page = Number(params.get('page')) || 1;
   const [fleets, configs] = await Promise.all([
@@ -35,6 +37,8 @@ export async function render(main) {
     input('tag', 'Tag'), input('firmware', 'Firmware'), input('architecture', 'Architecture'),
     select('condition', 'Condition', [['', 'Any'], ['MemoryFault', 'Memory fault']]),
     select('updating', 'Updating', [['', 'Any'], ['true', 'Updating now'], ['false', 'Not updating']]),
+    select('config_status', 'Configuration', [['', 'Any'], ['applied', 'Applied'], ['pending', 'Pending'],
+      ['applying', 'Applying'], ['rejected', 'Rejected'], ['failed', 'Failed'], ['none', 'None assigned']]),
     h('button', { type: 'submit' }, 'Apply'));
   form.addEventListener('submit', (ev) => { ev.preventDefault(); readForm(); page = 1; load(); });
   form.addEventListener('change', (ev) => { if (ev.target.tagName === 'SELECT') { readForm(); page = 1; load(); } });
@@ -49,7 +53,7 @@ export async function render(main) {
   const table = h('table', { id: 'devices' },
     h('thead', {}, h('tr', {}, h('th', {}, selectAll), h('th', {}, 'Name'), h('th', {}, 'State'),
       h('th', {}, 'Last seen'), h('th', {}, 'Fleet'), h('th', { class: 'wide' }, 'Firmware'),
-      h('th', { class: 'wide' }, 'Architecture'), h('th', {}, 'Conditions'))), tbody);
+      h('th', { class: 'wide' }, 'Architecture'), h('th', {}, 'Configuration'), h('th', {}, 'Conditions'))), tbody);
   const pager = h('div', { class: 'pager' });
   const configSelect = h('select', { id: 'bulk-config', 'aria-label': 'Configuration to assign' },
     h('option', { value: '' }, 'Choose a configuration…'), configs.map((c) => h('option', { value: c.id }, c.name)));
@@ -72,6 +76,7 @@ export async function render(main) {
       h('td', {}, h('a', { href: `/console/devices/${device.id}`, class: 'device-name' }, device.name)),
       cells.state, cells.seen, h('td', {}, fleetName.get(device.fleet_id) || ''),
       h('td', { class: 'wide' }, device.firmware || ''), h('td', { class: 'wide' }, device.architecture || ''),
+      h('td', { class: 'config' }, configBadge(device.configuration)),
       h('td', {}, (device.conditions || []).map((c) => badge(c.type === 'MemoryFault' ? 'Memory fault' : c.type, 'bad'))));
     const entry = { row: tr, device, cells, box };
     paint(entry);
@@ -92,7 +97,7 @@ export async function render(main) {
       rows.clear();
       selectAll.checked = false;
       fill(tbody, ...r.data.map(row));
-      if (!r.data.length) tbody.append(h('tr', {}, h('td', { colspan: 8, class: 'muted' }, 'No devices match.')));
+      if (!r.data.length) tbody.append(h('tr', {}, h('td', { colspan: 9, class: 'muted' }, 'No devices match.')));
       const p = r.pagination;
       fill(pager, 
         h('button', { type: 'button', class: 'secondary', disabled: page <= 1, onclick: () => { page -= 1; load(); } }, 'Previous'),

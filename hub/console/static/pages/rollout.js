@@ -1,6 +1,7 @@
 // One rollout, live: its batches and devices follow the rollout's event stream; pause, resume, cancel.
 import { api, follow } from '../api.js';
 import { fill, h, badge, notice, when } from '../dom.js';
+import { rejectionOutput } from '../configstatus.js';
 
 const DONE = new Set(['completed', 'failed', 'cancelled']);
 
@@ -37,7 +38,7 @@ export async function render(main, id) {
         h('td', {}, inProgress), h('td', { class: 'succeeded' }, c.succeeded || 0), h('td', {}, c.failed || 0), h('td', {}, other));
     }));
     fill(devices, ...r.devices.map((d) => h('tr', {}, h('td', {}, h('a', { href: `/console/devices/${d.device_id}` }, names.get(d.device_id) || d.device_id.slice(0, 8))),
-      h('td', {}, d.batch), h('td', {}, badge(d.step, d.step === 'succeeded' ? 'ok' : d.step === 'failed' ? 'bad' : '')), h('td', {}, d.error || ''), h('td', {}, when(d.updated_at)))));
+      h('td', {}, d.batch), h('td', {}, badge(d.step, d.step === 'succeeded' ? 'ok' : d.step === 'failed' ? 'bad' : '')), h('td', {}, d.error || '', rejectionOutput({ check_output: d.check_output })), h('td', {}, when(d.updated_at)))));
     for (const b of buttons) b.disabled = DONE.has(r.state);
   }
 
