@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", help="the device token from POST /v1/devices (visible in ps; prefer "
                                    "--token-file or FLEETHUB_DEVICE_TOKEN on a shared machine)")
     p.add_argument("--token-file", help="a file holding the device token")
-    p.add_argument("--data-dir", required=True)
+    p.add_argument("--data-dir", required=True, help="where the agent keeps its identity, state and files")
     p.add_argument("--workload-user", help="run configuration workloads as this user (default: "
                                            "FLEETHUB_WORKLOAD_USER, else the agent's own user)")
     p.add_argument("--check", action="store_true", help="check the token, the hub, the clock, the data dir, "

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from hub.cli_errors import leaves, one_line
+
 if TYPE_CHECKING:
     from hub.settings import Settings
 
@@ -49,6 +51,19 @@ def _missing_hub_module(exc: BaseException) -> str | None:
     if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] in HUB_ONLY:
         return exc.name
     return None
+
+
+DESCRIPTION = ("fleethub: a hub for fleets of edge devices (serve, demo, cluster, admin) and the device side "
+               "(agent, sim, tunnel, device-test). `fleethub COMMAND --help` tells more.")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fleethub")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 GRACE = 30.0  # seconds a graceful stop may take before it becomes a hard one
@@ -203,7 +218,13 @@ def _tunnel_options(args: argparse.Namespace) -> dict:
 def cmd_admin(args: argparse.Namespace) -> None:
     from hub.admin import run_admin
 
-    print(json.dumps(trio.run(run_admin, _settings(args), args), indent=2))
+    settings = _settings(args)
+    if settings.database_url is None and not (settings.data_dir / "pg" / "PG_VERSION").is_file():
+        # A typo'd --data-dir would otherwise get a new, empty hub of its own and the command would
+        # succeed there, unseen by the real hub.
+        raise SystemExit(f"fleethub admin: no hub's data in {settings.data_dir.resolve()} (fleethub serve "
+                         f"creates it; or set FLEETHUB_DATABASE_URL)")
+    print(json.dumps(trio.run(run_admin, settings, args), indent=2))
 
 
 class _Deferred(argparse.ArgumentParser):
@@ -214,16 +235,23 @@ class _Deferred(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._arguments = arguments
 
-    def parse_known_args(self, args=None, namespace=None):
+    def build(self) -> argparse.ArgumentParser:
+        """Add the deferred arguments now (parsing does; so does a walk over every command's help)."""
         if self._arguments is not None:
             arguments, self._arguments = self._arguments, None
             arguments(self)
+        return self
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.build()
         return super().parse_known_args(args, namespace)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fleethub", description=__doc__)
-    parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
+    parser = argparse.ArgumentParser(prog="fleethub", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"fleethub {_version()}")
+    parser.add_argument("--log-level", default=None,
+                        help="DEBUG, INFO (default), WARNING; DEBUG also shows the traceback of a failure")
     parser.add_argument("--log-format", default=None, choices=["text", "json"],
                         help="text (default) or json: one object per line with request id and organisation")
     parser.set_defaults(device_side=False)
@@ -233,10 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     from device_client.tunnel import add_arguments as tunnel_flags
     from webrtc.cli_tunnel import add_arguments as tunnel_command
 
-    def hub_args(p: argparse.ArgumentParser, port: int | None = 8080) -> None:
+    def hub_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", default=None, help="where data lives (default $FLEETHUB_DATA_DIR or .fleethub)")
-        p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
-        p.add_argument("--port", type=int, default=None, help=f"port to bind (default {port})")
+        p.add_argument("--host", default=None, help="address to bind (default $FLEETHUB_HOST or 127.0.0.1)")
+        p.add_argument("--port", type=int, default=None, help="port to bind (default $FLEETHUB_PORT or 8080)")
 
     p = sub.add_parser("serve", help="run the hub")
     hub_args(p)
@@ -257,18 +285,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cluster", help="run nats-server, PostgreSQL and N hub nodes here, with simulated "
                                        "devices spread over them (docs/cluster.md)")
-    p.add_argument("--nodes", type=int, default=3)
-    p.add_argument("--devices", type=int, default=6)
+    p.add_argument("--nodes", type=int, default=3, help="hub nodes (default 3)")
+    p.add_argument("--devices", type=int, default=6, help="simulated devices (default 6)")
     p.add_argument("--data-dir", default=None, help="default $FLEETHUB_DATA_DIR or .fleethub-cluster")
     p.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser("sim", help="run N simulated device agents in one process")
     p.add_argument("--hub", required=True, help="hub base URL, e.g. http://127.0.0.1:8080, or several "
                                                 "nodes' URLs comma-separated (each device fails over in turn)")
-    p.add_argument("--devices", type=int, default=10)
-    p.add_argument("--data-dir", required=True)
-    p.add_argument("--pat-id")
-    p.add_argument("--pat-secret")
+    p.add_argument("--devices", type=int, default=10, help="simulated devices (default 10)")
+    p.add_argument("--data-dir", required=True, help="where the devices keep their identities and files")
+    p.add_argument("--pat-id", help="a PAT's id (to provision devices)")
+    p.add_argument("--pat-secret", help="that PAT's secret")
     p.add_argument("--org", help="organisation id (to provision devices)")
     p.add_argument("--fleet", help="fleet id for provisioned devices")
     p.add_argument("--registry-bytes-per-minute", type=int, default=0,
@@ -292,39 +320,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_device_test, device_side=True)
 
     sub.add_parser("admin", help="create organisations, users and PATs directly in storage",
-                   arguments=partial(_admin_arguments, hub_args))
+                   arguments=_admin_arguments)
     return parser
 
 
-def _admin_arguments(hub_args, p: argparse.ArgumentParser) -> None:
-    hub_args(p)
+def _admin_arguments(p: argparse.ArgumentParser) -> None:
+    # No --host/--port: admin listens nowhere, it reaches the hub's database through the data dir.
+    p.add_argument("--data-dir", default=None, help="the hub's data dir, which must exist (default "
+                                                    "$FLEETHUB_DATA_DIR or .fleethub; not needed with "
+                                                    "FLEETHUB_DATABASE_URL)")
     asub = p.add_subparsers(dest="admin_command", required=True)
-    a = asub.add_parser("create-org")
-    a.add_argument("name")
-    a.add_argument("--tier", default="standard", choices=["standard", "professional", "enterprise"])
-    a = asub.add_parser("create-user")
-    a.add_argument("email")
+    a = asub.add_parser("create-org", help="a new organisation; prints its id")
+    a.add_argument("name", help="the organisation's name")
+    a.add_argument("--tier", default="standard", choices=["standard", "professional", "enterprise"],
+                   help="rate-limit tier (default standard)")
+    a = asub.add_parser("create-user", help="a user (created once, by email) as a member of an organisation")
+    a.add_argument("email", help="the user's email: their login and name in the audit log")
     a.add_argument("--org", required=True, help="organisation id")
-    a.add_argument("--role", default="member", choices=["admin", "member"])
-    a.add_argument("--name", default="")
+    a.add_argument("--role", default="member", choices=["admin", "member"], help="role there (default member)")
+    a.add_argument("--name", default="", help="display name")
     a.add_argument("--password", help="dashboard password (argon2id-hashed); omit for API-only users")
-    a = asub.add_parser("create-pat")
-    a.add_argument("email")
-    a.add_argument("--description", default="")
-    a.add_argument("--expires-in-days", type=float, default=None)
+    a = asub.add_parser("create-pat", help="a personal access token for a user; prints its secret once")
+    a.add_argument("email", help="the user's email")
+    a.add_argument("--description", default="", help="what the token is for, shown in the audit log")
+    a.add_argument("--expires-in-days", type=float, default=None, help="lifetime in days (default: no expiry)")
     a = asub.add_parser("set-tier", help="an organisation's rate-limit tier")
     a.add_argument("org", help="organisation id")
-    a.add_argument("tier", choices=["standard", "professional", "enterprise"])
+    a.add_argument("tier", choices=["standard", "professional", "enterprise"], help="the new tier")
     a.add_argument("--rate-limit", type=int, default=None, help="requests per hour (enterprise only)")
     a = asub.add_parser("delete-user", help="delete a user: their PATs and sessions stop working at once")
-    a.add_argument("email")
+    a.add_argument("email", help="the user's email")
     asub.add_parser("rotate-secret-key", help="re-encrypt every secret file under a new key (hub may run)")
     asub.add_parser("rotate-signing-key", help="a new token and grant signing key; tokens signed by the "
                     "previous key stay valid until they expire (hub may run)")
     a = asub.add_parser("backup", help="pg_dump the hub's database to FILE (hub may run; keys not included)")
-    a.add_argument("file")
+    a.add_argument("file", help="the dump to write")
     a = asub.add_parser("restore", help="replace the database's contents with a backup (stop the hub first)")
-    a.add_argument("file")
+    a.add_argument("file", help="a dump written by backup")
     from hub.billing.admin import add_parsers as add_billing_parsers
     add_billing_parsers(asub)
     from hub.tunnels.admin import add_parsers as add_tunnel_parsers
@@ -352,21 +384,46 @@ async def _until_signalled_result(main, *args):
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = None
     try:
+        args = build_parser().parse_args(argv)
         _logging(args)
         args.func(args)
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)
-    except Exception as exc:  # noqa: BLE001 — a CLI reports and exits non-zero
-        missing = _missing_hub_module(exc)
-        if missing is not None:
-            raise SystemExit(NEEDS_HUB.format(command=args.command, module=missing)) from None
-        reason = exc
-        while isinstance(reason, BaseExceptionGroup) and len(reason.exceptions) == 1:
-            reason = reason.exceptions[0]  # say what failed, not "Exceptions from Trio nursery"
-        logging.getLogger("fleethub").critical("fatal: %s", reason, exc_info=True)
-        sys.exit(1)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 — a CLI reports and exits non-zero
+        sys.exit(_failed(exc, args))
+
+
+def _failed(exc: BaseException, args: argparse.Namespace | None) -> int | str:
+    """Report ``exc`` and give the exit status: an ordinary failure in one line (its traceback at
+    --log-level DEBUG), a bug with its traceback."""
+    command = getattr(args, "command", None) or "fleethub"
+    found = leaves(exc)
+    if len(found) == 1 and isinstance(found[0], SystemExit | KeyboardInterrupt):
+        # admin's "no organisation ..." leaves through the services' nursery, wrapped in a group
+        return found[0].code if isinstance(found[0], SystemExit) else 130
+    missing = _missing_hub_module(exc)
+    if missing is not None:
+        return NEEDS_HUB.format(command=command, module=missing)
+    line = one_line(exc, _listening(args))
+    log = logging.getLogger("fleethub")
+    if line is None:
+        reason = found[0] if len(found) == 1 else exc  # say what failed, not "Exceptions from Trio nursery"
+        log.critical("fatal: %s", reason, exc_info=exc)
+        return 1
+    log.debug("%s", line, exc_info=exc)
+    return f"fleethub {command}: {line}"
+
+
+def _listening(args: argparse.Namespace | None) -> str | None:
+    """Where a hub command listens, as the operator changes it: said when the address is in use."""
+    if getattr(args, "command", None) not in ("serve", "demo"):
+        return None
+    port = args.port or os.environ.get("FLEETHUB_PORT") or 8080
+    return f"port {port}; choose another with --port"
 
 
 if __name__ == "__main__":

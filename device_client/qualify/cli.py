@@ -38,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="T2, X5, X7: least seconds the device must stay away after a 401, close 4003 or close 4426 "
                         "(the document's slowest backoff, the device's backoff cap)")
     p.add_argument("--file-owner", default="0:0", metavar="UID:GID", help="owner of the files the kit writes")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="the verdicts as text (default) or as JSON")
 
 
 def parse_listen(value: str) -> tuple[str, int]:
