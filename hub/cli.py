@@ -113,10 +113,21 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
+def _holding(settings: Settings):
+    """The data dir's lock (hub/datadir.py), but for a cluster node: the nodes share theirs."""
+    from contextlib import nullcontext
+
+    from hub.datadir import held
+
+    return nullcontext() if settings.nats_url else held(settings.data_dir)
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     from hub.server import run_hub
 
-    _run(partial(run_hub, _settings(args)), graceful=True)
+    settings = _settings(args)
+    with _holding(settings):
+        _run(partial(run_hub, settings), graceful=True)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -162,7 +173,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
             await run_hub(settings, on_ready=on_ready, stopping=hub_stopping)
             nursery.cancel_scope.cancel()
 
-    _run(main, graceful=True)
+    with _holding(settings):
+        _run(main, graceful=True)
     # Everything is closed by now. The interpreter's last garbage collection walked the whole heap
     # (1.8 s of the Ctrl-C); frozen objects are skipped, and the process is about to end anyway.
     import gc
@@ -171,13 +183,15 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def cmd_cluster(args: argparse.Namespace) -> None:
     from hub.cluster.local import run_local_cluster
+    from hub.datadir import held
 
     data_dir = Path(args.data_dir or os.environ.get("FLEETHUB_DATA_DIR", ".fleethub-cluster"))
 
     async def main(stopping: trio.Event) -> None:
         await run_local_cluster(data_dir, args.nodes, args.devices, stopping)
 
-    _run(main, graceful=True)
+    with held(data_dir):
+        _run(main, graceful=True)
 
 
 def cmd_sim(args: argparse.Namespace) -> None:
@@ -363,7 +377,22 @@ def _admin_arguments(p: argparse.ArgumentParser) -> None:
     add_tunnel_parsers(asub)
     from hub.assistant.admin import add_parsers as add_assistant_parsers
     add_assistant_parsers(asub)
+    # Every command's organisation, positional or --org, is read as an id here, once: a typo is a usage
+    # error, not a ValueError out of the command.
+    for command in asub.choices.values():
+        for action in command._actions:
+            if action.dest == "org":
+                action.type = _org_id
     p.set_defaults(func=cmd_admin)
+
+
+def _org_id(value: str) -> str:
+    import uuid
+
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an organisation id (a UUID): {value!r}") from None
 
 
 def cmd_device_test(args: argparse.Namespace) -> None:

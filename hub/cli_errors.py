@@ -24,6 +24,9 @@ ORDINARY = (
     ("asyncpg.exceptions", "InvalidCatalogNameError"),  # a database that does not exist
     ("httpx", "TransportError"),  # sim, tunnel: the hub cannot be reached
     ("httpx", "HTTPStatusError"),  # the hub refused (a wrong token, say)
+    ("device_client.sim", "SimError"),  # sim: the hub would not provision the devices
+    ("device_client.state", "IdentityError"),  # agent: an identity key it must not replace
+    ("device_client.memtest.plan", "PlanError"),  # demo, sim: memory-test flags that do not fit
 )
 
 
