@@ -110,6 +110,9 @@ def _settings(args: argparse.Namespace) -> Settings:
                                  node_id=getattr(args, "node_id", None))
     if (settings.certfile is None) != (settings.keyfile is None):
         raise SystemExit("--certfile and --keyfile go together")
+    for flag, file in (("--certfile", settings.certfile), ("--keyfile", settings.keyfile)):
+        if file is not None and not file.is_file():
+            raise SystemExit(f"{flag} {file}: no such file")
     return settings
 
 
@@ -122,11 +125,24 @@ def _holding(settings: Settings):
     return nullcontext() if settings.nats_url else held(settings.data_dir)
 
 
+def _bindable(settings: Settings) -> None:
+    """Fail now, before PostgreSQL starts and migrations run, if the hub's address cannot be bound.
+    The real bind may still fail (another process may take the port meanwhile) and says the same."""
+    import socket
+
+    for family, kind, proto, _, address in socket.getaddrinfo(settings.host, settings.port,
+                                                              type=socket.SOCK_STREAM):
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            probe.bind(address)
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     from hub.server import run_hub
 
     settings = _settings(args)
     with _holding(settings):
+        _bindable(settings)
         _run(partial(run_hub, settings), graceful=True)
 
 
@@ -174,6 +190,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
             nursery.cancel_scope.cancel()
 
     with _holding(settings):
+        _bindable(settings)
         _run(main, graceful=True)
     # Everything is closed by now. The interpreter's last garbage collection walked the whole heap
     # (1.8 s of the Ctrl-C); frozen objects are skipped, and the process is about to end anyway.
@@ -448,11 +465,15 @@ def _failed(exc: BaseException, args: argparse.Namespace | None) -> int | str:
 
 
 def _listening(args: argparse.Namespace | None) -> str | None:
-    """Where a hub command listens, as the operator changes it: said when the address is in use."""
-    if getattr(args, "command", None) not in ("serve", "demo"):
+    """Where the command listens, as the flags that change it: said when that cannot be bound."""
+    command = getattr(args, "command", None)
+    if command == "device-test":
+        return "--listen {}:{}".format(*args.listen)
+    if command not in ("serve", "demo"):
         return None
+    host = args.host or os.environ.get("FLEETHUB_HOST") or "127.0.0.1"
     port = args.port or os.environ.get("FLEETHUB_PORT") or 8080
-    return f"port {port}; choose another with --port"
+    return f"--host {host} --port {port}"
 
 
 if __name__ == "__main__":

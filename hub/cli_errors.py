@@ -30,6 +30,11 @@ ORDINARY = (
 )
 
 
+BIND_ERRORS = {errno.EADDRINUSE: "another process listens there",
+               errno.EADDRNOTAVAIL: "not an address of this machine",
+               errno.EACCES: "a port below 1024 needs privileges"}
+
+
 def leaves(exc: BaseException) -> list[BaseException]:
     """The errors inside ``exc``: trio wraps what fails in a nursery in groups, nested as deep as
     the nurseries were; what failed is at the bottom."""
@@ -47,9 +52,10 @@ def _ordinary(exc: BaseException) -> bool:
 
 
 def describe(exc: BaseException, listening: str | None = None) -> str:
-    """One line for an ordinary failure; an address in use says where, when the command knows."""
-    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
-        return f"address already in use ({listening})" if listening else "address already in use"
+    """One line for an ordinary failure; an address that cannot be bound says which, when the command
+    knows (``listening``: the flags that set it)."""
+    if isinstance(exc, OSError) and exc.errno in BIND_ERRORS and exc.filename is None and listening:
+        return f"cannot listen at {listening}: {BIND_ERRORS[exc.errno]}"
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
     return str(exc) or type(exc).__name__
