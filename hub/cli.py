@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from hub.cli_errors import leaves, one_line
-
 if TYPE_CHECKING:
     from hub.settings import Settings
 
@@ -287,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="text (default) or json: one object per line with request id and organisation")
     parser.set_defaults(device_side=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Deferred)
-    from device_client.agent_cli import add_arguments as agent_args
+    from device_client.agent_cli import add_arguments as agent_args, hub_url_flag
     from device_client.memtest import add_cli_flags as memtest_flags
     from device_client.tunnel import add_arguments as tunnel_flags
     from webrtc.cli_tunnel import add_arguments as tunnel_command
@@ -322,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser("sim", help="run N simulated device agents in one process")
-    p.add_argument("--hub", required=True, help="hub base URL, e.g. http://127.0.0.1:8080, or several "
+    p.add_argument("--hub", required=True, type=hub_url_flag, help="hub base URL, e.g. http://127.0.0.1:8080, or several "
                                                 "nodes' URLs comma-separated (each device fails over in turn)")
     p.add_argument("--devices", type=int, default=10, help="simulated devices (default 10)")
     p.add_argument("--data-dir", required=True, help="where the devices keep their identities and files")
@@ -446,6 +444,8 @@ def main(argv: list[str] | None = None) -> None:
 def _failed(exc: BaseException, args: argparse.Namespace | None) -> int | str:
     """Report ``exc`` and give the exit status: an ordinary failure in one line (its traceback at
     --log-level DEBUG), a bug with its traceback."""
+    from hub.cli_errors import leaves, one_line  # here: an agent that runs well never loads it
+
     command = getattr(args, "command", None) or "fleethub"
     found = leaves(exc)
     if len(found) == 1 and isinstance(found[0], SystemExit | KeyboardInterrupt):

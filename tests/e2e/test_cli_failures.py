@@ -107,3 +107,11 @@ def test_device_test_on_a_busy_port():
         lines = fails(["device-test", "--listen", f"127.0.0.1:{port}", "--wait", "1"])
     assert lines == [f"fleethub device-test: cannot listen at --listen 127.0.0.1:{port}: another process listens "
                      f"there"]
+
+
+def test_a_mistyped_hub_url_is_a_usage_error(tmp_path):
+    for command in (["agent", "--token", "t"], ["sim"]):
+        lines = fails([*command, "--hub", "hub.example:8080", "--data-dir", str(tmp_path / "device")], status=2)
+        assert lines[-1] == (f"fleethub {command[0]}: error: argument --hub: hub URL must be http(s)://host[:port], "
+                             f"got 'hub.example:8080'")
+    assert not (tmp_path / "device").exists()
