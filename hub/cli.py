@@ -128,11 +128,11 @@ def _bindable(settings: Settings) -> None:
     The real bind may still fail (another process may take the port meanwhile) and says the same."""
     import socket
 
-    for family, kind, proto, _, address in socket.getaddrinfo(settings.host, settings.port,
-                                                              type=socket.SOCK_STREAM):
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
-            probe.bind(address)
+    host = settings.host.strip("[]")
+    # the socket Hypercorn makes for the bind "host:port" (its Config._create_sockets)
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, settings.port))
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -320,8 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser("sim", help="run N simulated device agents in one process")
-    p.add_argument("--hub", required=True, type=hub_url_flag, help="hub base URL, e.g. http://127.0.0.1:8080, or several "
-                                                "nodes' URLs comma-separated (each device fails over in turn)")
+    p.add_argument("--hub", required=True, type=hub_url_flag,
+                   help="hub base URL, e.g. http://127.0.0.1:8080, or several nodes' URLs comma-separated (each "
+                        "device fails over in turn)")
     p.add_argument("--devices", type=int, default=10, help="simulated devices (default 10)")
     p.add_argument("--data-dir", required=True, help="where the devices keep their identities and files")
     p.add_argument("--pat-id", help="a PAT's id (to provision devices)")
