@@ -251,7 +251,7 @@ def cmd_admin(args: argparse.Namespace) -> None:
     if settings.database_url is None and not (settings.data_dir / "pg" / "PG_VERSION").is_file():
         # A typo'd --data-dir would otherwise get a new, empty hub of its own and the command would
         # succeed there, unseen by the real hub.
-        raise SystemExit(f"fleethub admin: no hub's data in {settings.data_dir.resolve()} (fleethub serve "
+        raise SystemExit(f"no hub's data in {settings.data_dir.resolve()} (fleethub serve "
                          f"creates it; or set FLEETHUB_DATABASE_URL)")
     print(json.dumps(trio.run(run_admin, settings, args), indent=2))
 
@@ -436,10 +436,18 @@ def main(argv: list[str] | None = None) -> None:
         args.func(args)
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)
-    except SystemExit:
-        raise
+    except SystemExit as exc:
+        sys.exit(_named(exc.code, args))
     except BaseException as exc:  # noqa: BLE001 — a CLI reports and exits non-zero
         sys.exit(_failed(exc, args))
+
+
+def _named(code: int | str | None, args: argparse.Namespace | None) -> int | str | None:
+    """A command's own message for its exit, said as every failure is: "fleethub COMMAND: ..."."""
+    command = getattr(args, "command", None)
+    if isinstance(code, str) and command and not code.startswith("fleethub"):
+        return f"fleethub {command}: {code}"
+    return code
 
 
 def _failed(exc: BaseException, args: argparse.Namespace | None) -> int | str:
@@ -451,7 +459,7 @@ def _failed(exc: BaseException, args: argparse.Namespace | None) -> int | str:
     found = leaves(exc)
     if len(found) == 1 and isinstance(found[0], SystemExit | KeyboardInterrupt):
         # admin's "no organisation ..." leaves through the services' nursery, wrapped in a group
-        return found[0].code if isinstance(found[0], SystemExit) else 130
+        return _named(found[0].code, args) if isinstance(found[0], SystemExit) else 130
     missing = _missing_hub_module(exc)
     if missing is not None:
         return NEEDS_HUB.format(command=command, module=missing)

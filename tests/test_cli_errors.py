@@ -60,7 +60,7 @@ def test_an_exit_inside_a_nursery_is_that_exit(monkeypatch, capfd):
     fail_with(monkeypatch, group(SystemExit("no organisation 7")))
     with pytest.raises(SystemExit) as info:
         main(["admin", "create-org", "acme"])
-    assert info.value.code == "no organisation 7"
+    assert info.value.code == "fleethub admin: no organisation 7"
     assert capfd.readouterr().err == ""
 
 

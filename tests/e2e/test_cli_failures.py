@@ -41,7 +41,7 @@ def test_serve_on_an_address_not_of_this_machine(tmp_path):
 def test_serve_with_a_missing_certificate(tmp_path):
     lines = fails(["serve", "--data-dir", str(tmp_path / "hub"), "--certfile", str(tmp_path / "hub.crt"),
                    "--keyfile", str(tmp_path / "hub.key")])
-    assert lines == [f"--certfile {tmp_path / 'hub.crt'}: no such file"]
+    assert lines == [f"fleethub serve: --certfile {tmp_path / 'hub.crt'}: no such file"]
 
 
 def test_admin_on_a_typo_data_dir_creates_nothing(tmp_path):
@@ -57,10 +57,11 @@ def test_admin_names_what_it_did_not_find(tmp_path, db_url):
     keys = str(tmp_path / "keys")
     missing = uuid.uuid4()
     assert fails(["admin", "--data-dir", keys, "create-user", "ops@acme.test", "--org", str(missing)],
-                 env=env) == [f"no organisation {missing}"]
-    assert fails(["admin", "--data-dir", keys, "create-pat", "nobody@acme.test"], env=env) == ["no user nobody@acme.test"]
+                 env=env) == [f"fleethub admin: no organisation {missing}"]
+    assert fails(["admin", "--data-dir", keys, "create-pat", "nobody@acme.test"],
+                 env=env) == ["fleethub admin: no user nobody@acme.test"]
     assert fails(["admin", "--data-dir", keys, "tunnel-entitle", str(missing), "--enabled"],
-                 env=env) == [f"no organisation {missing}"]
+                 env=env) == [f"fleethub admin: no organisation {missing}"]
     # a typo'd id is a usage error: argparse's usage lines, then the one that says what is wrong
     lines = fails(["admin", "--data-dir", keys, "create-user", "ops@acme.test", "--org", "acme"], env=env, status=2)
     assert lines[-1] == "fleethub admin create-user: error: argument --org: not an organisation id (a UUID): 'acme'"
