@@ -285,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="text (default) or json: one object per line with request id and organisation")
     parser.set_defaults(device_side=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Deferred)
-    from device_client.agent_cli import add_arguments as agent_args, hub_url_flag
+    from device_client.agent_cli import add_arguments as agent_args
+    from device_client.agent_cli import hub_url_flag
     from device_client.memtest import add_cli_flags as memtest_flags
     from device_client.tunnel import add_arguments as tunnel_flags
     from webrtc.cli_tunnel import add_arguments as tunnel_command
@@ -453,7 +454,8 @@ def _named(code: int | str | None, args: argparse.Namespace | None) -> int | str
 def _failed(exc: BaseException, args: argparse.Namespace | None) -> int | str:
     """Report ``exc`` and give the exit status: an ordinary failure in one line (its traceback at
     --log-level DEBUG), a bug with its traceback."""
-    from hub.cli_errors import leaves, one_line  # here: an agent that runs well never loads it
+    # here, not at the top: an agent that runs well never loads it
+    from hub.cli_errors import leaves, one_line
 
     command = getattr(args, "command", None) or "fleethub"
     found = leaves(exc)

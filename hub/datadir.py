@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from hub.errors import Conflict
 from storage.private import secure_data_dir
