@@ -9,7 +9,13 @@ import uuid
 
 import httpx
 
-from tests.e2e.clitools import clean_env, fleethub_exe, free_port, postgres_of, wait_until
+from tests.e2e.clitools import (
+    clean_env,
+    fleethub_exe,
+    free_port,
+    postgres_of,
+    wait_until,
+)
 
 
 def fails(args: list[str], *, env: dict[str, str] | None = None, status: int = 1) -> list[str]:
