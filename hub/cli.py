@@ -129,6 +129,10 @@ def _bindable(settings: Settings) -> None:
     import socket
 
     host = settings.host.strip("[]")
+    try:
+        socket.getaddrinfo(host, settings.port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise SystemExit(f"--host {host}: {exc.strerror}") from None
     # the socket Hypercorn makes for the bind "host:port" (its Config._create_sockets)
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -58,7 +58,7 @@ def describe(exc: BaseException, listening: str | None = None) -> str:
         return f"cannot listen at {listening}: {BIND_ERRORS[exc.errno]}"
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
-    return str(exc) or type(exc).__name__
+    return " ".join(str(exc).split()) or type(exc).__name__  # one line, though a peer's answer had more
 
 
 def one_line(exc: BaseException, listening: str | None = None) -> str | None:

@@ -75,4 +75,5 @@ def test_the_lines():
     # the same failure in every device's task is said once
     assert one_line(BaseExceptionGroup("", [in_use, in_use, NotFound("no fleet")])) == \
         "Address already in use; no fleet"
+    assert one_line(NotFound("no fleet\n\n")) == "no fleet"  # a peer's answer, say, ends in newlines
     assert one_line(ValueError("bad")) is None

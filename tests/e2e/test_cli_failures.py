@@ -44,6 +44,11 @@ def test_serve_on_an_address_not_of_this_machine(tmp_path):
                      "machine")]
 
 
+def test_serve_on_a_host_name_that_does_not_resolve(tmp_path):
+    lines = fails(["serve", "--data-dir", str(tmp_path / "hub"), "--host", "hub.invalid"])
+    assert len(lines) == 1 and lines[0].startswith("fleethub serve: --host hub.invalid: "), lines
+
+
 def test_serve_with_a_missing_certificate(tmp_path):
     lines = fails(["serve", "--data-dir", str(tmp_path / "hub"), "--certfile", str(tmp_path / "hub.crt"),
                    "--keyfile", str(tmp_path / "hub.key")])
