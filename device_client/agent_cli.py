@@ -15,16 +15,28 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+def hub_url_flag(value: str) -> str:
+    """``--hub`` as the parser reads it: every URL checked (a typo is a usage error, not a traceback out
+    of the agent's start), the value kept as given."""
+    from device_client.agentconfig import hub_urls
+
+    try:
+        hub_urls(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from device_client.memtest import add_cli_flags as memtest_flags
     from device_client.tunnel import add_arguments as tunnel_flags
 
-    p.add_argument("--hub", required=True, help="hub base URL, or several nodes' URLs comma-separated: a "
+    p.add_argument("--hub", required=True, type=hub_url_flag, help="hub base URL, or several nodes' URLs comma-separated: a "
                                                 "link that fails before its welcome moves on to the next")
     p.add_argument("--token", help="the device token from POST /v1/devices (visible in ps; prefer "
                                    "--token-file or FLEETHUB_DEVICE_TOKEN on a shared machine)")
     p.add_argument("--token-file", help="a file holding the device token")
-    p.add_argument("--data-dir", required=True)
+    p.add_argument("--data-dir", required=True, help="where the agent keeps its identity, state and files")
     p.add_argument("--device-root", help="where device paths land: / on a device in service, so a file for "
                                          "/etc/app/key is written at /etc/app/key (default: DATA_DIR/root, a "
                                          "sandbox for trying the agent out); docs/agent.md")

@@ -51,6 +51,19 @@ def _missing_hub_module(exc: BaseException) -> str | None:
     return None
 
 
+DESCRIPTION = ("fleethub: a hub for fleets of edge devices (serve, demo, cluster, admin) and the device side "
+               "(agent, sim, tunnel, device-test). `fleethub COMMAND --help` tells more.")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fleethub")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 GRACE = 30.0  # seconds a graceful stop may take before it becomes a hard one
 
 
@@ -95,13 +108,44 @@ def _settings(args: argparse.Namespace) -> Settings:
                                  node_id=getattr(args, "node_id", None))
     if (settings.certfile is None) != (settings.keyfile is None):
         raise SystemExit("--certfile and --keyfile go together")
+    for flag, file in (("--certfile", settings.certfile), ("--keyfile", settings.keyfile)):
+        if file is not None and not file.is_file():
+            raise SystemExit(f"{flag} {file}: no such file")
     return settings
+
+
+def _holding(settings: Settings):
+    """The data dir's lock (hub/datadir.py), but for a cluster node: the nodes share theirs."""
+    from contextlib import nullcontext
+
+    from hub.datadir import held
+
+    return nullcontext() if settings.nats_url else held(settings.data_dir)
+
+
+def _bindable(settings: Settings) -> None:
+    """Fail now, before PostgreSQL starts and migrations run, if the hub's address cannot be bound.
+    The real bind may still fail (another process may take the port meanwhile) and says the same."""
+    import socket
+
+    host = settings.host.strip("[]")
+    try:
+        socket.getaddrinfo(host, settings.port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise SystemExit(f"--host {host}: {exc.strerror}") from None
+    # the socket Hypercorn makes for the bind "host:port" (its Config._create_sockets)
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, settings.port))
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
     from hub.server import run_hub
 
-    _run(partial(run_hub, _settings(args)), graceful=True)
+    settings = _settings(args)
+    with _holding(settings):
+        _bindable(settings)
+        _run(partial(run_hub, settings), graceful=True)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -147,7 +191,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
             await run_hub(settings, on_ready=on_ready, stopping=hub_stopping)
             nursery.cancel_scope.cancel()
 
-    _run(main, graceful=True)
+    with _holding(settings):
+        _bindable(settings)
+        _run(main, graceful=True)
     # Everything is closed by now. The interpreter's last garbage collection walked the whole heap
     # (1.8 s of the Ctrl-C); frozen objects are skipped, and the process is about to end anyway.
     import gc
@@ -156,13 +202,15 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def cmd_cluster(args: argparse.Namespace) -> None:
     from hub.cluster.local import run_local_cluster
+    from hub.datadir import held
 
     data_dir = Path(args.data_dir or os.environ.get("FLEETHUB_DATA_DIR", ".fleethub-cluster"))
 
     async def main(stopping: trio.Event) -> None:
         await run_local_cluster(data_dir, args.nodes, args.devices, stopping)
 
-    _run(main, graceful=True)
+    with held(data_dir):
+        _run(main, graceful=True)
 
 
 def cmd_sim(args: argparse.Namespace) -> None:
@@ -203,7 +251,13 @@ def _tunnel_options(args: argparse.Namespace) -> dict:
 def cmd_admin(args: argparse.Namespace) -> None:
     from hub.admin import run_admin
 
-    print(json.dumps(trio.run(run_admin, _settings(args), args), indent=2))
+    settings = _settings(args)
+    if settings.database_url is None and not (settings.data_dir / "pg" / "PG_VERSION").is_file():
+        # A typo'd --data-dir would otherwise get a new, empty hub of its own and the command would
+        # succeed there, unseen by the real hub.
+        raise SystemExit(f"no hub's data in {settings.data_dir.resolve()} (fleethub serve "
+                         f"creates it; or set FLEETHUB_DATABASE_URL)")
+    print(json.dumps(trio.run(run_admin, settings, args), indent=2))
 
 
 class _Deferred(argparse.ArgumentParser):
@@ -214,29 +268,37 @@ class _Deferred(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._arguments = arguments
 
-    def parse_known_args(self, args=None, namespace=None):
+    def build(self) -> argparse.ArgumentParser:
+        """Add the deferred arguments now (parsing does; so does a walk over every command's help)."""
         if self._arguments is not None:
             arguments, self._arguments = self._arguments, None
             arguments(self)
+        return self
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.build()
         return super().parse_known_args(args, namespace)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fleethub", description=__doc__)
-    parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
+    parser = argparse.ArgumentParser(prog="fleethub", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"fleethub {_version()}")
+    parser.add_argument("--log-level", default=None,
+                        help="DEBUG, INFO (default), WARNING; DEBUG also shows the traceback of a failure")
     parser.add_argument("--log-format", default=None, choices=["text", "json"],
                         help="text (default) or json: one object per line with request id and organisation")
     parser.set_defaults(device_side=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Deferred)
     from device_client.agent_cli import add_arguments as agent_args
+    from device_client.agent_cli import hub_url_flag
     from device_client.memtest import add_cli_flags as memtest_flags
     from device_client.tunnel import add_arguments as tunnel_flags
     from webrtc.cli_tunnel import add_arguments as tunnel_command
 
-    def hub_args(p: argparse.ArgumentParser, port: int | None = 8080) -> None:
+    def hub_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", default=None, help="where data lives (default $FLEETHUB_DATA_DIR or .fleethub)")
-        p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
-        p.add_argument("--port", type=int, default=None, help=f"port to bind (default {port})")
+        p.add_argument("--host", default=None, help="address to bind (default $FLEETHUB_HOST or 127.0.0.1)")
+        p.add_argument("--port", type=int, default=None, help="port to bind (default $FLEETHUB_PORT or 8080)")
 
     p = sub.add_parser("serve", help="run the hub")
     hub_args(p)
@@ -257,18 +319,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cluster", help="run nats-server, PostgreSQL and N hub nodes here, with simulated "
                                        "devices spread over them (docs/cluster.md)")
-    p.add_argument("--nodes", type=int, default=3)
-    p.add_argument("--devices", type=int, default=6)
+    p.add_argument("--nodes", type=int, default=3, help="hub nodes (default 3)")
+    p.add_argument("--devices", type=int, default=6, help="simulated devices (default 6)")
     p.add_argument("--data-dir", default=None, help="default $FLEETHUB_DATA_DIR or .fleethub-cluster")
     p.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser("sim", help="run N simulated device agents in one process")
-    p.add_argument("--hub", required=True, help="hub base URL, e.g. http://127.0.0.1:8080, or several "
-                                                "nodes' URLs comma-separated (each device fails over in turn)")
-    p.add_argument("--devices", type=int, default=10)
-    p.add_argument("--data-dir", required=True)
-    p.add_argument("--pat-id")
-    p.add_argument("--pat-secret")
+    p.add_argument("--hub", required=True, type=hub_url_flag,
+                   help="hub base URL, e.g. http://127.0.0.1:8080, or several nodes' URLs comma-separated (each "
+                        "device fails over in turn)")
+    p.add_argument("--devices", type=int, default=10, help="simulated devices (default 10)")
+    p.add_argument("--data-dir", required=True, help="where the devices keep their identities and files")
+    p.add_argument("--pat-id", help="a PAT's id (to provision devices)")
+    p.add_argument("--pat-secret", help="that PAT's secret")
     p.add_argument("--org", help="organisation id (to provision devices)")
     p.add_argument("--fleet", help="fleet id for provisioned devices")
     p.add_argument("--registry-bytes-per-minute", type=int, default=0,
@@ -292,46 +355,65 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_device_test, device_side=True)
 
     sub.add_parser("admin", help="create organisations, users and PATs directly in storage",
-                   arguments=partial(_admin_arguments, hub_args))
+                   arguments=_admin_arguments)
     return parser
 
 
-def _admin_arguments(hub_args, p: argparse.ArgumentParser) -> None:
-    hub_args(p)
+def _admin_arguments(p: argparse.ArgumentParser) -> None:
+    # No --host/--port: admin listens nowhere, it reaches the hub's database through the data dir.
+    p.add_argument("--data-dir", default=None, help="the hub's data dir, which must exist (default "
+                                                    "$FLEETHUB_DATA_DIR or .fleethub; not needed with "
+                                                    "FLEETHUB_DATABASE_URL)")
     asub = p.add_subparsers(dest="admin_command", required=True)
-    a = asub.add_parser("create-org")
-    a.add_argument("name")
-    a.add_argument("--tier", default="standard", choices=["standard", "professional", "enterprise"])
-    a = asub.add_parser("create-user")
-    a.add_argument("email")
+    a = asub.add_parser("create-org", help="a new organisation; prints its id")
+    a.add_argument("name", help="the organisation's name")
+    a.add_argument("--tier", default="standard", choices=["standard", "professional", "enterprise"],
+                   help="rate-limit tier (default standard)")
+    a = asub.add_parser("create-user", help="a user (created once, by email) as a member of an organisation")
+    a.add_argument("email", help="the user's email: their login and name in the audit log")
     a.add_argument("--org", required=True, help="organisation id")
-    a.add_argument("--role", default="member", choices=["admin", "member"])
-    a.add_argument("--name", default="")
+    a.add_argument("--role", default="member", choices=["admin", "member"], help="role there (default member)")
+    a.add_argument("--name", default="", help="display name")
     a.add_argument("--password", help="dashboard password (argon2id-hashed); omit for API-only users")
-    a = asub.add_parser("create-pat")
-    a.add_argument("email")
-    a.add_argument("--description", default="")
-    a.add_argument("--expires-in-days", type=float, default=None)
+    a = asub.add_parser("create-pat", help="a personal access token for a user; prints its secret once")
+    a.add_argument("email", help="the user's email")
+    a.add_argument("--description", default="", help="what the token is for, shown in the audit log")
+    a.add_argument("--expires-in-days", type=float, default=None, help="lifetime in days (default: no expiry)")
     a = asub.add_parser("set-tier", help="an organisation's rate-limit tier")
     a.add_argument("org", help="organisation id")
-    a.add_argument("tier", choices=["standard", "professional", "enterprise"])
+    a.add_argument("tier", choices=["standard", "professional", "enterprise"], help="the new tier")
     a.add_argument("--rate-limit", type=int, default=None, help="requests per hour (enterprise only)")
     a = asub.add_parser("delete-user", help="delete a user: their PATs and sessions stop working at once")
-    a.add_argument("email")
+    a.add_argument("email", help="the user's email")
     asub.add_parser("rotate-secret-key", help="re-encrypt every secret file under a new key (hub may run)")
     asub.add_parser("rotate-signing-key", help="a new token and grant signing key; tokens signed by the "
                     "previous key stay valid until they expire (hub may run)")
     a = asub.add_parser("backup", help="pg_dump the hub's database to FILE (hub may run; keys not included)")
-    a.add_argument("file")
+    a.add_argument("file", help="the dump to write")
     a = asub.add_parser("restore", help="replace the database's contents with a backup (stop the hub first)")
-    a.add_argument("file")
+    a.add_argument("file", help="a dump written by backup")
     from hub.billing.admin import add_parsers as add_billing_parsers
     add_billing_parsers(asub)
     from hub.tunnels.admin import add_parsers as add_tunnel_parsers
     add_tunnel_parsers(asub)
     from hub.assistant.admin import add_parsers as add_assistant_parsers
     add_assistant_parsers(asub)
+    # Every command's organisation, positional or --org, is read as an id here, once: a typo is a usage
+    # error, not a ValueError out of the command.
+    for command in asub.choices.values():
+        for action in command._actions:
+            if action.dest == "org":
+                action.type = _org_id
     p.set_defaults(func=cmd_admin)
+
+
+def _org_id(value: str) -> str:
+    import uuid
+
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an organisation id (a UUID): {value!r}") from None
 
 
 def cmd_device_test(args: argparse.Namespace) -> None:
@@ -352,21 +434,61 @@ async def _until_signalled_result(main, *args):
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = None
     try:
+        args = build_parser().parse_args(argv)
         _logging(args)
         args.func(args)
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)
-    except Exception as exc:  # noqa: BLE001 — a CLI reports and exits non-zero
-        missing = _missing_hub_module(exc)
-        if missing is not None:
-            raise SystemExit(NEEDS_HUB.format(command=args.command, module=missing)) from None
-        reason = exc
-        while isinstance(reason, BaseExceptionGroup) and len(reason.exceptions) == 1:
-            reason = reason.exceptions[0]  # say what failed, not "Exceptions from Trio nursery"
-        logging.getLogger("fleethub").critical("fatal: %s", reason, exc_info=True)
-        sys.exit(1)
+    except SystemExit as exc:
+        sys.exit(_named(exc.code, args))
+    except BaseException as exc:  # noqa: BLE001 — a CLI reports and exits non-zero
+        sys.exit(_failed(exc, args))
+
+
+def _named(code: int | str | None, args: argparse.Namespace | None) -> int | str | None:
+    """A command's own message for its exit, said as every failure is: "fleethub COMMAND: ..."."""
+    command = getattr(args, "command", None)
+    if isinstance(code, str) and command and not code.startswith("fleethub"):
+        return f"fleethub {command}: {code}"
+    return code
+
+
+def _failed(exc: BaseException, args: argparse.Namespace | None) -> int | str:
+    """Report ``exc`` and give the exit status: an ordinary failure in one line (its traceback at
+    --log-level DEBUG), a bug with its traceback."""
+    # here, not at the top: an agent that runs well never loads it
+    from hub.cli_errors import leaves, one_line
+
+    command = getattr(args, "command", None) or "fleethub"
+    found = leaves(exc)
+    if len(found) == 1 and isinstance(found[0], SystemExit | KeyboardInterrupt):
+        # admin's "no organisation ..." leaves through the services' nursery, wrapped in a group
+        return _named(found[0].code, args) if isinstance(found[0], SystemExit) else 130
+    missing = _missing_hub_module(exc)
+    if missing is not None:
+        return NEEDS_HUB.format(command=command, module=missing)
+    line = one_line(exc, _listening(args))
+    log = logging.getLogger("fleethub")
+    if line is None:
+        reason = found[0] if len(found) == 1 else exc  # say what failed, not "Exceptions from Trio nursery"
+        log.critical("fatal: %s", reason, exc_info=exc)
+        return 1
+    log.debug("%s", line, exc_info=exc)
+    return f"fleethub {command}: {line}"
+
+
+def _listening(args: argparse.Namespace | None) -> str | None:
+    """Where the command listens, as the flags that change it: said when that cannot be bound."""
+    command = getattr(args, "command", None)
+    if command == "device-test":
+        return "--listen {}:{}".format(*args.listen)
+    if command not in ("serve", "demo"):
+        return None
+    host = args.host or os.environ.get("FLEETHUB_HOST") or "127.0.0.1"
+    port = args.port or os.environ.get("FLEETHUB_PORT") or 8080
+    return f"--host {host} --port {port}"
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ DEFAULT_DEVICE_ID = "6f1c2a52-0d4e-4c35-9d1b-6a7c0e5f9a10"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", required=True, metavar="HOST:PORT", help="where the kit listens for the device")
+    p.add_argument("--listen", required=True, type=parse_listen, metavar="HOST:PORT",
+                   help="where the kit listens for the device")
     p.add_argument("--token", help="the bearer token the device must send (default: any)")
     p.add_argument("--device-id", default=DEFAULT_DEVICE_ID, help="the device id the kit's welcome gives")
     p.add_argument("--heartbeat", type=float, default=1.0, help="welcome.heartbeatInterval (seconds)")
@@ -37,21 +38,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slowest-backoff", type=float, default=10.0,
                    help="T2, X5, X7: least seconds the device must stay away after a 401, close 4003 or close 4426 "
                         "(the document's slowest backoff, the device's backoff cap)")
-    p.add_argument("--file-owner", default="0:0", metavar="UID:GID", help="owner of the files the kit writes")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--file-owner", default=(0, 0), type=parse_owner, metavar="UID:GID", help="owner of the files the kit writes")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="the verdicts as text (default) or as JSON")
 
 
 def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit():
-        raise ValueError(f"--listen wants HOST:PORT, got {value!r}")
+        raise argparse.ArgumentTypeError(f"HOST:PORT wanted, got {value!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def parse_owner(value: str) -> tuple[int, int]:
+    uid, _, gid = value.partition(":")
+    if not uid.isdigit() or not (gid or uid).isdigit():
+        raise argparse.ArgumentTypeError(f"UID:GID (numbers) wanted, got {value!r}")
+    return int(uid), int(gid or uid)
+
+
 def options_from(args: argparse.Namespace) -> Options:
-    uid, _, gid = args.file_owner.partition(":")
     return Options(heartbeat=args.heartbeat, first_timeout=args.wait, reconnect_timeout=args.reconnect_timeout,
-                   superseded_wait=args.superseded_wait, file_owner=(int(uid), int(gid or uid)),
+                   superseded_wait=args.superseded_wait, file_owner=args.file_owner,
                    backoff_min_total=args.backoff_min, drain_window=args.drain_window,
                    slowest_backoff=args.slowest_backoff)
 
@@ -67,7 +75,7 @@ async def qualify(listener: Listener, options: Options, *, task_status=trio.TASK
 
 
 async def main(args: argparse.Namespace) -> int:
-    host, port = parse_listen(args.listen)
+    host, port = args.listen
     listener = Listener(host, port, token=args.token, device_id=args.device_id)
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.serve)

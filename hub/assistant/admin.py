@@ -14,14 +14,14 @@ COMMANDS = ("assistant-budget", "staff")
 def add_parsers(asub) -> None:
     a = asub.add_parser("assistant-budget", help="an organisation's monthly assistant token budget")
     a.add_argument("org", help="organisation id")
-    a.add_argument("--monthly-tokens", type=int, required=True)
+    a.add_argument("--monthly-tokens", type=int, required=True, help="tokens the organisation may use a month")
     a.add_argument("--soft-percent", type=int, default=DEFAULT_SOFT_PERCENT,
                    help="the soft limit, as percent of the budget (default 80)")
     a = asub.add_parser("staff", help="the operator (staff) flag of a user: staff see the assistant's cost")
-    a.add_argument("email")
+    a.add_argument("email", help="the user's email")
     flag = a.add_mutually_exclusive_group(required=True)
-    flag.add_argument("--on", dest="on", action="store_true")
-    flag.add_argument("--off", dest="on", action="store_false")
+    flag.add_argument("--on", dest="on", action="store_true", help="make the user staff")
+    flag.add_argument("--off", dest="on", action="store_false", help="make the user an ordinary user")
 
 
 async def run(s, args: argparse.Namespace, now: dt.datetime) -> dict:

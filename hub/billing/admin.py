@@ -26,13 +26,16 @@ def add_parsers(asub) -> None:
     a = asub.add_parser("billing-profile", help="create or change an organisation's billing profile")
     a.add_argument("org", help="organisation id")
     a.add_argument("--plan", help="plan name (required when creating)")
-    a.add_argument("--enterprise", action=argparse.BooleanOptionalAction, default=None)
+    a.add_argument("--enterprise", action=argparse.BooleanOptionalAction, default=None,
+                   help="an enterprise account or not")
     a.add_argument("--anchor-day", type=int, default=None, help="billing period start day, 1 to 28")
-    a.add_argument("--locked", dest="locked", action="store_true", default=None)
-    a.add_argument("--unlocked", dest="locked", action="store_false")
+    a.add_argument("--locked", dest="locked", action="store_true", default=None,
+                   help="lock the account until it is settled: feature entitlements cannot change "
+                        "(docs/billing.md)")
+    a.add_argument("--unlocked", dest="locked", action="store_false", help="undo --locked")
     asub.add_parser("billing-profiles", help="list billing profiles")
     a = asub.add_parser("price", help="set a product's list price, or an organisation's override")
-    a.add_argument("product", choices=sorted(BY_KEY))
+    a.add_argument("product", choices=sorted(BY_KEY), help="the metered product")
     a.add_argument("amount", help="price per the product's unit, e.g. 0.25")
     a.add_argument("--org", help="organisation id: an override for that organisation")
     a.add_argument("--from", dest="effective_from", help="first UTC day the price applies (YYYY-MM-DD)")
@@ -40,10 +43,10 @@ def add_parsers(asub) -> None:
     a.add_argument("--org", help="only list prices and this organisation's overrides")
     a = asub.add_parser("feature", help="switch a feature entitlement for an organisation (operator)")
     a.add_argument("org", help="organisation id")
-    a.add_argument("feature", choices=FEATURES)
+    a.add_argument("feature", choices=FEATURES, help="the feature to switch")
     on = a.add_mutually_exclusive_group(required=True)
-    on.add_argument("--on", dest="enabled", action="store_true")
-    on.add_argument("--off", dest="enabled", action="store_false")
+    on.add_argument("--on", dest="enabled", action="store_true", help="entitle the organisation")
+    on.add_argument("--off", dest="enabled", action="store_false", help="withdraw the entitlement")
 
 
 def _org(raw: str) -> uuid.UUID:

@@ -23,14 +23,22 @@ COMMANDS = frozenset({"tunnel-entitle"})
 def add_parsers(asub) -> None:
     a = asub.add_parser("tunnel-entitle", help="set an organisation's tunnel entitlement and limits")
     a.add_argument("org", help="organisation id")
-    a.add_argument("--enabled", dest="enabled", action="store_true", default=None)
-    a.add_argument("--disabled", dest="enabled", action="store_false")
+    a.add_argument("--enabled", dest="enabled", action="store_true", default=None,
+                   help="the organisation may open tunnels")
+    a.add_argument("--disabled", dest="enabled", action="store_false", help="it may not")
     a.add_argument("--relay", dest="relay_allowed", action=argparse.BooleanOptionalAction, default=None,
                    help="may sessions use the TURN relay")
     for name in DEFAULTS:
-        a.add_argument("--" + name.replace("_", "-"), dest=name, type=_positive, default=None)
+        a.add_argument("--" + name.replace("_", "-"), dest=name, type=_positive, default=None,
+                       help=f"{LIMITS[name]} (deployment default {DEFAULTS[name]})")
     a.add_argument("--default", dest="defaults", action="append", choices=sorted(DEFAULTS), default=[],
                    help="put this limit back to the deployment default")
+
+
+LIMITS = {"max_sessions": "open sessions in the organisation",
+          "max_sessions_per_device": "open sessions on one device",
+          "bandwidth_bps": "bytes per second one session may carry, each direction",
+          "max_session_seconds": "seconds one session may last, renewals included"}
 
 
 def _positive(raw: str) -> int:

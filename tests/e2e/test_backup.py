@@ -17,14 +17,14 @@ def ready(base_url: str) -> bool:
 
 def test_backup_and_restore(tmp_path, procs):
     data = tmp_path / "hub"
-    org = run_cli_json(["admin", "--data-dir", str(data), "create-org", "Backup Org"])
-    run_cli_json(["admin", "--data-dir", str(data), "create-user", "ops@backup.test", "--org", org["id"],
-                  "--role", "admin"])
-    pat = run_cli_json(["admin", "--data-dir", str(data), "create-pat", "ops@backup.test"])
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     serve = procs("serve", ["serve", "--port", str(port), "--data-dir", str(data)])
     wait_until(lambda: ready(base), timeout=40, what="hub ready", proc=serve)
+    org = run_cli_json(["admin", "--data-dir", str(data), "create-org", "Backup Org"])
+    run_cli_json(["admin", "--data-dir", str(data), "create-user", "ops@backup.test", "--org", org["id"],
+                  "--role", "admin"])
+    pat = run_cli_json(["admin", "--data-dir", str(data), "create-pat", "ops@backup.test"])
     with api(base, pat, org["id"]) as c:
         assert c.post("/v1/fleets", json={"name": "kept"}).status_code == 201
         r = c.post("/v1/configurations", json={"name": "cfg", "spec": {"k": 1}})

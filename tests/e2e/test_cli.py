@@ -16,18 +16,15 @@ def healthy(base_url: str) -> bool:
 def test_admin_serve_and_agent(tmp_path, procs):
     data = tmp_path / "hub"
 
-    # create-org with no hub running: admin brings the embedded PostgreSQL up and down itself
-    org = run_cli_json(["admin", "--data-dir", str(data), "create-org", "Acme Robotics"])
-    assert set(org) >= {"id", "name", "tier"} and org["name"] == "Acme Robotics" and org["tier"] == "standard"
-    uuid.UUID(org["id"])
-    assert not postgres_of(data), "admin stops the PostgreSQL it started"
-
+    # serve creates the data dir; admin works beside the running hub (it shares its PostgreSQL)
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     serve = procs("serve", ["serve", "--port", str(port), "--data-dir", str(data)])
     wait_until(lambda: healthy(base_url), timeout=40, what="fleethub serve to be ready", proc=serve)
 
-    # the rest beside the running hub (admin shares its PostgreSQL)
+    org = run_cli_json(["admin", "--data-dir", str(data), "create-org", "Acme Robotics"])
+    assert set(org) >= {"id", "name", "tier"} and org["name"] == "Acme Robotics" and org["tier"] == "standard"
+    uuid.UUID(org["id"])
     user = run_cli_json(["admin", "--data-dir", str(data), "create-user", "ops@acme.test", "--org", org["id"],
                          "--role", "admin"])
     assert user["email"] == "ops@acme.test" and user["org_id"] == org["id"] and user["role"] == "admin"
@@ -92,3 +89,7 @@ def test_admin_serve_and_agent(tmp_path, procs):
     wait_until(offline, timeout=15, what="the device offline after its agent stopped", proc=serve)
     assert serve.interrupt(timeout=30) == 0, serve.log_tail()
     wait_until(lambda: not postgres_of(data), timeout=10, what="PostgreSQL to exit")
+
+    # with no hub running, admin brings the embedded PostgreSQL up and down itself
+    run_cli_json(["admin", "--data-dir", str(data), "create-org", "Second Org"])
+    assert not postgres_of(data), "admin stops the PostgreSQL it started"

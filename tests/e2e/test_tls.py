@@ -38,18 +38,19 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
 def test_https_http2_and_http3(tmp_path, procs):
     certfile, keyfile = self_signed(tmp_path)
     data = tmp_path / "hub"
-    org = run_cli_json(["admin", "--data-dir", str(data), "create-org", "TLS Org"])
-    run_cli_json(["admin", "--data-dir", str(data), "create-user", "ops@tls.test", "--org", org["id"],
-                  "--role", "admin"])
-    pat = run_cli_json(["admin", "--data-dir", str(data), "create-pat", "ops@tls.test"])
     port, quic_port = free_port(), free_port()  # TCP, UDP (tests/ports.py: free over both)
     serve = procs("serve", ["serve", "--port", str(port), "--data-dir", str(data), "--certfile", str(certfile),
                             "--keyfile", str(keyfile), "--quic-port", str(quic_port)])
     base = f"https://127.0.0.1:{port}"
     trust = ssl.create_default_context(cafile=str(certfile))
-    headers = {"X-API-Token-ID": pat["id"], "X-API-Secret-Key": pat["secret"], "X-Organization-ID": org["id"]}
     wait_until(lambda: httpx.get(base + "/readyz", verify=trust, timeout=2).status_code == 200,
                timeout=40, what="the TLS hub to be ready", proc=serve)
+    # admin needs the data dir the hub created (a typo'd one gets nothing)
+    org = run_cli_json(["admin", "--data-dir", str(data), "create-org", "TLS Org"])
+    run_cli_json(["admin", "--data-dir", str(data), "create-user", "ops@tls.test", "--org", org["id"],
+                  "--role", "admin"])
+    pat = run_cli_json(["admin", "--data-dir", str(data), "create-pat", "ops@tls.test"])
+    headers = {"X-API-Token-ID": pat["id"], "X-API-Secret-Key": pat["secret"], "X-Organization-ID": org["id"]}
 
     # plain HTTP on the TLS port is not served
     try:
