@@ -157,10 +157,10 @@ def all_online(hub: Hub, ids: list[str]) -> bool:
 def test_sigkill_mid_rollout_upload_memory_test_and_tunnel(tmp_path, kill_procs, request):
     procs = kill_procs
     data = tmp_path / "hub"
-    org = run_cli_json(["admin", "--data-dir", str(data), "create-org", "Kill Org"])
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    serve = start_hub(procs, "serve", data, port)
+    serve = start_hub(procs, "serve", data, port)  # admin needs the data dir serve makes
+    org = run_cli_json(["admin", "--data-dir", str(data), "create-org", "Kill Org"])
     run_cli_json(["admin", "--data-dir", str(data), "create-user", "ops@kill.test", "--org", org["id"],
                   "--role", "admin"])
     pat = run_cli_json(["admin", "--data-dir", str(data), "create-pat", "ops@kill.test"])
