@@ -61,6 +61,14 @@ def backup(dsn: str, out: Path) -> dict:
     out = Path(out)
     tmp = out.with_name(out.name + ".partial")
     dsn, password_env = split_password(dsn)
+    # The dump holds every organisation's data (emails, audit, encrypted secret files, token hashes):
+    # 0600 from its first byte. pg_dump keeps the mode of a file that is already there, and would
+    # otherwise create it through the umask (0644).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a .partial left by an earlier run keeps its own mode otherwise
+    finally:
+        os.close(fd)
     result = _run([_tool("pg_dump"), "--format=custom", "--no-owner", f"--file={tmp}", dsn], password_env)
     if result.returncode != 0:
         tmp.unlink(missing_ok=True)

@@ -257,6 +257,14 @@ def cmd_admin(args: argparse.Namespace) -> None:
         # succeed there, unseen by the real hub.
         raise SystemExit(f"no hub's data in {settings.data_dir.resolve()} (fleethub serve "
                          f"creates it; or set FLEETHUB_DATABASE_URL)")
+    if args.admin_command == "restore":
+        # restore replaces the database under a hub that would keep serving what it cached: refused
+        # while one holds the data dir (hub/datadir.py), rather than the "stop the hub first" of its help
+        from hub.datadir import held
+
+        with held(settings.data_dir):
+            print(json.dumps(trio.run(run_admin, settings, args), indent=2))
+        return
     print(json.dumps(trio.run(run_admin, settings, args), indent=2))
 
 

@@ -5,10 +5,12 @@ state — secret files included, still opening with the data dir's key."""
 from __future__ import annotations
 
 import base64
+import stat
+import subprocess
 
 import httpx
 
-from tests.e2e.clitools import api, free_port, run_cli_json, wait_until
+from tests.e2e.clitools import api, clean_env, fleethub_exe, free_port, run_cli_json, wait_until
 
 
 def ready(base_url: str) -> bool:
@@ -37,6 +39,12 @@ def test_backup_and_restore(tmp_path, procs):
     out = run_cli_json(["admin", "--data-dir", str(data), "backup", str(dump)])
     assert out["backup"] == str(dump) and out["bytes"] > 0 and dump.stat().st_size == out["bytes"]
     assert b"backed-up" not in dump.read_bytes(), "secret contents are encrypted in the dump"
+    assert stat.S_IMODE(dump.stat().st_mode) == 0o600, "the dump is every organisation's data: 0600"
+    # a restore under a running hub is refused, and says why in one line
+    refused = subprocess.run([fleethub_exe(), "admin", "--data-dir", str(data), "restore", str(dump)],
+                             capture_output=True, text=True, timeout=60, env=clean_env(), stdin=subprocess.DEVNULL)
+    assert refused.returncode == 1 and "in use by another fleethub process" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
 
     with api(base, pat, org["id"]) as c:
         assert c.post("/v1/fleets", json={"name": "after-backup"}).status_code == 201
