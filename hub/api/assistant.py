@@ -10,6 +10,8 @@ before the 200 and the event stream start.
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import uuid
 from decimal import Decimal
 
 import trio
@@ -26,6 +28,15 @@ from hub.assistant.upstream import Upstream, UpstreamFailed
 from hub.auth.middleware import no_org, public, session_only
 from hub.errors import ClientError, Forbidden, RateLimited, ServerError, Unavailable
 from storage.assistant import AssistantStore
+from storage.db import DatabaseUnavailable
+
+log = logging.getLogger("fleethub.assistant")
+
+# A hold outlives any answer (rounds x the upstream timeout); a hub that died mid-answer frees it then.
+RESERVATION_TTL = dt.timedelta(minutes=15)
+# Refused because the caller's own answers in progress hold the rest: worth asking again soon.
+HELD_RETRY_AFTER = 5.0
+SETTLE_TIMEOUT = 10
 
 bp = Blueprint("assistant", __name__, url_prefix="/v1/assistant")
 
@@ -75,16 +86,51 @@ def _caller() -> Caller:
     return Caller(org().org_id, p.user_id, org().is_admin, p.is_staff)
 
 
+def _decide(s, snap: dict, now: dt.datetime) -> budgets.Decision:
+    row = snap["budget"] or {}
+    return budgets.decide(
+        monthly_tokens=row.get("monthly_tokens", s.settings.assistant_monthly_tokens),
+        soft_percent=row.get("soft_percent", budgets.DEFAULT_SOFT_PERCENT),
+        used_tokens=int(sum(r["quantity"] for r in snap["by_day"])),
+        user_daily_tokens=s.settings.assistant_daily_user_tokens, user_used_today=int(snap["user_today"]), now=now)
+
+
 async def _state(s, caller: Caller) -> tuple[budgets.Decision, dict]:
     now = s.clock.now()
     snap = await _store(s).snapshot(caller.org_id, str(caller.user_id), now.date(), budgets.period)
-    row = snap["budget"] or {}
-    used = int(sum(r["quantity"] for r in snap["by_day"]))
-    decision = budgets.decide(
-        monthly_tokens=row.get("monthly_tokens", s.settings.assistant_monthly_tokens),
-        soft_percent=row.get("soft_percent", budgets.DEFAULT_SOFT_PERCENT), used_tokens=used,
-        user_daily_tokens=s.settings.assistant_daily_user_tokens, user_used_today=int(snap["user_today"]), now=now)
-    return decision, snap
+    return _decide(s, snap, now), snap
+
+
+async def _reserve(s, caller: Caller, req: schema.ChatRequest) -> uuid.UUID:
+    """Hold this answer's tokens against the budget and the caller's allowance, or refuse (402/429)."""
+    now = s.clock.now()
+    reserve = budgets.reserve_for((schema.prompt_chars(req) + 3) // 4, req.completion_cap)
+    seen: list = []
+
+    def judge(snap: dict) -> int | None:
+        decision = _decide(s, snap, now)
+        refusal = budgets.admit(
+            monthly_tokens=decision.monthly_tokens, used_tokens=decision.used_tokens, held_tokens=snap["held"],
+            user_daily_tokens=decision.user_daily_tokens, user_used_today=decision.user_used_today,
+            user_held_tokens=snap["user_held"], reserve=reserve)
+        seen[:] = [decision, refusal]
+        return None if refusal else reserve
+
+    snap = await _store(s).reserve(caller.org_id, str(caller.user_id), now.date(), budgets.period, judge, now,
+                                   RESERVATION_TTL)
+    decision, refusal = seen
+    if refusal == budgets.BUDGET:
+        spent = decision.state == budgets.BLOCKED
+        raise ClientError("the organisation's assistant budget for this period is spent" if spent else
+                          "what is left of the organisation's assistant budget is held by answers in progress",
+                          code="budget_exhausted", status=402)
+    if refusal == budgets.FAIR_USE:
+        if decision.fair_use_exhausted:
+            raise RateLimited("your daily assistant allowance is used up; it resets at midnight UTC",
+                              code="fair_use_exhausted", retry_after=decision.retry_after)
+        raise RateLimited("what is left of your daily assistant allowance is held by your answers in progress",
+                          code="fair_use_exhausted", retry_after=HELD_RETRY_AFTER)
+    return snap["reservation"]
 
 
 def _upstream(s) -> Upstream | None:
@@ -94,11 +140,26 @@ def _upstream(s) -> Upstream | None:
     return Upstream(st.assistant_upstream, st.assistant_key, st.assistant_model, st.assistant_timeout)
 
 
-def _meter(s, caller: Caller, tally: chat.Tally) -> None:
+def _by_product(tally: chat.Tally) -> dict[str, int]:
+    return {"assistant_prompt_tokens": tally.prompt, "assistant_completion_tokens": tally.completion,
+            "assistant_tool_tokens": tally.tool}
+
+
+async def _settle(s, caller: Caller, reservation: uuid.UUID, tally: chat.Tally) -> None:
+    """Release the hold and count the answer, bounded and shielded: it runs also when the client left.
+    Should PostgreSQL not take it, the tokens go through the meter (buffered, sent again) and the hold
+    lapses at its expiry. A settle that timed out may have committed: it is logged, not counted again."""
     day = s.clock.now().date()
-    for product, n in (("assistant_prompt_tokens", tally.prompt), ("assistant_completion_tokens", tally.completion),
-                       ("assistant_tool_tokens", tally.tool)):
-        s.meter.add(caller.org_id, product, n, day=day, key=str(caller.user_id))
+    with trio.move_on_after(SETTLE_TIMEOUT) as scope:
+        scope.shield = True
+        try:
+            await _store(s).settle(reservation, caller.org_id, str(caller.user_id), day, _by_product(tally))
+        except DatabaseUnavailable:
+            log.warning("assistant: usage not settled (database unavailable); metered instead, the hold lapses")
+            for product, n in _by_product(tally).items():
+                s.meter.add(caller.org_id, product, n, day=day, key=str(caller.user_id))
+    if scope.cancelled_caught:
+        log.warning("assistant: settling an answer's usage timed out after %ss; its hold lapses", SETTLE_TIMEOUT)
 
 
 @bp.get("/system-prompt")
@@ -122,23 +183,21 @@ async def chat_completions():
     s = services()
     caller = _caller()
     req = schema.parse(await request.get_data(as_text=False))
-    decision, _ = await _state(s, caller)
-    if decision.state == budgets.BLOCKED:
-        raise ClientError("the organisation's assistant budget for this period is spent", code="budget_exhausted",
-                          status=402)
-    if decision.fair_use_exhausted:
-        raise RateLimited("your daily assistant allowance is used up; it resets at midnight UTC",
-                          code="fair_use_exhausted", retry_after=decision.retry_after)
+    reservation = await _reserve(s, caller, req)
     tally = chat.Tally()
     upstream = _upstream(s)
     body = (chat.converse(s, caller, req, upstream, tally) if upstream is not None
             else builtin.respond(s, caller, req, tally))
     try:
         first = await body.__anext__()
-    except UpstreamFailed as exc:
-        await body.aclose()
-        _meter(s, caller, tally)
-        raise ServerError(str(exc), code="upstream_failed", status=502) from None
+    except BaseException as exc:
+        with trio.move_on_after(SETTLE_TIMEOUT) as cleanup:
+            cleanup.shield = True
+            await body.aclose()
+        await _settle(s, caller, reservation, tally)
+        if isinstance(exc, UpstreamFailed):
+            raise ServerError(str(exc), code="upstream_failed", status=502) from None
+        raise
 
     async def events():
         try:
@@ -156,7 +215,7 @@ async def chat_completions():
                     cleanup.shield = True
                     await body.aclose()
             finally:
-                _meter(s, caller, tally)
+                await _settle(s, caller, reservation, tally)
 
     response = await make_response(events(), 200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                     "X-Accel-Buffering": "no"})

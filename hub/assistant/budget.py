@@ -7,6 +7,13 @@
   midnight.
 
 Every token class (prompt, completion, tool) counts against both.
+
+Answers in progress hold a reservation (``reserve_for``) that counts against both limits until the
+answer ends and its actual tokens are added instead. ``admit`` lets a request in only when its own
+reservation fits beside the holds of the answers in progress; an answer alone may start with any part of
+the budget left. So the budget is overspent by at most one answer (the lone one that started on what
+was left) plus what answers using tools took beyond their reservation, however many chats run at once
+and on however many hub nodes (the holds live in PostgreSQL, decided under one lock per organisation).
 """
 
 from __future__ import annotations
@@ -68,6 +75,33 @@ def decide(*, monthly_tokens: int, soft_percent: int, used_tokens: int, user_dai
         state = ALLOWED
     return Decision(state, monthly_tokens, soft, used_tokens, user_daily_tokens, user_used_today,
                     seconds_to_midnight(now))
+
+
+# Refusals of ``admit``: the organisation's budget or the caller's daily allowance.
+BUDGET = "budget"
+FAIR_USE = "fair_use"
+
+
+def reserve_for(prompt_tokens: int, completion_cap: int) -> int:
+    """What an answer holds while it runs: its prompt as estimated plus the completion it may write."""
+    return max(0, prompt_tokens) + max(0, completion_cap)
+
+
+def admit(*, monthly_tokens: int, used_tokens: int, held_tokens: int, user_daily_tokens: int,
+          user_used_today: int, user_held_tokens: int, reserve: int) -> str | None:
+    """None to answer, or which limit refuses. Used tokens are settled ones; held ones belong to answers
+    in progress. With nothing held, anything left of a limit admits; with answers in progress, this
+    one's reservation must fit beside theirs."""
+    def over(limit: int, used: int, held: int) -> bool:
+        if used + held >= limit:
+            return True
+        return held > 0 and used + held + reserve > limit
+
+    if over(monthly_tokens, used_tokens, held_tokens):
+        return BUDGET
+    if over(user_daily_tokens, user_used_today, user_held_tokens):
+        return FAIR_USE
+    return None
 
 
 def estimate_tokens(text: str) -> int:

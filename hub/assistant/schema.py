@@ -120,11 +120,21 @@ class ChatRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def completion_cap(self) -> int:
+        """The most completion tokens one model turn may write for this request."""
+        return self.max_completion_tokens or self.max_tokens or MAX_COMPLETION_TOKENS
+
     def last_user_text(self) -> str:
         for m in reversed(self.messages):
             if m.role == "user":
                 return m.text
         return ""
+
+
+def prompt_chars(req: ChatRequest) -> int:
+    """All message text of a request, tool-call arguments included (what MAX_CHARS bounds)."""
+    return _chars(req)
 
 
 def _chars(req: ChatRequest) -> int:

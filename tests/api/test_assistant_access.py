@@ -3,6 +3,7 @@ the usage view with its budget decision, fair-use percent and the staff-only cos
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 
@@ -18,7 +19,7 @@ from hub.settings import Settings
 from hub.tunnels.tokens import TunnelTokens
 from storage.assistant import AssistantStore
 from tests.api.assistant_helpers import content, events, sign_in
-from tests.hubtools import assert_error, notifications_heard, start_hub
+from tests.hubtools import assert_error, notifications_heard, open_hub, start_hub
 
 SYSTEM = {"role": "system", "content": SYSTEM_PROMPT}
 
@@ -198,3 +199,39 @@ async def test_admin_commands_set_the_budget_and_the_staff_flag(nursery, db_url,
         assert out["is_staff"] is False
         await notifications_heard(hub)
         assert "upstream_cost" not in (await b.usage()).json()["data"]
+
+
+async def test_concurrent_chats_on_two_nodes_cannot_overspend_the_budget(nursery, db_url, tmp_path):
+    """Issue 31 item 3: a budget of 300 tokens, one chat, then 20 at once answered 200 and used 14,028.
+    Now each answer holds its reservation in PostgreSQL before it starts, so however many run, on
+    however many hub nodes, the budget is overspent by at most one answer."""
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path / "a")
+        s = hub.services
+        org_id = uuid.UUID(hub.org_id)
+        other_services, other_url = await open_hub(nursery, db_url, tmp_path / "b")  # a second node
+        other = dataclasses.replace(hub, services=other_services, base_url=other_url)
+        first = await sign_in(hub)
+        r = await first.chat(question="how many devices?", max_tokens=64)
+        assert r.status_code == 200
+        await s.meter.flush()  # where usage went before reservations: counted all the same
+        one_answer = (await first.usage()).json()["data"]["used_tokens"]
+        assert one_answer > 0
+        budget = one_answer * 4
+        await AssistantStore(s.db).set_budget(org_id, budget, 80, s.clock.now())
+        browsers = [await sign_in(hub if i % 2 else other) for i in range(20)]
+        results: list[int] = []
+
+        async def ask(b) -> None:
+            results.append((await b.chat(question="how many devices?", max_tokens=64)).status_code)
+
+        async with trio.open_nursery() as n:
+            for b in browsers:
+                n.start_soon(ask, b)
+        await s.meter.flush()
+        await other_services.meter.flush()
+        assert set(results) <= {200, 402} and 200 in results and 402 in results, results
+        used = (await first.usage()).json()["data"]["used_tokens"]
+        assert used <= budget + one_answer, (used, budget, results)
+        held = await s.db.fetchval("SELECT count(*) FROM assistant_reservations WHERE org_id = $1", org_id)
+        assert held == 0  # every answer settled its hold

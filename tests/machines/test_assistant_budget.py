@@ -9,9 +9,13 @@ import pytest
 from hub.assistant.budget import (
     ALLOWED,
     BLOCKED,
+    BUDGET,
+    FAIR_USE,
     SOFT_LIMIT_REACHED,
+    admit,
     decide,
     estimate_tokens,
+    reserve_for,
     period,
     seconds_to_midnight,
 )
@@ -66,3 +70,29 @@ def test_billing_period(today, anchor, start, end):
 
 def test_estimate_is_four_characters_per_token_rounded_up():
     assert [estimate_tokens("x" * n) for n in (0, 1, 4, 5, 8)] == [0, 1, 1, 2, 2]
+
+
+def _admit(used=0, held=0, reserve=100, monthly=1000, user_used=0, user_held=0, daily=10_000):
+    return admit(monthly_tokens=monthly, used_tokens=used, held_tokens=held, user_daily_tokens=daily,
+                 user_used_today=user_used, user_held_tokens=user_held, reserve=reserve)
+
+
+def test_an_answer_alone_may_start_on_what_is_left():
+    assert _admit(used=999, reserve=5000) is None
+    assert _admit(used=1000) == BUDGET
+
+
+def test_beside_answers_in_progress_the_reservation_must_fit():
+    assert _admit(used=500, held=400, reserve=100) is None       # 1000: fits exactly
+    assert _admit(used=500, held=400, reserve=101) == BUDGET
+    assert _admit(used=0, held=1000, reserve=1) == BUDGET         # all of it held
+
+
+def test_the_daily_allowance_holds_the_same_way():
+    assert _admit(user_used=50, user_held=0, reserve=500, daily=100) is None
+    assert _admit(user_used=50, user_held=10, reserve=50, daily=100) == FAIR_USE
+    assert _admit(user_used=100, daily=100) == FAIR_USE
+
+
+def test_a_reservation_is_the_prompt_and_the_completion_it_may_write():
+    assert reserve_for(120, 4096) == 4216 and reserve_for(-3, 10) == 10
