@@ -134,6 +134,7 @@ class Services:
         self.auth_cache = AuthCache()
         self.rate_limiter = RateLimiter()
         self.token_limiter = BurstLimiter(window=60)  # POST /v1/oauth/token, per address and client id
+        self.upload_limiter = BurstLimiter(window=60)  # a device's page-map uploads (hub/api/pagemaps.py)
         # One ring for access tokens, tunnel tokens and grants: a rotation reloads all three.
         self.signing_keys = SigningKeys.from_data_dir(self.settings.data_dir)
         self.token_signer = TokenSigner(self.signing_keys)

@@ -125,13 +125,27 @@ class MemoryTests:
         return condition
 
     async def save_page_map(self, org_id: uuid.UUID, device_id: uuid.UUID, run_id: str, *, pages: int,
-                            complete: bool, body: bytes, at: dt.datetime) -> None:
-        """Store (or replace: a device may upload again after a lost answer) a run's page map."""
-        await self.db.execute(
-            "INSERT INTO memtest_page_maps (device_id, run_id, org_id, at, pages, complete, body) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (device_id, run_id) DO UPDATE SET "
-            "at = EXCLUDED.at, pages = EXCLUDED.pages, complete = EXCLUDED.complete, body = EXCLUDED.body",
-            device_id, run_id, org_id, at, pages, complete, body)
+                            complete: bool, body: bytes, at: dt.datetime, keep: int) -> bool:
+        """Store (or replace: a device may upload again after a lost answer) a run's page map; False
+        when this device has no stored result of that run (a map belongs to a real run). The device
+        keeps its ``keep`` newest maps: older ones are deleted in the same transaction."""
+        async def body_(conn: asyncpg.Connection) -> bool:
+            if not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM memtest_results "
+                                       "WHERE device_id = $1 AND run_id = $2 AND org_id = $3)",
+                                       device_id, run_id, org_id):
+                return False
+            await conn.execute(
+                "INSERT INTO memtest_page_maps (device_id, run_id, org_id, at, pages, complete, body) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (device_id, run_id) DO UPDATE SET "
+                "at = EXCLUDED.at, pages = EXCLUDED.pages, complete = EXCLUDED.complete, body = EXCLUDED.body",
+                device_id, run_id, org_id, at, pages, complete, body)
+            await conn.execute(
+                """DELETE FROM memtest_page_maps WHERE device_id = $1 AND run_id NOT IN
+                   (SELECT run_id FROM memtest_page_maps WHERE device_id = $1 ORDER BY at DESC, run_id DESC
+                    LIMIT $2)""", device_id, keep)
+            return True
+
+        return await self.db.run(body_, transaction=True)
 
     async def page_map(self, org_id: uuid.UUID, device_id: uuid.UUID, run_id: str) -> dict[str, Any] | None:
         row = await self.db.fetchrow(

@@ -230,6 +230,7 @@ class MemoryTester:
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
             raise CommandError("invalid", "runIds must be a list of strings")
         self.store.ack(ids)
+        self.device.nursery.start_soon(self._upload_page_maps)  # a map goes up once its result is stored
         return {}
 
     # ---- runs ----
@@ -390,8 +391,10 @@ class MemoryTester:
 
     async def _upload_page_maps(self) -> None:
         """PUT each waiting full page map to the hub (pagemap.py); kept for the next link on a
-        network error, a 429 or a 5xx, dropped on any other refusal (it would never be taken)."""
-        maps = self.store.page_maps()
+        network error, a 429 or a 5xx, dropped on any other refusal (it would never be taken). Only
+        maps of results the hub acknowledged: the hub takes a map of a run whose result it stored."""
+        waiting = {str(r.get("runId")) for r in self.store.unacked()}
+        maps = [(run_id, path) for run_id, path in self.store.page_maps() if run_id not in waiting]
         if not maps or self._uploading:
             return
         import httpx  # only a run's page maps go over HTTP

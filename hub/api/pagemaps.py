@@ -6,7 +6,11 @@ when there are more, the device uploads the whole map here instead of in a frame
 
 - ``PUT /v1/device/memory-tests/{runId}/page-map``: the device's own token (``Authorization: Bearer
   dev_…``), a gzip body of at most 1 MiB that must inflate to at most 16 MiB of a valid map; stored
-  once per (device, runId), a repeated upload replaces it. 201 with what was stored.
+  once per (device, runId), a repeated upload replaces it. 201 with what was stored. A map belongs to
+  a run of that device whose result the hub stored (404 ``run_not_found`` otherwise: the agent uploads
+  after the result's ack); a device keeps its ``KEEP_PER_DEVICE`` newest maps, and uploads at most
+  ``UPLOADS_PER_MINUTE`` a minute (429 with Retry-After). So one device token holds at most 8 MiB of
+  maps, however it is used.
 - ``GET /v1/devices/{id}/memory-test/results/{runId}/page-map``: viewer access; the map, or 404.
 """
 
@@ -23,11 +27,14 @@ from hub.api.common import errors, jsonable, org, services
 from hub.api.memtests import MemtestError, _device
 from hub.auth.middleware import public
 from hub.auth.pat import digest
-from hub.errors import BadRequest, NotFound, PayloadTooLarge, Unauthenticated
+from hub.errors import BadRequest, NotFound, PayloadTooLarge, RateLimited, Unauthenticated
 
 bp = Blueprint("pagemaps", __name__)
 
 RUN_ID_MAX = 200
+# A device keeps as many maps as it keeps results in its own history (device_client/memtest/store.py).
+KEEP_PER_DEVICE = 8
+UPLOADS_PER_MINUTE = 6
 
 
 class PageMapStored(BaseModel):
@@ -72,15 +79,29 @@ async def _device_from_token() -> dict[str, Any]:
     return row
 
 
+async def _throttle(device_id) -> None:
+    """Count one upload of this device, on every node of a cluster (hub/cluster/limits.py)."""
+    s = services()
+    key = ("page-map", str(device_id))
+    if s.cluster_limits is not None:
+        decision = await s.cluster_limits.hit_burst(key, UPLOADS_PER_MINUTE, s.upload_limiter.window, s.clock.now())
+    else:
+        decision = s.upload_limiter.hit(key, UPLOADS_PER_MINUTE, s.clock.now())
+    if not decision.allowed:
+        raise RateLimited(f"at most {UPLOADS_PER_MINUTE} page-map uploads a minute per device",
+                          code="rate_limited", retry_after=decision.retry_after)
+
+
 @bp.put("/v1/device/memory-tests/<run_id>/page-map")
 @public
 @document_response(PageMapStoredEnvelope, 201)
-@errors(400, 401, 413)
+@errors(400, 401, 404, 413, 429)
 async def upload_page_map(run_id: str):
     """The device uploads a run's full page map (its own token; gzip JSON, at most 1 MiB)."""
     s = services()
     device = await _device_from_token()
     run_id = _run_id(run_id)
+    await _throttle(device["id"])
     body = await request.get_data(as_text=False)
     if len(body) > pagemap.MAX_UPLOAD_BYTES:
         raise PayloadTooLarge(f"a page map is at most {pagemap.MAX_UPLOAD_BYTES} bytes", code="too_large")
@@ -88,8 +109,10 @@ async def upload_page_map(run_id: str):
         doc = pagemap.parse(body, run_id)
     except pagemap.Invalid as exc:
         raise BadRequest(f"page map: {exc}", code="invalid") from None
-    await s.memtests.save_page_map(device["org_id"], device["id"], run_id, pages=doc["pagesWithErrors"],
-                                   complete=doc["complete"], body=body, at=s.clock.now())
+    if not await s.memtests.save_page_map(device["org_id"], device["id"], run_id, pages=doc["pagesWithErrors"],
+                                          complete=doc["complete"], body=body, at=s.clock.now(),
+                                          keep=KEEP_PER_DEVICE):
+        raise NotFound("this device has no stored result of that run", code="run_not_found")
     return {"data": {"runId": run_id, "pagesWithErrors": doc["pagesWithErrors"], "complete": doc["complete"],
                      "bytes": len(body)}}, 201
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import uuid
 
+import numpy as np
 import pytest
 import trio
 
 from device_client.memtest import MemtestConfig
+from device_client.shared import pagemap
 from hub import frames
-from tests.hubtools import metric_value, metrics, start_agent, start_hub, wait_for
+from tests.hubtools import assert_error, metric_value, metrics, start_agent, start_hub, wait_for
 
 SMALL_LIMIT = 48 << 10
 
@@ -145,8 +147,44 @@ async def test_the_full_page_map_is_uploaded_stored_and_read_by_operators(nurser
         r = await hub.client.put(put, content=b"\0" * ((1 << 20) + 1), headers=auth)
         assert r.status_code == 413
         assert (await hub.call("GET", path.replace(run_id, "other"))).status_code == 404
-        other_id, _ = await hub.provision("other")
+        other_id, other_token = await hub.provision("other")
         assert (await hub.call("GET", path.replace(dev_id, other_id))).status_code == 404
+
+        # Issue 31 item 4: one device token filled the table with maps of invented runs (60 x 1 MiB,
+        # all 201). A map now belongs to a stored result of that device; a device keeps 8 maps and
+        # uploads at most 6 a minute.
+        hostile = {"Authorization": f"Bearer {other_token}"}
+        org = uuid.UUID(hub.org_id)
+
+        def body_for(rid: str) -> bytes:
+            runs = np.array([[0x1000, 1, 1]], dtype=np.int64)
+            return pagemap.encode(rid, runs, page_size=4096, address_kind="virtual", error_count=1)
+
+        r = await hub.client.put(f"{hub.base_url}/v1/device/memory-tests/invented/page-map",
+                                 content=body_for("invented"), headers=hostile)
+        assert_error(r, 404, "run_not_found")
+        r = await hub.client.put(put, content=body_for(run_id), headers=hostile)  # another device's run
+        assert_error(r, 404, "run_not_found")
+        s = hub.services
+        for i in range(10):  # ten real results of the hostile device, stored as the hub stores them
+            await s.memtests.save_result(org, uuid.UUID(other_id), {"runId": f"r{i}", "outcome": "pass"},
+                                         s.clock.now())
+        codes = []
+        for i in range(10):
+            r = await hub.client.put(f"{hub.base_url}/v1/device/memory-tests/r{i}/page-map",
+                                     content=body_for(f"r{i}"), headers=hostile)
+            codes.append(r.status_code)
+        # two refusals above, four stored: then the minute's uploads are spent
+        assert codes == [201] * 4 + [429] * 6, codes
+        assert int(r.headers["Retry-After"]) >= 1
+        s.upload_limiter = type(s.upload_limiter)(window=60)  # the next minute
+        for i in range(4, 10):
+            r = await hub.client.put(f"{hub.base_url}/v1/device/memory-tests/r{i}/page-map",
+                                     content=body_for(f"r{i}"), headers=hostile)
+            assert r.status_code == 201, r.text
+        kept = await s.db.fetch("SELECT run_id FROM memtest_page_maps WHERE device_id = $1 ORDER BY run_id",
+                                uuid.UUID(other_id))
+        assert [k["run_id"] for k in kept] == [f"r{i}" for i in range(2, 10)]  # the 8 newest
 
 
 async def test_a_command_too_big_for_the_link_is_never_sent_and_the_caller_hears_why(nursery, db_url, tmp_path):
