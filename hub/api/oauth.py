@@ -55,7 +55,8 @@ _NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
 # A service account needs one token an hour; these leave room for retries and fleets of workers
 # behind one address, and stop online guessing of client secrets.
 PER_ADDRESS = 60
-PER_CLIENT = 10
+PER_CLIENT = 10          # per (client id, address): an attacker slows down only their own address
+PER_CLIENT_CEILING = 100  # per client id from all addresses: guessing from many addresses stays bounded
 
 
 async def _throttle(key: tuple) -> object | None:
@@ -63,7 +64,7 @@ async def _throttle(key: tuple) -> object | None:
     in ``g.ratelimit``: the app puts its X-RateLimit-* headers on every answer. A cluster node counts
     it on every node (hub/cluster/limits.py)."""
     s = services()
-    limit = PER_ADDRESS if key[0] == "addr" else PER_CLIENT
+    limit = {"addr": PER_ADDRESS, "client": PER_CLIENT_CEILING}.get(key[0], PER_CLIENT)
     if s.cluster_limits is not None:
         decision = await s.cluster_limits.hit_burst(key, limit, s.token_limiter.window, s.clock.now())
     else:
@@ -145,9 +146,13 @@ async def token():
         client_id, client_secret = form_id, form_secret
     if not client_id or not client_secret:
         return _oauth_error("invalid_client", "client authentication is required", 401, basic_challenge=True)
-    refused = await _throttle(("client", client_id[:200]))  # real ids are short; a long one is no new key
-    if refused is not None:
-        return refused
+    # Real ids are short; a long one is no new key. Ten wrong secrets from one address must not lock
+    # the account out of its own workers elsewhere: counted per (id, address), under a higher ceiling
+    # per id.
+    for key in (("client-addr", client_id[:200], client_addr()), ("client", client_id[:200])):
+        refused = await _throttle(key)
+        if refused is not None:
+            return refused
     account = await s.identity.find_client(client_id)
     if account is None or not hmac.compare_digest(account["secret_hash"], digest(client_secret)):
         return _oauth_error("invalid_client", "unknown client or wrong secret", 401,

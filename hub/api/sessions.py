@@ -11,11 +11,11 @@ from quart import Blueprint, g, jsonify, request
 
 from hub.api.common import errors, jsonable, principal, services
 from hub.api.validation import body, enveloped, responds
-from hub.auth.middleware import SESSION_COOKIE, client_addr, no_org, public
+from hub.auth.middleware import SESSION_COOKIE, client_addr, cross_origin, no_org, public
 from hub.auth.passwords import hash_password, verify_password
 from hub.auth.pat import digest
 from hub.auth.sessions import SESSION_LIFETIME
-from hub.errors import BadRequest, RateLimited, Unauthenticated
+from hub.errors import BadRequest, Forbidden, RateLimited, Unauthenticated
 
 bp = Blueprint("sessions", __name__, url_prefix="/v1/auth")
 
@@ -41,8 +41,14 @@ class SessionEnvelope(BaseModel):
 @public
 @body(Login)
 @responds(SessionEnvelope)
-@errors(400, 401, 429)
+@errors(400, 401, 403, 429)
 async def login(data: Login):
+    """JSON only, and only from the hub's own pages: an HTML form on another site can post text/plain
+    with a JSON body, and would otherwise sign a victim's browser into the attacker's account."""
+    if request.mimetype != "application/json":
+        raise BadRequest("the body must be JSON (Content-Type: application/json)", code="json_required")
+    if cross_origin(request):
+        raise Forbidden("sign-in is accepted from the hub's own pages only", code="cross_origin")
     s = services()
     now = s.clock.now()
     addr = client_addr()

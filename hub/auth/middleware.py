@@ -96,6 +96,24 @@ def client_addr(req: Request | None = None) -> str:
     return (req.remote_addr or "").split(",")[0].strip() or "unknown"
 
 
+def cross_origin(req: Request) -> bool:
+    """Whether a browser says this request came from another site's page. Browsers send Sec-Fetch-Site
+    on every request and Origin on every non-GET one; a request with neither (curl, an SDK) is not a
+    browser's, so nothing is refused for their absence. The console is served by the hub itself, so
+    its calls are same-origin: an Origin whose host:port differs from the Host header, or an opaque
+    "null" one, is another page's."""
+    site = req.headers.get("Sec-Fetch-Site", "").strip().lower()
+    if site in ("cross-site", "same-site"):
+        return True
+    origin = req.headers.get("Origin", "").strip()
+    if not origin:
+        return False
+    if origin == "null":
+        return True
+    _, sep, rest = origin.partition("://")
+    return not sep or rest.rstrip("/").lower() != req.headers.get("Host", "").strip().lower()
+
+
 def _credential(req: Request, headers: dict[str, str]) -> tuple[str, str | None, str] | None:
     secret = headers.get("x-api-secret-key")
     if secret:
@@ -174,6 +192,11 @@ async def authenticate(services, req: Request, ctx: Any, headers: dict[str, str]
     in_org = org_problem is None and role is not None
     _limit(services, ("org", org_id) if in_org else ("principal", principal.id),
            tier if in_org else None, custom if in_org else None, ctx)
+    if principal.via == "session" and cross_origin(req):
+        # SameSite=Strict keeps the cookie off other sites' requests in today's browsers; this refuses
+        # one that carries it anyway (an old browser, a same-site subdomain page), whatever the method.
+        raise Forbidden("a request made with the session cookie must come from the hub's own pages",
+                        code="cross_origin")
     if principal.via == "session" and req.method in MUTATING:
         expected = getattr(ctx, "csrf_token", None)
         # bytes: compare_digest refuses str with non-ASCII characters (a TypeError, a 500)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
+import httpx
 import trio
 
 from hub.auth.passwords import hash_password
@@ -119,6 +120,11 @@ async def test_token_endpoint_throttles_guesses_per_client_id(nursery, db_url, t
         assert r.json() == {"error": "slow_down", "error_description": r.json()["error_description"]}
         assert int(r.headers["Retry-After"]) >= 1 and r.headers["X-RateLimit-Remaining"] == "0"
         assert r.headers["Cache-Control"] == "no-store" and sa["client_secret"] not in r.text
+        # Issue 31 item 8: the attacker's address was enough to lock the account out everywhere. The
+        # account's own worker, on another address, still gets its token.
+        async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(local_address="127.0.0.2")) as worker:
+            r = await worker.post(url, data={**form, "client_secret": sa["client_secret"]})
+        assert r.status_code == 200, r.text
         # another client is not slowed down by this one's attacker
         other = await _service_account(hub, name="other")
         r = await hub.client.post(url, data={"grant_type": "client_credentials", "client_id": other["client_id"],

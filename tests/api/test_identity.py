@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import uuid
 
 import httpx
 import trio
 from authlib.integrations.httpx_client import AsyncOAuth2Client
 
-from tests.hubtools import start_hub
+from tests.hubtools import assert_error, start_hub
 
 NO_ORG = object()
 
@@ -177,6 +178,46 @@ async def test_session_login_cookie_csrf_and_logout(nursery, db_url, tmp_path):
                 **org, "Cookie": cookie.split(";")[0]})
             assert r2.status_code == 401, stolen
             assert "correct horse" not in (await _all_audit_text(hub))
+
+
+async def test_login_and_session_calls_refuse_other_sites(nursery, db_url, tmp_path):
+    """Issue 31 item 7: a text/plain body with a foreign Origin signed in (login CSRF: an HTML form
+    on another site can send exactly that). Sign-in is JSON only and from the hub's own pages; every
+    cookie-authenticated call a browser marks as another site's is refused."""
+    with trio.fail_after(30):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        await _user_with_password(hub, "csrf@example.test", "correct horse")
+        creds = json.dumps({"email": "csrf@example.test", "password": "correct horse"})
+        async with httpx.AsyncClient(base_url=hub.base_url) as browser:
+            r = await browser.post("/v1/auth/login", content=creds,
+                                   headers={"Content-Type": "text/plain", "Origin": "https://evil.example"})
+            assert_error(r, 400, "json_required")
+            r = await browser.post("/v1/auth/login", content=creds, headers={"Content-Type": "text/plain"})
+            assert_error(r, 400, "json_required")
+            for foreign in ({"Origin": "https://evil.example"}, {"Origin": "null"},
+                            {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"}):
+                r = await browser.post("/v1/auth/login", content=creds,
+                                       headers={"Content-Type": "application/json", **foreign})
+                assert_error(r, 403, "cross_origin")
+            assert "set-cookie" not in r.headers
+            host = hub.base_url.split("://", 1)[1]
+            r = await browser.post("/v1/auth/login", content=creds, headers={
+                "Content-Type": "application/json", "Origin": hub.base_url, "Sec-Fetch-Site": "same-origin"})
+            assert r.status_code == 200, r.text
+            csrf = r.json()["data"]["csrfToken"]
+            org = {"X-Organization-ID": hub.org_id}
+            assert (await browser.get("/v1/devices", headers={**org, "Sec-Fetch-Site": "same-origin"})).status_code == 200
+            assert_error(await browser.get("/v1/devices", headers={**org, "Sec-Fetch-Site": "cross-site"}),
+                         403, "cross_origin")
+            r = await browser.post("/v1/fleets", json={"name": "x"}, headers={
+                **org, "X-CSRF-Token": csrf, "Origin": "http://evil.example"})
+            assert_error(r, 403, "cross_origin")
+            r = await browser.post("/v1/fleets", json={"name": "x"}, headers={
+                **org, "X-CSRF-Token": csrf, "Origin": f"http://{host}"})
+            assert r.status_code == 201, r.text
+        # A PAT carries no ambient authority: a foreign Origin does not matter to it.
+        r = await hub.call("GET", "/v1/devices", headers={**hub.headers, "Origin": "https://evil.example"})
+        assert r.status_code == 200
 
 
 async def test_login_is_throttled_per_account(nursery, db_url, tmp_path):
