@@ -21,7 +21,7 @@ from device_client.shared.clock import rfc3339
 from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
 from hub.auth.authz import Obj, authorize, require_org, scope_for_list
 from hub.api.sse import stream_response
-from hub.auth.streams import StreamAccess
+from hub.auth.streams import StreamAccess, object_tag
 from hub.api.validation import body, query, responds
 from hub.auth.pat import digest, new_device_token
 from hub.errors import BadRequest, NotFound
@@ -259,6 +259,8 @@ async def update_device(device_id: str, data: DeviceUpdate):
     row = await s.devices.update(org().org_id, current["id"], s.clock.now(), changes)
     if row is None:
         raise NotFound("device not found")
+    if row["fleet_id"] != current["fleet_id"]:
+        await s.invalidate(object_tag(device_obj(row)))  # its open streams re-check now, on every node
     return {"data": device_json(row)}
 
 
@@ -270,6 +272,7 @@ async def delete_device(device_id: str):
     dev_id = (await _load(device_id, "editor"))["id"]
     if not await s.devices.delete(org().org_id, dev_id):
         raise NotFound("device not found")
+    await s.invalidate(object_tag(Obj("device", dev_id)))
     link = s.links.get(dev_id)
     if link is not None:
         # its token no longer exists; the agent's reconnects are refused

@@ -62,6 +62,7 @@ class StreamAccess:
             tags.add(f"pat:{p.id}")
         if self.credential.kind == "session" and self.credential.digest is not None:
             tags.add(f"session:{self.credential.digest.hex()}")
+        tags |= {object_tag(obj) for obj in self.objs if obj.type == "device"}
         return frozenset(tags)
 
     def watch(self) -> Watch:
@@ -84,6 +85,9 @@ class StreamAccess:
             if role is None:
                 return "you are no longer a member of this organisation"
             for obj in self.objs:
+                obj = await self._current(obj)
+                if obj is None:
+                    return "it no longer exists"
                 if not await still_holds(s, OrgContext(self.org_id, role), principal, self.relation, obj):
                     return f"you no longer hold {self.relation} on this {obj.type}"
         except Unauthenticated as exc:
@@ -92,3 +96,16 @@ class StreamAccess:
             log.info("stream access check deferred: %s", type(exc).__name__)
             self.recheck_at = trio.current_time() + RETRY_AFTER
         return None
+
+    async def _current(self, obj: Obj) -> Obj | None:
+        """The object as it is now: a device is held through the fleet it is in today, not the one it
+        was in when the stream opened (a move to a fleet the caller cannot see ends the stream)."""
+        if obj.type != "device":
+            return obj
+        row = await self.services.devices.get(self.org_id, obj.id)
+        return None if row is None else Obj("device", row["id"], row["fleet_id"])
+
+
+def object_tag(obj: Obj) -> str:
+    """The auth-cache tag a change of ``obj``'s place (a device moved, deleted) is announced under."""
+    return f"{obj.type}:{obj.id}"

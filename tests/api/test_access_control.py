@@ -449,6 +449,18 @@ async def test_open_device_streams_end_when_the_pat_membership_or_relation_goes(
 
         body = await watch_until_revoked(_creds(member3, hub.org_id), revoke_relation)
         assert "viewer" in body["payload"]["reason"]
+
+        # 4. the device moves to a fleet the viewer cannot see (issue 31 item 2: the stream re-checked
+        #    the device as it was when the stream opened, and went on)
+        member4, _ = await _member_with_viewer(hub, fleet)
+        hidden = (await hub.call("POST", "/v1/fleets", json={"name": "hidden"})).json()["data"]["id"]
+
+        async def move_away():
+            r = await hub.call("PATCH", f"/v1/devices/{dev}", json={"fleet_id": hidden})
+            assert r.status_code == 200, r.text
+
+        body = await watch_until_revoked(_creds(member4, hub.org_id), move_away)
+        assert "viewer" in body["payload"]["reason"]
         assert s.events.subscriber_count() == 0
 
 
