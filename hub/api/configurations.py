@@ -21,7 +21,7 @@ from device_client.shared.protocol import CONFIG_SPEC_MAX_BYTES
 from hub.api.common import Pagination, errors, jsonable, org, pagination, parse_uuid, principal, services
 from hub.api.secret_files import tell_removal
 from hub.api.validation import DeletedOut, body, enveloped, invalid, responds
-from hub.auth.authz import Obj, authorize, require_org, scope_for_list
+from hub.auth.authz import Obj, authorize, require_deploy, require_org, scope_for_list
 from hub.errors import BadRequest, Conflict, NotFound
 from storage.configs import DuplicateConfigName
 
@@ -370,7 +370,7 @@ async def assign_configuration(device_id: str, data: Assignment):
     found = await s.configs.get(org().org_id, data.configId)
     if found is None:
         raise BadRequest("configId: no such configuration in this organisation", code="invalid_reference")
-    await authorize(s, "viewer", Obj("configuration", data.configId))
+    await require_deploy(s, data.configId)
     config, current = found
     version = current
     if data.versionId is not None:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
 from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
-from hub.auth.authz import Obj, authorize, require_org, scope_for_list
+from hub.auth.authz import Obj, authorize, require_deploy, require_org, scope_for_list
 from hub.api.validation import body, query, responds
 from hub.errors import BadRequest, Conflict, NotFound
 from storage.fleets import DuplicateName
@@ -69,6 +69,7 @@ async def _check_config(config_id: uuid.UUID | None) -> None:
         return
     if not await services().identity.object_in_org(org().org_id, "configuration", config_id):
         raise BadRequest("config_id: no such configuration in this organisation", code="invalid_reference")
+    await require_deploy(services(), config_id)
 
 
 @bp.get("")

@@ -24,7 +24,7 @@ from hub.api.common import PageQuery, errors, jsonable, org, pagination, parse_u
 from hub.api.sse import stream_response
 from hub.auth.streams import StreamAccess
 from hub.api.validation import body, enveloped, parse_body, query, responds
-from hub.auth.authz import Obj, authorize, scope_for_list
+from hub.auth.authz import Obj, authorize, require_deploy, scope_for_list
 from hub.errors import BadRequest, Conflict, NotFound
 from storage.rollouts import FleetBusy
 
@@ -207,7 +207,7 @@ async def create_rollout():
     found = await s.configs.get(org().org_id, config_id)
     if found is None:
         raise BadRequest("configuration not in this organisation", code="invalid_reference")
-    await authorize(s, "viewer", Obj("configuration", config_id))
+    await require_deploy(s, config_id)
     version = found[1]
     if data.version_id is not None:
         version = await s.configs.version(org().org_id, data.version_id)

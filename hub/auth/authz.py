@@ -101,6 +101,14 @@ async def require_org(services, relation: str) -> None:
     await authorize(services, relation, Obj("organization", g.org.org_id))
 
 
+async def require_deploy(services, config_id: uuid.UUID) -> None:
+    """Delivering a configuration to devices (assigning it to a device, rolling it out, making it a
+    fleet's) needs editor on it, not viewer: a device one controls receives its secret files and
+    environment in the clear, so delivering is reading them. Every path a configuration takes to a
+    device calls this (docs/security.md, "Delivering a configuration")."""
+    await authorize(services, "editor", Obj("configuration", config_id))
+
+
 async def require_admin() -> None:
     if not g.org.is_admin:
         raise Forbidden("this needs the organisation admin role", code="admin_required")

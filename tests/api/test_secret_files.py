@@ -143,3 +143,48 @@ async def test_relations_and_missing_owners(nursery, db_url, tmp_path):
         assert (await hub.call("GET", f"/v1/configurations/{uuid.uuid4()}/secret-files")).status_code == 404
         assert (await hub.call("GET", f"/v1/devices/{uuid.uuid4()}/secret-files")).status_code == 404
         assert (await hub.call("GET", "/v1/devices/nope/secret-files")).status_code == 400
+
+
+async def test_delivering_a_configuration_needs_editor_on_it(nursery, db_url, tmp_path):
+    """Issue 31 item 1: a member with viewer on configuration C and editor on a fleet made a device in
+    that fleet, linked it, and assigned C to it: the config.apply frame carried C's secret files in the
+    clear. Delivering is reading, so every path a configuration takes to a device needs editor on it."""
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        cid = await _config(hub)
+        r = await hub.call("POST", f"/v1/configurations/{cid}/secret-files",
+                           json={"path": "/etc/app/db-token", "content_base64": b64(b"s3cret")})
+        assert r.status_code == 201
+        fleet = (await hub.call("POST", "/v1/fleets", json={"name": "mine"})).json()["data"]["id"]
+        member = await hub.new_user("member")
+        mh = {"X-API-Token-ID": member[0], "X-API-Secret-Key": member[1], "X-Organization-ID": hub.org_id}
+        me = (await hub.call("GET", "/v1/me", headers=mh)).json()["data"]["userId"]
+
+        async def grant(object_type, object_id, relation):
+            r = await hub.call("POST", "/v1/relations", json={
+                "object_type": object_type, "object_id": object_id, "relation": relation,
+                "subject_type": "user", "subject_id": me})
+            assert r.status_code == 201, r.text
+
+        await grant("configuration", cid, "viewer")
+        await grant("fleet", fleet, "editor")
+        r = await hub.call("POST", "/v1/devices", headers=mh, json={"name": "mine", "fleet_id": fleet})
+        assert r.status_code == 201, r.text
+        dev = r.json()["data"]["id"]
+        refused = [
+            await hub.call("PUT", f"/v1/devices/{dev}/configuration", headers=mh, json={"configId": cid}),
+            await hub.call("POST", "/v1/rollouts", headers=mh, json={"fleet_id": fleet, "config_id": cid,
+                                                                   "force": True}),
+            await hub.call("POST", "/v1/rollouts", headers=mh, json={"fleet_ids": [fleet], "configuration_id": cid,
+                                                                   "batch_size": 1}),
+            await hub.call("PATCH", f"/v1/fleets/{fleet}", headers=mh, json={"config_id": cid}),
+        ]
+        for r in refused:
+            assert r.status_code == 403, (r.request.url, r.text)
+            assert "s3cret" not in r.text and b64(b"s3cret") not in r.text
+        row = await hub.services.devices.get(uuid.UUID(hub.org_id), uuid.UUID(dev))
+        assert row["config_id"] is None
+        # editor on the configuration: the same member may deliver it
+        await grant("configuration", cid, "editor")
+        r = await hub.call("PUT", f"/v1/devices/{dev}/configuration", headers=mh, json={"configId": cid})
+        assert r.status_code == 202, r.text
