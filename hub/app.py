@@ -30,8 +30,9 @@ from hub.auth import middleware
 from hub.ids import fast_uuid4
 from hub.openapi import EITHER, FleethubOpenAPI
 from actors.errors import AskError
-from hub.errors import FleethubError, database_unavailable, from_actor, general_body, memtest_body, tunnel_body
-from storage.db import DatabaseUnavailable, crossings_counted
+from hub.errors import (Conflict, FleethubError, database_unavailable, from_actor, general_body, memtest_body,
+                        tunnel_body)
+from storage.db import DatabaseUnavailable, NameTaken, crossings_counted
 from hub.services import Services
 
 log = logging.getLogger("fleethub.http")
@@ -180,6 +181,13 @@ def create_app(services: Services) -> HubApp:
     async def _actor_error(exc: AskError):
         # An actor's refusal or failure: the hub decides its status (hub/errors.py ACTOR_STATUS).
         return await _fleethub_error(from_actor(exc))
+
+    @app.errorhandler(NameTaken)
+    async def _name_taken(exc: NameTaken):
+        # Any store's uniqueness refusal, from a create or a rename alike (issue 31 item 10: a rename
+        # of a configuration to a taken name was a 500).
+        named = f" named {exc.name!r}" if isinstance(exc.name, str) else " with that name"
+        return await _fleethub_error(Conflict(f"a {exc.kind}{named} already exists", code="name_exists"))
 
     @app.errorhandler(DatabaseUnavailable)
     async def _database_unavailable(exc: DatabaseUnavailable):

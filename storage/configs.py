@@ -9,15 +9,17 @@ import uuid
 
 import asyncpg
 
-from storage.db import Database
+from storage.db import Database, NameTaken
 from storage.rowcache import RowCache
 
 SORT_COLUMNS = {"name": "c.name", "createdAt": "c.created_at", "updatedAt": "c.updated_at",
                 "status": "c.status", "currentVersion": "c.current_version"}
 
 
-class DuplicateConfigName(Exception):
+class DuplicateConfigName(NameTaken):
     """A configuration with this name already exists in the organisation."""
+
+    kind = "configuration"
 
 
 def _version(row: asyncpg.Record | None) -> dict | None:

@@ -54,6 +54,18 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     that does change session state says so (``Database.run(..., session=True)``) and is reset in full."""
 
 
+class NameTaken(Exception):
+    """A unique name is taken within its organisation (a configuration, a fleet, a service account).
+    The app answers 409 name_exists for every kind (hub/app.py): a store raising it from any write,
+    create or rename, can never surface as a 500."""
+
+    kind = "object"
+
+    def __init__(self, name: object = None) -> None:
+        super().__init__(name)
+        self.name = name
+
+
 class DatabaseUnavailable(Exception):
     """PostgreSQL could not be reached (down, restarting, refusing connections). An expected condition,
     not a bug: the app answers 503 database_unavailable, actors wait and retry (actors/runtime.py)."""

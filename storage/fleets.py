@@ -7,13 +7,15 @@ import uuid
 
 import asyncpg
 
-from storage.db import Database
+from storage.db import Database, NameTaken
 
 FLEET_FIELDS = ("name", "description", "tags", "architecture", "config_id", "registry_proxy")
 
 
-class DuplicateName(Exception):
+class DuplicateName(NameTaken):
     """A fleet with this name already exists in the organisation."""
+
+    kind = "fleet"
 
 
 class Fleets:

@@ -7,11 +7,13 @@ import uuid
 
 import asyncpg
 
-from storage.db import Database
+from storage.db import Database, NameTaken
 
 
-class DuplicateServiceAccount(Exception):
+class DuplicateServiceAccount(NameTaken):
     """A service account with this name already exists in the organisation."""
+
+    kind = "service account"
 
 
 class Identity:

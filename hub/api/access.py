@@ -25,7 +25,6 @@ from hub.auth.middleware import no_org
 from hub.auth.principals import OrgContext
 from hub.auth.pat import digest
 from hub.errors import BadRequest, Conflict, Forbidden, NotFound
-from storage.identity import DuplicateServiceAccount
 
 bp = Blueprint("access", __name__, url_prefix="/v1")
 
@@ -400,11 +399,8 @@ async def create_service_account(data: ServiceAccountCreate):
                              code="invalid_reference")
         grants.append((policy.object_type, object_id, policy.relation))
     client_id, secret = "sa_" + secrets.token_urlsafe(12), cli_safe_secret()
-    try:
-        row = await s.identity.create_service_account(org().org_id, data.name, data.description, client_id,
-                                                      digest(secret), principal().user_id, s.clock.now(), grants)
-    except DuplicateServiceAccount:
-        raise Conflict(f"a service account named {data.name!r} already exists", code="name_exists") from None
+    row = await s.identity.create_service_account(org().org_id, data.name, data.description, client_id,
+                                                  digest(secret), principal().user_id, s.clock.now(), grants)
     return {"data": {**_sa_json(row), "client_secret": secret, "token_url": "/v1/oauth/token",
                      "policies": [{"object_type": t, "object_id": str(i), "relation": r} for t, i, r in grants]}}, 201
 

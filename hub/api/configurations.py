@@ -22,8 +22,7 @@ from hub.api.common import Pagination, errors, jsonable, org, pagination, parse_
 from hub.api.secret_files import tell_removal
 from hub.api.validation import DeletedOut, body, enveloped, invalid, responds
 from hub.auth.authz import Obj, authorize, require_deploy, require_org, scope_for_list
-from hub.errors import BadRequest, Conflict, NotFound
-from storage.configs import DuplicateConfigName
+from hub.errors import BadRequest, NotFound
 
 bp = Blueprint("configurations", __name__, url_prefix="/v1/configurations")
 
@@ -255,12 +254,9 @@ async def create_configuration(data: ConfigCreate):
         if not await s.identity.object_in_org(org().org_id, "fleet", data.fleetId):
             raise BadRequest("fleetId: no such fleet in this organisation", code="invalid_reference")
         await authorize(s, "editor", Obj("fleet", data.fleetId, data.fleetId))
-    try:
-        config, version = await s.configs.create(org().org_id, s.clock.now(), name=data.name,
-                                                 description=data.description, tags=data.tags, spec=spec,
-                                                 created_by=principal().id, fleet_id=data.fleetId)
-    except DuplicateConfigName:
-        raise Conflict(f"a configuration named {data.name!r} already exists", code="name_exists") from None
+    config, version = await s.configs.create(org().org_id, s.clock.now(), name=data.name,
+                                             description=data.description, tags=data.tags, spec=spec,
+                                             created_by=principal().id, fleet_id=data.fleetId)
     return {"data": config_json(config, version)}, 201
 
 

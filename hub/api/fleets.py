@@ -11,8 +11,7 @@ from quart import Blueprint
 from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
 from hub.auth.authz import Obj, authorize, require_deploy, require_org, scope_for_list
 from hub.api.validation import body, query, responds
-from hub.errors import BadRequest, Conflict, NotFound
-from storage.fleets import DuplicateName
+from hub.errors import BadRequest, NotFound
 
 bp = Blueprint("fleets", __name__, url_prefix="/v1/fleets")
 
@@ -93,10 +92,7 @@ async def create_fleet(data: FleetCreate):
     s = services()
     await require_org(s, "editor")
     await _check_config(data.config_id)
-    try:
-        row = await s.fleets.create(org().org_id, s.clock.now(), **data.model_dump())
-    except DuplicateName:
-        raise Conflict(f"a fleet named {data.name!r} already exists", code="name_exists") from None
+    row = await s.fleets.create(org().org_id, s.clock.now(), **data.model_dump())
     return {"data": fleet_json({**row, "device_count": 0})}, 201
 
 
@@ -128,10 +124,7 @@ async def update_fleet(fleet_id: str, data: FleetUpdate):
         if key in changes and changes[key] is None:
             raise BadRequest(f"{key}: cannot be null", code="invalid_field")
     await _check_config(changes.get("config_id"))
-    try:
-        row = await s.fleets.update(org().org_id, fid, s.clock.now(), changes)
-    except DuplicateName:
-        raise Conflict(f"a fleet named {changes.get('name')!r} already exists", code="name_exists") from None
+    row = await s.fleets.update(org().org_id, fid, s.clock.now(), changes)
     if row is None:
         raise NotFound("fleet not found")
     full = await s.fleets.get(org().org_id, fid)

@@ -72,6 +72,13 @@ def test_put_configuration_by_config_id(spec):
     assert r.status_code == 200 and r.json()["data"]["currentVersion"] == 1  # metadata only
     r = spec.call("PUT", f"/v1/configurations/{config['id']}", json={"spec": {"ports": [{"port": 9000}]}})
     assert r.status_code == 200 and r.json()["data"]["currentVersion"] == 2  # a spec makes a version
+    # "409: configuration name exists" holds for a rename too (it was an unhandled 500), and nothing
+    # of the refused update is kept
+    other = new_config(spec, f"put-other-{uuid.uuid4().hex[:6]}")
+    r = spec.call("PUT", f"/v1/configurations/{config['id']}", json={"name": other["name"], "description": "lost"})
+    assert error_code(r, 409) == "name_exists" and other["name"] in r.json()["message"]
+    kept = spec.call("GET", f"/v1/configurations/{config['id']}").json()["data"]
+    assert kept["name"] == config["name"] and kept["description"] == "new"
 
 
 def test_limit_configuration_list_default_page_1_limit_10(spec):
