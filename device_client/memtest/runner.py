@@ -325,8 +325,7 @@ class Run:
         status = self.status()
         kind = region.address_kind if region is not None else "virtual"
         return {
-            "runId": self.run_id, "plan": self.plan, "source": "simulated" if self.fault_kind or not self.physical
-            else kind, "mode": self.plan["mode"], "outcome": outcome,
+            "runId": self.run_id, "plan": self.plan, "mode": self.plan["mode"], "outcome": outcome,
             "verdict": verdict_, "summary": one_line(outcome, verdict_, f.count, summary["pagesWithErrors"],
                                                      len(retired), message),
             "patternsRun": list(self.patterns_run), "seed": self.seed,
@@ -342,7 +341,7 @@ class Run:
             "errors": [error_entry(m, address, confirmed) for m in f.details[:RESULT_ERRORS]],
             "confirmedErrors": status["confirmedErrors"], "pages": pages, "pageSummary": summary,
             "retired": retired,
-            "kernel": kernel, "interrupted": None, "fault": bool(reasons),
+            "kernel": kernel, "fault": bool(reasons),
             "faultReason": "; ".join(reasons) or None,
             "maxTempMilliC": None if self.max_temp is None else int(self.max_temp * 1000),
             "simulatedFault": self.fault_kind,

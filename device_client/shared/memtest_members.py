@@ -119,7 +119,9 @@ class MemtestResult(_Members):
     ranges)."""
     runId: str
     plan: MemtestPlan | None = None
-    source: str | None = Field(None, description="physical, virtual, simulated or unknown: what the addresses are")
+    source: str | None = Field(None, description="live (the device answered) or stored: set by the hub as it "
+                                                 "serves the result; a device sends none (what its addresses are "
+                                                 "is addressKind, a simulation is hardware.simulated)")
     startedAt: str | None = Field(None, description="RFC 3339")
     finishedAt: str | None = Field(None, description="RFC 3339")
     outcome: Outcome

@@ -217,16 +217,19 @@ def memtest_status(status: Any) -> Any:
 
 
 def memtest_result(result: Any) -> Any:
-    """A result with a verdict the spec names (an interrupted run of an older agent had null) and its
-    interrupted.phase read as the spec's."""
+    """A result with a verdict the spec names (an interrupted run of an older agent had null), its
+    interrupted.phase read as the spec's, ``interrupted`` only on an interrupted run, and no ``source``:
+    the hub sets that as it serves the result (older agents sent what their addresses were there)."""
     if not isinstance(result, dict):
         return result
-    out = result
+    out = {k: v for k, v in result.items() if k != "source"}
     if out.get("verdict") not in MEMTEST_VERDICTS:
-        out = {**out, "verdict": "unknown"}
+        out["verdict"] = "unknown"
     where = out.get("interrupted")
-    if isinstance(where, dict) and "phase" in where and where["phase"] not in MEMTEST_PHASES:
-        out = {**out, "interrupted": memtest_status(where)}
+    if out.get("outcome") != "interrupted" or where is None:
+        out.pop("interrupted", None)
+    elif isinstance(where, dict) and "phase" in where and where["phase"] not in MEMTEST_PHASES:
+        out["interrupted"] = memtest_status(where)
     return out
 
 

@@ -231,27 +231,36 @@ async def memory_test_status(id: str):  # noqa: A002 — the spec's path paramet
         data = {"source": "live", "supported": bool(live.get("supported", True)),
                 "status": memtest_status(live.get("status") if "status" in live else stored["status"]),
                 "health": _health_in_full(live.get("health") or stored["health"] or {"capabilities": caps},
-                                          stored["history"]),
-                "history": [_in_full(r, stored["history"]) for r in history[:HISTORY]]}
+                                          stored["history"], "live"),
+                "history": [_in_full(r, stored["history"], "live") for r in history[:HISTORY]]}
     else:
         data = {"source": "stored", "supported": supported, "status": stored["status"],
-                "health": _health_in_full(stored["health"] or {"capabilities": caps}, stored["history"]),
-                "history": stored["history"],
+                "health": _health_in_full(stored["health"] or {"capabilities": caps}, stored["history"], "stored"),
+                "history": [served(r, "stored") for r in stored["history"]],
                 "healthReportedAt": stored["healthReportedAt"]}
     return {"data": jsonable(data)}
 
 
-def _in_full(result: Any, stored: list[dict]) -> Any:
+def served(result: Any, source: str) -> Any:
+    """A result as the API gives it: the spec's members (memtest_result) and ``source``, live when the
+    device answered with it, stored when the hub read it from its own storage."""
+    result = memtest_result(result)
+    return {**result, "source": source} if isinstance(result, dict) else result
+
+
+def _in_full(result: Any, stored: list[dict], source: str) -> Any:
     """A device sends results ``brief`` in a status reply (a frame could not hold eleven in full):
     the stored result with that runId in its place, when the hub has it."""
-    if not isinstance(result, dict) or not result.get("brief"):
-        return memtest_result(result)
-    return next((r for r in stored if r.get("runId") == result.get("runId")), memtest_result(result))
+    if isinstance(result, dict) and result.get("brief"):
+        kept = next((r for r in stored if r.get("runId") == result.get("runId")), None)
+        if kept is not None:
+            return served(kept, "stored")
+    return served(result, source)
 
 
-def _health_in_full(health: dict, stored: list[dict]) -> dict:
+def _health_in_full(health: dict, stored: list[dict], source: str) -> dict:
     last = health.get("lastResult")
-    return {**health, "lastResult": _in_full(last, stored)} if isinstance(last, dict) else health
+    return {**health, "lastResult": _in_full(last, stored, source)} if isinstance(last, dict) else health
 
 
 @bp.get("/<id>/memory-test/results")
@@ -274,4 +283,4 @@ async def memory_test_results(id: str):  # noqa: A002 — the spec's path parame
         if not 1 <= limit <= RESULTS_MAX:
             raise invalid(f"limit: must be between 1 and {RESULTS_MAX}")
     row = await _device(device_id, "viewer")
-    return {"data": {"results": await s.memtests.results(org().org_id, row["id"], limit)}}
+    return {"data": {"results": [served(r, "stored") for r in await s.memtests.results(org().org_id, row["id"], limit)]}}

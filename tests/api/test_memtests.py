@@ -539,7 +539,9 @@ async def test_interrupted_test_reported_at_hello_is_stored_acked_and_a_warning(
         dev_id, device = await connect(hub, nursery, bootReason="power_on", lastMemoryTest=interrupted)
         await wait_for(lambda: "lost" in device.acked, timeout=5)
         r = await hub.call("GET", mt(dev_id, "/results"))
-        assert [x["outcome"] for x in r.json()["data"]["results"]] == ["interrupted"]
+        [kept] = r.json()["data"]["results"]
+        assert kept["outcome"] == "interrupted" and kept["source"] == "stored"
+        assert kept["interrupted"]["pattern"] == "moving_inversions"  # present for an interrupted run
         diag = (await hub.call("GET", f"/v1/devices/{dev_id}/diagnosis")).json()["data"]
         assert diag["status"] == "warning"
         [issue] = diag["issues"]
@@ -628,6 +630,13 @@ async def test_agent_live_quick_run_is_stored_acknowledged_and_read_live(hub, nu
         assert live["source"] == "live" and live["supported"] is True
         assert live["status"]["runId"] == run_id and live["status"]["phase"] == "done"
         assert [h["runId"] for h in live["history"]] == [run_id]
+        # Issue 31 items 11 and 12: a result's source is live or stored (it said "simulated"), and
+        # "interrupted" appears only on an interrupted run (every result carried "interrupted": null)
+        [listed] = (await hub.call("GET", mt(dev_id, "/results"))).json()["data"]["results"]
+        assert listed["source"] == "stored" and "interrupted" not in listed
+        assert listed["hardware"]["simulated"] is True and listed["addressKind"] in ("physical", "virtual")
+        assert live["history"][0]["source"] in ("live", "stored") and "interrupted" not in live["history"][0]
+        assert live["health"]["lastResult"]["source"] in ("live", "stored")
         d = (await hub.call("GET", f"/v1/devices/{dev_id}")).json()["data"]
         assert d["conditions"] == []
 
