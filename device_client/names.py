@@ -14,7 +14,8 @@ and way of turning a transport failure into its one line.
 from __future__ import annotations
 
 import re
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 LISTS = {"device": "/v1/devices", "fleet": "/v1/fleets", "configuration": "/v1/configurations"}
 SHOWN_IDS = 5  # of a name's duplicates, how many ids the refusal lists
