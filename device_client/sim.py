@@ -31,6 +31,7 @@ from .agent import Agent
 from .agentconfig import AgentConfig, hub_urls
 from .shared.clock import Clock
 from .memtest import sim_config
+from .names import NameLookupError, resolve
 from .state import write_json_atomic
 from .workload import RunAs, simulator_user
 
@@ -61,11 +62,12 @@ def save_registry(data_dir: Path, devices: list[dict[str, str]]) -> None:
 
 
 async def provision(hub_url: str, names: list[str], *, pat_id: str, pat_secret: str,
-                    org_id: str | None = None, fleet_id: str | None = None, concurrency: int = 16,
+                    org_id: str | None = None, fleet: str | None = None, concurrency: int = 16,
                     transport: httpx.AsyncBaseTransport | None = None,
                     into: list[dict[str, str]] | None = None) -> list[dict[str, str]]:
-    """Create one device per name; each created device is appended to ``into`` as it arrives, so a
-    failure half way still leaves the caller with the devices the hub did create."""
+    """Create one device per name, in ``fleet`` (its id or its name) when given; each created device is
+    appended to ``into`` as it arrives, so a failure half way still leaves the caller with the devices
+    the hub did create."""
     created = into if into is not None else []
     headers = {"X-API-Token-ID": pat_id, "X-API-Secret-Key": pat_secret}
     if org_id:
@@ -96,6 +98,7 @@ async def provision(hub_url: str, names: list[str], *, pat_id: str, pat_secret: 
             cancel.cancel()
 
     async with httpx.AsyncClient(base_url=hub_url, headers=headers, transport=transport, timeout=30) as client:
+        fleet_id = None if fleet is None else await _fleet_id(client, fleet)
         async with trio.open_nursery() as nursery:
             for name in names:
                 nursery.start_soon(create, client, name, nursery.cancel_scope)
@@ -104,9 +107,27 @@ async def provision(hub_url: str, names: list[str], *, pat_id: str, pat_secret: 
     return created
 
 
+async def _fleet_id(client: httpx.AsyncClient, fleet: str) -> str:
+    """``--fleet`` as typed (an id or a name) as the fleet's id; any failure is a SimError."""
+    async def fetch(path: str, params: dict[str, str]) -> Any:
+        try:
+            response = await client.get(path, params=params)
+            body = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
+            raise SimError(f"looking up fleet {fleet!r}: {exc!r}") from None
+        if body is None:
+            raise SimError(f"looking up fleet {fleet!r}: HTTP {response.status_code} {response.text[:300]}")
+        return body
+
+    try:
+        return await resolve("fleet", fleet, fetch)
+    except NameLookupError as exc:
+        raise SimError(str(exc)) from None
+
+
 async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = None,
                   pat_secret: str | None = None, org_id: str | None = None,
-                  fleet_id: str | None = None, devices: Iterable[tuple[str, str]] | None = None,
+                  fleet: str | None = None, devices: Iterable[tuple[str, str]] | None = None,
                   clock: Clock | None = None, connect_concurrency: int = 200,
                   ready_timeout: float = 120.0, agent_options: dict[str, Any] | None = None,
                   http_transport: httpx.AsyncBaseTransport | None = None,
@@ -118,7 +139,8 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
     ``task_status.started(agents)`` fires once every agent has had its first welcome, or after
     ``ready_timeout`` seconds, whichever is first: a sim with a few unreachable devices still starts,
     and the caller reads ``agent.connected`` / ``statistics()`` to see which ones are linked.
-    Devices handed in with ``devices`` come first, then those in sim.json, then new ones.
+    Devices handed in with ``devices`` come first, then those in sim.json, then new ones (in ``fleet``,
+    its id or its name, when given).
     ``workload_user``: the account of every workload (default: ``simulator_user()``). ``hub_url`` may
     name several nodes, comma-separated: devices are provisioned through the first, and each agent
     fails over along the list (device_client/agentconfig.py ``hub_urls``). ``agent_options`` go to every
@@ -142,7 +164,7 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
         log.info("sim: provisioning %d devices at %s", missing, primary)
         try:
             await provision(primary, names, pat_id=pat_id, pat_secret=pat_secret, org_id=org_id,
-                            fleet_id=fleet_id, transport=http_transport, into=registry)
+                            fleet=fleet, transport=http_transport, into=registry)
         finally:
             await trio.to_thread.run_sync(save_registry, data_dir, registry)
         dirty = False

@@ -43,6 +43,9 @@ class Audit:
     async def query(self, org_id: uuid.UUID, *, offset: int, limit: int, since: dt.datetime | None = None,
                     until: dt.datetime | None = None, method: str | None = None, path_prefix: str | None = None,
                     actor_user_id: uuid.UUID | None = None) -> tuple[list[dict], int]:
+        """A page of the organisation's events, newest first, each with what its actor is called now:
+        ``actor_email`` (the user), ``actor_token_description`` and ``actor_token_found`` (the PAT the
+        call was made with), ``actor_service_name`` (the service account)."""
         where, args = ["org_id = $1"], [org_id]
         for cond, value in (("at >= ${}", since), ("at <= ${}", until), ("method = ${}", method),
                             ("starts_with(path, ${})", path_prefix), ("actor_user_id = ${}", actor_user_id)):
@@ -53,9 +56,18 @@ class Audit:
 
         async def body(conn: asyncpg.Connection) -> tuple[list[dict], int]:
             total = await conn.fetchval(f"SELECT count(*) FROM audit_events WHERE {sql_where}", *args)
+            # The page first, then who its actors are now: a join per page row, not per matching row.
+            # A user, token or service account deleted since leaves its columns null.
             rows = await conn.fetch(
-                f"SELECT * FROM audit_events WHERE {sql_where} ORDER BY at DESC, id "
-                f"OFFSET ${len(args) + 1} LIMIT ${len(args) + 2}", *args, offset, limit)
+                "SELECT a.*, u.email AS actor_email, p.description AS actor_token_description, "
+                "p.id IS NOT NULL AS actor_token_found, sa.name AS actor_service_name "
+                f"FROM (SELECT * FROM audit_events WHERE {sql_where} ORDER BY at DESC, id "
+                f"OFFSET ${len(args) + 1} LIMIT ${len(args) + 2}) a "
+                "LEFT JOIN users u ON u.id = a.actor_user_id "
+                "LEFT JOIN pats p ON p.id = a.actor_id AND p.user_id = a.actor_user_id "
+                "LEFT JOIN service_accounts sa ON a.actor_type = 'service' AND sa.org_id = a.org_id "
+                "AND sa.id::text = a.actor_id "
+                "ORDER BY a.at DESC, a.id", *args, offset, limit)
             return [_event(r) for r in rows], total
 
         return await self.db.run(body)

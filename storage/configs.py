@@ -88,8 +88,13 @@ class Configurations:
         return await self.db.run(body)
 
     async def list(self, org_id: uuid.UUID, *, offset: int, limit: int, search: str | None, status: str | None,
-                   sort_by: str, sort_order: str, only: set | None = None) -> tuple[list[dict], int]:
+                   sort_by: str, sort_order: str, only: set | None = None,
+                   name: str | None = None) -> tuple[list[dict], int]:
+        """``name``: the exact name (unique in an organisation), beside ``search``'s substring."""
         where, args = ["c.org_id = $1"], [org_id]
+        if name is not None:
+            args.append(name)
+            where.append(f"c.name = ${len(args)}")
         if only is not None:
             args.append(list(only))
             where.append(f"c.id = ANY(${len(args)}::uuid[])")

@@ -105,12 +105,13 @@ class Devices:
     async def list(self, org_id: uuid.UUID, *, offset: int, limit: int, fleet_id: uuid.UUID | None = None,
                    online: bool | None = None, tag: str | None = None, firmware: str | None = None,
                    architecture: str | None = None, condition: str | None = None, updating: bool | None = None,
-                   config_status: str | None = None, search: str | None = None,
+                   config_status: str | None = None, search: str | None = None, name: str | None = None,
                    only: tuple[set, set] | None = None) -> tuple[list[dict], int]:
         """``only`` = (device ids, fleet ids): restrict to devices granted directly or through a fleet.
         ``condition`` is a condition type (MemoryFault); ``updating``, a configuration on its way
         (pending or applying); ``config_status``, one configuration status (``none``: no configuration
-        assigned); ``search``, a case-insensitive substring of the name (taken literally)."""
+        assigned); ``search``, a case-insensitive substring of the name (taken literally); ``name``, the
+        exact name (names are not unique: several devices may answer)."""
         where = ["org_id = $1"]
         args: list = [org_id]
         if only is not None:
@@ -125,7 +126,7 @@ class Devices:
         if tag is not None:
             args.append(tag)
             where.append(f"${len(args)} = ANY(tags)")
-        for column, value in (("firmware", firmware), ("architecture", architecture)):
+        for column, value in (("firmware", firmware), ("architecture", architecture), ("name", name)):
             if value is not None:
                 args.append(value)
                 where.append(f"{column} = ${len(args)}")

@@ -40,17 +40,18 @@ class Fleets:
         return dict(row) if row else None
 
     async def list(self, org_id: uuid.UUID, *, offset: int, limit: int,
-                   only: set | None = None) -> tuple[list[dict], int]:
-        """``only``: restrict to these fleet ids (a member's permitted fleets)."""
+                   only: set | None = None, name: str | None = None) -> tuple[list[dict], int]:
+        """``only``: restrict to these fleet ids (a member's permitted fleets); ``name``, the exact name."""
         ids = list(only) if only is not None else None
 
         async def body(conn: asyncpg.Connection) -> tuple[list[dict], int]:
-            cond = "f.org_id = $1 AND ($2::uuid[] IS NULL OR f.id = ANY($2::uuid[]))"
-            total = await conn.fetchval(f"SELECT count(*) FROM fleets f WHERE {cond}", org_id, ids)
+            cond = ("f.org_id = $1 AND ($2::uuid[] IS NULL OR f.id = ANY($2::uuid[])) "
+                    "AND ($3::text IS NULL OR f.name = $3)")
+            total = await conn.fetchval(f"SELECT count(*) FROM fleets f WHERE {cond}", org_id, ids, name)
             rows = await conn.fetch(
                 "SELECT f.*, (SELECT count(*) FROM devices d WHERE d.fleet_id = f.id) AS device_count "
-                f"FROM fleets f WHERE {cond} ORDER BY f.created_at, f.id OFFSET $3 LIMIT $4",
-                org_id, ids, offset, limit)
+                f"FROM fleets f WHERE {cond} ORDER BY f.created_at, f.id OFFSET $4 LIMIT $5",
+                org_id, ids, name, offset, limit)
             return [dict(r) for r in rows], total
 
         return await self.db.run(body)

@@ -1,4 +1,7 @@
-"""``fleethub tunnel --hub URL --device ID --target NAME [--listen HOST:PORT | --stdio]``.
+"""``fleethub tunnel --hub URL --device ID|NAME --target NAME [--listen HOST:PORT | --stdio]``.
+
+``--device`` is the device's id or its name (device_client/names.py): a name is looked up among the
+devices the credentials may see, and one that several share is refused with their ids.
 
 Credentials as for the other commands that call the hub: ``--pat-id``/``--pat-secret`` (or
 FLEETHUB_PAT_ID / FLEETHUB_PAT_SECRET, which keep the secret out of ``ps``), or a bearer token in
@@ -13,7 +16,9 @@ relayed.
 
 ``--stdio`` forwards stdin/stdout instead, one connection, for OpenSSH's ProxyCommand:
 
-    ssh -o ProxyCommand='fleethub tunnel --stdio --device %h --target ssh' root@<device id>
+    ssh -o ProxyCommand='fleethub tunnel --stdio --device %n --target ssh' root@<device name or id>
+
+(``%n``, the host as typed: ssh lowercases ``%h``, and names are case-sensitive.)
 
 It ends (exit 0) when ssh closes the connection or stops it (SIGHUP); it prints nothing but
 failures unless ``--verbose``, since whatever it prints lands in the ssh user's terminal.
@@ -39,7 +44,8 @@ log = logging.getLogger("fleethub.tunnel")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hub", default=None,
                         help="hub base URL, e.g. http://127.0.0.1:8080 (default $FLEETHUB_HUB_URL)")
-    parser.add_argument("--device", required=True, help="device id")
+    parser.add_argument("--device", required=True,
+                        help="the device's id or name (a name several devices share is refused: give the id)")
     parser.add_argument("--target", required=True, help="a target the device offers (e.g. ssh) or a port it allows")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--listen", default="127.0.0.1:0",

@@ -1,5 +1,6 @@
 """The CLI's side of a tunnel: ask the hub for a session, connect the peer, forward, renew, close.
 
+    GET /v1/devices?name=NAME          (PAT or bearer; org)  → the device, when --device is a name
     POST /v1/cli/tunnel/token          (PAT or bearer; org)  → a tunnel token (15 minutes)
     POST /v1/cli/tunnel/session        {device_id, target, offer: {sdp, type}}
                                        → {grant, answer, signalling_token, ice_servers, expires_at, session_id}
@@ -24,6 +25,7 @@ from typing import Any, Callable
 import httpx
 import trio
 
+from device_client.names import NameLookupError, resolve
 from device_client.shared.clock import Clock
 
 from .grant import GrantError, parse_time, read_unverified
@@ -121,6 +123,17 @@ class HubTunnels:
             headers["X-Organization-ID"] = self.credentials.org_id
         return headers
 
+    async def device_id(self, device: str) -> str:
+        """``device`` as the operator typed it (an id or a name) as the device's id. The lookup uses the
+        credentials themselves: a tunnel token is good for the tunnel endpoints only."""
+        async def fetch(path: str, params: dict[str, str]) -> Any:
+            return _data(await self._call("GET", path, headers=self.credentials.headers(), params=params))
+
+        try:
+            return await resolve("device", device, fetch)
+        except NameLookupError as exc:
+            raise TunnelError(str(exc), code=exc.code) from None
+
     async def open(self, device_id: str, target: str, offer: dict[str, str]) -> dict[str, Any]:
         return _data(await self._call("POST", "/v1/cli/tunnel/session", headers=await self._auth(),
                                       json={"device_id": device_id, "target": target, "offer": offer}))
@@ -184,7 +197,7 @@ def _path(pair: tuple[str, str] | None) -> str:
     return "relayed" if "relay" in pair else "direct"
 
 
-async def run_tunnel(hub_url: str, credentials: Credentials, device_id: str, target: str, *,
+async def run_tunnel(hub_url: str, credentials: Credentials, device: str, target: str, *,
                      listen: tuple[str, int] = ("127.0.0.1", 0), listener: socket.socket | None = None,
                      stdio: tuple[int, int] | None = None, clock: Clock | None = None,
                      transport: httpx.AsyncBaseTransport | None = None,
@@ -192,7 +205,8 @@ async def run_tunnel(hub_url: str, credentials: Credentials, device_id: str, tar
                      on_summary: Callable[[Summary], None] | None = None,
                      task_status: trio.TaskStatus[Ready] = trio.TASK_STATUS_IGNORED) -> str:
     """Forward ``listen`` (or connections accepted on ``listener``, a socket the caller bound, or the
-    ``stdio`` pair of fds: one connection) to ``target`` on the device until cancelled (Ctrl-C), the
+    ``stdio`` pair of fds: one connection) to ``target`` on ``device`` (its id or its name: a name is
+    looked up first, and one that no device or several have is a TunnelError) until cancelled (Ctrl-C), the
     device closes the session or, with stdio, that one connection ends ("done"); returns why it ended.
     The session is deleted on the hub either way; ``on_summary`` gets its totals."""
     clock = clock or Clock()
@@ -223,6 +237,7 @@ async def run_tunnel(hub_url: str, credentials: Credentials, device_id: str, tar
         session: dict[str, Any] | None = None
         pair: tuple[str, str] | None = None
         try:
+            device_id = await hub.device_id(device)
             offer = await peer.create_offer()
             asked = trio.current_time()
             session = await hub.open(device_id, target, offer)

@@ -22,6 +22,9 @@ ADVICE: dict[str, str] = {
     "tunnel_not_entitled": "an admin can enable tunnels: fleethub admin tunnel-entitle ORG --enabled",
     "account_locked": "the organisation's billing is locked: settle the account first",
     "tunnels_unavailable": "the hub runs with tunnels off: start it with FLEETHUB_TUNNELS=on",
+    "name_unknown": "check --device: names are exact and case-sensitive (in an ssh ProxyCommand give %n, "
+                    "which ssh does not lowercase as it does %h), and a name finds only devices you may "
+                    "view (tunnel_access alone does not: give the id)",
     "no_device_identity": "check --device; a device shows up here once its agent has connected at least once",
     "target_not_configured": "the device's agent must offer it: --tunnel-target NAME=HOST:PORT, "
                              "--tunnel-allow-port N, or --ssh for ssh (GET /v1/devices/ID shows its targets)",

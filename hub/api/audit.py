@@ -36,6 +36,10 @@ class AuditEvent(BaseModel):
     organizationId: str | None
     actorType: str
     actorUserId: str | None
+    actorDisplay: str = Field(description="who called, as a person reads it: the user's email with the "
+                                          "token's description (or id) for a PAT, the service account's "
+                                          "name; a user, token or service account deleted since shows "
+                                          "its id and (deleted)")
     credentialKind: str | None
     credentialId: str | None
     method: str
@@ -54,10 +58,31 @@ class AuditPage(BaseModel):
     pagination: Pagination
 
 
+def actor_display(e: dict) -> str:
+    """The actor as the audit page names it, from the names storage joined to the event (now, not
+    when the call was made: a renamed token shows its new description)."""
+    if e["actor_type"] == "service":
+        name = e.get("actor_service_name")
+        return f"service account {name}" if name is not None else f"service account {e['actor_id']} (deleted)"
+    if e["actor_type"] != "user":
+        return e["actor_type"]  # anonymous, system
+    email = e.get("actor_email")
+    if email is None:
+        return f"user {e['actor_user_id']} (deleted)"  # their tokens went with them
+    token = e["actor_id"]
+    if e["credential_kind"] not in ("pat", "tunnel_token") or token in (None, "session"):
+        return email
+    if not e.get("actor_token_found"):
+        return f"{email}, token {token} (deleted)"
+    description = e.get("actor_token_description")
+    return f'{email}, token "{description}"' if description else f"{email}, token {token}"
+
+
 def event_json(e: dict) -> dict:
     return jsonable({
         "id": e["id"], "at": e["at"], "organizationId": e["org_id"], "actorType": e["actor_type"],
-        "actorUserId": e["actor_user_id"], "credentialKind": e["credential_kind"], "credentialId": e["actor_id"],
+        "actorUserId": e["actor_user_id"], "actorDisplay": actor_display(e), "credentialKind": e["credential_kind"],
+        "credentialId": e["actor_id"],
         "method": e["method"], "path": e["path"], "query": e["query"], "status": e["status"],
         "requestId": e["request_id"], "clientAddress": e["client_addr"], "durationMs": e["duration_ms"],
         "action": e["action"], "details": e["details"] or {}})

@@ -164,6 +164,7 @@ class ListQuery(BaseModel):
     page: int = Field(1, ge=1, le=1_000_000, description="starts at 1; default 1")
     limit: int = Field(10, ge=1, le=100, description="default 10")
     search: str | None = Field(None, description="matches the name or the description")
+    name: str | None = Field(None, min_length=1, max_length=200, description="exactly this name (unique)")
     status: Literal["active", "archived"] | None = None
     sortBy: SortBy = "createdAt"
     sortOrder: Literal["asc", "desc"] = "desc"
@@ -176,7 +177,7 @@ class SummaryQuery(ListQuery):
 
 
 def _list_args(*, lenient: bool) -> dict:
-    """page, limit, search, status, sortBy, sortOrder. The summary (``lenient``) takes page 1 and
+    """page, limit, search, name, status, sortBy, sortOrder. The summary (``lenient``) takes page 1 and
     limit 10 when they are missing or invalid; the list refuses invalid values with 400."""
     args = request.args
     out: dict[str, Any] = {}
@@ -192,6 +193,10 @@ def _list_args(*, lenient: bool) -> dict:
             value = default
         out[name] = value
     out["search"] = args.get("search") or None
+    name = args.get("name")
+    if name is not None and not 1 <= len(name) <= 200:
+        raise BadRequest("name: from 1 to 200 characters", code="invalid_query")
+    out["name"] = name
     status = args.get("status") or None
     if status not in (None, "active", "archived"):
         raise BadRequest("status: must be active or archived", code="invalid_query")
@@ -211,8 +216,9 @@ async def _list(lenient: bool):
     a = _list_args(lenient=lenient)
     everything, ids, _ = await scope_for_list(s, "viewer", "configuration")
     rows, total = await s.configs.list(org().org_id, offset=(a["page"] - 1) * a["limit"], limit=a["limit"],
-                                       search=a["search"], status=a["status"], sort_by=a["sort_by"],
-                                       sort_order=a["sort_order"], only=None if everything else ids)
+                                       search=a["search"], name=a["name"], status=a["status"],
+                                       sort_by=a["sort_by"], sort_order=a["sort_order"],
+                                       only=None if everything else ids)
     return {"data": [config_json(r) for r in rows], "pagination": pagination(a["page"], a["limit"], total)}
 
 

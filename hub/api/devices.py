@@ -58,6 +58,8 @@ class DeviceQuery(PageQuery):
         None, description="devices whose configuration has this status (configuration.status); none: no "
                           "configuration assigned")
     search: str | None = Field(None, max_length=200, description="part of the device's name, any case")
+    name: str | None = Field(None, min_length=1, max_length=200,
+                             description="exactly this name (names are not unique: check the total)")
 
 
 class DeviceConfiguration(BaseModel):
@@ -210,7 +212,8 @@ async def list_devices(query_args: DeviceQuery):
         org().org_id, offset=query_args.offset, limit=query_args.limit, fleet_id=query_args.fleet_id,
         online=query_args.online, tag=query_args.tag, firmware=query_args.firmware,
         architecture=query_args.architecture, condition=query_args.condition, updating=query_args.updating,
-        config_status=query_args.config_status, search=query_args.search, only=None if everything else (ids, fleets))
+        config_status=query_args.config_status, search=query_args.search, name=query_args.name,
+        only=None if everything else (ids, fleets))
     return {"data": [device_json(r) for r in rows],
             "pagination": pagination(query_args.page, query_args.limit, total)}
 

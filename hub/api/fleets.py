@@ -36,6 +36,10 @@ class FleetUpdate(BaseModel):
     registry_proxy: bool | None = None
 
 
+class FleetQuery(PageQuery):
+    name: str | None = Field(None, min_length=1, max_length=200, description="exactly this name (unique)")
+
+
 class FleetOut(BaseModel):
     id: uuid.UUID
     name: str
@@ -72,14 +76,14 @@ async def _check_config(config_id: uuid.UUID | None) -> None:
 
 
 @bp.get("")
-@query(PageQuery)
+@query(FleetQuery)
 @responds(FleetList)
 @errors(400, 401, 403)
-async def list_fleets(query_args: PageQuery):
+async def list_fleets(query_args: FleetQuery):
     s = services()
     everything, ids, fleets = await scope_for_list(s, "viewer", "fleet")
     rows, total = await s.fleets.list(org().org_id, offset=query_args.offset, limit=query_args.limit,
-                                      only=None if everything else ids | fleets)
+                                      only=None if everything else ids | fleets, name=query_args.name)
     return {"data": [fleet_json(r) for r in rows],
             "pagination": pagination(query_args.page, query_args.limit, total)}
 

@@ -1,6 +1,8 @@
 """The console's other pages in Chromium against a real hub (issue 18): fleets and their update
 window, configurations (versions, diff, write-only secret files), access (a PAT's secret shown
-once), the audit log's filters, billing and the assistant's streamed answer."""
+once), the audit log's filters, billing and the assistant's streamed answer; names where an id was
+(issue 37 item 8): the audit log's actors, the relations' objects and subjects, a configuration's
+version and fleets."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from zoneinfo import ZoneInfo
 
 from playwright.sync_api import expect
 
+from hub.auth.pat import digest, new_pat
 from tests.browser.conftest import sign_in
 
 
@@ -78,6 +81,11 @@ def test_configuration_versions_diff_and_a_write_only_secret_file(page, console)
     page.goto("/console/configurations")
     page.locator("#configurations button", has_text=name).click()
     page.locator("#version-diff .dadd").first.wait_for()
+    expect(page.locator("#config-facts")).to_have_text("Current version v2 · no fleet uses it")
+    fleet = f"uses-{name}"
+    assert console.call("POST", "/v1/fleets", json={"name": fleet, "config_id": cid}).status_code == 201
+    page.locator("#configurations button", has_text=name).click()
+    expect(page.locator("#config-facts")).to_have_text(f"Current version v2 · fleets: {fleet}")
     assert '"b"' in page.locator("#version-diff .dadd").first.text_content()
     assert '"a"' in page.locator("#version-diff .ddel").first.text_content()
     secret = f"only-once-{uuid.uuid4().hex}"
@@ -158,6 +166,42 @@ def test_access_shows_a_new_token_secret_once(page, console):
     page.locator("#pats", has_text="console test").wait_for()
     assert secret not in page.content()
     page.locator("#members", has_text=console.email).wait_for()
+
+
+def test_access_names_the_relations_objects_and_subjects(page, console):
+    member = console.new_user("member")
+    me = console.call("GET", "/v1/me", headers=member).json()["data"]["userId"]
+    email = console.run(console.hub.services.db.fetchval, "SELECT email FROM users WHERE id = $1::uuid", me)
+    r = console.call("POST", "/v1/relations", json={"object_type": "fleet", "object_id": console.fleet_id,
+                                                    "relation": "viewer", "subject_type": "user", "subject_id": me})
+    assert r.status_code in (200, 201), r.text
+    sign_in(page, console)
+    page.goto("/console/access")
+    row = page.locator("#relations tr", has_text=email)
+    expect(row.locator(".object-name")).to_have_text("line-1")
+    assert row.locator(".object-name").get_attribute("title") == console.fleet_id
+    assert row.locator(".subject-name").get_attribute("title") == me
+    assert me not in row.text_content()
+
+
+def test_audit_log_names_its_actors(page, console):
+    async def user() -> tuple[str, str, dict]:
+        s = console.hub.services
+        u = await s.orgs.create_user(f"auditor-{uuid.uuid4().hex[:6]}@test.local", s.clock.now())
+        await s.orgs.add_member(uuid.UUID(console.org_id), u["id"], "member", s.clock.now())
+        pat_id, secret = new_pat()
+        await s.tokens.create_pat(pat_id, u["id"], digest(secret), s.clock.now(), description="nightly <b>job</b>")
+        return u["email"], str(u["id"]), {"X-API-Token-ID": pat_id, "X-API-Secret-Key": secret,
+                                          "X-Organization-ID": console.org_id}
+
+    email, user_id, headers = console.run(user)
+    path = f"/v1/fleets/{uuid.uuid4()}"
+    assert console.call("GET", path, headers=headers).status_code == 404
+    sign_in(page, console)
+    page.goto(f"/console/audit?pathPrefix={path}")
+    actor = page.locator("#audit tbody td.actor")
+    expect(actor).to_have_text(f'{email}, token "nightly <b>job</b>"')  # the description as text, not HTML
+    assert user_id in actor.get_attribute("title")
 
 
 def test_audit_log_filters_by_path_prefix(page, console):

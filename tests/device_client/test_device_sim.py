@@ -15,6 +15,7 @@ from device_client.sim import SimError, run_sim
 from device_fakehub import FakeHub
 
 FAST = {"backoff_initial": 0.01, "backoff_max": 0.04}
+FLEET_ID = "5b0c1f3e-8d2a-4c61-9f0e-3a7b2c4d5e6f"
 
 
 @pytest.fixture
@@ -52,8 +53,13 @@ async def test_provisions_missing_devices_with_a_pat(hub, nursery, tmp_path):
     hub.tokens = {"tok-old": "old"}
     (tmp_path / "sim.json").write_text(json.dumps({"devices": [{"id": "old", "token": "tok-old"}]}))
     requests = []
+    lookups = []
 
     def provision(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":  # --fleet by its name: looked up once, with the PAT
+            lookups.append(request)
+            return httpx.Response(200, json={"data": [{"id": FLEET_ID, "name": "edge"}],
+                                             "pagination": {"page": 1, "limit": 5, "total": 1, "totalPages": 1}})
         requests.append(request)
         body = json.loads(request.content)
         device_id = f"new-{body['name']}"
@@ -64,7 +70,7 @@ async def test_provisions_missing_devices_with_a_pat(hub, nursery, tmp_path):
     with trio.fail_after(10):
         agents = await nursery.start(functools.partial(
             run_sim, hub.url, 3, tmp_path, pat_id="pid", pat_secret="psecret", org_id="org1",
-            fleet_id="fleet9", http_transport=httpx.MockTransport(provision), agent_options=FAST))
+            fleet="edge", http_transport=httpx.MockTransport(provision), agent_options=FAST))
         assert all(a.connected for a in agents)
         assert len(requests) == 2
         for request in requests:
@@ -74,7 +80,9 @@ async def test_provisions_missing_devices_with_a_pat(hub, nursery, tmp_path):
             assert request.headers["X-Organization-ID"] == "org1"
         bodies = sorted(json.loads(r.content)["name"] for r in requests)
         assert bodies == ["sim-2", "sim-3"]
-        assert all(json.loads(r.content)["fleet_id"] == "fleet9" for r in requests)
+        assert all(json.loads(r.content)["fleet_id"] == FLEET_ID for r in requests)
+        assert [(r.url.path, dict(r.url.params)) for r in lookups] == [("/v1/fleets", {"name": "edge", "limit": "5"})]
+        assert lookups[0].headers["X-API-Token-ID"] == "pid" and lookups[0].headers["X-Organization-ID"] == "org1"
         ids = [d["id"] for d in json.loads((tmp_path / "sim.json").read_text())["devices"]]
         assert ids[0] == "old" and sorted(ids[1:]) == ["new-sim-2", "new-sim-3"]
         assert sorted(a.device_id for a in agents) == sorted(ids)

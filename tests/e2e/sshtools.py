@@ -108,14 +108,17 @@ class SshWorld:
                 "FLEETHUB_ORG_ID": self.hub.org_id}
 
     def proxy_command(self, *extra: str) -> str:
-        return " ".join([fleethub_exe(), "tunnel", "--stdio", "--device", "%h", "--target", "ssh", *extra])
+        # %n, the host as typed: ssh lowercases %h, and device names are case-sensitive
+        return " ".join([fleethub_exe(), "tunnel", "--stdio", "--device", "%n", "--target", "ssh", *extra])
 
-    async def ssh(self, command: str, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        """``ssh -o ProxyCommand='fleethub tunnel --stdio --device %h --target ssh' user@<device id> command``."""
+    async def ssh(self, command: str, *extra: str, host: str | None = None,
+                  timeout: float = 60) -> subprocess.CompletedProcess:
+        """``ssh -o ProxyCommand='fleethub tunnel --stdio --device %n --target ssh' user@HOST command``, HOST
+        the device's id unless given (a name)."""
         with trio.fail_after(timeout):
             return await trio.run_process(
                 ["ssh", *self.sshd.ssh_options(), "-o", f"ProxyCommand={self.proxy_command(*extra)}",
-                 f"{self.sshd.user}@{self.device_id}", command],
+                 f"{self.sshd.user}@{host or self.device_id}", command],
                 capture_stdout=True, capture_stderr=True, check=False, env=self.cli_env(),
                 stdin=subprocess.DEVNULL)
 

@@ -91,6 +91,20 @@ async def test_ssh_and_scp_through_the_proxycommand(nursery, db_url, tmp_path):
             n = await world.hub.services.db.fetchval("SELECT count(*) FROM tunnel_sessions WHERE device_id = $1",
                                                      uuid.UUID(world.device_id))
             assert n == 5
+
+            # the device by its name (issue 37 item 8): %n keeps its case, so the offline decoy whose
+            # name is the lowercased one (what %h would give) is not the device reached
+            hub = world.hub
+            r = await hub.call("PATCH", f"/v1/devices/{world.device_id}", json={"name": "Kiosk-7"})
+            assert r.status_code == 200, r.text
+            await hub.provision("kiosk-7")
+            named = await world.ssh("echo by-name", host="Kiosk-7")
+            assert named.returncode == 0, named.stderr.decode()
+            assert named.stdout.decode().split() == ["by-name"]
+            await wait_for(all_closed, timeout=20, interval=0.1)
+            n = await hub.services.db.fetchval("SELECT count(*) FROM tunnel_sessions WHERE device_id = $1",
+                                               uuid.UUID(world.device_id))
+            assert n == 6
             assert_clean_agent_log(world)
 
 
@@ -188,6 +202,12 @@ async def test_every_cli_failure_is_one_line_saying_what_to_do(nursery, db_url, 
             await wait_for(lambda: _offline(world), timeout=30, interval=0.2)
             _one_line_failure(await cli(["--device", world.device_id, "--target", "ssh", "--stdio"]),
                               "device_unreachable", "check that its agent runs")
+            # a name no device has, and one two devices share: refused with their ids, never a pick
+            _one_line_failure(await cli(["--device", "no-such-device", "--target", "ssh"]),
+                              "no device you can see is named 'no-such-device'", "%n")
+            twins = [(await world.hub.provision("twin"))[0], (await world.hub.provision("twin"))[0]]
+            _one_line_failure(await cli(["--device", "twin", "--target", "ssh"]),
+                              "2 devices are named 'twin' (", *twins, "); use the id")
             # a --listen that is not HOST:PORT
             _one_line_failure(await cli([*base, "--listen", "nonsense"]), "--listen", "HOST:PORT")
             assert "Task exception was never retrieved" not in world.agent.log()

@@ -132,6 +132,22 @@ export function follow(path, onEvent, onState) {
   };
 }
 
+// A device's, fleet's or configuration's name for a page that holds only its id, read once per
+// organisation and id and kept until the console is reloaded (names change seldom; a reload reads them
+// again). One the caller cannot read (deleted, or not theirs to view) stays its id.
+const NAMES = new Map();
+const NAMED = { device: 'devices', fleet: 'fleets', configuration: 'configurations' };
+
+export function nameOf(kind, id) {
+  if (!id || !NAMED[kind]) return Promise.resolve(id || '');
+  const key = `${session.org} ${kind} ${id}`;
+  if (!NAMES.has(key)) {
+    NAMES.set(key, api('GET', `/v1/${NAMED[kind]}/${encodeURIComponent(id)}`, undefined, { redirect: false })
+      .then((r) => r.data.name, () => id));
+  }
+  return NAMES.get(key);
+}
+
 export function query(params) {
   const q = new URLSearchParams();
   for (const [k, v] of Object.entries(params)) if (v !== '' && v !== null && v !== undefined) q.set(k, v);

@@ -1,6 +1,7 @@
 // Access: who I am, my personal API tokens (the secret shown once), members, relation tuples and
-// service accounts (the client secret shown once). Admin-only parts say so when refused.
-import { api, session } from '../api.js';
+// service accounts (the client secret shown once). Admin-only parts say so when refused. Relations
+// name their objects and subjects (a fleet's name, a member's email), with the ids in the titles.
+import { api, nameOf, session } from '../api.js';
 import { fill, h, badge, field, notice, when } from '../dom.js';
 
 const RELATIONS = ['viewer', 'editor', 'billing_viewer', 'billing_admin', 'tunnel_access', 'audit_viewer'];
@@ -61,22 +62,35 @@ export async function render(main) {
       h('td', {}, h('button', { type: 'button', class: 'danger', onclick: async () => { await api('DELETE', `/v1/pats/${p.id}`, undefined, { org: false }); await loadPats(); } }, 'Revoke')))));
   }
 
+  // The list it showed ([] when refused or failed), for the relations' names.
   async function table(el, path, columns, row) {
     try {
       const list = (await api('GET', path)).data;
       fill(el, list.length ? h('div', { class: 'scroll' }, h('table', {}, h('thead', {}, h('tr', {}, columns.map((c) => h('th', {}, c)))), h('tbody', {}, list.map((x) => h('tr', {}, row(x).map((v) => h('td', {}, v)))))))
         : h('p', { class: 'muted' }, 'None.'));
+      return list;
     } catch (err) {
       fill(el, h('p', { class: 'muted' }, err.status === 403 ? 'Only an organisation admin sees this.' : err.message));
+      return [];
     }
   }
 
+  // The object's name once nameOf has it (the id until then, and for good when it cannot be read).
+  function objectName(r) {
+    if (r.object_type === 'organization') return 'organization (this one)';
+    const shown = h('span', { class: 'object-name', title: r.object_id }, r.object_id);
+    nameOf(r.object_type, r.object_id).then((name) => { shown.textContent = name; });
+    return [`${r.object_type} `, shown];
+  }
+
   async function loadAdmin() {
-    await Promise.all([
+    const [memberList, accountList] = await Promise.all([
       table(members, '/v1/members', ['Email', 'Name', 'Role', 'Since'], (m) => [m.email, m.name, badge(m.role), when(m.created_at)]),
-      table(relations, '/v1/relations', ['Object', 'Relation', 'Subject'], (r) => [`${r.object_type} ${r.object_id ?? ''}`, r.relation, `${r.subject_type} ${r.subject_id}`]),
       table(accounts, '/v1/service-accounts', ['Name', 'Client id', 'Description', 'Created'], (a) => [a.name, h('code', {}, a.client_id), a.description, when(a.created_at)]),
     ]);
+    const who = new Map([...memberList.map((m) => [`user ${m.id}`, m.email]), ...accountList.map((a) => [`service ${a.id}`, `service account ${a.name}`])]);
+    const subject = (r) => h('span', { class: 'subject-name', title: r.subject_id }, who.get(`${r.subject_type} ${r.subject_id}`) || `${r.subject_type} ${r.subject_id}`);
+    await table(relations, '/v1/relations', ['Object', 'Relation', 'Subject'], (r) => [objectName(r), r.relation, subject(r)]);
   }
 
   await Promise.all([loadPats(), loadAdmin()]);

@@ -1,4 +1,6 @@
 // The audit log with the API's filters (period, method, path prefix, actor), paged on the server.
+// Actors show as the API names them (actorDisplay: an email and the token's description, a service
+// account's name, or an id and "(deleted)"); their ids stay in the cell's title.
 import { api, query } from '../api.js';
 import { fill, h, field, notice, when } from '../dom.js';
 
@@ -27,7 +29,7 @@ export async function render(main) {
     try {
       const r = await api('GET', `/v1/audit-events?${query(q)}`);
       notice(status, '');
-      fill(body, r.data.map((e) => h('tr', {}, h('td', {}, when(e.at)), h('td', {}, e.actorUserId || e.actorType), h('td', {}, e.credentialKind || ''),
+      fill(body, r.data.map((e) => h('tr', {}, h('td', {}, when(e.at)), h('td', { class: 'actor', title: [e.actorUserId, e.credentialId].filter(Boolean).join(' · ') || null }, e.actorDisplay || e.actorType), h('td', {}, e.credentialKind || ''),
         h('td', {}, e.method), h('td', {}, h('code', {}, e.path)), h('td', {}, e.status), h('td', {}, e.action || ''))));
       const p = r.pagination;
       fill(pager, h('button', { type: 'button', class: 'secondary', disabled: page <= 1, onclick: () => { page -= 1; load(); } }, 'Previous'),

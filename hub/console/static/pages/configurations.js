@@ -1,5 +1,6 @@
 // Configurations: create, versions, a line diff between two versions, and secret files (write-only:
-// the content is sent once and never shown; metadata and delivery per device are).
+// the content is sent once and never shown; metadata and delivery per device are). Versions show as
+// their numbers, and a configuration's fleets by name.
 import { api, query } from '../api.js';
 import { fill, h, badge, bytes, field, notice, when } from '../dom.js';
 
@@ -54,6 +55,8 @@ export async function render(main) {
   async function open(id) {
     const config = (await api('GET', `/v1/configurations/${id}`)).data;
     const versions = (await api('GET', `/v1/configurations/${id}/versions?limit=100`)).data.sort((x, y) => y.version - x.version);
+    // The fleets list has no configuration filter: the first 500 the caller may view, by their config_id.
+    const fleets = await api('GET', '/v1/fleets?limit=500').then((r) => r.data.filter((f) => f.config_id === id).map((f) => f.name), () => []);
     const pick = (nameAttr, index) => h('select', { name: nameAttr, 'aria-label': nameAttr },
       versions.map((v, i) => h('option', { value: v.id, selected: i === index }, `v${v.version} · ${new Date(v.createdAt).toLocaleString()}`)));
     const from = pick('from', Math.min(1, versions.length - 1));
@@ -129,6 +132,7 @@ export async function render(main) {
       return box;
     }
     fill(detail, h('h2', {}, config.name), h('p', { class: 'muted' }, config.description || ''),
+      h('p', { id: 'config-facts' }, `Current version v${config.currentVersion} · `, fleets.length ? `fleets: ${fleets.join(', ')}` : 'no fleet uses it'),
       h('h3', {}, 'Versions'), versions.length > 1 ? h('div', { class: 'row' }, field('From', from), field('To', to)) : null,
       diff, versionForm, msg, h('h3', {}, 'Secret files'), files, fileForm, fileMsg);
     detail.hidden = false;
