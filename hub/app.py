@@ -20,8 +20,8 @@ from quart_schema.openapi import APIKeySecurityScheme, HttpSecurityScheme, Info
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from hub.api import (access, assistant, audit, billing, configurations, devices, diagnosis, fleets, health, link,
-                     memtests, oauth, pagemaps, pats, rollouts, secret_files, sessions, tunnels, windows)
+from hub.api import (access, assistant, audit, billing, configurations, devices, diagnosis, docs_ui, fleets, health,
+                     link, memtests, oauth, pagemaps, pats, rollouts, secret_files, sessions, tunnels, windows)
 from hub.api import validation
 from device_client.shared.protocol import LINK_PATH
 from hub import answers, asgi_websocket, console
@@ -103,7 +103,7 @@ def create_app(services: Services) -> HubApp:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
     QuartSchema(
         app, openapi_path="/v1/openapi.json", redoc_ui_path=None, scalar_ui_path=None,
-        swagger_ui_path="/v1/docs",
+        swagger_ui_path=None,  # served by hub/api/docs_ui.py from vendored files, under a CSP
         info=Info(title="fleethub", version="1.0",
                   description="Organisation-scoped hub for fleets of edge devices."),
         security_schemes={
@@ -120,7 +120,7 @@ def create_app(services: Services) -> HubApp:
     )
     answers.set_up(app)
     for module in (health, pats, sessions, oauth, access, audit, devices, fleets, configurations, secret_files,
-                   rollouts, link, windows, memtests, pagemaps, diagnosis, tunnels, billing, assistant):
+                   rollouts, link, windows, memtests, pagemaps, diagnosis, tunnels, billing, assistant, docs_ui):
         app.register_blueprint(module.bp)
     app.register_blueprint(configurations.device_bp)
     # the operators' console (hub/console/): pages, static files and its organisation event stream

@@ -4,7 +4,7 @@
 token sums per product and per day, and the caller's sum for today.
 
 ``reserve`` and ``settle`` hold and release the tokens of an answer in progress
-(0021_assistant_reservations.sql). ``reserve`` reads the sums and the holds and writes its own hold
+(0022_assistant_reservations.sql). ``reserve`` reads the sums and the holds and writes its own hold
 under one advisory lock per organisation, so two answers on two hub nodes cannot both take the last of
 the budget. ``settle`` deletes the hold and adds the answer's actual tokens in one transaction.
 """

@@ -169,6 +169,18 @@ async def test_openapi_document_is_public(hub):
         r = await hub.call("GET", "/v1/docs", headers={})
         assert r.status_code == 200, r.text
         assert "text/html" in r.headers["content-type"]
+        # Issue 31 item 6: Swagger UI came from a CDN with no integrity hash and no CSP. Now every
+        # script the page loads is the hub's own, under a CSP that allows no other origin.
+        csp = r.headers["Content-Security-Policy"]
+        assert "script-src 'self';" in csp and "frame-ancestors 'none'" in csp
+        sources = re.findall(r'(?:src|href)="([^"]+)"', r.text)
+        assert sources and all(src.startswith("/v1/docs/") for src in sources), sources
+        assert "<script>" not in r.text  # no inline script: the CSP would refuse it
+        for src in sources:
+            f = await hub.call("GET", src, headers={})
+            assert f.status_code == 200 and len(f.content) > 100, src
+        assert (await hub.call("GET", "/v1/docs/index.html", headers={})).status_code == 404  # allow-list
+        assert (await hub.call("GET", "/v1/docs/..%2fapp.py", headers={})).status_code == 404
 
 
 async def test_openapi_covers_every_route_and_security_schemes(hub):
@@ -185,7 +197,7 @@ async def test_openapi_covers_every_route_and_security_schemes(hub):
         app = create_app(hub.services)
         registered: dict[str, set[str]] = {}
         for rule in app.url_map.iter_rules():
-            if rule.websocket or rule.endpoint in ("static", "openapi", "swagger_ui"):
+            if rule.websocket or rule.endpoint in ("static", "openapi") or rule.endpoint.startswith("docs_ui."):
                 continue
             if rule.endpoint.startswith(("console.", "console_stream.", "console_usage.", "console_deliveries.")):
                 continue  # the web console's pages, files and stream: not the /v1 API (docs/console.md)
