@@ -154,7 +154,7 @@ export async function render(main, id) {
       fill(files, list.length ? h('div', { class: 'scroll' }, h('table', { class: 'files' },
         h('thead', {}, h('tr', {}, ['Path', 'From', 'Mode', 'Owner', 'Size', 'SHA-256', 'Updated', 'Delivery'].map((t) => h('th', {}, t)))),
         h('tbody', {}, list.map((f) => h('tr', { dataset: { path: f.path, from: f.from } }, h('td', {}, h('code', {}, f.path)), h('td', {}, f.from),
-          h('td', {}, f.mode), h('td', {}, `${f.owner.uid}:${f.owner.gid}`), h('td', {}, bytes(f.size)), h('td', {}, h('code', {}, f.sha256)),
+          h('td', {}, f.mode), h('td', {}, `${f.owner.uid}:${f.owner.gid}`), h('td', {}, bytes(f.size)), h('td', {}, h('code', {}, f.sha256Prefix)),
           h('td', {}, when(f.updatedAt)), h('td', { class: 'delivery' }, badge(f.status, tone(f.status)), f.error ? ` ${f.error}` : ''))))))
         : h('p', { class: 'muted' }, 'No secret files for this device.'));
       return list;
