@@ -67,11 +67,13 @@ class Rollouts:
 
         return await self.db.run(body)
 
-    async def latest_of_fleet(self, org_id: uuid.UUID, fleet_id: uuid.UUID) -> dict | None:
-        """The fleet's newest rollout, in any state (a fleet has at most one active)."""
+    async def latest_of_fleet(self, org_id: uuid.UUID, fleet_id: uuid.UUID, *,
+                              reverts: bool = True) -> dict | None:
+        """The fleet's newest rollout, in any state (a fleet has at most one active); with
+        ``reverts=False`` the newest that is not a revert (of the fleet or of one of its devices)."""
         row = await self.db.fetchrow(
             "SELECT * FROM rollouts WHERE org_id = $1 AND fleet_ids @> ARRAY[$2::uuid] "
-            "ORDER BY created_at DESC, id LIMIT 1", org_id, fleet_id)
+            "AND ($3 OR revert_kind IS NULL) ORDER BY created_at DESC, id LIMIT 1", org_id, fleet_id, reverts)
         return dict(row) if row else None
 
     async def versions_before(self, rollout_id: uuid.UUID, fleet_id: uuid.UUID) -> list[dict]:

@@ -5,13 +5,16 @@ editor on the fleet and viewer on the configuration, the fleets' update windows 
 canary and batches, the thresholds that pause it, memory-test deferral, one active rollout per fleet
 — and it is audited, listed, paused and cancelled like any other. What is taken back to:
 
-- a fleet: what its devices ran when its newest rollout was created (recorded per device step,
-  migration 0021); where they ran different versions, the one most of them ran. The newest rollout
-  must have settled (completed, failed or cancelled): a running one is cancelled first, which already
-  gives back what each device it had not finished runs (docs/operations.md). A revert of a revert
-  goes back again, like any undo; the answer names both versions.
+- a fleet: what its devices ran when its newest rollout that is not itself a revert (of the fleet
+  or of one of its devices) was created (recorded per device step, migration 0021); where they ran
+  different versions, the one most of them ran. The fleet's newest rollout must have settled
+  (completed, failed or cancelled): a running one is cancelled first, which already gives back what
+  each device it had not finished runs (docs/operations.md). Reverting again sends the same version
+  again (to the devices the first revert missed), never the version reverted from: going forward is
+  a rollout.
 - a device: the version it ran before the one it runs (``devices.previous_version_id``, kept by a
-  trigger on every change of what it runs), as a rollout of its fleet over that device alone.
+  trigger on every change of what it runs), as a rollout of its fleet over that device alone. Once
+  it is back on that version nothing earlier is known, and a second revert is a 409.
 
 Why dedicated routes rather than a flag on ``POST /v1/rollouts``: the hub, not the caller, decides
 the version, so the body the spec fixes for a rollout (a configuration and a version) would be
@@ -83,13 +86,14 @@ async def revert_fleet(fleet_id: str):
     s = services()
     data = await _revert_body()
     fleet = await _fleet(parse_uuid(fleet_id, "fleet_id"))
-    last = await s.rollouts.latest_of_fleet(org().org_id, fleet["id"])
+    newest = await s.rollouts.latest_of_fleet(org().org_id, fleet["id"])
+    if newest is not None and newest["state"] in ACTIVE:
+        raise Conflict(f"rollout {newest['id']} of the fleet is {newest['state']}: cancel it first "
+                       f"(POST /v1/rollouts/{newest['id']}/cancel), then revert", code="rollout_active")
+    last = await s.rollouts.latest_of_fleet(org().org_id, fleet["id"], reverts=False)
     if last is None:
         raise Conflict("the fleet has had no rollout: there is no earlier version to go back to",
                        code="no_earlier_version")
-    if last["state"] in ACTIVE:
-        raise Conflict(f"rollout {last['id']} of the fleet is {last['state']}: cancel it first "
-                       f"(POST /v1/rollouts/{last['id']}/cancel), then revert", code="rollout_active")
     before = await s.rollouts.versions_before(last["id"], fleet["id"])
     if not before:
         raise Conflict(f"before rollout {last['id']} the fleet's devices ran no other version",
@@ -100,7 +104,7 @@ async def revert_fleet(fleet_id: str):
         batch_size=data.batch_size if data.batch_size is not None else last["batch_size"],
         success_threshold=_or(data.success_threshold, last["success_threshold"]),
         failure_threshold=_or(data.failure_threshold, last["failure_threshold"]),
-        revert_of=last["id"],
+        revert_kind="fleet", revert_of=last["id"],
         audit={"revertOf": str(last["id"]), "fromVersionId": str(last["version_id"]),
                "toVersionId": str(version["id"])})
     rollout["revert"] = {"of_rollout": str(last["id"]), "from_version_id": str(last["version_id"]),
@@ -136,7 +140,7 @@ async def revert_device(device_id: str):
     rollout = await start_rollout(
         [fleet], version["config_id"], version, force=data.force, batch_size=None,
         success_threshold=_or(data.success_threshold, 0.9), failure_threshold=_or(data.failure_threshold, 0.1),
-        only_devices={device["id"]},
+        only_devices={device["id"]}, revert_kind="device",
         audit={"revertDevice": str(device["id"]), "fromVersionId": str(device["applied_version_id"]),
                "toVersionId": str(version["id"])})
     rollout["revert"] = {"device_id": str(device["id"]), "from_version_id": str(device["applied_version_id"]),

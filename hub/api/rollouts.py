@@ -306,8 +306,8 @@ async def create_rollout():
 
 async def start_rollout(fleets: list[dict], config_id: uuid.UUID, version: dict, *, force: bool,
                         batch_size: int | None, success_threshold: float, failure_threshold: float,
-                        only_devices: set[uuid.UUID] | None = None, revert_of: uuid.UUID | None = None,
-                        audit: dict | None = None) -> dict:
+                        only_devices: set[uuid.UUID] | None = None, revert_kind: str | None = None,
+                        revert_of: uuid.UUID | None = None, audit: dict | None = None) -> dict:
     """Plan, store and start a rollout of ``version`` over the fleets' eligible devices (only
     ``only_devices`` of them when given: a device's revert); the caller has authorised it. Every
     rollout goes through here, so a revert passes the same gates (windows unless forced, canary and
@@ -336,7 +336,7 @@ async def start_rollout(fleets: list[dict], config_id: uuid.UUID, version: dict,
            "version_id": version["id"], "force": force, "batch_size": batch_size,
            "success_threshold": success_threshold, "failure_threshold": failure_threshold,
            "state": rm.RolloutState.PENDING.value, "created_by": p.id, "created_by_user": p.user_id,
-           "created_at": now, "updated_at": now, "revert_of": revert_of}
+           "created_at": now, "updated_at": now, "revert_kind": revert_kind, "revert_of": revert_of}
     try:
         created = await s.rollouts.create(row, steps)
     except FleetBusy as exc:
@@ -365,7 +365,7 @@ async def _rollout_json(rollout_id: uuid.UUID) -> dict:
         b[st["step"]] += 1
     return jsonable({
         "id": row["id"], "state": row["state"], "reason": row["reason"], "fleet_ids": row["fleet_ids"],
-        "revert_of": row.get("revert_of"),
+        "revert_kind": row.get("revert_kind"), "revert_of": row.get("revert_of"),
         "config_id": row["config_id"], "version_id": row["version_id"], "force": row["force"],
         "batch_size": row["batch_size"], "success_threshold": row["success_threshold"],
         "failure_threshold": row["failure_threshold"], "current_batch": row["current_batch"],

@@ -114,7 +114,7 @@ async def test_device_revert_takes_one_device_back_and_only_once(nursery, db_url
         await rolled_out(hub, fid, cid, v1)
         assert_error(await hub.call("POST", f"/v1/devices/{one}/revert"), 409, "no_earlier_version")
         v2 = await new_version(hub, cid, HEALTHY_2)
-        await rolled_out(hub, fid, cid, v2)
+        second = await rolled_out(hub, fid, cid, v2)
 
         # a viewer of the fleet may not revert (a rollout needs editor on it)
         member = await hub.new_user("member")
@@ -141,6 +141,13 @@ async def test_device_revert_takes_one_device_back_and_only_once(nursery, db_url
         # back on the version it ran before: nothing earlier is known, so not again (never to v2)
         assert (await device(hub, one))["configuration"]["previous_version_id"] is None
         assert_error(await hub.call("POST", f"/v1/devices/{one}/revert"), 409, "no_earlier_version")
+        # the fleet's revert looks past the device's: back to what the fleet ran before its rollout of v2
+        r = await hub.call("POST", f"/v1/fleets/{fid}/revert")
+        assert r.status_code == 201, r.text
+        assert (r.json()["data"]["version_id"], r.json()["data"]["revert_of"]) == (v1, second)
+        assert (back["revert_kind"], r.json()["data"]["revert_kind"]) == ("device", "fleet")
+        await settled(hub, r.json()["data"]["id"])
+        assert (await runs(hub, one), await runs(hub, other)) == (v1, v1)
         ok = [e for e in await audited(hub, f"/v1/devices/{one}/revert") if e["status"] == 201]
         assert ok and ok[0]["details"]["revertDevice"] == one and ok[0]["details"]["toVersionId"] == v1
 
