@@ -215,6 +215,9 @@ class RolloutOut(BaseModel):
     total_devices: int
     batches: list[dict[str, Any]]
     devices: list[RolloutDeviceOut]
+    revert_kind: Literal["fleet", "device"] | None = Field(None, description="a revert's (POST /v1/fleets/{id}/revert "
+                                                                             "or /v1/devices/{id}/revert), else null")
+    revert_of: str | None = Field(None, description="a fleet revert: the rollout it undoes")
 
 
 async def _selected(data: RolloutSelection, *, authorize_config: bool) -> tuple[list[dict], uuid.UUID, dict]:
@@ -391,6 +394,8 @@ class RolloutSummary(BaseModel):
     current_batch: int
     created_at: str
     updated_at: str
+    revert_kind: Literal["fleet", "device"] | None = None
+    revert_of: str | None = None
 
 
 @bp.get("")
@@ -405,7 +410,7 @@ async def list_rollouts(query_args: RolloutQuery):
                                         state=query_args.state, only_fleets=None if everything else ids | fleets)
     return {"data": [jsonable({k: r[k] for k in ("id", "state", "reason", "fleet_ids", "config_id", "version_id",
                                                   "force", "batch_size", "current_batch", "created_at",
-                                                  "updated_at")}) for r in rows],
+                                                  "updated_at", "revert_kind", "revert_of")}) for r in rows],
             "pagination": pagination(query_args.page, query_args.limit, total)}
 
 

@@ -100,8 +100,10 @@ async def test_fleet_revert_goes_back_to_what_the_fleet_ran_before_its_rollout(n
         assert entry["status"] == 201
         assert (entry["details"]["revertOf"], entry["details"]["fromVersionId"],
                 entry["details"]["toVersionId"]) == (second, v2, v1)
-        listed = (await hub.call("GET", "/v1/rollouts", params={"limit": 10})).json()["data"]
-        assert {x["id"] for x in listed} >= {first, second, back["id"]}
+        listed = {x["id"]: x for x in (await hub.call("GET", "/v1/rollouts", params={"limit": 10})).json()["data"]}
+        assert set(listed) >= {first, second, back["id"]}
+        assert (listed[back["id"]]["revert_kind"], listed[back["id"]]["revert_of"]) == ("fleet", second)
+        assert listed[second]["revert_kind"] is None
 
 
 async def test_device_revert_takes_one_device_back_and_only_once(nursery, db_url, tmp_path):
