@@ -137,13 +137,13 @@ async def revert_device(device_id: str):
                        code="device_not_in_fleet")
     fleet = await _fleet(device["fleet_id"])
     version = await _version(previous)
+    runs = str(device["applied_version_id"]) if device["applied_version_id"] else None  # none after a reset
     rollout = await start_rollout(
         [fleet], version["config_id"], version, force=data.force, batch_size=None,
         success_threshold=_or(data.success_threshold, 0.9), failure_threshold=_or(data.failure_threshold, 0.1),
         only_devices={device["id"]}, revert_kind="device",
-        audit={"revertDevice": str(device["id"]), "fromVersionId": str(device["applied_version_id"]),
-               "toVersionId": str(version["id"])})
-    rollout["revert"] = {"device_id": str(device["id"]), "from_version_id": str(device["applied_version_id"]),
+        audit={"revertDevice": str(device["id"]), "fromVersionId": runs, "toVersionId": str(version["id"])})
+    rollout["revert"] = {"device_id": str(device["id"]), "from_version_id": runs,
                          "to_version_id": str(version["id"]), "to_version": version["version"]}
     return {"data": rollout}, 201
 

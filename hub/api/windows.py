@@ -9,8 +9,9 @@ Shapes (decided where the spec says "not shown"):
   answers 200 ``{"data": {fleet_id, enabled, timezone, start_time, end_time, days_of_week,
   check: {allowed, next_window_at}}}``. A disabled window is validated and kept as sent, so enabling
   it again is one field: ``{"enabled": false}`` alone switches the stored schedule off (a fleet with
-  none stays without a window: disabling needs no time zone), ``{"enabled": true}`` alone switches
-  it on again (400 missing_field when none is stored).
+  none stays without a window: disabling needs no time zone), and so does what GET shows a fleet
+  without a window (``enabled: false``, the others null); ``{"enabled": true}`` alone switches it
+  on again (400 missing_field when none is stored).
 - ``GET`` (viewer) always answers an object: a fleet without a window is ``enabled: false`` with
   timezone, start_time, end_time and days_of_week null — it is never ``{"data": null}``.
 - ``DELETE`` (editor) removes the window (idempotent) and answers the same shape as that GET.
@@ -32,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 from quart import Blueprint, request
 from quart_schema import document_request
 
-from actors.machines.window import UpdateWindow, WindowError, check
+from actors.machines.window import FIELDS, UpdateWindow, WindowError, check
 from device_client.shared.clock import rfc3339
 from hub.api.common import errors, org, parse_uuid, services
 from hub.api.validation import json_object, parse_body, responds
@@ -126,6 +127,15 @@ def _parsed(fields: dict[str, Any]) -> UpdateWindow:
                          details=[{"field": exc.field, "problem": exc.message}]) from None
 
 
+def _is_switch(raw: dict[str, Any]) -> bool:
+    """``enabled`` alone; or ``enabled: false`` with the other fields null, as GET shows a fleet
+    without a window (what GET answered, PUT takes back)."""
+    if not isinstance(raw.get("enabled"), bool) or not set(raw) <= set(FIELDS):
+        return False
+    rest = [raw[k] for k in raw if k != "enabled"]
+    return not rest or (raw["enabled"] is False and all(v is None for v in rest))
+
+
 def _window_body(func):
     """Parse the body into an UpdateWindow: shape errors as everywhere, value errors invalid_window.
     A body of ``enabled`` alone (a boolean) is a switch of the stored schedule instead (``switch``):
@@ -134,7 +144,7 @@ def _window_body(func):
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         data = await request.get_data()
         raw = json_object(data) if data else None
-        if raw is not None and set(raw) == {"enabled"} and isinstance(raw["enabled"], bool):
+        if raw is not None and _is_switch(raw):
             return await func(*args, window=None, switch=raw["enabled"], **kwargs)
         fields = await parse_body(_WindowFields)
         return await func(*args, window=_parsed(fields.model_dump()), switch=None, **kwargs)

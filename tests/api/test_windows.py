@@ -267,6 +267,8 @@ async def test_enabled_false_alone_switches_the_window_off_and_true_on_again(hub
         assert r.status_code == 200, r.text
         assert r.json() == {"data": {**no_window(fid), "check": {"allowed": True, "next_window_at": None}}}
         assert (await hub.call("GET", url)).json() == {"data": no_window(fid)}
+        shown = {k: v for k, v in no_window(fid).items() if k != "fleet_id"}  # what GET answered, PUT back
+        assert (await hub.call("PUT", url, json=shown)).status_code == 200
         body = assert_error(await hub.call("PUT", url, json={"enabled": True}), 400, "missing_field")
         assert "timezone" in body["message"]
 
@@ -285,4 +287,6 @@ async def test_enabled_false_alone_switches_the_window_off_and_true_on_again(hub
                                      "check": {"allowed": expected.allowed,
                                                "next_window_at": rfc3339(expected.next_window_at)}}}
         assert_error(await hub.call("PUT", url, json={"enabled": "no"}), 400, "missing_field")
+        assert_error(await hub.call("PUT", url, json={**shown, "enabled": True}), 400, "invalid_window")
+        assert_error(await hub.call("PUT", url, json={"enabled": False, "timezone": "UTC"}), 400, "missing_field")
         assert (await hub.call("GET", url)).json() == {"data": {"fleet_id": fid, **BERLIN_NIGHTS}}
