@@ -279,7 +279,7 @@ async def impact():
     eligible = [d for p in parts for d in p["eligible"]]
     queued = [d for p in parts if not p["in_window"] for d in p["eligible"]]
     pending = {a: [d for p in parts for d in p["pending"][a]] for a in PENDING_ACTIONS}
-    starts = [p["next_window_at"] for p in parts if p["next_window_at"] is not None and p["eligible"]]
+    starts = [p["next_window_at"] for p in parts if p["next_window_at"] is not None]
     return {"data": {
         "fleet_id": str(fleets[0]["id"]) if len(fleets) == 1 else None,
         "fleet_ids": [str(f["id"]) for f in fleets],

@@ -220,8 +220,13 @@ async def test_rollout_and_impact_take_the_names_of_every_spec_form(nursery, db_
         assert (spec_form["fleet_id"], spec_form["target_version_id"], spec_form["eligible_devices"]) == (f1, v1, 0)
         assert (await impact({"fleet_ids": [f1], "configuration_id": cid}))["target_version_id"] == v2  # current
         assert (await impact({"fleet_id": f1, "config_id": cid, "version_id": v1}))["target_version_id"] == v1
+        assert (await hub.call("PUT", f"/v1/fleets/{f2}/update-window", json=closed_window(hub))).status_code == 200
         both = await impact({"fleet_ids": [f1, f2], "target_version_id": v1, "force": True})
         assert (both["fleet_id"], both["fleet_ids"], both["force"]) == (None, [f1, f2], True)
+        assert both["window_bypassed"] is True and both["next_window_at"] is None
+        held = await impact({"fleet_ids": [f1, f2], "target_version_id": v1})
+        assert held["window_bypassed"] is False and held["next_window_at"].endswith("Z")  # f2's next opening
+        await hub.call("DELETE", f"/v1/fleets/{f2}/update-window")
 
         for body, code in (({"fleet_id": f1, "fleet_ids": [f2], "target_version_id": v1}, "invalid_field"),
                            ({"fleet_id": f1, "config_id": cid, "configuration_id": str(uuid.uuid4())},
