@@ -124,6 +124,10 @@ EXTENSIONS: dict[tuple[str, str], str] = {
     ("post", "/v1/rollouts/{rollout_id}/resume"): "Resume a paused rollout, accepting the failures so far.",
     ("post", "/v1/rollouts/{rollout_id}/cancel"): "Cancel a rollout; devices in flight finish.",
     ("get", "/v1/rollouts/{rollout_id}/events"): "The rollout's progress stream (server-sent events).",
+    ("post", "/v1/fleets/{fleet_id}/revert"): "Roll the fleet back to what it ran before its newest rollout "
+                                              "(a rollout of that version, with a rollout's gates).",
+    ("post", "/v1/devices/{device_id}/revert"): "Roll the device back to the version it ran before the one it runs "
+                                                "(a rollout of its fleet over that device, with a rollout's gates).",
     ("get", "/v1/fleets/{fleetId}/update-window"): "The fleet's update window.",
     ("delete", "/v1/fleets/{fleetId}/update-window"): "Remove the fleet's update window (rollouts are then never held).",
     ("post", "/v1/cli/tunnel/token"): "A 15-minute tunnel token (the TunnelToken credential of the session routes).",

@@ -16,10 +16,11 @@ DEVICE_COLUMNS = (
     "id, org_id, fleet_id, name, tags, firmware, architecture, online, state, boot_reason, "
     "last_seen_at, connected_at, tunnel_public_key, facts, conditions, created_at, updated_at, "
     "config_id, config_version_id, applied_version_id, config_status, config_error, config_check_output, "
-    "config_workload_log, "
+    "config_workload_log, previous_version_id, "
     # the versions' numbers, which operators read (a version's number never changes: cacheable)
     "(SELECT version FROM configuration_versions cv WHERE cv.id = devices.config_version_id) AS config_version, "
-    "(SELECT version FROM configuration_versions cv WHERE cv.id = devices.applied_version_id) AS applied_version")
+    "(SELECT version FROM configuration_versions cv WHERE cv.id = devices.applied_version_id) AS applied_version, "
+    "(SELECT version FROM configuration_versions cv WHERE cv.id = devices.previous_version_id) AS previous_version")
 
 
 def _device(row: asyncpg.Record | None) -> dict | None:

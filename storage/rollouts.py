@@ -41,9 +41,11 @@ class Rollouts:
             created = await conn.fetchrow(
                 f"INSERT INTO rollouts ({', '.join(cols)}) VALUES ({', '.join(f'${i + 1}' for i in range(len(cols)))}) "
                 "RETURNING *", *row.values())
+            # previous_version_id: what the device runs now, which a revert of this rollout goes back to
             await conn.executemany(
-                "INSERT INTO rollout_devices (rollout_id, device_id, fleet_id, batch, step, error, updated_at) "
-                "VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                "INSERT INTO rollout_devices (rollout_id, device_id, fleet_id, batch, step, error, updated_at, "
+                "previous_version_id) VALUES ($1, $2, $3, $4, $5, $6, $7, "
+                "(SELECT applied_version_id FROM devices WHERE id = $2))",
                 [(created["id"], d, f, b, st, err, row["created_at"]) for d, f, b, st, err in steps])
             return dict(created)
 
@@ -64,6 +66,28 @@ class Rollouts:
             return dict(row), [dict(s) for s in steps]
 
         return await self.db.run(body)
+
+    async def latest_of_fleet(self, org_id: uuid.UUID, fleet_id: uuid.UUID, *,
+                              reverts: bool = True) -> dict | None:
+        """The fleet's newest rollout, in any state (a fleet has at most one active); with
+        ``reverts=False`` the newest that is not a revert (of the fleet or of one of its devices)."""
+        row = await self.db.fetchrow(
+            "SELECT * FROM rollouts WHERE org_id = $1 AND fleet_ids @> ARRAY[$2::uuid] "
+            "AND ($3 OR revert_kind IS NULL) ORDER BY created_at DESC, id LIMIT 1", org_id, fleet_id, reverts)
+        return dict(row) if row else None
+
+    async def versions_before(self, rollout_id: uuid.UUID, fleet_id: uuid.UUID) -> list[dict]:
+        """What the fleet's devices ran when the rollout was created, most devices first (then the
+        newer version): ``{version_id, devices}`` each, leaving out devices that ran nothing and
+        those that ran the rollout's own version already."""
+        rows = await self.db.fetch(
+            """SELECT r.previous_version_id AS version_id, count(*) AS devices
+               FROM rollout_devices r JOIN rollouts o ON o.id = r.rollout_id
+               JOIN configuration_versions v ON v.id = r.previous_version_id
+               WHERE r.rollout_id = $1 AND r.fleet_id = $2 AND r.previous_version_id <> o.version_id
+               GROUP BY r.previous_version_id, v.created_at ORDER BY count(*) DESC, v.created_at DESC""",
+            rollout_id, fleet_id)
+        return [dict(r) for r in rows]
 
     async def get_any(self, rollout_id: uuid.UUID) -> tuple[dict, list[dict]] | None:
         org_id = await self.db.fetchval("SELECT org_id FROM rollouts WHERE id = $1", rollout_id)

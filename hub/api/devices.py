@@ -68,6 +68,9 @@ class DeviceConfiguration(BaseModel):
     version: int | None = Field(description="the assigned version's number")
     applied_version_id: uuid.UUID | None
     applied_version: int | None = Field(description="the number of the version the device runs and has verified")
+    previous_version_id: uuid.UUID | None = Field(None, description="the version the device ran before the one it "
+                                                                    "runs: what POST /v1/devices/{id}/revert goes back to")
+    previous_version: int | None = Field(None, description="that version's number")
     status: Literal["pending", "applying", "applied", "rejected", "failed"] | None = Field(
         description="pending (assigned), applying (sent to the device), applied, rejected (by the device, "
                     "rolled back) or failed (no valid result in time; sent again at the next link)")
@@ -162,6 +165,8 @@ def _configuration(row: dict) -> dict:
     return {"config_id": _text(row.get("config_id")), "version_id": _text(row.get("config_version_id")),
             "version": row.get("config_version"), "applied_version_id": _text(row.get("applied_version_id")),
             "applied_version": row.get("applied_version"), "status": row.get("config_status"),
+            "previous_version_id": _text(row.get("previous_version_id")),
+            "previous_version": row.get("previous_version"),
             "error": row.get("config_error"),
             # the device's words belong to its rejection only (storage clears them with any other result)
             "check_output": row.get("config_check_output") if rejected else None,

@@ -2,7 +2,11 @@
 
 Two request forms for POST /v1/rollouts: forced {fleet_id, config_id, force} and batched
 {fleet_ids, configuration_id, batch_size}; either may name a version (default: the configuration's
-current one) and thresholds. The impact calculation answers what a rollout would do right now.
+current one) and thresholds. The impact calculation answers what a rollout would do right now; the
+spec names its body {fleet_id, target_version_id, force}. The spec fixes each of these names, and
+names one thing differently in each form, so every form's names are taken by both endpoints
+(RolloutSelection): a body written for one works for the other. Reverts (hub/api/reverts.py)
+are rollouts too, started through ``start_rollout``.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
-from quart import Blueprint, g, request
+from quart import Blueprint, g
 from quart_schema import document_request
 
 from actors.machines import rollout as rm
@@ -23,7 +27,7 @@ from hub.cluster.leases import HeldElsewhere
 from hub.api.common import PageQuery, errors, jsonable, org, pagination, parse_uuid, principal, services
 from hub.api.sse import stream_response
 from hub.auth.streams import StreamAccess
-from hub.api.validation import body, enveloped, parse_body, query, responds
+from hub.api.validation import enveloped, parse_body, query, responds
 from hub.auth.authz import Obj, authorize, require_deploy, scope_for_list
 from hub.errors import BadRequest, Conflict, NotFound
 from storage.rollouts import FleetBusy
@@ -34,6 +38,7 @@ PENDING_ACTIONS = ("health_check", "battery_discharging", "mission_critical")
 
 
 class ImpactRequest(BaseModel):
+    """The spec's impact form (documentation: ``RolloutSelection`` is what the view parses)."""
     model_config = ConfigDict(extra="forbid")
     fleet_id: uuid.UUID
     target_version_id: uuid.UUID
@@ -61,9 +66,67 @@ class BatchedRollout(_Thresholds):
     force: bool = False
 
 
-class RolloutRequest(RootModel[ForcedRollout | BatchedRollout]):
-    """Either form of the spec: forced {fleet_id, config_id, force} or batched {fleet_ids,
-    configuration_id, batch_size} (documentation: the view tells them apart by fleet_ids)."""
+_ONE_FLEET = "fleet_id (the spec's forced and impact forms) or fleet_ids (its batched form)"
+_ONE_CONFIG = "config_id (the spec's forced form) or configuration_id (its batched form)"
+_ONE_VERSION = "target_version_id (the spec's impact form) or version_id"
+
+
+class RolloutSelection(BaseModel):
+    """What an impact calculation or a rollout acts on, under either name the spec gives it (the
+    spec names the same thing differently in each request form; every spec name works as the spec
+    has it, and the other forms' names work too, so one body serves impact and create alike):
+    fleets as fleet_id or fleet_ids, the configuration as config_id or configuration_id, and the
+    version as target_version_id or version_id (default: the configuration's current version; a
+    version alone names its configuration)."""
+    model_config = ConfigDict(extra="forbid")
+    fleet_id: uuid.UUID | None = Field(None, description="one fleet; or fleet_ids")
+    fleet_ids: list[uuid.UUID] | None = Field(None, min_length=1, max_length=100, description="fleets; or fleet_id")
+    config_id: uuid.UUID | None = Field(None, description="the configuration; or configuration_id")
+    configuration_id: uuid.UUID | None = Field(None, description="the configuration; or config_id")
+    target_version_id: uuid.UUID | None = Field(None, description="the version; or version_id")
+    version_id: uuid.UUID | None = Field(None, description="the version; or target_version_id")
+    force: bool = Field(False, description="true bypasses the fleets' update windows (one batch, no canary)")
+
+    def fleets(self) -> list[uuid.UUID]:
+        return _one(self, "fleet_id", "fleet_ids", _ONE_FLEET, listed=True)
+
+    def configuration(self) -> uuid.UUID | None:
+        return _one(self, "config_id", "configuration_id", _ONE_CONFIG, required=False)
+
+    def version(self) -> uuid.UUID | None:
+        return _one(self, "target_version_id", "version_id", _ONE_VERSION, required=False)
+
+
+class RolloutIn(RolloutSelection):
+    """A rollout request in either of the spec's forms, or with the other form's names."""
+    batch_size: int | None = Field(None, ge=1, le=100_000, description="devices per batch after a canary; "
+                                                                      "absent: one batch")
+    success_threshold: float = Field(0.9, ge=0, le=1)
+    failure_threshold: float = Field(0.1, ge=0, le=1)
+
+
+class RolloutRequest(RootModel[ForcedRollout | BatchedRollout | RolloutIn]):
+    """Either form of the spec, forced {fleet_id, config_id, force} or batched {fleet_ids,
+    configuration_id, batch_size}, or the names of both mixed (RolloutIn: the spec names one
+    thing two ways, and either way is taken). For the document; the view parses RolloutIn."""
+
+
+class ImpactBody(RootModel[ImpactRequest | RolloutSelection]):
+    """The spec's impact form {fleet_id, target_version_id, force}, or the create forms' names
+    (RolloutSelection). For the document; the view parses RolloutSelection."""
+
+
+def _one(data: BaseModel, single: str, plural: str, names: str, *, listed: bool = False, required: bool = True):
+    a, b = getattr(data, single), getattr(data, plural)
+    if a is not None and b is not None and (b != [a] if listed else a != b):
+        raise BadRequest(f"{single}, {plural}: give {names}, not both", code="invalid_field")
+    if a is None and b is None:
+        if required:
+            raise BadRequest(f"{single}: give {names}", code="missing_field")
+        return None
+    if listed:
+        return b if b is not None else [a]
+    return a if a is not None else b
 
 
 # The enumerations as the machine spells them (actors/machines/rollout.py), for the document.
@@ -124,7 +187,8 @@ async def _fleet_devices(fleet: dict) -> list[tuple[dict, dict | None]]:
 
 class ImpactOut(BaseModel):
     model_config = ConfigDict(extra="allow")
-    fleet_id: str
+    fleet_id: str | None = Field(..., description="the fleet, when the request named one")
+    fleet_ids: list[str]
     eligible_devices: int
     in_window: int
     queued_for_next_window: int
@@ -151,22 +215,40 @@ class RolloutOut(BaseModel):
     total_devices: int
     batches: list[dict[str, Any]]
     devices: list[RolloutDeviceOut]
+    revert_kind: Literal["fleet", "device"] | None = Field(None, description="a revert's (POST /v1/fleets/{id}/revert "
+                                                                             "or /v1/devices/{id}/revert), else null")
+    revert_of: str | None = Field(None, description="a fleet revert: the rollout it undoes")
 
 
-@bp.post("/impact")
-@body(ImpactRequest)
-@responds(enveloped(ImpactOut))
-@errors(400, 401, 403, 404)
-async def impact(data: ImpactRequest):
+async def _selected(data: RolloutSelection, *, authorize_config: bool) -> tuple[list[dict], uuid.UUID, dict]:
+    """The fleets (editor on each), the configuration and the version a request names."""
     s = services()
-    [fleet] = await _fleets([data.fleet_id])
-    version = await s.configs.version(org().org_id, data.target_version_id)
-    if version is None:
-        raise BadRequest("target_version_id: no such configuration version in this organisation",
-                         code="invalid_reference")
-    now = s.clock.now()
+    fleets = await _fleets(data.fleets())
+    config_id, version_id = data.configuration(), data.version()
+    named = "target_version_id" if data.target_version_id is not None else "version_id"
+    if config_id is not None:
+        found = await s.configs.get(org().org_id, config_id)
+        if found is None:
+            raise BadRequest("configuration not in this organisation", code="invalid_reference")
+        version = found[1]
+    elif version_id is None:
+        raise BadRequest(f"target_version_id: give a version, or {_ONE_CONFIG} (its current version)",
+                         code="missing_field")
+    if version_id is not None:
+        version = await s.configs.version(org().org_id, version_id)
+        if version is None:
+            raise BadRequest(f"{named}: no such configuration version in this organisation",
+                             code="invalid_reference")
+        if config_id is not None and version["config_id"] != config_id:
+            raise BadRequest(f"{named}: not a version of this configuration", code="invalid_reference")
+    if authorize_config:
+        await require_deploy(s, version["config_id"])
+    return fleets, version["config_id"], version
+
+
+async def _impact_of(fleet: dict, force: bool, now) -> dict:
     window = _window(fleet)
-    in_window = data.force or window is None or is_open(window, now)
+    in_window = force or window is None or is_open(window, now)
     eligible, ineligible, pending = [], [], {a: [] for a in PENDING_ACTIONS}
     for row, live in await _fleet_devices(fleet):
         reason = _eligibility(row, fleet, live)
@@ -177,15 +259,38 @@ async def impact(data: ImpactRequest):
         for action in (live.get("facts") or {}).get("pendingActions") or []:
             if action in pending:
                 pending[action].append(str(row["id"]))
+    return {"eligible": eligible, "ineligible": ineligible, "pending": pending, "in_window": in_window,
+            "next_window_at": None if in_window else next_start_after(window, now),
+            "window_bypassed": bool(force and window is not None and not is_open(window, now))}
+
+
+@bp.post("/impact")
+@document_request(ImpactBody)
+@responds(enveloped(ImpactOut))
+@errors(400, 401, 403, 404)
+async def impact():
+    """What a rollout would do now. The spec's form is {fleet_id, target_version_id, force}; the
+    create forms' names are taken too (RolloutSelection), and over several fleets the counts are
+    their sums (each fleet's window decides for its devices)."""
+    data = await parse_body(RolloutSelection)
+    fleets, _, version = await _selected(data, authorize_config=False)
+    now = services().clock.now()
+    parts = [await _impact_of(fleet, data.force, now) for fleet in fleets]
+    eligible = [d for p in parts for d in p["eligible"]]
+    queued = [d for p in parts if not p["in_window"] for d in p["eligible"]]
+    pending = {a: [d for p in parts for d in p["pending"][a]] for a in PENDING_ACTIONS}
+    starts = [p["next_window_at"] for p in parts if p["next_window_at"] is not None]
     return {"data": {
-        "fleet_id": str(fleet["id"]), "target_version_id": str(data.target_version_id), "force": data.force,
+        "fleet_id": str(fleets[0]["id"]) if len(fleets) == 1 else None,
+        "fleet_ids": [str(f["id"]) for f in fleets],
+        "target_version_id": str(version["id"]), "force": data.force,
         "eligible_devices": len(eligible), "eligible_device_ids": eligible,
-        "ineligible_devices": ineligible,
-        "in_window": len(eligible) if in_window else 0,
-        "queued_for_next_window": 0 if in_window else len(eligible),
-        "next_window_at": None if in_window else rfc3339(next_start_after(window, now)),
-        "window_bypassed": bool(data.force and window is not None and not is_open(window, now)),
-        "pending_actions": {a: ids for a, ids in pending.items()},
+        "ineligible_devices": [d for p in parts for d in p["ineligible"]],
+        "in_window": len(eligible) - len(queued),
+        "queued_for_next_window": len(queued),
+        "next_window_at": rfc3339(min(starts)) if starts else None,
+        "window_bypassed": any(p["window_bypassed"] for p in parts),
+        "pending_actions": pending,
         "devices_with_pending_actions": len({d for ids in pending.values() for d in ids}),
     }}
 
@@ -195,55 +300,58 @@ async def impact(data: ImpactRequest):
 @responds(enveloped(RolloutOut), 201)
 @errors(400, 401, 403, 404, 409)
 async def create_rollout():
+    data = await parse_body(RolloutIn)
+    fleets, config_id, version = await _selected(data, authorize_config=True)
+    return {"data": await start_rollout(fleets, config_id, version, force=data.force, batch_size=data.batch_size,
+                                        success_threshold=data.success_threshold,
+                                        failure_threshold=data.failure_threshold)}, 201
+
+
+async def start_rollout(fleets: list[dict], config_id: uuid.UUID, version: dict, *, force: bool,
+                        batch_size: int | None, success_threshold: float, failure_threshold: float,
+                        only_devices: set[uuid.UUID] | None = None, revert_kind: str | None = None,
+                        revert_of: uuid.UUID | None = None, audit: dict | None = None) -> dict:
+    """Plan, store and start a rollout of ``version`` over the fleets' eligible devices (only
+    ``only_devices`` of them when given: a device's revert); the caller has authorised it. Every
+    rollout goes through here, so a revert passes the same gates (windows unless forced, canary and
+    batches, thresholds, memory-test deferral in the machine, one active rollout per fleet)."""
     s = services()
-    raw = await request.get_data()
-    form = BatchedRollout if b'"fleet_ids"' in raw else ForcedRollout
-    data = await parse_body(form)
-    if isinstance(data, BatchedRollout):
-        fleet_ids, config_id = data.fleet_ids, data.configuration_id
-    else:
-        fleet_ids, config_id = [data.fleet_id], data.config_id
-    fleets = await _fleets(fleet_ids)
-    found = await s.configs.get(org().org_id, config_id)
-    if found is None:
-        raise BadRequest("configuration not in this organisation", code="invalid_reference")
-    await require_deploy(s, config_id)
-    version = found[1]
-    if data.version_id is not None:
-        version = await s.configs.version(org().org_id, data.version_id)
-        if version is None or version["config_id"] != config_id:
-            raise BadRequest("version_id: not a version of this configuration", code="invalid_reference")
     eligible, steps = [], []
     for fleet in fleets:
         for row, live in await _fleet_devices(fleet):
+            if only_devices is not None and row["id"] not in only_devices:
+                continue
             reason = _eligibility(row, fleet, live)
             if reason:
                 steps.append((row["id"], fleet["id"], 0, rm.Step.INELIGIBLE.value, reason))
             else:
                 eligible.append((row["id"], fleet["id"]))
-    batches = rm.plan_batches([str(d) for d, _ in eligible], batch_size=data.batch_size, force=data.force)
+    if only_devices is not None and not eligible:
+        why = "; ".join(st[4] for st in steps) or "not in the fleet"
+        raise Conflict(f"the device cannot take a rollout now: {why}", code="device_ineligible")
+    batches = rm.plan_batches([str(d) for d, _ in eligible], batch_size=batch_size, force=force)
     fleet_of = {str(d): f for d, f in eligible}
     for number, batch in enumerate(batches):
         steps += [(uuid.UUID(d), fleet_of[d], number, rm.Step.PENDING.value, None) for d in batch]
     now = s.clock.now()
     p = principal()
     row = {"id": uuid.uuid4(), "org_id": org().org_id, "fleet_ids": [f["id"] for f in fleets], "config_id": config_id,
-           "version_id": version["id"], "force": data.force, "batch_size": data.batch_size,
-           "success_threshold": data.success_threshold, "failure_threshold": data.failure_threshold,
+           "version_id": version["id"], "force": force, "batch_size": batch_size,
+           "success_threshold": success_threshold, "failure_threshold": failure_threshold,
            "state": rm.RolloutState.PENDING.value, "created_by": p.id, "created_by_user": p.user_id,
-           "created_at": now, "updated_at": now}
+           "created_at": now, "updated_at": now, "revert_kind": revert_kind, "revert_of": revert_of}
     try:
         created = await s.rollouts.create(row, steps)
     except FleetBusy as exc:
-        raise Conflict(f"a fleet of this request already has an active rollout ({exc})",
+        raise Conflict(f"a fleet of this request already has an active rollout ({exc}): pause or cancel it first",
                        code="rollout_active") from None
-    g.audit_details = {"rolloutId": str(created["id"]), "force": data.force,
-                       **({"forcedBy": p.user_id and str(p.user_id) or p.id} if data.force else {})}
+    g.audit_details = {"rolloutId": str(created["id"]), "force": force, **(audit or {}),
+                       **({"forcedBy": p.user_id and str(p.user_id) or p.id} if force else {})}
     try:
         await s.rollout_actor(created["id"])
     except HeldElsewhere:
         pass  # a cluster: another node's lease round took the new rollout first and runs it (hub/cluster/leases.py)
-    return {"data": await _rollout_json(created["id"])}, 201
+    return await _rollout_json(created["id"])
 
 
 async def _rollout_json(rollout_id: uuid.UUID) -> dict:
@@ -260,6 +368,7 @@ async def _rollout_json(rollout_id: uuid.UUID) -> dict:
         b[st["step"]] += 1
     return jsonable({
         "id": row["id"], "state": row["state"], "reason": row["reason"], "fleet_ids": row["fleet_ids"],
+        "revert_kind": row.get("revert_kind"), "revert_of": row.get("revert_of"),
         "config_id": row["config_id"], "version_id": row["version_id"], "force": row["force"],
         "batch_size": row["batch_size"], "success_threshold": row["success_threshold"],
         "failure_threshold": row["failure_threshold"], "current_batch": row["current_batch"],
@@ -285,6 +394,8 @@ class RolloutSummary(BaseModel):
     current_batch: int
     created_at: str
     updated_at: str
+    revert_kind: Literal["fleet", "device"] | None = None
+    revert_of: str | None = None
 
 
 @bp.get("")
@@ -299,7 +410,7 @@ async def list_rollouts(query_args: RolloutQuery):
                                         state=query_args.state, only_fleets=None if everything else ids | fleets)
     return {"data": [jsonable({k: r[k] for k in ("id", "state", "reason", "fleet_ids", "config_id", "version_id",
                                                   "force", "batch_size", "current_batch", "created_at",
-                                                  "updated_at")}) for r in rows],
+                                                  "updated_at", "revert_kind", "revert_of")}) for r in rows],
             "pagination": pagination(query_args.page, query_args.limit, total)}
 
 

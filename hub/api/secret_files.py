@@ -59,7 +59,7 @@ def file_json(f: dict) -> dict:
         counts[d["status"]] += 1
     return jsonable({
         "id": f["id"], "path": f["path"], "mode": f"{f['mode']:04o}", "owner": {"uid": f["uid"], "gid": f["gid"]},
-        "size": f["size"], "sha256": f["sha256"][:16], "updatedAt": f["updated_at"], "status": status,
+        "size": f["size"], "sha256Prefix": f["sha256"][:16], "updatedAt": f["updated_at"], "status": status,
         "error": error, "deliveries": counts,
         "devices": [{"deviceId": d["device_id"], "status": d["status"], "error": d["error"],
                      "updatedAt": d["updated_at"]} for d in f["deliveries"][:100]]})
@@ -169,7 +169,10 @@ class SecretFileOut(BaseModel):
     path: str
     mode: str
     size: int
-    sha256: str
+    # Named for what it holds: the spec asks for "a short SHA-256 fingerprint" and leaves the wire name
+    # open; this field was "sha256" while holding 16 of its 64 hex characters (issue 37 item 13).
+    sha256Prefix: str = Field(..., description="the spec's short SHA-256 fingerprint: the first 16 hex characters "
+                                               "of the SHA-256 of the contents (never the contents)")
     status: str
 
 

@@ -8,7 +8,10 @@ Shapes (decided where the spec says "not shown"):
 - ``PUT /v1/fleets/{fleet_id}/update-window`` (editor) takes all five fields and nothing else, and
   answers 200 ``{"data": {fleet_id, enabled, timezone, start_time, end_time, days_of_week,
   check: {allowed, next_window_at}}}``. A disabled window is validated and kept as sent, so enabling
-  it again is one field.
+  it again is one field: ``{"enabled": false}`` alone switches the stored schedule off (a fleet with
+  none stays without a window: disabling needs no time zone), and so does what GET shows a fleet
+  without a window (``enabled: false``, the others null); ``{"enabled": true}`` alone switches it
+  on again (400 missing_field when none is stored).
 - ``GET`` (viewer) always answers an object: a fleet without a window is ``enabled: false`` with
   timezone, start_time, end_time and days_of_week null — it is never ``{"data": null}``.
 - ``DELETE`` (editor) removes the window (idempotent) and answers the same shape as that GET.
@@ -26,14 +29,14 @@ import uuid
 from functools import wraps
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from quart import Blueprint
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+from quart import Blueprint, request
 from quart_schema import document_request
 
-from actors.machines.window import UpdateWindow, WindowError, check
+from actors.machines.window import FIELDS, UpdateWindow, WindowError, check
 from device_client.shared.clock import rfc3339
 from hub.api.common import errors, org, parse_uuid, services
-from hub.api.validation import parse_body, responds
+from hub.api.validation import json_object, parse_body, responds
 from hub.auth.authz import Obj, authorize
 from hub.errors import BadRequest, NotFound
 from storage.windows import FleetWindow, UpdateWindows
@@ -58,6 +61,18 @@ class UpdateWindowIn(BaseModel):
     days_of_week: list[DayName] = Field(..., max_length=7, examples=[["Monday", "Tuesday"]],
                                         description="days the window opens on, no duplicates; "
                                                     "at least one when enabled")
+
+
+class WindowSwitch(BaseModel):
+    """Switch the stored schedule off (or on again) without sending it."""
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(..., description="false: the window stops holding rollouts, its schedule is kept (no "
+                                           "window stored: the fleet has none); true: the stored schedule is in "
+                                           "force again")
+
+
+class UpdateWindowBody(RootModel[UpdateWindowIn | WindowSwitch]):
+    """The five fields of a window, or ``enabled`` alone to switch the stored schedule."""
 
 
 class _WindowFields(BaseModel):
@@ -104,19 +119,37 @@ def _windows() -> UpdateWindows:
     return services().windows
 
 
+def _parsed(fields: dict[str, Any]) -> UpdateWindow:
+    try:
+        return UpdateWindow.parse(fields)
+    except WindowError as exc:
+        raise BadRequest(str(exc), code="invalid_window",
+                         details=[{"field": exc.field, "problem": exc.message}]) from None
+
+
+def _is_switch(raw: dict[str, Any]) -> bool:
+    """``enabled`` alone; or ``enabled: false`` with the other fields null, as GET shows a fleet
+    without a window (what GET answered, PUT takes back)."""
+    if not isinstance(raw.get("enabled"), bool) or not set(raw) <= set(FIELDS):
+        return False
+    rest = [raw[k] for k in raw if k != "enabled"]
+    return not rest or (raw["enabled"] is False and all(v is None for v in rest))
+
+
 def _window_body(func):
-    """Parse the body into an UpdateWindow: shape errors as everywhere, value errors invalid_window."""
+    """Parse the body into an UpdateWindow: shape errors as everywhere, value errors invalid_window.
+    A body of ``enabled`` alone (a boolean) is a switch of the stored schedule instead (``switch``):
+    disabling needs no time zone, and enabling again needs nothing the hub already holds."""
     @wraps(func)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        data = await request.get_data()
+        raw = json_object(data) if data else None
+        if raw is not None and _is_switch(raw):
+            return await func(*args, window=None, switch=raw["enabled"], **kwargs)
         fields = await parse_body(_WindowFields)
-        try:
-            window = UpdateWindow.parse(fields.model_dump())
-        except WindowError as exc:
-            raise BadRequest(str(exc), code="invalid_window",
-                             details=[{"field": exc.field, "problem": exc.message}]) from None
-        return await func(*args, window=window, **kwargs)
+        return await func(*args, window=_parsed(fields.model_dump()), switch=None, **kwargs)
 
-    return document_request(UpdateWindowIn)(wrapper)
+    return document_request(UpdateWindowBody)(wrapper)
 
 
 async def _load(fleet_id: str, relation: str) -> FleetWindow:
@@ -152,13 +185,26 @@ def _reload(fleet_id: uuid.UUID) -> None:
 @_window_body
 @responds(UpdateWindowSavedEnvelope)
 @errors(400, 401, 403, 404)
-async def put_window(fleetId: str, window: UpdateWindow):
+async def put_window(fleetId: str, window: UpdateWindow | None, switch: bool | None):
     s = services()
     found = await _load(fleetId, "editor")
-    if not await _windows().set(org().org_id, found.fleet_id, window.to_json(), s.clock.now()):
+    if switch is not None:
+        window = _switched(found, switch)
+    if not await _windows().set(org().org_id, found.fleet_id, window.to_json() if window is not None else None, s.clock.now()):
         raise NotFound("fleet not found")
     _reload(found.fleet_id)
     return {"data": {**_window_json(found.fleet_id, window), "check": _check_json(window)}}
+
+
+def _switched(found: FleetWindow, enabled: bool) -> UpdateWindow | None:
+    """The stored schedule switched on or off. Off with none stored is no window (what GET already
+    shows such a fleet); on with none stored needs the schedule, so it is refused as a body missing it."""
+    if found.window is None:
+        if not enabled:
+            return None
+        raise BadRequest("timezone: Field required (no schedule is stored to enable: send all five fields)",
+                         code="missing_field", details=[{"field": "timezone", "problem": "Field required"}])
+    return _parsed({**found.window, "enabled": enabled})
 
 
 @bp.get("/<fleetId>/update-window")

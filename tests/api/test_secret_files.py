@@ -72,7 +72,8 @@ async def test_listing_is_metadata_only_and_replace_keeps_one_file(nursery, db_u
         assert r.status_code == 201, r.text
         f = r.json()["data"]
         assert f["path"] == "/etc/app/token" and f["mode"] == "0640" and f["owner"] == {"uid": 1000, "gid": 1001}
-        assert f["size"] == len(plaintext) and f["sha256"] == hashlib.sha256(plaintext).hexdigest()[:16]
+        assert f["size"] == len(plaintext) and f["sha256Prefix"] == hashlib.sha256(plaintext).hexdigest()[:16]
+        assert "sha256" not in f  # 16 hex characters are not a SHA-256: the field says it is a prefix
         assert f["status"] == "pending" and f["updatedAt"]
         r = await hub.call("POST", url, json={"path": "/etc/app/token", "content_base64": b64(b"second")})
         assert r.status_code == 200 and r.json()["data"]["id"] == f["id"] and r.json()["data"]["mode"] == "0600"

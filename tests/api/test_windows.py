@@ -254,3 +254,39 @@ async def test_openapi_documents_the_window_endpoints(hub):
         text = r.text
         for name in ("days_of_week", "next_window_at", "start_time", "end_time", "timezone"):
             assert name in text
+
+
+async def test_enabled_false_alone_switches_the_window_off_and_true_on_again(hub):
+    """Issue 37 item 13: ``{"enabled": false}`` was refused for lack of a time zone. Alone, it switches
+    the stored schedule off (none stored: the fleet has no window); ``{"enabled": true}`` alone switches
+    it on again. Any other partial body is refused as before (test_validation_names_the_field...)."""
+    with trio.fail_after(30):
+        fid = await make_fleet(hub)
+        url = f"/v1/fleets/{fid}/update-window"
+        r = await hub.call("PUT", url, json={"enabled": False})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"data": {**no_window(fid), "check": {"allowed": True, "next_window_at": None}}}
+        assert (await hub.call("GET", url)).json() == {"data": no_window(fid)}
+        shown = {k: v for k, v in no_window(fid).items() if k != "fleet_id"}  # what GET answered, PUT back
+        assert (await hub.call("PUT", url, json=shown)).status_code == 200
+        body = assert_error(await hub.call("PUT", url, json={"enabled": True}), 400, "missing_field")
+        assert "timezone" in body["message"]
+
+        assert (await hub.call("PUT", url, json=BERLIN_NIGHTS)).status_code == 200
+        r = await hub.call("PUT", url, json={"enabled": False})
+        assert r.status_code == 200, r.text
+        off = {"fleet_id": fid, **BERLIN_NIGHTS, "enabled": False}
+        assert r.json() == {"data": {**off, "check": {"allowed": True, "next_window_at": None}}}
+        assert (await hub.call("GET", url)).json() == {"data": off}
+        assert (await hub.call("GET", f"{url}/check")).json() == {"data": {"allowed": True, "next_window_at": None}}
+
+        r = await hub.call("PUT", url, json={"enabled": True})
+        assert r.status_code == 200, r.text
+        expected = check(UpdateWindow.parse(BERLIN_NIGHTS), hub.services.clock.now())
+        assert r.json() == {"data": {"fleet_id": fid, **BERLIN_NIGHTS,
+                                     "check": {"allowed": expected.allowed,
+                                               "next_window_at": rfc3339(expected.next_window_at)}}}
+        assert_error(await hub.call("PUT", url, json={"enabled": "no"}), 400, "missing_field")
+        assert_error(await hub.call("PUT", url, json={**shown, "enabled": True}), 400, "invalid_window")
+        assert_error(await hub.call("PUT", url, json={"enabled": False, "timezone": "UTC"}), 400, "missing_field")
+        assert (await hub.call("GET", url)).json() == {"data": {"fleet_id": fid, **BERLIN_NIGHTS}}

@@ -289,7 +289,7 @@ def test_sigkill_mid_rollout_upload_memory_test_and_tunnel(tmp_path, kill_procs,
     for file_id, f in hub.acked_files.items():
         listed = {x["id"]: x for x in hub.get(f"{f['owner']}/secret-files")}
         assert file_id in listed and listed[file_id]["path"] == f["path"], (f, listed)
-        assert f["sha256"].startswith(listed[file_id]["sha256"])
+        assert f["sha256"].startswith(listed[file_id]["sha256Prefix"])
 
     # the rollout goes on and completes
     wait_until(lambda: all_online(hub, fleet_ids + [mem_dev["id"]]), timeout=40,
@@ -316,7 +316,7 @@ def test_sigkill_mid_rollout_upload_memory_test_and_tunnel(tmp_path, kill_procs,
         if f is None:
             assert not (race_dir / "root" / race["path"].lstrip("/")).exists(), race["path"]
             continue
-        assert f["size"] == len(race["content"]) and sha.startswith(f["sha256"]), (race["path"], f)
+        assert f["size"] == len(race["content"]) and sha.startswith(f["sha256Prefix"]), (race["path"], f)
         hub.acked_files[f["id"]] = {"owner": f"/v1/devices/{race_target}", "path": race["path"], "sha256": sha}
 
     # every file reaches On device, whole, with no temporary file beside it

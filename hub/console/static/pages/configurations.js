@@ -98,7 +98,7 @@ export async function render(main) {
       const list2 = (await api('GET', `/v1/configurations/${id}/secret-files`)).data;
       fill(files, list2.length ? h('table', {}, h('thead', {}, h('tr', {}, ['Path', 'Mode', 'Size', 'SHA-256', 'Updated', 'Delivery'].map((t) => h('th', {}, t)))),
         h('tbody', {}, list2.map((f) => h('tr', {}, h('td', {}, h('code', {}, f.path)), h('td', {}, f.mode), h('td', {}, bytes(f.size)),
-          h('td', {}, h('code', {}, f.sha256)), h('td', {}, when(f.updatedAt)),
+          h('td', {}, h('code', {}, f.sha256Prefix)), h('td', {}, when(f.updatedAt)),
           h('td', {}, badge(f.status, f.status === 'on_device' ? 'ok' : f.status === 'failed' ? 'bad' : 'warn'),
             ` ${Object.entries(f.deliveries).filter(([, v]) => v).map(([k, v]) => `${v} ${k}`).join(', ')}`,
             Object.values(f.deliveries).some((v) => v) ? perDevice(f) : null)))))

@@ -52,6 +52,19 @@ export async function render(main, id) {
     }
   });
 
+  // Revert: a rollout of the version the device ran before, over this device alone, with a rollout's
+  // gates (its fleet's window unless forced), so it shows on the rollouts page like any other.
+  const revert = h('button', { type: 'button', id: 'revert', class: 'secondary' }, 'Revert');
+  revert.addEventListener('click', async () => {
+    const c = device.configuration || {};
+    if (!c.previous_version_id) { notice(actionStatus, 'Revert: the device has run no other version before this one.', 'error'); return; }
+    if (!await confirmDialog('Revert device', `Roll ${device.name} back to v${c.previous_version ?? '?'}, the version it ran before (a rollout; it waits for the fleet's update window)?`, 'Revert')) return;
+    try {
+      const ro = (await api('POST', `/v1/devices/${id}/revert`)).data;
+      notice(actionStatus, h('span', {}, 'Revert started: ', h('a', { href: `/console/rollouts/${ro.id}` }, `rollout ${ro.id.slice(0, 8)}`)), 'ok');
+    } catch (err) { notice(actionStatus, `Revert refused: ${err.message}`, 'error'); }
+  });
+
   // -- secret files: upload is write-only (the content never comes back); metadata and delivery
   const path = h('input', { name: 'path', required: true, placeholder: '/etc/app/secret.key', spellcheck: 'false' });
   const mode = h('input', { name: 'mode', value: '0600', pattern: '0?[0-7]{3}', size: 5 });
@@ -106,7 +119,7 @@ export async function render(main, id) {
 
   fill(main, 
     h('div', { class: 'title' }, title, state, live),
-    h('div', { class: 'row' }, ping, reboot), actionStatus,
+    h('div', { class: 'row' }, ping, reboot, revert), actionStatus,
     h('div', { class: 'grid' },
       h('section', { class: 'card', 'aria-labelledby': 'h-facts' }, h('h2', { id: 'h-facts' }, 'Device'), facts),
       h('section', { class: 'card', 'aria-labelledby': 'h-config' }, h('h2', { id: 'h-config' }, 'Configuration'), config)),
@@ -154,7 +167,7 @@ export async function render(main, id) {
       fill(files, list.length ? h('div', { class: 'scroll' }, h('table', { class: 'files' },
         h('thead', {}, h('tr', {}, ['Path', 'From', 'Mode', 'Owner', 'Size', 'SHA-256', 'Updated', 'Delivery'].map((t) => h('th', {}, t)))),
         h('tbody', {}, list.map((f) => h('tr', { dataset: { path: f.path, from: f.from } }, h('td', {}, h('code', {}, f.path)), h('td', {}, f.from),
-          h('td', {}, f.mode), h('td', {}, `${f.owner.uid}:${f.owner.gid}`), h('td', {}, bytes(f.size)), h('td', {}, h('code', {}, f.sha256)),
+          h('td', {}, f.mode), h('td', {}, `${f.owner.uid}:${f.owner.gid}`), h('td', {}, bytes(f.size)), h('td', {}, h('code', {}, f.sha256Prefix)),
           h('td', {}, when(f.updatedAt)), h('td', { class: 'delivery' }, badge(f.status, tone(f.status)), f.error ? ` ${f.error}` : ''))))))
         : h('p', { class: 'muted' }, 'No secret files for this device.'));
       return list;

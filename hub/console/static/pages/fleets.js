@@ -1,7 +1,7 @@
 // Fleets and their update windows: an editor with a time-zone picker, and the window check showing the
 // next opening in the fleet's zone and in the viewer's local time.
 import { api } from '../api.js';
-import { fill, h, badge, field, notice, when } from '../dom.js';
+import { fill, h, badge, confirmDialog, field, notice, when } from '../dom.js';
 
 const DAYS = ['Monday', 'Tuesday', 'Wednesday', 'Thursday', 'Friday', 'Saturday', 'Sunday'];
 
@@ -97,7 +97,21 @@ export async function render(main) {
             h('dt', {}, `Your time (${local})`), h('dd', { id: 'next-local' }, inZone(c.next_window_at, local)),
             h('dt', {}, 'UTC'), h('dd', {}, when(c.next_window_at)))));
     }
-    fill(editor, h('h2', {}, `Fleet: ${fleet.name}`), fleetForm, h('h3', {}, 'Update window'), form);
+    // Revert: a rollout of what the fleet ran before its newest rollout (the hub picks the version),
+    // with a rollout's gates; "force" goes through a closed window, as a forced rollout does.
+    const rForce = h('input', { type: 'checkbox', name: 'force' });
+    const rMsg = h('div', { 'aria-live': 'polite' });
+    const rButton = h('button', { type: 'button', class: 'danger', id: 'fleet-revert' }, 'Revert fleet');
+    rButton.addEventListener('click', async () => {
+      if (!await confirmDialog('Revert fleet', `Roll ${fleet.name} back to what it ran before its newest rollout?`, 'Revert')) return;
+      try {
+        const ro = (await api('POST', `/v1/fleets/${fleet.id}/revert`, { force: rForce.checked })).data;
+        notice(rMsg, h('span', {}, `Reverting to v${ro.revert.to_version}: `, h('a', { href: `/console/rollouts/${ro.id}` }, `rollout ${ro.id.slice(0, 8)}`)), 'ok');
+      } catch (err) { notice(rMsg, err.message, 'error'); }
+    });
+    const revertBlock = h('div', { id: 'fleet-revert-block' }, h('p', { class: 'muted' }, 'Back to what the fleet ran before its newest rollout (cancel a running rollout first).'),
+      h('div', { class: 'row' }, rButton, h('label', { class: 'radio' }, rForce, ' Ignore the update window')), rMsg);
+    fill(editor, h('h2', {}, `Fleet: ${fleet.name}`), fleetForm, h('h3', {}, 'Update window'), form, h('h3', {}, 'Revert'), revertBlock);
     editor.hidden = false;
     await showCheck();
     zone.focus();
