@@ -35,7 +35,7 @@ from quart import Blueprint, request
 from quart_schema import document_request
 
 from hub.api.common import errors, org, parse_uuid, services
-from hub.api.rollouts import RolloutOut, start_rollout
+from hub.api.rollouts import RolloutOut, active_rollout_conflict, start_rollout
 from hub.api.validation import enveloped, optional_body, parse_body, responds
 from hub.auth.authz import Obj, authorize, require_deploy
 from hub.errors import Conflict, NotFound
@@ -88,8 +88,7 @@ async def revert_fleet(fleet_id: str):
     fleet = await _fleet(parse_uuid(fleet_id, "fleet_id"))
     newest = await s.rollouts.latest_of_fleet(org().org_id, fleet["id"])
     if newest is not None and newest["state"] in ACTIVE:
-        raise Conflict(f"rollout {newest['id']} of the fleet is {newest['state']}: cancel it first "
-                       f"(POST /v1/rollouts/{newest['id']}/cancel), then revert", code="rollout_active")
+        raise await active_rollout_conflict(newest["id"])
     last = await s.rollouts.latest_of_fleet(org().org_id, fleet["id"], reverts=False)
     if last is None:
         raise Conflict("the fleet has had no rollout: there is no earlier version to go back to",

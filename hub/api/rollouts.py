@@ -29,7 +29,7 @@ from hub.api.sse import stream_response
 from hub.auth.streams import StreamAccess
 from hub.api.validation import enveloped, parse_body, query, responds
 from hub.auth.authz import Obj, authorize, require_deploy, scope_for_list
-from hub.errors import BadRequest, Conflict, NotFound
+from hub.errors import BadRequest, Conflict, Forbidden, NotFound
 from storage.rollouts import FleetBusy
 
 bp = Blueprint("rollouts", __name__, url_prefix="/v1/rollouts")
@@ -343,8 +343,7 @@ async def start_rollout(fleets: list[dict], config_id: uuid.UUID, version: dict,
     try:
         created = await s.rollouts.create(row, steps)
     except FleetBusy as exc:
-        raise Conflict(f"a fleet of this request already has an active rollout ({exc}): pause or cancel it first",
-                       code="rollout_active") from None
+        raise await active_rollout_conflict(uuid.UUID(str(exc))) from None
     g.audit_details = {"rolloutId": str(created["id"]), "force": force, **(audit or {}),
                        **({"forcedBy": p.user_id and str(p.user_id) or p.id} if force else {})}
     try:
@@ -412,6 +411,25 @@ async def list_rollouts(query_args: RolloutQuery):
                                                   "force", "batch_size", "current_batch", "created_at",
                                                   "updated_at", "revert_kind", "revert_of")}) for r in rows],
             "pagination": pagination(query_args.page, query_args.limit, total)}
+
+
+async def active_rollout_conflict(rollout_id: uuid.UUID) -> Conflict:
+    """409 rollout_active, naming the active rollout only to a caller who may view it (viewer on
+    every one of its fleets): another's id would be a handle on something they get 403 for."""
+    s = services()
+    found = await s.rollouts.get(org().org_id, rollout_id)
+    visible = found is not None
+    for fid in found[0]["fleet_ids"] if found is not None else ():
+        try:
+            await authorize(s, "viewer", Obj("fleet", fid, fid))
+        except Forbidden:
+            visible = False
+            break
+    if visible:
+        return Conflict(f"rollout {rollout_id} is active on a fleet of this request: pause or cancel it first "
+                        f"(POST /v1/rollouts/{rollout_id}/cancel)", code="rollout_active")
+    return Conflict("a rollout is active on a fleet of this request, on fleets you cannot all view: "
+                    "ask someone who can view them to pause or cancel it", code="rollout_active")
 
 
 async def _load(rollout_id: str, relation: str) -> dict:

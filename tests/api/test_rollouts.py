@@ -276,3 +276,33 @@ async def test_a_window_changed_while_the_rollout_actor_starts_is_read_again(nur
 
         await wait_for(done, timeout=30, interval=0.2)
         assert next(iter(agents.values())).agent.configs.version_applied() == vid
+
+
+async def test_rollout_active_names_the_rollout_only_to_who_may_view_it(nursery, db_url, tmp_path):
+    """Issue 31 item 9: rollout_active gave a member the id of an admin's rollout over a fleet the
+    member cannot view (a 403 on it). The member now hears that one is active, not which."""
+    with trio.fail_after(90):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        mine, _ = await fleet_with_agents(hub, nursery, tmp_path, 1, name="mine")
+        theirs, _ = await fleet_with_agents(hub, nursery, tmp_path, 1, name="theirs")
+        closed = closed_window(hub)
+        for fid in (mine, theirs):  # the rollout stays active: its devices wait for the window
+            await hub.call("PUT", f"/v1/fleets/{fid}/update-window", json=closed)
+        cid, _ = await config(hub, "busy", HEALTHY)
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [mine, theirs], "configuration_id": cid})
+        assert r.status_code == 201, r.text
+        rid = r.json()["data"]["id"]
+        member = await hub.new_user("member")
+        mh = {"X-API-Token-ID": member[0], "X-API-Secret-Key": member[1], "X-Organization-ID": hub.org_id}
+        me = (await hub.call("GET", "/v1/me", headers=mh)).json()["data"]["userId"]
+        for object_type, object_id in (("fleet", mine), ("configuration", cid)):
+            r = await hub.call("POST", "/v1/relations", json={"object_type": object_type, "object_id": object_id,
+                                                              "relation": "editor", "subject_type": "user",
+                                                              "subject_id": me})
+            assert r.status_code == 201, r.text
+        assert (await hub.call("GET", f"/v1/rollouts/{rid}", headers=mh)).status_code == 403
+        r = await hub.call("POST", "/v1/rollouts", headers=mh, json={"fleet_id": mine, "config_id": cid})
+        assert r.status_code == 409 and r.json()["error"] == "rollout_active"
+        assert rid not in r.text and "cannot all view" in r.json()["message"]
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_id": mine, "config_id": cid})  # the admin
+        assert r.status_code == 409 and f"/v1/rollouts/{rid}/cancel" in r.json()["message"]
