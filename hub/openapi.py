@@ -181,7 +181,8 @@ def _hoist(media: dict, schemas: dict) -> None:
 def _org_parameter(required: bool) -> dict[str, Any]:
     return {"name": ORG_HEADER, "in": "header", "required": required,
             "description": "the organisation the call acts in" if required else
-            "optional: an organisation the caller belongs to (its rate limit and role apply)",
+            "optional: an organisation the caller belongs to (its rate limit and role apply); where the "
+            "path names an object, that object's organisation when absent",
             # a plain string, as the spec types it (generators turn "format: uuid" into objects that
             # their own header code does not turn back into text)
             "schema": {"type": "string"}}
@@ -207,7 +208,8 @@ class FleethubOpenAPI(OpenAPIProvider):
                 if "security" not in op:
                     op["security"] = SESSION_ONLY if getattr(view, "_fleethub_session_only", False) else EITHER
                 if not (public or tunnel):
-                    op["parameters"].append(_org_parameter(not getattr(view, "_fleethub_no_org", False)))
+                    required = not (getattr(view, "_fleethub_no_org", False) or hasattr(view, "_fleethub_org_of"))
+                    op["parameters"].append(_org_parameter(required))
         return paths, components
 
     def schema(self, *args: Any, **kwargs: Any) -> dict[str, Any]:

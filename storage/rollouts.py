@@ -51,6 +51,11 @@ class Rollouts:
 
         return await self.db.run(body, transaction=True)
 
+    async def org_of(self, rollout_id: uuid.UUID) -> uuid.UUID | None:
+        """The organisation a rollout belongs to, without tenancy: for routes the spec lists with no
+        organisation header (the caller's membership is checked after, hub/auth/middleware.py)."""
+        return await self.db.fetchval("SELECT org_id FROM rollouts WHERE id = $1", rollout_id)
+
     async def get(self, org_id: uuid.UUID, rollout_id: uuid.UUID) -> tuple[dict, list[dict]] | None:
         async def body(conn: asyncpg.Connection):
             row = await conn.fetchrow("SELECT * FROM rollouts WHERE org_id = $1 AND id = $2", org_id, rollout_id)

@@ -26,6 +26,7 @@ from hub.cluster.asks import control_rollout
 from hub.cluster.leases import HeldElsewhere
 from hub.api.common import PageQuery, errors, jsonable, org, pagination, parse_uuid, principal, services
 from hub.api.sse import stream_response
+from hub.auth.middleware import org_of
 from hub.auth.streams import StreamAccess
 from hub.api.validation import enveloped, parse_body, query, responds
 from hub.auth.authz import Obj, authorize, require_deploy, scope_for_list
@@ -442,7 +443,12 @@ async def _load(rollout_id: str, relation: str) -> dict:
     return found[0]
 
 
+async def _rollout_org(services, rollout_id: str) -> uuid.UUID | None:
+    return await services.rollouts.org_of(parse_uuid(rollout_id, "rollout_id"))
+
+
 @bp.get("/<rollout_id>")
+@org_of(_rollout_org)
 @responds(enveloped(RolloutOut))
 @errors(400, 401, 403, 404)
 async def get_rollout(rollout_id: str):
@@ -460,6 +466,7 @@ async def _control(rollout_id: str, event: object):
 
 
 @bp.post("/<rollout_id>/pause")
+@org_of(_rollout_org)
 @responds(enveloped(RolloutOut))
 @errors(400, 401, 403, 404, 409)
 async def pause_rollout(rollout_id: str):
@@ -467,6 +474,7 @@ async def pause_rollout(rollout_id: str):
 
 
 @bp.post("/<rollout_id>/resume")
+@org_of(_rollout_org)
 @responds(enveloped(RolloutOut))
 @errors(400, 401, 403, 404, 409)
 async def resume_rollout(rollout_id: str):
@@ -474,6 +482,7 @@ async def resume_rollout(rollout_id: str):
 
 
 @bp.post("/<rollout_id>/cancel")
+@org_of(_rollout_org)
 @responds(enveloped(RolloutOut))
 @errors(400, 401, 403, 404, 409)
 async def cancel_rollout(rollout_id: str):
@@ -481,6 +490,7 @@ async def cancel_rollout(rollout_id: str):
 
 
 @bp.get("/<rollout_id>/events")
+@org_of(_rollout_org)
 @errors(400, 401, 403, 404)
 async def rollout_events(rollout_id: str):
     """Progress as server-sent events: the current status first, then step and state changes."""

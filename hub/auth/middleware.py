@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hmac
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -29,7 +29,7 @@ from hub.auth.principals import Credential, OrgContext, Principal
 from hub.auth.ratelimit import limit_for
 from hub.ids import fast_uuid4
 from storage.text import storable, storable_value
-from hub.errors import BadRequest, Forbidden, RateLimited, Unauthenticated
+from hub.errors import BadRequest, Forbidden, NotFound, RateLimited, Unauthenticated
 
 ORG_HEADER = "X-Organization-ID"
 _ORG_KEY = ORG_HEADER.lower()  # its key in headers_of
@@ -50,6 +50,19 @@ def public(view: Callable) -> Callable:
 def no_org(view: Callable) -> Callable:
     view._fleethub_no_org = True
     return view
+
+
+def org_of(finder: Callable[..., Awaitable[uuid.UUID | None]]) -> Callable:
+    """A route whose object names its organisation: without X-Organization-ID the call acts in that
+    organisation (``await finder(services, **path values)``, None when there is no such object). The
+    spec lists some routes with no organisation header (GET /rollouts/{id}, its pause). A caller who is
+    not a member of it hears 404, as for a missing object; a header that names another organisation
+    is used as given, and the object is not found in it."""
+    def decorator(view: Callable) -> Callable:
+        view._fleethub_org_of = finder
+        return view
+
+    return decorator
 
 
 def session_only(view: Callable) -> Callable:
@@ -149,7 +162,13 @@ async def authenticate(services, req: Request, ctx: Any, headers: dict[str, str]
     needs_org = not getattr(view, "_fleethub_no_org", False)
     org_id, org_problem = None, None
     raw = headers.get(_ORG_KEY)
-    if not raw:
+    finder = getattr(view, "_fleethub_org_of", None)
+    if not raw and finder is not None:
+        org_id = await finder(services, **(req.view_args or {}))
+        if org_id is None:
+            org_problem = NotFound("not found")
+        ctx.org_from_object = True
+    elif not raw:
         org_problem = BadRequest(f"the {ORG_HEADER} header is required", code="missing_organization")
     else:
         try:
@@ -207,6 +226,8 @@ async def authenticate(services, req: Request, ctx: Any, headers: dict[str, str]
         if org_problem is not None:
             raise org_problem
         if role is None:
+            if getattr(ctx, "org_from_object", False):
+                raise NotFound("not found")  # another organisation's object reads as a missing one
             raise Forbidden("not a member of this organisation")
         ctx.org = OrgContext(org_id, role)
 

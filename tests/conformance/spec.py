@@ -39,8 +39,9 @@ ENDPOINTS: dict[tuple[str, str], tuple[str, str, bool]] = {
     ("get", "/v1/fleets/{fleetId}/update-window/check"): ("Fleet update window", "Either", True),
     ("post", "/v1/rollouts/impact"): ("Rollouts", "Either", True),
     ("post", "/v1/rollouts"): ("Rollouts", "Either", True),
-    ("get", "/v1/rollouts/{rollout_id}"): ("Rollouts", "Either", True),
-    ("post", "/v1/rollouts/{rollout_id}/pause"): ("Rollouts", "Either", True),
+    # "-" in the spec's request column: no organisation header; the rollout's own organisation applies
+    ("get", "/v1/rollouts/{rollout_id}"): ("Rollouts", "Either", False),
+    ("post", "/v1/rollouts/{rollout_id}/pause"): ("Rollouts", "Either", False),
     ("get", "/v1/devices"): ("Devices, fleets and configuration versions", "Either", True),
     ("get", "/v1/devices/{device_id}"): ("Devices, fleets and configuration versions", "Either", True),
     ("post", "/v1/devices/{device_id}/reboot"): ("Devices, fleets and configuration versions", "Either", True),

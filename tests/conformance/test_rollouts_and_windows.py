@@ -3,6 +3,8 @@ requests; States and transitions → Rollout device state under a maintenance wi
 
 from __future__ import annotations
 
+import uuid
+
 from tests.conformance.helpers import error_code, new_config, new_fleet, wait_until
 from tests.conformance.spec import DAY_NAMES, ROLLOUT_QUEUED
 
@@ -85,8 +87,20 @@ def test_get_rollout_by_rollout_id_and_pause(spec):
     config = new_config(spec)
     rollout = spec.call("POST", "/v1/rollouts", json={"fleet_ids": [fleet_id], "configuration_id": config["id"],
                                                       "batch_size": 1}).json()["data"]
-    r = spec.call("POST", f"/v1/rollouts/{rollout['id']}/pause")
+    # The spec lists both rows with no X-Organization-ID: without it they act in the rollout's own
+    # organisation (they answered 400 missing_organization).
+    no_org = {k: v for k, v in spec.headers.items() if k != "X-Organization-ID"}
+    r = spec.call("POST", f"/v1/rollouts/{rollout['id']}/pause", headers=no_org)
     assert r.status_code == 200 and r.json()["data"]["state"] == "paused", r.text
+    r = spec.call("GET", f"/v1/rollouts/{rollout['id']}", headers=no_org)
+    assert r.status_code == 200 and r.json()["data"]["state"] == "paused"
     r = spec.call("GET", f"/v1/rollouts/{rollout['id']}")
     assert r.status_code == 200 and r.json()["data"]["state"] == "paused"
+    # another organisation's admin: 404 with or without a header (a header that disagrees is refused)
+    outsider = spec.new_org()
+    for headers in ({k: v for k, v in outsider.items() if k != "X-Organization-ID"}, outsider):
+        assert error_code(spec.call("GET", f"/v1/rollouts/{rollout['id']}", headers=headers), 404)
+        assert error_code(spec.call("POST", f"/v1/rollouts/{rollout['id']}/pause", headers=headers), 404)
+    assert error_code(spec.call("GET", f"/v1/rollouts/{uuid.uuid4()}", headers=no_org), 404)
+    assert error_code(spec.call("GET", "/v1/rollouts/nope", headers=no_org), 400) == "bad_uuid"
     spec.call("POST", f"/v1/rollouts/{rollout['id']}/cancel")
