@@ -9,8 +9,8 @@ Apply (``ContainerSet.apply``), for version V while version U's containers run:
    says how many bytes and seconds each took;
 2. V's containers are created beside U's (engine name ``fleethub-<V>-<name>``, labels
    ``fleethub.version`` and ``fleethub.container``); leftovers of an earlier try of V go first;
-3. U's containers that listen on a port a V container wants are stopped (containers share the
-   device's network, so both cannot listen); every other U container keeps running;
+3. U's containers that publish a port a V container publishes are stopped (a port of the device
+   can be published once); every other U container keeps running;
 4. V's containers start and must all be healthy within their ``graceSeconds + timeoutSeconds``:
    running after the grace, and the exec or HTTP check passing;
 5. healthy: U's containers are removed and unused images pruned to the disk budget. Not healthy, or
@@ -282,7 +282,7 @@ class ContainerSet:
         labels = {LABEL_MANAGED: "1", LABEL_VERSION: version_id, LABEL_NAME: spec.name,
                   LABEL_PORTS: ",".join(map(str, spec.ports))}
         return RunSpec(name=engine_name(version_id, spec.name), image=spec.image, command=spec.command,
-                       env=dict(spec.env), mounts=tuple(mounts), memory_bytes=spec.memory_bytes, cpus=spec.cpus,
+                       env=dict(spec.env), mounts=tuple(mounts), ports=spec.ports, memory_bytes=spec.memory_bytes, cpus=spec.cpus,
                        restart=spec.restart, labels=labels)
 
     async def _wait_healthy(self, version_id: str, wanted: list[ContainerSpec]) -> tuple[Health, str | None]:
@@ -331,7 +331,7 @@ class ContainerSet:
                 return Health(False, f"container {spec.name}: the health check exited with code {code}",
                               output or None), False
         elif spec.health_http is not None:
-            ok, said = await self.engine.probe_http(*spec.health_http, timeout=spec.timeout)
+            ok, said = await self.engine.probe_http(name, *spec.health_http, timeout=spec.timeout)
             if not ok:
                 return Health(False, f"container {spec.name}: {said}"), False
         return Health(True, "running"), False

@@ -40,6 +40,7 @@ class RunSpec:
     command: tuple[str, ...] | None = None
     env: dict[str, str] = field(default_factory=dict, hash=False)
     mounts: tuple[Mount, ...] = ()
+    ports: tuple[int, ...] = ()  # published on the device at the same number
     memory_bytes: int | None = None
     cpus: float | None = None
     restart: str = "always"  # always, on-failure, no
@@ -103,16 +104,21 @@ class Engine(ABC):
     async def images(self) -> list[ImageInfo]: ...
 
     @abstractmethod
+    async def address(self, name: str) -> str:
+        """The running container's own IP address, where its ports answer."""
+
+    @abstractmethod
     async def remove_image(self, image_id: str) -> None: ...
 
-    async def probe_http(self, port: int, path: str, timeout: float) -> tuple[bool, str]:
-        """(the answer was 2xx or 3xx, what happened). Containers share the device's network, so the
-        check is a GET on loopback; the fake engine answers from its own table instead."""
+    async def probe_http(self, name: str, port: int, path: str, timeout: float) -> tuple[bool, str]:
+        """(the answer was 2xx or 3xx, what happened). The GET goes to the container's own address,
+        so it checks the container and not whatever else may listen on a published port; the fake
+        engine answers from its own table instead."""
         try:
             with trio.fail_after(timeout):
-                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                stream = await trio.open_tcp_stream(await self.address(name), port)
                 async with stream:
-                    await stream.send_all(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n"
+                    await stream.send_all(f"GET {path} HTTP/1.0\r\nHost: localhost:{port}\r\n"
                                           "User-Agent: fleethub-agent\r\nConnection: close\r\n\r\n".encode())
                     head = b""
                     while b"\r\n" not in head and len(head) < MAX_HTTP_STATUS_LINE:
@@ -124,6 +130,8 @@ class Engine(ABC):
             return False, f"GET :{port}{path} did not answer within {timeout:g}s"
         except OSError as exc:
             return False, f"GET :{port}{path}: {exc.strerror or exc}"
+        except EngineError as exc:
+            return False, str(exc)
         parts = head.split(b"\r\n", 1)[0].split(b" ", 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
             return False, f"GET :{port}{path} did not answer HTTP"

@@ -102,12 +102,17 @@ class FakeEngine(Engine):
             raise EngineError(f"remove image {image_id[:12]}: a container uses it")
         self._images = {d: i for d, i in self._images.items() if i.id != image_id}
 
-    async def probe_http(self, port: int, path: str, timeout: float) -> tuple[bool, str]:
-        for c in self._containers.values():
-            if c.running and str(port) in c.spec.labels.get("fleethub.ports", "").split(","):
-                healthy = self._digest(c.spec.image) not in self.unhealthy
-                return healthy, f"GET :{port}{path} answered {200 if healthy else 500}"
-        return False, f"GET :{port}{path}: Connection refused"
+    async def address(self, name: str) -> str:
+        if not self._get(name, "inspect").running:
+            raise EngineError(f"inspect {name}: the container has no address (is it running?)")
+        return "192.0.2.1"  # TEST-NET-1: never routed
+
+    async def probe_http(self, name: str, port: int, path: str, timeout: float) -> tuple[bool, str]:
+        c = self._containers.get(name)
+        if c is None or not c.running:
+            return False, f"GET :{port}{path}: Connection refused"
+        healthy = self._digest(c.spec.image) not in self.unhealthy
+        return healthy, f"GET :{port}{path} answered {200 if healthy else 500}"
 
     def _get(self, name: str, what: str) -> _Container:
         c = self._containers.get(name)

@@ -7,9 +7,9 @@ installed. Each call costs a podman start (about 0.1 s here), paid per container
 Configuration without touching the device's /etc: ``conf`` is a containers.conf the agent passes in
 CONTAINERS_CONF (the sandboxes this was built in need ``cgroup_manager = "cgroupfs"``, ``runtime =
 "runc"`` and ``default_ulimits = []``; docs/containers.md), and ``root``/``runroot`` give a private
-image and container store (the tests use one each, so they share no state). Containers share the
-device's network (``--network host``): a container's ``ports`` are ports it listens on, on the device,
-and no bridge or firewall rules are needed.
+image and container store (the tests use one each, so they share no state). Each container has its
+own network namespace on podman's default bridge (netavark); its ``ports`` are published on the device
+at the same numbers, and an HTTP health check goes to the container's own address.
 
 The environment of a container goes through an env file (0600, removed right after ``create``), not
 ``-e NAME=value``, so that values are never in a process listing. Output that a container controls
@@ -96,7 +96,9 @@ class Podman(Engine):
         return int(found.get("Size") or 0)
 
     async def create(self, spec: RunSpec) -> None:
-        args = ["create", "--name", spec.name, "--network", "host", "--restart", spec.restart]
+        args = ["create", "--name", spec.name, "--restart", spec.restart]
+        for port in spec.ports:
+            args += ["--publish", f"{port}:{port}"]
         for key, value in spec.labels.items():
             args += ["--label", f"{key}={value}"]
         if spec.memory_bytes is not None:
@@ -154,6 +156,13 @@ class Podman(Engine):
         found = json.loads(await self._run(["images", "--format", "json"], what="list images") or "[]") or []
         return [ImageInfo(id=i["Id"], digests=tuple({i.get("Digest") or ""} - {""}), size=int(i.get("Size") or 0),
                           created=float(i.get("Created") or 0)) for i in found]
+
+    async def address(self, name: str) -> str:
+        out = await self._run(["inspect", "--format", "{{.NetworkSettings.IPAddress}}", name],
+                              what=f"inspect {name}")
+        if not out.strip():
+            raise EngineError(f"inspect {name}: the container has no address (is it running?)")
+        return out.strip()
 
     async def remove_image(self, image_id: str) -> None:
         await self._run(["rmi", "--ignore", image_id], what=f"remove image {image_id[:12]}")

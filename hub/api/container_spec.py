@@ -4,7 +4,7 @@ Each container (docs/containers.md has the operator's view)::
 
     {"name": "web", "image": "registry.example:5000/app/web:1.4",
      "command": [argv...], "env": {NAME: value},
-     "ports": [{"port": 8080}],                       # the ports it listens on, on the device (host network)
+     "ports": [{"port": 8080}],                       # published on the device at the same number
      "volumes": [{"name": "data", "mountPath": "/data", "readOnly": false}],
      "resources": {"memoryMiB": 256, "cpus": 0.5},
      "restartPolicy": "always" | "on-failure" | "no",
@@ -155,7 +155,7 @@ def check_containers(containers: list[Container]) -> None:
         raise ValueError("two containers have the same name")
     ports = [p.port for c in containers for p in c.ports]
     if len(set(ports)) != len(ports):
-        raise ValueError("two containers listen on the same port (containers share the device's network)")
+        raise ValueError("two containers publish the same port (a port of the device is published once)")
 
 
 async def pin_images(containers: list[dict[str, Any]], *, timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, Any]]:
