@@ -89,7 +89,7 @@ class Engine(ABC):
 
     @abstractmethod
     async def containers(self, label: str) -> list[ContainerInfo]:
-        """Every container, running or not, that has the label ``label``."""
+        """Every container, running or not, with the label ``label`` ("key", or "key=value")."""
 
     @abstractmethod
     async def exec(self, name: str, argv: list[str], timeout: float) -> tuple[int | None, str]:

@@ -80,8 +80,10 @@ class FakeEngine(Engine):
         self._containers.pop(name, None)
 
     async def containers(self, label: str) -> list[ContainerInfo]:
+        key, _, value = label.partition("=")  # "key" or "key=value", as podman's label filter
         return [ContainerInfo(name, dict(c.spec.labels), c.running, c.exit_code, c.spec.image)
-                for name, c in self._containers.items() if label in c.spec.labels]
+                for name, c in self._containers.items()
+                if key in c.spec.labels and (not value or c.spec.labels[key] == value)]
 
     async def exec(self, name: str, argv: list[str], timeout: float) -> tuple[int | None, str]:
         c = self._get(name, "exec")
