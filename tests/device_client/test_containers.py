@@ -123,3 +123,67 @@ async def test_unused_images_are_pruned_oldest_first_past_the_budget(tmp_path, a
 def test_the_device_checks_the_spec_again(containers, problem):
     with pytest.raises(ValueError, match=problem):
         parse_containers({"containers": containers})
+
+
+# ---- through config.apply (configs.py), as the hub sends a version ----
+
+def make_configs(tmp_path, engine: FakeEngine | None):
+    from device_client.configs import ConfigManager
+    from device_client.files import SecretFileStore
+    from device_client.workload import Workload
+    from tests.device_client.test_configs import StubDevice
+
+    data_dir = tmp_path / "dev"
+    root = data_dir / "root"
+    cs = ContainerSet(engine, root, stop_grace=0.1) if engine is not None else None
+    configs = ConfigManager(data_dir, SecretFileStore(data_dir, root), Workload(data_dir, root),
+                            device_id=lambda: "dev-1", containers=cs)
+    configs.attach(StubDevice())
+    return configs
+
+
+def payload(version_id: str, *containers: dict) -> dict:
+    return {"configId": "cfg-1", "versionId": version_id, "version": 1, "spec": {"containers": list(containers)},
+            "files": []}
+
+
+async def test_a_rejected_container_version_says_why_and_the_device_keeps_the_old(tmp_path, autojump_clock):
+    engine = FakeEngine(unhealthy={D2: "no database"})
+    configs = make_configs(tmp_path, engine)
+    assert (await configs.apply(payload("v1", web("web", D1, 8080))))["status"] == "applied"
+    check = {"command": ["/bin/check"], "timeoutSeconds": 1, "graceSeconds": 0}
+    result = await configs.apply(payload("v2", {"name": "web", "image": image(D2), "healthCheck": check}))
+    assert result["status"] == "rejected" and result["rolledBackTo"] == "v1"
+    assert result["error"].startswith("health check failed: not healthy within 1s: container web: the health check "
+                                      "exited with code 1") and result["checkOutput"] == "no database"
+    assert configs.version_applied() == "v1"
+    assert await running(engine) == {engine_name("v1", "web"): True}
+
+
+async def test_a_device_without_an_engine_rejects_containers_clearly(tmp_path):
+    configs = make_configs(tmp_path, None)
+    with trio.fail_after(10):
+        result = await configs.apply(payload("v1", web("web", D1, 8080)))
+    assert result["status"] == "rejected" and "no container engine" in result["error"]
+
+
+async def test_a_power_loss_mid_apply_comes_back_to_the_old_containers(tmp_path, autojump_clock):
+    """What the disk holds when the power goes during v2's health check: the record says verifying,
+    v2's containers exist beside v1's, v1's web was stopped for its port. The next boot rolls back."""
+    engine = FakeEngine()
+    configs = make_configs(tmp_path, engine)
+    assert (await configs.apply(payload("v1", web("web", D1, 8080))))["status"] == "applied"
+    cs = configs.containers
+    await engine.pull(image(D2))
+    await engine.create(cs._run_spec("v2", spec(web("web", D2, 8080))[0]))
+    await engine.stop(engine_name("v1", "web"), 0)
+    await engine.start(engine_name("v2", "web"))
+    record = {**configs.current, "versionId": "v2", "state": "verifying", "previous": configs.current,
+              "spec": payload("v2", web("web", D2, 8080))["spec"]}
+    configs._save_current(record)
+
+    rebooted = make_configs(tmp_path, engine)
+    await rebooted.boot()
+    assert rebooted.version_applied() == "v1"
+    assert await running(engine) == {engine_name("v1", "web"): True}
+    assert rebooted._boot_report["status"] == "rejected" and rebooted._boot_report["rolledBackTo"] == "v1"
