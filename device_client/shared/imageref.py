@@ -63,10 +63,15 @@ class ImageRef:
         return is_loopback(self.registry)
 
 
+def host_of(registry: str) -> str:
+    """The host of ``host[:port]``, an IPv6 address without its brackets."""
+    if registry.startswith("["):
+        return registry[1:registry.index("]")]
+    return registry.rsplit(":", 1)[0]
+
+
 def is_loopback(registry: str) -> bool:
-    host = registry.rsplit(":", 1)[0] if not registry.endswith("]") and registry.count(":") == 1 else registry
-    if host.startswith("["):
-        host = host[1:host.index("]")]
+    host = host_of(registry)
     if host == "localhost":
         return True
     try:

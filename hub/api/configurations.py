@@ -91,7 +91,7 @@ async def version_spec(raw: Any) -> dict:
     """``checked_spec``, then each container's image pinned to the digest its registry serves now."""
     stored = checked_spec(raw)
     if stored.get("containers"):
-        stored["containers"] = await pin_images(stored["containers"])
+        stored["containers"] = await pin_images(stored["containers"], allowed=services().settings.registries)
         stored = _bounded(stored)
     return stored
 

@@ -20,6 +20,7 @@ shape again (device_client/containers.py) and never trusts the hub for it.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any, Literal
 
 import trio
@@ -158,9 +159,11 @@ def check_containers(containers: list[Container]) -> None:
         raise ValueError("two containers publish the same port (a port of the device is published once)")
 
 
-async def pin_images(containers: list[dict[str, Any]], *, timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, Any]]:
+async def pin_images(containers: list[dict[str, Any]], *, allowed: Collection[str] = (),
+                     timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, Any]]:
     """``containers`` (validated) with each image named by digest; BadRequest or a 502 otherwise.
-    The registries are asked concurrently, each bounded by ``timeout``."""
+    The registries are asked concurrently, each bounded by ``timeout``; ``allowed``: the registries
+    that may have private addresses (hub/images.py, ``check_destination``)."""
     pinned: list[dict[str, Any]] = [dict(c) for c in containers]
     failures: list[tuple[int, RegistryError]] = []
 
@@ -168,7 +171,7 @@ async def pin_images(containers: list[dict[str, Any]], *, timeout: float = DEFAU
         source = pinned[i].get("imageSource") if imageref.parse(pinned[i]["image"]).digest else None
         ref = imageref.parse(pinned[i]["image"])
         try:
-            digest = await resolve(ref, timeout=timeout)
+            digest = await resolve(ref, timeout=timeout, allowed=allowed)
         except RegistryError as exc:
             failures.append((i, exc))
             return

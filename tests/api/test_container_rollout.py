@@ -41,7 +41,8 @@ async def test_a_container_version_rolls_out_and_a_failing_one_rolls_back(nurser
             reg = await start_registry(nursery, tmp_path / "registry")
             web = await reg.push("app/web", "1", files={"/www/index.html": b"web v1\n"})
             api = await reg.push("app/api", "1", files={"/www/index.html": b"api v1\n"})
-            hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+            hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5,
+                                  registries=(reg.host,))
             fid = (await hub.call("POST", "/v1/fleets", json={"name": "edge"})).json()["data"]["id"]
             agents = {}
             for i in range(2):

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from device_client.shared.imageref import BadReference, parse
-from hub.images import MAX_MANIFEST_BYTES, RegistryError, resolve
+from hub.images import MAX_MANIFEST_BYTES, RegistryError, check_destination, resolve
 from tests.containertools import start_registry
 from tests.hubtools import assert_error, start_hub
 from tests.ports import free_port
@@ -43,6 +43,38 @@ async def test_the_digest_is_the_hash_of_the_bytes_received():
         assert await resolve(ref.pinned(DIGEST), transport=registry(answer)) == DIGEST
     assert seen == ["https://registry.example/v2/app/web/manifests/1",
                     f"https://registry.example/v2/app/web/manifests/{DIGEST}"]
+
+
+async def test_an_anonymous_token_is_fetched_when_the_registry_asks_for_one():
+    asked = []
+
+    def answer(request):
+        asked.append((request.url.host, request.url.path, request.headers.get("authorization")))
+        if request.url.host == "auth.example":
+            assert request.url.params["scope"] == "repository:library/busybox:pull"
+            return served(200, b'{"token": "anon-123"}')
+        if request.headers.get("authorization") != "Bearer anon-123":
+            return served(401, **{"WWW-Authenticate": 'Bearer realm="https://auth.example/token",'
+                                                      'service="registry.docker.io",scope="repository:library/busybox:pull"'})
+        return served(200, MANIFEST)
+
+    with trio.fail_after(5):
+        assert await resolve(parse("busybox:1.36"), transport=registry(answer)) == DIGEST
+    assert asked == [("registry-1.docker.io", "/v2/library/busybox/manifests/1.36", None),
+                     ("auth.example", "/token", None),
+                     ("registry-1.docker.io", "/v2/library/busybox/manifests/1.36", "Bearer anon-123")]
+
+
+async def test_a_token_service_at_a_private_address_or_without_tls_is_not_asked():
+    def answer(realm):
+        return lambda request: served(401, **{"WWW-Authenticate": f'Bearer realm="{realm}"'})
+
+    with trio.fail_after(5):
+        with pytest.raises(RegistryError, match="not HTTPS"):
+            await resolve(parse("registry.example/a:1"), transport=registry(answer("http://auth.example/t")))
+        with pytest.raises(RegistryError, match="private or local address"):
+            await resolve(parse("registry.example/a:1"), allowed=("registry.example",),
+                          transport=registry(answer("https://10.0.0.1/t")))
 
 
 @pytest.mark.parametrize("answer, problem", [
@@ -82,6 +114,16 @@ def test_hostile_references_are_refused(text):
         parse(text)
 
 
+@pytest.mark.parametrize("registry", ["127.0.0.1:5000", "localhost", "10.1.2.3", "[::1]:5000", "169.254.169.254",
+                                      "192.168.0.1:443"])
+async def test_a_registry_on_a_private_address_is_asked_only_when_listed(registry):
+    ref = parse(f"{registry}/app/web:1")
+    with trio.fail_after(5):
+        with pytest.raises(RegistryError, match="private or local address"):
+            await check_destination(ref.registry, ())
+        await check_destination(ref.registry, (registry,))
+
+
 def test_references_parse_as_the_distribution_project_does():
     assert parse("busybox") == parse("docker.io/library/busybox")
     assert parse("localhost:5000/a/b:1@" + DIGEST).registry == "localhost:5000"
@@ -93,7 +135,8 @@ async def test_a_container_version_is_pinned_when_it_is_created(nursery, db_url,
     with trio.fail_after(90):
         reg = await start_registry(nursery, tmp_path / "registry")
         reference = await reg.push("app/web", "1")
-        hub = await start_hub(nursery, db_url, tmp_path / "hub")
+        dead = f"127.0.0.1:{free_port()}"
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", registries=(reg.host, dead))
         web = {"name": "web", "image": reference, "ports": [{"port": "8080"}],
                "healthCheck": {"http": {"port": 8080, "path": "/"}}}
         r = await hub.call("POST", "/v1/configurations", json={"name": "app", "spec": {"containers": [web]}})
@@ -114,8 +157,10 @@ async def test_a_container_version_is_pinned_when_it_is_created(nursery, db_url,
 
         bad = [({**web, "image": reference + "\0"}, 400, "invalid_field", "spec.containers[0].image"),
                ({**web, "image": f"{reg.host}/app/nothing:1"}, 400, "image_unresolved", "spec.containers.0.image"),
-               ({**web, "image": f"127.0.0.1:{free_port()}/app/web:1"}, 502, "registry_unavailable",
-                "spec.containers.0.image"),
+               ({**web, "image": f"{dead}/app/web:1"}, 502, "registry_unavailable", "spec.containers.0.image"),
+               # a loopback registry the hub's operator did not list: the hub does not even connect
+               ({**web, "image": f"localhost:{reg.host.split(':')[1]}/app/web:1"}, 400, "image_unresolved",
+                "spec.containers.0.image: the registry localhost"),
                ({**web, "resources": {"memoryMiB": 1 << 40}}, 400, "invalid_spec", "spec.containers.0.resources.memoryMiB"),
                ({**web, "healthCheck": {"http": {"port": 0}}}, 400, "invalid_spec", "spec.containers.0.healthCheck.http.port")]
         for container, status, code, field in bad:
