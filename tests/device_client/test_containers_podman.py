@@ -92,3 +92,23 @@ async def test_pull_refuses_a_reference_without_digest(tmp_path):
             raise AssertionError("a tag was pulled")
         finally:
             await remove_everything(engine)
+
+
+async def test_a_container_that_ignores_sigterm_is_stopped_within_the_grace(nursery, tmp_path):
+    with trio.fail_after(90):
+        registry = await start_registry(nursery, tmp_path / "registry")
+        stubborn = await pinned(await registry.push("app/stubborn", "1", cmd=[
+            "/bin/sh", "-c", "trap '' TERM; while true; do sleep 1; done"]))
+        engine = podman(tmp_path / "device")
+        try:
+            containers = ContainerSet(engine, tmp_path / "root", stop_grace=1)
+            health, _ = await containers.apply("v1", parse_containers({"containers": [
+                {"name": "app", "image": stubborn, "healthCheck": {"graceSeconds": 0.2}}]}))
+            assert health.healthy, health
+            began = trio.current_time()
+            await engine.stop(engine_name("v1", "app"), 1)
+            assert trio.current_time() - began < 10
+            (info,) = await engine.containers(LABEL_MANAGED)
+            assert not info.running and info.exit_code == 137  # SIGKILL, after the grace
+        finally:
+            await remove_everything(engine)
