@@ -36,7 +36,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import trio
 
-from .devroot import DeviceRoot
+from .devroot import DeviceRoot, Refused
 from .engine.base import ContainerInfo, Engine, EngineError, Mount, RunSpec
 from .shared import imageref
 from .shared.paths import SECRETS_DIR, VOLUMES_DIR
@@ -211,6 +211,10 @@ class ContainerSet:
             health, failed = await self._wait_healthy(version_id, wanted)
         except EngineError as exc:
             health, failed = Health(False, str(exc)), None
+        except Refused as exc:  # a volume or the secrets directory is not a plain directory
+            health, failed = Health(False, f"a container's mount cannot be made: {exc}"), None
+        except OSError as exc:
+            health, failed = Health(False, f"a container's mount cannot be made: {exc.strerror or exc}"), None
         if health.healthy:
             for c in others:
                 await self._quietly(self.engine.remove(c.name), f"remove {c.name}")
@@ -237,7 +241,7 @@ class ContainerSet:
                     await self.engine.create(await trio.to_thread.run_sync(self._run_spec, version_id, spec))
                 if name not in existing or not existing[name].running:
                     await self.engine.start(name)
-        except EngineError as exc:
+        except (EngineError, Refused, OSError) as exc:
             log.error("the containers of version %s could not be restored at boot: %s", version_id, exc)
 
     async def prune(self) -> list[str]:

@@ -187,3 +187,17 @@ async def test_a_power_loss_mid_apply_comes_back_to_the_old_containers(tmp_path,
     assert rebooted.version_applied() == "v1"
     assert await running(engine) == {engine_name("v1", "web"): True}
     assert rebooted._boot_report["status"] == "rejected" and rebooted._boot_report["rolledBackTo"] == "v1"
+
+
+async def test_a_volume_that_is_a_symlink_is_refused_and_nothing_is_left(tmp_path, autojump_clock):
+    """The workload's account may own the volumes directory: a volume swapped for a link to elsewhere
+    must not become a mount of elsewhere."""
+    engine = FakeEngine()
+    root = tmp_path / "root"
+    volumes = root / "var/lib/fleethub/volumes"
+    volumes.mkdir(parents=True)
+    (volumes / "data").symlink_to(tmp_path)
+    cs = ContainerSet(engine, root)
+    health, _ = await cs.apply("v1", spec({**web("web", D1, 8080), "volumes": [{"name": "data", "mountPath": "/d"}]}))
+    assert not health.healthy and "mount cannot be made" in health.detail
+    assert await running(engine) == {}
