@@ -87,7 +87,9 @@ def container_options(args: argparse.Namespace) -> dict:
     from device_client.engine.podman import Podman
 
     conf = Path(args.containers_conf) if args.containers_conf else None
-    return {"container_engine": Podman(conf=conf), "image_budget": max(0, args.image_budget_mib) << 20}
+    # the env files of ``podman create`` live for an instant in the agent's own 0700 directory, not /tmp
+    engine = Podman(conf=conf, scratch=Path(args.data_dir))
+    return {"container_engine": engine, "image_budget": max(0, args.image_budget_mib) << 20}
 
 
 def tunnel_options(args: argparse.Namespace, tunnel_engine: Callable[..., Any]) -> dict:

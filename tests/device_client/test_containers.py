@@ -201,3 +201,22 @@ async def test_a_volume_that_is_a_symlink_is_refused_and_nothing_is_left(tmp_pat
     health, _ = await cs.apply("v1", spec({**web("web", D1, 8080), "volumes": [{"name": "data", "mountPath": "/d"}]}))
     assert not health.healthy and "mount cannot be made" in health.detail
     assert await running(engine) == {}
+
+
+def test_fleethub_agent_containers_flags(tmp_path):
+    from device_client.agent_cli import build_agent
+    from device_client.engine.podman import Podman
+    from hub import cli
+    from webrtc.device_tunnel import attach
+
+    base = ["agent", "--hub", "http://127.0.0.1:9", "--token", "t", "--data-dir", str(tmp_path / "agent")]
+    agent = build_agent(cli.build_parser().parse_args(base), attach)
+    assert agent.containers is None and agent.configs.containers is None
+    conf = tmp_path / "containers.conf"
+    args = cli.build_parser().parse_args(base + ["--containers", "podman", "--containers-conf", str(conf),
+                                                 "--image-budget-mib", "100"])
+    agent = build_agent(args, attach)
+    engine = agent.containers.engine
+    assert isinstance(engine, Podman) and agent.configs.containers is agent.containers
+    assert engine.environment()["CONTAINERS_CONF"] == str(conf) and engine.scratch == tmp_path / "agent"
+    assert agent.containers.image_budget == 100 << 20
