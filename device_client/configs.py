@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import trio
 
 from . import logtail
+from .background import BootLoop
 from .commands import CommandError
 from .containers import ContainerSet, parse_containers
 from .files import SecretFileStore
@@ -168,6 +169,8 @@ class ConfigManager:
         device.add_link_hook(self._on_link)
         device.add_shutdown_hook(self.workload.stop)
         self.workload.on_health = self._health_changed
+        if self.containers is not None:
+            BootLoop(device, lambda: self.containers.watch(self._health_changed))
 
     async def _health_changed(self, health: Health) -> None:
         await self._send("workload.health", health.event())

@@ -22,7 +22,8 @@ removes every managed container of another version and starts (creating if need 
 version's. The engine is asked what exists (labels): the agent keeps no list that could go stale.
 
 The agent leaves containers running when it stops: they are the device's applications, and an agent
-upgrade or restart must not take them down.
+upgrade or restart must not take them down. While it runs, ``watch`` reports a container of the running
+version that stopped (and its return) as a ``workload.health`` event, as for a workload command.
 """
 
 from __future__ import annotations
@@ -184,12 +185,21 @@ class ContainerSet:
         self.image_budget = image_budget
         self.stop_grace = stop_grace
         self.on_event = on_event
+        self.running_version: tuple[str, tuple[str, ...]] | None = None  # (versionId, container names) that run
+        self._applying = False
 
     # ---- apply ----
 
     async def apply(self, version_id: str, wanted: list[ContainerSpec]) -> tuple[Health, str | None]:
         """Switch to ``version_id``'s containers if they become healthy, else keep what ran:
         (health, the failing container's last log lines or None)."""
+        self._applying = True
+        try:
+            return await self._apply(version_id, wanted)
+        finally:
+            self._applying = False
+
+    async def _apply(self, version_id: str, wanted: list[ContainerSpec]) -> tuple[Health, str | None]:
         stopped: list[str] = []
         try:
             existing = await self.engine.containers(LABEL_MANAGED)
@@ -218,6 +228,7 @@ class ContainerSet:
         if health.healthy:
             for c in others:
                 await self._quietly(self.engine.remove(c.name), f"remove {c.name}")
+            self.running_version = (version_id, tuple(spec.name for spec in wanted))
             await self.prune()
             return health, None
         container_log = await self._log_of(version_id, failed) if failed else None
@@ -241,8 +252,36 @@ class ContainerSet:
                     await self.engine.create(await trio.to_thread.run_sync(self._run_spec, version_id, spec))
                 if name not in existing or not existing[name].running:
                     await self.engine.start(name)
+            self.running_version = (version_id, tuple(s.name for s in wanted)) if version_id else None
         except (EngineError, Refused, OSError) as exc:
             log.error("the containers of version %s could not be restored at boot: %s", version_id, exc)
+
+    async def watch(self, on_health: Callable[[Health], Awaitable[Any]], *, interval: float = 30.0) -> None:
+        """Until cancelled: every ``interval`` seconds, whether the running version's containers all
+        run; ``on_health`` at each change (a crash, and the restart policy bringing it back). Not while a
+        version is being applied: its old containers may be stopped on purpose then."""
+        said: Health | None = None
+        while True:
+            await trio.sleep(interval)
+            if self._applying or self.running_version is None:
+                continue
+            version_id, names = self.running_version
+            try:
+                found = {c.labels.get(LABEL_NAME): c for c in
+                         await self.engine.containers(f"{LABEL_VERSION}={version_id}")}
+            except EngineError as exc:
+                log.warning("the containers' health cannot be read: %s", exc)
+                continue
+            down = [f"{name} ({'exited with code %s' % found[name].exit_code if name in found else 'missing'})"
+                    for name in names if name not in found or not found[name].running]
+            health = Health(not down, f"containers not running: {', '.join(down)}" if down
+                            else f"{len(names)} container(s) running")
+            if said is None and health.healthy:
+                said = health  # the apply already said so
+                continue
+            if health != said and not self._applying:
+                said = health
+                await on_health(health)
 
     async def prune(self) -> list[str]:
         """Remove images no container uses, oldest first, until all images fit the budget."""

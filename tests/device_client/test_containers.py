@@ -220,3 +220,27 @@ def test_fleethub_agent_containers_flags(tmp_path):
     assert isinstance(engine, Podman) and agent.configs.containers is agent.containers
     assert engine.environment()["CONTAINERS_CONF"] == str(conf) and engine.scratch == tmp_path / "agent"
     assert agent.containers.image_budget == 100 << 20
+
+
+async def test_a_container_that_stops_after_the_switch_is_reported_and_so_is_its_return(nursery, tmp_path,
+                                                                                         autojump_clock):
+    engine = FakeEngine()
+    cs = ContainerSet(engine, tmp_path / "root")
+    said = []
+
+    async def on_health(health):
+        said.append((health.healthy, health.detail))
+
+    assert (await cs.apply("v1", spec(web("web", D1, 8080), web("db", D1, 5432))))[0].healthy
+    nursery.start_soon(lambda: cs.watch(on_health, interval=1))
+    await trio.sleep(3)
+    assert said == []  # healthy since the apply: nothing new to say
+    await engine.stop(engine_name("v1", "db"), 0)
+    await trio.sleep(1.5)
+    assert said == [(False, "containers not running: db (exited with code 143)")]
+    await engine.start(engine_name("v1", "db"))
+    await trio.sleep(1.5)
+    assert said[1:] == [(True, "2 container(s) running")]
+    await engine.remove(engine_name("v1", "web"))
+    await trio.sleep(1.5)
+    assert said[2:] == [(False, "containers not running: web (missing)")]
