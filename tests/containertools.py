@@ -9,7 +9,7 @@ free 127.0.0.1 port. The image serves HTTP with busybox's httpd, so an HTTP heal
 podman is configured without touching /etc: ``containers.conf`` in the test's tmp dir (cgroupfs,
 runc, ``default_ulimits = []``: the sandbox's cgroup layout and rlimits need all three; docs/containers.md)
 passed as CONTAINERS_CONF, and a private ``--root``/``--runroot`` per store, so tests share nothing.
-A test that lacks any of the tools is skipped with the reason (``require_tools``).
+A test marked ``needs_containers`` is skipped, with the reason, when any of the tools is missing.
 """
 
 from __future__ import annotations
@@ -56,15 +56,24 @@ http:
 HTTPD_CMD = ["/bin/sh", "-c", 'exec /bin/httpd -f -p "${PORT:-8080}" -h /www']
 
 
-def require_tools() -> None:
-    """Skip the calling test, saying what is missing, unless podman and its company are installed."""
+def missing_tools() -> list[str]:
     missing = [tool for tool in ("podman", "docker-registry") if shutil.which(tool) is None]
     if shutil.which("runc") is None and not os.path.exists("/usr/sbin/runc"):
         missing.append("runc")
     if not os.path.exists(BUSYBOX):
         missing.append("busybox-static")
-    if missing:
-        pytest.skip(f"container tests need {', '.join(missing)} (make system-deps)")
+    return missing
+
+
+#: a test (or ``pytestmark``) that runs podman or a registry: skipped, saying what is missing, without them
+needs_containers = pytest.mark.skipif(bool(missing_tools()),
+                                      reason=f"container tests need {', '.join(missing_tools())} (make system-deps)")
+
+
+def require_tools() -> None:
+    """For a helper's caller that forgot ``needs_containers``: skip rather than fail on a missing tool."""
+    if missing_tools():
+        pytest.skip(f"container tests need {', '.join(missing_tools())} (make system-deps)")
 
 
 def write_conf(directory: Path) -> Path:
@@ -78,6 +87,7 @@ def podman(store: Path, **options) -> Podman:
     """A podman engine with a store of its own under ``store``. podman refuses a runroot path over 50
     characters, longer than pytest's tmp paths: that one is a short directory in /tmp, which
     ``remove_everything`` removes."""
+    require_tools()
     runroot = Path(tempfile.mkdtemp(prefix="fh-podman-", dir="/tmp"))
     return Podman(conf=write_conf(store), root=store / "root", runroot=runroot, storage_driver="vfs",
                   scratch=store, **options)

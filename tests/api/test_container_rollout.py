@@ -12,8 +12,10 @@ import trio
 
 from device_client.containers import LABEL_MANAGED, engine_name
 from tests.api.test_rollouts import rollout_state
-from tests.containertools import podman, remove_everything, start_registry
+from tests.containertools import needs_containers, podman, remove_everything, start_registry
 from tests.hubtools import device, start_agent, start_hub, wait_for
+
+pytestmark = needs_containers
 
 TOKEN = "/var/lib/fleethub/secrets/app-token"
 

@@ -13,7 +13,7 @@ import trio
 
 from device_client.shared.imageref import BadReference, parse
 from hub.images import MAX_MANIFEST_BYTES, RegistryError, check_destination, resolve
-from tests.containertools import start_registry
+from tests.containertools import needs_containers, start_registry
 from tests.hubtools import assert_error, start_hub
 from tests.ports import free_port
 
@@ -131,6 +131,7 @@ def test_references_parse_as_the_distribution_project_does():
     assert str(parse("r.example/a:1").pinned(DIGEST)) == f"r.example/a@{DIGEST}"
 
 
+@needs_containers
 async def test_a_container_version_is_pinned_when_it_is_created(nursery, db_url, tmp_path):
     with trio.fail_after(90):
         reg = await start_registry(nursery, tmp_path / "registry")

@@ -9,10 +9,12 @@ import trio
 
 from device_client.containers import LABEL_MANAGED, ContainerSet, engine_name, parse_containers
 from device_client.engine.base import EngineError
-from hub.images import resolve
 from device_client.shared.imageref import parse
-from tests.containertools import podman, remove_everything, start_registry
+from hub.images import resolve
+from tests.containertools import needs_containers, podman, remove_everything, start_registry
 from tests.ports import free_port
+
+pytestmark = needs_containers
 
 
 async def pinned(reference: str) -> str:
