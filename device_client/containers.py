@@ -33,7 +33,8 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import trio
 
@@ -272,7 +273,7 @@ class ContainerSet:
             except EngineError as exc:
                 log.warning("the containers' health cannot be read: %s", exc)
                 continue
-            down = [f"{name} ({'exited with code %s' % found[name].exit_code if name in found else 'missing'})"
+            down = [f"{name} ({f'exited with code {found[name].exit_code}' if name in found else 'missing'})"
                     for name in names if name not in found or not found[name].running]
             health = Health(not down, f"containers not running: {', '.join(down)}" if down
                             else f"{len(names)} container(s) running")

@@ -106,7 +106,7 @@ async def resolve(ref: ImageRef, *, timeout: float = DEFAULT_TIMEOUT, allowed: C
 
 def bearer_challenge(header: str | None) -> dict[str, str] | None:
     """The parameters of a ``WWW-Authenticate: Bearer realm="…",service="…",scope="…"`` header."""
-    if not header or not header[:7].lower() == "bearer ":
+    if not header or header[:7].lower() != "bearer ":
         return None
     params = dict(_PARAM.findall(header[7:]))
     return params if "realm" in params else None

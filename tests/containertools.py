@@ -14,11 +14,11 @@ A test marked ``needs_containers`` is skipped, with the reason, when any of the 
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
 import subprocess
-import io
-import json
 import tarfile
 import tempfile
 from dataclasses import dataclass
@@ -160,13 +160,12 @@ async def start_registry(nursery: trio.Nursery, directory: Path) -> Registry:
     port = free_port()
     conf = directory / "registry.yml"
     conf.write_text(REGISTRY_CONF.format(root=directory / "data", port=port))
-    log_file = open(directory / "registry.log", "wb")
 
     builder = podman(directory / "builder")
 
     async def run() -> None:
         try:
-            with log_file:
+            with (directory / "registry.log").open("wb") as log_file:
                 await trio.run_process(["docker-registry", "serve", str(conf)], check=False, stdout=log_file,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         finally:

@@ -19,8 +19,8 @@ from quart_schema import document_querystring
 
 from actors.device import ApplyConfig
 from device_client.shared.protocol import CONFIG_SPEC_MAX_BYTES
-from hub.api.container_spec import Container, Port, check_containers, pin_images
 from hub.api.common import Pagination, errors, jsonable, org, pagination, parse_uuid, principal, services
+from hub.api.container_spec import Container, Port, check_containers, pin_images
 from hub.api.secret_files import tell_removal
 from hub.api.validation import DeletedOut, body, enveloped, invalid, responds
 from hub.auth.authz import Obj, authorize, require_org, scope_for_list

@@ -59,7 +59,7 @@ async def test_a_failing_version_rolls_back_to_the_containers_that_ran(nursery, 
             failing["healthCheck"] = {"command": ["/bin/sh", "-c", "echo not ready >&2; exit 3"],
                                       "timeoutSeconds": 2, "graceSeconds": 0.2}
             v2 = parse_containers({"containers": [failing]})
-            health, log = await containers.apply("v2", v2)
+            health, _ = await containers.apply("v2", v2)
             assert not health.healthy
             assert "health check exited with code 3" in health.detail and "not ready" in health.output
             names = {c.name: c.running for c in await engine.containers(LABEL_MANAGED)}
