@@ -25,21 +25,26 @@ run: $(STAMP)
 # memtester (the memory-test benchmark's reference) and OpenSSH (ssh and scp through the tunnel:
 # the tests start their own sshd), Chromium (the console's browser tests drive it with Playwright; Playwright
 # cannot download its own browser here), wrk (the HTTP load generator of bench/http_ratio.py, auth_overhead.py and
-# cluster.py; without it they fall back to bench/_httpload.py, which takes a core of its own on two).
+# cluster.py; without it they fall back to bench/_httpload.py, which takes a core of its own on two), podman with
+# runc, docker-registry, skopeo and busybox-static (container workloads: the tests build a busybox image, push it to
+# a registry they start on loopback and run it with podman; docs/containers.md).
 # Installed when missing and apt-get is there.
 system-deps:
 	@command -v turnserver >/dev/null && { command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ]; } && { command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ]; } && command -v memtester >/dev/null && command -v ssh >/dev/null && \
 	  [ -x /usr/bin/chromium ] && command -v wrk >/dev/null && \
+	  command -v podman >/dev/null && { command -v runc >/dev/null || [ -x /usr/sbin/runc ]; } && command -v docker-registry >/dev/null && \
+	  command -v skopeo >/dev/null && [ -x /bin/busybox ] && \
 	  { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || \
 	  { command -v apt-get >/dev/null && \
 	    { [ "$$(id -u)" = 0 ] && SUDO= || SUDO=sudo; \
-	      $$SUDO apt-get install -y -q coturn nats-server haproxy memtester openssh-server openssh-client chromium wrk >/dev/null 2>&1 || \
-	      { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q coturn nats-server haproxy memtester openssh-server openssh-client chromium wrk >/dev/null; }; } ; } || \
-	  echo "note: coturn/memtester/openssh/chromium/wrk not installed; the TURN, ssh and browser tests will say so"
+	      $$SUDO apt-get install -y -q coturn nats-server haproxy memtester openssh-server openssh-client chromium wrk podman runc docker-registry skopeo busybox-static >/dev/null 2>&1 || \
+	      { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q coturn nats-server haproxy memtester openssh-server openssh-client chromium wrk podman runc docker-registry skopeo busybox-static >/dev/null; }; } ; } || \
+	  echo "note: coturn/memtester/openssh/chromium/wrk/podman/docker-registry not installed; the TURN, ssh, browser and container tests will say so"
 	@# the Debian package starts a system coturn where systemd runs; the tests start their own
 	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now coturn >/dev/null 2>&1; } || true
 	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now nats-server >/dev/null 2>&1; } || true
 	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now haproxy >/dev/null 2>&1; } || true
+	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now docker-registry >/dev/null 2>&1; } || true
 
 # The whole test suite (pytest exits 5 when it collects nothing, which fails here too),
 # then every benchmark at smoke size.

@@ -36,6 +36,7 @@ from trio_websocket import open_websocket_url
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from device_client.agent import Agent, AgentConfig  # noqa: E402
+from device_client.engine.fake import FakeEngine  # noqa: E402
 from device_client.shared.clock import Clock  # noqa: E402
 from webrtc.device_tunnel import attach as tunnel_engine  # noqa: E402
 
@@ -148,7 +149,8 @@ async def main(args: argparse.Namespace) -> None:
                 devices = json.loads(Path(cmd["devices_file"]).read_text())
                 for dev_id, token in devices:
                     agent = Agent(AgentConfig(args.hub, token, Path(args.data_dir) / dev_id, clock=clock,
-                                              connect_limiter=limiter, tunnel_engine=tunnel_engine))
+                                              connect_limiter=limiter, tunnel_engine=tunnel_engine,
+                                              container_engine=FakeEngine() if args.fake_engine else None))
                     new.append(agent)
                     nursery.start_soon(agent.run)
             else:
@@ -173,6 +175,8 @@ if __name__ == "__main__":
     p.add_argument("--interval", type=float, default=30.0)
     p.add_argument("--connect-concurrency", type=int, default=200)
     p.add_argument("--log-level", default="ERROR")
+    p.add_argument("--fake-engine", action="store_true", help="agents run containers on the in-memory engine "
+                                                               "(device_client/engine/fake.py)")
     a = p.parse_args()
     logging.basicConfig(level=getattr(logging, a.log_level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

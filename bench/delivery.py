@@ -237,7 +237,7 @@ class Fleet:
             shutil.rmtree(self.sim_root, ignore_errors=True)
 
 
-def start_fleet(n: int, name: str, connect_timeout: float = 180.0) -> Fleet:
+def start_fleet(n: int, name: str, connect_timeout: float = 180.0, worker_args: tuple[str, ...] = ()) -> Fleet:
     """``fleethub serve`` + bootstrap + one fleet holding ``n`` SQL-provisioned devices, all connected
     from one _simworker.py process of Agents (ignore_owner). Stops what it started if it fails."""
     from command_rtt import wait_all_connected
@@ -261,7 +261,8 @@ def start_fleet(n: int, name: str, connect_timeout: float = 180.0) -> Fleet:
         fleet.sim_root = shm_tempdir(f"fleethub-bench-{name}-")
         (fleet.sim_root / "devices.json").write_text(json.dumps(fleet.devices))
         os.environ["FLEETHUB_AGENT_IGNORE_OWNER"] = "1"  # the Worker inherits it: ignore_owner=None reads it
-        fleet.worker = Worker("agent", "--hub", hub.base_url, "--data-dir", str(fleet.sim_root), name=f"{name}-sim")
+        fleet.worker = Worker("agent", "--hub", hub.base_url, "--data-dir", str(fleet.sim_root), *worker_args,
+                              name=f"{name}-sim")
         t0 = time.monotonic()
         fleet.worker.send({"cmd": "add", "devices_file": str(fleet.sim_root / "devices.json"),
                            "timeout": connect_timeout})

@@ -44,6 +44,7 @@ from .agentlink import Link
 from .shared.clock import Clock, rfc3339
 from .commands import CommandError, CommandTable, Hooks, current_command
 from .configs import ConfigManager
+from .containers import ContainerSet
 from .context import DeviceContext
 from .files import SecretFileStore
 from .shared.link.deviceside import MIN_HEARTBEAT  # noqa: F401  (kept importable from here)
@@ -135,7 +136,10 @@ class Agent:
         self.linkctl = linkctl.LinkControl(device)  # link.drain, link.keys, link.notice
         self.files = SecretFileStore(self.data_dir, self.root, ignore_owner=config.ignore_owner,
                                      owner_for_all=config.owner_for_all_files)
-        self.configs = ConfigManager(self.data_dir, self.files, self.workload, device_id=lambda: device.device_id)
+        self.containers = ContainerSet(config.container_engine, self.root, image_budget=config.image_budget,
+                                       on_event=device.send_event) if config.container_engine else None
+        self.configs = ConfigManager(self.data_dir, self.files, self.workload, device_id=lambda: device.device_id,
+                                     containers=self.containers)
         self.files.attach(device)
         # before the configuration: a test boot holds the workload before its boot hook starts it
         self.memtest = attach_memtest(device, config.memtest)  # None: simulated defaults

@@ -42,6 +42,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                          "sandbox for trying the agent out); docs/agent.md")
     p.add_argument("--workload-user", help="run configuration workloads as this user (default: "
                                            "FLEETHUB_WORKLOAD_USER, else the agent's own user)")
+    p.add_argument("--containers", choices=["podman"], help="run the containers of configuration versions "
+                   "with this engine (default: none; such versions are rejected); docs/containers.md")
+    p.add_argument("--containers-conf", help="a containers.conf for podman (CONTAINERS_CONF), so the device's "
+                                             "/etc/containers stays as it is")
+    p.add_argument("--image-budget-mib", type=int, default=2048, help="disk kept for images no container uses "
+                   "before the oldest are pruned (default 2048)")
     p.add_argument("--check", action="store_true", help="check the token, the hub, the clock, the data dir, "
                    "the workload user and the tunnel flags; one line each, exit non-zero on a failure")
     tunnel_flags(p)
@@ -68,11 +74,22 @@ def build_agent(args: argparse.Namespace, tunnel_engine: Callable[..., Any]):
                              **tunnel_options(args, tunnel_engine),
                              memtest=agent_config(args.memory_fault, args.memory_budget,
                                                  test_boot=args.memtest_test_boot),
-                             workload_user=workload_user,
+                             workload_user=workload_user, **container_options(args),
                              device_root=Path(args.device_root) if args.device_root else None)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     return Agent(config)
+
+
+def container_options(args: argparse.Namespace) -> dict:
+    if not args.containers:
+        return {}
+    from device_client.engine.podman import Podman
+
+    conf = Path(args.containers_conf) if args.containers_conf else None
+    # the env files of ``podman create`` live for an instant in the agent's own 0700 directory, not /tmp
+    engine = Podman(conf=conf, scratch=Path(args.data_dir))
+    return {"container_engine": engine, "image_budget": max(0, args.image_budget_mib) << 20}
 
 
 def tunnel_options(args: argparse.Namespace, tunnel_engine: Callable[..., Any]) -> dict:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # types only: the config module loads none of the parts
     from .memtest.tester import MemtestConfig
     from .tunnel import TunnelConfig
     from .workload import RunAs
+    from .engine.base import Engine
 
 # (the device's context, its TunnelConfig or None) -> the tunnel part; webrtc/device_tunnel.py ``attach``
 TunnelEngine = Callable[["DeviceContext", "TunnelConfig | None"], Any]
@@ -98,6 +99,8 @@ class AgentConfig:
     tunnel: TunnelConfig | None = None  # the targets; None: none configured
     memtest: MemtestConfig | None = None  # None: simulated defaults
     workload_user: RunAs | None = None  # the account the workload runs as; None: ours
+    container_engine: Engine | None = None  # None: versions with containers are rejected (containers.py)
+    image_budget: int = 2 << 30  # bytes of images kept, unused ones pruned oldest first past it
     owner_for_all_files: tuple[int, int] | None = None  # a simulated device gives every file to one account
     ignore_owner: bool | None = None  # None: FLEETHUB_AGENT_IGNORE_OWNER decides (files.py)
     # ---- collaborators the launcher or a test passes in ----

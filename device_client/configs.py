@@ -35,7 +35,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import trio
 
 from . import logtail
+from .background import BootLoop
 from .commands import CommandError
+from .containers import ContainerSet, parse_containers
 from .files import SecretFileStore
 from .state import write_json_atomic
 from .workload import Health, Workload, WorkloadSpec, parse_spec
@@ -81,10 +83,11 @@ def parse_apply(payload: dict[str, Any]) -> ApplyRequest:
 
 class ConfigManager:
     def __init__(self, data_dir: Path, files: SecretFileStore, workload: Workload, *,
-                 device_id: Callable[[], str | None] = lambda: None) -> None:
+                 device_id: Callable[[], str | None] = lambda: None, containers: ContainerSet | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.files = files
         self.workload = workload
+        self.containers = containers  # None: no container engine on this device
         self.device_id = device_id
         self.current_path = self.data_dir / CURRENT_NAME
         self.versions_dir = self.data_dir / VERSIONS_DIR
@@ -147,6 +150,8 @@ class ConfigManager:
             log.warning("configuration version %s was interrupted during verification; rolled back to %s",
                         record["versionId"], previous["versionId"] if previous else "none")
             record = previous
+        if self.containers is not None:
+            await self._reconcile_containers(record)
         if record is None:
             return
         try:
@@ -164,6 +169,8 @@ class ConfigManager:
         device.add_link_hook(self._on_link)
         device.add_shutdown_hook(self.workload.stop)
         self.workload.on_health = self._health_changed
+        if self.containers is not None:
+            BootLoop(device, lambda: self.containers.watch(self._health_changed))
 
     async def _health_changed(self, health: Health) -> None:
         await self._send("workload.health", health.event())
@@ -183,6 +190,14 @@ class ConfigManager:
         except ValueError as exc:
             return _result("rejected", request.config_id, request.version_id, [],
                            error=f"invalid workload: {exc}", rolled_back_to=base_id)
+        try:
+            containers = parse_containers(request.spec)
+        except ValueError as exc:
+            return _result("rejected", request.config_id, request.version_id, [],
+                           error=f"invalid containers: {exc}", rolled_back_to=base_id)
+        if containers and self.containers is None:
+            return _result("rejected", request.config_id, request.version_id, [], rolled_back_to=base_id,
+                           error="this device has no container engine (fleethub agent --containers podman)")
         if self.workload.held:
             raise CommandError("busy", "the workload is held for maintenance; the version can be applied "
                                        "once it is released")
@@ -192,6 +207,9 @@ class ConfigManager:
         await trio.to_thread.run_sync(self._save_version, record)
         await trio.to_thread.run_sync(self._save_current, record)
         health = await self._run_and_verify(spec, record)
+        container_log = None
+        if health.healthy and self.containers is not None:
+            health, container_log = await self.containers.apply(request.version_id, containers)
         if health.healthy:
             record = {**record, "state": "applied", "previous": None}
             await trio.to_thread.run_sync(self._save_current, record)
@@ -200,7 +218,7 @@ class ConfigManager:
             return _result("applied", request.config_id, request.version_id,
                            files + await self._remove_other_configurations(request.config_id))
         # read before the restore: the previous workload's start is not this version's story
-        workload_log = await trio.to_thread.run_sync(self.workload.log_tail)
+        workload_log = container_log or await trio.to_thread.run_sync(self.workload.log_tail)
         await trio.to_thread.run_sync(self._save_current, base)
         await self._restore(base)
         said = logtail.last_line(health.output) if health.output else None
@@ -223,6 +241,14 @@ class ConfigManager:
         except ValueError:
             spec = None
         await self.workload.restart(spec, self._env(base))
+
+    async def _reconcile_containers(self, record: dict[str, Any] | None) -> None:
+        try:
+            wanted = parse_containers(record["spec"]) if record is not None else []
+        except ValueError as exc:  # valid when applied; only outside damage gets here
+            log.error("the current configuration's containers are invalid (%s); not starting them", exc)
+            return
+        await self.containers.reconcile(record["versionId"] if record is not None else None, wanted)
 
     async def _remove_other_configurations(self, config_id: str) -> list[dict[str, Any]]:
         stale = [path for path, entry in self.files.managed().items()

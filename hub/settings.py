@@ -68,6 +68,9 @@ class Settings:
     # A node renews its liveness row every third of this; a node silent longer is dead and the devices
     # whose link it held are marked offline (hub/cluster/nodes.py).
     node_lease_seconds: float = 10.0
+    # Registries (host[:port]) the hub may ask for image manifests whatever address they have; any other
+    # registry must resolve to public addresses only (hub/images.py, docs/containers.md).
+    registries: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
 
     @property
@@ -115,6 +118,7 @@ class Settings:
             stun_urls=_urls("FLEETHUB_STUN_URLS"),
             turn_urls=_urls("FLEETHUB_TURN_URLS") or _urls("FLEETHUB_TURN_URL"),
             turn_secret=os.environ.get("FLEETHUB_TURN_SECRET") or None,
+            registries=tuple(r.strip() for r in os.environ.get("FLEETHUB_REGISTRIES", "").split(",") if r.strip()),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

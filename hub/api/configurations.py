@@ -2,8 +2,9 @@
 
 Field names are camelCase like the spec's configuration section. A configuration's ``status`` is
 ``active`` or ``archived`` (the spec leaves its values open). ``spec`` is an object; of its contents
-the hub checks ``ports`` (spec) and ``workload`` (what the device agent runs and health-checks);
-other members are kept as given.
+the hub checks ``ports`` (spec), ``workload`` (a command the device agent runs and health-checks) and
+``containers`` (container_spec.py: images pinned to digests when the version is created); other
+members are kept as given.
 """
 
 from __future__ import annotations
@@ -12,34 +13,20 @@ import json
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from quart import Blueprint, g, request
 from quart_schema import document_querystring
 
 from actors.device import ApplyConfig
 from device_client.shared.protocol import CONFIG_SPEC_MAX_BYTES
 from hub.api.common import Pagination, errors, jsonable, org, pagination, parse_uuid, principal, services
+from hub.api.container_spec import Container, Port, check_containers, pin_images
 from hub.api.secret_files import tell_removal
 from hub.api.validation import DeletedOut, body, enveloped, invalid, responds
 from hub.auth.authz import Obj, authorize, require_deploy, require_org, scope_for_list
 from hub.errors import BadRequest, NotFound
 
 bp = Blueprint("configurations", __name__, url_prefix="/v1/configurations")
-
-
-class Port(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    port: int = Field(..., ge=1, le=65535)
-
-    @field_validator("port", mode="before")
-    @classmethod
-    def _numeric_string(cls, value: Any) -> Any:
-        # Backwards compatibility (spec): "8080" is accepted and stored as 8080; "80a" and 8080.5 are not.
-        if isinstance(value, str) and value.strip().isdigit():
-            return int(value.strip())
-        if isinstance(value, bool) or (not isinstance(value, int) and not isinstance(value, str)):
-            raise ValueError("port must be an integer from 1 to 65535")
-        return value
 
 
 class HealthCheck(BaseModel):
@@ -60,6 +47,16 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="allow")
     ports: list[Port] = Field(default_factory=list, max_length=256)
     workload: Workload | None = None
+    containers: list[Container] | None = Field(None, max_length=16)
+
+    @field_validator("containers")
+    @classmethod
+    def _one_workload(cls, value: list[Container] | None, info: ValidationInfo) -> list[Container] | None:
+        if value is not None:
+            if info.data.get("workload") is not None:
+                raise ValueError("a version runs a workload command or containers, not both")
+            check_containers(value)
+        return value
 
 
 def checked_spec(raw: Any) -> dict:
@@ -73,12 +70,28 @@ def checked_spec(raw: Any) -> dict:
         err.code, err.message = "invalid_spec", "spec." + err.message
         raise err from None
     stored = spec.model_dump(exclude_none=True, exclude_unset=False) | {
-        k: v for k, v in raw.items() if k not in ("ports", "workload")}
+        k: v for k, v in raw.items() if k not in _CHECKED}
+    return _bounded(stored)
+
+
+_CHECKED = ("ports", "workload", "containers")
+
+
+def _bounded(stored: dict) -> dict:
     size = len(json.dumps(stored, ensure_ascii=False, separators=(",", ":")).encode())
     if size > CONFIG_SPEC_MAX_BYTES:
         # config.apply carries the spec and the files in one frame, bounded by construction
         raise BadRequest(f"spec: {size} bytes as JSON, over the limit of {CONFIG_SPEC_MAX_BYTES}",
                          code="invalid_spec")
+    return stored
+
+
+async def version_spec(raw: Any) -> dict:
+    """``checked_spec``, then each container's image pinned to the digest its registry serves now."""
+    stored = checked_spec(raw)
+    if stored.get("containers"):
+        stored["containers"] = await pin_images(stored["containers"], allowed=services().settings.registries)
+        stored = _bounded(stored)
     return stored
 
 
@@ -255,7 +268,7 @@ async def _load(config_id: str, relation: str) -> tuple[dict, dict]:
 async def create_configuration(data: ConfigCreate):
     s = services()
     await require_org(s, "editor")
-    spec = checked_spec(data.spec)
+    spec = await version_spec(data.spec)
     if data.fleetId is not None:
         if not await s.identity.object_in_org(org().org_id, "fleet", data.fleetId):
             raise BadRequest("fleetId: no such fleet in this organisation", code="invalid_reference")
@@ -289,7 +302,7 @@ async def update_configuration(configId: str, data: ConfigUpdate):
     if spec is None and "spec" in data.model_fields_set:
         raise BadRequest("spec: cannot be null", code="invalid_spec")
     updated = await s.configs.update(org().org_id, config["id"], s.clock.now(), metadata=changes,
-                                     spec=checked_spec(spec) if spec is not None else None, created_by=principal().id)
+                                     spec=await version_spec(spec) if spec is not None else None, created_by=principal().id)
     if updated is None:
         raise NotFound("configuration not found")
     config, new_version = updated
@@ -333,7 +346,7 @@ async def create_version(config_id: str, data: VersionCreate):
     s = services()
     config, _ = await _load(config_id, "editor")
     updated = await s.configs.update(org().org_id, config["id"], s.clock.now(), metadata={},
-                                     spec=checked_spec(data.spec), created_by=principal().id)
+                                     spec=await version_spec(data.spec), created_by=principal().id)
     if updated is None:
         raise NotFound("configuration not found")
     return {"data": version_json(updated[1])}, 201

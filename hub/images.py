@@ -1,0 +1,193 @@
+"""Image digests from registries: the pull side of the OCI distribution API, as much as pinning needs.
+
+A configuration version names each container image by digest, so that what a device runs cannot
+change under a version (DESIGN.md section 14). When a version is created, ``resolve`` asks the image's
+registry for its manifest (``GET /v2/<repository>/manifests/<tag or digest>``), hashes the bytes it
+received and returns that sha256: the digest is what the hub itself computed, never only what the
+registry said. A registry that names another digest (``Docker-Content-Digest``), or serves a manifest
+whose hash is not the digest asked for, is refused: something between the hub and the registry, or
+the registry itself, is wrong, and a version must not be built on it.
+
+Bounds, so that a hostile or broken registry costs a request a few seconds and a few MiB at most: each
+request has ``timeout`` seconds in all (connect, headers and the whole body), a manifest is at most
+``MAX_MANIFEST_BYTES`` (4 MiB, the limit the distribution spec lets registries impose), and redirects
+are not followed. Anonymous pulls only: a registry that answers 401 with a Bearer challenge (Docker
+Hub, GHCR, most public registries) is asked again with an anonymous token from the service it names;
+one that wants credentials is refused with an error that says so (docs/containers.md, "not yet").
+
+Where the hub may connect (``check_destination``): an editor names the registry, so without a rule
+the hub could be made to send requests into its own network (its PostgreSQL's host, a cloud metadata
+address) and read the answers' status codes back in errors. A registry listed in the hub's
+``registries`` setting (FLEETHUB_REGISTRIES) is asked wherever it is; any other must resolve to public
+addresses only. The name is resolved again when httpx connects, so a name whose DNS answer changes in
+between (rebinding) is not stopped by this: list the registries an organisation uses, in production.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import re
+import socket
+from collections.abc import Collection
+from typing import Any
+
+import httpx
+import trio
+
+from device_client.shared.imageref import DEFAULT_REGISTRY, DIGEST, ImageRef, host_of
+
+MAX_MANIFEST_BYTES = 4 << 20
+MAX_TOKEN_BYTES = 64 << 10
+DOCKER_HUB_API = "registry-1.docker.io"
+_PARAM = re.compile(r'([A-Za-z]+)="([^"]*)"')
+DEFAULT_TIMEOUT = 10.0
+MANIFEST_TYPES = ", ".join((
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+))
+
+
+class RegistryError(Exception):
+    """The registry did not give a manifest the hub can pin. ``unreachable``: it could not be asked
+    (connection, timeout, a 5xx), as opposed to an answer that is wrong or a refusal."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.unreachable = unreachable
+
+
+async def check_destination(registry: str, allowed: Collection[str]) -> None:
+    """RegistryError unless ``registry`` (host[:port]) is in ``allowed`` or has public addresses only."""
+    if registry in allowed:
+        return
+    try:
+        with trio.fail_after(DEFAULT_TIMEOUT):
+            found = await trio.socket.getaddrinfo(host_of(registry), None, type=socket.SOCK_STREAM)
+    except (OSError, trio.TooSlowError):
+        raise RegistryError(f"the registry {registry} cannot be found (DNS)", unreachable=True) from None
+    for *_, address in found:
+        ip = ipaddress.ip_address(address[0].split("%", 1)[0])
+        if not ip.is_global:
+            raise RegistryError(f"the registry {registry} has a private or local address; the hub asks such "
+                                "a registry only when its operator lists it (FLEETHUB_REGISTRIES)")
+
+
+def api_host(ref: ImageRef) -> str:
+    """Where the registry's API answers: Docker Hub's is not at docker.io."""
+    return DOCKER_HUB_API if ref.registry == DEFAULT_REGISTRY else ref.registry
+
+
+def manifest_url(ref: ImageRef) -> str:
+    scheme = "http" if ref.plain_http else "https"
+    return f"{scheme}://{api_host(ref)}/v2/{ref.repository}/manifests/{ref.reference}"
+
+
+async def resolve(ref: ImageRef, *, timeout: float = DEFAULT_TIMEOUT, allowed: Collection[str] | None = None,
+                  transport: httpx.AsyncBaseTransport | None = None) -> str:
+    """The sha256 digest of ``ref``'s manifest, as the hub hashed it; RegistryError otherwise.
+    ``allowed`` (when not None): ``check_destination`` for the registry and its token service."""
+    try:
+        with trio.fail_after(timeout):
+            if allowed is not None:
+                await check_destination(api_host(ref), allowed)
+            return await _fetch_digest(ref, timeout, allowed, transport)
+    except trio.TooSlowError:
+        raise RegistryError(f"the registry {ref.registry} did not answer within {timeout:g}s",
+                            unreachable=True) from None
+    except httpx.TransportError as exc:
+        raise RegistryError(f"the registry {ref.registry} cannot be reached ({type(exc).__name__})",
+                            unreachable=True) from None
+
+
+def bearer_challenge(header: str | None) -> dict[str, str] | None:
+    """The parameters of a ``WWW-Authenticate: Bearer realm="…",service="…",scope="…"`` header."""
+    if not header or header[:7].lower() != "bearer ":
+        return None
+    params = dict(_PARAM.findall(header[7:]))
+    return params if "realm" in params else None
+
+
+async def _anonymous_token(client: httpx.AsyncClient, ref: ImageRef, challenge: dict[str, str],
+                           allowed: Collection[str] | None) -> str:
+    """A pull token for anyone (the distribution token protocol without credentials)."""
+    realm = httpx.URL(challenge["realm"])
+    if realm.scheme != "https" and not (realm.scheme == "http" and ref.plain_http):
+        raise RegistryError(f"the registry {ref.registry} names a token service that is not HTTPS")
+    if allowed is not None:
+        await check_destination(realm.netloc.decode(), allowed)
+    params = {"scope": challenge.get("scope") or f"repository:{ref.repository}:pull"}
+    if "service" in challenge:
+        params["service"] = challenge["service"]
+    async with client.stream("GET", realm, params=params) as r:
+        if r.status_code != 200:
+            raise RegistryError(f"the registry {ref.registry} asks for credentials for {ref.repository} "
+                                f"(its token service answered {r.status_code}); only anonymous pulls are "
+                                "supported so far")
+        body = b""
+        async for chunk in r.aiter_raw():
+            body += chunk
+            if len(body) > MAX_TOKEN_BYTES:
+                raise RegistryError(f"the token service of {ref.registry} answered more than {MAX_TOKEN_BYTES} bytes")
+    try:
+        answer = json.loads(body)
+        token = answer.get("token") or answer.get("access_token")
+    except (ValueError, AttributeError):
+        token = None
+    if not isinstance(token, str) or not token or not token.isprintable():
+        raise RegistryError(f"the token service of {ref.registry} gave no token")
+    return token
+
+
+async def _fetch_digest(ref: ImageRef, timeout: float, allowed: Collection[str] | None,
+                        transport: httpx.AsyncBaseTransport | None) -> str:
+    headers = {"Accept": MANIFEST_TYPES}
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), follow_redirects=False,
+                                 transport=transport) as client:
+        for _ in range(2):  # a second time only with an anonymous token
+            async with client.stream("GET", manifest_url(ref), headers=headers) as r:
+                if r.status_code == 401:
+                    challenge = bearer_challenge(r.headers.get("www-authenticate"))
+                    if challenge is not None and "Authorization" not in headers:
+                        await r.aclose()
+                        token = await _anonymous_token(client, ref, challenge, allowed)
+                        headers["Authorization"] = f"Bearer {token}"
+                        continue
+                    raise RegistryError(f"the registry {ref.registry} asks for credentials for {ref.repository}; "
+                                        "only anonymous pulls are supported so far")
+                sha, said = await _read_manifest(ref, r)
+                break
+    digest = "sha256:" + sha.hexdigest()
+    if ref.digest is not None and digest != ref.digest:
+        raise RegistryError(f"the registry {ref.registry} served a manifest whose digest is {digest}, "
+                            f"not the {ref.digest} asked for")
+    if said is not None and said != digest:
+        shown = said[:80] if DIGEST.match(said) else "a malformed digest"
+        raise RegistryError(f"the registry {ref.registry} says the manifest of {ref} is {shown}, "
+                            f"but its bytes hash to {digest}")
+    return digest
+
+
+async def _read_manifest(ref: ImageRef, r: httpx.Response) -> tuple[Any, str | None]:
+    """(the sha256 of the body, the digest the registry claims); the body at most MAX_MANIFEST_BYTES."""
+    if r.status_code == 404:
+        raise RegistryError(f"{ref} is not in the registry {ref.registry}")
+    if r.status_code >= 500:
+        raise RegistryError(f"the registry {ref.registry} answered {r.status_code}", unreachable=True)
+    if r.status_code != 200:
+        raise RegistryError(f"the registry {ref.registry} answered {r.status_code} for {ref}")
+    declared = r.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_MANIFEST_BYTES:
+        raise RegistryError(f"the manifest of {ref} is {int(declared)} bytes, over the limit of "
+                            f"{MAX_MANIFEST_BYTES}")
+    sha, size = hashlib.sha256(), 0
+    async for chunk in r.aiter_raw():
+        size += len(chunk)
+        if size > MAX_MANIFEST_BYTES:
+            raise RegistryError(f"the manifest of {ref} is over the limit of {MAX_MANIFEST_BYTES} bytes")
+        sha.update(chunk)
+    return sha, r.headers.get("docker-content-digest")

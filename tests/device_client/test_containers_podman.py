@@ -1,0 +1,116 @@
+"""ContainerSet with real podman and a real registry: switch after health, roll back to what ran.
+
+One store per test (tests/containertools.py); the images are busybox built by the test."""
+
+from __future__ import annotations
+
+import httpx
+import trio
+
+from device_client.containers import LABEL_MANAGED, ContainerSet, engine_name, parse_containers
+from device_client.engine.base import EngineError
+from device_client.shared.imageref import parse
+from hub.images import resolve
+from tests.containertools import needs_containers, podman, remove_everything, start_registry
+from tests.ports import free_port
+
+pytestmark = needs_containers
+
+
+async def pinned(reference: str) -> str:
+    ref = parse(reference)
+    return str(ref.pinned(await resolve(ref)))
+
+
+def web(name: str, image: str, port: int, **extra) -> dict:
+    return {"name": name, "image": image, "env": {"PORT": str(port)}, "ports": [{"port": port}],
+            "healthCheck": {"http": {"port": port, "path": "/"}, "timeoutSeconds": 10, "graceSeconds": 0.2}, **extra}
+
+
+async def get(port: int) -> str:
+    async with httpx.AsyncClient(timeout=3) as client:
+        return (await client.get(f"http://127.0.0.1:{port}/")).text
+
+
+async def test_a_failing_version_rolls_back_to_the_containers_that_ran(nursery, tmp_path):
+    with trio.fail_after(150):
+        registry = await start_registry(nursery, tmp_path / "registry")
+        v1_image = await pinned(await registry.push("app/web", "1", files={"/www/index.html": b"v1\n"}))
+        v2_image = await pinned(await registry.push("app/web", "2", files={"/www/index.html": b"v2\n"}))
+        engine = podman(tmp_path / "device")
+        try:
+            events = []
+
+            async def on_event(kind, payload):
+                events.append((kind, payload))
+
+            containers = ContainerSet(engine, tmp_path / "root", stop_grace=1, on_event=on_event)
+            port, side = free_port(), free_port()
+            v1 = parse_containers({"containers": [web("web", v1_image, port),
+                                                  web("side", v1_image, side, resources={"memoryMiB": 64})]})
+            health, _ = await containers.apply("v1", v1)
+            assert health.healthy, health
+            assert await get(port) == "v1\n" and await get(side) == "v1\n"
+            assert [k for k, _ in events] == ["container.pulled", "container.pulled"]
+            assert events[0][1]["image"] == v1_image and events[0][1]["bytes"] > 1_000_000
+
+            # v2: web serves on its port but its exec check fails; the old web is stopped for the port
+            failing = web("web", v2_image, port)
+            failing["healthCheck"] = {"command": ["/bin/sh", "-c", "echo not ready >&2; exit 3"],
+                                      "timeoutSeconds": 2, "graceSeconds": 0.2}
+            v2 = parse_containers({"containers": [failing]})
+            health, _ = await containers.apply("v2", v2)
+            assert not health.healthy
+            assert "health check exited with code 3" in health.detail and "not ready" in health.output
+            names = {c.name: c.running for c in await engine.containers(LABEL_MANAGED)}
+            assert names == {engine_name("v1", "web"): True, engine_name("v1", "side"): True}, names
+            assert await get(port) == "v1\n", "v1's web did not come back after the rollback"
+
+            # v3: an image the registry does not have; nothing of v1 is touched
+            ghost = str(parse(v1_image).pinned("sha256:" + "0" * 64))
+            health, _ = await containers.apply("v3", parse_containers({"containers": [web("web", ghost, port)]}))
+            assert not health.healthy and "pull" in health.detail
+            assert await get(port) == "v1\n"
+
+            # v2 done right replaces v1 entirely, and v1's image goes when the budget is zero
+            containers.image_budget = 0
+            health, _ = await containers.apply("v2", parse_containers({"containers": [web("web", v2_image, port)]}))
+            assert health.healthy, health
+            assert await get(port) == "v2\n"
+            assert {c.name for c in await engine.containers(LABEL_MANAGED)} == {engine_name("v2", "web")}
+            assert {d for i in await engine.images() for d in i.digests} == {parse(v2_image).digest}
+        finally:
+            await remove_everything(engine)
+
+
+async def test_pull_refuses_a_reference_without_digest(tmp_path):
+    engine = podman(tmp_path / "device")
+    with trio.fail_after(30):
+        try:
+            await engine.pull("127.0.0.1:1/app/web:1")
+        except EngineError as exc:
+            assert "by digest only" in str(exc)
+        else:
+            raise AssertionError("a tag was pulled")
+        finally:
+            await remove_everything(engine)
+
+
+async def test_a_container_that_ignores_sigterm_is_stopped_within_the_grace(nursery, tmp_path):
+    with trio.fail_after(90):
+        registry = await start_registry(nursery, tmp_path / "registry")
+        stubborn = await pinned(await registry.push("app/stubborn", "1", cmd=[
+            "/bin/sh", "-c", "trap '' TERM; while true; do sleep 1; done"]))
+        engine = podman(tmp_path / "device")
+        try:
+            containers = ContainerSet(engine, tmp_path / "root", stop_grace=1)
+            health, _ = await containers.apply("v1", parse_containers({"containers": [
+                {"name": "app", "image": stubborn, "healthCheck": {"graceSeconds": 0.2}}]}))
+            assert health.healthy, health
+            began = trio.current_time()
+            await engine.stop(engine_name("v1", "app"), 1)
+            assert trio.current_time() - began < 10
+            (info,) = await engine.containers(LABEL_MANAGED)
+            assert not info.running and info.exit_code == 137  # SIGKILL, after the grace
+        finally:
+            await remove_everything(engine)
