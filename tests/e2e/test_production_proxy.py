@@ -3,7 +3,7 @@ certificate, the bind address and the hub's port) ends TLS in front of `fleethub
 FLEETHUB_TRUSTED_PROXY_HOPS=1. Through it: REST with a PAT over HTTP/2, a device's event stream
 delivering the event of a real `fleethub agent` linking over wss (trusting the test's certificate
 through SSL_CERT_FILE, as docs/production.md tells), a command to that device, per-address sign-in
-throttling that counts each client's address rather than the proxy's, and a Secure session cookie."""
+throttling that counts each client's address rather than the proxy's, and a Secure session cookie; /metrics refused at the proxy."""
 
 from __future__ import annotations
 
@@ -80,6 +80,9 @@ def test_hub_behind_haproxy_with_tls(tmp_path, procs):
                       "--role", "admin", "--password", "a long enough password"])
         pat = run_cli_json(["admin", "--data-dir", str(data), "create-pat", "ops@proxy.test"])
         headers = {"X-API-Token-ID": pat["id"], "X-API-Secret-Key": pat["secret"], "X-Organization-ID": org["id"]}
+
+        assert httpx.get(base + "/metrics", verify=trust, timeout=5).status_code == 403  # for the scraper only
+        assert httpx.get(f"http://127.0.0.1:{hub_port}/metrics", timeout=5).status_code == 200
 
         with client_from("127.0.0.3", trust, base, headers) as c:
             r = c.post("/v1/devices", json={"name": "edge-1"})
