@@ -52,3 +52,17 @@ def test_https_http2_and_http3(tmp_path, procs):
     unauthenticated = h3_get("127.0.0.1", quic_port, "/v1/me", cafile=str(certfile))
     assert unauthenticated["status"] == 401
     assert json.loads(unauthenticated["body"])["error"] == "unauthenticated"
+
+    # a real agent links over wss to the hub's own TLS, trusting the certificate through SSL_CERT_FILE
+    # alone (docs/production.md, "Devices and the hub's certificate")
+    with httpx.Client(base_url=base, verify=trust, headers=headers, timeout=10) as c:
+        r = c.post("/v1/devices", json={"name": "tls-device"})
+        assert r.status_code == 201, r.text
+        device_id = r.json()["data"]["id"]
+        token_file = tmp_path / "token"
+        token_file.write_text(r.json()["data"]["token"])
+        agent = procs("agent", ["agent", "--hub", base, "--token-file", str(token_file), "--data-dir",
+                                str(tmp_path / "agent")], env={"SSL_CERT_FILE": str(certfile)})
+        wait_until(lambda: c.get(f"/v1/devices/{device_id}").json()["data"]["online"], timeout=30,
+                   what="the agent online over wss", proc=agent)
+        assert c.post(f"/v1/devices/{device_id}/ping").status_code == 200
