@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncContextManager, Awaitable, Callable
 
 import trio
-from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError, open_websocket_url
+from trio_websocket import ConnectionClosed, ConnectionRejected, ConnectionTimeout, HandshakeError, open_websocket_url
 
 from .shared import protocol
 from .agentconfig import AgentConfig, link_url
@@ -32,8 +32,10 @@ from .commands import CommandTable
 from .shared.link import CommandReceived, DeviceSide, HeartbeatDue, Ignored, LinkFailed
 from .shared.linkcodes import Close, drain_window
 from .linkframes import FrameGuard
+from .tlsprobe import tls_refusal
 
 log = logging.getLogger("fleethub.agent")
+TLS_PROBE_EVERY = 300.0  # seconds
 
 
 # trio-websocket's reason when our end closes with 1009 because the hub's frame was over
@@ -111,6 +113,10 @@ class Link:
         self._on_first_welcome: Callable[[], None] | None = None
         self._stats = dict(links=0, link_failures=0, heartbeats_sent=0)
         self._last_error: str | None = None
+        # A connect timeout to a wss:// hub may be TLS in disguise (device_client/tlsprobe.py): probed at
+        # most every TLS_PROBE_EVERY s, so an overloaded hub is not sent a second handshake per timeout.
+        self._tls_probe_due = -math.inf
+        self._tls_refusal: str | None = None
 
     # ---- what the agent uses ----
 
@@ -256,8 +262,10 @@ class Link:
             else:
                 log.warning("%s: the hub refused the link (HTTP %d)", self._who(), exc.status_code)
         except _LINK_ERRORS as exc:
+            refusal = await self._tls_reason() if isinstance(exc, ConnectionTimeout) else None
+            failure = self._link_failed(exc, refusal)
             log.log(logging.INFO if self._link_welcomed else logging.WARNING, "%s: link %s: %s",
-                    self._who(), "lost" if self._link_welcomed else "failed", self._link_failed(exc))
+                    self._who(), "lost" if self._link_welcomed else "failed", failure)
             if isinstance(exc, ConnectionClosed):
                 self._closed_with, self._closed_reason = exc.reason.code, exc.reason.reason
                 if exc.reason.code != protocol.CLOSE_TOO_BIG and exc.reason.reason:
@@ -295,6 +303,7 @@ class Link:
             self._ws = ws
             self.connected = True
             self._link_welcomed = True
+            self._tls_refusal, self._tls_probe_due = None, -math.inf
             self._stats["links"] += 1
             self._connected_event.set()
             self._release_limiter()
@@ -352,9 +361,17 @@ class Link:
             self.commands.remember(reply.id, sent)
         await ws.send_message(text)
 
-    def _link_failed(self, exc: BaseException) -> str:
+    async def _tls_reason(self) -> str | None:
+        """Why TLS refuses the hub, when it does; the last probe's answer between probes."""
+        if trio.current_time() >= self._tls_probe_due:
+            self._tls_probe_due = trio.current_time() + TLS_PROBE_EVERY
+            self._tls_refusal = await tls_refusal(self.link_url, self._ssl_context, self._connect_timeout)
+        return self._tls_refusal
+
+    def _link_failed(self, exc: BaseException, described: str | None = None) -> str:
         # trio-websocket wraps the OSError that says what went wrong ("connection refused")
-        described = f"{exc!r}: {exc.__cause__}" if exc.__cause__ else repr(exc)
+        if described is None:
+            described = f"{exc!r}: {exc.__cause__}" if exc.__cause__ else repr(exc)
         self._stats["link_failures"] += 1
         self._last_error = described
         return described

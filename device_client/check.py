@@ -33,13 +33,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import trio
-from trio_websocket import ConnectionRejected, HandshakeError, open_websocket_url
+from trio_websocket import ConnectionRejected, ConnectionTimeout, HandshakeError, open_websocket_url
 
 from .shared import protocol
 from .agentconfig import hub_urls, link_url
 from .shared.clock import Clock
 from .shared.paths import PLATFORM_DIR
 from .devroot import DeviceRoot
+from .tlsprobe import tls_refusal
 from .tunnel import TunnelConfig
 from .workload import configured_user
 
@@ -254,7 +255,10 @@ async def ask_hub(url: str, token: str | None, *, clock: Clock, timeout: float =
     except (HandshakeError, OSError, trio.TooSlowError) as exc:
         # trio-websocket wraps the OSError that says what went wrong ("connection refused")
         reason = exc.__cause__ or exc
-        return HubAnswer(url, None, error=getattr(reason, "strerror", None) or str(reason) or type(reason).__name__)
+        error = getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
+        if isinstance(exc, ConnectionTimeout):  # maybe TLS in disguise (device_client/tlsprobe.py)
+            error = await tls_refusal(link_url(url), ssl_context, timeout) or error
+        return HubAnswer(url, None, error=error)
 
 
 async def _ask_hubs(urls: list[str], token: str | None) -> list[HubAnswer]:

@@ -78,9 +78,10 @@ async def run_admin(settings: Settings, args: argparse.Namespace) -> dict:
         if args.admin_command in ("backup", "restore"):
             from hub import backup
 
+            major = int(await s.db.fetchval("SHOW server_version_num")) // 10000  # tools must match it
             if args.admin_command == "backup":
-                return await trio.to_thread.run_sync(backup.backup, s.db.dsn, Path(args.file))
-            return await trio.to_thread.run_sync(backup.restore, s.db.dsn, Path(args.file))
+                return await trio.to_thread.run_sync(backup.backup, s.db.dsn, Path(args.file), major)
+            return await trio.to_thread.run_sync(backup.restore, s.db.dsn, Path(args.file), major)
         if args.admin_command == "rotate-secret-key":
             from hub.services import AUTH_CHANNEL, SECRET_KEYS_TAG
             from storage.crypto import rotate

@@ -25,7 +25,7 @@ from hub.api import (access, assistant, audit, billing, configurations, devices,
                      windows)
 from hub.api import validation
 from device_client.shared.protocol import LINK_PATH
-from hub import answers, asgi_websocket, console
+from hub import answers, asgi_websocket, console, proxied
 from hub.asgi_websocket import AsgiWebSocket
 from hub.auth import middleware
 from hub.ids import fast_uuid4
@@ -85,8 +85,11 @@ class HubApp(QuartTrio):
     that serves the app (hub/server.py, bench/auth_overhead.py) serves the link with it."""
 
     device_link: Callable[[AsgiWebSocket], Awaitable[None]]  # set by create_app
+    proxy_hops: int = 0  # FLEETHUB_TRUSTED_PROXY_HOPS (hub/proxied.py)
 
     async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001 — ASGI's own signature
+        if self.proxy_hops:
+            proxied.apply_forwarded(scope, self.proxy_hops)
         if scope["type"] == "websocket" and scope["path"] == LINK_PATH:
             await asgi_websocket.serve(self.device_link, scope, receive, send)
         else:
@@ -98,6 +101,7 @@ def create_app(services: Services) -> HubApp:
     # its own, hub/console/pages.py) and answered a path the file system refused with a 500
     app = HubApp("fleethub", static_folder=None)
     app.device_link = partial(link.device_link, services)
+    app.proxy_hops = services.settings.trusted_proxy_hops
     services.http_views = app.view_functions  # the dict itself: the routes registered below are in it
     app.config["SERVICES"] = services
     app.config["MAX_CONTENT_LENGTH"] = 1024 * 1024

@@ -71,6 +71,10 @@ class Settings:
     # Registries (host[:port]) the hub may ask for image manifests whatever address they have; any other
     # registry must resolve to public addresses only (hub/images.py, docs/containers.md).
     registries: tuple[str, ...] = ()
+    # How many reverse proxies stand in front of the hub: the client's address and scheme are then taken
+    # from the X-Forwarded-For/-Proto entry the outermost of them wrote (hub/proxied.py). 0: none, the
+    # peer is the client (a client could write those headers itself).
+    trusted_proxy_hops: int = 0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -99,6 +103,7 @@ class Settings:
             node_id=os.environ.get("FLEETHUB_NODE_ID") or None,
             rollout_lease_seconds=_float("FLEETHUB_ROLLOUT_LEASE_SECONDS", 10.0),
             node_lease_seconds=_float("FLEETHUB_NODE_LEASE_SECONDS", 10.0),
+            trusted_proxy_hops=int(os.environ.get("FLEETHUB_TRUSTED_PROXY_HOPS", "0")),
             certfile=Path(os.environ["FLEETHUB_CERTFILE"]) if os.environ.get("FLEETHUB_CERTFILE") else None,
             keyfile=Path(os.environ["FLEETHUB_KEYFILE"]) if os.environ.get("FLEETHUB_KEYFILE") else None,
             quic_port=int(os.environ["FLEETHUB_QUIC_PORT"]) if os.environ.get("FLEETHUB_QUIC_PORT") else None,

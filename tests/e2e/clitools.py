@@ -58,13 +58,14 @@ class Proc:
     """One ``fleethub`` subprocess in its own session (so a test's Ctrl-C never reaches it by
     accident), output to a log file."""
 
-    def __init__(self, name: str, args: list[str], log_dir: Path) -> None:
+    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.popen = subprocess.Popen([fleethub_exe(), *args], stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=clean_env(), start_new_session=True)
+                                          stdin=subprocess.DEVNULL, env={**clean_env(), **(env or {})},
+                                          start_new_session=True)
 
     @property
     def pid(self) -> int:

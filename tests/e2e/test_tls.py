@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import json
 import ssl
-from pathlib import Path
 
 import httpx
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
+from tests.e2e.certs import self_signed
 from tests.e2e.clitools import free_port, run_cli_json, wait_until
 from tests.e2e.h3client import h3_get
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
-    certfile, keyfile = directory / "hub.crt", directory / "hub.key"
-    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    return certfile, keyfile
 
 
 def test_https_http2_and_http3(tmp_path, procs):
@@ -75,3 +52,17 @@ def test_https_http2_and_http3(tmp_path, procs):
     unauthenticated = h3_get("127.0.0.1", quic_port, "/v1/me", cafile=str(certfile))
     assert unauthenticated["status"] == 401
     assert json.loads(unauthenticated["body"])["error"] == "unauthenticated"
+
+    # a real agent links over wss to the hub's own TLS, trusting the certificate through SSL_CERT_FILE
+    # alone (docs/production.md, "Devices and the hub's certificate")
+    with httpx.Client(base_url=base, verify=trust, headers=headers, timeout=10) as c:
+        r = c.post("/v1/devices", json={"name": "tls-device"})
+        assert r.status_code == 201, r.text
+        device_id = r.json()["data"]["id"]
+        token_file = tmp_path / "token"
+        token_file.write_text(r.json()["data"]["token"])
+        agent = procs("agent", ["agent", "--hub", base, "--token-file", str(token_file), "--data-dir",
+                                str(tmp_path / "agent")], env={"SSL_CERT_FILE": str(certfile)})
+        wait_until(lambda: c.get(f"/v1/devices/{device_id}").json()["data"]["online"], timeout=30,
+                   what="the agent online over wss", proc=agent)
+        assert c.post(f"/v1/devices/{device_id}/ping").status_code == 200
