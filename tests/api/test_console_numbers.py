@@ -8,11 +8,13 @@ lived."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 
 import trio
 
 from tests.api.billing_helpers import admin
+from tests.api.test_memtests import connect, hub, mt  # noqa: F401 — hub is the scripted-device fixture
 from tests.api.test_rollouts import HEALTHY, config, fleet_with_agents, rollout_state
 from tests.hubtools import assert_error, start_hub, wait_for
 
@@ -21,7 +23,7 @@ EVERY_DAY = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
 
 async def test_a_queued_device_waits_for_its_window_until_the_next_opening(nursery, db_url, tmp_path):
     with trio.fail_after(90):
-        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)  # noqa: F811
         fid, _ = await fleet_with_agents(hub, nursery, tmp_path, 2, name="night")
         opens = (hub.services.clock.now() + dt.timedelta(hours=6)).replace(second=0, microsecond=0)
         window = {"enabled": True, "timezone": "Asia/Tokyo", "start_time": "00:00", "end_time": "00:00",
@@ -65,7 +67,7 @@ async def test_a_queued_device_waits_for_its_window_until_the_next_opening(nurse
 
 async def test_controls_that_do_not_apply_are_refused_with_409(nursery, db_url, tmp_path):
     with trio.fail_after(90):
-        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)  # noqa: F811
         fid, _ = await fleet_with_agents(hub, nursery, tmp_path, 1, name="c")
         closed = {"enabled": True, "timezone": "UTC", "start_time": "00:00", "end_time": "00:01",
                   "days_of_week": ["Monday"]}
@@ -92,7 +94,7 @@ async def test_controls_that_do_not_apply_are_refused_with_409(nursery, db_url, 
 
 async def test_usage_names_what_it_counts_and_bills_features_for_days_lived(nursery, db_url, tmp_path):
     with trio.fail_after(60):
-        hub = await start_hub(nursery, db_url, tmp_path)  # the organisation is created now
+        hub = await start_hub(nursery, db_url, tmp_path)  # noqa: F811 — the organisation is created now
         await admin(hub, tmp_path, "billing-profile", hub.org_id, "--plan", "pro")
         today = hub.services.clock.now().astimezone(dt.UTC).date()
         org = uuid.UUID(hub.org_id)
@@ -114,3 +116,38 @@ async def test_usage_names_what_it_counts_and_bills_features_for_days_lived(nurs
         assert len(repr(audit["billed_quantity"])) <= len("0.033333")
         assert by["active_device"]["quantity_unit"] == "device_day"
         assert by["tunnel_minutes"]["quantity_unit"] == "minute"
+
+
+async def test_memory_test_progress_is_the_share_of_planned_work_not_of_memory_touched(hub, nursery):
+    with trio.fail_after(30):
+        dev_id, device = await connect(hub, nursery)
+        seen: list[dict] = []
+        got = trio.Event()
+
+        async def watch(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            async with hub.client.stream("GET", hub.base_url + f"/v1/devices/{dev_id}/events",
+                                         headers=hub.headers) as r:
+                task_status.started()
+                async for line in r.aiter_lines():
+                    if line.startswith("data: ") and '"phase":"testing"' in line.replace(" ", ""):
+                        seen.append(json.loads(line[6:])["payload"])
+                        got.set()
+
+        async with trio.open_nursery() as watchers:
+            await watchers.start(watch)
+            r = await hub.call("POST", mt(dev_id), json={"quick": True, "maxBytes": 64 << 20})
+            assert r.status_code == 202, r.text
+            # a 64 MiB region swept three times (192 MiB verified) with ten seconds of work left at
+            # 64 MiB/s: every byte was touched (coverage 1) but 3 of 13 sweeps are done
+            mib = 1 << 20
+            device.running = {**device.running, "phase": "testing", "pass": 1, "pattern": "checkerboard",
+                              "testedBytes": 192 * mib, "coverageBytes": 64 * mib, "rateBps": 64 * mib,
+                              "etaSeconds": 10}
+            await device.event("memtest.progress", device.running)
+            with trio.fail_after(5):
+                await got.wait()
+            watchers.cancel_scope.cancel()
+        op = seen[-1]
+        assert (op["coverage"], op["progress"], op["etaSeconds"], op["testedBytes"]) == (1.0, 0.2308, 10, 192 * mib)
+        live = (await hub.call("GET", mt(dev_id))).json()["data"]
+        assert live["progress"] == 0.2308
