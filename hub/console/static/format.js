@@ -43,7 +43,9 @@ export function duration(seconds) {
 export function localTime(instant) {
   const d = new Date(instant);
   if (!instant || Number.isNaN(d.getTime())) return instant ? String(instant) : '–';
-  return new Intl.DateTimeFormat(undefined, { dateStyle: 'medium', timeStyle: 'short', timeZoneName: 'short' }).format(d);
+  // dateStyle/timeStyle cannot be combined with timeZoneName: the fields are named one by one
+  return new Intl.DateTimeFormat(undefined, { weekday: 'short', year: 'numeric', month: 'short', day: 'numeric',
+    hour: 'numeric', minute: '2-digit', timeZoneName: 'short' }).format(d);
 }
 
 // A metered quantity in the unit it counts: bytes in binary units, other units by name.

@@ -71,7 +71,7 @@ export async function render(main) {
     return h('tr', { dataset: { id: ro.id } },
       h('td', {}, h('a', { href: `/console/rollouts/${ro.id}` }, `${configLabel(ro)} → ${fleetsLabel(ro)}`)),
       h('td', { class: 'state' }, badge(ro.state), waiting.devices && ['running', 'pending'].includes(ro.state)
-        ? h('small', { class: 'waiting' }, ` ${waiting.devices} ${waitingText(waiting.until)}`) : null),
+        ? h('small', { class: 'waiting' }, ` ${waiting.devices} device${waiting.devices === 1 ? '' : 's'} ${waitingText(waiting.until)}`) : null),
       h('td', {}, fleetsLabel(ro)), h('td', {}, configLabel(ro)),
       h('td', {}, ro.batch_size ?? '–'), h('td', {}, ro.force ? 'yes' : 'no'), h('td', {}, when(ro.created_at)));
   }));
