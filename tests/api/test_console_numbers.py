@@ -151,3 +151,32 @@ async def test_memory_test_progress_is_the_share_of_planned_work_not_of_memory_t
         assert (op["coverage"], op["progress"], op["etaSeconds"], op["testedBytes"]) == (1.0, 0.2308, 10, 192 * mib)
         live = (await hub.call("GET", mt(dev_id))).json()["data"]
         assert live["progress"] == 0.2308
+
+
+async def test_thresholds_stored_as_real_read_back_as_sent_after_the_migration(db_url):
+    """Migration 0021: a rollout written while the thresholds were REAL (0.1 stored as
+    0.10000000149011612) reads back 0.1 and 0.9, as it was sent."""
+    from storage.db import Database
+    from storage.migrate import migrate
+
+    with trio.fail_after(30):
+        db = Database(db_url, min_size=1, max_size=1)
+        await db.open()
+        try:
+            async def old_row(conn) -> None:
+                await conn.execute("SET session_replication_role = replica")  # one synthetic row: no foreign keys
+                await conn.execute("ALTER TABLE rollouts ALTER COLUMN success_threshold TYPE real, "
+                                   "ALTER COLUMN failure_threshold TYPE real")
+                await conn.execute(
+                    "INSERT INTO rollouts (id, org_id, fleet_ids, config_id, version_id, force, success_threshold, "
+                    "failure_threshold, state, created_at, updated_at) VALUES (gen_random_uuid(), gen_random_uuid(), "
+                    "'{}', gen_random_uuid(), gen_random_uuid(), false, 0.9, 0.1, 'completed', now(), now())")
+                await conn.execute("DELETE FROM schema_migrations WHERE version = '0021_rollout_threshold_precision'")
+
+            await db.run(old_row, transaction=True)
+            assert (await db.fetchval("SELECT failure_threshold::float8 FROM rollouts")) != 0.1  # the float4 noise
+            assert "0021_rollout_threshold_precision" in await migrate(db)
+            row = await db.fetchrow("SELECT success_threshold, failure_threshold FROM rollouts")
+            assert (row["success_threshold"], row["failure_threshold"]) == (0.9, 0.1)
+        finally:
+            await db.close()
