@@ -11,10 +11,11 @@ import datetime as dt
 import json
 import uuid
 
+import pytest
 import trio
 
 from tests.api.billing_helpers import admin
-from tests.api.test_memtests import connect, hub, mt  # noqa: F401 — hub is the scripted-device fixture
+from tests.api.test_memtests import COMMAND_TIMEOUT, connect, mt
 from tests.api.test_rollouts import HEALTHY, config, fleet_with_agents, rollout_state
 from tests.hubtools import assert_error, start_hub, wait_for
 
@@ -23,7 +24,7 @@ EVERY_DAY = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
 
 async def test_a_queued_device_waits_for_its_window_until_the_next_opening(nursery, db_url, tmp_path):
     with trio.fail_after(90):
-        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)  # noqa: F811
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
         fid, _ = await fleet_with_agents(hub, nursery, tmp_path, 2, name="night")
         opens = (hub.services.clock.now() + dt.timedelta(hours=6)).replace(second=0, microsecond=0)
         window = {"enabled": True, "timezone": "Asia/Tokyo", "start_time": "00:00", "end_time": "00:00",
@@ -38,7 +39,7 @@ async def test_a_queued_device_waits_for_its_window_until_the_next_opening(nurse
         fleets = (await hub.call("GET", "/v1/fleets")).json()["data"]
         assert [f["update_window"] for f in fleets if f["id"] == fid] == [window]
 
-        cid, vid = await config(hub, "nightly", HEALTHY)
+        cid, _ = await config(hub, "nightly", HEALTHY)
         r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 1,
                                                          "success_threshold": 0.9, "failure_threshold": 0.1})
         assert r.status_code == 201, r.text
@@ -67,7 +68,7 @@ async def test_a_queued_device_waits_for_its_window_until_the_next_opening(nurse
 
 async def test_controls_that_do_not_apply_are_refused_with_409(nursery, db_url, tmp_path):
     with trio.fail_after(90):
-        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)  # noqa: F811
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
         fid, _ = await fleet_with_agents(hub, nursery, tmp_path, 1, name="c")
         closed = {"enabled": True, "timezone": "UTC", "start_time": "00:00", "end_time": "00:01",
                   "days_of_week": ["Monday"]}
@@ -94,7 +95,7 @@ async def test_controls_that_do_not_apply_are_refused_with_409(nursery, db_url, 
 
 async def test_usage_names_what_it_counts_and_bills_features_for_days_lived(nursery, db_url, tmp_path):
     with trio.fail_after(60):
-        hub = await start_hub(nursery, db_url, tmp_path)  # noqa: F811 — the organisation is created now
+        hub = await start_hub(nursery, db_url, tmp_path)  # the organisation is created now
         await admin(hub, tmp_path, "billing-profile", hub.org_id, "--plan", "pro")
         today = hub.services.clock.now().astimezone(dt.UTC).date()
         org = uuid.UUID(hub.org_id)
@@ -118,7 +119,14 @@ async def test_usage_names_what_it_counts_and_bills_features_for_days_lived(nurs
         assert by["tunnel_minutes"]["quantity_unit"] == "minute"
 
 
-async def test_memory_test_progress_is_the_share_of_planned_work_not_of_memory_touched(hub, nursery):
+@pytest.fixture
+async def scripted_hub(nursery, db_url, tmp_path):
+    """A hub for tests/api/test_memtests.py's scripted device (its short command timeout)."""
+    return await start_hub(nursery, db_url, tmp_path / "hub", command_timeout=COMMAND_TIMEOUT)
+
+
+async def test_memory_test_progress_is_the_share_of_planned_work_not_of_memory_touched(scripted_hub, nursery):
+    hub = scripted_hub
     with trio.fail_after(30):
         dev_id, device = await connect(hub, nursery)
         seen: list[dict] = []
