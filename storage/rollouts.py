@@ -23,15 +23,19 @@ class FleetBusy(Exception):
 async def _name(conn: asyncpg.Connection, rows: list[dict]) -> None:
     """Give each rollout row what a reader calls its parts by: ``config_name``, ``version_number``
     and ``fleet_names`` ({fleet id: name}); a configuration or fleet deleted since reads None."""
+    if not rows:
+        return
+    org_id = rows[0]["org_id"]  # the rows are one organisation's
     configs = {r["config_id"] for r in rows}
     versions = {r["version_id"] for r in rows}
     fleets = {f for r in rows for f in r["fleet_ids"]}
     config_names = {c["id"]: c["name"] for c in await conn.fetch(
-        "SELECT id, name FROM configurations WHERE id = ANY($1::uuid[])", list(configs))}
+        "SELECT id, name FROM configurations WHERE org_id = $1 AND id = ANY($2::uuid[])", org_id, list(configs))}
     numbers = {v["id"]: v["version"] for v in await conn.fetch(
-        "SELECT id, version FROM configuration_versions WHERE id = ANY($1::uuid[])", list(versions))}
+        "SELECT id, version FROM configuration_versions WHERE org_id = $1 AND id = ANY($2::uuid[])",
+        org_id, list(versions))}
     fleet_names = {f["id"]: f["name"] for f in await conn.fetch(
-        "SELECT id, name FROM fleets WHERE id = ANY($1::uuid[])", list(fleets))}
+        "SELECT id, name FROM fleets WHERE org_id = $1 AND id = ANY($2::uuid[])", org_id, list(fleets))}
     for r in rows:
         r["config_name"] = config_names.get(r["config_id"])
         r["version_number"] = numbers.get(r["version_id"])
