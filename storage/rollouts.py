@@ -104,8 +104,9 @@ class Rollouts:
             cond = ("org_id = $1 AND ($2::text IS NULL OR state = $2) "
                     "AND ($3::uuid[] IS NULL OR fleet_ids <@ $3::uuid[])")
             total = await conn.fetchval(f"SELECT count(*) FROM rollouts WHERE {cond}", org_id, state, fleets)
-            rows = [dict(r) for r in await conn.fetch(f"SELECT * FROM rollouts WHERE {cond} ORDER BY created_at DESC, id "
-                                                      "OFFSET $4 LIMIT $5", org_id, state, fleets, offset, limit)]
+            found = await conn.fetch(f"SELECT * FROM rollouts WHERE {cond} ORDER BY created_at DESC, id "
+                                     "OFFSET $4 LIMIT $5", org_id, state, fleets, offset, limit)
+            rows = [dict(r) for r in found]
             queued = await conn.fetch(
                 "SELECT rollout_id, fleet_id, count(*) AS n FROM rollout_devices "
                 "WHERE rollout_id = ANY($1::uuid[]) AND step = 'QUEUED_MAINTENANCE' GROUP BY rollout_id, fleet_id",
