@@ -20,6 +20,28 @@ class FleetBusy(Exception):
     """A fleet already has an active rollout."""
 
 
+async def _name(conn: asyncpg.Connection, rows: list[dict]) -> None:
+    """Give each rollout row what a reader calls its parts by: ``config_name``, ``version_number``
+    and ``fleet_names`` ({fleet id: name}); a configuration or fleet deleted since reads None."""
+    if not rows:
+        return
+    org_id = rows[0]["org_id"]  # the rows are one organisation's
+    configs = {r["config_id"] for r in rows}
+    versions = {r["version_id"] for r in rows}
+    fleets = {f for r in rows for f in r["fleet_ids"]}
+    config_names = {c["id"]: c["name"] for c in await conn.fetch(
+        "SELECT id, name FROM configurations WHERE org_id = $1 AND id = ANY($2::uuid[])", org_id, list(configs))}
+    numbers = {v["id"]: v["version"] for v in await conn.fetch(
+        "SELECT id, version FROM configuration_versions WHERE org_id = $1 AND id = ANY($2::uuid[])",
+        org_id, list(versions))}
+    fleet_names = {f["id"]: f["name"] for f in await conn.fetch(
+        "SELECT id, name FROM fleets WHERE org_id = $1 AND id = ANY($2::uuid[])", org_id, list(fleets))}
+    for r in rows:
+        r["config_name"] = config_names.get(r["config_id"])
+        r["version_number"] = numbers.get(r["version_id"])
+        r["fleet_names"] = {f: fleet_names.get(f) for f in r["fleet_ids"]}
+
+
 class Rollouts:
     def __init__(self, db: Database, device_cache: RowCache | None = None) -> None:
         self.db = db
@@ -68,7 +90,9 @@ class Rollouts:
                 "THEN d.config_check_output END AS check_output FROM rollout_devices r "
                 "LEFT JOIN devices d ON d.id = r.device_id WHERE r.rollout_id = $1 ORDER BY r.batch, r.device_id",
                 rollout_id, row["version_id"])
-            return dict(row), [dict(s) for s in steps]
+            named = dict(row)
+            await _name(conn, [named])
+            return named, [dict(s) for s in steps]
 
         return await self.db.run(body)
 
@@ -101,16 +125,25 @@ class Rollouts:
     async def list(self, org_id: uuid.UUID, *, offset: int, limit: int, state: str | None,
                    only_fleets: set | None = None) -> tuple[list[dict], int]:
         """``only_fleets``: only rollouts all of whose fleets are among these (a member's permitted
-        fleets: reading a rollout needs viewer on each of its fleets)."""
+        fleets: reading a rollout needs viewer on each of its fleets). Each row carries its names (``_name``)
+        and ``queued_by_fleet``: its devices waiting for their fleet's update window, per fleet."""
         fleets = list(only_fleets) if only_fleets is not None else None
 
         async def body(conn: asyncpg.Connection):
             cond = ("org_id = $1 AND ($2::text IS NULL OR state = $2) "
                     "AND ($3::uuid[] IS NULL OR fleet_ids <@ $3::uuid[])")
             total = await conn.fetchval(f"SELECT count(*) FROM rollouts WHERE {cond}", org_id, state, fleets)
-            rows = await conn.fetch(f"SELECT * FROM rollouts WHERE {cond} ORDER BY created_at DESC, id "
-                                    "OFFSET $4 LIMIT $5", org_id, state, fleets, offset, limit)
-            return [dict(r) for r in rows], total
+            found = await conn.fetch(f"SELECT * FROM rollouts WHERE {cond} ORDER BY created_at DESC, id "
+                                     "OFFSET $4 LIMIT $5", org_id, state, fleets, offset, limit)
+            rows = [dict(r) for r in found]
+            queued = await conn.fetch(
+                "SELECT rollout_id, fleet_id, count(*) AS n FROM rollout_devices "
+                "WHERE rollout_id = ANY($1::uuid[]) AND step = 'QUEUED_MAINTENANCE' GROUP BY rollout_id, fleet_id",
+                [r["id"] for r in rows])
+            for r in rows:
+                r["queued_by_fleet"] = {q["fleet_id"]: q["n"] for q in queued if q["rollout_id"] == r["id"]}
+            await _name(conn, rows)
+            return rows, total
 
         return await self.db.run(body)
 

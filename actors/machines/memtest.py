@@ -226,16 +226,35 @@ def _online(status: dict[str, Any]) -> bool:
     return plan.get("placement") != "offline" and plan.get("mode") != "test_boot"
 
 
+def progress(status: dict[str, Any] | None) -> float | None:
+    """How far the run is through its planned work, 0–1. ``coverage`` is not that: it is the share
+    of the region touched at least once, which the first sweep fills while passes, patterns and the
+    bit-fade waits are still ahead. The device reports the bytes verified so far (testedBytes, summed
+    over sweeps and passes), its rate and the seconds it still needs for the rest of its plan
+    (etaSeconds), so the planned work is testedBytes + etaSeconds × rateBps."""
+    if not isinstance(status, dict):
+        return None
+    if status.get("phase") == "done":
+        return 1.0
+    done, eta, rate = status.get("testedBytes"), status.get("etaSeconds"), status.get("rateBps")
+    if not isinstance(done, (int, float)) or not isinstance(eta, (int, float)) or not isinstance(rate, (int, float)):
+        return None
+    planned = done + eta * rate
+    return round(min(1.0, done / planned), 4) if planned > 0 else 0.0
+
+
 def operation(status: dict[str, Any], result: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The device-state-stream payload of a memory test: phase, pass, pattern, coverage, rate,
-    errors, temperature (and outcome and verdict once it ended)."""
+    """The device-state-stream payload of a memory test: phase, pass, pattern, coverage, progress,
+    the bytes verified so far, rate, the seconds left, errors, temperature (and outcome and verdict
+    once it ended)."""
     total = status.get("totalBytes") or 0
     covered = status.get("coverageBytes") or 0
     temp = status.get("tempMilliC")
     out = {"kind": "memory_test", "runId": status.get("runId"), "phase": status.get("phase"),
            "pass": status.get("pass"), "passes": status.get("passes"), "pattern": status.get("pattern"),
            "coverage": round(covered / total, 4) if total else None, "coverageBytes": covered,
-           "totalBytes": total, "rate": status.get("rateBps"), "etaSeconds": status.get("etaSeconds"),
+           "totalBytes": total, "progress": progress(status), "testedBytes": status.get("testedBytes"),
+           "rate": status.get("rateBps"), "etaSeconds": status.get("etaSeconds"),
            "errors": status.get("errors"), "confirmedErrors": status.get("confirmedErrors"),
            "temperature": temp / 1000 if isinstance(temp, (int, float)) and temp >= 0 else None}
     if result is not None:

@@ -100,7 +100,9 @@ class Run:
         return {"runId": self.run_id, "plan": self.plan, "phase": self.phase, "step": self.step, "pass": self.pass_no,
                 "passes": self.plan["passes"], "pattern": self.pattern, "testedBytes": done,
                 "coverageBytes": min(done, total), "totalBytes": total, "rateBps": rate,
-                "etaSeconds": int(max(0, self._planned - done) / rate) if rate else None,
+                # to a tenth: whole seconds made the last second of a run read 0 left (and the hub's
+                # progress, done / (done + eta × rate), 100 %) while work remained
+                "etaSeconds": round(max(0, self._planned - done) / rate, 1) if rate else None,
                 "errors": self.findings.count + self.kernel.count,
                 "confirmedErrors": sum(p.errors for p in self.findings.confirmed_pages()),
                 "tempMilliC": None if temp is None else int(temp * 1000),

@@ -14,7 +14,7 @@ import binascii
 import datetime as dt
 import json
 import uuid
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from quart import Blueprint, g
@@ -75,6 +75,15 @@ def _number(value: Decimal) -> int | float:
     return int(value) if value == value.to_integral_value() else float(value)
 
 
+# Billed quantities are exact fractions (4 device-days of a 30-day month: 0.1333…); the answer gives
+# them to a millionth of a unit, the cost is still computed from the exact value.
+BILLED_PLACES = Decimal("0.000001")
+
+
+def _billed(value: Decimal) -> int | float:
+    return _number(value.quantize(BILLED_PLACES, rounding=ROUND_HALF_UP))
+
+
 def _today(s) -> dt.date:
     return s.clock.now().astimezone(UTC).date()
 
@@ -116,12 +125,18 @@ async def get_pricing():
 
 
 async def _feature_days(s, org_id: uuid.UUID, days: periods.Days, enterprise: bool) -> dict:
-    """Paid features as products: quantity 1 on each day the feature was on at any moment."""
-    until = dt.datetime.combine(days.end, dt.time(), UTC)
+    """Paid features as products: quantity 1 on each day the feature was on at any moment — of the
+    days the organisation existed up to today: a feature on by default is not billed for the days of
+    the period before the organisation was created, nor for days still to come."""
+    created = (await s.orgs.get_org(org_id))["created_at"].astimezone(UTC).date()
+    lived = periods.Days(max(days.start, created), min(days.end, _today(s) + periods.DAY))
+    if lived.count <= 0:
+        return {f"feature_{f}": {} for f in catalogue.FEATURES}
+    until = dt.datetime.combine(lived.end, dt.time(), UTC)
     history = await s.billing.feature_history(org_id, until)
     out = {}
     for f in catalogue.FEATURES:
-        on = enabled_days(history.get(f, []), default(f, enterprise), days)
+        on = enabled_days(history.get(f, []), default(f, enterprise), lived)
         out[f"feature_{f}"] = {d: Decimal(1) for d in on}
     return out
 
@@ -148,7 +163,8 @@ async def get_usage(query_args: UsageQuery):
                     for d in [days.start, *book.changes(p.key, days.start, days.end)]]
         cost = line.cost
         products.append({"product": p.key, "unit": p.unit, "quantity": _number(line.quantity),
-                         "billed_quantity": float(line.billed), "cost": _money(cost),
+                         "quantity_unit": p.metered_unit, "billed_quantity": _billed(line.billed),
+                         "cost": _money(cost),
                          "cost_cents": None if cost is None else int(cost * 100),
                          "unpriced_quantity": _number(line.unpriced_quantity), "prices": segments})
     return {"data": {"from": days.start.isoformat(), "to": (days.end - periods.DAY).isoformat(),

@@ -3,11 +3,14 @@ registry proxy). Field names are snake_case like the spec's fleet sections."""
 
 from __future__ import annotations
 
+import json
 import uuid
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
+from actors.machines.window import UpdateWindow, WindowError
 from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
 from hub.auth.authz import Obj, authorize, require_deploy, require_org, scope_for_list
 from hub.api.validation import body, query, responds
@@ -49,6 +52,9 @@ class FleetOut(BaseModel):
     config_id: uuid.UUID | None
     registry_proxy: bool
     device_count: int
+    update_window: dict[str, Any] | None = Field(
+        None, description="the fleet's update window as GET /v1/fleets/{id}/update-window shows it (enabled, "
+                          "timezone, start_time, end_time, days_of_week); null when it has none")
     created_at: str
     updated_at: str
 
@@ -62,9 +68,19 @@ class FleetList(BaseModel):
     pagination: Pagination
 
 
+def _window(raw: Any) -> dict[str, Any] | None:
+    if isinstance(raw, str):
+        raw = json.loads(raw)  # jsonb arrives as text (storage/fleets.py)
+    try:
+        return UpdateWindow.parse(raw).to_json() if raw else None
+    except WindowError:
+        return None  # as a rollout reads it (hub/api/rollouts.py): no window
+
+
 def fleet_json(row: dict) -> dict:
-    return jsonable({k: row.get(k) for k in ("id", "name", "description", "tags", "architecture", "config_id",
-                                             "registry_proxy", "device_count", "created_at", "updated_at")})
+    return jsonable({**{k: row.get(k) for k in ("id", "name", "description", "tags", "architecture", "config_id",
+                                                "registry_proxy", "device_count", "created_at", "updated_at")},
+                     "update_window": _window(row.get("update_window"))})
 
 
 async def _check_config(config_id: uuid.UUID | None) -> None:

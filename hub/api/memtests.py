@@ -19,6 +19,7 @@ from quart_schema import document_querystring, document_request, document_respon
 
 from actors.errors import AskError
 from actors.machines import memtest_plan
+from actors.machines.memtest import progress
 from device_client.shared.protocol import memtest_result, memtest_status
 from actors.device_memtests import CancelTest, ReadStatus, StartTest
 from hub.api.common import jsonable, org, parse_uuid, principal, services
@@ -78,6 +79,9 @@ class TestStatus(BaseModel):
     health: dict | None
     history: list[dict]
     healthReportedAt: str | None = None
+    progress: float | None = Field(None, description="the share of the run's planned work done, 0–1 (coverage is "
+                                                     "the share of memory touched at least once): testedBytes / "
+                                                     "(testedBytes + etaSeconds × rateBps)")
 
 
 class TestStatusEnvelope(BaseModel):
@@ -238,6 +242,7 @@ async def memory_test_status(id: str):  # noqa: A002 — the spec's path paramet
                 "health": _health_in_full(stored["health"] or {"capabilities": caps}, stored["history"], "stored"),
                 "history": [served(r, "stored") for r in stored["history"]],
                 "healthReportedAt": stored["healthReportedAt"]}
+    data["progress"] = progress(data["status"])  # the share of the planned work done (actors/machines/memtest.py)
     return {"data": jsonable(data)}
 
 

@@ -20,7 +20,7 @@ from quart import Blueprint, g
 from quart_schema import document_request
 
 from actors.machines import rollout as rm
-from actors.machines.window import UpdateWindow, WindowError, is_open, next_start_after
+from actors.machines.window import UpdateWindow, WindowError, check, is_open, next_start_after
 from device_client.shared.clock import rfc3339
 from hub.cluster.asks import control_rollout
 from hub.cluster.leases import HeldElsewhere
@@ -161,6 +161,30 @@ def _window(fleet: dict) -> UpdateWindow | None:
         return None
 
 
+def _names(row: dict) -> dict:
+    """What the rollout's parts are called (storage/rollouts.py reads them with the row)."""
+    return {"config_name": row["config_name"], "version_number": row["version_number"],
+            "fleets": [{"id": fid, "name": row["fleet_names"].get(fid)} for fid in row["fleet_ids"]]}
+
+
+async def _next_openings(fleet_ids: set[uuid.UUID]) -> dict[uuid.UUID, str | None]:
+    """When each fleet's update window next opens (RFC 3339), None where it is open now or there is
+    none: the same computation as GET /v1/fleets/{id}/update-window/check."""
+    s = services()
+    stored = await s.windows.get_many(org().org_id, list(fleet_ids)) if fleet_ids else {}
+    now = s.clock.now()
+    return {fid: rfc3339(check(_window({"update_window": raw}), now).next_window_at) for fid, raw in stored.items()}
+
+
+def _waiting(queued_by_fleet: dict[uuid.UUID, int], openings: dict[uuid.UUID, str | None]) -> dict:
+    """Devices held back by a closed update window: how many, and until when the first of them waits
+    (the earliest next opening of their fleets; None when a window is open and the rollout's next
+    tick starts them)."""
+    nexts = [openings.get(fid) for fid, n in queued_by_fleet.items() if n]
+    return {"devices": sum(queued_by_fleet.values()),
+            "until": min(nexts) if nexts and None not in nexts else None}  # one format, UTC: strings compare
+
+
 def _eligibility(device: dict, fleet: dict, live: dict | None) -> str | None:
     """Why a device is not eligible (online, fleet architecture, fleet tags), or None."""
     if not (live and live["online"]):
@@ -204,7 +228,22 @@ class RolloutDeviceOut(BaseModel):
     error: str | None
     check_output: str | None = Field(None, description="the device rejected the version: the end of what its health "
                                                        "check printed (as the device's configuration.check_output)")
+    waiting_for_window_until: str | None = Field(
+        None, description="step QUEUED_MAINTENANCE: when its fleet's update window next opens (RFC 3339 UTC), as "
+                          "/v1/fleets/{id}/update-window/check's next_window_at; null otherwise or while it is open")
     updated_at: str
+
+
+class NamedFleet(BaseModel):
+    id: str
+    name: str | None = Field(..., description="null when the fleet was deleted since")
+
+
+class WaitingForWindow(BaseModel):
+    devices: int = Field(..., description="devices in step QUEUED_MAINTENANCE: waiting for their fleet's update "
+                                          "window (not in progress)")
+    until: str | None = Field(..., description="the earliest next opening of those fleets' windows (RFC 3339 UTC); "
+                                               "null when none waits or a window is open now")
 
 
 class RolloutOut(BaseModel):
@@ -214,6 +253,10 @@ class RolloutOut(BaseModel):
     state: RolloutStateName
     counts: dict[StepName, int]
     total_devices: int
+    config_name: str | None = Field(..., description="the configuration's name (null when deleted since)")
+    version_number: int | None = Field(..., description="the rolled-out version's number")
+    fleets: list[NamedFleet]
+    waiting_for_window: WaitingForWindow
     batches: list[dict[str, Any]]
     devices: list[RolloutDeviceOut]
     revert_kind: Literal["fleet", "device"] | None = Field(None, description="a revert's (POST /v1/fleets/{id}/revert "
@@ -360,6 +403,11 @@ async def _rollout_json(rollout_id: uuid.UUID) -> dict:
     if found is None:
         raise NotFound("rollout not found")
     row, steps = found
+    queued_by_fleet: dict[uuid.UUID, int] = {}
+    for st in steps:
+        if st["step"] == rm.Step.QUEUED_MAINTENANCE.value:
+            queued_by_fleet[st["fleet_id"]] = queued_by_fleet.get(st["fleet_id"], 0) + 1
+    openings = await _next_openings(set(queued_by_fleet))
     counts = {st.value: 0 for st in rm.Step}
     batches: dict[int, dict[str, int]] = {}
     for st in steps:
@@ -369,15 +417,17 @@ async def _rollout_json(rollout_id: uuid.UUID) -> dict:
     return jsonable({
         "id": row["id"], "state": row["state"], "reason": row["reason"], "fleet_ids": row["fleet_ids"],
         "revert_kind": row.get("revert_kind"), "revert_of": row.get("revert_of"),
-        "config_id": row["config_id"], "version_id": row["version_id"], "force": row["force"],
+        "config_id": row["config_id"], "version_id": row["version_id"], **_names(row), "force": row["force"],
         "batch_size": row["batch_size"], "success_threshold": row["success_threshold"],
         "failure_threshold": row["failure_threshold"], "current_batch": row["current_batch"],
         "created_by": row["created_by"], "created_at": row["created_at"], "updated_at": row["updated_at"],
-        "counts": counts, "total_devices": len(steps),
+        "counts": counts, "total_devices": len(steps), "waiting_for_window": _waiting(queued_by_fleet, openings),
         "batches": [{"batch": n, "canary": n == 0 and len(batches) > 1 and not row["force"], "counts": c}
                     for n, c in sorted(batches.items())],
         "devices": [{"device_id": st["device_id"], "fleet_id": st["fleet_id"], "batch": st["batch"],
                      "step": st["step"], "error": st["error"], "check_output": st.get("check_output"),
+                     "waiting_for_window_until": openings.get(st["fleet_id"])
+                     if st["step"] == rm.Step.QUEUED_MAINTENANCE.value else None,
                      "updated_at": st["updated_at"]} for st in steps],
     })
 
@@ -392,6 +442,10 @@ class RolloutSummary(BaseModel):
     force: bool
     batch_size: int | None
     current_batch: int
+    config_name: str | None
+    version_number: int | None
+    fleets: list[NamedFleet]
+    waiting_for_window: WaitingForWindow
     created_at: str
     updated_at: str
     revert_kind: Literal["fleet", "device"] | None = None
@@ -408,9 +462,12 @@ async def list_rollouts(query_args: RolloutQuery):
     everything, ids, fleets = await scope_for_list(s, "viewer", "fleet")
     rows, total = await s.rollouts.list(org().org_id, offset=query_args.offset, limit=query_args.limit,
                                         state=query_args.state, only_fleets=None if everything else ids | fleets)
-    return {"data": [jsonable({k: r[k] for k in ("id", "state", "reason", "fleet_ids", "config_id", "version_id",
-                                                  "force", "batch_size", "current_batch", "created_at",
-                                                  "updated_at", "revert_kind", "revert_of")}) for r in rows],
+    openings = await _next_openings({fid for r in rows for fid in r["queued_by_fleet"]})
+    return {"data": [jsonable({**{k: r[k] for k in ("id", "state", "reason", "fleet_ids", "config_id", "version_id",
+                                                     "force", "batch_size", "current_batch", "created_at",
+                                                     "updated_at", "revert_kind", "revert_of")},
+                               **_names(r), "waiting_for_window": _waiting(r["queued_by_fleet"], openings)})
+                     for r in rows],
             "pagination": pagination(query_args.page, query_args.limit, total)}
 
 

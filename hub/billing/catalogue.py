@@ -26,10 +26,13 @@ FEATURES = ("telemetry", "signature_policy", "usb_policy", "audit_log")
 @dataclass(frozen=True)
 class Product:
     key: str
-    unit: str            # the unit the price is quoted per
+    unit: str            # the unit the price is quoted per (and billed quantities are in)
     description: str
     unit_size: int = 1   # metered quantity per billed unit (ignored for monthly products)
     monthly: bool = False  # priced per month, prorated over the days of each month
+    # What a metered quantity counts: bytes are not GB until divided by unit_size, and a monthly
+    # product meters days (device-days, days on), not months. The usage answer names both units.
+    metered_unit: str = ""
 
     def billed(self, day: dt.date, quantity: Decimal) -> Decimal:
         """Billed units for ``quantity`` metered on ``day`` (exact; rounding happens on the invoice line)."""
@@ -40,18 +43,22 @@ class Product:
 
 PRODUCTS: tuple[Product, ...] = (
     Product("active_device", "device_month", "devices seen connected, per device per month, prorated daily",
-            monthly=True),
-    Product("tunnel_minutes", "minute", "tunnel session minutes"),
-    Product("tunnel_bytes", "GB", "tunnel data carried directly (10^9 bytes)", unit_size=10**9),
+            monthly=True, metered_unit="device_day"),
+    Product("tunnel_minutes", "minute", "tunnel session minutes", metered_unit="minute"),
+    Product("tunnel_bytes", "GB", "tunnel data carried directly (10^9 bytes)", unit_size=10**9,
+            metered_unit="byte"),
     Product("tunnel_relayed_bytes", "GB", "tunnel data carried through the TURN relay (10^9 bytes)",
-            unit_size=10**9),
+            unit_size=10**9, metered_unit="byte"),
     Product("registry_fallback_bytes", "GB", "data carried by fleets' registry proxies (10^9 bytes)",
-            unit_size=10**9),
-    Product("assistant_prompt_tokens", "million_tokens", "assistant prompt tokens", unit_size=10**6),
-    Product("assistant_completion_tokens", "million_tokens", "assistant completion tokens", unit_size=10**6),
-    Product("assistant_tool_tokens", "million_tokens", "assistant tool tokens", unit_size=10**6),
-    *(Product(f"feature_{f}", "month", f"the {f} feature, per month enabled, prorated daily", monthly=True)
-      for f in FEATURES),
+            unit_size=10**9, metered_unit="byte"),
+    Product("assistant_prompt_tokens", "million_tokens", "assistant prompt tokens", unit_size=10**6,
+            metered_unit="token"),
+    Product("assistant_completion_tokens", "million_tokens", "assistant completion tokens", unit_size=10**6,
+            metered_unit="token"),
+    Product("assistant_tool_tokens", "million_tokens", "assistant tool tokens", unit_size=10**6,
+            metered_unit="token"),
+    *(Product(f"feature_{f}", "month", f"the {f} feature, per month enabled, prorated daily", monthly=True,
+              metered_unit="day") for f in FEATURES),
 )
 
 BY_KEY = {p.key: p for p in PRODUCTS}

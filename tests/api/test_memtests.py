@@ -213,6 +213,7 @@ async def test_start_progress_result_ack_and_reads(hub, nursery):
         op = [e for e in sse_events if e["kind"] == "device.operation"][-1]["payload"]
         assert op == {"kind": "memory_test", "runId": run_id, "phase": "testing", "pass": 1, "passes": 1,
                       "pattern": "checkerboard", "coverage": 0.125, "coverageBytes": 8 << 20, "totalBytes": 64 << 20,
+                      "progress": None, "testedBytes": 0,  # no etaSeconds: the planned work is unknown
                       "rate": 2.5e9, "etaSeconds": None, "errors": 2, "confirmedErrors": 0, "temperature": 51.0}
 
         # live status: the device answers

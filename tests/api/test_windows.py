@@ -78,9 +78,11 @@ async def test_put_get_check_delete(hub):
         assert r.status_code == 200
         assert r.json() == {"data": {"allowed": False, "next_window_at": "2026-01-05T21:00:00.000Z"}}
 
-        # The fleet itself is unchanged in shape (the window has its own resource).
+        # The fleet shows its window, read-only (the console's Fleets list): it changes through its own resource.
         r = await hub.call("GET", f"/v1/fleets/{fid}")
-        assert r.status_code == 200 and "update_window" not in r.json()["data"]
+        assert r.status_code == 200 and r.json()["data"]["update_window"] == BERLIN_NIGHTS
+        r = await hub.call("PATCH", f"/v1/fleets/{fid}", json={"update_window": None})
+        assert r.status_code == 400
 
         # Replaced by a window open now: Monday 17:00–19:00 in Kolkata = 11:30–13:30 UTC.
         kolkata = {"enabled": True, "timezone": "Asia/Kolkata", "start_time": "17:00", "end_time": "19:00",

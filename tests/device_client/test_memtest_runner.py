@@ -9,8 +9,11 @@ thread, which an autojump clock would leap over).
 from __future__ import annotations
 
 import datetime as dt
+from types import SimpleNamespace
 
 import trio
+
+from actors.machines.memtest import progress as hub_progress
 
 from device_client.agent import Agent, AgentConfig
 from device_client.shared.clock import TestClock
@@ -154,3 +157,13 @@ def test_plan_defaults_and_sizes():
     assert size_for(check({"mode": "live"}), info, None) == 4 * gib - (64 << 20)
     assert size_for(check({"mode": "full_online", "maxBytes": gib}), info, None) == gib
     assert size_for(check({"mode": "full_online"}), info, 64 << 20) == 64 << 20  # a simulated device's budget
+
+
+async def test_the_time_left_keeps_its_tenths_so_the_last_second_is_not_read_as_done():
+    run = make_run(plan())
+    # 950 of 1,000 planned bytes verified in 10 s: half a second of work left
+    run.engine, run.region, run._planned = SimpleNamespace(verified_bytes=950), SimpleNamespace(active_bytes=100), 1000
+    run.started = trio.current_time() - 10
+    status = run.status()
+    assert status["etaSeconds"] == 0.5
+    assert 0.9 < hub_progress(status) < 1

@@ -29,6 +29,8 @@ from actors.machines.memtest import (
     StoreResult,
     TooSoon,
     Unsupported,
+    operation,
+    progress,
 )
 from actors.machines.memtest_plan import PlanInvalid, plan_for
 
@@ -201,6 +203,7 @@ def test_progress_is_published_as_an_operation_of_kind_memory_test():
     effects = m.handle(Progress(status("r1", phase="testing", pattern="bit_flip", errors=3, confirmedErrors=1)), at(2))
     assert effects == [Publish({"kind": "memory_test", "runId": "r1", "phase": "testing", "pass": 1, "passes": 1,
                                 "pattern": "bit_flip", "coverage": 0.5, "coverageBytes": 50, "totalBytes": 100,
+                                "progress": None, "testedBytes": None,
                                 "rate": 1e9, "etaSeconds": None, "errors": 3, "confirmedErrors": 1,
                                 "temperature": 45.0})]
 
@@ -368,3 +371,12 @@ def test_an_online_test_a_hello_reports_after_a_reboot_is_stale_and_ends_interru
     m = running()
     m.handle(Observed(status("r1", "testing")), at(5))
     assert m.state is RunState.RUNNING
+
+
+def test_progress_is_the_share_of_planned_work_while_coverage_fills_in_the_first_sweep():
+    # 3 of 13 sweeps of a 100-byte region verified: every byte touched, a quarter of the work done
+    st = status("r1", testedBytes=300, coverageBytes=100, rateBps=100, etaSeconds=10)
+    assert (progress(st), operation(st)["coverage"]) == (round(300 / 1300, 4), 1.0)
+    assert progress(status("r1", phase="done", testedBytes=1300, etaSeconds=0)) == 1.0
+    assert progress(status("r1", testedBytes=0, rateBps=0, etaSeconds=None)) is None  # nothing to plan by yet
+    assert progress(None) is None

@@ -42,13 +42,8 @@ export function field(label, control, hint) {
   return h('label', { class: 'field' }, h('span', {}, label), control, hint ? h('small', { class: 'muted' }, hint) : null);
 }
 
-export function bytes(n) {
-  if (n === null || n === undefined) return '–';
-  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
-  let i = 0;
-  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
-  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
-}
+// bytes() lives with the other formats; re-exported for the pages that take it from here
+export { bytes } from './format.js';
 
 // A modal confirmation built on <dialog> (keyboard: Tab between buttons, Escape cancels).
 export function confirmDialog(title, message, okLabel) {

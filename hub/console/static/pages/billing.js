@@ -3,7 +3,8 @@
 // daily series per fleet, the prices in force and the paid features (telemetry switchable here by a
 // billing admin).
 import { api } from '../api.js';
-import { fill, h, badge, bytes, notice } from '../dom.js';
+import { fill, h, badge, notice } from '../dom.js';
+import { bytes, number, quantity } from '../format.js';
 
 const SVG = 'http://www.w3.org/2000/svg';
 
@@ -43,16 +44,19 @@ export async function render(main) {
   const fail = (el) => (err) => el.append(h('p', { class: 'muted' }, err.status === 403 ? 'This needs the billing viewer relation.' : err.message));
 
   api('GET', '/v1/billing/usage').then(({ data: u }) => {
-    usage.append(h('p', {}, `${u.from} to ${u.to} · total ${u.total.toFixed(2)} ${u.currency}${u.locked ? ' · account locked' : ''}`),
-      barChart(u.products.map((p) => ({ label: p.product, value: Number(p.quantity) || 0, text: `${p.quantity} ${p.unit}` })), 'Usage per product'),
-      h('div', { class: 'scroll' }, h('table', {}, h('thead', {}, h('tr', {}, ['Product', 'Quantity', 'Billed', 'Cost'].map((t) => h('th', {}, t)))),
-        h('tbody', {}, u.products.map((p) => h('tr', {}, h('td', {}, p.product), h('td', {}, `${p.quantity} ${p.unit}`), h('td', {}, p.billed_quantity),
-          h('td', {}, p.cost ?? 'not priced')))))));
+    const money = (v) => (v === null || v === undefined ? 'not priced' : `${v.toFixed(2)} ${u.currency}`);
+    // one axis for every product: what each cost (bytes, minutes and device-days have no common scale)
+    usage.append(h('p', {}, `${u.from} to ${u.to} · total ${money(u.total)}${u.locked ? ' · account locked' : ''}`),
+      barChart(u.products.filter((p) => p.cost !== null).map((p) => ({ label: p.product, value: p.cost, text: money(p.cost) })), 'Cost per product'),
+      h('div', { class: 'scroll' }, h('table', { id: 'usage-table' }, h('thead', {}, h('tr', {}, ['Product', 'Used', 'Billed', 'Cost'].map((t) => h('th', {}, t)))),
+        h('tbody', {}, u.products.map((p) => h('tr', { dataset: { product: p.product } }, h('td', {}, p.product),
+          h('td', { class: 'used' }, quantity(p.quantity, p.quantity_unit)),
+          h('td', { class: 'billed' }, quantity(p.billed_quantity, p.unit)), h('td', {}, money(p.cost))))))));
   }).catch(fail(usage));
   api('GET', '/console/api/usage-daily').then(({ data: d }) => {
     overTime.append(h('p', { class: 'muted' }, `${d.from} to ${d.to}, per day`));
     for (const series of d.series) {
-      const fmt = (v) => (series.unit === 'bytes' ? bytes(v) : `${v} ${series.unit}`);
+      const fmt = (v) => (series.unit === 'bytes' ? bytes(v) : `${number(v)} ${series.unit}`);
       overTime.append(h('figure', { class: 'series', 'data-product': series.product },
         h('figcaption', {}, `${series.description} · ${fmt(series.total)} in all`),
         barChart(d.days.map((day, i) => ({ label: day, value: series.values[i], text: fmt(series.values[i]) })),
@@ -65,7 +69,7 @@ export async function render(main) {
   api('GET', '/v1/billing/pricing').then(({ data: p }) => {
     pricing.append(h('p', {}, `Plan ${p.plan}${p.enterprise ? ' (enterprise)' : ''} · prices as of ${p.as_of}`),
       h('div', { class: 'scroll' }, h('table', {}, h('thead', {}, h('tr', {}, ['Product', 'Unit', 'Price', 'Since'].map((t) => h('th', {}, t)))),
-        h('tbody', {}, p.products.map((x) => h('tr', {}, h('td', {}, x.product), h('td', {}, x.unit), h('td', {}, x.unit_price ?? 'not set'), h('td', {}, x.effective_from || '')))))));
+        h('tbody', {}, p.products.map((x) => h('tr', {}, h('td', {}, x.product), h('td', {}, x.unit), h('td', {}, x.unit_price === null || x.unit_price === undefined ? 'not set' : `${number(x.unit_price)} ${p.currency} per ${x.unit}`), h('td', {}, x.effective_from || '')))))));
   }).catch(fail(pricing));
 
   const msg = h('div', { 'aria-live': 'polite' });

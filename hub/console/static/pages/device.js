@@ -2,6 +2,7 @@
 // secret file's delivery, ping and reboot, memory tests, and the place the terminal module fills.
 import { api, follow } from '../api.js';
 import { fill, h, badge, bytes, confirmDialog, field, notice, when } from '../dom.js';
+import { duration, percent } from '../format.js';
 import { mountTerminal } from '../terminal.js';
 import { configBadge, rejectionOutput } from '../configstatus.js';
 
@@ -188,11 +189,15 @@ export async function render(main, id) {
   function showProgress(op) {
     const rows = [['Run', op.runId], ['Phase', op.phase ? badge(op.phase, op.phase === 'done' ? 'ok' : ['failed', 'cancelled', 'interrupted'].includes(op.phase) ? 'bad' : 'warn') : null],
       ['Pass', op.pass != null ? `${op.pass} of ${op.passes ?? '?'}` : null], ['Pattern', op.pattern],
-      ['Coverage', op.coverage != null ? `${(op.coverage * 100).toFixed(1)} % of ${bytes(op.totalBytes)}` : null],
+      ['Progress', op.progress != null ? percent(op.progress) : null],
+      ['Time left', op.etaSeconds != null && op.phase !== 'done' ? duration(op.etaSeconds) : null],
+      ['Memory covered', op.coverage != null ? `${percent(op.coverage)} of ${bytes(op.totalBytes)}` : null],
+      ['Verified so far', op.testedBytes != null ? `${bytes(op.testedBytes)} (every pattern and pass)` : null],
       ['Rate', fmtRate(op.rate)], ['Errors', op.errors != null ? `${op.errors} (${op.confirmedErrors ?? 0} confirmed)` : null],
       ['Temperature', op.temperature != null ? `${op.temperature} °C` : null]];
     if (op.outcome) rows.push(['Outcome', badge(op.outcome, op.outcome === 'pass' ? 'ok' : 'bad')], ['Verdict', op.verdict]);
-    const bar = op.coverage != null ? h('progress', { max: 1, value: op.coverage, 'aria-label': 'Coverage' }) : null;
+    // the bar is the share of the planned work done; the memory covered fills within the first sweep
+    const bar = op.progress != null ? h('progress', { id: 'memtest-bar', max: 1, value: op.progress, 'aria-label': 'Progress' }) : null;
     fill(progress, h('div', { class: 'progress', dataset: { phase: op.phase || '' } }, bar, dl(rows)));
     if (op.outcome) {
       loadResults(op.runId);
@@ -217,7 +222,8 @@ export async function render(main, id) {
       }
       fill(results, list.length ? list.map((r) => h('details', { class: 'result', open: r === list[0] },
         h('summary', {}, badge(r.outcome, r.outcome === 'pass' ? 'ok' : 'bad'), ` ${r.plan?.mode || ''} · verdict ${r.verdict} · ${r.errorCount ?? 0} errors · `, when(r.finishedAt)),
-        dl([['Summary', r.summary], ['Tested', bytes(r.testedBytes)], ['Passes', r.passesCompleted], ['Patterns', (r.patternsRun || []).join(', ')],
+        dl([['Summary', r.summary], ['Memory tested', r.totalBytes ? `${bytes(r.coverageBytes)} of ${bytes(r.totalBytes)}` : bytes(r.coverageBytes)],
+          ['Verified', `${bytes(r.testedBytes)} (every pattern and pass)`], ['Passes', r.passesCompleted], ['Patterns', (r.patternsRun || []).join(', ')],
           ['Retired pages', (r.retired || []).length], ['Fault', r.fault ? JSON.stringify(r.fault) : 'none']]),
         (r.errors || []).length ? h('table', { class: 'errors' },
           h('thead', {}, h('tr', {}, ['Address', 'Expected', 'Actual', 'Mask', 'Pattern', 'Pass', 'Temp', 'Confirmed'].map((t) => h('th', {}, t)))),
@@ -248,7 +254,8 @@ export async function render(main, id) {
       }
       if (m.status?.runId) showProgress({ kind: 'memory_test', runId: m.status.runId, phase: m.status.phase, pass: m.status.pass,
         passes: m.status.passes, pattern: m.status.pattern, rate: m.status.rateBps, errors: m.status.errors,
-        confirmedErrors: m.status.confirmedErrors, totalBytes: m.status.totalBytes,
+        confirmedErrors: m.status.confirmedErrors, totalBytes: m.status.totalBytes, testedBytes: m.status.testedBytes,
+        etaSeconds: m.status.etaSeconds, progress: m.progress,
         coverage: m.status.totalBytes ? m.status.coverageBytes / m.status.totalBytes : null });
     } catch (err) { notice(memStatus, err.message, 'error'); }
   }

@@ -5,6 +5,29 @@ import { fill, h, badge, confirmDialog, field, notice, when } from '../dom.js';
 
 const DAYS = ['Monday', 'Tuesday', 'Wednesday', 'Thursday', 'Friday', 'Saturday', 'Sunday'];
 
+// Days as a reader says them: every day, Mon–Fri, Sat, Sun, or a list (Mon, Wed, Fri).
+function dayList(days) {
+  const on = DAYS.map((d) => days.includes(d));
+  if (on.every(Boolean)) return 'every day';
+  const short = (i) => DAYS[i].slice(0, 3);
+  const runs = [];
+  for (let i = 0; i < 7; i += 1) {
+    if (!on[i]) continue;
+    let j = i;
+    while (j + 1 < 7 && on[j + 1]) j += 1;
+    runs.push(j - i >= 2 ? `${short(i)}–${short(j)}` : j > i ? `${short(i)}, ${short(j)}` : short(i));
+    i = j;
+  }
+  return runs.join(', ');
+}
+
+// The fleets list's "Update window" column: days, hours and zone, or "always" where nothing holds updates back.
+export function windowText(w) {
+  if (!w || !w.enabled) return 'always';
+  const hours = w.start_time === w.end_time ? 'all day' : `${w.start_time}–${w.end_time}`;
+  return `${dayList(w.days_of_week || [])} ${hours} (${w.timezone})`;
+}
+
 function zones() {
   try { return Intl.supportedValuesOf('timeZone'); } catch { return ['UTC']; }
 }
@@ -30,7 +53,7 @@ export async function render(main) {
   async function load() {
     const fleets = (await api('GET', '/v1/fleets?limit=500')).data;
     fill(list, fleets.map((f) => h('tr', { dataset: { id: f.id } }, h('td', {}, f.name), h('td', {}, f.device_count ?? ''),
-      h('td', {}, f.architecture || ''), h('td', {}, (f.tags || []).join(', ')), h('td', { class: 'window' }),
+      h('td', {}, f.architecture || ''), h('td', {}, (f.tags || []).join(', ')), h('td', { class: 'window' }, windowText(f.update_window)),
       h('td', {}, h('button', { type: 'button', class: 'secondary', onclick: () => edit(f) }, 'Edit')))));
     if (!fleets.length) list.append(h('tr', {}, h('td', { colspan: 6, class: 'muted' }, 'No fleets yet.')));
   }
@@ -85,6 +108,7 @@ export async function render(main) {
         const saved = (await api('PUT', `/v1/fleets/${fleet.id}/update-window`, body)).data;
         notice(msg, 'Saved.', 'ok');
         paintCheck(saved.check, saved.timezone);
+        await load();
       } catch (err) { notice(msg, err.message, 'error'); }
     });
     async function showCheck() {

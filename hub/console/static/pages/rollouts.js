@@ -2,6 +2,8 @@
 // forced after a confirmation that says it bypasses the update windows).
 import { api, query } from '../api.js';
 import { fill, h, badge, confirmDialog, field, notice, when } from '../dom.js';
+import { localTime } from '../format.js';
+import { configLabel, fleetsLabel, waitingText } from './rollout.js';
 
 export async function render(main) {
   const [fleets, configs] = await Promise.all([
@@ -9,7 +11,6 @@ export async function render(main) {
     api('GET', '/v1/configurations?limit=100').then((r) => r.data),
   ]);
   const fleetName = new Map(fleets.map((f) => [f.id, f.name]));
-  const configName = new Map(configs.map((c) => [c.id, c.name]));
   const fleetBoxes = fleets.map((f) => h('label', { class: 'radio' }, h('input', { type: 'checkbox', name: 'fleet', value: f.id }), ` ${f.name}`));
   const config = h('select', { name: 'config', id: 'rollout-config', required: true },
     h('option', { value: '' }, 'Choose…'), configs.map((c) => h('option', { value: c.id }, c.name)));
@@ -40,7 +41,7 @@ export async function render(main) {
       for (const fleetId of fleetIds) {
         const r = (await api('POST', '/v1/rollouts/impact', { fleet_id: fleetId, target_version_id: version.id, force: force.checked })).data;
         rows.push(h('tr', {}, h('td', {}, fleetName.get(fleetId)), h('td', {}, r.eligible_devices), h('td', {}, r.in_window),
-          h('td', {}, r.queued_for_next_window), h('td', {}, String(r.pending_actions ? Object.values(r.pending_actions).reduce((a, b) => a + (Number(b) || 0), 0) : 0))));
+          h('td', {}, r.queued_for_next_window, r.queued_for_next_window && r.next_window_at ? ` (until ${localTime(r.next_window_at)})` : ''), h('td', {}, String(r.pending_actions ? Object.values(r.pending_actions).reduce((a, b) => a + (Number(b) || 0), 0) : 0))));
       }
       fill(impact, h('table', { class: 'impact' }, h('thead', {}, h('tr', {},
         ['Fleet', 'Eligible', 'In window', 'Queued for next window', 'Pending actions'].map((t) => h('th', {}, t)))), h('tbody', {}, rows)));
@@ -65,9 +66,14 @@ export async function render(main) {
     h('section', { class: 'card' }, h('h2', {}, 'Recent rollouts'), h('div', { class: 'scroll' }, h('table', { id: 'rollouts' },
       h('thead', {}, h('tr', {}, ['Rollout', 'State', 'Fleets', 'Configuration', 'Batch size', 'Forced', 'Created'].map((t) => h('th', {}, t)))), list))));
   const r = await api('GET', `/v1/rollouts?${query({ limit: 50 })}`);
-  fill(list, ...r.data.map((ro) => h('tr', {},
-    h('td', {}, h('a', { href: `/console/rollouts/${ro.id}` }, ro.id.slice(0, 8))), h('td', {}, badge(ro.state)),
-    h('td', {}, ro.fleet_ids.map((f) => fleetName.get(f) || f).join(', ')), h('td', {}, configName.get(ro.config_id) || ro.config_id),
-    h('td', {}, ro.batch_size ?? '–'), h('td', {}, ro.force ? 'yes' : 'no'), h('td', {}, when(ro.created_at)))));
+  fill(list, ...r.data.map((ro) => {
+    const waiting = ro.waiting_for_window || { devices: 0 };
+    return h('tr', { dataset: { id: ro.id } },
+      h('td', {}, h('a', { href: `/console/rollouts/${ro.id}` }, `${configLabel(ro)} → ${fleetsLabel(ro)}`)),
+      h('td', { class: 'state' }, badge(ro.state), waiting.devices && ['running', 'pending'].includes(ro.state)
+        ? h('small', { class: 'waiting' }, ` ${waiting.devices} device${waiting.devices === 1 ? '' : 's'} ${waitingText(waiting.until)}`) : null),
+      h('td', {}, fleetsLabel(ro)), h('td', {}, configLabel(ro)),
+      h('td', {}, ro.batch_size ?? '–'), h('td', {}, ro.force ? 'yes' : 'no'), h('td', {}, when(ro.created_at)));
+  }));
   if (!r.data.length) list.append(h('tr', {}, h('td', { colspan: 7, class: 'muted' }, 'No rollouts yet.')));
 }
