@@ -187,7 +187,7 @@ async def get_features():
 @path_values(feature=("telemetry", "signature_policy", "usb_policy"))
 @document_request(FeatureBody)
 @responds(Envelope)
-@errors(400, 401, 402, 403, 409)
+@errors(400, 401, 403, 409)
 async def put_feature(feature: str):
     s = services()
     await require_org(s, "billing_admin")

@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from hub.billing import features
-from hub.errors import ClientError, Forbidden
+from hub.errors import Conflict, Forbidden
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,8 @@ async def require_feature(s, org_id: uuid.UUID, feature: str) -> None:
 
 
 async def ensure_not_locked(s, org_id: uuid.UUID) -> None:
-    """What a billing lock blocks calls this (docs/billing.md): 402 billing_locked."""
+    """What a billing lock blocks calls this (docs/billing.md): 409 billing_locked. The spec's statuses
+    for PUT /billing/features are 200, 400, 403 and 409 (no billing profile); a lock is the same kind of
+    refusal, the organisation's billing state, so it is a 409 too, not a 402 the spec does not list."""
     if (await org_billing(s, org_id)).locked:
-        raise ClientError("the account is billing-locked; settle the account to change this",
-                          code="billing_locked", status=402)
+        raise Conflict("the account is billing-locked; settle the account to change this", code="billing_locked")

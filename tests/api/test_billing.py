@@ -157,7 +157,8 @@ async def test_a_billing_lock_keeps_reads_and_blocks_feature_changes(nursery, db
         r = await hub.call("GET", "/v1/billing/usage")
         assert r.status_code == 200 and r.json()["data"]["locked"] is True
         assert (await hub.call("GET", "/v1/billing/features")).status_code == 200
-        assert_error(await hub.call("PUT", "/v1/billing/features/telemetry", json={"enabled": True}), 402,
+        # the spec's statuses for this endpoint: 200, 400, 403, 409 (issue 31 item 14: it was a 402)
+        assert_error(await hub.call("PUT", "/v1/billing/features/telemetry", json={"enabled": True}), 409,
                      "billing_locked")
         # nothing else of the API is blocked by a lock (docs/billing.md)
         assert (await hub.call("POST", "/v1/fleets", json={"name": "still-works"})).status_code == 201
