@@ -125,6 +125,7 @@ TOKEN_HEADER = "Authorization"  # "Bearer <device token>" on the WebSocket hands
 MAX_FRAME_BYTES = 1024 * 1024
 CLOSE_TOO_BIG = 1009  # RFC 6455: message too big
 FACT_MAX = 256  # characters of a hello's free-text facts (firmware, architecture): the agent cuts there
+AGENT_VERSION_MAX = 64  # characters of hello.agentVersion the hub keeps (a version, not a story)
 # A configuration's spec as JSON (UTF-8, compact, as a frame carries it): config.apply carries it beside
 # the configuration's files (32 files, 512 KB in all, about 700 KB in base64 with their paths), so the
 # hub refuses a larger spec when it is saved rather than meeting a frame it cannot send.
@@ -269,6 +270,9 @@ class Hello(_Frame):
     workloadHeld: bool = False  # the workload is held (a memory test): rollouts defer this device
     pendingActions: list[str] = Field(default_factory=list)  # health_check, battery_discharging, mission_critical
     telemetry: bool | None = None  # telemetry events on (the hub's last telemetry.set); None: no telemetry module
+    # systemfacts.SystemFacts, kept a plain object so the hub can cut or drop what is out of bounds and
+    # keep the rest of the hello (systemfacts.checked)
+    system: dict[str, Any] | None = None
 
 
 class Welcome(_Frame):

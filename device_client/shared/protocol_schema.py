@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from . import linkcodes, protocol, verbs
 from .memtest_members import MemtestResult, MemtestStatus
+from .systemfacts import MAX_IP_ADDRESSES, SystemFacts
 
 FRAMES: dict[str, type[BaseModel]] = {"hello": protocol.Hello, "welcome": protocol.Welcome,
                                       "command": protocol.Command, "reply": protocol.Reply,
@@ -28,6 +29,8 @@ LIMITS: dict[str, tuple[Any, str]] = {
     "heartbeatTimeoutIntervals": (3, "the hub drops a link silent for this many heartbeat intervals"),
     "closeReasonBytes": (linkcodes.REASON_MAX_BYTES, "a close reason is at most this long (RFC 6455)"),
     "factMaxChars": (protocol.FACT_MAX, "hello.firmware and hello.architecture are cut here"),
+    "agentVersionMaxChars": (protocol.AGENT_VERSION_MAX, "the hub keeps this much of hello.agentVersion"),
+    "ipAddressesMax": (MAX_IP_ADDRESSES, "addresses of system.ipAddresses the hub keeps (the first ones)"),
     "secretFileMaxBytes": (64 * 1024, "decoded contents of one secret file"),
     "configSpecMaxBytes": (protocol.CONFIG_SPEC_MAX_BYTES,
                            "a config.apply spec as compact UTF-8 JSON (the hub refuses a larger one when saved)"),
@@ -41,7 +44,8 @@ LIMITS: dict[str, tuple[Any, str]] = {
 HELLO_NOTES: dict[str, str] = {
     "type": "\"hello\"",
     "protocol": "the protocol version the device speaks; absent means 1 (see Versions)",
-    "agentVersion": "the device software's version, free text",
+    "agentVersion": f"the device software's version, free text; the hub keeps the first {protocol.AGENT_VERSION_MAX} "
+                    "characters (absent: the hub keeps what it had)",
     "firmware": f"free text, at most {protocol.FACT_MAX} characters; absent: the hub keeps what it had",
     "architecture": f"e.g. armv7l, aarch64, x86_64 (rollouts match it), at most {protocol.FACT_MAX} characters; "
                     "absent: the hub keeps what it had",
@@ -66,13 +70,17 @@ HELLO_NOTES: dict[str, str] = {
     "workloadHeld": "the workload is held (a memory test): rollouts defer the device",
     "pendingActions": "health_check, battery_discharging, mission_critical",
     "telemetry": "whether telemetry events are on (the hub's last telemetry.set); null: no telemetry",
+    "system": "a SystemFacts: uptime, addresses, CPU, memory and disk use (also in every telemetry sample). The hub "
+              "keeps what is within bounds: a member out of bounds is left out, addresses past the limit are cut, "
+              "and each is counted as a protocol error for the device's diagnosis and logged (a telemetry sample's "
+              "is also told to the device, link.notice); the rest of the frame stands",
 }
 NESTED = (protocol.Capabilities, protocol.MemoryTestCapabilities, protocol.TunnelTargets)
 # Members a frame's model keeps as plain objects, so that the hub can refuse a malformed one and keep
 # the rest of the frame (actors/device_memtests.py checks them with these models): typed here, in the
 # schema and the document, so a device maker reads the same types the hub checks.
 TYPED_MEMBERS: dict[type[BaseModel], dict[str, type[BaseModel]]] = {
-    protocol.Hello: {"lastMemoryTest": MemtestResult, "memoryTestRunning": MemtestStatus}}
+    protocol.Hello: {"lastMemoryTest": MemtestResult, "memoryTestRunning": MemtestStatus, "system": SystemFacts}}
 BLOCK = re.compile(r"(<!-- generated:(?P<name>[a-z-]+) -->\n)(?P<body>.*?)(<!-- /generated:(?P=name) -->)", re.S)
 
 
