@@ -5,6 +5,7 @@
 import { api, follow, query } from '../api.js';
 import { fill, h, badge, confirmDialog, field, notice, when } from '../dom.js';
 import { configBadge } from '../configstatus.js';
+import { addDevicePanel, commandHint } from '../adddevice.js';
 
 const LIMIT = 25;
 
@@ -61,7 +62,9 @@ export async function render(main) {
     h('button', { type: 'button', id: 'bulk-reboot', class: 'secondary', onclick: bulkReboot }, 'Reboot selected'),
     configSelect, h('button', { type: 'button', id: 'bulk-assign', class: 'secondary', onclick: bulkAssign }, 'Assign configuration'),
     h('button', { type: 'button', class: 'secondary', onclick: () => load() }, 'Refresh'));
-  fill(main, h('div', { class: 'title' }, h('h1', {}, 'Devices'), live), form, bulk, status,
+  const adding = addDevicePanel(fleets, () => load());
+  const addButton = h('button', { type: 'button', id: 'add-device-open', onclick: () => adding.open() }, 'Add device');
+  fill(main, h('div', { class: 'title' }, h('h1', {}, 'Devices'), live, addButton), adding.panel, form, bulk, status,
     h('div', { class: 'scroll' }, table), pager);
 
   const rows = new Map(); // device id -> {row, device, cells}
@@ -97,7 +100,7 @@ export async function render(main) {
       rows.clear();
       selectAll.checked = false;
       fill(tbody, ...r.data.map(row));
-      if (!r.data.length) tbody.append(h('tr', {}, h('td', { colspan: 9, class: 'muted' }, 'No devices match.')));
+      if (!r.data.length) tbody.append(h('tr', {}, h('td', { colspan: 9, class: 'muted' }, filtered() ? 'No devices match.' : emptyHint())));
       const p = r.pagination;
       fill(pager, 
         h('button', { type: 'button', class: 'secondary', disabled: page <= 1, onclick: () => { page -= 1; load(); } }, 'Previous'),
@@ -106,6 +109,17 @@ export async function render(main) {
     } catch (err) {
       notice(status, err.message, 'error');
     }
+  }
+
+  function filtered() {
+    return Object.values(filters).some(Boolean) || page > 1;
+  }
+
+  // A fresh organisation's list: what to do first, rather than an empty table
+  function emptyHint() {
+    return h('div', { id: 'devices-empty' }, h('p', {}, h('strong', {}, 'No devices yet.'),
+      ' Add one: the hub shows its token once, in the command to run on the device:'), commandHint(),
+      h('p', {}, h('button', { type: 'button', onclick: () => adding.open() }, 'Add device')));
   }
 
   function selected() {
@@ -170,5 +184,7 @@ export async function render(main) {
     } catch { /* the next round tries again */ }
   }
 
+  const deleted = params.get('deleted');
+  if (deleted) notice(status, `${deleted} is deleted: its token no longer works.`, 'ok');
   await load();
 }
