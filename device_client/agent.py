@@ -51,8 +51,8 @@ from .linkframes import FrameGuard
 from .memtest import attach as attach_memtest
 from .registry_proxy import RegistryProxy
 from .state import DeviceStore
-from .telemetry import Telemetry
 from .sysinfo import SystemSampler
+from .telemetry import Telemetry
 from .workload import Workload
 
 log = logging.getLogger("fleethub.agent")

@@ -10,6 +10,7 @@ left out rather than guessed: the hub shows what is missing as unknown.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import os
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ def ip_addresses(proc: Path = PROC) -> list[str]:
     found: list[str] = []
     trie = _read(proc / "net" / "fib_trie") or ""
     lines = trie.splitlines()
-    for previous, line in zip(lines, lines[1:]):
+    for previous, line in itertools.pairwise(lines):
         # "|-- 192.0.2.7" followed by "/32 host LOCAL": an address of this machine
         if line.strip().startswith("/32 host LOCAL") and previous.strip().startswith("|--"):
             found.append(previous.strip()[3:].strip())
