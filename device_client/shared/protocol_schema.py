@@ -31,6 +31,9 @@ LIMITS: dict[str, tuple[Any, str]] = {
     "factMaxChars": (protocol.FACT_MAX, "hello.firmware and hello.architecture are cut here"),
     "agentVersionMaxChars": (protocol.AGENT_VERSION_MAX, "the hub keeps this much of hello.agentVersion"),
     "ipAddressesMax": (MAX_IP_ADDRESSES, "addresses of system.ipAddresses the hub keeps (the first ones)"),
+    "tunnelTargetsMax": (protocol.TUNNEL_TARGETS_MAX, "names, and ports, of hello.tunnelTargets the hub keeps (the "
+                                                      "first ones)"),
+    "targetNameMaxChars": (protocol.TARGET_NAME_MAX, "a longer tunnel target name is left out"),
     "secretFileMaxBytes": (64 * 1024, "decoded contents of one secret file"),
     "configSpecMaxBytes": (protocol.CONFIG_SPEC_MAX_BYTES,
                            "a config.apply spec as compact UTF-8 JSON (the hub refuses a larger one when saved)"),
@@ -53,7 +56,9 @@ HELLO_NOTES: dict[str, str] = {
     "bootReason": "why the device last booted: power_on, reboot, or the reboot command's reason",
     "deviceClock": "the device's own idea of now, RFC 3339 (shown, never trusted for schedules)",
     "tunnelPublicKey": "base64 Ed25519 public key: the device's tunnel identity",
-    "tunnelTargets": "what a tunnel may reach on the device (the hub refuses other targets)",
+    "tunnelTargets": f"what a tunnel may reach on the device (the hub refuses other targets); the hub keeps the first "
+                     f"{protocol.TUNNEL_TARGETS_MAX} names of at most {protocol.TARGET_NAME_MAX} characters and the "
+                     f"first {protocol.TUNNEL_TARGETS_MAX} ports (1-65535), and counts a cut like one of system's",
     "configVersionApplied": "the versionId the device runs and has verified, or null (none ever applied). A "
                             "version being verified is never named: after a rejected apply it is rolledBackTo (the "
                             "previous version, or null); an apply a power loss interrupted is rolled back at boot, "

@@ -97,14 +97,18 @@ async def device_protocol():
 
 
 def _bound_facts(s, device_id: uuid.UUID, facts: dict[str, Any]) -> None:
-    """The hello's facts as the hub keeps them: the agent version cut, the system facts within their
-    bounds (device_client/shared/systemfacts.py) and stamped with when the hub heard them. What had to
-    change is a protocol error for the device's diagnosis and a log line; the link goes on."""
+    """The hello's facts as the hub keeps them: the agent version and the tunnel targets cut, the system
+    facts within their bounds (device_client/shared/systemfacts.py) and stamped with when the hub heard
+    them. What had to change is a protocol error for the device's diagnosis and a log line; the link
+    goes on."""
     notes = []
     version = facts.get("agentVersion")
     if isinstance(version, str) and len(version) > p.AGENT_VERSION_MAX:
         facts["agentVersion"] = version[:p.AGENT_VERSION_MAX]
         notes.append(f"agentVersion: {len(version)} characters, the first {p.AGENT_VERSION_MAX} kept")
+    if isinstance(facts.get("tunnelTargets"), dict):
+        facts["tunnelTargets"], cut = p.bounded_targets(facts["tunnelTargets"])
+        notes += cut
     system, system_notes = systemfacts.checked(facts.get("system"))
     facts["system"] = None if system is None else {**system, "at": rfc3339(s.clock.now())}
     notes += system_notes

@@ -51,13 +51,15 @@ async def test_a_real_agents_facts_arrive_and_telemetry_refreshes_them(nursery, 
                 await trio.sleep(0.1)
 
 
-async def test_a_hello_with_fifty_thousand_addresses_is_cut_counted_and_said(nursery, db_url, tmp_path):
-    """Issue 31 item 5 found a hello with 50,000 tunnelTargets made GET device 821 KB: facts stay small."""
+async def test_a_hello_with_fifty_thousand_addresses_is_cut_counted_and_said(nursery, db_url, tmp_path, caplog):
+    """Issue 31 item 5 found a hello with 50,000 tunnelTargets made GET device 821 KB: facts stay small,
+    tunnel targets included."""
     with trio.fail_after(60):
         hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
         dev_id, token = await hub.provision("hostile")
         addresses = [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(50_000)]
-        hello = {"firmware": "fw", "architecture": "x86_64", "agentVersion": "v" * 10_000,
+        targets = {"names": [f"t{i}" for i in range(10_000)] + ["n" * 65], "ports": list(range(1, 5_000)) + [0, 70_000]}
+        hello = {"firmware": "fw", "architecture": "x86_64", "agentVersion": "v" * 10_000, "tunnelTargets": targets,
                  "system": {"ipAddresses": addresses, "cpuPercent": 1e300, "uptimeSeconds": 60,
                             "junk": ["x"] * 10_000}}
         dev = await connect(nursery, hub, token, hello=hello)
@@ -69,8 +71,18 @@ async def test_a_hello_with_fifty_thousand_addresses_is_cut_counted_and_said(nur
         assert shown["system"]["ip_addresses"] == addresses[:16]
         assert shown["system"]["cpu_percent"] is None and shown["system"]["uptime_seconds"] == 60
         issue = (await diagnosis(hub, dev_id))["DeviceProtocolError"]
-        assert "50000 given, the first 16 kept" in issue["details"]["last"]
-        assert "agentVersion: 10000 characters" in issue["details"]["last"]
+        # every note in the log line; the diagnosis keeps the first 300 characters of them
+        logged = [r.getMessage() for r in caplog.records if r.name == "fleethub.link" and "hello:" in r.getMessage()]
+        assert len(logged) == 1 and "system.ipAddresses: 50000 given, the first 16 kept" in logged[0]
+        assert "system.cpuPercent: out of bounds or of the wrong type, left out" in logged[0]
+        assert shown["tunnel_targets"]["names"] == targets["names"][:64]
+        assert shown["tunnel_targets"]["ports"] == list(range(1, 65))
+        # the first notes are the targets' (the diagnosis keeps 300 characters of the last error)
+        assert issue["details"]["last"].startswith(
+            "hello: agentVersion: 10000 characters, the first 64 kept; tunnelTargets.names: 1 longer than 64 "
+            "characters, left out; tunnelTargets.ports: 2 not a TCP port, left out; tunnelTargets.names: 10000 "
+            "given, the first 64 kept")
+        assert issue["details"]["count"] == 1
         # the list reads the same bounded document
         listed = (await hub.call("GET", "/v1/devices")).json()["data"]
         assert len(json.dumps(listed)) < 4096

@@ -121,3 +121,15 @@ async def test_every_telemetry_sample_carries_the_system_facts(tmp_path):
     with trio.fail_after(5):  # the sample reads the clock, which wants a trio run
         await trio.sleep(0)
         assert telemetry.sample()["system"] == {"uptimeSeconds": 1.0, "ipAddresses": []}
+
+
+def test_tunnel_targets_past_their_bounds_are_cut_and_each_cut_said():
+    kept, notes = protocol.bounded_targets({"names": ["web", "x" * 65, *(f"t{i}" for i in range(100))],
+                                            "ports": [22, 0, 65536, *range(1000, 1100)], "ssh": True})
+    assert kept["names"] == ["web", *(f"t{i}" for i in range(63))] and kept["ssh"] is True
+    assert kept["ports"] == [22, *range(1000, 1063)]
+    assert notes == ["tunnelTargets.names: 1 longer than 64 characters, left out",
+                     "tunnelTargets.ports: 2 not a TCP port, left out",
+                     "tunnelTargets.names: 101 given, the first 64 kept",
+                     "tunnelTargets.ports: 101 given, the first 64 kept"]
+    assert protocol.bounded_targets({"names": ["ssh"], "ports": [22]}) == ({"names": ["ssh"], "ports": [22]}, [])

@@ -154,6 +154,8 @@ class Run:
         hello: protocol.Hello = first.frame
         # the members the hub keeps only within bounds (it cuts or drops the rest): a device sends them so
         bounds = systemfacts.checked(hello.system)[1]
+        if hello.tunnelTargets is not None:
+            bounds += protocol.bounded_targets(hello.tunnelTargets.model_dump())[1]
         if len(hello.agentVersion) > protocol.AGENT_VERSION_MAX:
             bounds.append(f"agentVersion: {len(hello.agentVersion)} characters, over {protocol.AGENT_VERSION_MAX}")
         self.check("H2", not bounds, f"hello of {len(first.text)} bytes with {sorted(hello.model_fields_set)}"
