@@ -165,6 +165,11 @@ def test_the_device_page_shows_facts_with_units_and_names_not_ids(page, console,
     config.locator("dd", has_text="v1").first.wait_for()
     assert console.config_id not in config.text_content() and console.fleet_id not in text
     page.screenshot(path=screenshots / "console-device-facts.png", full_page=True)
+    # the list names the configuration too, beside its status
+    page.goto("/console/devices?search=line-1-a")
+    cell = page.locator(f"#devices tr[data-id='{dev_id}'] td.config")
+    cell.locator(".config-name", has_text="app").wait_for()
+    assert console.config_id not in cell.text_content()
 
 
 def test_inviting_a_member_says_what_they_do_next_and_they_join(browser, page, console, screenshots):

@@ -27,6 +27,7 @@ export async function render(main) {
     api('GET', '/v1/configurations?limit=100').then((r) => r.data).catch(() => []),
   ]);
   const fleetName = new Map(fleets.map((f) => [f.id, f.name]));
+  const configName = new Map(configs.map((c) => [c.id, c.name]));
 
   const input = (name, label, type) => field(label, h('input', { name, type: type || 'text', value: filters[name] }));
   const select = (name, label, options) => field(label, h('select', { name },
@@ -72,6 +73,12 @@ export async function render(main) {
     for (const { box } of rows.values()) box.checked = selectAll.checked;
   });
 
+  // the configuration by name (one of the first hundred: the list the bulk action offers), then its status
+  function configLabel(c) {
+    const name = c && c.config_id ? configName.get(c.config_id) : null;
+    return name ? h('span', { class: 'config-name', title: c.config_id }, `${name} `) : null;
+  }
+
   function row(device) {
     const box = h('input', { type: 'checkbox', 'aria-label': `Select ${device.name}`, dataset: { id: device.id } });
     const cells = { state: h('td', { class: 'state' }), seen: h('td', { class: 'seen' }) };
@@ -79,7 +86,7 @@ export async function render(main) {
       h('td', {}, h('a', { href: `/console/devices/${device.id}`, class: 'device-name' }, device.name)),
       cells.state, cells.seen, h('td', {}, fleetName.get(device.fleet_id) || ''),
       h('td', { class: 'wide' }, device.firmware || ''), h('td', { class: 'wide' }, device.architecture || ''),
-      h('td', { class: 'config' }, configBadge(device.configuration)),
+      h('td', { class: 'config' }, configLabel(device.configuration), configBadge(device.configuration)),
       h('td', {}, (device.conditions || []).map((c) => badge(c.type === 'MemoryFault' ? 'Memory fault' : c.type, 'bad'))));
     const entry = { row: tr, device, cells, box };
     paint(entry);
