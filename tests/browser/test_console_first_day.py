@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import uuid
 
+import trio
 from playwright.sync_api import expect
 
 from tests.browser.conftest import PASSWORD, sign_in
@@ -29,8 +30,6 @@ def _person(console, *, org: bool) -> str:
     from hub.auth.passwords import hash_password
 
     async def make() -> str:
-        import trio
-
         s = console.hub.services
         email = f"person-{uuid.uuid4().hex[:6]}@test.local"
         digest = await trio.to_thread.run_sync(hash_password, PASSWORD)
