@@ -16,7 +16,8 @@ Every way the hub ends a link has its own close code and a reason cut at a word
 the same device 4001 (superseded), silence 4002, a revoked token 4003, shutdown 4004. A takeover
 soon after others (two holders of one token) is held back before it is accepted, and counted for the
 device's diagnosis (hub/linkhealth.py). A hello that omits a fact (firmware, architecture) leaves it
-as it was.
+as it was; facts past their bounds (agentVersion, tunnelTargets, system) are cut, never the link, and
+the cut is counted for the diagnosis like a protocol error.
 """
 
 from __future__ import annotations
