@@ -26,6 +26,7 @@ from actors.device_memtests import DeviceMemtests
 from actors.runtime import Actor, ActorCrashed
 from device_client.shared.clock import rfc3339
 from device_client.shared.linkcodes import Close
+from device_client.shared import systemfacts
 from device_client.shared.protocol import subject
 
 if TYPE_CHECKING:
@@ -186,6 +187,15 @@ class DeviceActor(Actor):
         if bool(self.facts.get("workloadHeld")) != held or self.facts.get("memoryTestRunning") != running:
             self.facts = {**self.facts, "workloadHeld": held, "memoryTestRunning": running}
 
+    def _take_system(self, raw: Any) -> None:
+        """A telemetry sample's system facts replace the hello's, read as the link reads those
+        (hub/api/link.py ``_bound_facts``): what had to be cut or left out is a protocol error."""
+        system, notes = systemfacts.checked(raw)
+        if notes:
+            self._job(self.delivery.protocol_error, "telemetry: " + "; ".join(notes))
+        if system is not None and self.facts is not None:  # no hello yet: nothing to add them to
+            self.facts = {**self.facts, "system": {**system, "at": rfc3339(self.services.clock.now())}}
+
     def _store_facts(self) -> None:
         """The facts changed after the hello (a memory test holds or frees the workload): they go to
         the presence row, which is where others (a rollout) read them; no actor reads another's."""
@@ -245,6 +255,8 @@ class DeviceActor(Actor):
         if isinstance(msg, DeviceEvent):
             # in their own namespace: device.state, device.snapshot and device.operation are the hub's alone
             self.publish(f"device.event.{msg.kind}", msg.payload)
+            if msg.kind == "telemetry":
+                self._take_system(msg.payload.get("system"))
             if msg.kind == "files.result":
                 await self._event_job(self.delivery.record_file_results, msg.payload)
             elif msg.kind == "config.result":

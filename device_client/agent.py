@@ -52,6 +52,7 @@ from .linkframes import FrameGuard
 from .memtest import attach as attach_memtest
 from .registry_proxy import RegistryProxy
 from .state import DeviceStore
+from .sysinfo import SystemSampler
 from .telemetry import Telemetry
 from .workload import Workload
 
@@ -147,7 +148,9 @@ class Agent:
         # no tunnel_engine: no tunnels (module docstring); config.tunnel None: no targets
         engine = config.tunnel_engine
         self.tunnel = engine(device, config.tunnel) if engine is not None else None
-        self.telemetry = Telemetry(self.data_dir).attach(device)  # billing: telemetry.set, telemetry events
+        self.system = SystemSampler(self.root)  # the hello's and telemetry's system facts
+        # billing: telemetry.set, telemetry events
+        self.telemetry = Telemetry(self.data_dir, system=self.system.sample).attach(device)
         self.registry_proxy = RegistryProxy(self.data_dir).attach(device)  # billing: registry.bytes reports
 
     # ---- what launchers and tests read ----
@@ -235,6 +238,7 @@ class Agent:
             bootReason=self.boot_reason or "power_on",
             deviceClock=rfc3339(self.clock.now()),
             tunnelPublicKey=self.public_key_b64,
+            system=self.system.sample(),
         )
         return {**fields, **self.hooks.hello_fields()}
 

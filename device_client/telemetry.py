@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,9 +45,11 @@ def _meminfo() -> dict[str, int]:
 
 
 class Telemetry:
-    def __init__(self, data_dir: Path, interval: float = DEFAULT_INTERVAL) -> None:
+    def __init__(self, data_dir: Path, interval: float = DEFAULT_INTERVAL,
+                 system: Callable[[], dict[str, Any]] | None = None) -> None:
         self.path = Path(data_dir) / "telemetry.json"
         self.interval = interval
+        self.system = system  # the device's system facts (device_client/sysinfo.py), in every sample
         self.enabled = self._load()
         self.sent = 0
         self.device: Any = None
@@ -95,6 +98,8 @@ class Telemetry:
         except OSError:
             pass
         sample.update(_meminfo())
+        if self.system is not None:
+            sample["system"] = self.system()
         return sample
 
     async def _loop(self) -> None:

@@ -18,7 +18,8 @@ RULES: tuple[Rule, ...] = (
     Rule("T2", "Transport and authentication", "after a handshake answered HTTP 401 the device retries no "
                                                "sooner than its slowest backoff (its backoff cap; the kit wants at least 10 s)"),
     Rule("H1", "Hello", "the first frame is a hello, sent within 10 s of the handshake"),
-    Rule("H2", "Hello", "the hello matches the schema (field types)"),
+    Rule("H2", "Hello", "the hello matches the schema (field types; system facts, tunnel targets and agentVersion "
+                        "within their bounds)"),
     Rule("H3", "Versions", "the hello names a supported protocol version, or none (version 1)"),
     Rule("H4", "Reboots and boot reasons", "bootReason is a snake_case word"),
     Rule("B1", "Heartbeats", "heartbeat events arrive every welcome.heartbeatInterval (none missed, none at twice the rate)"),

@@ -125,6 +125,11 @@ TOKEN_HEADER = "Authorization"  # "Bearer <device token>" on the WebSocket hands
 MAX_FRAME_BYTES = 1024 * 1024
 CLOSE_TOO_BIG = 1009  # RFC 6455: message too big
 FACT_MAX = 256  # characters of a hello's free-text facts (firmware, architecture): the agent cuts there
+AGENT_VERSION_MAX = 64  # characters of hello.agentVersion the hub keeps (a version, not a story)
+# hello.tunnelTargets the hub keeps: the first this many names (each at most TARGET_NAME_MAX characters,
+# what a tunnel request may name) and ports; a device offering more is cut, and told so in its diagnosis
+TUNNEL_TARGETS_MAX = 64
+TARGET_NAME_MAX = 64
 # A configuration's spec as JSON (UTF-8, compact, as a frame carries it): config.apply carries it beside
 # the configuration's files (32 files, 512 KB in all, about 700 KB in base64 with their paths), so the
 # hub refuses a larger spec when it is saved rather than meeting a frame it cannot send.
@@ -252,6 +257,24 @@ class TunnelTargets(_Frame):
     shell: bool = False  # whether the shell target (a PTY per channel) is enabled; refused with shell_disabled if not
 
 
+def bounded_targets(targets: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A hello's tunnelTargets (as its model dumps them) cut to what the hub keeps, and what was cut
+    in words (a hello once offered 50,000 targets, and every read of the device carried them)."""
+    names, ports = targets.get("names") or [], targets.get("ports") or []
+    notes = []
+    kept_names = [n for n in names if len(n) <= TARGET_NAME_MAX]
+    if len(kept_names) < len(names):
+        notes.append(f"tunnelTargets.names: {len(names) - len(kept_names)} longer than {TARGET_NAME_MAX} characters, "
+                     f"left out")
+    kept_ports = [n for n in ports if 0 < n < 65536]
+    if len(kept_ports) < len(ports):
+        notes.append(f"tunnelTargets.ports: {len(ports) - len(kept_ports)} not a TCP port, left out")
+    for what, kept in (("names", kept_names), ("ports", kept_ports)):
+        if len(kept) > TUNNEL_TARGETS_MAX:
+            notes.append(f"tunnelTargets.{what}: {len(kept)} given, the first {TUNNEL_TARGETS_MAX} kept")
+    return {**targets, "names": kept_names[:TUNNEL_TARGETS_MAX], "ports": kept_ports[:TUNNEL_TARGETS_MAX]}, notes
+
+
 class Hello(_Frame):
     type: Literal["hello"] = "hello"
     protocol: int = PROTOCOL_VERSION
@@ -272,6 +295,9 @@ class Hello(_Frame):
     workloadHeld: bool = False  # the workload is held (a memory test): rollouts defer this device
     pendingActions: list[str] = Field(default_factory=list)  # health_check, battery_discharging, mission_critical
     telemetry: bool | None = None  # telemetry events on (the hub's last telemetry.set); None: no telemetry module
+    # systemfacts.SystemFacts, kept a plain object so the hub can cut or drop what is out of bounds and
+    # keep the rest of the hello (systemfacts.checked)
+    system: dict[str, Any] | None = None
 
 
 class Welcome(_Frame):

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from . import linkcodes, protocol, verbs
 from .memtest_members import MemtestResult, MemtestStatus
+from .systemfacts import MAX_IP_ADDRESSES, SystemFacts
 
 FRAMES: dict[str, type[BaseModel]] = {"hello": protocol.Hello, "welcome": protocol.Welcome,
                                       "command": protocol.Command, "reply": protocol.Reply,
@@ -28,6 +29,11 @@ LIMITS: dict[str, tuple[Any, str]] = {
     "heartbeatTimeoutIntervals": (3, "the hub drops a link silent for this many heartbeat intervals"),
     "closeReasonBytes": (linkcodes.REASON_MAX_BYTES, "a close reason is at most this long (RFC 6455)"),
     "factMaxChars": (protocol.FACT_MAX, "hello.firmware and hello.architecture are cut here"),
+    "agentVersionMaxChars": (protocol.AGENT_VERSION_MAX, "the hub keeps this much of hello.agentVersion"),
+    "ipAddressesMax": (MAX_IP_ADDRESSES, "addresses of system.ipAddresses the hub keeps (the first ones)"),
+    "tunnelTargetsMax": (protocol.TUNNEL_TARGETS_MAX, "names, and ports, of hello.tunnelTargets the hub keeps (the "
+                                                      "first ones)"),
+    "targetNameMaxChars": (protocol.TARGET_NAME_MAX, "a longer tunnel target name is left out"),
     "secretFileMaxBytes": (64 * 1024, "decoded contents of one secret file"),
     "configSpecMaxBytes": (protocol.CONFIG_SPEC_MAX_BYTES,
                            "a config.apply spec as compact UTF-8 JSON (the hub refuses a larger one when saved)"),
@@ -41,7 +47,8 @@ LIMITS: dict[str, tuple[Any, str]] = {
 HELLO_NOTES: dict[str, str] = {
     "type": "\"hello\"",
     "protocol": "the protocol version the device speaks; absent means 1 (see Versions)",
-    "agentVersion": "the device software's version, free text",
+    "agentVersion": f"the device software's version, free text; the hub keeps the first {protocol.AGENT_VERSION_MAX} "
+                    "characters (absent: the hub keeps what it had)",
     "firmware": f"free text, at most {protocol.FACT_MAX} characters; absent: the hub keeps what it had",
     "architecture": f"e.g. armv7l, aarch64, x86_64 (rollouts match it), at most {protocol.FACT_MAX} characters; "
                     "absent: the hub keeps what it had",
@@ -49,7 +56,9 @@ HELLO_NOTES: dict[str, str] = {
     "bootReason": "why the device last booted: power_on, reboot, or the reboot command's reason",
     "deviceClock": "the device's own idea of now, RFC 3339 (shown, never trusted for schedules)",
     "tunnelPublicKey": "base64 Ed25519 public key: the device's tunnel identity",
-    "tunnelTargets": "what a tunnel may reach on the device (the hub refuses other targets)",
+    "tunnelTargets": f"what a tunnel may reach on the device (the hub refuses other targets); the hub keeps the first "
+                     f"{protocol.TUNNEL_TARGETS_MAX} names of at most {protocol.TARGET_NAME_MAX} characters and the "
+                     f"first {protocol.TUNNEL_TARGETS_MAX} ports (1-65535), and counts a cut like one of system's",
     "configVersionApplied": "the versionId the device runs and has verified, or null (none ever applied). A "
                             "version being verified is never named: after a rejected apply it is rolledBackTo (the "
                             "previous version, or null); an apply a power loss interrupted is rolled back at boot, "
@@ -66,13 +75,17 @@ HELLO_NOTES: dict[str, str] = {
     "workloadHeld": "the workload is held (a memory test): rollouts defer the device",
     "pendingActions": "health_check, battery_discharging, mission_critical",
     "telemetry": "whether telemetry events are on (the hub's last telemetry.set); null: no telemetry",
+    "system": "a SystemFacts: uptime, addresses, CPU, memory and disk use (also in every telemetry sample). The hub "
+              "keeps what is within bounds: a member out of bounds is left out, addresses past the limit are cut, "
+              "and each is counted as a protocol error for the device's diagnosis and logged (a telemetry sample's "
+              "is also told to the device, link.notice); the rest of the frame stands",
 }
 NESTED = (protocol.Capabilities, protocol.MemoryTestCapabilities, protocol.TunnelTargets)
 # Members a frame's model keeps as plain objects, so that the hub can refuse a malformed one and keep
 # the rest of the frame (actors/device_memtests.py checks them with these models): typed here, in the
 # schema and the document, so a device maker reads the same types the hub checks.
 TYPED_MEMBERS: dict[type[BaseModel], dict[str, type[BaseModel]]] = {
-    protocol.Hello: {"lastMemoryTest": MemtestResult, "memoryTestRunning": MemtestStatus}}
+    protocol.Hello: {"lastMemoryTest": MemtestResult, "memoryTestRunning": MemtestStatus, "system": SystemFacts}}
 BLOCK = re.compile(r"(<!-- generated:(?P<name>[a-z-]+) -->\n)(?P<body>.*?)(<!-- /generated:(?P=name) -->)", re.S)
 
 

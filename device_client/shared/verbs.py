@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .systemfacts import SystemFacts  # noqa: F401  (a nested model: the doc's tables find it by name)
 from .memtest_members import (  # noqa: F401  (nested models: the doc's tables find them here by name)
     MemtestEdac,
     MemtestError,
@@ -169,6 +170,12 @@ class TelemetrySet(Body):
 
 class TelemetryState(Body):
     enabled: bool
+
+
+class TelemetrySample(Body):
+    sentAt: str | None = Field(None, description="the device's clock, RFC 3339")
+    uptime: float | None = Field(None, description="seconds since the agent started")
+    system: SystemFacts | None = Field(None, description="read like hello.system: the hub keeps the newest")
 
 
 # ---- memory tests ---------------------------------------------------------------------------------
@@ -361,7 +368,7 @@ EVENTS: dict[str, EventKind] = {e.kind: e for e in (
               strict=True),
     EventKind("memtest.health", "the tester's Health, at every link", MemtestHealthEvent, strict=True),
     EventKind("tunnel.usage", "totals of a tunnel session every 30 s and at its close", TunnelUsage),
-    EventKind("telemetry", "a sample while telemetry is on", Body),
+    EventKind("telemetry", "a sample while telemetry is on", TelemetrySample),
     EventKind("registry.bytes", "bytes the registry proxy carried that day since the last report", RegistryBytes),
     EventKind("container.pulled", "an image of a container version is on the device (docs/containers.md)",
               ContainerPulled),

@@ -84,6 +84,19 @@ class DeviceConfiguration(BaseModel):
                                                  "null")
 
 
+class DeviceSystem(BaseModel):
+    """The device's system facts, from its last hello or telemetry sample (docs/device-protocol.md,
+    SystemFacts), as the hub kept them: within their bounds, null where the device did not say."""
+    uptime_seconds: float | None = Field(description="seconds since the device booted, when it said so")
+    ip_addresses: list[str] = Field(description="its own addresses (at most 16), loopback and link-local left out")
+    cpu_percent: float | None = Field(description="CPU busy, 0-100, between the device's last two samples")
+    memory_percent: float | None = Field(description="memory in use, 0-100")
+    memory_total_bytes: int | None
+    disk_percent: float | None = Field(description="the device root's filesystem in use, 0-100")
+    disk_total_bytes: int | None
+    at: str = Field(description="when the hub received these facts (RFC 3339)")
+
+
 class DeviceOut(BaseModel):
     id: uuid.UUID
     name: str
@@ -99,6 +112,10 @@ class DeviceOut(BaseModel):
     has_tunnel_identity: bool
     tunnel_targets: dict | None = Field(None, description="what the device's agent offers tunnels, from its "
                                         "last hello: {names, ports, ssh} (null: it never said)")
+    agent_version: str | None = Field(None, description="the agent's version from its last hello (null: it never "
+                                                     "said)")
+    system: DeviceSystem | None = Field(None, description="uptime, addresses, CPU, memory and disk use (null: "
+                                                          "the device never said)")
     configuration: DeviceConfiguration
     created_at: str
     updated_at: str
@@ -146,6 +163,7 @@ def device_json(row: dict) -> dict:
     conn = live or {"state": row["state"], "online": row["online"], "bootReason": row["boot_reason"],
                     "lastSeenAt": row["last_seen_at"]}
     facts = live.get("facts") or {}
+    stored = row.get("facts") or {}
     # Each field converted by what it holds (ids, times; jsonable only for the JSON documents): the
     # device document is the most read answer, and walking it whole was a quarter of its view's cost.
     return {
@@ -154,10 +172,22 @@ def device_json(row: dict) -> dict:
         "boot_reason": conn["bootReason"], "firmware": facts.get("firmware") or row["firmware"],
         "architecture": facts.get("architecture") or row["architecture"], "conditions": jsonable(row["conditions"]),
         "has_tunnel_identity": bool(facts.get("tunnelPublicKey") or row["tunnel_public_key"]),
-        "tunnel_targets": jsonable(facts.get("tunnelTargets") or (row.get("facts") or {}).get("tunnelTargets")),
+        "tunnel_targets": jsonable(facts.get("tunnelTargets") or stored.get("tunnelTargets")),
+        "agent_version": facts.get("agentVersion") or stored.get("agentVersion") or None,
+        "system": _system(facts.get("system") or stored.get("system")),
         "configuration": _configuration(row),
         "created_at": rfc3339(row["created_at"]), "updated_at": rfc3339(row["updated_at"]),
     }
+
+
+def _system(system: dict | None) -> dict | None:
+    # kept bounded by the link and the actor (systemfacts.checked), so only renamed here
+    if not isinstance(system, dict) or "at" not in system:
+        return None
+    return {"uptime_seconds": system.get("uptimeSeconds"), "ip_addresses": list(system.get("ipAddresses") or []),
+            "cpu_percent": system.get("cpuPercent"), "memory_percent": system.get("memoryPercent"),
+            "memory_total_bytes": system.get("memoryTotalBytes"), "disk_percent": system.get("diskPercent"),
+            "disk_total_bytes": system.get("diskTotalBytes"), "at": system["at"]}
 
 
 def _configuration(row: dict) -> dict:

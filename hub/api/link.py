@@ -16,7 +16,8 @@ Every way the hub ends a link has its own close code and a reason cut at a word
 the same device 4001 (superseded), silence 4002, a revoked token 4003, shutdown 4004. A takeover
 soon after others (two holders of one token) is held back before it is accepted, and counted for the
 device's diagnosis (hub/linkhealth.py). A hello that omits a fact (firmware, architecture) leaves it
-as it was.
+as it was; facts past their bounds (agentVersion, tunnelTargets, system) are cut, never the link, and
+the cut is counted for the diagnosis like a protocol error.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from actors.device import DeviceEvent, Hello
 from actors.machines.connection import Heartbeat, LinkDown, LinkUp
 from actors.runtime import ActorError, MailboxFull, Reply
 from device_client.shared import protocol as p
-from device_client.shared import protocol_schema
+from device_client.shared import protocol_schema, systemfacts
+from device_client.shared.clock import rfc3339
 from device_client.shared.link import EventReceived, HeartbeatReceived, HubSide, ProtocolViolation, ReplyReceived
 from device_client.shared.link.hubside import HELLO_TIMEOUT, LinkClosedError
 from device_client.shared.linkcodes import Close
@@ -93,6 +95,28 @@ def _protocol_document() -> dict[str, Any]:
 async def device_protocol():
     """The device link's contract as JSON Schema, for device makers and their tools (no credential)."""
     return _protocol_document()
+
+
+def _bound_facts(s, device_id: uuid.UUID, facts: dict[str, Any]) -> None:
+    """The hello's facts as the hub keeps them: the agent version and the tunnel targets cut, the system
+    facts within their bounds (device_client/shared/systemfacts.py) and stamped with when the hub heard
+    them. What had to change is a protocol error for the device's diagnosis and a log line; the link
+    goes on."""
+    notes = []
+    version = facts.get("agentVersion")
+    if isinstance(version, str) and len(version) > p.AGENT_VERSION_MAX:
+        facts["agentVersion"] = version[:p.AGENT_VERSION_MAX]
+        notes.append(f"agentVersion: {len(version)} characters, the first {p.AGENT_VERSION_MAX} kept")
+    if isinstance(facts.get("tunnelTargets"), dict):
+        facts["tunnelTargets"], cut = p.bounded_targets(facts["tunnelTargets"])
+        notes += cut
+    system, system_notes = systemfacts.checked(facts.get("system"))
+    facts["system"] = None if system is None else {**system, "at": rfc3339(s.clock.now())}
+    notes += system_notes
+    if notes:
+        what = "hello: " + "; ".join(notes)
+        log.warning("device %s: %s", device_id, what)
+        s.link_health.protocol_error(device_id, what, s.clock.now())
 
 
 def _device_token(ws: AsgiWebSocket) -> str | None:
@@ -254,6 +278,7 @@ async def device_link(s, ws: AsgiWebSocket) -> None:
             for name in KEPT_UNLESS_SENT:
                 if name not in hello.model_fields_set:
                     del facts[name]
+            _bound_facts(s, device_id, facts)
             # The actor again, with no checkpoint before LinkUp reaches it: an offline actor at the end of
             # its idle time can stop during the awaits above (claiming the epoch, the welcome), and the
             # link would then talk to a stopped actor for its whole life. The same one when it runs.

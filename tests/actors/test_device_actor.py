@@ -505,3 +505,33 @@ async def test_a_connected_device_is_metered_active_once_per_utc_day(autojump_cl
                 if hour < 11:
                     assert len(s.usage.active) == 1
             assert s.usage.active == [(ORG, day1, DEV), (ORG, day1 + dt.timedelta(days=1), DEV)]
+
+
+# -- system facts (issue 37 item 9) -------------------------------------------------------------
+async def test_a_telemetry_sample_replaces_the_system_facts_and_a_cut_is_a_protocol_error(autojump_clock):
+    with trio.fail_after(30):
+        async with hub() as s:
+            actor = await s.actor()
+            said: list[str] = []
+
+            async def protocol_error(what: str) -> None:
+                said.append(what)
+
+            actor.delivery.protocol_error = protocol_error
+            # a sample before any hello has no facts to join: nothing is kept
+            actor.tell(DeviceEvent("telemetry", {"system": {"uptimeSeconds": 1}}))
+            assert (await actor.ask(GetLive(), timeout=1))["facts"] is None
+            connect(s, actor)
+            await trio.sleep(2)
+            actor.tell(DeviceEvent("telemetry", {"sentAt": "x", "system": {
+                "uptimeSeconds": 90.5, "cpuPercent": 400, "ipAddresses": ["192.0.2.9"] * 2 + ["::1x"]}}))
+            facts = (await actor.ask(GetLive(), timeout=1))["facts"]
+            assert facts == {**FACTS, "system": {
+                "uptimeSeconds": 90.5, "ipAddresses": ["192.0.2.9"], "cpuPercent": None, "memoryPercent": None,
+                "memoryTotalBytes": None, "diskPercent": None, "diskTotalBytes": None,
+                "at": "2026-01-05T12:00:02.000Z"}}
+            await trio.sleep(1)
+            assert said == ["telemetry: system.ipAddresses: 2 of 3 are not addresses or repeat one, left out; "
+                            "system.cpuPercent: out of bounds or of the wrong type, left out"]
+            # written behind with the presence row: storage holds what GET device shows
+            assert s.devices.flushes[-1][1][0]["facts"] == facts

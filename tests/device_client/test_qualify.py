@@ -388,7 +388,15 @@ class _HelloTwiceAfter4409(Agent):
         link._after_close, link._session = noting_4409, hello_twice
 
 
+class _ClaimsAThousandAddresses(Agent):
+    """Reports more addresses than a hello may carry (the hub keeps the first 16)."""
+
+    def _hello(self):
+        return {**super()._hello(), "system": {"ipAddresses": [f"10.0.{i // 256}.{i % 256}" for i in range(1000)]}}
+
+
 _BROKEN = {
+    "H2": (_ClaimsAThousandAddresses, "system.ipAddresses: 1000 given, the first 16 kept"),
     "R4": (_KeepsTheOldBootReason, ("after reboot {} (no reason) the hello said bootReason 'qualify'; the document's "
                                     "default is 'reboot' (the boot before said 'qualify')")),
     "A4": (_ForgetsWhatItRolledBackTo, "the document wants status rejected, an error in words and rolledBackTo"),

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...shared import linkcodes, protocol, verbs
+from ...shared import linkcodes, protocol, systemfacts, verbs
 from ...shared.link.events import ProtocolViolation
 from ...shared.link.hubside import HubSide
 from ..link import Conn, Listener, short
@@ -152,7 +152,14 @@ class Run:
             await self.end(conn, verdict)
             return None
         hello: protocol.Hello = first.frame
-        self.check("H2", True, f"hello of {len(first.text)} bytes with {sorted(hello.model_fields_set)}")
+        # the members the hub keeps only within bounds (it cuts or drops the rest): a device sends them so
+        bounds = systemfacts.checked(hello.system)[1]
+        if hello.tunnelTargets is not None:
+            bounds += protocol.bounded_targets(hello.tunnelTargets.model_dump())[1]
+        if len(hello.agentVersion) > protocol.AGENT_VERSION_MAX:
+            bounds.append(f"agentVersion: {len(hello.agentVersion)} characters, over {protocol.AGENT_VERSION_MAX}")
+        self.check("H2", not bounds, f"hello of {len(first.text)} bytes with {sorted(hello.model_fields_set)}"
+                   + (f"; out of bounds: {'; '.join(bounds)}" if bounds else ""))
         self.check("H3", hello.protocol in linkcodes.SUPPORTED_VERSIONS,
                    f"protocol {hello.protocol}{'' if 'protocol' in hello.model_fields_set else ' (absent: 1)'}; "
                    f"supported {list(linkcodes.SUPPORTED_VERSIONS)}")

@@ -56,7 +56,15 @@ async function boot() {
   session.me = me;
   if (!(me.organizations || []).some((o) => o.id === session.org)) session.setOrg(me.organizations?.[0]?.id || null);
   header(me);
-  if (!session.org) { fill(main, h('p', {}, 'You are not a member of any organisation yet.')); return; }
+  if (!session.org) {
+    // joining is accepting an invitation: show them here, where a new member lands
+    const list = h('div');
+    fill(main, h('section', { class: 'card' }, h('h1', {}, 'Invitations'),
+      h('p', {}, 'You are not a member of any organisation yet. Accept an invitation to join one.'), list));
+    const { myInvitations } = await import('./pages/access.js');
+    await myInvitations(list, () => location.assign('/console/devices'));
+    return;
+  }
   await module.render(main, document.body.dataset.id);
 }
 

@@ -1,10 +1,12 @@
-// One device: live state over its own event stream, facts from its hello, configuration and each
-// secret file's delivery, ping and reboot, memory tests, and the place the terminal module fills.
+// One device: live state over its own event stream, facts from its hello and telemetry, configuration
+// and each secret file's delivery, ping and reboot, rename, tags, move and delete, memory tests, and
+// the place the terminal module fills. Fleets and configurations are shown by name, versions by number.
 import { api, follow } from '../api.js';
 import { fill, h, badge, bytes, confirmDialog, field, notice, when } from '../dom.js';
 import { duration, percent } from '../format.js';
 import { mountTerminal } from '../terminal.js';
 import { configBadge, rejectionOutput } from '../configstatus.js';
+import { splitTags } from '../adddevice.js';
 
 const MODES = {
   live: { label: 'Live', plan: { impact: 'running', placement: 'online' }, hint: 'tests free memory beside the running workload' },
@@ -18,12 +20,38 @@ function dl(pairs) {
   return h('dl', { class: 'facts' }, pairs.map(([k, v]) => [h('dt', {}, k), h('dd', {}, v ?? '–')]));
 }
 
+function uptime(seconds) {
+  if (typeof seconds !== 'number') return null;
+  const d = Math.floor(seconds / 86400);
+  const hrs = Math.floor((seconds % 86400) / 3600);
+  const min = Math.floor((seconds % 3600) / 60);
+  return d ? `${d} d ${hrs} h` : hrs ? `${hrs} h ${min} min` : `${min} min`;
+}
+
+function share(percent, total) {
+  if (typeof percent !== 'number') return null;
+  const bar = h('meter', { class: 'meter', min: 0, max: 100, low: 70, high: 90, optimum: 0, value: percent });
+  return [`${percent.toFixed(1)} %`, total ? ` of ${bytes(total)}` : '', bar];
+}
+
 function fmtRate(bps) {
   return typeof bps === 'number' ? `${bytes(bps)}/s` : '–';
 }
 
 export async function render(main, id) {
   let device = (await api('GET', `/v1/devices/${id}`)).data;
+  const fleets = await api('GET', '/v1/fleets?limit=500').then((r) => r.data).catch(() => []);
+  const fleetName = new Map(fleets.map((f) => [f.id, f.name]));
+  const configName = new Map(); // config id -> its name, or null: not readable by this person
+  function nameOf(configId) {
+    if (!configName.has(configId)) {
+      configName.set(configId, undefined);
+      api('GET', `/v1/configurations/${configId}`).then((r) => r.data.name).catch(() => null)
+        .then((name) => { configName.set(configId, name); paintDevice(); });
+    }
+    const name = configName.get(configId);
+    return name === undefined ? '…' : name || 'a configuration you cannot see';
+  }
   const title = h('h1', { id: 'device-name' }, device.name);
   const state = h('span', { id: 'device-state' });
   const live = h('span', { id: 'live', class: 'muted' }, 'connecting…');
@@ -65,6 +93,45 @@ export async function render(main, id) {
       notice(actionStatus, h('span', {}, 'Revert started: ', h('a', { href: `/console/rollouts/${ro.id}` }, `rollout ${ro.id.slice(0, 8)}`)), 'ok');
     } catch (err) { notice(actionStatus, `Revert refused: ${err.message}`, 'error'); }
   });
+
+  // -- rename, tags, move to another fleet (PATCH), delete (DELETE: its token stops working)
+  const editName = h('input', { name: 'name', required: true, maxlength: 200 });
+  const editTags = h('input', { name: 'tags', placeholder: 'eu, kiosk' });
+  const editFleet = h('select', { name: 'fleet_id' }, h('option', { value: '' }, 'No fleet'),
+    fleets.map((f) => h('option', { value: f.id }, f.name)));
+  const editStatus = h('div', { id: 'edit-status', 'aria-live': 'polite' });
+  const editForm = h('form', { id: 'device-edit', class: 'row' }, field('Name', editName),
+    field('Tags', editTags, 'comma-separated'), field('Fleet', editFleet), h('button', { type: 'submit' }, 'Save'),
+    h('button', { type: 'button', id: 'device-delete', class: 'danger', onclick: removeDevice }, 'Delete device'));
+  function fillEdit() {
+    editName.value = device.name;
+    editTags.value = (device.tags || []).join(', ');
+    editFleet.value = device.fleet_id || '';
+  }
+  editForm.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    notice(editStatus, '');
+    const changes = {};
+    if (editName.value.trim() !== device.name) changes.name = editName.value.trim();
+    const tags = splitTags(editTags.value);
+    if (tags.join(',') !== (device.tags || []).join(',')) changes.tags = tags;
+    if ((editFleet.value || null) !== (device.fleet_id || null)) changes.fleet_id = editFleet.value || null;
+    if (!Object.keys(changes).length) { notice(editStatus, 'Nothing changed.', ''); return; }
+    try {
+      device = (await api('PATCH', `/v1/devices/${id}`, changes)).data;
+      paintDevice();
+      fillEdit();
+      notice(editStatus, 'Saved.', 'ok');
+    } catch (err) { notice(editStatus, err.message, 'error'); }
+  });
+  async function removeDevice() {
+    if (!await confirmDialog('Delete device', `Delete ${device.name}? Its token stops working at once and the `
+      + 'hub forgets its files and history. The agent on the device stays installed until you remove it.', 'Delete')) return;
+    try {
+      await api('DELETE', `/v1/devices/${id}`);
+      location.assign(`/console/devices?deleted=${encodeURIComponent(device.name)}`);
+    } catch (err) { notice(editStatus, err.message, 'error'); }
+  }
 
   // -- secret files: upload is write-only (the content never comes back); metadata and delivery
   const path = h('input', { name: 'path', required: true, placeholder: '/etc/app/secret.key', spellcheck: 'false' });
@@ -124,6 +191,8 @@ export async function render(main, id) {
     h('div', { class: 'grid' },
       h('section', { class: 'card', 'aria-labelledby': 'h-facts' }, h('h2', { id: 'h-facts' }, 'Device'), facts),
       h('section', { class: 'card', 'aria-labelledby': 'h-config' }, h('h2', { id: 'h-config' }, 'Configuration'), config)),
+    h('section', { class: 'card', 'aria-labelledby': 'h-edit' }, h('h2', { id: 'h-edit' }, 'Name, tags and fleet'),
+      editForm, editStatus),
     h('section', { class: 'card', 'aria-labelledby': 'h-files' }, h('h2', { id: 'h-files' }, 'Secret files'), files, fileForm, fileStatus),
     h('section', { class: 'card', 'aria-labelledby': 'h-mem' }, h('h2', { id: 'h-mem' }, 'Memory test'),
       memForm, memStatus, progress, h('h3', {}, 'Diagnosis'), diagnosis, h('h3', {}, 'Results'), results),
@@ -138,14 +207,26 @@ export async function render(main, id) {
       (device.conditions || []).some((c) => c.type === 'MemoryFault') ? badge('Memory fault', 'bad') : null,
       ['rejected', 'failed'].includes(device.configuration?.status) ? configBadge(device.configuration) : null);
     const targets = device.tunnel_targets;
+    const sys = device.system || {};
+    const fleet = device.fleet_id ? h('a', { href: '/console/fleets', title: device.fleet_id },
+      fleetName.get(device.fleet_id) || 'a fleet you cannot see') : 'none';
     fill(facts, dl([
       ['State', device.state], ['Last seen', when(device.last_seen)], ['Boot reason', device.boot_reason],
-      ['Firmware', device.firmware], ['Architecture', device.architecture], ['Tags', (device.tags || []).join(', ')],
+      ['Fleet', fleet], ['Tags', (device.tags || []).join(', ')],
+      ['Firmware', device.firmware], ['Architecture', device.architecture], ['Agent version', device.agent_version],
+      ['Uptime', uptime(sys.uptime_seconds)],
+      ['IP addresses', sys.ip_addresses && sys.ip_addresses.length ? h('ul', { class: 'plain', id: 'ip-addresses' },
+        sys.ip_addresses.map((a) => h('li', {}, h('code', {}, a)))) : null],
+      ['CPU', share(sys.cpu_percent)], ['Memory', share(sys.memory_percent, sys.memory_total_bytes)],
+      ['Disk', share(sys.disk_percent, sys.disk_total_bytes)],
+      ['Facts as of', device.system ? when(sys.at) : h('span', { class: 'muted' }, 'the device has not said')],
       ['Tunnel targets', targets ? [...(targets.names || []), targets.ssh ? 'ssh' : null, targets.shell ? 'shell' : null].filter(Boolean).join(', ') : null],
-      ['Device id', device.id], ['Created', when(device.created_at)]]));
+      ['Device id', h('code', {}, device.id)], ['Created', when(device.created_at)]]));
     const c = device.configuration || {};
     const numbered = (n, vid) => (vid ? h('span', { title: vid }, n === null || n === undefined ? vid : `v${n}`) : null);
-    fill(config, dl([['Configuration', c.config_id], ['Assigned version', numbered(c.version, c.version_id)],
+    const named = c.config_id ? h('a', { href: '/console/configurations', title: c.config_id },
+      nameOf(c.config_id)) : null;
+    fill(config, dl([['Configuration', named], ['Assigned version', numbered(c.version, c.version_id)],
       ['Applied version', numbered(c.applied_version, c.applied_version_id)], ['Status', c.status ? configBadge(c) : null],
       ['Error', c.error]]), rejectionOutput(c));
   }
@@ -275,6 +356,8 @@ export async function render(main, id) {
       paintDevice();
     } else if (event.kind === 'device.operation' && event.payload?.kind === 'memory_test') {
       showProgress(event.payload);
+    } else if (event.kind === 'device.event.telemetry') {
+      api('GET', `/v1/devices/${id}`).then((r) => { device = r.data; paintDevice(); }).catch(() => {});
     } else if (event.kind.startsWith('device.config') || event.kind.startsWith('device.file') || event.kind.includes('secret')) {
       api('GET', `/v1/devices/${id}`).then((r) => { device = r.data; paintDevice(); }).catch(() => {});
       loadFiles();
@@ -283,6 +366,7 @@ export async function render(main, id) {
 
   mountTerminal(main.querySelector('#terminal'), id);
   paintDevice();
+  fillEdit();
   follow(`/v1/devices/${id}/events`, onEvent, (s) => {
     live.textContent = s === 'live' ? '● live' : s === 'refused' ? 'not live' : s === 'paused' ? 'paused while hidden' : 'reconnecting…';
     live.className = s === 'live' ? 'live' : 'muted';

@@ -5,6 +5,7 @@
 import { api, follow, query } from '../api.js';
 import { fill, h, badge, confirmDialog, field, notice, when } from '../dom.js';
 import { configBadge } from '../configstatus.js';
+import { addDevicePanel, commandHint } from '../adddevice.js';
 
 const LIMIT = 25;
 
@@ -26,6 +27,7 @@ export async function render(main) {
     api('GET', '/v1/configurations?limit=100').then((r) => r.data).catch(() => []),
   ]);
   const fleetName = new Map(fleets.map((f) => [f.id, f.name]));
+  const configName = new Map(configs.map((c) => [c.id, c.name]));
 
   const input = (name, label, type) => field(label, h('input', { name, type: type || 'text', value: filters[name] }));
   const select = (name, label, options) => field(label, h('select', { name },
@@ -61,13 +63,21 @@ export async function render(main) {
     h('button', { type: 'button', id: 'bulk-reboot', class: 'secondary', onclick: bulkReboot }, 'Reboot selected'),
     configSelect, h('button', { type: 'button', id: 'bulk-assign', class: 'secondary', onclick: bulkAssign }, 'Assign configuration'),
     h('button', { type: 'button', class: 'secondary', onclick: () => load() }, 'Refresh'));
-  fill(main, h('div', { class: 'title' }, h('h1', {}, 'Devices'), live), form, bulk, status,
+  const adding = addDevicePanel(fleets, () => load());
+  const addButton = h('button', { type: 'button', id: 'add-device-open', onclick: () => adding.open() }, 'Add device');
+  fill(main, h('div', { class: 'title' }, h('h1', {}, 'Devices'), live, addButton), adding.panel, form, bulk, status,
     h('div', { class: 'scroll' }, table), pager);
 
   const rows = new Map(); // device id -> {row, device, cells}
   selectAll.addEventListener('change', () => {
     for (const { box } of rows.values()) box.checked = selectAll.checked;
   });
+
+  // the configuration by name (one of the first hundred: the list the bulk action offers), then its status
+  function configLabel(c) {
+    const name = c && c.config_id ? configName.get(c.config_id) : null;
+    return name ? h('span', { class: 'config-name', title: c.config_id }, `${name} `) : null;
+  }
 
   function row(device) {
     const box = h('input', { type: 'checkbox', 'aria-label': `Select ${device.name}`, dataset: { id: device.id } });
@@ -76,7 +86,7 @@ export async function render(main) {
       h('td', {}, h('a', { href: `/console/devices/${device.id}`, class: 'device-name' }, device.name)),
       cells.state, cells.seen, h('td', {}, fleetName.get(device.fleet_id) || ''),
       h('td', { class: 'wide' }, device.firmware || ''), h('td', { class: 'wide' }, device.architecture || ''),
-      h('td', { class: 'config' }, configBadge(device.configuration)),
+      h('td', { class: 'config' }, configLabel(device.configuration), configBadge(device.configuration)),
       h('td', {}, (device.conditions || []).map((c) => badge(c.type === 'MemoryFault' ? 'Memory fault' : c.type, 'bad'))));
     const entry = { row: tr, device, cells, box };
     paint(entry);
@@ -97,7 +107,7 @@ export async function render(main) {
       rows.clear();
       selectAll.checked = false;
       fill(tbody, ...r.data.map(row));
-      if (!r.data.length) tbody.append(h('tr', {}, h('td', { colspan: 9, class: 'muted' }, 'No devices match.')));
+      if (!r.data.length) tbody.append(h('tr', {}, h('td', { colspan: 9, class: 'muted' }, filtered() ? 'No devices match.' : emptyHint())));
       const p = r.pagination;
       fill(pager, 
         h('button', { type: 'button', class: 'secondary', disabled: page <= 1, onclick: () => { page -= 1; load(); } }, 'Previous'),
@@ -106,6 +116,17 @@ export async function render(main) {
     } catch (err) {
       notice(status, err.message, 'error');
     }
+  }
+
+  function filtered() {
+    return Object.values(filters).some(Boolean) || page > 1;
+  }
+
+  // A fresh organisation's list: what to do first, rather than an empty table
+  function emptyHint() {
+    return h('div', { id: 'devices-empty' }, h('p', {}, h('strong', {}, 'No devices yet.'),
+      ' Add one: the hub shows its token once, in the command to run on the device:'), commandHint(),
+      h('p', {}, h('button', { type: 'button', onclick: () => adding.open() }, 'Add device')));
   }
 
   function selected() {
@@ -170,5 +191,7 @@ export async function render(main) {
     } catch { /* the next round tries again */ }
   }
 
+  const deleted = params.get('deleted');
+  if (deleted) notice(status, `${deleted} is deleted: its token no longer works.`, 'ok');
   await load();
 }
