@@ -19,8 +19,11 @@ Where the hub may connect (``check_destination``): an editor names the registry,
 the hub could be made to send requests into its own network (its PostgreSQL's host, a cloud metadata
 address) and read the answers' status codes back in errors. A registry listed in the hub's
 ``registries`` setting (FLEETHUB_REGISTRIES) is asked wherever it is; any other must resolve to public
-addresses only. The name is resolved again when httpx connects, so a name whose DNS answer changes in
-between (rebinding) is not stopped by this: list the registries an organisation uses, in production.
+addresses only. The address checked is the address connected to: every request goes through
+``PinnedTransport``, which resolves the name once, checks every address it got, and connects to the
+first of them (TLS still verifies the certificate for the name). A name whose DNS answer changes
+between the check and the connection (rebinding) therefore cannot move the request into the hub's
+network.
 """
 
 from __future__ import annotations
@@ -61,20 +64,51 @@ class RegistryError(Exception):
         self.unreachable = unreachable
 
 
-async def check_destination(registry: str, allowed: Collection[str]) -> None:
-    """RegistryError unless ``registry`` (host[:port]) is in ``allowed`` or has public addresses only."""
+async def check_destination(registry: str, allowed: Collection[str]) -> str | None:
+    """RegistryError unless ``registry`` (host[:port]) is in ``allowed`` or has public addresses only.
+    The address to connect to (the first public one found), or None for a listed registry (asked as
+    named: the operator vouched for it)."""
     if registry in allowed:
-        return
+        return None
+    host = host_of(registry)
     try:
-        with trio.fail_after(DEFAULT_TIMEOUT):
-            found = await trio.socket.getaddrinfo(host_of(registry), None, type=socket.SOCK_STREAM)
-    except (OSError, trio.TooSlowError):
-        raise RegistryError(f"the registry {registry} cannot be found (DNS)", unreachable=True) from None
-    for *_, address in found:
-        ip = ipaddress.ip_address(address[0].split("%", 1)[0])
-        if not ip.is_global:
+        literal = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        literal = None
+    if literal is not None:
+        found = [str(literal)]
+    else:
+        try:
+            with trio.fail_after(DEFAULT_TIMEOUT):
+                answers = await trio.socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except (OSError, trio.TooSlowError):
+            raise RegistryError(f"the registry {registry} cannot be found (DNS)", unreachable=True) from None
+        found = [address[0].split("%", 1)[0] for *_, address in answers]
+    for address in found:
+        if not ipaddress.ip_address(address).is_global:
             raise RegistryError(f"the registry {registry} has a private or local address; the hub asks such "
                                 "a registry only when its operator lists it (FLEETHUB_REGISTRIES)")
+    if not found:
+        raise RegistryError(f"the registry {registry} cannot be found (DNS)", unreachable=True)
+    return found[0]
+
+
+class PinnedTransport(httpx.AsyncHTTPTransport):
+    """Connects each request to the address ``check_destination`` approved for its host, not to what a
+    second lookup would say. The URL's host becomes that address; the Host header and TLS's server name
+    (so the certificate check) stay the registry's name."""
+
+    def __init__(self, allowed: Collection[str]) -> None:
+        super().__init__()
+        self.allowed = allowed
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        address = await check_destination(request.url.netloc.decode(), self.allowed)
+        if address is not None:
+            request.url = request.url.copy_with(host=address)
+            request.extensions = {**request.extensions, "sni_hostname": host}
+        return await super().handle_async_request(request)
 
 
 def api_host(ref: ImageRef) -> str:
@@ -146,6 +180,8 @@ async def _anonymous_token(client: httpx.AsyncClient, ref: ImageRef, challenge: 
 async def _fetch_digest(ref: ImageRef, timeout: float, allowed: Collection[str] | None,
                         transport: httpx.AsyncBaseTransport | None) -> str:
     headers = {"Accept": MANIFEST_TYPES}
+    if transport is None and allowed is not None:
+        transport = PinnedTransport(allowed)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), follow_redirects=False,
                                  transport=transport) as client:
         for _ in range(2):  # a second time only with an anonymous token

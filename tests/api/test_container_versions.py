@@ -171,3 +171,47 @@ async def test_a_container_version_is_pinned_when_it_is_created(nursery, db_url,
         r = await hub.call("POST", f"/v1/configurations/{cid}/versions",
                            json={"spec": {"containers": [web], "workload": {"command": ["sleep", "9"]}}})
         assert "not both" in assert_error(r, 400, "invalid_spec")["message"]
+
+
+class _Rebinding(trio.abc.HostnameResolver):
+    """A name whose DNS answer changes between two lookups: public first, then the hub's own loopback
+    (DNS rebinding, an attacker-run name server's classic move; TTL 0)."""
+
+    def __init__(self, name: bytes, first: str, then: str) -> None:
+        self.name, self.answers, self.asked = name, [first, then], 0
+
+    async def getaddrinfo(self, host, port, family=0, type=0, proto=0, flags=0):
+        if host != self.name:
+            return await trio.to_thread.run_sync(__import__("socket").getaddrinfo, host, port, family, type, proto, flags)
+        address = self.answers[min(self.asked, 1)]
+        self.asked += 1
+        return [(2, 1, 6, "", (address, port or 0))]
+
+    async def getnameinfo(self, sockaddr, flags):
+        raise OSError("not used")
+
+
+async def test_a_rebinding_name_cannot_move_the_request_into_the_hubs_network(nursery):
+    """A new attack class, tried in round 3 (docs/security.md): an editor names a registry whose DNS
+    says a public address when the hub checks it and 127.0.0.1 when the hub connects. The hub now
+    connects to the address it checked; before, its own second lookup took it to loopback, where
+    this listener counted the connection (a blind port scan of the hub's network, status codes read
+    back in the error)."""
+    hits: list[int] = []
+
+    async def count(stream) -> None:
+        hits.append(1)
+        await stream.aclose()
+
+    port = free_port()
+    await nursery.start(partial(trio.serve_tcp, count, port, host="127.0.0.1"))
+    resolver = _Rebinding(b"rebind.example", "8.8.8.8", "127.0.0.1")
+    previous = trio.socket.set_custom_hostname_resolver(resolver)
+    try:
+        with pytest.raises(RegistryError) as refused:
+            await resolve(parse(f"rebind.example:{port}/app:1"), timeout=1.0, allowed=())
+    finally:
+        trio.socket.set_custom_hostname_resolver(previous)
+    assert resolver.asked >= 2 and hits == [], (resolver.asked, hits)
+    # the lookup the connection uses is the one checked: it said loopback, so nothing was asked
+    assert "private or local address" in refused.value.message
