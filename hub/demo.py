@@ -109,7 +109,7 @@ async def run_demo(services: Services, base_url: str, nursery: trio.Nursery, *, 
     echo_port = await nursery.start(echo_server)
     agents = await nursery.start(partial(
         run_sim, base_url, devices, data_dir, pat_id=info["pat"]["id"], pat_secret=info["pat"]["secret"],
-        org_id=info["org_id"], fleet_id=info["fleet_id"], memory_faults=memory_faults,
+        org_id=info["org_id"], fleet=info["fleet_id"], memory_faults=memory_faults,
         memory_budget=memory_budget,
         agent_options={"tunnel": TunnelConfig(targets={"echo": ("127.0.0.1", echo_port)},
                                               # the console's terminal: a shell as this process's user

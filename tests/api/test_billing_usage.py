@@ -223,7 +223,7 @@ async def test_simulated_agents_report_registry_proxy_bytes(nursery, db_url, tmp
             async with trio.open_nursery() as sim_nursery:
                 agents = await sim_nursery.start(partial(
                     run_sim, hub.base_url, 3, tmp_path / "sim", pat_id=hub.pat[0], pat_secret=hub.pat[1],
-                    org_id=hub.org_id, fleet_id=fleet, registry_bytes_per_minute=6_000_000))
+                    org_id=hub.org_id, fleet=fleet, registry_bytes_per_minute=6_000_000))
                 for agent in agents:
                     assert agent.registry_proxy.bytes_per_minute == 6_000_000
                     agent.registry_proxy.configure(report_interval=0.05)
