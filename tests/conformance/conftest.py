@@ -85,6 +85,18 @@ class SpecHub:
 
         return self.run(make)
 
+    def unplug(self, device_id: str) -> None:
+        """Stop a linked_device's agent for good, and wait until the hub has seen it go."""
+        running = self.extra["agents"][device_id][0]
+
+        async def unplug() -> None:
+            await running.kill()
+            with trio.fail_after(10):
+                while uuid.UUID(device_id) in self.hub.services.links:
+                    await trio.sleep(0.05)
+
+        self.run(unplug)
+
     def reset_device(self, device_id: str) -> None:
         """Pull the plug on a linked_device's agent and start it again on the same data: a device
         reset as the agent's next boot sees it."""
