@@ -272,6 +272,10 @@ async def test_a_generated_client_drives_a_tour(hub, nursery, tmp_path):
         r = await hub.call("GET", path)
         assert r.status_code == 200 and r.json()["data"]["history"], r.text
         _validate(doc, "TestStatusEnvelope", r.json())
+        never_linked, _ = await hub.provision("tour-offline")  # the stored answer, with nothing stored
+        r = await hub.call("GET", f"/v1/devices/{never_linked}/memory-test")
+        assert r.status_code == 200 and r.json()["data"]["source"] == "stored", r.text
+        _validate(doc, "TestStatusEnvelope", r.json())
         # and what the document refuses, so the check above can fail
         import jsonschema
 
