@@ -267,6 +267,7 @@ async def test_a_generated_client_drives_a_tour(hub, nursery, tmp_path):
                 break
             await trio.sleep(0.1)
         _validate(doc, "ResultsEnvelope", r.json())
+        assert all(name in r.headers for name in RATE_HEADERS)  # as declared on every /v1 answer
         [result] = r.json()["data"]["results"]
         assert result["outcome"] in MEMTEST_OUTCOMES and result["source"] == "stored"
         r = await hub.call("GET", path)

@@ -280,6 +280,7 @@ def test_test_boot_hold_on_failure_held_until_cancel(spec):
         wait_until(spec, lambda: (_status(spec, dev)["status"] or {}).get("step") == "holding", timeout=60,
                    interval=0.2)
         assert _status(spec, dev)["status"]["phase"] == "failed"
+        assert spec.call("GET", f"/v1/devices/{dev}").json()["data"]["state"] == "maintenance"
         r = browser.post(mt(dev, "/cancel"), headers=headers, json={"runId": run_id})
         assert r.status_code == 202, r.text
     finally:
