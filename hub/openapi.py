@@ -19,6 +19,8 @@ document cannot drift from behaviour:
   organisation header, malformed input), 429 (rate limit), 500 and 503 (storage failure or
   outage) — and 404 on any operation with a path parameter, 413 on any with a body, with the error
   body the path uses (DESIGN.md section 7), so a fuzzer finds no undocumented status.
+- the rate headers on every /v1 answer, and Retry-After on a 429, as response headers
+  (``components.headers``), so a client reads them as declared rather than from prose.
 """
 
 from __future__ import annotations
@@ -138,7 +140,8 @@ _GENERAL = {"type": "object", "required": ["error", "message"],
             "properties": {"error": {"type": "string"}, "message": {"type": "string"}, "details": {}}}
 _MEMTEST = {"type": "object", "required": ["error", "message"],
             "properties": {"error": {"type": "string"}, "message": {"type": "string"},
-                           "status": {"type": "object"}}}
+                           # 409 busy: the running test's status (hub/api/memtests.py)
+                           "status": {"$ref": "#/components/schemas/MemtestStatus"}}}
 _TUNNEL = {"type": "object", "required": ["error_code", "message"],
            "properties": {"error_code": {"type": "string"}, "message": {"type": "string"}}}
 
@@ -146,6 +149,30 @@ _DESCRIPTIONS = {400: "invalid request, missing organisation, malformed body", 4
                  403: "access denied or missing role", 404: "not found", 413: "request body too large",
                  429: "rate limit exceeded (X-RateLimit-* headers, Retry-After)",
                  500: "failed to load or persist", 503: "the database or a feature is not available"}
+
+
+# Every /v1 answer carries the rate headers (hub/app.py, from hub/auth/ratelimit.Decision.headers);
+# a 429 adds Retry-After (hub/errors.RateLimited, hub/api/oauth.py).
+RATE_HEADERS = {
+    "X-RateLimit-Limit": "requests allowed in the current one-hour window",
+    "X-RateLimit-Remaining": "requests left in the current window",
+    "X-RateLimit-Reset": "when the current window ends, in seconds since the epoch",
+}
+RETRY_AFTER = "Retry-After"
+_HEADERS = {**{name: {"description": text, "required": True, "schema": {"type": "integer", "minimum": 0}}
+               for name, text in RATE_HEADERS.items()},
+            RETRY_AFTER: {"description": "seconds to wait before trying again", "required": True,
+                          "schema": {"type": "integer", "minimum": 0}}}
+
+
+def _declare_headers(path: str, responses: dict) -> None:
+    if not path.startswith("/v1/"):
+        return
+    for status, answer in responses.items():
+        names = list(RATE_HEADERS) + ([RETRY_AFTER] if str(status) == "429" else [])
+        headers = answer.setdefault("headers", {})
+        for name in names:
+            headers[name] = {"$ref": f"#/components/headers/{name}"}
 
 
 def _error_ref(path: str) -> str:
@@ -158,7 +185,7 @@ def _error_ref(path: str) -> str:
 
 # Inline models quart-schema repeats per response are hoisted into components under these names (the
 # error bodies keep the names the document always gave them).
-_COMPONENT_NAMES = {"ErrorBody": "Error", "MemtestError": "MemoryTestError", "TunnelError": "TunnelError"}
+_COMPONENT_NAMES = {"ErrorBody": "Error", "MemtestErrorBody": "MemoryTestError", "TunnelError": "TunnelError"}
 
 
 def _hoist(media: dict, schemas: dict) -> None:
@@ -218,6 +245,7 @@ class FleethubOpenAPI(OpenAPIProvider):
         schemas.setdefault("Error", _GENERAL)
         schemas.setdefault("MemoryTestError", _MEMTEST)
         schemas.setdefault("TunnelError", _TUNNEL)
+        schema["components"]["headers"] = _HEADERS
         chat = schema.get("paths", {}).get("/v1/assistant/chat/completions", {}).get("post")
         if chat is not None:
             chat.setdefault("responses", {})[200] = {
@@ -268,4 +296,5 @@ class FleethubOpenAPI(OpenAPIProvider):
                     responses.setdefault(str(status) if as_str else status, {
                         "description": _DESCRIPTIONS[status],
                         "content": {"application/json": {"schema": {"$ref": _error_ref(path)}}}})
+                _declare_headers(path, responses)
         return schema

@@ -134,14 +134,17 @@ class MemtestResult(_Members):
     totalBytes: int | None = _count()
     maxTempMilliC: int | None = None
     kernel: MemtestKernel | None = Field(None, description="test boot only")
-    errors: list[MemtestError] | None = Field(None, description="at most 256; errorCount is the full count")
+    # the spec's cap (Limits: errors kept per result), as the device bounds it (memtest/bounds.py)
+    errors: list[MemtestError] | None = Field(None, max_length=256,
+                                              description="at most 256; errorCount is the full count")
     errorCount: int | None = _count()
     confirmedErrors: int | None = _count()
     retired: list[int] | None = Field(None, description="addresses of the pages retired")
     fault: bool | None = None
     faultReason: str | None = None
     interrupted: MemtestInterrupted | None = Field(None, description="only for an interrupted run")
-    pages: list[MemtestPage] | None = Field(None, description="the pages with the most errors, at most 256")
+    pages: list[MemtestPage] | None = Field(None, max_length=256,
+                                            description="the pages with the most errors, at most 256")
     hardware: dict[str, Any] | None = Field(None, description="the hardware the run was made on")
     versions: dict[str, Any] | None = Field(None, description="the software versions the run was made with")
     message: str | None = Field(None, description="why it ended so (error, cancelled, interrupted), at most 500 "

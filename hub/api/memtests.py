@@ -14,12 +14,14 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 from quart import Blueprint, g, request
 from quart_schema import document_querystring, document_request, document_response
 
 from actors.errors import AskError
 from actors.machines import memtest_plan
 from actors.machines.memtest import progress
+from device_client.shared.memtest_members import MemtestHealth, MemtestInterrupted, MemtestResult, MemtestStatus
 from device_client.shared.protocol import memtest_result, memtest_status
 from actors.device_memtests import CancelTest, ReadStatus, StartTest
 from hub.api.common import jsonable, org, parse_uuid, principal, services
@@ -62,10 +64,23 @@ class ResultsQuery(BaseModel):
     limit: int = Field(RESULTS_DEFAULT, ge=1, le=RESULTS_MAX)
 
 
+class ServedResult(MemtestResult):
+    """A result as the API serves it (``served``): the device's members, with ``source`` set by the hub."""
+    source: Literal["live", "stored"] = Field(description="live: the device answered with it; stored: the hub read "
+                                                          "it from its own storage")
+    # absent rather than null on a run that was not interrupted (memtest_result drops it)
+    interrupted: MemtestInterrupted | SkipJsonSchema[None] = Field(
+        None, description="present only on an interrupted run: where it was when the device reset")
+
+
+class ServedHealth(MemtestHealth):
+    lastResult: ServedResult | None = Field(None, description="the newest result, in full when the hub stored it")
+
+
 class Run(BaseModel):
     deviceId: str
     runId: str | None
-    status: dict = Field(description="the run's current state: runId, plan, phase, pass, ...")
+    status: MemtestStatus = Field(description="the run's current state")
 
 
 class RunEnvelope(BaseModel):
@@ -75,9 +90,9 @@ class RunEnvelope(BaseModel):
 class TestStatus(BaseModel):
     source: Literal["live", "stored"]
     supported: bool | None
-    status: dict | None
-    health: dict | None
-    history: list[dict]
+    status: MemtestStatus | None = Field(description="the current or last run; null when the hub knows none")
+    health: ServedHealth | None
+    history: list[ServedResult] = Field(description="the newest results first, at most 10")
     healthReportedAt: str | None = None
     progress: float | None = Field(None, description="the share of the run's planned work done, 0–1 (coverage is "
                                                      "the share of memory touched at least once): testedBytes / "
@@ -89,24 +104,24 @@ class TestStatusEnvelope(BaseModel):
 
 
 class Results(BaseModel):
-    results: list[dict]
+    results: list[ServedResult] = Field(description="the newest first")
 
 
 class ResultsEnvelope(BaseModel):
     data: Results
 
 
-class MemtestError(BaseModel):
+class MemtestErrorBody(BaseModel):
     """The memory-test endpoints' bare error body."""
     error: str
     message: str
-    status: dict | None = Field(None, description="409 busy: the running test's status")
+    status: MemtestStatus | None = Field(None, description="409 busy: the running test's status")
 
 
 def _errors(*statuses: int):
     def decorator(func):
         for status in statuses:
-            func = document_response(MemtestError, status)(func)
+            func = document_response(MemtestErrorBody, status)(func)
         return func
     return decorator
 

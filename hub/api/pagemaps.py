@@ -24,7 +24,7 @@ from quart_schema import document_response
 
 from device_client.shared import pagemap
 from hub.api.common import errors, jsonable, org, services
-from hub.api.memtests import MemtestError, _device
+from hub.api.memtests import MemtestErrorBody, _device
 from hub.auth.middleware import public
 from hub.auth.pat import digest
 from hub.errors import BadRequest, NotFound, PayloadTooLarge, RateLimited, Unauthenticated
@@ -119,7 +119,7 @@ async def upload_page_map(run_id: str):
 
 @bp.get("/v1/devices/<device_id>/memory-test/results/<run_id>/page-map")
 @document_response(PageMapEnvelope)
-@document_response(MemtestError, 404)
+@document_response(MemtestErrorBody, 404)
 async def read_page_map(device_id: str, run_id: str):
     """A run's full per-page error map, as the device uploaded it (404 when it did not)."""
     s = services()

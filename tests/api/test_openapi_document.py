@@ -1,7 +1,8 @@
 """/v1/openapi.json as tools read it (issue 15 §3): an independent OpenAPI 3.1 validator accepts it,
-it says what the spec says (schemes, organisation header, queries, bodies, path names, extensions),
-and a client generated from it by openapi-python-client — in this test, no hand edits — drives a
-short tour against a real hub with a real agent.
+it says what the spec says (schemes, organisation header, queries, bodies, path names, extensions,
+the memory-test members and enumerations, the rate headers), a client generated from it by
+openapi-python-client — in this test, no hand edits — drives a short tour against a real hub with a
+real agent, and that agent's real memory-test answers validate against the document's schemas.
 """
 
 from __future__ import annotations
@@ -16,7 +17,21 @@ import pytest
 import trio
 
 from device_client.memtest import MemtestConfig
-from tests.conformance.spec import ENDPOINTS, FEATURE_PATH_ENUM, SCHEMES
+from tests.conformance.spec import (
+    ENDPOINTS,
+    FEATURE_PATH_ENUM,
+    MEMTEST_ERROR_FIELDS,
+    MEMTEST_ERRORS_KEPT,
+    MEMTEST_OUTCOMES,
+    MEMTEST_PHASES,
+    MEMTEST_RESULT_MEMBERS,
+    MEMTEST_RUN_MEMBERS,
+    MEMTEST_STATUS_MEMBERS,
+    MEMTEST_VERDICTS,
+    RATE_HEADERS,
+    RETRY_AFTER,
+    SCHEMES,
+)
 from tests.hubtools import start_agent, start_hub
 
 ORG = "X-Organization-ID"
@@ -122,6 +137,94 @@ async def test_the_document_says_what_the_spec_says(hub):
         assert "QUEUED_MAINTENANCE" in step["enum"]
 
 
+def _component(doc: dict, schema: dict) -> dict:
+    """The component a schema refers to (itself when inline); ``anyOf [X, null]`` reads as X."""
+    if "anyOf" in schema:
+        [schema] = [s for s in schema["anyOf"] if s.get("type") != "null"]
+    if "$ref" in schema:
+        return doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    return schema
+
+
+def _response(doc: dict, method: str, path: str, status: str = "200") -> dict:
+    schema = doc["paths"][path][method]["responses"][status]["content"]["application/json"]["schema"]
+    return _component(doc, _component(doc, schema)["properties"]["data"])
+
+
+def _enum(doc: dict, schema: dict) -> list[str]:
+    return _component(doc, schema)["enum"]
+
+
+async def test_memory_test_answers_are_typed(hub):
+    """Issue 31 item 15: status, health, history and results were ``additionalProperties: true``
+    objects; they are the spec's members with its enumerations."""
+    with trio.fail_after(30):
+        doc = await _document(hub)
+        status = _response(doc, "get", "/v1/devices/{id}/memory-test")
+        assert set(MEMTEST_STATUS_MEMBERS) <= set(status["properties"])
+        run = _component(doc, status["properties"]["status"])
+        assert set(MEMTEST_RUN_MEMBERS) <= set(run["properties"])
+        assert _enum(doc, run["properties"]["phase"]) == list(MEMTEST_PHASES)
+        health = _component(doc, status["properties"]["health"])
+        assert {"capabilities", "hardwareCorruptedBytes", "edac", "retiredPages", "fault", "faultReason",
+                "kernelErrors", "lastResult"} <= set(health["properties"])
+        assert set(_component(doc, health["properties"]["capabilities"])["properties"]) >= {
+            "online", "offline", "offlineReason"}
+        last = _component(doc, health["properties"]["lastResult"])
+        [result] = {json.dumps(_component(doc, status["properties"]["history"]["items"])),
+                    json.dumps(_component(doc, _response(doc, "get", "/v1/devices/{id}/memory-test/results")
+                                          ["properties"]["results"]["items"])), json.dumps(last)}
+        result = json.loads(result)  # one result model for history, results and the last result
+        assert set(MEMTEST_RESULT_MEMBERS) <= set(result["properties"])
+        assert {"outcome", "verdict", "runId", "source"} <= set(result["required"])
+        assert _enum(doc, result["properties"]["outcome"]) == list(MEMTEST_OUTCOMES)
+        assert _enum(doc, result["properties"]["verdict"]) == list(MEMTEST_VERDICTS)
+        assert _enum(doc, result["properties"]["source"]) == ["live", "stored"]
+        # present only on an interrupted run: never null
+        assert '"type": "null"' not in json.dumps(result["properties"]["interrupted"])
+        assert set(_component(doc, result["properties"]["interrupted"])["properties"]) >= {"phase", "pass", "pattern"}
+        errors = _component(doc, result["properties"]["errors"])
+        assert errors["maxItems"] == MEMTEST_ERRORS_KEPT
+        assert set(_component(doc, errors["items"])["properties"]) == set(MEMTEST_ERROR_FIELDS)
+        # a start's and a cancel's answer, and the 409 busy body, carry the same run status
+        for path in ("/v1/devices/{id}/memory-test", "/v1/devices/{id}/memory-test/cancel"):
+            started = _response(doc, "post", path, "202")
+            assert _component(doc, started["properties"]["status"]) == run
+        busy = doc["paths"]["/v1/devices/{id}/memory-test"]["post"]["responses"]["409"]
+        assert _component(doc, _component(doc, busy["content"]["application/json"]["schema"])
+                          ["properties"]["status"]) == run
+
+
+async def test_rate_headers_are_declared_on_every_api_answer(hub):
+    """Issue 31 item 16: the X-RateLimit-* headers (every /v1 answer) and Retry-After (a 429) were
+    prose in the 429 description only."""
+    with trio.fail_after(30):
+        doc = await _document(hub)
+        declared = doc["components"]["headers"]
+        assert set(RATE_HEADERS) | {RETRY_AFTER} <= set(declared)
+        for name in (*RATE_HEADERS, RETRY_AFTER):
+            assert declared[name]["schema"]["type"] == "integer" and declared[name]["description"]
+        seen_429 = 0
+        for method, path, op in _operations(doc):
+            if not path.startswith("/v1/"):
+                continue
+            for status, answer in op["responses"].items():
+                refs = {name: h.get("$ref") for name, h in answer.get("headers", {}).items()}
+                expected = list(RATE_HEADERS) + ([RETRY_AFTER] if str(status) == "429" else [])
+                for name in expected:
+                    assert refs.get(name) == f"#/components/headers/{name}", (method, path, status, name)
+                seen_429 += str(status) == "429"
+        assert seen_429 > 50  # every operation that can be refused for its rate
+
+
+def _validate(doc: dict, component: str, body: dict) -> None:
+    """``body`` against the document's ``component`` (OpenAPI 3.1 schemas are JSON Schema 2020-12)."""
+    import jsonschema
+
+    schema = {"$ref": f"#/components/schemas/{component}", "components": doc["components"]}
+    jsonschema.Draft202012Validator(schema).validate(body)
+
+
 def _generate(doc: dict, where: Path) -> None:
     """openapi-python-client, as a user would run it (its own process), into ``where``."""
     import subprocess
@@ -145,11 +248,42 @@ async def test_a_generated_client_drives_a_tour(hub, nursery, tmp_path):
         await trio.to_thread.run_sync(_generate, await _document(hub), tmp_path)
         sys.path.insert(0, str(tmp_path))
         try:
-            await _tour(hub)
+            device_id, run_id = await _tour(hub)
         finally:
             sys.path.remove(str(tmp_path))
             for name in [n for n in sys.modules if n == "fleethub_client" or n.startswith("fleethub_client.")]:
                 del sys.modules[name]
+        # Real answers against the document's schemas (issue 31 item 15): a busy start, the status
+        # while running and once done, and the stored results
+        doc = await _document(hub)
+        path = f"/v1/devices/{device_id}/memory-test"
+        busy = await hub.call("POST", path, json={"quick": True})
+        if busy.status_code == 409:  # still running (a quick run on a small memory can be done already)
+            _validate(doc, "MemoryTestError", busy.json())
+        for _ in range(600):
+            r = await hub.call("GET", path + "/results")
+            assert r.status_code == 200, r.text
+            if any(x["runId"] == run_id for x in r.json()["data"]["results"]):
+                break
+            await trio.sleep(0.1)
+        _validate(doc, "ResultsEnvelope", r.json())
+        assert all(name in r.headers for name in RATE_HEADERS)  # as declared on every /v1 answer
+        [result] = r.json()["data"]["results"]
+        assert result["outcome"] in MEMTEST_OUTCOMES and result["source"] == "stored"
+        r = await hub.call("GET", path)
+        assert r.status_code == 200 and r.json()["data"]["history"], r.text
+        _validate(doc, "TestStatusEnvelope", r.json())
+        never_linked, _ = await hub.provision("tour-offline")  # the stored answer, with nothing stored
+        r = await hub.call("GET", f"/v1/devices/{never_linked}/memory-test")
+        assert r.status_code == 200 and r.json()["data"]["source"] == "stored", r.text
+        _validate(doc, "TestStatusEnvelope", r.json())
+        # and what the document refuses, so the check above can fail
+        import jsonschema
+
+        for broken in ({**result, "outcome": "passed"}, {**result, "interrupted": None},
+                       {**result, "errors": [{"physAddr": 1}] * (MEMTEST_ERRORS_KEPT + 1)}):
+            with pytest.raises(jsonschema.ValidationError):
+                _validate(doc, "ResultsEnvelope", {"data": {"results": [broken]}})
 
 
 async def _tour(hub) -> None:
@@ -193,4 +327,6 @@ async def _tour(hub) -> None:
         r = await status.asyncio_detailed(device.id, client=c, x_organization_id=org)
         assert r.status_code == 200, r.content
         assert r.parsed.data.source.value == "live"
-        assert r.parsed.data.status["runId"] == run_id
+        assert r.parsed.data.status.run_id == run_id
+        assert r.parsed.data.status.phase.value in MEMTEST_PHASES
+        return device.id, run_id

@@ -71,15 +71,61 @@ class SpecHub:
         org_id = self.run(make)
         return self.new_user("admin", org_id)
 
-    def linked_device(self, name: str = "dev") -> str:
-        """A new device with its own real agent (small memory for memory tests), linked; its id."""
+    def linked_device(self, name: str = "dev", **memtest: Any) -> str:
+        """A new device with its own real agent (small memory for memory tests, and the
+        MemtestConfig options given: a simulated ``fault``, ``enabled`` False, ...), linked; its id."""
+        config = MemtestConfig(**{"budget": SMALL_MEMORY, "chunk_words": 1 << 13, **memtest})
+
         async def make() -> str:
             device_id, token = await self.hub.provision(f"{name}-{uuid.uuid4().hex[:6]}")
-            await start_agent(self.extra["nursery"], self.base_url, token, self.extra["root"] / f"agent-{device_id}",
-                              memtest=MemtestConfig(budget=SMALL_MEMORY, chunk_words=1 << 13))
+            where = self.extra["root"] / f"agent-{device_id}"
+            running = await start_agent(self.extra["nursery"], self.base_url, token, where, memtest=config)
+            self.extra.setdefault("agents", {})[device_id] = (running, token, where, config)
             return device_id
 
         return self.run(make)
+
+    def unplug(self, device_id: str) -> None:
+        """Stop a linked_device's agent for good, and wait until the hub has seen it go."""
+        running = self.extra["agents"][device_id][0]
+
+        async def unplug() -> None:
+            await running.kill()
+            with trio.fail_after(10):
+                while uuid.UUID(device_id) in self.hub.services.links:
+                    await trio.sleep(0.05)
+
+        self.run(unplug)
+
+    def reset_device(self, device_id: str) -> None:
+        """Pull the plug on a linked_device's agent and start it again on the same data: a device
+        reset as the agent's next boot sees it."""
+        running, token, where, config = self.extra["agents"][device_id]
+
+        async def reset() -> None:
+            await running.kill()
+            again = await start_agent(self.extra["nursery"], self.base_url, token, where, memtest=config)
+            self.extra["agents"][device_id] = (again, token, where, config)
+
+        self.run(reset)
+
+    def signed_in(self, role: str = "admin") -> tuple[httpx.Client, dict[str, str]]:
+        """A dashboard session of a new member with ``role``: the client (it holds the cookie; the
+        caller closes it) and the headers a mutating call sends with it."""
+        from hub.auth.passwords import hash_password
+
+        email = f"op-{uuid.uuid4().hex[:6]}@example.test"
+
+        async def make() -> None:
+            s = self.hub.services
+            user = await s.orgs.create_user(email, s.clock.now(), password_hash=hash_password("correct horse"))
+            await s.orgs.add_member(uuid.UUID(self.org_id), user["id"], role, s.clock.now())
+
+        self.run(make)
+        browser = httpx.Client(base_url=self.base_url, timeout=30)
+        r = browser.post("/v1/auth/login", json={"email": email, "password": "correct horse"})
+        assert r.status_code == 200, r.text
+        return browser, {"X-Organization-ID": self.org_id, "X-CSRF-Token": r.json()["data"]["csrfToken"]}
 
     def service_bearer(self, relation: str = "editor") -> dict[str, str]:
         """Headers with a service account's access token (OAuth client credentials)."""

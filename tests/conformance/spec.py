@@ -66,3 +66,18 @@ DAY_NAMES = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
 ROLLOUT_QUEUED = "QUEUED_MAINTENANCE"
 SCHEMES = ("ApiTokenAuth", "ApiSecretAuth", "BearerAuth", "TunnelToken")
 RATE_HEADERS = ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset")
+
+# Resources → Memory test, as the spec spells them.
+MEMTEST_OUTCOMES = ("pass", "fail", "cancelled", "interrupted", "error")
+MEMTEST_VERDICTS = ("ok", "weak_cells", "data_line", "address_line", "thermal", "unknown")
+MEMTEST_PHASES = ("idle", "preparing", "stopping_workload", "rebooting", "kernel_sweep", "testing", "confirming",
+                  "retiring", "restoring", "done", "failed", "cancelled", "interrupted")
+MEMTEST_STATUS_MEMBERS = ("source", "supported", "status", "health", "history", "healthReportedAt")
+MEMTEST_RUN_MEMBERS = ("runId", "plan", "phase", "pass", "passes", "pattern", "testedBytes", "coverageBytes",
+                       "totalBytes", "rateBps", "etaSeconds", "errors", "confirmedErrors", "tempMilliC", "startedAt")
+MEMTEST_RESULT_MEMBERS = ("runId", "plan", "source", "startedAt", "finishedAt", "outcome", "verdict", "summary",
+                          "passesCompleted", "patternsRun", "testedBytes", "coverageBytes", "totalBytes",
+                          "maxTempMilliC", "kernel", "errors", "errorCount", "retired", "fault", "interrupted", "pages")
+MEMTEST_ERROR_FIELDS = ("physAddr", "expected", "actual", "mask", "pattern", "pass", "tempMilliC", "confirmed")
+MEMTEST_ERRORS_KEPT = 256
+RETRY_AFTER = "Retry-After"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
+import trio
+
 from tests.conformance.helpers import error_code
 from tests.conformance.spec import SCHEMES
 
@@ -23,6 +27,27 @@ def test_pat_deleting_a_token_revokes_it_immediately(spec):
     r = spec.call("DELETE", f"/v1/pats/{headers['X-API-Token-ID']}", headers=headers)
     assert r.status_code == 200, r.text
     assert error_code(spec.call("GET", "/v1/devices", headers=headers), 401)
+
+
+def test_pat_optional_expiry(spec):
+    """A token with an expiry works until then, and is refused from then on."""
+    creator = spec.new_user("admin")
+    personal = {k: v for k, v in creator.items() if k != "X-Organization-ID"}
+    clock = spec.hub.services.clock
+    now = clock.now()
+    expiry = now + dt.timedelta(seconds=1.5)
+    r = spec.call("POST", "/v1/pats", headers=personal, json={"expires_at": expiry.isoformat()})
+    assert r.status_code == 201, r.text
+    pat = r.json()["data"]
+    assert pat["expires_at"]
+    headers = {"X-API-Token-ID": pat["id"], "X-API-Secret-Key": pat["secret"], "X-Organization-ID": spec.org_id}
+    assert spec.call("GET", "/v1/devices", headers=headers).status_code == 200
+    spec.run(trio.sleep, max(0.0, (expiry - clock.now()).total_seconds()) + 0.1)  # past the expiry
+    assert error_code(spec.call("GET", "/v1/devices", headers=headers), 401)
+    r = spec.call("POST", "/v1/pats", headers=personal, json={"expires_at": (now - dt.timedelta(seconds=1)).isoformat()})
+    assert error_code(r, 400)  # an expiry must be in the future
+    r = spec.call("POST", "/v1/pats", headers=personal, json={})
+    assert r.status_code == 201 and r.json()["data"]["expires_at"] is None  # optional
 
 
 def test_post_oauth_token_client_credentials(spec):

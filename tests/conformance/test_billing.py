@@ -89,3 +89,25 @@ def test_get_billing_usage_and_limit_usage_range_at_most_400_days(spec):
     r = spec.call("GET", "/v1/billing/usage", params={"from": "2026-01-01", "to": "2027-02-04"})
     assert r.status_code == 200 and r.json()["data"]["days"] == 400
     error_code(spec.call("GET", "/v1/billing/usage", params={"from": "2026-01-01", "to": "2027-02-05"}), 400)
+
+
+def test_billing_locked_pricing_and_usage_readable_features_refused_409(spec):
+    """Endpoints → Billing: /billing/pricing and /billing/usage are read-only and available while the
+    account is billing-locked; changing a feature is refused with the endpoint's 409 (docs/billing.md)."""
+    from hub.billing import state
+
+    headers = spec.new_org()
+    org_id = uuid.UUID(headers["X-Organization-ID"])
+
+    async def lock() -> None:
+        s = spec.hub.services
+        await s.billing.put_profile(org_id, s.clock.now(), plan="pro", locked=True)
+        await state.changed(s, org_id)
+
+    spec.run(lock)
+    for path in ("/v1/billing/pricing", "/v1/billing/usage"):
+        r = spec.call("GET", path, headers=headers)
+        assert r.status_code == 200, (path, r.text)
+    assert spec.call("GET", "/v1/billing/features", headers=headers).status_code == 200
+    r = spec.call("PUT", "/v1/billing/features/telemetry", json={"enabled": True}, headers=headers)
+    assert error_code(r, 409) == "billing_locked"

@@ -4,7 +4,7 @@ memory-test rows are in their sections' modules)."""
 from __future__ import annotations
 
 from tests.conformance.helpers import error_code
-from tests.conformance.spec import RATE_HEADERS
+from tests.conformance.spec import RATE_HEADERS, RETRY_AFTER
 
 
 def _limit(spec, headers) -> int:
@@ -40,3 +40,4 @@ def test_limit_over_the_limit_429(spec):
     assert statuses == [200, 200, 200, 429]
     r = spec.call("GET", "/v1/devices", headers=headers)
     assert error_code(r, 429) and r.headers["X-RateLimit-Remaining"] == "0"
+    assert int(r.headers[RETRY_AFTER]) >= 0  # as the OpenAPI document declares it on every 429

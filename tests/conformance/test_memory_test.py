@@ -1,14 +1,25 @@
-"""Spec, Endpoints → Memory test; Errors → Memory test errors; Resources → Memory test (enumerations
-of the start request and the status members); Limits → the memory-test rows. Each test has its own
-device with a real agent, so the one-test-per-device and 5-second rules of one test do not reach
-another. Rows of outcome, verdict and phase spelling belong to the wire format (tests/api/test_memtests.py
-and the agent's tests); see README.md."""
+"""Spec, Endpoints → Memory test; Errors → Memory test errors; Resources → Memory test (the start
+request, the status and result members, the error entries, the enumerations); States and transitions
+→ Memory test run; Limits → the memory-test rows. Each test has its own device with a real agent
+(a simulated fault where the row needs failing memory), so the one-test-per-device and 5-second
+rules of one test do not reach another. Rows that need a device misbehaving on purpose or an hour
+of clock are pointed to in README.md."""
 
 from __future__ import annotations
 
 import uuid
 
-from tests.conformance.helpers import error_code
+from tests.conformance.helpers import error_code, wait_until
+from tests.conformance.spec import (
+    MEMTEST_ERROR_FIELDS,
+    MEMTEST_ERRORS_KEPT,
+    MEMTEST_OUTCOMES,
+    MEMTEST_PHASES,
+    MEMTEST_RESULT_MEMBERS,
+    MEMTEST_RUN_MEMBERS,
+    MEMTEST_STATUS_MEMBERS,
+    MEMTEST_VERDICTS,
+)
 
 # Live with the idle-decay check: it waits 5 minutes, so the run is still going when we look.
 LONG_LIVE = {"bitFade": True}
@@ -16,6 +27,31 @@ LONG_LIVE = {"bitFade": True}
 
 def mt(device_id: str, suffix: str = "") -> str:
     return f"/v1/devices/{device_id}/memory-test{suffix}"
+
+
+def _result(spec, device_id: str, run_id: str, timeout: float = 30) -> dict:
+    """The stored result of ``run_id`` once the hub has it."""
+    found: dict[str, dict] = {}
+
+    def stored() -> bool:
+        r = spec.call("GET", mt(device_id, "/results"))
+        assert r.status_code == 200, r.text
+        found.update({x["runId"]: x for x in r.json()["data"]["results"]})
+        return run_id in found
+
+    wait_until(spec, stored, timeout=timeout, interval=0.2)
+    return found[run_id]
+
+
+def _status(spec, device_id: str) -> dict:
+    r = spec.call("GET", mt(device_id))
+    assert r.status_code == 200, r.text
+    return r.json()["data"]
+
+
+def _phase_is(spec, device_id: str, phase: str, timeout: float = 20) -> None:
+    wait_until(spec, lambda: (_status(spec, device_id)["status"] or {}).get("phase") == phase, timeout=timeout,
+               interval=0.1)
 
 
 def test_post_memory_test_start(spec):
@@ -131,3 +167,125 @@ def test_start_defaults_take_the_mode_default(spec):
 
 def test_unknown_device_is_404(spec):
     assert error_code(spec.call("GET", mt(str(uuid.uuid4()))), 404)
+
+
+# -- Resources → Memory test: members and enumerations of real runs ------------------------------------
+def test_result_members_outcome_pass_verdict_ok_phase_done(spec):
+    dev = spec.linked_device()
+    run_id = spec.call("POST", mt(dev), json={"quick": True}).json()["data"]["runId"]
+    res = _result(spec, dev, run_id)
+    assert (res["outcome"], res["verdict"]) == ("pass", "ok")  # pass: no confirmed errors; ok: no errors
+    assert set(MEMTEST_RESULT_MEMBERS) - {"kernel", "interrupted"} <= set(res), \
+        set(MEMTEST_RESULT_MEMBERS) - set(res)
+    assert "kernel" not in res or res["kernel"] is None  # test boot only
+    assert "interrupted" not in res  # only for interrupted runs
+    assert res["source"] == "stored" and res["errors"] == [] and res["errorCount"] == 0
+    assert res["plan"]["mode"] == "live_quick" and res["testedBytes"] > 0
+    data = _status(spec, dev)
+    assert set(MEMTEST_STATUS_MEMBERS) - {"healthReportedAt"} <= set(data)  # healthReportedAt: stored only
+    assert data["status"]["phase"] == "done" and data["status"]["runId"] == run_id
+    assert set(MEMTEST_RUN_MEMBERS) <= set(data["status"]), set(MEMTEST_RUN_MEMBERS) - set(data["status"])
+    assert [h["runId"] for h in data["history"]] == [run_id] and data["history"][0]["source"] in ("live", "stored")
+    health = data["health"]
+    assert {"capabilities", "hardwareCorruptedBytes", "edac", "retiredPages", "fault", "faultReason",
+            "kernelErrors", "lastResult"} <= set(health)
+    assert {"online", "offline", "offlineReason"} <= set(health["capabilities"])
+    assert health["lastResult"]["runId"] == run_id
+
+
+def test_outcome_fail_error_entries_and_limit_errors_kept_per_result_256(spec):
+    dev = spec.linked_device("faulty", fault="data_line")  # one data bit stuck in every word
+    run_id = spec.call("POST", mt(dev), json={"quick": True}).json()["data"]["runId"]
+    res = _result(spec, dev, run_id)
+    assert (res["outcome"], res["verdict"]) == ("fail", "data_line")
+    assert res["errorCount"] > MEMTEST_ERRORS_KEPT and len(res["errors"]) == MEMTEST_ERRORS_KEPT
+    for entry in res["errors"]:
+        assert set(MEMTEST_ERROR_FIELDS) <= set(entry), entry
+        assert int(entry["mask"], 16) == int(entry["expected"], 16) ^ int(entry["actual"], 16) != 0
+        assert entry["physAddr"] >= 0 and entry["pass"] >= 1 and isinstance(entry["confirmed"], bool)
+
+
+def test_outcome_cancelled_keeps_the_results_so_far(spec):
+    dev = spec.linked_device()
+    run_id = spec.call("POST", mt(dev), json=LONG_LIVE).json()["data"]["runId"]
+    _phase_is(spec, dev, "testing")
+    assert spec.call("POST", mt(dev, "/cancel")).status_code == 202
+    res = _result(spec, dev, run_id)
+    assert res["outcome"] == "cancelled" and res["verdict"] in MEMTEST_VERDICTS and res["testedBytes"] > 0
+    assert "interrupted" not in res
+    assert _status(spec, dev)["status"]["phase"] == "cancelled"
+
+
+def test_outcome_interrupted_reported_at_the_next_boot(spec):
+    dev = spec.linked_device()
+    run_id = spec.call("POST", mt(dev), json=LONG_LIVE).json()["data"]["runId"]
+    _phase_is(spec, dev, "testing")
+    spec.reset_device(dev)  # the device resets during the test
+    res = _result(spec, dev, run_id)
+    assert res["outcome"] == "interrupted" and res["verdict"] in MEMTEST_VERDICTS
+    where = res["interrupted"]  # the phase, pass and pattern last reached
+    assert where["phase"] in MEMTEST_PHASES and {"pass", "pattern"} <= set(where), where
+    assert _status(spec, dev)["status"]["phase"] in MEMTEST_PHASES
+    # not retried, and nothing runs: a new start is not refused as busy (202, or 429 within the
+    # 5-second start rate)
+    assert spec.call("POST", mt(dev), json={"quick": True}).status_code in (202, 429)
+
+
+def test_error_422_unsupported(spec):
+    no_tester = spec.linked_device("old-firmware", enabled=False)
+    assert error_code(spec.call("POST", mt(no_tester), json={}), 422) == "unsupported"
+    assert _status(spec, no_tester)["supported"] is False
+    board = spec.linked_device("no-test-boot", test_boot=False)  # firmware without a test boot on this board
+    browser, headers = spec.signed_in()
+    try:
+        r = browser.post(mt(board), headers=headers, json={"impact": "stopped", "placement": "offline"})
+    finally:
+        browser.close()
+    assert error_code(r, 422) == "unsupported"
+
+
+# -- States and transitions → Memory test run: the test boot ---------------------------------------------
+TEST_BOOT = {"impact": "stopped", "placement": "offline", "passes": 1, "kernelPasses": 1, "bitFade": False}
+
+
+def test_test_boot_reboots_sweeps_tests_and_returns_to_service(spec):
+    dev = spec.linked_device("boot")
+    browser, headers = spec.signed_in()
+    try:
+        r = browser.post(mt(dev), headers=headers, json=TEST_BOOT)
+    finally:
+        browser.close()
+    assert r.status_code == 202, r.text
+    run_id = r.json()["data"]["runId"]
+    assert r.json()["data"]["status"]["phase"] == "rebooting"
+    res = _result(spec, dev, run_id, timeout=60)
+    assert res["outcome"] == "pass" and res["plan"]["mode"] == "test_boot"
+    assert res["kernel"]["passes"] == 1 and res["kernel"]["badRanges"] == []  # the kernel sweep ran first
+
+    def back_in_service() -> bool:
+        d = spec.call("GET", f"/v1/devices/{dev}").json()["data"]
+        return d["state"] == "online" and d["boot_reason"] == "memory_test_done"
+
+    wait_until(spec, back_in_service, timeout=30, interval=0.2)
+
+
+def test_test_boot_hold_on_failure_held_until_cancel(spec):
+    dev = spec.linked_device("held", fault="data_line")
+    browser, headers = spec.signed_in()
+    try:
+        r = browser.post(mt(dev), headers=headers, json={**TEST_BOOT, "holdOnFailure": True})
+        assert r.status_code == 202, r.text
+        run_id = r.json()["data"]["runId"]
+        # failed with holdOnFailure: held in maintenance with the workload held
+        wait_until(spec, lambda: (_status(spec, dev)["status"] or {}).get("step") == "holding", timeout=60,
+                   interval=0.2)
+        assert _status(spec, dev)["status"]["phase"] == "failed"
+        assert spec.call("GET", f"/v1/devices/{dev}").json()["data"]["state"] == "maintenance"
+        r = browser.post(mt(dev, "/cancel"), headers=headers, json={"runId": run_id})
+        assert r.status_code == 202, r.text
+    finally:
+        browser.close()
+    res = _result(spec, dev, run_id, timeout=30)
+    assert res["outcome"] == "fail" and res["plan"]["holdOnFailure"] is True
+    wait_until(spec, lambda: (_status(spec, dev)["status"] or {}).get("step") != "holding", timeout=30,
+               interval=0.2)

@@ -104,3 +104,59 @@ def test_get_rollout_by_rollout_id_and_pause(spec):
     assert error_code(spec.call("GET", f"/v1/rollouts/{uuid.uuid4()}", headers=no_org), 404)
     assert error_code(spec.call("GET", "/v1/rollouts/nope", headers=no_org), 400) == "bad_uuid"
     spec.call("POST", f"/v1/rollouts/{rollout['id']}/cancel")
+
+
+# -- States and transitions → Rollout device state under a maintenance window ---------------------------
+def _own_fleet(spec, device_id: str, window: dict | None = None) -> str:
+    fleet = new_fleet(spec)
+    assert spec.call("PATCH", f"/v1/devices/{device_id}", json={"fleet_id": fleet["id"]}).status_code == 200
+    if window:
+        assert spec.call("PUT", f"/v1/fleets/{fleet['id']}/update-window", json=window).status_code == 200
+    return fleet["id"]
+
+
+def _rollout(spec, rollout_id: str) -> dict:
+    r = spec.call("GET", f"/v1/rollouts/{rollout_id}")
+    assert r.status_code == 200, r.text
+    return r.json()["data"]
+
+
+def _step(spec, rollout_id: str, device_id: str) -> str:
+    return {d["device_id"]: d["step"] for d in _rollout(spec, rollout_id)["devices"]}[device_id]
+
+
+def test_rollout_queued_device_proceeds_when_its_window_opens(spec):
+    dev = spec.linked_device("queued")
+    fleet_id = _own_fleet(spec, dev, _closed_window(spec))
+    config = new_config(spec)
+    r = spec.call("POST", "/v1/rollouts", json={"fleet_ids": [fleet_id], "configuration_id": config["id"],
+                                                "batch_size": 1})
+    assert r.status_code == 201, r.text
+    rollout_id = r.json()["data"]["id"]
+    wait_until(spec, lambda: _step(spec, rollout_id, dev) == ROLLOUT_QUEUED)
+    # the device's clock is now inside the window (the window moved over it: waiting for a real
+    # opening would take up to a minute; tests/actors/test_rollout_actor.py runs the clock there)
+    now = spec.hub.services.clock.now()
+    open_now = {**_closed_window(spec), "start_time": f"{(now.hour - 1) % 24:02d}:00",
+                "end_time": f"{(now.hour + 2) % 24:02d}:00"}
+    assert spec.call("PUT", f"/v1/fleets/{fleet_id}/update-window", json=open_now).status_code == 200
+    wait_until(spec, lambda: _step(spec, rollout_id, dev) == "succeeded", timeout=20, interval=0.1)
+    assert _rollout(spec, rollout_id)["counts"][ROLLOUT_QUEUED] == 0
+
+
+def test_rollout_device_holding_its_workload_for_a_memory_test_is_deferred_not_failed(spec):
+    dev = spec.linked_device("deferred")
+    fleet_id = _own_fleet(spec, dev)
+    mt = f"/v1/devices/{dev}/memory-test"
+    assert spec.call("POST", mt, json={"impact": "stopped", "bitFade": True}).status_code == 202  # Full online
+    wait_until(spec, lambda: (spec.call("GET", mt).json()["data"]["status"] or {}).get("phase") == "testing",
+               timeout=20, interval=0.1)
+    config = new_config(spec)
+    r = spec.call("POST", "/v1/rollouts", json={"fleet_id": fleet_id, "config_id": config["id"], "force": True})
+    assert r.status_code == 201, r.text
+    rollout_id = r.json()["data"]["id"]
+    wait_until(spec, lambda: _step(spec, rollout_id, dev) == "deferred_memory_test")
+    data = _rollout(spec, rollout_id)
+    assert data["counts"]["failed"] == 0 and data["state"] == "running"  # unchanged, not counted as failed
+    assert spec.call("POST", mt + "/cancel").status_code == 202  # the test ends
+    wait_until(spec, lambda: _step(spec, rollout_id, dev) == "succeeded", timeout=20, interval=0.1)  # received after

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from tests.conformance.helpers import b64, error_code, new_config
+from tests.conformance.helpers import b64, error_code, new_config, wait_until
 
 
 def _files(spec, url: str) -> list[dict]:
@@ -99,3 +99,60 @@ def test_limit_secret_file_mode(spec):
         error_code(spec.call("POST", url, json={"path": "/etc/m/x", "content_base64": b64(b"x"), "mode": mode}), 400)
     assert spec.call("POST", url, json={"path": "/etc/m/ok", "content_base64": b64(b"x"),
                                         "mode": "0400"}).status_code == 201
+
+
+# -- States and transitions → Secret file delivery status -------------------------------------------------
+def _file(spec, url: str, path: str) -> dict:
+    [f] = [f for f in _files(spec, url) if f["path"] == path]
+    return f
+
+
+def _becomes(spec, url: str, path: str, status: str) -> dict:
+    wait_until(spec, lambda: _file(spec, url, path)["status"] == status, timeout=15, interval=0.1)
+    return _file(spec, url, path)
+
+
+def _on_disk(spec, device_id: str, path: str) -> bytes:
+    """What the device wrote at ``path`` (the agent's root stands for its /)."""
+    return (spec.extra["root"] / f"agent-{device_id}" / "root" / path.lstrip("/")).read_bytes()
+
+
+def test_secret_file_delivery_device_file_pending_then_on_device(spec):
+    dev = spec.linked_device("files")
+    url = f"/v1/devices/{dev}/secret-files"
+    r = spec.call("POST", url, json={"path": "/etc/deliver/a", "content_base64": b64(b"delivered")})
+    assert r.status_code == 201 and r.json()["data"]["status"] == "pending", r.text
+    f = _becomes(spec, url, "/etc/deliver/a", "on_device")  # pushed shortly after save
+    assert f["error"] is None and _on_disk(spec, dev, "/etc/deliver/a") == b"delivered"
+    assert spec.call("DELETE", f"{url}/{f['id']}").status_code == 200  # any → removed from the device
+    where = spec.extra["root"] / f"agent-{dev}" / "root" / "etc/deliver/a"
+    wait_until(spec, lambda: not where.exists(), timeout=15, interval=0.1)
+
+
+def test_secret_file_delivery_failed_shows_the_error(spec):
+    dev = spec.linked_device("files")
+    url = f"/v1/devices/{dev}/secret-files"
+    assert spec.call("POST", url, json={"path": "/etc/clash/dir/inner", "content_base64": b64(b"x")}).status_code == 201
+    _becomes(spec, url, "/etc/clash/dir/inner", "on_device")
+    # a directory is in the way of the device's write: Failed, and the error is shown
+    assert spec.call("POST", url, json={"path": "/etc/clash/dir", "content_base64": b64(b"y")}).status_code == 201
+    f = _becomes(spec, url, "/etc/clash/dir", "failed")
+    assert isinstance(f["error"], str) and f["error"] 
+
+
+def test_secret_file_delivery_configuration_file_overridden_by_a_device_file(spec):
+    dev = spec.linked_device("files")
+    config = new_config(spec)
+    config_url = f"/v1/configurations/{config['id']}/secret-files"
+    assert spec.call("POST", config_url, json={"path": "/etc/ov/token", "content_base64": b64(b"from-config")}) \
+        .status_code == 201
+    r = spec.call("PUT", f"/v1/devices/{dev}/configuration", json={"configId": config["id"]})
+    assert r.status_code in (200, 202), r.text
+    _becomes(spec, config_url, "/etc/ov/token", "on_device")  # arrives with the configuration update
+    assert _on_disk(spec, dev, "/etc/ov/token") == b"from-config"
+    device_url = f"/v1/devices/{dev}/secret-files"
+    assert spec.call("POST", device_url, json={"path": "/etc/ov/token", "content_base64": b64(b"from-device")}) \
+        .status_code == 201
+    _becomes(spec, config_url, "/etc/ov/token", "overridden")
+    _becomes(spec, device_url, "/etc/ov/token", "on_device")
+    assert _on_disk(spec, dev, "/etc/ov/token") == b"from-device"  # the device file wins
