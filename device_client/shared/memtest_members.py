@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .protocol import (
+    RESULT_LIST_KEPT,
     MEMTEST_OUTCOMES,
     MEMTEST_PHASES,
     MEMTEST_VERDICTS,
@@ -134,8 +135,9 @@ class MemtestResult(_Members):
     totalBytes: int | None = _count()
     maxTempMilliC: int | None = None
     kernel: MemtestKernel | None = Field(None, description="test boot only")
-    # the spec's cap (Limits: errors kept per result), as the device bounds it (memtest/bounds.py)
-    errors: list[MemtestError] | None = Field(None, max_length=256,
+    # the spec's cap (Limits: errors kept per result), as the device bounds it (memtest/bounds.py); the
+    # hub keeps the first RESULT_LIST_KEPT of a longer list (protocol.memtest_result), errorCount the count
+    errors: list[MemtestError] | None = Field(None, max_length=RESULT_LIST_KEPT,
                                               description="at most 256; errorCount is the full count")
     errorCount: int | None = _count()
     confirmedErrors: int | None = _count()
@@ -143,7 +145,7 @@ class MemtestResult(_Members):
     fault: bool | None = None
     faultReason: str | None = None
     interrupted: MemtestInterrupted | None = Field(None, description="only for an interrupted run")
-    pages: list[MemtestPage] | None = Field(None, max_length=256,
+    pages: list[MemtestPage] | None = Field(None, max_length=RESULT_LIST_KEPT,
                                             description="the pages with the most errors, at most 256")
     hardware: dict[str, Any] | None = Field(None, description="the hardware the run was made on")
     versions: dict[str, Any] | None = Field(None, description="the software versions the run was made with")

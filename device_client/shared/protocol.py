@@ -221,13 +221,22 @@ def memtest_status(status: Any) -> Any:
     return {**status, "phase": phase, "step": step}
 
 
+# Up to 256 errors (and pages) are kept per result; errorCount carries the full count (spec, Memory test).
+RESULT_LIST_KEPT = 256
+
+
 def memtest_result(result: Any) -> Any:
     """A result with a verdict the spec names (an interrupted run of an older agent had null), its
-    interrupted.phase read as the spec's, ``interrupted`` only on an interrupted run, and no ``source``:
-    the hub sets that as it serves the result (older agents sent what their addresses were there)."""
+    interrupted.phase read as the spec's, ``interrupted`` only on an interrupted run, no ``source`` (the
+    hub sets that as it serves the result; older agents sent what their addresses were there), and at
+    most 256 errors and pages: the spec keeps up to 256 per result, errorCount the full count, so a
+    device that lists more loses the rest of its list, not its result."""
     if not isinstance(result, dict):
         return result
     out = {k: v for k, v in result.items() if k != "source"}
+    for key in ("errors", "pages"):
+        if isinstance(out.get(key), list) and len(out[key]) > RESULT_LIST_KEPT:
+            out[key] = out[key][:RESULT_LIST_KEPT]
     if out.get("verdict") not in MEMTEST_VERDICTS:
         out["verdict"] = "unknown"
     where = out.get("interrupted")

@@ -533,6 +533,21 @@ async def test_memory_fault_on_the_record_and_critical_in_the_diagnosis(hub, nur
         assert c["since"] == fault["since"], "the fault holds since it first did"
 
 
+async def test_a_result_listing_more_than_256_errors_keeps_256_and_the_full_count(hub, nursery):
+    """"Up to 256 errors are kept per result; errorCount carries the full count": a device that lists
+    more loses the rest of the list, not its result (the typed wire model would refuse the whole)."""
+    with trio.fail_after(30):
+        entry = {"physAddr": 4096, "expected": "0x0", "actual": "0x1", "mask": "0x1", "pattern": "stuck_address",
+                 "pass": 1, "tempMilliC": 40000, "confirmed": True}
+        long = result("long", "fail", "weak_cells", errors=[{**entry, "physAddr": 4096 * i} for i in range(300)],
+                      errorCount=300, pages=[{"page": 4096 * i, "errors": 1} for i in range(300)])
+        dev_id, device = await connect(hub, nursery, lastMemoryTest=long)
+        await wait_for(lambda: "long" in device.acked, timeout=5)
+        [kept] = (await hub.call("GET", mt(dev_id, "/results"))).json()["data"]["results"]
+        assert len(kept["errors"]) == 256 and kept["errorCount"] == 300 and len(kept["pages"]) == 256
+        assert kept["errors"][0]["physAddr"] == 0 and kept["errors"][-1]["physAddr"] == 4096 * 255
+
+
 async def test_interrupted_test_reported_at_hello_is_stored_acked_and_a_warning(hub, nursery):
     with trio.fail_after(30):
         interrupted = result("lost", "interrupted", "ok", interrupted={"phase": "testing", "pass": 2,
