@@ -45,6 +45,7 @@ from .shared.clock import Clock, rfc3339
 from .commands import CommandError, CommandTable, Hooks, current_command
 from .configs import ConfigManager
 from .containers import ContainerSet
+from .pullroute import PullRoute
 from .context import DeviceContext
 from .files import SecretFileStore
 from .shared.link.deviceside import MIN_HEARTBEAT  # noqa: F401  (kept importable from here)
@@ -136,8 +137,9 @@ class Agent:
         self.linkctl = linkctl.LinkControl(device)  # link.drain, link.keys, link.notice
         self.files = SecretFileStore(self.data_dir, self.root, ignore_owner=config.ignore_owner,
                                      owner_for_all=config.owner_for_all_files)
+        route = PullRoute(config.registry_proxy, lambda: self.link.hub_url, config.token, self.data_dir)
         self.containers = ContainerSet(config.container_engine, self.root, image_budget=config.image_budget,
-                                       on_event=device.send_event) if config.container_engine else None
+                                       on_event=device.send_event, route=route) if config.container_engine else None
         self.configs = ConfigManager(self.data_dir, self.files, self.workload, device_id=lambda: device.device_id,
                                      containers=self.containers)
         self.files.attach(device)

@@ -270,6 +270,8 @@ class ContainerPulled(Body):
     image: str = Field(description="the image, pinned by digest")
     bytes: int = Field(ge=0, description="the image's size as the engine holds it")
     seconds: float = Field(ge=0, description="how long the pull took (0 when the image was there)")
+    via: str | None = Field(None, description="registry: from the image's registry; proxy: through the hub's "
+                                              "registry proxy (docs/containers.md)")
 
 
 class Refusal(Body):
