@@ -51,7 +51,6 @@ from .files import SecretFileStore
 from .shared.link.deviceside import MIN_HEARTBEAT  # noqa: F401  (kept importable from here)
 from .linkframes import FrameGuard
 from .memtest import attach as attach_memtest
-from .registry_proxy import RegistryProxy
 from .state import DeviceStore
 from .telemetry import Telemetry
 from .workload import Workload
@@ -150,7 +149,6 @@ class Agent:
         engine = config.tunnel_engine
         self.tunnel = engine(device, config.tunnel) if engine is not None else None
         self.telemetry = Telemetry(self.data_dir).attach(device)  # billing: telemetry.set, telemetry events
-        self.registry_proxy = RegistryProxy(self.data_dir).attach(device)  # billing: registry.bytes reports
 
     # ---- what launchers and tests read ----
 

@@ -6,9 +6,9 @@ cannot reach while the hub still can."""
 from __future__ import annotations
 
 import re
-from functools import partial
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 
 import trio
 

@@ -163,7 +163,7 @@ def _is_manifest(key: str) -> bool:
 
 def _temporary(directory: Path) -> BinaryIO:
     directory.mkdir(parents=True, exist_ok=True)
-    return tempfile.NamedTemporaryFile(dir=directory, delete=False)  # noqa: SIM115 — closed by the caller
+    return tempfile.NamedTemporaryFile(dir=directory, delete=False)
 
 
 def _seal(handle: BinaryIO) -> None:

@@ -65,7 +65,7 @@ async def get(cache: Cache, upstream: Upstream, digest: str, *, kind: str = "blo
     async def fetch(out, most):
         return await upstream.fetch(ref, kind, digest, out, max_bytes=most)
 
-    entry, handle = await cache.open(Cache.key(REPO, kind, digest), fetch, max_bytes=max_bytes)
+    _, handle = await cache.open(Cache.key(REPO, kind, digest), fetch, max_bytes=max_bytes)
     with handle:
         return handle.read()
 
