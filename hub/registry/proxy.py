@@ -47,14 +47,20 @@ class RegistryProxy:
         self.cache = Cache(settings.data_dir / "registry-cache", settings.registry_cache_mib << 20)
         self.upstream = Upstream(allowed=settings.registries)
         self.served = 0  # bytes handed to devices since the start (tests and the bench read it)
-        self._loaded = False
+        self._loaded: trio.Event | None = None
         self._pullers: dict[bytes, tuple[float, Puller | None]] = {}
         self._names: dict[tuple[uuid.UUID, str], tuple[float, bool]] = {}
 
     async def ready(self) -> None:
-        if not self._loaded:
-            self._loaded = True
-            await trio.to_thread.run_sync(self.cache.load)
+        """The cache as the last run left it, read once; requests meanwhile wait (the reading
+        clears the temporary directory, where their fills would be)."""
+        if self._loaded is None:
+            self._loaded = trio.Event()
+            try:
+                await trio.to_thread.run_sync(self.cache.load)
+            finally:
+                self._loaded.set()
+        await self._loaded.wait()
 
     async def puller(self, token: str) -> Puller | None:
         key = token_digest(token)

@@ -24,7 +24,12 @@ import trio
 from quart import Blueprint, Response, request
 from quart_schema import hide
 
-from device_client.shared.imageref import DIGEST, BadReference, parse, registry_of_component
+from device_client.shared.imageref import (
+    DIGEST,
+    BadReference,
+    parse,
+    registry_of_component,
+)
 from hub.auth.middleware import public
 
 from .cache import Cache
@@ -134,6 +139,9 @@ async def _serve(name: str, kind: str, reference: str) -> Response:
             log.warning("registry proxy: %s %s/%s: %s", kind, upstream_name, reference, exc.message)
             unknown = "MANIFEST_UNKNOWN" if kind == "manifests" else "BLOB_UNKNOWN"
             raise _Refused(exc.status, unknown if exc.status == 404 else "UNAVAILABLE", exc.message) from None
+        except OSError as exc:  # the hub's own disk (full, say): the device may try again later
+            log.error("registry proxy: %s %s/%s cannot be cached: %s", kind, upstream_name, reference, exc)
+            raise _Refused(503, "UNAVAILABLE", "the proxy cannot store this object now") from None
     except _Refused as refused:
         return _answer(refused)
     return _respond(proxy, puller, entry.size, entry.media_type, reference, handle)

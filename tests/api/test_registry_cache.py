@@ -5,6 +5,7 @@ budget kept by evicting the least recently used, and names that cannot reach out
 from __future__ import annotations
 
 import hashlib
+import time
 
 import httpx
 import pytest
@@ -174,3 +175,41 @@ def test_a_tag_is_refused_and_keys_stay_inside_the_cache():
     assert (ref.registry, ref.repository) == ("127.0.0.1:5000", "app/web")
     key = Cache.key("../../etc/passwd", "blobs", sha(b"x"))
     assert ".." not in key and key.count("/") == 2
+
+
+async def test_requests_wait_for_the_cache_to_be_read_before_filling_it(tmp_path):
+    """Reading the cache at the first request clears its temporary directory: a second request that
+    filled meanwhile would lose its file (the bench saw it: a 500)."""
+    from types import SimpleNamespace
+
+    from hub.registry.proxy import RegistryProxy
+    from hub.settings import Settings
+
+    proxy = RegistryProxy(SimpleNamespace(settings=Settings(data_dir=tmp_path), db=None))
+    reading = trio.Event()
+    load = proxy.cache.load
+    loaded = []
+
+    def slow_load() -> None:
+        trio.from_thread.run_sync(reading.set)
+        time.sleep(0.3)
+        load()
+        loaded.append(True)
+
+    proxy.cache.load = slow_load
+    order = []
+
+    async def first():
+        await proxy.ready()
+        order.append("first")
+
+    async def second():
+        await reading.wait()
+        await proxy.ready()
+        order.append("second ready, loaded" if loaded else "second ready, still loading")
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            nursery.start_soon(second)
+    assert "second ready, loaded" in order
