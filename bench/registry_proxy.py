@@ -185,10 +185,9 @@ def main() -> int:
     blobs = r.get("upstream", {}).get("blob_gets")
     verdicts.at_most("blob GETs at the registry per blob of the image (config + layer)",
                      None if blobs is None else blobs / 2, 1)
-    verdicts.at_least("billed bytes / delivered bytes", None if not r.get("delivered_bytes") or r.get("billed_bytes") is None
-                      else round(r["billed_bytes"] / r["delivered_bytes"], 4), 1)
-    verdicts.at_most("billed bytes / delivered bytes ", None if not r.get("delivered_bytes") or r.get("billed_bytes") is None
-                     else round(r["billed_bytes"] / r["delivered_bytes"], 4), 1)
+    verdicts.at_most("bytes billed for the fleet, off from the bytes delivered (either way)",
+                     None if r.get("billed_bytes") is None or "delivered_bytes" not in r
+                     else abs(r["billed_bytes"] - r["delivered_bytes"]), 0, " bytes")
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / f"registry-proxy{'-smoke' if args.smoke else ''}.json").write_text(json.dumps(r, indent=1))
     print(json.dumps(r, indent=1))
@@ -200,10 +199,11 @@ def main() -> int:
             md_table(["pulls", "image", "wall time", "delivered", "from the registry", "blob GETs at the registry",
                       "billed", "hub CPU"],
                      [[args.pulls, f"{args.mib} MiB ({r['image_bytes']} bytes)", f"{r['seconds']} s",
-                       f"{r['delivered_bytes']} bytes", f"{up['bytes']} bytes ({up['manifest_gets']} manifest GETs)",
+                       f"{r['delivered_bytes']} bytes", f"{up['bytes']} bytes ({up['manifest_gets']} manifest GET)",
                        up["blob_gets"], f"{r['billed_bytes']} bytes", f"{r['hub_cpu_seconds']} s"]]), "",
             f"Delivered / fetched from the registry: {r['delivered_over_upstream']}×. The registry's figures are "
-            "its own access log; the manifest GET at the registry is the hub pinning the version, before the pulls. "
+            "its own access log, counted from the first pull on (the hub pinned the version before, with one more "
+            "manifest GET not counted here). "
             "Clients: HTTP (httpx, one process, all at once), each pulling as podman does (manifest by digest, "
             "config, layer) and hashing every body.", "",
             verdicts.markdown()])
