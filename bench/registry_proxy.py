@@ -201,11 +201,11 @@ def main() -> int:
                      [[args.pulls, f"{args.mib} MiB ({r['image_bytes']} bytes)", f"{r['seconds']} s",
                        f"{r['delivered_bytes']} bytes", f"{up['bytes']} bytes ({up['manifest_gets']} manifest GET)",
                        up["blob_gets"], f"{r['billed_bytes']} bytes", f"{r['hub_cpu_seconds']} s"]]), "",
-            f"Delivered / fetched from the registry: {r['delivered_over_upstream']}×. The registry's figures are "
-            "its own access log, counted from the first pull on (the hub pinned the version before, with one more "
-            "manifest GET not counted here). "
-            "Clients: HTTP (httpx, one process, all at once), each pulling as podman does (manifest by digest, "
-            "config, layer) and hashing every body.", "",
+            (f"Delivered / fetched from the registry: {r['delivered_over_upstream']}×. The registry's figures are "
+             "its own access log, counted from the first pull on (the hub pinned the version before, with one more "
+             "manifest GET not counted here). "
+             "Clients: HTTP (httpx, one process, all at once), each pulling as podman does (manifest by digest, "
+             "config, layer) and hashing every body."), "",
             verdicts.markdown()])
         log(f"wrote {write_section('registry_proxy', body, smoke=args.smoke)}")
     return verdicts.exit_code(broken=broken)

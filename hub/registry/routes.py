@@ -21,7 +21,7 @@ import logging
 import re
 
 import trio
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response, current_app, request
 from quart_schema import hide
 
 from device_client.shared.imageref import (
@@ -89,8 +89,6 @@ async def _puller(proxy: RegistryProxy) -> Puller:
 
 
 def _services():
-    from quart import current_app
-
     return current_app.config["SERVICES"]
 
 
