@@ -9,12 +9,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 
 import httpx
 import trio
 
 from tests.containertools import needs_containers, start_registry
-from tests.hubtools import start_hub
+from tests.hubtools import start_hub, wait_for
 from tests.registrytools import start_relay
 
 pytestmark = needs_containers
@@ -97,3 +98,38 @@ async def test_pulls_through_the_proxy_are_coalesced_authorised_and_billed(nurse
         assert by_fleet[proxied]["bytes"] == served and by_fleet[proxied]["registry_proxy"] is True
         assert by_fleet[plain]["bytes"] == 0
         assert data["totals"]["bytes"] == served and data["totals"]["unattributed_bytes"] == 0
+
+
+async def test_a_pull_cut_short_bills_what_was_carried(nursery, db_url, tmp_path):
+    with trio.fail_after(180):
+        reg = await start_registry(nursery, tmp_path / "registry")
+        await reg.push("app/big", "1", files={"/big.bin": os.urandom(32 << 20)})  # random: the layer stays 32 MiB
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", registries=(reg.host,))
+        fleet = (await hub.call("POST", "/v1/fleets", json={"name": "proxied", "registry_proxy": True})).json()["data"]["id"]
+        _, token = await hub.provision("a", fleet_id=fleet)
+        r = await hub.call("POST", "/v1/configurations", json={
+            "name": "big", "spec": {"containers": [{"name": "big", "image": f"{reg.host}/app/big:1"}]}})
+        assert r.status_code == 201, r.text
+        digest = r.json()["data"]["version"]["spec"]["containers"][0]["image"].rsplit("@", 1)[1]
+        v2 = f"{hub.base_url}/v2/{reg.host.replace(':', '__')}/app/big"
+        async with httpx.AsyncClient(timeout=30) as client:
+            manifest = (await client.get(f"{v2}/manifests/{digest}", headers=basic(token))).json()
+            layer = max(manifest["layers"], key=lambda lay: lay["size"])
+            assert layer["size"] > 30 << 20
+            proxy = hub.services.registry_proxy
+            before = proxy.served
+            async with client.stream("GET", f"{v2}/blobs/{layer['digest']}", headers=basic(token)) as r:
+                assert r.status_code == 200
+                async for _ in r.aiter_raw():
+                    break  # the device goes away after its first chunk
+
+        async def settled() -> bool:
+            seen = proxy.served
+            await trio.sleep(0.5)
+            return proxy.served == seen and proxy.served > before
+
+        await wait_for(settled, timeout=30)
+        carried = proxy.served - before
+        assert 0 < carried < layer["size"] // 2, (carried, layer["size"])
+        r = await hub.call("GET", "/v1/billing/registry-fallback")
+        assert r.json()["data"]["totals"]["bytes"] == proxy.served
