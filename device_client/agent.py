@@ -45,12 +45,12 @@ from .shared.clock import Clock, rfc3339
 from .commands import CommandError, CommandTable, Hooks, current_command
 from .configs import ConfigManager
 from .containers import ContainerSet
-from .pullroute import PullRoute
 from .context import DeviceContext
 from .files import SecretFileStore
 from .shared.link.deviceside import MIN_HEARTBEAT  # noqa: F401  (kept importable from here)
 from .linkframes import FrameGuard
 from .memtest import attach as attach_memtest
+from .pullroute import PullRoute
 from .state import DeviceStore
 from .telemetry import Telemetry
 from .workload import Workload
