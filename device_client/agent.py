@@ -50,7 +50,7 @@ from .files import SecretFileStore
 from .shared.link.deviceside import MIN_HEARTBEAT  # noqa: F401  (kept importable from here)
 from .linkframes import FrameGuard
 from .memtest import attach as attach_memtest
-from .registry_proxy import RegistryProxy
+from .pullroute import PullRoute
 from .state import DeviceStore
 from .sysinfo import SystemSampler
 from .telemetry import Telemetry
@@ -137,8 +137,9 @@ class Agent:
         self.linkctl = linkctl.LinkControl(device)  # link.drain, link.keys, link.notice
         self.files = SecretFileStore(self.data_dir, self.root, ignore_owner=config.ignore_owner,
                                      owner_for_all=config.owner_for_all_files)
+        route = PullRoute(config.registry_proxy, lambda: self.link.hub_url, config.token, self.data_dir)
         self.containers = ContainerSet(config.container_engine, self.root, image_budget=config.image_budget,
-                                       on_event=device.send_event) if config.container_engine else None
+                                       on_event=device.send_event, route=route) if config.container_engine else None
         self.configs = ConfigManager(self.data_dir, self.files, self.workload, device_id=lambda: device.device_id,
                                      containers=self.containers)
         self.files.attach(device)
@@ -151,7 +152,6 @@ class Agent:
         self.system = SystemSampler(self.root)  # the hello's and telemetry's system facts
         # billing: telemetry.set, telemetry events
         self.telemetry = Telemetry(self.data_dir, system=self.system.sample).attach(device)
-        self.registry_proxy = RegistryProxy(self.data_dir).attach(device)  # billing: registry.bytes reports
 
     # ---- what launchers and tests read ----
 

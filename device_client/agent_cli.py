@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                              "/etc/containers stays as it is")
     p.add_argument("--image-budget-mib", type=int, default=2048, help="disk kept for images no container uses "
                    "before the oldest are pruned (default 2048)")
+    p.add_argument("--registry-proxy", choices=["off", "fallback", "always"], default="fallback",
+                   help="pull images through the hub's registry proxy when the registry fails (fallback, the "
+                        "default), always, or never (off); the fleet must have the proxy on; docs/containers.md")
     p.add_argument("--check", action="store_true", help="check the token, the hub, the clock, the data dir, "
                    "the workload user and the tunnel flags; one line each, exit non-zero on a failure")
     tunnel_flags(p)
@@ -89,7 +92,8 @@ def container_options(args: argparse.Namespace) -> dict:
     conf = Path(args.containers_conf) if args.containers_conf else None
     # the env files of ``podman create`` live for an instant in the agent's own 0700 directory, not /tmp
     engine = Podman(conf=conf, scratch=Path(args.data_dir))
-    return {"container_engine": engine, "image_budget": max(0, args.image_budget_mib) << 20}
+    return {"container_engine": engine, "image_budget": max(0, args.image_budget_mib) << 20,
+            "registry_proxy": args.registry_proxy}
 
 
 def tunnel_options(args: argparse.Namespace, tunnel_engine: Callable[..., Any]) -> dict:

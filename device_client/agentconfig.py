@@ -101,6 +101,7 @@ class AgentConfig:
     workload_user: RunAs | None = None  # the account the workload runs as; None: ours
     container_engine: Engine | None = None  # None: versions with containers are rejected (containers.py)
     image_budget: int = 2 << 30  # bytes of images kept, unused ones pruned oldest first past it
+    registry_proxy: str = "fallback"  # off, fallback, always: when pulls go through the hub (pullroute.py)
     owner_for_all_files: tuple[int, int] | None = None  # a simulated device gives every file to one account
     ignore_owner: bool | None = None  # None: FLEETHUB_AGENT_IGNORE_OWNER decides (files.py)
     # ---- collaborators the launcher or a test passes in ----

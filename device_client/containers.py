@@ -40,6 +40,7 @@ import trio
 
 from .devroot import DeviceRoot, Refused
 from .engine.base import ContainerInfo, Engine, EngineError, Mount, RunSpec
+from .pullroute import PullRoute
 from .shared import imageref
 from .shared.paths import SECRETS_DIR, VOLUMES_DIR
 from .workload import Health
@@ -179,13 +180,15 @@ def engine_name(version_id: str, name: str) -> str:
 class ContainerSet:
     def __init__(self, engine: Engine, root: Path, *, image_budget: int = DEFAULT_IMAGE_BUDGET,
                  stop_grace: float = 10.0,
-                 on_event: Callable[[str, dict[str, Any]], Awaitable[Any]] | None = None) -> None:
+                 on_event: Callable[[str, dict[str, Any]], Awaitable[Any]] | None = None,
+                 route: PullRoute | None = None) -> None:
         self.engine = engine
         self.root = Path(root)
         self.fs = DeviceRoot(self.root)
         self.image_budget = image_budget
         self.stop_grace = stop_grace
         self.on_event = on_event
+        self.route = route  # None: every pull goes to the image's registry
         self.running_version: tuple[str, tuple[str, ...]] | None = None  # (versionId, container names) that run
         self._applying = False
 
@@ -307,11 +310,14 @@ class ContainerSet:
 
     async def _pull(self, spec: ContainerSpec) -> None:
         began = time.monotonic()
-        size = await self.engine.pull(spec.image)
+        if self.route is None:
+            size, via = await self.engine.pull(spec.image), "registry"
+        else:
+            size, via = await self.route.pull(self.engine, spec.image)
         if self.on_event is not None:
             seconds = round(time.monotonic() - began, 3)
             await self.on_event("container.pulled", {"container": spec.name, "image": spec.image, "bytes": size,
-                                                     "seconds": seconds})
+                                                     "seconds": seconds, "via": via})
 
     def _run_spec(self, version_id: str, spec: ContainerSpec) -> RunSpec:
         """The engine's view of ``spec``; makes the directories it mounts (through DeviceRoot, as every

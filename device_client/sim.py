@@ -131,7 +131,7 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
                   clock: Clock | None = None, connect_concurrency: int = 200,
                   ready_timeout: float = 120.0, agent_options: dict[str, Any] | None = None,
                   http_transport: httpx.AsyncBaseTransport | None = None,
-                  registry_bytes_per_minute: int = 0, memory_faults: list[str] | None = None,
+                  memory_faults: list[str] | None = None,
                   memory_budget: int | None = None, workload_user: RunAs | None = _AUTO,
                   task_status: trio.TaskStatus[list[Agent]] = trio.TASK_STATUS_IGNORED) -> None:
     """Run ``n`` agents until cancelled.
@@ -197,8 +197,6 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
                                 connect_limiter=limiter,
                                 **{"memtest": sim_config(i, memory_faults, memory_budget), **options}))
               for i, d in enumerate(chosen)]
-    for agent in agents:  # simulated registry-proxy traffic, reported as registry.bytes (billing)
-        agent.registry_proxy.bytes_per_minute = registry_bytes_per_minute
     async with trio.open_nursery() as nursery:
         for agent in agents:
             nursery.start_soon(agent.run)

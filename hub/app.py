@@ -24,6 +24,7 @@ from hub.api import (access, assistant, audit, billing, configurations, devices,
                      link, memtests, oauth, pagemaps, pats, reverts, rollouts, secret_files, sessions, tunnels,
                      windows)
 from hub.api import validation
+from hub.registry import routes as registry_routes
 from device_client.shared.protocol import LINK_PATH
 from hub import answers, asgi_websocket, console, proxied
 from hub.asgi_websocket import AsgiWebSocket
@@ -134,6 +135,7 @@ def create_app(services: Services) -> HubApp:
     app.register_blueprint(console.stream_bp)
     app.register_blueprint(console.usage_bp)
     app.register_blueprint(console.deliveries_bp)
+    app.register_blueprint(registry_routes.bp)  # the registry proxy, /v2/ (hub/registry/)
 
     # Both hooks take the request and g as objects once (middleware.current: a read through Quart's
     # proxies costs several times a plain attribute read, and these run on every request).

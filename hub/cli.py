@@ -221,7 +221,6 @@ def cmd_sim(args: argparse.Namespace) -> None:
             agents = await nursery.start(partial(
                 run_sim, args.hub, args.devices, Path(args.data_dir), pat_id=args.pat_id,
                 pat_secret=args.pat_secret, org_id=args.org, fleet=args.fleet,
-                registry_bytes_per_minute=args.registry_bytes_per_minute,
                 memory_faults=args.memory_fault, memory_budget=args.memory_budget,
                 agent_options=_tunnel_options(args)))
             print(f"{len(agents)} simulated devices connected to {args.hub}", flush=True)
@@ -342,8 +341,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pat-secret", help="that PAT's secret")
     p.add_argument("--org", help="organisation id (to provision devices)")
     p.add_argument("--fleet", help="the fleet (its id or name) of provisioned devices")
-    p.add_argument("--registry-bytes-per-minute", type=int, default=0,
-                   help="registry-proxy bytes each device carries per minute (reported for billing)")
     tunnel_flags(p)
     memtest_flags(p, sim=True)
     p.set_defaults(func=cmd_sim, device_side=True)

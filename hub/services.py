@@ -144,6 +144,7 @@ class Services:
         # The HTTP app's view functions by endpoint (hub/app.py sets it): authentication finds the
         # view a request was routed to without a read through Quart's current_app proxy.
         self.http_views: dict | None = None
+        self.registry_proxy: Any = None  # hub/registry/, made at its first request
         self.usage = Usage(self.db)
         self.billing = Billing(self.db)
         # Storage work of delivery jobs (actors/device_delivery.py) never takes more than this many of the

@@ -75,6 +75,8 @@ class Settings:
     # from the X-Forwarded-For/-Proto entry the outermost of them wrote (hub/proxied.py). 0: none, the
     # peer is the client (a client could write those headers itself).
     trusted_proxy_hops: int = 0
+    # The registry proxy's disk budget (hub/registry/cache.py), under data_dir/registry-cache.
+    registry_cache_mib: int = 10240
     extra: dict = field(default_factory=dict)
 
     @property
@@ -124,6 +126,7 @@ class Settings:
             turn_urls=_urls("FLEETHUB_TURN_URLS") or _urls("FLEETHUB_TURN_URL"),
             turn_secret=os.environ.get("FLEETHUB_TURN_SECRET") or None,
             registries=tuple(r.strip() for r in os.environ.get("FLEETHUB_REGISTRIES", "").split(",") if r.strip()),
+            registry_cache_mib=int(os.environ.get("FLEETHUB_REGISTRY_CACHE_MIB", "10240")),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
 
@@ -48,6 +49,16 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
+class Mirror:
+    """Where a pull goes instead of the image's registry (device_client/pullroute.py)."""
+
+    registry: str  # the image's own registry, host[:port]
+    location: str  # host[:port]/path the mirror serves that registry's repositories under
+    authfile: Path  # the credentials for ``location`` (containers-auth.json), 0600 in the agent's data dir
+    insecure: bool  # plain HTTP: only for a mirror on loopback
+
+
+@dataclass(frozen=True)
 class ContainerInfo:
     name: str
     labels: dict[str, str]
@@ -68,9 +79,10 @@ class Engine(ABC):
     """A container engine. Names are the agent's (RunSpec.name); labels find them again."""
 
     @abstractmethod
-    async def pull(self, image: str) -> int:
+    async def pull(self, image: str, mirror: Mirror | None = None) -> int:
         """Fetch ``image`` (pinned by digest) unless present, and check that the engine holds exactly
-        that digest; the image's size in bytes."""
+        that digest; the image's size in bytes. With ``mirror``: through it (the hub's registry proxy),
+        the image still known by its own name."""
 
     @abstractmethod
     async def create(self, spec: RunSpec) -> None:

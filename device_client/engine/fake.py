@@ -7,7 +7,10 @@ bench says "this version's image fails its health check" without a registry:
 
 - ``fail_pull[digest] = "reason"``: the pull fails;
 - ``unhealthy[digest] = "output"``: exec health checks exit 1 with that output, HTTP checks answer 500;
-- ``exits[digest] = code``: the container stops right after it starts.
+- ``exits[digest] = code``: the container stops right after it starts;
+- ``unreachable``: registries a pull without a mirror cannot reach (a mirror reaches them).
+
+``mirrors`` lists the mirror each pull was asked to use (None: the image's own registry).
 
 ``pull_seconds`` is how long a pull of an absent image takes on the trio clock (zero by default), so a
 bench on a virtual clock sees the time a pull costs.
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 import trio
 
 from ..shared.imageref import parse
-from .base import ContainerInfo, Engine, EngineError, ImageInfo, RunSpec
+from .base import ContainerInfo, Engine, EngineError, ImageInfo, Mirror, RunSpec
 
 
 @dataclass
@@ -37,6 +40,8 @@ class FakeEngine(Engine):
     fail_pull: dict[str, str] = field(default_factory=dict)
     unhealthy: dict[str, str] = field(default_factory=dict)
     exits: dict[str, int] = field(default_factory=dict)
+    unreachable: set[str] = field(default_factory=set)
+    mirrors: list[Mirror | None] = field(default_factory=list)
     pulls: int = 0
     _images: dict[str, ImageInfo] = field(default_factory=dict)
     _containers: dict[str, _Container] = field(default_factory=dict)
@@ -48,8 +53,11 @@ class FakeEngine(Engine):
             raise EngineError(f"pull {image}: a device pulls images by digest only")
         return digest
 
-    async def pull(self, image: str) -> int:
+    async def pull(self, image: str, mirror: Mirror | None = None) -> int:
         digest = self._digest(image)
+        self.mirrors.append(mirror)
+        if mirror is None and parse(image).registry in self.unreachable:
+            raise EngineError(f"pull {image}: the registry cannot be reached")
         if digest in self.fail_pull:
             raise EngineError(f"pull {image}: {self.fail_pull[digest]}")
         if digest not in self._images:

@@ -29,7 +29,7 @@ import trio
 
 from .. import logtail
 from ..shared.imageref import is_loopback, parse
-from .base import ContainerInfo, Engine, EngineError, ImageInfo, RunSpec
+from .base import ContainerInfo, Engine, EngineError, ImageInfo, Mirror, RunSpec
 
 _PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "XDG_RUNTIME_DIR", "CONTAINERS_REGISTRIES_CONF")
 CONTROL_TIMEOUT = 60.0  # create, start, rm, ps: podman's own work, no network
@@ -37,6 +37,18 @@ CONTROL_TIMEOUT = 60.0  # create, start, rm, ps: podman's own work, no network
 
 async def _kill(proc: trio.Process) -> None:
     proc.kill()
+
+
+def _mirror_conf(mirror: Mirror, registry_insecure: bool) -> Path:
+    """A registries.conf beside the auth file: ``mirror.location`` first for its registry. podman
+    tries the registry itself after the mirror, and the pulled image keeps the registry's name."""
+    path = mirror.authfile.with_name(f"registries-{mirror.location.replace('/', '_').replace(':', '_')}.conf")
+    path.write_text(
+        "unqualified-search-registries = []\n\n[[registry]]\n"
+        f"prefix = {json.dumps(mirror.registry)}\nlocation = {json.dumps(mirror.registry)}\n"
+        f"insecure = {str(registry_insecure).lower()}\n\n[[registry.mirror]]\n"
+        f"location = {json.dumps(mirror.location)}\ninsecure = {str(mirror.insecure).lower()}\n")
+    return path
 
 
 class Podman(Engine):
@@ -62,13 +74,14 @@ class Podman(Engine):
             env["CONTAINERS_CONF"] = str(self.conf)
         return env
 
-    async def _run(self, args: list[str], *, timeout: float = CONTROL_TIMEOUT, what: str) -> str:
+    async def _run(self, args: list[str], *, timeout: float = CONTROL_TIMEOUT, what: str,
+                   env: dict[str, str] | None = None) -> str:
         """podman ``args``; its stdout, or EngineError with the first line of what podman said."""
         with trio.move_on_after(timeout) as scope:
             try:
                 result = await trio.run_process(
                     [self.binary, *self._global, *args], check=False, capture_stdout=True, capture_stderr=True,
-                    stdin=subprocess.DEVNULL, env=self.environment(), deliver_cancel=_kill)
+                    stdin=subprocess.DEVNULL, env={**self.environment(), **(env or {})}, deliver_cancel=_kill)
             except OSError as exc:
                 raise EngineError(f"{what}: podman cannot run ({exc.strerror or exc})") from None
         if scope.cancelled_caught:
@@ -79,12 +92,17 @@ class Podman(Engine):
             raise EngineError(f"{what}: {reason or f'podman exited with code {result.returncode}'}")
         return result.stdout.decode(errors="replace")
 
-    async def pull(self, image: str) -> int:
+    async def pull(self, image: str, mirror: Mirror | None = None) -> int:
         ref = parse(image)
         if ref.digest is None:
             raise EngineError(f"pull {image}: a device pulls images by digest only")
         args = ["pull", "--quiet"] + (["--tls-verify=false"] if is_loopback(ref.registry) else [])
-        await self._run(args + [image], timeout=self.pull_timeout, what=f"pull {image}")
+        env = None
+        if mirror is not None:
+            conf = await trio.to_thread.run_sync(_mirror_conf, mirror, is_loopback(ref.registry))
+            args += ["--authfile", str(mirror.authfile)]
+            env = {"CONTAINERS_REGISTRIES_CONF": str(conf)}
+        await self._run(args + [image], timeout=self.pull_timeout, what=f"pull {image}", env=env)
         out = await self._run(["image", "inspect", "--format", "json", image], what=f"inspect {image}")
         try:
             found = json.loads(out)[0]

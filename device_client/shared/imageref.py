@@ -118,3 +118,25 @@ def parse(text: object) -> ImageRef:
     if len(registry) + 1 + len(repository) > MAX_NAME:
         raise BadReference(f"the image name is at most {MAX_NAME} characters")
     return ImageRef(registry, repository, tag, digest)
+
+
+# ---- the hub's registry proxy (hub/registry/) ----
+# The proxy serves every upstream registry under one host, so the upstream is the first component of
+# the repository path: ``hub:8443/127.0.0.1__5000/app/web`` is ``127.0.0.1:5000/app/web``. A path
+# component cannot hold ``:`` but may hold ``__``, which no host name contains: the mapping is one to
+# one. IPv6 registries (``[::1]:5000``) have no such spelling and are not proxied.
+
+def proxy_component(registry: str) -> str | None:
+    """``registry`` (host[:port]) as the first path component of a proxied name; None if it has none."""
+    if registry.startswith("[") or not _HOST.match(registry):
+        return None
+    component = registry.lower().replace(":", "__")
+    return component if re.fullmatch(_COMPONENT, component) else None
+
+
+def registry_of_component(component: str) -> str | None:
+    """The inverse of ``proxy_component``; None for what it never produces."""
+    if not re.fullmatch(_COMPONENT, component) or component.count("__") > 1:
+        return None
+    registry = component.replace("__", ":")
+    return registry if proxy_component(registry) == component else None

@@ -92,15 +92,15 @@ before it asks the device; a target given as a port is its decimal string, e.g. 
 always passed on to a device that sends tunnelTargets: the device answers or refuses ssh_disabled;
 ``shell`` likewise (shell_disabled).
 
-Billing (device_client/telemetry.py, device_client/registry_proxy.py; hub/billing/devices.py):
+Billing (device_client/telemetry.py; hub/billing/devices.py):
 
     telemetry.set   {enabled: bool}                     → {enabled}
 
 The hub sends telemetry.set at link time when the hello's ``telemetry`` field differs from the
 organisation's entitlement, and whenever a billing admin switches it; the agent persists it. While
 enabled the agent sends event ``telemetry`` {uptime, loadAverage, memory..., sentAt} periodically.
-Event ``registry.bytes`` {fleetBytes (int), day (YYYY-MM-DD, UTC)}: bytes the device's registry proxy
-carried on that day since the last report (sent about once a minute while there is traffic).
+The registry proxy's bytes are metered by the hub as it serves them (hub/registry/); agents report
+none (an older agent's ``registry.bytes`` event is an ordinary event, billed nothing).
 """
 
 from __future__ import annotations

@@ -267,16 +267,13 @@ class TunnelUsage(Body):
     reason: str | None = None
 
 
-class RegistryBytes(Body):
-    fleetBytes: int = Field(ge=0)
-    day: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$", description="UTC day, YYYY-MM-DD")
-
-
 class ContainerPulled(Body):
     container: str = Field(description="the container's name in the version")
     image: str = Field(description="the image, pinned by digest")
     bytes: int = Field(ge=0, description="the image's size as the engine holds it")
     seconds: float = Field(ge=0, description="how long the pull took (0 when the image was there)")
+    via: str | None = Field(None, description="registry: from the image's registry; proxy: through the hub's "
+                                              "registry proxy (docs/containers.md)")
 
 
 class Refusal(Body):
@@ -369,7 +366,6 @@ EVENTS: dict[str, EventKind] = {e.kind: e for e in (
     EventKind("memtest.health", "the tester's Health, at every link", MemtestHealthEvent, strict=True),
     EventKind("tunnel.usage", "totals of a tunnel session every 30 s and at its close", TunnelUsage),
     EventKind("telemetry", "a sample while telemetry is on", TelemetrySample),
-    EventKind("registry.bytes", "bytes the registry proxy carried that day since the last report", RegistryBytes),
     EventKind("container.pulled", "an image of a container version is on the device (docs/containers.md)",
               ContainerPulled),
     EventKind("link.refused", "frames refused as too big since the last link", LinkRefused),

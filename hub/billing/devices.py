@@ -1,14 +1,13 @@
 """Billing's side of the device link.
 
-Device → hub events (device_client/registry_proxy.py, device_client/telemetry.py):
+Device → hub events (device_client/telemetry.py):
 
-    registry.bytes  {fleetBytes, day}  bytes the device's registry proxy carried since its last
-                    report, on that UTC day. Metered as registry_fallback_bytes keyed by the
-                    device's fleet id ('' for a device without a fleet). The device's day is trusted
-                    when it is today or up to two days back by the hub's clock (a report held over a
-                    link outage); otherwise the bytes count on the hub's today.
     telemetry       {...}  published on the device's event stream (``device.telemetry``) by the
                     device actor and counted here per organisation.
+
+The registry proxy's bytes are not a device's report: the hub serves them and meters them itself
+(hub/registry/proxy.py). A ``registry.bytes`` event from an older agent is an ordinary device event,
+billed nothing: a device's own count of what it was served is not what the hub carried.
 
 Hub → device: command ``telemetry.set {enabled}`` at link time when the hello's ``telemetry`` field
 differs from the organisation's entitlement, and to every connected device of the organisation when
@@ -17,7 +16,6 @@ a billing admin switches telemetry.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import uuid
 from collections import Counter
@@ -32,11 +30,8 @@ from hub.errors import FleethubError
 
 log = logging.getLogger("fleethub.billing")
 
-REGISTRY_BYTES = "registry.bytes"
 TELEMETRY = "telemetry"
-EVENT_KINDS = frozenset({REGISTRY_BYTES, TELEMETRY})
-MAX_REPORT_BYTES = 10**13  # one report above 10 TB is a broken counter, not traffic
-TRUSTED_DAYS_BACK = 2
+EVENT_KINDS = frozenset({TELEMETRY})
 PUSH_CONCURRENCY = 64
 
 
@@ -45,31 +40,9 @@ def telemetry_counts(s) -> Counter:
     return s.extras.setdefault("billing.telemetry_events", Counter())
 
 
-def report_day(reported: object, today: dt.date) -> dt.date:
-    try:
-        day = dt.date.fromisoformat(reported) if isinstance(reported, str) else None
-    except ValueError:
-        day = None
-    if day is None or not (today - dt.timedelta(days=TRUSTED_DAYS_BACK) <= day <= today):
-        return today
-    return day
-
-
 async def on_event(s, org_id: uuid.UUID, device_id: uuid.UUID, kind: str, payload: dict) -> None:
     if kind == TELEMETRY:
         telemetry_counts(s)[org_id] += 1
-        return
-    n = payload.get("fleetBytes")
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_REPORT_BYTES:
-        log.info("device %s: ignored a registry.bytes report with fleetBytes=%r", device_id, n)
-        return
-    row = await s.devices.get_any(device_id)
-    if row is None:
-        return
-    today = s.clock.now().astimezone(dt.UTC).date()
-    fleet = row.get("fleet_id")
-    s.meter.add(org_id, "registry_fallback_bytes", n, day=report_day(payload.get("day"), today),
-                key=str(fleet) if fleet else "")
 
 
 async def send_telemetry(s, device_id: uuid.UUID, enabled: bool) -> bool:
@@ -112,13 +85,13 @@ async def push_telemetry_in_background(s, org_id: uuid.UUID, enabled: bool) -> N
     not told now are told at their next link."""
     try:
         await push_telemetry(s, org_id, enabled)
-    except Exception:  # noqa: BLE001 - anything here must stay out of the services nursery
+    except Exception:
         log.exception("telemetry.set %s for organisation %s: push failed", enabled, org_id)
 
 
 class BillingHooks(DeviceHooks):
     """Billing's part of every DeviceActor, passed in by ``Services.device_actor`` (actors import
-    nothing from the hub): telemetry and registry-bytes events, and telemetry.set at link time."""
+    nothing from the hub): telemetry events, and telemetry.set at link time."""
 
     event_kinds = EVENT_KINDS
 

@@ -1,6 +1,6 @@
 """Proof of billing figures from real activity (issue 8, item 9): real agents connecting (active
-devices per UTC day), agents' registry proxies reporting the bytes they carried (directly and from
-``fleethub sim``), a tunnel session, priced to the cent with a price change in the middle of the
+devices per UTC day), the bytes the hub's registry proxy served (metered as it meters them,
+hub/registry/proxy.py), a tunnel session, priced to the cent with a price change in the middle of the
 period and a period across a month boundary.
 
 The days are in 2025, behind the real clock on purpose: service-account tokens carry an ``iat`` that
@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from functools import partial
 
 import trio
 
 from device_client.shared.clock import TestClock
-from device_client.sim import run_sim
+from hub.billing.devices import telemetry_counts
+from hub.registry.proxy import Puller
+from hub.registry.routes import proxy_of
 from tests.api.billing_helpers import admin, bearer
 from tests.hubtools import start_agent, start_hub, wait_for
 
@@ -79,16 +80,16 @@ async def test_usage_and_cost_to_the_cent_across_a_month_boundary_with_a_price_c
         r = await hub.call("POST", "/v1/fleets", json={"name": "aaa-direct"})
         direct = r.json()["data"]["id"]
         a_id, a_token = await hub.provision("a", fleet_id=proxied)
-        _, b_token = await hub.provision("b", fleet_id=proxied)
+        b_id, b_token = await hub.provision("b", fleet_id=proxied)
         _, c_token = await hub.provision("c", fleet_id=direct)
 
         # 30 November: three devices connect; a's registry proxy carries 1.5 GB
         agents = [await start_agent(nursery, hub.base_url, t, tmp_path / n, clock=clock)
                   for n, t in (("a", a_token), ("b", b_token), ("c", c_token))]
-        a, b = agents[0].agent, agents[1].agent
-        a.registry_proxy.configure(report_interval=0.05)
-        a.registry_proxy.carried(1_000_000_000)
-        a.registry_proxy.carried(500_000_000)
+        proxy = proxy_of(hub.services)  # what the proxy meters as it serves a's pulls (hub/registry/)
+        a_puller = Puller(uuid.UUID(a_id), uuid.UUID(org), uuid.UUID(proxied), True)
+        proxy.carried(a_puller, 1_000_000_000)
+        proxy.carried(a_puller, 500_000_000)
 
         async def nov30_counted() -> bool:
             u = await usage(hub, **{"from": "2025-11-30", "to": "2025-11-30"})
@@ -102,9 +103,7 @@ async def test_usage_and_cost_to_the_cent_across_a_month_boundary_with_a_price_c
         clock.epoch += dt.timedelta(days=1)
         agents = [await start_agent(nursery, hub.base_url, t, tmp_path / n, clock=clock)
                   for n, t in (("a", a_token), ("b", b_token))]
-        b = agents[1].agent
-        b.registry_proxy.configure(report_interval=0.05)
-        b.registry_proxy.carried(2 * GB)
+        proxy.carried(Puller(uuid.UUID(b_id), uuid.UUID(org), uuid.UUID(proxied), True), 2 * GB)
         await add_tunnel_session(hub, a_id, dt.datetime(2025, 12, 1, 10, 0, tzinfo=UTC), 10, relayed=GB // 2,
                                  bytes_in=1000, bytes_out=2000)
 
@@ -214,47 +213,20 @@ async def test_tunnel_records_page_by_a_keyset_cursor_stable_under_inserts(nurse
         assert first["minutes"] == 5 and first["state"] == "closed" and first["device_id"] == device_id
 
 
-async def test_simulated_agents_report_registry_proxy_bytes(nursery, db_url, tmp_path):
-    with trio.fail_after(60):
-        hub = await start_hub(nursery, db_url, tmp_path)
-        r = await hub.call("POST", "/v1/fleets", json={"name": "sim-fleet", "registry_proxy": True})
-        fleet = r.json()["data"]["id"]
-        with trio.CancelScope() as scope:
-            async with trio.open_nursery() as sim_nursery:
-                agents = await sim_nursery.start(partial(
-                    run_sim, hub.base_url, 3, tmp_path / "sim", pat_id=hub.pat[0], pat_secret=hub.pat[1],
-                    org_id=hub.org_id, fleet=fleet, registry_bytes_per_minute=6_000_000))
-                for agent in agents:
-                    assert agent.registry_proxy.bytes_per_minute == 6_000_000
-                    agent.registry_proxy.configure(report_interval=0.05)
-                await wait_for(lambda: all(a.registry_proxy.reported > 0 for a in agents))
-                scope.cancel()
-        reported = sum(a.registry_proxy.reported for a in agents)
-
-        async def billed() -> bool:
-            r = await hub.call("GET", "/v1/billing/registry-fallback")
-            data = r.json()["data"]
-            return data["fleets"][0]["bytes"] == reported == data["totals"]["bytes"]
-
-        await wait_for(billed)
-
-
-async def test_bytes_not_yet_reported_survive_an_agent_restart(nursery, db_url, tmp_path):
+async def test_a_devices_own_registry_bytes_report_is_not_billed(nursery, db_url, tmp_path):
+    """The hub meters what its proxy served; an agent's registry.bytes event (older agents sent one
+    from a simulation) is an ordinary event, billed nothing."""
     with trio.fail_after(60):
         hub = await start_hub(nursery, db_url, tmp_path)
         r = await hub.call("POST", "/v1/fleets", json={"name": "f", "registry_proxy": True})
         fleet = r.json()["data"]["id"]
         _, token = await hub.provision("d", fleet_id=fleet)
         running = await start_agent(nursery, hub.base_url, token, tmp_path / "d")
-        running.agent.registry_proxy.carried(12_345)  # the next report is a minute away
-        await running.kill()
-        assert '"pending"' in (tmp_path / "d" / "registry_proxy.json").read_text()
-        again = await start_agent(nursery, hub.base_url, token, tmp_path / "d")
-        again.agent.registry_proxy.configure(report_interval=0.05)
-
-        async def billed() -> bool:
-            r = await hub.call("GET", "/v1/billing/registry-fallback")
-            return r.json()["data"]["fleets"][0]["bytes"] == 12_345
-
-        await wait_for(billed)
-        assert not (tmp_path / "d" / "registry_proxy.json").exists()
+        org = uuid.UUID(hub.org_id)
+        heard = telemetry_counts(hub.services)[org]
+        assert await running.agent.context.send_event("registry.bytes", {"fleetBytes": 12_345})
+        assert await running.agent.context.send_event("telemetry", {"cpu": 1})
+        await wait_for(lambda: telemetry_counts(hub.services)[org] > heard)  # the device's events were handled
+        r = await hub.call("GET", "/v1/billing/registry-fallback")  # this month, today included
+        assert r.status_code == 200, r.text
+        assert r.json()["data"]["totals"]["bytes"] == 0

@@ -70,6 +70,7 @@ async def test_secret_plaintexts_appear_nowhere_but_on_the_device(nursery, db_ur
         fill |= {"deviceId": fill["device_id"], "fleetId": fill["fleet_id"], "configId": fill["config_id"],
                  "fileId": fill["file_id"], "id": fill["device_id"], "invitation_id": str(uuid.uuid4()), "run_id": str(uuid.uuid4())}
         fill |= {"page": "devices", "name": "app.js"}  # the console's pages and static files (hub/console/)
+        fill |= {"reference": "sha256:" + "0" * 64}  # the registry proxy (hub/registry/)
         from hub.app import create_app
         bodies: list[str] = []
         for rule in create_app(hub.services).url_map.iter_rules():

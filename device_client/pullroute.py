@@ -1,0 +1,88 @@
+"""How the agent's image pulls reach a registry: directly, or through the hub's registry proxy.
+
+The hub serves the pull side of the distribution API at ``/v2/`` (hub/registry/) to devices of fleets
+with the proxy on. What "registry fallback" means here (docs/billing.md): the proxy is where a device
+falls back to when it cannot pull from the registry itself. ``mode``:
+
+- ``fallback`` (the default): the registry first; when that pull fails, the same digest again through
+  the hub. A fleet without the proxy refuses it, and the error says both reasons.
+- ``always``: through the hub first (podman still tries the registry itself if the hub fails): for
+  devices that cannot reach registries at all, or sites where the operator wants one download per
+  fleet rather than one per device.
+- ``off``: the registry only.
+
+The pull goes through podman's own mirror support: a registries.conf naming the proxy as the mirror
+of the image's registry (CONTAINERS_REGISTRIES_CONF, for that pull only) and an auth file with the
+device token, both in the agent's data dir (0700; the auth file 0600). The image keeps its own name,
+so creating its container finds it. The token is in the auth file only, never in an argument list or
+a log line.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .engine.base import Engine, EngineError, Mirror
+from .shared.imageref import is_loopback, parse, proxy_component
+
+log = logging.getLogger("fleethub.agent.containers")
+
+MODES = ("off", "fallback", "always")
+AUTH_FILE = "registry-auth.json"
+
+
+class PullRoute:
+    def __init__(self, mode: str, hub_url: Callable[[], str], token: str, data_dir: Path) -> None:
+        if mode not in MODES:
+            raise ValueError(f"the registry proxy mode is one of {', '.join(MODES)}, not {mode!r}")
+        self.mode = mode
+        self.hub_url = hub_url
+        self._token = token
+        self.data_dir = Path(data_dir)
+
+    def mirror(self, image: str) -> Mirror | None:
+        """The hub as the mirror of ``image``'s registry; None when there is no way to say it (an
+        IPv6 registry, a hub on plain HTTP away from loopback, which podman would refuse)."""
+        registry = parse(image).registry
+        component = proxy_component(registry)
+        hub = urlsplit(self.hub_url())
+        if component is None or not hub.netloc:
+            return None
+        insecure = hub.scheme == "http"
+        if insecure and not is_loopback(hub.netloc):
+            return None
+        return Mirror(registry=registry, location=f"{hub.netloc}/{component}",
+                      authfile=self._authfile(hub.netloc), insecure=insecure)
+
+    def _authfile(self, host: str) -> Path:
+        path = self.data_dir / AUTH_FILE
+        secret = base64.b64encode(f"fleethub-device:{self._token}".encode()).decode()
+        content = json.dumps({"auths": {host: {"auth": secret}}}).encode()
+        tmp = path.with_name(f".{AUTH_FILE}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(content)
+        os.replace(tmp, path)
+        return path
+
+    async def pull(self, engine: Engine, image: str) -> tuple[int, str]:
+        """The image's size and how it came: "registry" or "proxy"."""
+        mirror = self.mirror(image) if self.mode != "off" else None
+        if mirror is None:
+            return await engine.pull(image), "registry"
+        if self.mode == "always":
+            return await engine.pull(image, mirror), "proxy"
+        try:
+            return await engine.pull(image), "registry"
+        except EngineError as direct:
+            log.info("%s; pulling it through the hub's registry proxy", direct)
+            try:
+                return await engine.pull(image, mirror), "proxy"
+            except EngineError as proxied:
+                raise EngineError(f"{direct}; through the hub's registry proxy: {proxied}") from None
