@@ -62,7 +62,7 @@ def _first_day(base: str, demo: dict) -> dict:
                                                       "start_time": "03:00", "end_time": "03:01",
                                                       "days_of_week": ["Sunday"]})
     devices = c.get("/v1/devices").json()["data"]
-    c.patch(f"/v1/devices/{devices[-1]['id']}", json={"fleet_id": closed})
+    c.patch(f"/v1/devices/{devices[-1]['id']}", json={"fleet_id": closed, "tags": ["eu"]})
     waiting = c.post("/v1/rollouts", json={"fleet_ids": [closed], "configuration_id": config}).json()["data"]["id"]
     device = devices[0]["id"]
     c.post(f"/v1/devices/{device}/memory-test", json={"impact": "running", "placement": "online", "quick": True})
@@ -93,7 +93,7 @@ def _pictures(base: str, demo: dict, made: dict, out: Path) -> list[Path]:
         for name, path, ready in pages:
             page.goto(path)
             page.wait_for_selector(ready or "main")
-            page.wait_for_load_state("networkidle")
+            page.wait_for_timeout(1500)  # the pages keep event streams open: no "network idle"
             if name == "assistant":
                 page.fill("#chat-form textarea", "Which devices are online?")
                 page.click("#chat-form button[type=submit]")

@@ -24,6 +24,12 @@ export function percent(fraction, digits = 1) {
   return `${number(Number(fraction) * 100, digits)} %`;
 }
 
+// A temperature in degrees Celsius to a tenth (84.999 → "85.0 °C"): sensors are not finer than that.
+export function celsius(degrees) {
+  if (degrees === null || degrees === undefined || Number.isNaN(Number(degrees))) return '–';
+  return `${Number(degrees).toFixed(1)} °C`;
+}
+
 // Seconds as the two largest units that matter: 42 s, 3 min 5 s, 2 h 10 min, 3 d 4 h.
 export function duration(seconds) {
   if (seconds === null || seconds === undefined || Number.isNaN(Number(seconds))) return '–';

@@ -3,7 +3,7 @@
 // the place the terminal module fills. Fleets and configurations are shown by name, versions by number.
 import { api, follow } from '../api.js';
 import { fill, h, badge, bytes, confirmDialog, field, notice, when } from '../dom.js';
-import { duration, percent } from '../format.js';
+import { celsius, duration, percent } from '../format.js';
 import { mountTerminal } from '../terminal.js';
 import { configBadge, rejectionOutput } from '../configstatus.js';
 import { splitTags } from '../adddevice.js';
@@ -275,7 +275,7 @@ export async function render(main, id) {
       ['Memory covered', op.coverage != null ? `${percent(op.coverage)} of ${bytes(op.totalBytes)}` : null],
       ['Verified so far', op.testedBytes != null ? `${bytes(op.testedBytes)} (every pattern and pass)` : null],
       ['Rate', fmtRate(op.rate)], ['Errors', op.errors != null ? `${op.errors} (${op.confirmedErrors ?? 0} confirmed)` : null],
-      ['Temperature', op.temperature != null ? `${op.temperature} °C` : null]];
+      ['Temperature', op.temperature != null ? celsius(op.temperature) : null]];
     if (op.outcome) rows.push(['Outcome', badge(op.outcome, op.outcome === 'pass' ? 'ok' : 'bad')], ['Verdict', op.verdict]);
     // the bar is the share of the planned work done; the memory covered fills within the first sweep
     const bar = op.progress != null ? h('progress', { id: 'memtest-bar', max: 1, value: op.progress, 'aria-label': 'Progress' }) : null;
@@ -309,7 +309,7 @@ export async function render(main, id) {
         (r.errors || []).length ? h('table', { class: 'errors' },
           h('thead', {}, h('tr', {}, ['Address', 'Expected', 'Actual', 'Mask', 'Pattern', 'Pass', 'Temp', 'Confirmed'].map((t) => h('th', {}, t)))),
           h('tbody', {}, r.errors.map((e) => h('tr', {}, [e.physAddr, e.expected, e.actual, e.mask, e.pattern, e.pass,
-            e.tempMilliC != null && e.tempMilliC >= 0 ? `${e.tempMilliC / 1000} °C` : '–', e.confirmed ? 'yes' : 'no'].map((v) => h('td', {}, v)))))) : null))
+            e.tempMilliC != null && e.tempMilliC >= 0 ? celsius(e.tempMilliC / 1000) : '–', e.confirmed ? 'yes' : 'no'].map((v) => h('td', {}, v)))))) : null))
         : h('p', { class: 'muted' }, 'No results yet.'));
     } catch (err) { fill(results, h('p', { class: 'notice error' }, err.message)); }
   }
