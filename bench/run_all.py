@@ -27,7 +27,8 @@ from _common import VERDICTS_DIR, md_table, write_section  # noqa: E402
 SCRIPTS = ["bridge.py", "http_ratio.py", "app_cost.py", "command_rtt.py", "capacity.py", "auth_overhead.py", "delivery.py",
            "rollout.py", "tunnel.py", "tunnel_interactive.py", "tunnel_scp.py", "memtest_engine.py", "memtest_faults.py", "memtest_live.py", "storm.py",
            "soak.py", "console.py",
-           "terminal_echo.py", "cluster.py", "presence_writes.py", "agent_footprint.py", "registry_proxy.py"]
+           "terminal_echo.py", "cluster.py", "presence_writes.py", "agent_footprint.py", "registry_proxy.py",
+           "container_rollout.py"]
 
 
 def verdict_file(name: str, smoke: bool) -> Path:
