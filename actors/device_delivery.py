@@ -29,7 +29,7 @@ from actors.bus import BusError, NoResponders, RequestTimeout
 from actors.errors import AskError, DeviceOffline, DeviceRefused
 from actors.machines.delivery import reconcile
 from device_client.shared import verbs
-from device_client.shared.protocol import subject
+from device_client.shared.protocol import runs_containers, subject
 
 if TYPE_CHECKING:
     from actors.device import DeviceActor
@@ -41,6 +41,10 @@ UNKNOWN = object()
 # the apply has failed (docs/device-protocol.md: every command that moves a state ends in a terminal one).
 APPLY_TIMEOUT = 120.0
 NOTICE_TIMEOUT = 2.0
+
+
+NO_ENGINE = ("the version runs containers and this device has no container engine "
+             "(its agent was not started with --containers podman, or podman did not answer at its start)")
 
 
 class NotDone(Exception):
@@ -246,6 +250,12 @@ class DeviceDelivery:
             return
         version = await self._db(s.configs.version, device["org_id"], target)
         if version is None:
+            return
+        if version["spec"].get("containers") and not runs_containers(self.actor.facts):
+            # The device would refuse it too; saying so here names the cause before anything is sent,
+            # and the rejection holds until the version is assigned again (as a device's own would).
+            await self._db(s.devices.set_config_result, self.device_id, "rejected", NO_ENGINE,
+                           device["applied_version_id"], s.clock.now())
             return
         files = await self._db(s.secrets.config_files_for, self.device_id, device["config_id"])
         payload = {"configId": str(device["config_id"]), "versionId": str(target), "version": version["version"],

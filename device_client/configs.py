@@ -170,7 +170,12 @@ class ConfigManager:
         device.add_shutdown_hook(self.workload.stop)
         self.workload.on_health = self._health_changed
         if self.containers is not None:
+            device.add_boot_hook(self._identify_engine)
             BootLoop(device, lambda: self.containers.watch(self._health_changed))
+
+    async def _identify_engine(self) -> None:
+        # a boot hook, so the first hello already says whether this device runs containers
+        self._device.capabilities.containerEngine = await self.containers.capability()
 
     async def _health_changed(self, health: Health) -> None:
         await self._send("workload.health", health.event())

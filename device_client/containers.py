@@ -40,7 +40,7 @@ import trio
 
 from .devroot import DeviceRoot, Refused
 from .engine.base import ContainerInfo, Engine, EngineError, Mount, RunSpec
-from .shared import imageref
+from .shared import imageref, protocol
 from .shared.paths import SECRETS_DIR, VOLUMES_DIR
 from .workload import Health
 
@@ -188,6 +188,16 @@ class ContainerSet:
         self.on_event = on_event
         self.running_version: tuple[str, tuple[str, ...]] | None = None  # (versionId, container names) that run
         self._applying = False
+
+    async def capability(self) -> protocol.ContainerEngineCapability | None:
+        """What the hello says of the engine; None when it does not answer, so that the hub sends no
+        container version to a device that could not run it (asked again at the agent's next start)."""
+        try:
+            name, version = await self.engine.version()
+        except EngineError as exc:
+            log.error("the container engine does not answer (%s): the hello offers no containers", exc)
+            return None
+        return protocol.ContainerEngineCapability(name=name, version=version)
 
     # ---- apply ----
 

@@ -68,6 +68,10 @@ class Engine(ABC):
     """A container engine. Names are the agent's (RunSpec.name); labels find them again."""
 
     @abstractmethod
+    async def version(self) -> tuple[str, str]:
+        """(the engine's name, its version): what the hello's capabilities.containerEngine says."""
+
+    @abstractmethod
     async def pull(self, image: str) -> int:
         """Fetch ``image`` (pinned by digest) unless present, and check that the engine holds exactly
         that digest; the image's size in bytes."""

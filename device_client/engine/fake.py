@@ -48,6 +48,9 @@ class FakeEngine(Engine):
             raise EngineError(f"pull {image}: a device pulls images by digest only")
         return digest
 
+    async def version(self) -> tuple[str, str]:
+        return "fake", "1"
+
     async def pull(self, image: str) -> int:
         digest = self._digest(image)
         if digest in self.fail_pull:

@@ -79,6 +79,10 @@ class Podman(Engine):
             raise EngineError(f"{what}: {reason or f'podman exited with code {result.returncode}'}")
         return result.stdout.decode(errors="replace")
 
+    async def version(self) -> tuple[str, str]:
+        out = await self._run(["version", "--format", "{{.Client.Version}}"], what="podman version")
+        return "podman", out.strip()[:64]
+
     async def pull(self, image: str) -> int:
         ref = parse(image)
         if ref.digest is None:

@@ -114,3 +114,13 @@ async def test_a_container_that_ignores_sigterm_is_stopped_within_the_grace(nurs
             assert not info.running and info.exit_code == 137  # SIGKILL, after the grace
         finally:
             await remove_everything(engine)
+
+
+async def test_podman_names_its_version_for_the_hello(tmp_path):
+    engine = podman(tmp_path / "device")
+    try:
+        with trio.fail_after(30):
+            name, version = await engine.version()
+        assert name == "podman" and version[:1].isdigit(), version
+    finally:
+        await remove_everything(engine)
