@@ -83,6 +83,14 @@ class Podman(Engine):
         out = await self._run(["version", "--format", "{{.Client.Version}}"], what="podman version")
         return "podman", out.strip()[:64]
 
+    async def runtime(self) -> str:
+        """The OCI runtime podman uses (``podman info`` reads the store and the runtime: it fails as a
+        pull or create would on a device podman cannot work on)."""
+        out = await self._run(["info", "--format", "{{.Host.OCIRuntime.Version}}"],
+                              what="podman info")
+        first = out.strip().splitlines()[0] if out.strip() else ""  # the version is several lines
+        return " ".join(first.split())[:128] or "unknown"
+
     async def pull(self, image: str) -> int:
         ref = parse(image)
         if ref.digest is None:
