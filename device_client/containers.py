@@ -17,6 +17,11 @@ Apply (``ContainerSet.apply``), for version V while version U's containers run:
    any engine error on the way: V's containers are removed, the U containers stopped in step 3 start
    again, and the result says why, with the failing check's output and the container's last log lines.
 
+Registry credentials (config.apply's ``registryAuth``, only the registries of the version's images)
+are written by configs.py to ``registry-auth.json`` (0600, the containers-auth.json format podman's
+``--authfile`` reads) before the pulls and replaced at the next apply, so a device keeps the
+credentials of the last version it was sent and no others; they are never logged.
+
 Power loss: the configuration record (configs.py) says which version runs; ``reconcile`` at boot
 removes every managed container of another version and starts (creating if need be) the wanted
 version's. The engine is asked what exists (labels): the agent keeps no list that could go stale.
@@ -187,6 +192,9 @@ class ContainerSet:
         self.stop_grace = stop_grace
         self.on_event = on_event
         self.running_version: tuple[str, tuple[str, ...]] | None = None  # (versionId, container names) that run
+        # the registry credentials of the version being applied or run (configs.py writes it, 0600 in the
+        # agent's 0700 data dir); handed to every pull while it exists
+        self.auth_file: Path | None = None
         self._applying = False
 
     async def capability(self) -> protocol.ContainerEngineCapability | None:
@@ -317,7 +325,8 @@ class ContainerSet:
 
     async def _pull(self, spec: ContainerSpec) -> None:
         began = time.monotonic()
-        size = await self.engine.pull(spec.image)
+        auth = self.auth_file if self.auth_file is not None and self.auth_file.exists() else None
+        size = await self.engine.pull(spec.image, auth_file=auth)
         if self.on_event is not None:
             seconds = round(time.monotonic() - began, 3)
             await self.on_event("container.pulled", {"container": spec.name, "image": spec.image, "bytes": size,

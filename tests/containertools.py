@@ -109,6 +109,7 @@ class Registry:
     url: str  # http://127.0.0.1:PORT
     host: str  # 127.0.0.1:PORT, as an image reference names it
     builder: Podman | None  # the store images are built in before they are pushed (None: push_blank only)
+    login: tuple[str, str] | None = None  # a user of its htpasswd, with which tests push
 
     async def push(self, name: str, tag: str, *, files: dict[str, bytes] | None = None,
                    cmd: list[str] | None = None) -> str:
@@ -123,10 +124,11 @@ class Registry:
         change = "CMD " + json.dumps(cmd)
         await self._podman(["import", "--change", change, str(tar), local])
         reference = f"{self.host}/{name}:{tag}"
-        await self._podman(["push", "--tls-verify=false", local, f"docker://{reference}"])
+        creds = ["--creds", ":".join(self.login)] if self.login else []
+        await self._podman(["push", "--tls-verify=false", *creds, local, f"docker://{reference}"])
         return reference
 
-    async def push_blank(self, name: str, tag: str, *, auth: tuple[str, str] | None = None) -> str:
+    async def push_blank(self, name: str, tag: str) -> str:
         """An image with no layers, put with the registry's HTTP API alone (no podman): enough for a
         version pinned by the hub and run by the fake engine. Its reference."""
         config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []},
@@ -136,7 +138,7 @@ class Registry:
                                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                                           "digest": digest, "size": len(config)},
                                "layers": []}).encode()
-        async with httpx.AsyncClient(base_url=self.url, timeout=10, auth=auth) as client:
+        async with httpx.AsyncClient(base_url=self.url, timeout=10, auth=self.login) as client:
             r = await client.post(f"/v2/{name}/blobs/uploads/")
             assert r.status_code == 202, r.text
             location = r.headers["location"]
@@ -238,4 +240,5 @@ async def start_registry(nursery: trio.Nursery, directory: Path, *, build: bool 
                 except httpx.TransportError:
                     pass
                 await trio.sleep(0.1)
-    return Registry(url, f"127.0.0.1:{port}", builder)
+    login = next(iter(htpasswd.items())) if htpasswd else None
+    return Registry(url, f"127.0.0.1:{port}", builder, login)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
 
@@ -72,9 +73,10 @@ class Engine(ABC):
         """(the engine's name, its version): what the hello's capabilities.containerEngine says."""
 
     @abstractmethod
-    async def pull(self, image: str) -> int:
+    async def pull(self, image: str, *, auth_file: Path | None = None) -> int:
         """Fetch ``image`` (pinned by digest) unless present, and check that the engine holds exactly
-        that digest; the image's size in bytes."""
+        that digest; the image's size in bytes. ``auth_file``: registry credentials in the
+        containers-auth.json format ({"auths": {registry: {"auth": base64 "user:password"}}})."""
 
     @abstractmethod
     async def create(self, spec: RunSpec) -> None:

@@ -15,7 +15,9 @@ bench on a virtual clock sees the time a pull costs.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
 
@@ -38,6 +40,7 @@ class FakeEngine(Engine):
     unhealthy: dict[str, str] = field(default_factory=dict)
     exits: dict[str, int] = field(default_factory=dict)
     pulls: int = 0
+    auth_registries: dict[str, list[str]] = field(default_factory=dict)  # digest -> registries of its pull's auth file
     _images: dict[str, ImageInfo] = field(default_factory=dict)
     _containers: dict[str, _Container] = field(default_factory=dict)
 
@@ -51,8 +54,10 @@ class FakeEngine(Engine):
     async def version(self) -> tuple[str, str]:
         return "fake", "1"
 
-    async def pull(self, image: str) -> int:
+    async def pull(self, image: str, *, auth_file: Path | None = None) -> int:
         digest = self._digest(image)
+        # what a real engine would have logged in with: the registries the auth file names
+        self.auth_registries[digest] = sorted(json.loads(auth_file.read_text())["auths"]) if auth_file else []
         if digest in self.fail_pull:
             raise EngineError(f"pull {image}: {self.fail_pull[digest]}")
         if digest not in self._images:

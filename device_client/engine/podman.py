@@ -91,11 +91,13 @@ class Podman(Engine):
         first = out.strip().splitlines()[0] if out.strip() else ""  # the version is several lines
         return " ".join(first.split())[:128] or "unknown"
 
-    async def pull(self, image: str) -> int:
+    async def pull(self, image: str, *, auth_file: Path | None = None) -> int:
         ref = parse(image)
         if ref.digest is None:
             raise EngineError(f"pull {image}: a device pulls images by digest only")
         args = ["pull", "--quiet"] + (["--tls-verify=false"] if is_loopback(ref.registry) else [])
+        if auth_file is not None:
+            args += ["--authfile", str(auth_file)]  # a path: the credentials never reach argv
         await self._run(args + [image], timeout=self.pull_timeout, what=f"pull {image}")
         out = await self._run(["image", "inspect", "--format", "json", image], what=f"inspect {image}")
         try:

@@ -96,12 +96,24 @@ class FilesWiped(Body):
 OUTPUT_TAIL_CHARS = 2048
 
 
+class RegistryLogin(Body):
+    username: str = Field(max_length=256)
+    password: str = Field(max_length=4096)
+
+    def __repr__(self) -> str:
+        return f"RegistryLogin(username={self.username!r}, password=<hidden>)"
+
+
 class ConfigApply(Body):
     configId: str
     versionId: str
     version: int | None = Field(None, description="the version's number")
     spec: dict[str, Any] = Field(description="the configuration's spec (workload, healthCheck, ...)")
     files: list[SecretFile] = Field(default_factory=list, description="the configuration's files for this device")
+    registryAuth: dict[str, RegistryLogin] = Field(
+        default_factory=dict, description="registry (host[:port]) -> the organisation's credential for it: only "
+                                          "the registries of the version's images; write-only (kept in a 0600 file "
+                                          "for the engine's pulls, never logged or returned)")
 
 
 class ConfigApplyResult(Body):
