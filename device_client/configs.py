@@ -109,6 +109,17 @@ def parse_apply(payload: dict[str, Any]) -> ApplyRequest:
                         parse_registry_auth(payload.get("registryAuth")))
 
 
+def write_registry_auth(path: Path, logins: dict[str, tuple[str, str]]) -> None:
+    """The version's registry credentials at ``path`` (0600, containers-auth.json: the engine's
+    --authfile), and no others: no logins, no file."""
+    if not logins:
+        path.unlink(missing_ok=True)
+        return
+    auths = {registry: {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
+             for registry, (user, password) in logins.items()}
+    write_json_atomic(path, {"auths": auths}, mode=0o600)
+
+
 class ConfigManager:
     def __init__(self, data_dir: Path, files: SecretFileStore, workload: Workload, *,
                  device_id: Callable[[], str | None] = lambda: None, containers: ContainerSet | None = None) -> None:
@@ -265,13 +276,7 @@ class ConfigManager:
                        rolled_back_to=base_id, check_output=health.output, workload_log=workload_log)
 
     def _save_registry_auth(self, logins: dict[str, tuple[str, str]]) -> None:
-        """The version's registry credentials, for the engine's pulls (its --authfile), and no others."""
-        if not logins:
-            self.auth_path.unlink(missing_ok=True)
-            return
-        auths = {registry: {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
-                 for registry, (user, password) in logins.items()}
-        write_json_atomic(self.auth_path, {"auths": auths}, mode=0o600)
+        write_registry_auth(self.auth_path, logins)
 
     async def _run_and_verify(self, spec: WorkloadSpec | None, record: dict[str, Any]) -> Health:
         await self.workload.restart(spec, self._env(record))

@@ -124,3 +124,31 @@ async def test_podman_names_its_version_for_the_hello(tmp_path):
         assert name == "podman" and version[:1].isdigit(), version
     finally:
         await remove_everything(engine)
+
+
+async def test_podman_pulls_from_a_registry_that_wants_a_login_with_the_auth_file(nursery, tmp_path):
+    """The agent's auth file (configs.py writes it from config.apply's registryAuth) is what podman
+    logs in with: without it the pull is refused, with it the image arrives; the password is in no error."""
+    from device_client.configs import write_registry_auth
+
+    password = "podman-Pa55-31e7"
+    engine = podman(tmp_path / "device")
+    try:
+        with trio.fail_after(180):
+            reg = await start_registry(nursery, tmp_path / "registry", htpasswd={"puller": password})
+            reference = await reg.push("private/web", "1")
+            ref = parse(reference)
+            image = str(ref.pinned(await resolve(ref, credentials=("puller", password))))
+            try:
+                await engine.pull(image)
+            except EngineError as exc:
+                assert password not in str(exc)
+            else:
+                raise AssertionError("pulled without a login")
+            data = tmp_path / "agent"
+            data.mkdir(mode=0o700)
+            auth_file = data / "registry-auth.json"
+            write_registry_auth(auth_file, {reg.host: ("puller", password)})
+            assert await engine.pull(image, auth_file=auth_file) > 0
+    finally:
+        await remove_everything(engine)
