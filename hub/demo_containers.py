@@ -10,10 +10,12 @@ out to the demo fleet and a web page served by the container on the device.
 - The image: a busybox rootfs (``busybox-static``) with one HTML page, imported and pushed with
   podman (as tests/containertools.py builds its images), serving it with busybox's httpd on
   ``DEMO_PORT``.
-- The device: the simulated devices (``fleethub sim``) have no engine, so they stay as they are and a
-  rollout counts them ineligible ("no container engine"), which the rollout shows. One more device,
-  ``demo-podman``, is a real agent with podman: a private store under the data dir (vfs, the
-  containers.conf of docs/containers.md), its containers published on the host.
+- The device: the simulated devices (``fleethub sim``) have no engine, so they stay as they are (a
+  rollout of the version to their fleet counts them ineligible, "no container engine"). One more
+  device, ``demo-podman``, is a real agent with podman: a private store under the data dir (vfs, the
+  containers.conf of docs/containers.md), its containers published on the host. It is alone in a
+  fleet of its own, ``demo-containers``, so the README tour's rollouts to the demo fleet leave its
+  container alone.
 - The version and the rollout: made once; later runs find the configuration again, and the agent
   restarts its container at boot (configs.py reconcile). The demo stops the container when it stops,
   so nothing keeps serving after Ctrl-C.
@@ -46,6 +48,7 @@ log = logging.getLogger("fleethub.demo")
 
 DEMO_CONFIG = "demo-web"
 DEMO_DEVICE = "demo-podman"
+DEMO_FLEET = "demo-containers"
 DEMO_PORT = 8090
 BUSYBOX = "/bin/busybox"
 APPLETS = ("sh", "httpd", "wget", "cat", "echo", "sleep", "ls", "true", "false", "test", "kill")
@@ -167,11 +170,29 @@ async def _wait_registry(url: str) -> None:
                 await trio.sleep(0.1)
 
 
-async def _roll_out(base_url: str, info: dict, image: str) -> str:
-    """The demo-web configuration, rolled out to the demo fleet the first time; what was done, in words."""
+def _api(base_url: str, info: dict) -> httpx.AsyncClient:
     headers = {"X-API-Token-ID": info["pat"]["id"], "X-API-Secret-Key": info["pat"]["secret"],
                "X-Organization-ID": info["org_id"]}
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=60) as client:
+    return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=60)
+
+
+async def _fleet(base_url: str, info: dict) -> str:
+    """The id of the fleet of the podman device, made the first time."""
+    async with _api(base_url, info) as client:
+        found = (await client.get("/v1/fleets", params={"limit": 100})).json()["data"]
+        for fleet in found:
+            if fleet["name"] == DEMO_FLEET:
+                return fleet["id"]
+        r = await client.post("/v1/fleets", json={"name": DEMO_FLEET, "description": "The demo's device with podman"})
+        if r.status_code != 201:
+            raise RuntimeError(f"the fleet was refused: {r.text[:200]}")
+        return r.json()["data"]["id"]
+
+
+async def _roll_out(base_url: str, info: dict, image: str, fleet_id: str) -> str:
+    """The demo-web configuration, rolled out to the podman device's fleet the first time; what was
+    done, in words."""
+    async with _api(base_url, info) as client:
         found = (await client.get("/v1/configurations", params={"limit": 100})).json()["data"]
         if any(c["name"] == DEMO_CONFIG for c in found):
             return f"configuration {DEMO_CONFIG} (from an earlier run)"
@@ -181,7 +202,7 @@ async def _roll_out(base_url: str, info: dict, image: str) -> str:
         if r.status_code != 201:
             raise RuntimeError(f"the configuration was refused: {r.text[:200]}")
         cid = r.json()["data"]["id"]
-        r = await client.post("/v1/rollouts", json={"fleet_ids": [info["fleet_id"]], "configuration_id": cid})
+        r = await client.post("/v1/rollouts", json={"fleet_ids": [fleet_id], "configuration_id": cid})
         if r.status_code != 201:
             raise RuntimeError(f"the rollout was refused: {r.text[:200]}")
         return f"rollout {r.json()['data']['id']} of configuration {DEMO_CONFIG}"
@@ -209,22 +230,23 @@ async def run_container_demo(services: Any, base_url: str, nursery: trio.Nursery
     try:
         await _wait_registry(f"http://{host}")
         image = await _push_image(engine, host, directory)
+        fleet_id = await _fleet(base_url, info)
         devices = await trio.to_thread.run_sync(load_registry, device_dir)
         if not devices:
             await provision(base_url, [DEMO_DEVICE], pat_id=info["pat"]["id"], pat_secret=info["pat"]["secret"],
-                            org_id=info["org_id"], fleet=info["fleet_id"], into=devices)
+                            org_id=info["org_id"], fleet=fleet_id, into=devices)
             await trio.to_thread.run_sync(save_registry, device_dir, devices)
         options = {"container_engine": engine, "image_budget": 256 << 20}
         await nursery.start(lambda task_status: run_sim(
             base_url, 1, device_dir, devices=[(devices[0]["id"], devices[0]["token"])], agent_options=options,
             workload_user=None, task_status=task_status))
         nursery.start_soon(_stop_at_exit, engine)
-        done = await _roll_out(base_url, info, image)
+        done = await _roll_out(base_url, info, image, fleet_id)
     except (RuntimeError, OSError, trio.TooSlowError, httpx.HTTPError) as exc:
         log.warning("demo: the container rollout did not happen: %s", exc)
         return f"no container rollout: {exc}"
-    return (f"{done}: device {DEMO_DEVICE} runs it with podman and serves http://127.0.0.1:{DEMO_PORT}/ "
-            "(the simulated devices have no container engine: the rollout counts them ineligible)")
+    return (f"{done} to fleet {DEMO_FLEET}: device {DEMO_DEVICE} runs it with podman and serves "
+            f"http://127.0.0.1:{DEMO_PORT}/ (the simulated devices have no container engine)")
 
 
 async def _stop_at_exit(engine: Podman) -> None:

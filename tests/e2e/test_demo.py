@@ -72,7 +72,7 @@ def test_demo_runs_stops_cleanly_and_reuses_its_data(tmp_path, procs):
     assert all(d["fleet_id"] == info["fleet_id"] for d in devices)
     with api(base_url, info["pat"], info["org_id"]) as c:
         r = c.get(f"/v1/fleets/{info['fleet_id']}")
-        assert r.status_code == 200 and r.json()["data"]["device_count"] == 3 + containers
+        assert r.status_code == 200 and r.json()["data"]["device_count"] == 3  # demo-podman has a fleet of its own
         r = c.get(f"/v1/devices/{info['devices'][0]}")
         assert r.status_code == 200 and r.json()["data"]["has_tunnel_identity"] is True
         # the hub works for a real command: ping a simulated device
@@ -112,7 +112,7 @@ def test_demo_runs_stops_cleanly_and_reuses_its_data(tmp_path, procs):
     assert sorted(d["id"] for d in devices) == sorted(info["devices"])
     with api(info2["base_url"], info2["pat"], info2["org_id"]) as c:
         r = c.get("/v1/fleets")
-        assert [f["id"] for f in r.json()["data"]] == [info["fleet_id"]]
+        assert [f["id"] for f in r.json()["data"] if f["name"] != "demo-containers"] == [info["fleet_id"]]
         # the device facts of the first run were stored
         d = c.get(f"/v1/devices/{info['devices'][2]}").json()["data"]
         assert d["firmware"] and d["architecture"] and d["boot_reason"] == "power_on"
