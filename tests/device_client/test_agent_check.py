@@ -207,7 +207,7 @@ async def test_podman_is_checked_with_the_agents_containers_conf(nursery, db_url
 
     require_tools()
     with trio.fail_after(60):
-        hub, token, token_file = await _device(nursery, db_url, tmp_path)
+        hub, _, token_file = await _device(nursery, db_url, tmp_path)
         common = ("--hub", hub.base_url, "--token-file", str(token_file), "--data-dir", str(tmp_path / "device"),
                   "--containers", "podman")
         code, verdicts, out = await _run_check(*common, "--containers-conf", str(write_conf(tmp_path / "conf")))
