@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import stat
+import subprocess
 import time
 
 import httpx
 
-from hub.demo_containers import DEMO_PORT, PAGE, missing_tools
+from hub.demo_containers import DEMO_PORT, PAGE, demo_engine, missing_tools
 from tests.e2e.clitools import api, free_port, postgres_of, wait_until
 
 START_TIMEOUT = 60  # first run: initdb, migrations, argon2 hash, 3 devices
@@ -120,4 +122,9 @@ def test_demo_runs_stops_cleanly_and_reuses_its_data(tmp_path, procs):
         assert "from an earlier run" in info2["containers"], info2["containers"]
         assert PAGE.decode() in wait_until(served, timeout=60, what="the container again", proc=demo2)
     assert demo2.interrupt(timeout=30) == 0, demo2.log_tail()
+    if containers:  # the demo's podman store is in tmp_path; its runroot is in /tmp (hub/demo_containers.py)
+        engine = demo_engine(data / "containers" / "podman", scratch=data)
+        subprocess.run([engine.binary, *engine._global, "rm", "--all", "--force", "-t", "0"], env=engine.environment(),
+                       capture_output=True, timeout=60, check=False)
+        shutil.rmtree(engine._global[engine._global.index("--runroot") + 1], ignore_errors=True)
     wait_until(lambda: not postgres_of(data), timeout=10, what="PostgreSQL to exit")
