@@ -5,8 +5,9 @@ since a device never trusts a frame for what it runs). Images are named by diges
 
 Apply (``ContainerSet.apply``), for version V while version U's containers run:
 
-1. every image is pulled and the engine must hold exactly its digest; a ``container.pulled`` event
-   says how many bytes and seconds each took;
+1. every image is pulled and the engine must hold exactly its digest; while it arrives,
+   ``container.pull_progress`` events (about one a second: bytes so far, seconds, rateBps) say how far
+   it got, and a ``container.pulled`` event how many bytes and seconds it took;
 2. V's containers are created beside U's (engine name ``fleethub-<V>-<name>``, labels
    ``fleethub.version`` and ``fleethub.container``); leftovers of an earlier try of V go first;
 3. U's containers that publish a port a V container publishes are stopped (a port of the device
@@ -326,7 +327,14 @@ class ContainerSet:
     async def _pull(self, spec: ContainerSpec) -> None:
         began = time.monotonic()
         auth = self.auth_file if self.auth_file is not None and self.auth_file.exists() else None
-        size = await self.engine.pull(spec.image, auth_file=auth)
+
+        async def progress(received: int) -> None:
+            seconds = max(time.monotonic() - began, 1e-3)
+            await self.on_event("container.pull_progress", {
+                "container": spec.name, "image": spec.image, "bytes": received, "seconds": round(seconds, 3),
+                "rateBps": round(received / seconds)})
+
+        size = await self.engine.pull(spec.image, auth_file=auth, progress=progress if self.on_event else None)
         if self.on_event is not None:
             seconds = round(time.monotonic() - began, 3)
             await self.on_event("container.pulled", {"container": spec.name, "image": spec.image, "bytes": size,

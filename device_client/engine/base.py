@@ -13,8 +13,10 @@ hold secrets.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -73,10 +75,13 @@ class Engine(ABC):
         """(the engine's name, its version): what the hello's capabilities.containerEngine says."""
 
     @abstractmethod
-    async def pull(self, image: str, *, auth_file: Path | None = None) -> int:
+    async def pull(self, image: str, *, auth_file: Path | None = None,
+                   progress: Callable[[int], Awaitable[Any]] | None = None) -> int:
         """Fetch ``image`` (pinned by digest) unless present, and check that the engine holds exactly
         that digest; the image's size in bytes. ``auth_file``: registry credentials in the
-        containers-auth.json format ({"auths": {registry: {"auth": base64 "user:password"}}})."""
+        containers-auth.json format ({"auths": {registry: {"auth": base64 "user:password"}}}).
+        ``progress(bytes received so far)``: called while the pull runs, about once a second, when
+        the byte count moved (an engine that cannot tell never calls it)."""
 
     @abstractmethod
     async def create(self, spec: RunSpec) -> None:

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,17 @@ _PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "XDG_RUNTIME_DIR", "C
 CONTROL_TIMEOUT = 60.0  # create, start, rm, ps: podman's own work, no network
 
 
+def _tree_size(path: Path) -> int:
+    total = 0
+    for directory, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_size
+            except OSError:
+                pass  # podman moved it into the store meanwhile
+    return total
+
+
 async def _kill(proc: trio.Process) -> None:
     proc.kill()
 
@@ -42,8 +55,9 @@ async def _kill(proc: trio.Process) -> None:
 class Podman(Engine):
     def __init__(self, *, binary: str = "podman", conf: Path | None = None, root: Path | None = None,
                  runroot: Path | None = None, storage_driver: str | None = None,
-                 pull_timeout: float = 600.0, scratch: Path | None = None) -> None:
+                 pull_timeout: float = 600.0, scratch: Path | None = None, progress_interval: float = 1.0) -> None:
         self.binary = binary
+        self.progress_interval = progress_interval  # seconds between pull progress reports
         self.conf = conf
         self.pull_timeout = pull_timeout
         self.scratch = scratch  # where env files live for the instant of a create; default: the system's
@@ -62,13 +76,14 @@ class Podman(Engine):
             env["CONTAINERS_CONF"] = str(self.conf)
         return env
 
-    async def _run(self, args: list[str], *, timeout: float = CONTROL_TIMEOUT, what: str) -> str:
+    async def _run(self, args: list[str], *, timeout: float = CONTROL_TIMEOUT, what: str,
+                   env: dict[str, str] | None = None) -> str:
         """podman ``args``; its stdout, or EngineError with the first line of what podman said."""
         with trio.move_on_after(timeout) as scope:
             try:
                 result = await trio.run_process(
                     [self.binary, *self._global, *args], check=False, capture_stdout=True, capture_stderr=True,
-                    stdin=subprocess.DEVNULL, env=self.environment(), deliver_cancel=_kill)
+                    stdin=subprocess.DEVNULL, env={**self.environment(), **(env or {})}, deliver_cancel=_kill)
             except OSError as exc:
                 raise EngineError(f"{what}: podman cannot run ({exc.strerror or exc})") from None
         if scope.cancelled_caught:
@@ -91,14 +106,18 @@ class Podman(Engine):
         first = out.strip().splitlines()[0] if out.strip() else ""  # the version is several lines
         return " ".join(first.split())[:128] or "unknown"
 
-    async def pull(self, image: str, *, auth_file: Path | None = None) -> int:
+    async def pull(self, image: str, *, auth_file: Path | None = None,
+                   progress: Callable[[int], Awaitable[Any]] | None = None) -> int:
         ref = parse(image)
         if ref.digest is None:
             raise EngineError(f"pull {image}: a device pulls images by digest only")
         args = ["pull", "--quiet"] + (["--tls-verify=false"] if is_loopback(ref.registry) else [])
         if auth_file is not None:
             args += ["--authfile", str(auth_file)]  # a path: the credentials never reach argv
-        await self._run(args + [image], timeout=self.pull_timeout, what=f"pull {image}")
+        if progress is None:
+            await self._run(args + [image], timeout=self.pull_timeout, what=f"pull {image}")
+        else:
+            await self._metered_pull(args + [image], progress, what=f"pull {image}")
         out = await self._run(["image", "inspect", "--format", "json", image], what=f"inspect {image}")
         try:
             found = json.loads(out)[0]
@@ -108,6 +127,34 @@ class Podman(Engine):
         if ref.digest not in digests:
             raise EngineError(f"pull {image}: the engine holds another digest ({found.get('Digest')})")
         return int(found.get("Size") or 0)
+
+    async def _metered_pull(self, args: list[str], progress: Callable[[int], Awaitable[Any]], *, what: str) -> None:
+        """The pull with its own TMPDIR, where podman writes each blob as it arrives (before it goes
+        into the store): the directory's size is the bytes received so far. The CLI prints no byte
+        counts without a terminal; this needs no REST service beside the agent."""
+        landing = Path(tempfile.mkdtemp(dir=self.scratch, prefix=".pull-"))
+        try:
+            async with trio.open_nursery() as nursery:
+                async def meter() -> None:
+                    said = 0
+                    while True:
+                        await trio.sleep(self.progress_interval)
+                        size = await trio.to_thread.run_sync(_tree_size, landing)
+                        if size > said:
+                            said = size
+                            await progress(size)
+
+                nursery.start_soon(meter)
+                failure = None
+                try:
+                    await self._run(args, timeout=self.pull_timeout, what=what, env={"TMPDIR": str(landing)})
+                except EngineError as exc:
+                    failure = exc  # raised below as itself, not inside the nursery's exception group
+                nursery.cancel_scope.cancel()
+        finally:
+            await trio.to_thread.run_sync(lambda: shutil.rmtree(landing, ignore_errors=True))
+        if failure is not None:
+            raise failure
 
     async def create(self, spec: RunSpec) -> None:
         args = ["create", "--name", spec.name, "--restart", spec.restart]

@@ -284,6 +284,14 @@ class ContainerPulled(Body):
     seconds: float = Field(ge=0, description="how long the pull took (0 when the image was there)")
 
 
+class ContainerPullProgress(Body):
+    container: str = Field(description="the container's name in the version")
+    image: str = Field(description="the image, pinned by digest")
+    bytes: int = Field(ge=0, description="bytes received so far (podman: the blobs in its download directory)")
+    seconds: float = Field(ge=0, description="since the pull began")
+    rateBps: int = Field(ge=0, description="bytes / seconds")
+
+
 class Refusal(Body):
     """A frame the device did not get across because it was over the limit."""
     frame: str = Field(description="what the frame was: hello, reply, event <kind> (frame when unknown)")
@@ -375,6 +383,8 @@ EVENTS: dict[str, EventKind] = {e.kind: e for e in (
     EventKind("tunnel.usage", "totals of a tunnel session every 30 s and at its close", TunnelUsage),
     EventKind("telemetry", "a sample while telemetry is on", Body),
     EventKind("registry.bytes", "bytes the registry proxy carried that day since the last report", RegistryBytes),
+    EventKind("container.pull_progress", "an image is arriving: about one a second while it is pulled "
+              "(docs/containers.md)", ContainerPullProgress),
     EventKind("container.pulled", "an image of a container version is on the device (docs/containers.md)",
               ContainerPulled),
     EventKind("link.refused", "frames refused as too big since the last link", LinkRefused),

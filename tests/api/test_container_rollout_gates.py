@@ -7,6 +7,8 @@ these are quick. The real-podman end to end is tests/api/test_container_rollout.
 
 from __future__ import annotations
 
+import json
+
 import trio
 
 from device_client.containers import LABEL_MANAGED, engine_name
@@ -115,3 +117,34 @@ async def test_a_device_under_a_memory_test_is_deferred_until_it_ends(nursery, d
 
         await wait_for(completed, timeout=40, interval=0.2)
         assert await _runs(engine, vid)
+
+
+async def test_pull_progress_reaches_the_devices_event_stream(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        reg = await start_registry(nursery, tmp_path / "registry", build=False)
+        image = await reg.push_blank("app/web", "1")
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5, registries=(reg.host,))
+        dev, token = await hub.provision("slow-pull")
+        await start_agent(nursery, hub.base_url, token, tmp_path / "agent",
+                          container_engine=FakeEngine(image_size=10 << 20, pull_seconds=2.0))
+        r = await hub.call("POST", "/v1/configurations", json={"name": "shop", "spec": {"containers": [
+            {"name": "web", "image": image}]}})
+        cid = r.json()["data"]["id"]
+        seen: list[dict] = []
+
+        async def watch(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            async with hub.client.stream("GET", hub.base_url + f"/v1/devices/{dev}/events", headers=hub.headers) as s:
+                task_status.started()
+                async for line in s.aiter_lines():
+                    if line.startswith("data: ") and "container.pul" in line:
+                        seen.append(json.loads(line[6:]))
+                        if "container.pulled" in line:
+                            return
+
+        async with trio.open_nursery() as watchers:
+            await watchers.start(watch)
+            r = await hub.call("PUT", f"/v1/devices/{dev}/configuration", json={"configId": cid})
+            assert r.status_code == 202, r.text
+        kinds = [e.get("kind") for e in seen]
+        assert kinds == ["device.event.container.pull_progress", "device.event.container.pulled"], seen
+        assert seen[0]["payload"]["bytes"] == 5 << 20 and seen[0]["payload"]["rateBps"] > 0, seen[0]
