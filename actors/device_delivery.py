@@ -28,8 +28,8 @@ import trio
 from actors.bus import BusError, NoResponders, RequestTimeout
 from actors.errors import AskError, DeviceOffline, DeviceRefused
 from actors.machines.delivery import reconcile
-from device_client.shared import verbs
-from device_client.shared.protocol import subject
+from device_client.shared import imageref, verbs
+from device_client.shared.protocol import runs_containers, subject
 
 if TYPE_CHECKING:
     from actors.device import DeviceActor
@@ -41,6 +41,10 @@ UNKNOWN = object()
 # the apply has failed (docs/device-protocol.md: every command that moves a state ends in a terminal one).
 APPLY_TIMEOUT = 120.0
 NOTICE_TIMEOUT = 2.0
+
+
+NO_ENGINE = ("the version runs containers and this device has no container engine "
+             "(its agent was not started with --containers podman, or podman did not answer at its start)")
 
 
 class NotDone(Exception):
@@ -247,9 +251,18 @@ class DeviceDelivery:
         version = await self._db(s.configs.version, device["org_id"], target)
         if version is None:
             return
+        if version["spec"].get("containers") and not runs_containers(self.actor.facts):
+            # The device would refuse it too; saying so here names the cause before anything is sent,
+            # and the rejection holds until the version is assigned again (as a device's own would).
+            await self._db(s.devices.set_config_result, self.device_id, "rejected", NO_ENGINE,
+                           device["applied_version_id"], s.clock.now())
+            return
         files = await self._db(s.secrets.config_files_for, self.device_id, device["config_id"])
         payload = {"configId": str(device["config_id"]), "versionId": str(target), "version": version["version"],
                    "spec": version["spec"], "files": [self.file_payload(f) for f in files]}
+        auth = await self.registry_auth(device["org_id"], version["spec"])
+        if auth:
+            payload["registryAuth"] = auth
         # "applying": the version is on its way and the device will verify it (rollouts show it).
         await self._db(s.devices.set_config_result, self.device_id, "applying", None, device["applied_version_id"], s.clock.now())
         try:
@@ -286,6 +299,14 @@ class DeviceDelivery:
                                f"configuration files not applied: {exc.reason}", s.clock.now())
             return
         await self.record_config_result(result.model_dump())
+
+    async def registry_auth(self, org_id: uuid.UUID, spec: dict) -> dict[str, dict[str, str]]:
+        """The organisation's credentials for the registries of the version's images, those only,
+        opened for the frame (as secret files are): {registry: {username, password}}."""
+        registries = {_registry_of(c.get("image")) for c in spec.get("containers") or []} - {None}
+        sealed = await self._db(self.s.registry_credentials.sealed_for, org_id, registries) if registries else {}
+        return {registry: {"username": user, "password": self.s.secret_box.open(ciphertext).decode()}
+                for registry, (user, ciphertext) in sealed.items()}
 
     async def record_config_result(self, result: dict) -> None:
         """A ConfigApplyResult (the reply to config.apply, or event config.result). A malformed one is a
@@ -336,6 +357,13 @@ def file_results(sent: list[dict], results: list[Any]) -> list[dict]:
         elif r.status == "failed":
             out.append({"fileId": p["fileId"], "status": "failed", "error": (r.error or "failed on the device")[:500]})
     return out
+
+
+def _registry_of(image: Any) -> str | None:
+    try:
+        return imageref.parse(image).registry
+    except imageref.BadReference:
+        return None  # a stored version was checked when it was made; the device refuses it again
 
 
 def _uuid(value: Any) -> uuid.UUID | None:

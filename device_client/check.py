@@ -9,7 +9,9 @@ The checks take the agent's own flags, so the line in the systemd unit can be ch
 - clock: the device's wall clock against the hub's ``Date`` header;
 - data dir and device root: a probe file can be created and removed in each;
 - workload: the workload account exists, and the agent can switch to it;
-- tunnels: the tunnel flags parse (targets, the shell user exists).
+- tunnels: the tunnel flags parse (targets, the shell user exists);
+- containers: with ``--containers podman``, podman answers (its version and ``podman info``, which
+  reads its storage and runtime configuration, --containers-conf included) as the agent will call it.
 
 The hub check opens ``/v1/device/link`` with the token and closes it before sending a hello. The hub
 checks the token before it accepts the upgrade (hub/api/link.py ``device_link``: 401 refused) and
@@ -230,6 +232,27 @@ def check_tunnels(args: Any) -> Outcome:
     return Outcome(True, "tunnels", config.describe())
 
 
+async def check_containers(args: Any) -> Outcome:
+    if not getattr(args, "containers", None):
+        return Outcome(True, "containers", "none (no --containers): versions with containers are rejected")
+    from .agent_cli import container_options
+    from .engine.base import EngineError
+
+    conf = getattr(args, "containers_conf", None)
+    if conf and not os.access(conf, os.R_OK):
+        return Outcome(False, "containers", f"cannot read the containers.conf {conf}")
+    engine = container_options(args)["container_engine"]
+    try:
+        with trio.fail_after(HUB_TIMEOUT * 3):
+            name, version = await engine.version()
+            runtime = await engine.runtime()
+    except EngineError as exc:
+        return Outcome(False, "containers", f"{exc} (docs/containers.md, \"What the device needs\")")
+    except trio.TooSlowError:
+        return Outcome(False, "containers", f"podman did not answer within {HUB_TIMEOUT * 3:g} s")
+    return Outcome(True, "containers", f"{name} {version} with {runtime}")
+
+
 # ---- the IO edge ----
 
 def _date(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
@@ -284,6 +307,7 @@ def run(args: Any, environ: dict[str, str] | None = None) -> list[Outcome]:
     outcomes += check_dirs(Path(args.data_dir), Path(root) if root else None)
     outcomes.append(check_workload(args.workload_user))
     outcomes.append(check_tunnels(args))
+    outcomes.append(trio.run(check_containers, args))
     return outcomes
 
 

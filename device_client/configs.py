@@ -25,10 +25,11 @@ tests) no version can be verified, so the command fails with ``busy`` and the hu
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -39,6 +40,7 @@ from .background import BootLoop
 from .commands import CommandError
 from .containers import ContainerSet, parse_containers
 from .files import SecretFileStore
+from .shared import imageref
 from .state import write_json_atomic
 from .workload import Health, Workload, WorkloadSpec, parse_spec
 
@@ -50,6 +52,8 @@ log = logging.getLogger("fleethub.agent.configs")
 CURRENT_NAME = "config-current.json"
 VERSIONS_DIR = "configs"
 KEEP_VERSIONS = 8  # version files kept for a human looking at a device; the current one always is
+REGISTRY_AUTH_NAME = "registry-auth.json"
+MAX_REGISTRY_LOGINS = 16  # a version has at most 16 containers, so at most 16 registries
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # becomes a file name
 
 
@@ -60,6 +64,29 @@ class ApplyRequest:
     version: int | None
     spec: dict[str, Any]
     files: list[Any]
+    registry_auth: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False)  # registry -> login
+
+
+def parse_registry_auth(value: Any) -> dict[str, tuple[str, str]]:
+    """config.apply's ``registryAuth``: {registry: {username, password}}. Errors never quote a value."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_REGISTRY_LOGINS:
+        raise CommandError("invalid_payload", f"registryAuth must be an object of at most {MAX_REGISTRY_LOGINS} "
+                                              "registries")
+    out = {}
+    for registry, login in value.items():
+        if not isinstance(registry, str) or imageref.parse_registry(registry) is None:
+            raise CommandError("invalid_payload", "registryAuth: a key is not a registry host[:port]")
+        user = login.get("username") if isinstance(login, dict) else None
+        password = login.get("password") if isinstance(login, dict) else None
+        if not (isinstance(user, str) and isinstance(password, str) and user and password
+                and (user + password).isascii() and user.isprintable() and password.isprintable() and ":" not in user
+                and len(user) <= 256 and len(password) <= 4096):
+            raise CommandError("invalid_payload", f"registryAuth.{registry}: a username (no ':') and a password, "
+                                                  "printable ASCII, are needed")
+        out[registry] = (user, password)
+    return out
 
 
 def parse_apply(payload: dict[str, Any]) -> ApplyRequest:
@@ -78,7 +105,19 @@ def parse_apply(payload: dict[str, Any]) -> ApplyRequest:
     files = payload.get("files", [])
     if not isinstance(files, list):
         raise CommandError("invalid_payload", "files must be a list of secret files")
-    return ApplyRequest(ids["configId"], ids["versionId"], version, spec, files)
+    return ApplyRequest(ids["configId"], ids["versionId"], version, spec, files,
+                        parse_registry_auth(payload.get("registryAuth")))
+
+
+def write_registry_auth(path: Path, logins: dict[str, tuple[str, str]]) -> None:
+    """The version's registry credentials at ``path`` (0600, containers-auth.json: the engine's
+    --authfile), and no others: no logins, no file."""
+    if not logins:
+        path.unlink(missing_ok=True)
+        return
+    auths = {registry: {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
+             for registry, (user, password) in logins.items()}
+    write_json_atomic(path, {"auths": auths}, mode=0o600)
 
 
 class ConfigManager:
@@ -88,6 +127,9 @@ class ConfigManager:
         self.files = files
         self.workload = workload
         self.containers = containers  # None: no container engine on this device
+        self.auth_path = self.data_dir / REGISTRY_AUTH_NAME
+        if containers is not None:
+            containers.auth_file = self.auth_path
         self.device_id = device_id
         self.current_path = self.data_dir / CURRENT_NAME
         self.versions_dir = self.data_dir / VERSIONS_DIR
@@ -170,7 +212,12 @@ class ConfigManager:
         device.add_shutdown_hook(self.workload.stop)
         self.workload.on_health = self._health_changed
         if self.containers is not None:
+            device.add_boot_hook(self._identify_engine)
             BootLoop(device, lambda: self.containers.watch(self._health_changed))
+
+    async def _identify_engine(self) -> None:
+        # a boot hook, so the first hello already says whether this device runs containers
+        self._device.capabilities.containerEngine = await self.containers.capability()
 
     async def _health_changed(self, health: Health) -> None:
         await self._send("workload.health", health.event())
@@ -206,6 +253,8 @@ class ConfigManager:
                   "state": "verifying", "previous": _without_previous(base)}
         await trio.to_thread.run_sync(self._save_version, record)
         await trio.to_thread.run_sync(self._save_current, record)
+        if containers:
+            await trio.to_thread.run_sync(self._save_registry_auth, request.registry_auth)
         health = await self._run_and_verify(spec, record)
         container_log = None
         if health.healthy and self.containers is not None:
@@ -225,6 +274,9 @@ class ConfigManager:
         return _result("rejected", request.config_id, request.version_id, [],
                        error=f"health check failed: {health.detail}" + (f": {said}" if said else ""),
                        rolled_back_to=base_id, check_output=health.output, workload_log=workload_log)
+
+    def _save_registry_auth(self, logins: dict[str, tuple[str, str]]) -> None:
+        write_registry_auth(self.auth_path, logins)
 
     async def _run_and_verify(self, spec: WorkloadSpec | None, record: dict[str, Any]) -> Health:
         await self.workload.restart(spec, self._env(record))

@@ -5,8 +5,9 @@ since a device never trusts a frame for what it runs). Images are named by diges
 
 Apply (``ContainerSet.apply``), for version V while version U's containers run:
 
-1. every image is pulled and the engine must hold exactly its digest; a ``container.pulled`` event
-   says how many bytes and seconds each took;
+1. every image is pulled and the engine must hold exactly its digest; while it arrives,
+   ``container.pull_progress`` events (about one a second: bytes so far, seconds, rateBps) say how far
+   it got, and a ``container.pulled`` event how many bytes and seconds it took;
 2. V's containers are created beside U's (engine name ``fleethub-<V>-<name>``, labels
    ``fleethub.version`` and ``fleethub.container``); leftovers of an earlier try of V go first;
 3. U's containers that publish a port a V container publishes are stopped (a port of the device
@@ -16,6 +17,11 @@ Apply (``ContainerSet.apply``), for version V while version U's containers run:
 5. healthy: U's containers are removed and unused images pruned to the disk budget. Not healthy, or
    any engine error on the way: V's containers are removed, the U containers stopped in step 3 start
    again, and the result says why, with the failing check's output and the container's last log lines.
+
+Registry credentials (config.apply's ``registryAuth``, only the registries of the version's images)
+are written by configs.py to ``registry-auth.json`` (0600, the containers-auth.json format podman's
+``--authfile`` reads) before the pulls and replaced at the next apply, so a device keeps the
+credentials of the last version it was sent and no others; they are never logged.
 
 Power loss: the configuration record (configs.py) says which version runs; ``reconcile`` at boot
 removes every managed container of another version and starts (creating if need be) the wanted
@@ -41,7 +47,7 @@ import trio
 from .devroot import DeviceRoot, Refused
 from .engine.base import ContainerInfo, Engine, EngineError, Mount, RunSpec
 from .pullroute import PullRoute
-from .shared import imageref
+from .shared import imageref, protocol
 from .shared.paths import SECRETS_DIR, VOLUMES_DIR
 from .workload import Health
 
@@ -190,7 +196,20 @@ class ContainerSet:
         self.on_event = on_event
         self.route = route  # None: every pull goes to the image's registry
         self.running_version: tuple[str, tuple[str, ...]] | None = None  # (versionId, container names) that run
+        # the registry credentials of the version being applied or run (configs.py writes it, 0600 in the
+        # agent's 0700 data dir); handed to every pull while it exists
+        self.auth_file: Path | None = None
         self._applying = False
+
+    async def capability(self) -> protocol.ContainerEngineCapability | None:
+        """What the hello says of the engine; None when it does not answer, so that the hub sends no
+        container version to a device that could not run it (asked again at the agent's next start)."""
+        try:
+            name, version = await self.engine.version()
+        except EngineError as exc:
+            log.error("the container engine does not answer (%s): the hello offers no containers", exc)
+            return None
+        return protocol.ContainerEngineCapability(name=name, version=version)
 
     # ---- apply ----
 
@@ -310,10 +329,19 @@ class ContainerSet:
 
     async def _pull(self, spec: ContainerSpec) -> None:
         began = time.monotonic()
+        auth = self.auth_file if self.auth_file is not None and self.auth_file.exists() else None
+
+        async def progress(received: int) -> None:
+            seconds = max(time.monotonic() - began, 1e-3)
+            await self.on_event("container.pull_progress", {
+                "container": spec.name, "image": spec.image, "bytes": received, "seconds": round(seconds, 3),
+                "rateBps": round(received / seconds)})
+
+        how = {"auth_file": auth, "progress": progress if self.on_event else None}
         if self.route is None:
-            size, via = await self.engine.pull(spec.image), "registry"
+            size, via = await self.engine.pull(spec.image, **how), "registry"
         else:
-            size, via = await self.route.pull(self.engine, spec.image)
+            size, via = await self.route.pull(self.engine, spec.image, **how)
         if self.on_event is not None:
             seconds = round(time.monotonic() - began, 3)
             await self.on_event("container.pulled", {"container": spec.name, "image": spec.image, "bytes": size,

@@ -26,6 +26,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from .engine.base import Engine, EngineError, Mirror
@@ -71,18 +72,19 @@ class PullRoute:
         os.replace(tmp, path)
         return path
 
-    async def pull(self, engine: Engine, image: str) -> tuple[int, str]:
-        """The image's size and how it came: "registry" or "proxy"."""
+    async def pull(self, engine: Engine, image: str, **how: Any) -> tuple[int, str]:
+        """The image's size and how it came: "registry" or "proxy". ``how``: the engine's pull options
+        (registry logins, progress), the same whichever way the image comes."""
         mirror = self.mirror(image) if self.mode != "off" else None
         if mirror is None:
-            return await engine.pull(image), "registry"
+            return await engine.pull(image, **how), "registry"
         if self.mode == "always":
-            return await engine.pull(image, mirror), "proxy"
+            return await engine.pull(image, mirror, **how), "proxy"
         try:
-            return await engine.pull(image), "registry"
+            return await engine.pull(image, **how), "registry"
         except EngineError as direct:
             log.info("%s; pulling it through the hub's registry proxy", direct)
             try:
-                return await engine.pull(image, mirror), "proxy"
+                return await engine.pull(image, mirror, **how), "proxy"
             except EngineError as proxied:
                 raise EngineError(f"{direct}; through the hub's registry proxy: {proxied}") from None

@@ -176,7 +176,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
               f"  organisation  {info['org_id']}\n  fleet         {info['fleet_id']}\n"
               f"  PAT id        {info['pat']['id']}\n  PAT secret    {info['pat']['secret']}\n"
               f"  admin         {info['admin']['email']} / {info['admin']['password']}\n"
-              f"  written to    {settings.data_dir / 'demo.json'}\n\nTry:\n{curl_examples(info)}\n\n"
+              f"  written to    {settings.data_dir / 'demo.json'}\n  containers    {info.get('containers', 'off')}\n"
+              f"\nTry:\n{curl_examples(info)}\n\n"
               "Ctrl-C stops the hub, the devices and PostgreSQL.\n", flush=True)
 
     async def main(stopping: trio.Event) -> None:

@@ -7,6 +7,9 @@ So that every part of the API answers out of the box, the demo organisation also
 profile (plan "demo"), tunnel sessions are enabled for it, the catalogue gets demo list prices when
 no price was ever set (``DEMO_PRICES``: made-up figures, labelled as such), and each simulated
 device offers a tunnel target ``echo``: a TCP echo server the demo runs on 127.0.0.1.
+
+``containers``: a container version is rolled out too, from a registry the demo starts, to one more
+device that runs podman (hub/demo_containers.py); ``info["containers"]`` says what happened.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 import trio
 
 from device_client.sim import run_sim
+from hub.demo_containers import run_container_demo
 from hub.auth.passwords import hash_password
 from hub.auth.pat import cli_safe_secret, digest, new_pat
 from hub.services import Services
@@ -100,7 +104,7 @@ def curl_examples(info: dict) -> str:
 
 async def run_demo(services: Services, base_url: str, nursery: trio.Nursery, *, data_dir: Path,
                    devices: int, memory_faults: list[str] | None = None,
-                   memory_budget: int | None = None, tunnel_shell: bool = False) -> dict:
+                   memory_budget: int | None = None, tunnel_shell: bool = False, containers: bool = True) -> dict:
     from device_client.shell import ShellUser
     from device_client.tunnel import TunnelConfig
     from webrtc.device_tunnel import attach as tunnel_engine
@@ -116,5 +120,7 @@ async def run_demo(services: Services, base_url: str, nursery: trio.Nursery, *, 
                                               shell=ShellUser.lookup(None) if tunnel_shell else None),
                        "tunnel_engine": tunnel_engine}))
     info = {"base_url": base_url, **info, "devices": [a.device_id for a in agents]}
+    if containers:
+        info["containers"] = await run_container_demo(services, base_url, nursery, data_dir=data_dir, info=info)
     write_demo_file(data_dir / "demo.json", info)
     return info

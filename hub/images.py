@@ -11,9 +11,11 @@ the registry itself, is wrong, and a version must not be built on it.
 Bounds, so that a hostile or broken registry costs a request a few seconds and a few MiB at most: each
 request has ``timeout`` seconds in all (connect, headers and the whole body), a manifest is at most
 ``MAX_MANIFEST_BYTES`` (4 MiB, the limit the distribution spec lets registries impose), and redirects
-are not followed. Anonymous pulls only: a registry that answers 401 with a Bearer challenge (Docker
-Hub, GHCR, most public registries) is asked again with an anonymous token from the service it names;
-one that wants credentials is refused with an error that says so (docs/containers.md, "not yet").
+are not followed. Authentication: a registry that answers 401 with a Bearer challenge (Docker Hub,
+GHCR, most public registries) is asked again with a token from the service it names, got with the
+organisation's credential for that registry (basic auth on the token request) or anonymously
+without one; a registry that answers with a Basic challenge is asked again with the credential. The
+password goes only into those Authorization headers: never into an error, a log line or a URL.
 
 Where the hub may connect (``check_destination``): an editor names the registry, so without a rule
 the hub could be made to send requests into its own network (its PostgreSQL's host, a cloud metadata
@@ -28,6 +30,7 @@ network.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import ipaddress
 import json
@@ -122,14 +125,16 @@ def manifest_url(ref: ImageRef) -> str:
 
 
 async def resolve(ref: ImageRef, *, timeout: float = DEFAULT_TIMEOUT, allowed: Collection[str] | None = None,
-                  transport: httpx.AsyncBaseTransport | None = None) -> str:
+                  transport: httpx.AsyncBaseTransport | None = None,
+                  credentials: tuple[str, str] | None = None) -> str:
     """The sha256 digest of ``ref``'s manifest, as the hub hashed it; RegistryError otherwise.
-    ``allowed`` (when not None): ``check_destination`` for the registry and its token service."""
+    ``allowed`` (when not None): ``check_destination`` for the registry and its token service.
+    ``credentials``: (username, password) for the registry, used only when it asks for them."""
     try:
         with trio.fail_after(timeout):
             if allowed is not None:
                 await check_destination(api_host(ref), allowed)
-            return await _fetch_digest(ref, timeout, allowed, transport)
+            return await _fetch_digest(ref, timeout, allowed, transport, credentials)
     except trio.TooSlowError:
         raise RegistryError(f"the registry {ref.registry} did not answer within {timeout:g}s",
                             unreachable=True) from None
@@ -146,9 +151,21 @@ def bearer_challenge(header: str | None) -> dict[str, str] | None:
     return params if "realm" in params else None
 
 
-async def _anonymous_token(client: httpx.AsyncClient, ref: ImageRef, challenge: dict[str, str],
-                           allowed: Collection[str] | None) -> str:
-    """A pull token for anyone (the distribution token protocol without credentials)."""
+def basic_auth(username: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+
+
+def _refused(ref: ImageRef, credentials: tuple[str, str] | None, said: str) -> RegistryError:
+    if credentials is None:
+        return RegistryError(f"the registry {ref.registry} asks for credentials for {ref.repository} ({said}); "
+                             "give the organisation's: POST /v1/registry-credentials")
+    return RegistryError(f"the registry {ref.registry} refused the organisation's credential (user "
+                         f"{credentials[0]}) for {ref.repository} ({said})")
+
+
+async def _token(client: httpx.AsyncClient, ref: ImageRef, challenge: dict[str, str],
+                 allowed: Collection[str] | None, credentials: tuple[str, str] | None) -> str:
+    """A pull token (the distribution token protocol), with the credential when there is one."""
     realm = httpx.URL(challenge["realm"])
     if realm.scheme != "https" and not (realm.scheme == "http" and ref.plain_http):
         raise RegistryError(f"the registry {ref.registry} names a token service that is not HTTPS")
@@ -157,11 +174,10 @@ async def _anonymous_token(client: httpx.AsyncClient, ref: ImageRef, challenge: 
     params = {"scope": challenge.get("scope") or f"repository:{ref.repository}:pull"}
     if "service" in challenge:
         params["service"] = challenge["service"]
-    async with client.stream("GET", realm, params=params) as r:
+    auth = httpx.BasicAuth(*credentials) if credentials is not None else None
+    async with client.stream("GET", realm, params=params, auth=auth) as r:
         if r.status_code != 200:
-            raise RegistryError(f"the registry {ref.registry} asks for credentials for {ref.repository} "
-                                f"(its token service answered {r.status_code}); only anonymous pulls are "
-                                "supported so far")
+            raise _refused(ref, credentials, f"its token service answered {r.status_code}")
         body = b""
         async for chunk in r.aiter_raw():
             body += chunk
@@ -178,23 +194,28 @@ async def _anonymous_token(client: httpx.AsyncClient, ref: ImageRef, challenge: 
 
 
 async def _fetch_digest(ref: ImageRef, timeout: float, allowed: Collection[str] | None,
-                        transport: httpx.AsyncBaseTransport | None) -> str:
+                        transport: httpx.AsyncBaseTransport | None,
+                        credentials: tuple[str, str] | None = None) -> str:
     headers = {"Accept": MANIFEST_TYPES}
     if transport is None and allowed is not None:
         transport = PinnedTransport(allowed)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), follow_redirects=False,
                                  transport=transport) as client:
-        for _ in range(2):  # a second time only with an anonymous token
+        for _ in range(2):  # a second time only with a token or the credential
             async with client.stream("GET", manifest_url(ref), headers=headers) as r:
                 if r.status_code == 401:
-                    challenge = bearer_challenge(r.headers.get("www-authenticate"))
-                    if challenge is not None and "Authorization" not in headers:
+                    said = r.headers.get("www-authenticate") or ""
+                    challenge = bearer_challenge(said)
+                    if "Authorization" not in headers and challenge is not None:
                         await r.aclose()
-                        token = await _anonymous_token(client, ref, challenge, allowed)
+                        token = await _token(client, ref, challenge, allowed, credentials)
                         headers["Authorization"] = f"Bearer {token}"
                         continue
-                    raise RegistryError(f"the registry {ref.registry} asks for credentials for {ref.repository}; "
-                                        "only anonymous pulls are supported so far")
+                    if "Authorization" not in headers and credentials is not None and said[:6].lower() == "basic ":
+                        await r.aclose()
+                        headers["Authorization"] = basic_auth(*credentials)
+                        continue
+                    raise _refused(ref, credentials, "it answered 401")
                 sha, said = await _read_manifest(ref, r)
                 break
     digest = "sha256:" + sha.hexdigest()

@@ -53,6 +53,7 @@ from storage.nodes import ClusterNodes
 from storage.rollouts import Rollouts
 from storage.rowcache import RowCache
 from storage.windows import UpdateWindows
+from storage.registry_credentials import RegistryCredentials
 from storage.secrets import SecretFiles
 from storage.tokens import Tokens
 from storage.usage import Usage
@@ -125,6 +126,7 @@ class Services:
         self.identity = Identity(self.db)
         self.configs = Configurations(self.db, self.devices.cache)
         self.secrets = SecretFiles(self.db)
+        self.registry_credentials = RegistryCredentials(self.db)
         self.rollouts = Rollouts(self.db, self.devices.cache)
         self.rollout_leases = RolloutLeases(self.db)
         self.cluster_nodes = ClusterNodes(self.db)

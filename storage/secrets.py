@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from storage import registry_credentials
 from storage.db import Database
 
 MAX_FILES = 32
@@ -87,7 +88,8 @@ class SecretFiles:
         self.db = db
 
     async def reencrypt_all(self, convert) -> int:
-        """Apply ``convert(ciphertext) -> ciphertext`` to every stored content in one transaction.
+        """Apply ``convert(ciphertext) -> ciphertext`` to every stored content (registry passwords too)
+        in one transaction.
         The table is locked against writes meanwhile, so no upload lands between read and write."""
         async def body(conn: asyncpg.Connection) -> int:
             await conn.execute("LOCK TABLE secret_files IN SHARE ROW EXCLUSIVE MODE")
@@ -96,7 +98,7 @@ class SecretFiles:
                 await conn.execute(
                     """UPDATE secret_files f SET ciphertext = u.c FROM unnest($1::uuid[], $2::bytea[]) AS u(id, c)
                        WHERE f.id = u.id""", [r["id"] for r in rows], [convert(r["ciphertext"]) for r in rows])
-            return len(rows)
+            return len(rows) + await registry_credentials.reencrypt(conn, convert)
 
         return await self.db.run(body, transaction=True)
 

@@ -14,6 +14,7 @@ A test marked ``needs_containers`` is skipped, with the reason, when any of the 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,7 +108,8 @@ async def remove_everything(engine: Podman) -> None:
 class Registry:
     url: str  # http://127.0.0.1:PORT
     host: str  # 127.0.0.1:PORT, as an image reference names it
-    builder: Podman  # the store images are built in before they are pushed
+    builder: Podman | None  # the store images are built in before they are pushed (None: push_blank only)
+    login: tuple[str, str] | None = None  # a user of its htpasswd, with which tests push
 
     async def push(self, name: str, tag: str, *, files: dict[str, bytes] | None = None,
                    cmd: list[str] | None = None) -> str:
@@ -121,8 +124,32 @@ class Registry:
         change = "CMD " + json.dumps(cmd)
         await self._podman(["import", "--change", change, str(tar), local])
         reference = f"{self.host}/{name}:{tag}"
-        await self._podman(["push", "--tls-verify=false", local, f"docker://{reference}"])
+        creds = ["--creds", ":".join(self.login)] if self.login else []
+        await self._podman(["push", "--tls-verify=false", *creds, local, f"docker://{reference}"])
         return reference
+
+    async def push_blank(self, name: str, tag: str) -> str:
+        """An image with no layers, put with the registry's HTTP API alone (no podman): enough for a
+        version pinned by the hub and run by the fake engine. Its reference."""
+        config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []},
+                             "config": {}, "name": f"{name}:{tag}"}).encode()
+        digest = "sha256:" + hashlib.sha256(config).hexdigest()
+        manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                               "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                          "digest": digest, "size": len(config)},
+                               "layers": []}).encode()
+        async with httpx.AsyncClient(base_url=self.url, timeout=10, auth=self.login) as client:
+            r = await client.post(f"/v2/{name}/blobs/uploads/")
+            assert r.status_code == 202, r.text
+            location = r.headers["location"]
+            location += ("&" if "?" in location else "?") + f"digest={digest}"
+            r = await client.put(location, content=config,
+                                 headers={"Content-Type": "application/octet-stream"})
+            assert r.status_code == 201, r.text
+            r = await client.put(f"/v2/{name}/manifests/{tag}", content=manifest,
+                                 headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
+            assert r.status_code == 201, r.text
+        return f"{self.host}/{name}:{tag}"
 
     async def _podman(self, args: list[str]) -> None:
         b = self.builder
@@ -152,16 +179,45 @@ def _rootfs(files: dict[str, bytes]) -> bytes:
     return out.getvalue()
 
 
-async def start_registry(nursery: trio.Nursery, directory: Path) -> Registry:
+def bcrypt_hash(password: str) -> str:
+    """What docker-registry's htpasswd wants: bcrypt. Python's bcrypt and passlib are not installed here
+    and htpasswd (apache2-utils) may not be; the C library's crypt(3) (libxcrypt) makes $2b$ hashes."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt
+    return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=1 << 4))
+
+
+def registry_missing() -> list[str]:
+    return [] if shutil.which("docker-registry") else ["docker-registry"]
+
+
+#: a test that needs only a registry (images put with ``push_blank``, run by the fake engine)
+needs_registry = pytest.mark.skipif(bool(registry_missing()),
+                                    reason="registry tests need docker-registry (make system-deps)")
+
+
+async def start_registry(nursery: trio.Nursery, directory: Path, *, build: bool = True,
+                         htpasswd: dict[str, str] | None = None) -> Registry:
     """Debian's docker-registry on a free loopback port, storing under ``directory``; it stops with
-    ``nursery``. Returns once it answers /v2/."""
-    require_tools()
+    ``nursery``. Returns once it answers /v2/. ``build``: with a podman store to build images in
+    (``push``); without, only ``push_blank`` works and podman is not needed. ``htpasswd``: user ->
+    password, and the registry wants them (basic auth over plain HTTP, loopback only)."""
+    if build:
+        require_tools()
+    elif registry_missing():
+        pytest.skip("registry tests need docker-registry (make system-deps)")
     directory.mkdir(parents=True, exist_ok=True)
     port = free_port()
     conf = directory / "registry.yml"
-    conf.write_text(REGISTRY_CONF.format(root=directory / "data", port=port))
+    text = REGISTRY_CONF.format(root=directory / "data", port=port)
+    if htpasswd is not None:
+        users = directory / "htpasswd"
+        users.write_text("".join(f"{user}:{bcrypt_hash(password)}\n" for user, password in htpasswd.items()))
+        text += f"auth:\n  htpasswd:\n    realm: fleethub-tests\n    path: {users}\n"
+    conf.write_text(text)
 
-    builder = podman(directory / "builder")
+    builder = podman(directory / "builder") if build else None
 
     async def run() -> None:
         try:
@@ -169,8 +225,9 @@ async def start_registry(nursery: trio.Nursery, directory: Path) -> Registry:
                 await trio.run_process(["docker-registry", "serve", str(conf)], check=False, stdout=log_file,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         finally:
-            with trio.CancelScope(shield=True):
-                await remove_everything(builder)
+            if builder is not None:
+                with trio.CancelScope(shield=True):
+                    await remove_everything(builder)
 
     nursery.start_soon(run)
     url = f"http://127.0.0.1:{port}"
@@ -178,9 +235,10 @@ async def start_registry(nursery: trio.Nursery, directory: Path) -> Registry:
         async with httpx.AsyncClient(timeout=2) as client:
             while True:
                 try:
-                    if (await client.get(f"{url}/v2/")).status_code == 200:
+                    if (await client.get(f"{url}/v2/")).status_code in (200, 401):
                         break
                 except httpx.TransportError:
                     pass
                 await trio.sleep(0.1)
-    return Registry(url, f"127.0.0.1:{port}", builder)
+    login = next(iter(htpasswd.items())) if htpasswd else None
+    return Registry(url, f"127.0.0.1:{port}", builder, login)

@@ -13,8 +13,10 @@ hold secrets.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -79,10 +81,18 @@ class Engine(ABC):
     """A container engine. Names are the agent's (RunSpec.name); labels find them again."""
 
     @abstractmethod
-    async def pull(self, image: str, mirror: Mirror | None = None) -> int:
+    async def version(self) -> tuple[str, str]:
+        """(the engine's name, its version): what the hello's capabilities.containerEngine says."""
+
+    @abstractmethod
+    async def pull(self, image: str, mirror: Mirror | None = None, *, auth_file: Path | None = None,
+                   progress: Callable[[int], Awaitable[Any]] | None = None) -> int:
         """Fetch ``image`` (pinned by digest) unless present, and check that the engine holds exactly
         that digest; the image's size in bytes. With ``mirror``: through it (the hub's registry proxy),
-        the image still known by its own name."""
+        the image still known by its own name. ``auth_file``: registry credentials in the
+        containers-auth.json format ({"auths": {registry: {"auth": base64 "user:password"}}}).
+        ``progress(bytes received so far)``: called while the pull runs, about once a second, when
+        the byte count moved (an engine that cannot tell never calls it)."""
 
     @abstractmethod
     async def create(self, spec: RunSpec) -> None:

@@ -18,7 +18,11 @@ bench on a virtual clock sees the time a pull costs.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -43,6 +47,7 @@ class FakeEngine(Engine):
     unreachable: set[str] = field(default_factory=set)
     mirrors: list[Mirror | None] = field(default_factory=list)
     pulls: int = 0
+    auth_registries: dict[str, list[str]] = field(default_factory=dict)  # digest -> registries of its pull's auth file
     _images: dict[str, ImageInfo] = field(default_factory=dict)
     _containers: dict[str, _Container] = field(default_factory=dict)
 
@@ -53,15 +58,26 @@ class FakeEngine(Engine):
             raise EngineError(f"pull {image}: a device pulls images by digest only")
         return digest
 
-    async def pull(self, image: str, mirror: Mirror | None = None) -> int:
+    async def version(self) -> tuple[str, str]:
+        return "fake", "1"
+
+    async def pull(self, image: str, mirror: Mirror | None = None, *, auth_file: Path | None = None,
+                   progress: Callable[[int], Awaitable[Any]] | None = None) -> int:
         digest = self._digest(image)
         self.mirrors.append(mirror)
         if mirror is None and parse(image).registry in self.unreachable:
             raise EngineError(f"pull {image}: the registry cannot be reached")
+        # what a real engine would have logged in with: the registries the auth file names
+        self.auth_registries[digest] = sorted(json.loads(auth_file.read_text())["auths"]) if auth_file else []
         if digest in self.fail_pull:
             raise EngineError(f"pull {image}: {self.fail_pull[digest]}")
         if digest not in self._images:
-            await trio.sleep(self.pull_seconds)
+            if progress is not None and self.pull_seconds > 0:
+                await trio.sleep(self.pull_seconds / 2)
+                await progress(self.image_size // 2)  # half way: what a real pull reports as it goes
+                await trio.sleep(self.pull_seconds / 2)
+            else:
+                await trio.sleep(self.pull_seconds)
             self.pulls += 1
             self._images[digest] = ImageInfo(id=digest[7:], digests=(digest,), size=self.image_size,
                                              created=trio.current_time())

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,17 @@ from .base import ContainerInfo, Engine, EngineError, ImageInfo, Mirror, RunSpec
 
 _PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "XDG_RUNTIME_DIR", "CONTAINERS_REGISTRIES_CONF")
 CONTROL_TIMEOUT = 60.0  # create, start, rm, ps: podman's own work, no network
+
+
+def _tree_size(path: Path) -> int:
+    total = 0
+    for directory, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_size
+            except OSError:
+                pass  # podman moved it into the store meanwhile
+    return total
 
 
 async def _kill(proc: trio.Process) -> None:
@@ -51,11 +64,27 @@ def _mirror_conf(mirror: Mirror, registry_insecure: bool) -> Path:
     return path
 
 
+def _merged_auth(files: list[Path]) -> Path:
+    """One containers-auth.json holding the ``auths`` of ``files`` (written 0600 beside the first, then
+    renamed into place): podman reads a single --authfile."""
+    auths: dict = {}
+    for f in files:
+        auths.update(json.loads(f.read_text()).get("auths") or {})
+    target = files[0].with_name("pull-auth.json")
+    tmp = target.with_name(target.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump({"auths": auths}, out)
+    os.replace(tmp, target)
+    return target
+
+
 class Podman(Engine):
     def __init__(self, *, binary: str = "podman", conf: Path | None = None, root: Path | None = None,
                  runroot: Path | None = None, storage_driver: str | None = None,
-                 pull_timeout: float = 600.0, scratch: Path | None = None) -> None:
+                 pull_timeout: float = 600.0, scratch: Path | None = None, progress_interval: float = 1.0) -> None:
         self.binary = binary
+        self.progress_interval = progress_interval  # seconds between pull progress reports
         self.conf = conf
         self.pull_timeout = pull_timeout
         self.scratch = scratch  # where env files live for the instant of a create; default: the system's
@@ -92,17 +121,38 @@ class Podman(Engine):
             raise EngineError(f"{what}: {reason or f'podman exited with code {result.returncode}'}")
         return result.stdout.decode(errors="replace")
 
-    async def pull(self, image: str, mirror: Mirror | None = None) -> int:
+    async def version(self) -> tuple[str, str]:
+        out = await self._run(["version", "--format", "{{.Client.Version}}"], what="podman version")
+        return "podman", out.strip()[:64]
+
+    async def runtime(self) -> str:
+        """The OCI runtime podman uses (``podman info`` reads the store and the runtime: it fails as a
+        pull or create would on a device podman cannot work on)."""
+        out = await self._run(["info", "--format", "{{.Host.OCIRuntime.Version}}"],
+                              what="podman info")
+        first = out.strip().splitlines()[0] if out.strip() else ""  # the version is several lines
+        return " ".join(first.split())[:128] or "unknown"
+
+    async def pull(self, image: str, mirror: Mirror | None = None, *, auth_file: Path | None = None,
+                   progress: Callable[[int], Awaitable[Any]] | None = None) -> int:
         ref = parse(image)
         if ref.digest is None:
             raise EngineError(f"pull {image}: a device pulls images by digest only")
         args = ["pull", "--quiet"] + (["--tls-verify=false"] if is_loopback(ref.registry) else [])
-        env = None
+        env: dict[str, str] = {}
         if mirror is not None:
             conf = await trio.to_thread.run_sync(_mirror_conf, mirror, is_loopback(ref.registry))
-            args += ["--authfile", str(mirror.authfile)]
-            env = {"CONTAINERS_REGISTRIES_CONF": str(conf)}
-        await self._run(args + [image], timeout=self.pull_timeout, what=f"pull {image}", env=env)
+            env["CONTAINERS_REGISTRIES_CONF"] = str(conf)
+        # one --authfile for podman: the mirror's (the device token for the hub's proxy) and the
+        # registry logins together, in a 0600 file beside them; a path, so no credential reaches argv
+        logins = [f for f in (mirror.authfile if mirror is not None else None, auth_file) if f is not None]
+        if logins:
+            merged = logins[0] if len(logins) == 1 else await trio.to_thread.run_sync(_merged_auth, logins)
+            args += ["--authfile", str(merged)]
+        if progress is None:
+            await self._run(args + [image], timeout=self.pull_timeout, what=f"pull {image}", env=env)
+        else:
+            await self._metered_pull(args + [image], progress, what=f"pull {image}", env=env)
         out = await self._run(["image", "inspect", "--format", "json", image], what=f"inspect {image}")
         try:
             found = json.loads(out)[0]
@@ -112,6 +162,36 @@ class Podman(Engine):
         if ref.digest not in digests:
             raise EngineError(f"pull {image}: the engine holds another digest ({found.get('Digest')})")
         return int(found.get("Size") or 0)
+
+    async def _metered_pull(self, args: list[str], progress: Callable[[int], Awaitable[Any]], *, what: str,
+                            env: dict[str, str] | None = None) -> None:
+        """The pull with its own TMPDIR, where podman writes each blob as it arrives (before it goes
+        into the store): the directory's size is the bytes received so far. The CLI prints no byte
+        counts without a terminal; this needs no REST service beside the agent."""
+        landing = Path(tempfile.mkdtemp(dir=self.scratch, prefix=".pull-"))
+        try:
+            async with trio.open_nursery() as nursery:
+                async def meter() -> None:
+                    said = 0
+                    while True:
+                        await trio.sleep(self.progress_interval)
+                        size = await trio.to_thread.run_sync(_tree_size, landing)
+                        if size > said:
+                            said = size
+                            await progress(size)
+
+                nursery.start_soon(meter)
+                failure = None
+                try:
+                    await self._run(args, timeout=self.pull_timeout, what=what,
+                                    env={**(env or {}), "TMPDIR": str(landing)})
+                except EngineError as exc:
+                    failure = exc  # raised below as itself, not inside the nursery's exception group
+                nursery.cancel_scope.cancel()
+        finally:
+            await trio.to_thread.run_sync(lambda: shutil.rmtree(landing, ignore_errors=True))
+        if failure is not None:
+            raise failure
 
     async def create(self, spec: RunSpec) -> None:
         args = ["create", "--name", spec.name, "--restart", spec.restart]

@@ -80,6 +80,14 @@ def is_loopback(registry: str) -> bool:
         return False
 
 
+def parse_registry(text: str) -> str | None:
+    """``text`` when it is a registry as a reference names it (host[:port]), else None."""
+    try:
+        return text if parse(f"{text}/x/y:latest").registry == text else None
+    except BadReference:
+        return None
+
+
 def parse(text: object) -> ImageRef:
     """``text`` as an ImageRef; BadReference (a ValueError) names what is wrong, never echoing more
     than a short prefix of hostile input."""

@@ -65,6 +65,13 @@ frame (memtest/pagemap.py). Event ``link.refused`` {refusals} reports frames ref
 lastMemoryTest (the newest Result, or the interrupted report), workloadHeld, maintenance, and
 ``memoryTestRunning`` (Status of a run in progress, e.g. in a test boot's maintenance).
 
+Containers (device_client/containers.py): hello capabilities.containerEngine {name, version} when the
+agent runs containers (``podman version`` at its start); absent, the hub does not send the device a
+version with ``spec.containers`` (its configuration is rejected with the reason) and a rollout of one
+counts it ineligible. ConfigApplyPayload.registryAuth {registry: {username, password}}: the credentials
+for the registries of the version's images, only those; the agent keeps them in a 0600 auth.json in
+its data dir for the engine's pulls and never logs or returns them.
+
 Tunnels (webrtc/device_tunnel.py with device_client/tunnel.py's configuration on the device, webrtc/ on the
 CLI, hub/api/tunnels.py on the hub):
 
@@ -253,10 +260,24 @@ class MemoryTestCapabilities(_Frame):
     offlineReason: str | None = None
 
 
+class ContainerEngineCapability(_Frame):
+    """The engine the agent runs containers with, as it answered at the agent's start."""
+    name: Annotated[str, StringConstraints(min_length=1, max_length=64)]  # "podman"
+    version: Annotated[str, StringConstraints(max_length=FACT_MAX)] = ""  # the engine's own, e.g. "4.3.1"
+
+
 class Capabilities(_Frame):
     memoryTest: MemoryTestCapabilities = Field(default_factory=MemoryTestCapabilities)
     tunnel: bool = False
     reboot: bool = True
+    # None: the agent runs no containers (no --containers, or the engine did not answer at start); the
+    # hub then neither sends it a version with containers nor counts it eligible for a rollout of one
+    containerEngine: ContainerEngineCapability | None = None
+
+
+def runs_containers(facts: dict[str, Any] | None) -> bool:
+    """A hello's facts (as the hub keeps them) offer a container engine: capabilities.containerEngine."""
+    return bool(((facts or {}).get("capabilities") or {}).get("containerEngine"))
 
 
 class TunnelTargets(_Frame):

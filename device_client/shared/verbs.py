@@ -97,12 +97,24 @@ class FilesWiped(Body):
 OUTPUT_TAIL_CHARS = 2048
 
 
+class RegistryLogin(Body):
+    username: str = Field(max_length=256)
+    password: str = Field(max_length=4096)
+
+    def __repr__(self) -> str:
+        return f"RegistryLogin(username={self.username!r}, password=<hidden>)"
+
+
 class ConfigApply(Body):
     configId: str
     versionId: str
     version: int | None = Field(None, description="the version's number")
     spec: dict[str, Any] = Field(description="the configuration's spec (workload, healthCheck, ...)")
     files: list[SecretFile] = Field(default_factory=list, description="the configuration's files for this device")
+    registryAuth: dict[str, RegistryLogin] = Field(
+        default_factory=dict, description="registry (host[:port]) -> the organisation's credential for it: only "
+                                          "the registries of the version's images; write-only (kept in a 0600 file "
+                                          "for the engine's pulls, never logged or returned)")
 
 
 class ConfigApplyResult(Body):
@@ -276,6 +288,14 @@ class ContainerPulled(Body):
                                               "registry proxy (docs/containers.md)")
 
 
+class ContainerPullProgress(Body):
+    container: str = Field(description="the container's name in the version")
+    image: str = Field(description="the image, pinned by digest")
+    bytes: int = Field(ge=0, description="bytes received so far (podman: the blobs in its download directory)")
+    seconds: float = Field(ge=0, description="since the pull began")
+    rateBps: int = Field(ge=0, description="bytes / seconds")
+
+
 class Refusal(Body):
     """A frame the device did not get across because it was over the limit."""
     frame: str = Field(description="what the frame was: hello, reply, event <kind> (frame when unknown)")
@@ -366,6 +386,8 @@ EVENTS: dict[str, EventKind] = {e.kind: e for e in (
     EventKind("memtest.health", "the tester's Health, at every link", MemtestHealthEvent, strict=True),
     EventKind("tunnel.usage", "totals of a tunnel session every 30 s and at its close", TunnelUsage),
     EventKind("telemetry", "a sample while telemetry is on", TelemetrySample),
+    EventKind("container.pull_progress", "an image is arriving: about one a second while it is pulled "
+              "(docs/containers.md)", ContainerPullProgress),
     EventKind("container.pulled", "an image of a container version is on the device (docs/containers.md)",
               ContainerPulled),
     EventKind("link.refused", "frames refused as too big since the last link", LinkRefused),

@@ -18,9 +18,11 @@ from quart import Blueprint, g, request
 from quart_schema import document_querystring
 
 from actors.device import ApplyConfig
+from device_client.shared import imageref
 from device_client.shared.protocol import CONFIG_SPEC_MAX_BYTES
 from hub.api.common import Pagination, errors, jsonable, org, pagination, parse_uuid, principal, services
 from hub.api.container_spec import Container, Port, check_containers, pin_images
+from hub.api.registry_credentials import opened_for
 from hub.api.secret_files import tell_removal
 from hub.api.validation import DeletedOut, body, enveloped, invalid, responds
 from hub.auth.authz import Obj, authorize, require_deploy, require_org, scope_for_list
@@ -90,7 +92,9 @@ async def version_spec(raw: Any) -> dict:
     """``checked_spec``, then each container's image pinned to the digest its registry serves now."""
     stored = checked_spec(raw)
     if stored.get("containers"):
-        stored["containers"] = await pin_images(stored["containers"], allowed=services().settings.registries)
+        registries = {imageref.parse(c["image"]).registry for c in stored["containers"]}
+        stored["containers"] = await pin_images(stored["containers"], allowed=services().settings.registries,
+                                                credentials=await opened_for(org().org_id, registries))
         stored = _bounded(stored)
     return stored
 

@@ -20,7 +20,7 @@ shape again (device_client/containers.py) and never trusts the hub for it.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
 import trio
@@ -160,10 +160,12 @@ def check_containers(containers: list[Container]) -> None:
 
 
 async def pin_images(containers: list[dict[str, Any]], *, allowed: Collection[str] = (),
-                     timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, Any]]:
+                     timeout: float = DEFAULT_TIMEOUT,
+                     credentials: Mapping[str, tuple[str, str]] | None = None) -> list[dict[str, Any]]:
     """``containers`` (validated) with each image named by digest; BadRequest or a 502 otherwise.
     The registries are asked concurrently, each bounded by ``timeout``; ``allowed``: the registries
-    that may have private addresses (hub/images.py, ``check_destination``)."""
+    that may have private addresses (hub/images.py, ``check_destination``); ``credentials``: registry ->
+    (username, password), the organisation's (hub/api/registry_credentials.py)."""
     pinned: list[dict[str, Any]] = [dict(c) for c in containers]
     failures: list[tuple[int, RegistryError]] = []
 
@@ -171,7 +173,8 @@ async def pin_images(containers: list[dict[str, Any]], *, allowed: Collection[st
         source = pinned[i].get("imageSource") if imageref.parse(pinned[i]["image"]).digest else None
         ref = imageref.parse(pinned[i]["image"])
         try:
-            digest = await resolve(ref, timeout=timeout, allowed=allowed)
+            digest = await resolve(ref, timeout=timeout, allowed=allowed,
+                                   credentials=(credentials or {}).get(ref.registry))
         except RegistryError as exc:
             failures.append((i, exc))
             return

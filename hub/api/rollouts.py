@@ -22,6 +22,7 @@ from quart_schema import document_request
 from actors.machines import rollout as rm
 from actors.machines.window import UpdateWindow, WindowError, check, is_open, next_start_after
 from device_client.shared.clock import rfc3339
+from device_client.shared.protocol import runs_containers
 from hub.cluster.asks import control_rollout
 from hub.cluster.leases import HeldElsewhere
 from hub.api.common import PageQuery, errors, jsonable, org, pagination, parse_uuid, principal, services
@@ -185,10 +186,13 @@ def _waiting(queued_by_fleet: dict[uuid.UUID, int], openings: dict[uuid.UUID, st
             "until": min(nexts) if nexts and None not in nexts else None}  # one format, UTC: strings compare
 
 
-def _eligibility(device: dict, fleet: dict, live: dict | None) -> str | None:
-    """Why a device is not eligible (online, fleet architecture, fleet tags), or None."""
+def _eligibility(device: dict, fleet: dict, live: dict | None, version: dict) -> str | None:
+    """Why a device is not eligible (online, fleet architecture, fleet tags, a container engine for a
+    version with containers), or None."""
     if not (live and live["online"]):
         return "offline"
+    if version["spec"].get("containers") and not runs_containers(live.get("facts")):
+        return "no container engine (the version runs containers; the device's agent offers none)"
     arch = (live.get("facts") or {}).get("architecture") or device["architecture"]
     if fleet["architecture"] and arch != fleet["architecture"]:
         return f"architecture {arch or 'unknown'} does not match the fleet's {fleet['architecture']}"
@@ -290,12 +294,12 @@ async def _selected(data: RolloutSelection, *, authorize_config: bool) -> tuple[
     return fleets, version["config_id"], version
 
 
-async def _impact_of(fleet: dict, force: bool, now) -> dict:
+async def _impact_of(fleet: dict, version: dict, force: bool, now) -> dict:
     window = _window(fleet)
     in_window = force or window is None or is_open(window, now)
     eligible, ineligible, pending = [], [], {a: [] for a in PENDING_ACTIONS}
     for row, live in await _fleet_devices(fleet):
-        reason = _eligibility(row, fleet, live)
+        reason = _eligibility(row, fleet, live, version)
         if reason:
             ineligible.append({"device_id": str(row["id"]), "reason": reason})
             continue
@@ -319,7 +323,7 @@ async def impact():
     data = await parse_body(RolloutSelection)
     fleets, _, version = await _selected(data, authorize_config=False)
     now = services().clock.now()
-    parts = [await _impact_of(fleet, data.force, now) for fleet in fleets]
+    parts = [await _impact_of(fleet, version, data.force, now) for fleet in fleets]
     eligible = [d for p in parts for d in p["eligible"]]
     queued = [d for p in parts if not p["in_window"] for d in p["eligible"]]
     pending = {a: [d for p in parts for d in p["pending"][a]] for a in PENDING_ACTIONS}
@@ -365,7 +369,7 @@ async def start_rollout(fleets: list[dict], config_id: uuid.UUID, version: dict,
         for row, live in await _fleet_devices(fleet):
             if only_devices is not None and row["id"] not in only_devices:
                 continue
-            reason = _eligibility(row, fleet, live)
+            reason = _eligibility(row, fleet, live, version)
             if reason:
                 steps.append((row["id"], fleet["id"], 0, rm.Step.INELIGIBLE.value, reason))
             else:

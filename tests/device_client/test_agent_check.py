@@ -18,7 +18,7 @@ from tests.hubtools import start_agent, start_hub
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEETHUB = [sys.executable, "-m", "hub.cli"]
-CHECKS = ["token", "hub", "clock", "data dir", "device root", "workload", "tunnels"]
+CHECKS = ["token", "hub", "clock", "data dir", "device root", "workload", "tunnels", "containers"]
 
 
 def _as_unprivileged_owner() -> list[str]:
@@ -72,6 +72,7 @@ async def test_every_check_passes_and_a_running_agent_keeps_its_link(nursery, db
         assert f"ok   hub: {hub.base_url} accepted the token\n" in out
         assert re.search(r"^ok   clock: \d+\.\d s (ahead of|behind) the hub", out, re.M), out
         assert "ok   workload: runs as nobody (uid 65534" in out
+        assert "ok   containers: none (no --containers): versions with containers are rejected\n" in out
         assert token not in out
         # the probe files are gone, and the agent's link was not taken over: same link, one welcome
         assert sorted(p.name for p in data.rglob("*")) == before
@@ -198,3 +199,28 @@ def test_the_probe_leaves_nothing_and_touches_nothing_there(tmp_path):
     assert check.probe_dir(tmp_path) is None
     assert [p.name for p in tmp_path.iterdir()] == ["kept"]
     assert check.probe_dir(tmp_path / "absent") == "No such file or directory"
+
+
+async def test_podman_is_checked_with_the_agents_containers_conf(nursery, db_url, tmp_path):
+    """--containers podman: podman must answer as the agent will call it (its containers.conf too)."""
+    from tests.containertools import require_tools, write_conf
+
+    require_tools()
+    with trio.fail_after(60):
+        hub, _, token_file = await _device(nursery, db_url, tmp_path)
+        common = ("--hub", hub.base_url, "--token-file", str(token_file), "--data-dir", str(tmp_path / "device"),
+                  "--containers", "podman")
+        code, verdicts, out = await _run_check(*common, "--containers-conf", str(write_conf(tmp_path / "conf")))
+        assert code == 0 and verdicts["containers"] == "ok", out
+        assert re.search(r"^ok   containers: podman \d+\.\d+\S* with \S+ version", out, re.M), out
+
+        bad = tmp_path / "bad.conf"
+        bad.write_text('[engine]\nruntime = "fleethub-no-such-runtime"\n')
+        code, verdicts, out = await _run_check(*common, "--containers-conf", str(bad))
+        assert code == 1, out
+        _only_failure(verdicts, "containers")
+        assert 'FAIL containers: podman version: Error: default OCI runtime "fleethub-no-such-runtime" not found' in out
+
+        code, verdicts, out = await _run_check(*common, "--containers-conf", str(tmp_path / "absent.conf"))
+        _only_failure(verdicts, "containers")
+        assert f"FAIL containers: cannot read the containers.conf {tmp_path / 'absent.conf'}" in out

@@ -83,7 +83,7 @@ async def test_the_pages_token_and_check_commands_work_as_written(nursery, db_ur
         lines = out.splitlines()
         assert [line.split(":")[0] for line in lines] == [
             "ok   token", "ok   hub", "ok   clock", "ok   data dir", "ok   device root", "ok   workload",
-            "ok   tunnels"], out
+            "ok   tunnels", "ok   containers"], out
         assert f"ok   token: read from {installed}" in lines
         assert "ok   tunnels: ssh off (--ssh), shell off (--tunnel-shell), web=127.0.0.1:80" in lines
         assert token not in out

@@ -304,3 +304,29 @@ async def test_boot_starts_the_current_version_and_rolls_back_an_interrupted_one
     assert booted.agent.events == [("config.result", {
         "status": "rejected", "configId": "cfg-1", "versionId": "v2", "files": [], "rolledBackTo": "v1",
         "error": "the device restarted before the version's health was verified"})]
+
+
+def test_registry_logins_are_checked_and_never_quoted():
+    """config.apply's registryAuth: a malformed one is refused naming the registry, never the password;
+    the request's repr (a log line, a traceback) leaves the logins out."""
+    from device_client.commands import CommandError
+    from device_client.configs import parse_apply, parse_registry_auth
+
+    password = "pa55-never-shown"
+    good = {"registry.example.com:5000": {"username": "puller", "password": password}}
+    assert parse_registry_auth(good) == {"registry.example.com:5000": ("puller", password)}
+    assert parse_registry_auth(None) == {}
+    for bad in ({"registry.example.com": {"username": "a:b", "password": password}},
+                {"registry.example.com": {"username": "puller", "password": password + "\n"}},
+                {"registry.example.com": {"username": "puller", "password": password + "é"}},
+                {"not a registry": {"username": "puller", "password": password}},
+                {f"r{i}.example.com": {"username": "u", "password": password} for i in range(17)},
+                ["registry.example.com"]):
+        try:
+            parse_registry_auth(bad)
+        except CommandError as exc:
+            assert exc.code == "invalid_payload" and password not in str(exc), exc
+        else:
+            raise AssertionError(f"accepted {list(bad)[:1]}")
+    request = parse_apply({"configId": "c", "versionId": "v", "spec": {}, "registryAuth": good})
+    assert request.registry_auth and password not in repr(request)

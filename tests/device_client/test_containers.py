@@ -244,3 +244,21 @@ async def test_a_container_that_stops_after_the_switch_is_reported_and_so_is_its
     await engine.remove(engine_name("v1", "web"))
     await trio.sleep(1.5)
     assert said[2:] == [(False, "containers not running: web (missing)")]
+
+
+async def test_a_pull_reports_its_progress_before_it_ends(tmp_path, autojump_clock):
+    engine = FakeEngine(image_size=8 << 20, pull_seconds=4.0)
+    events = []
+
+    async def on_event(kind, payload):
+        events.append((kind, payload))
+
+    cs = ContainerSet(engine, tmp_path / "root", on_event=on_event)
+    health, _ = await cs.apply("v1", spec(web("web", D1, 8080)))
+    assert health.healthy
+    assert [kind for kind, _ in events] == ["container.pull_progress", "container.pulled"]
+    progress = events[0][1]
+    assert progress["container"] == "web" and progress["image"] == image(D1)
+    # seconds are the device's own (time.monotonic, not the test's virtual clock): only their use is checked
+    assert progress["bytes"] == 4 << 20 and progress["seconds"] > 0
+    assert progress["rateBps"] == pytest.approx(progress["bytes"] / progress["seconds"], rel=0.01)

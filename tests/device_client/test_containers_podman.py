@@ -4,6 +4,8 @@ One store per test (tests/containertools.py); the images are busybox built by th
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import trio
 
@@ -51,6 +53,7 @@ async def test_a_failing_version_rolls_back_to_the_containers_that_ran(nursery, 
             health, _ = await containers.apply("v1", v1)
             assert health.healthy, health
             assert await get(port) == "v1\n" and await get(side) == "v1\n"
+            events = [(k, e) for k, e in events if k != "container.pull_progress"]  # a slow pull may report some
             assert [k for k, _ in events] == ["container.pulled", "container.pulled"]
             assert events[0][1]["image"] == v1_image and events[0][1]["bytes"] > 1_000_000
 
@@ -114,3 +117,69 @@ async def test_a_container_that_ignores_sigterm_is_stopped_within_the_grace(nurs
             assert not info.running and info.exit_code == 137  # SIGKILL, after the grace
         finally:
             await remove_everything(engine)
+
+
+async def test_podman_names_its_version_for_the_hello(tmp_path):
+    engine = podman(tmp_path / "device")
+    try:
+        with trio.fail_after(30):
+            name, version = await engine.version()
+        assert name == "podman" and version[:1].isdigit(), version
+    finally:
+        await remove_everything(engine)
+
+
+async def test_podman_pulls_from_a_registry_that_wants_a_login_with_the_auth_file(nursery, tmp_path):
+    """The agent's auth file (configs.py writes it from config.apply's registryAuth) is what podman
+    logs in with: without it the pull is refused, with it the image arrives; the password is in no error."""
+    from device_client.configs import write_registry_auth
+
+    password = "podman-Pa55-31e7"
+    engine = podman(tmp_path / "device")
+    try:
+        with trio.fail_after(180):
+            reg = await start_registry(nursery, tmp_path / "registry", htpasswd={"puller": password})
+            reference = await reg.push("private/web", "1")
+            ref = parse(reference)
+            image = str(ref.pinned(await resolve(ref, credentials=("puller", password))))
+            try:
+                await engine.pull(image)
+            except EngineError as exc:
+                assert password not in str(exc)
+            else:
+                raise AssertionError("pulled without a login")
+            data = tmp_path / "agent"
+            data.mkdir(mode=0o700)
+            auth_file = data / "registry-auth.json"
+            write_registry_auth(auth_file, {reg.host: ("puller", password)})
+            assert await engine.pull(image, auth_file=auth_file) > 0
+    finally:
+        await remove_everything(engine)
+
+
+async def test_a_podman_pull_reports_the_bytes_as_they_arrive(nursery, tmp_path):
+    """podman's TMPDIR holds each blob as it arrives: its size, metered while the pull runs, is the
+    progress; a failing metered pull is an EngineError as any pull's."""
+    engine = podman(tmp_path / "device", progress_interval=0.05)
+    try:
+        with trio.fail_after(180):
+            reg = await start_registry(nursery, tmp_path / "registry")
+            big = await trio.to_thread.run_sync(os.urandom, 24 << 20)  # random: the layer stays 24 MiB compressed
+            image = await pinned(await reg.push("app/big", "1", files={"/big": big}))
+            seen: list[int] = []
+
+            async def progress(received: int) -> None:
+                seen.append(received)
+
+            size = await engine.pull(image, progress=progress)
+            assert seen and seen == sorted(seen), seen
+            assert 0 < max(seen) <= size + (1 << 20) and max(seen) > 1 << 20, (seen, size)
+            assert not list((tmp_path / "device").glob(".pull-*")), "the landing directory is removed"
+            try:
+                await engine.pull(image.replace(parse(image).digest, "sha256:" + "0" * 64), progress=progress)
+            except EngineError as exc:
+                assert "pull" in str(exc)
+            else:
+                raise AssertionError("a missing digest was pulled")
+    finally:
+        await remove_everything(engine)

@@ -18,7 +18,10 @@ import trio.testing
 
 from device_client.shared import protocol
 from device_client.shared.clock import TestClock
+from device_client.configs import MAX_REGISTRY_LOGINS
 from device_client.linkframes import KEEP, FrameGuard
+from device_client.shared import imageref
+from hub.api.registry_credentials import MAX_PASSWORD, MAX_USERNAME
 from device_client.memtest import bounds
 from device_client.memtest.confirm import CONFIRM_MAX_PAGES
 from device_client.memtest.hwsim import Hardware
@@ -164,7 +167,11 @@ def test_config_apply_with_the_largest_spec_and_every_file_at_its_limit():
               "source": "configuration", "configId": "c" * 36} for _ in range(MAX_FILES)]
     spec = {"blob": "x" * (protocol.CONFIG_SPEC_MAX_BYTES - len('{"blob":""}'))}
     assert len(json.dumps(spec, separators=(",", ":")).encode()) == protocol.CONFIG_SPEC_MAX_BYTES
-    payload = {"configId": "c" * 36, "versionId": "v" * 36, "version": WIDE_INT, "spec": spec, "files": files}
+    # a login per container's registry, each at the hub's limits (hub/api/registry_credentials.py: ASCII)
+    logins = {f"{i:02d}" + "r" * (imageref.MAX_NAME - 4): {"username": "u" * MAX_USERNAME, "password": "p" * MAX_PASSWORD}
+              for i in range(MAX_REGISTRY_LOGINS)}
+    payload = {"configId": "c" * 36, "versionId": "v" * 36, "version": WIDE_INT, "spec": spec, "files": files,
+               "registryAuth": logins}
     assert size(protocol.Command(id="x" * 32, subject="cmd." + "d" * 36 + ".config.apply", payload=payload)) <= LIMIT
 
 

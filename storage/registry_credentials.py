@@ -1,0 +1,65 @@
+"""Registry credentials of an organisation: registry (host[:port]), username and the sealed password.
+
+The password is ciphertext here (the caller seals and opens it with the hub's SecretBox); what the
+API lists comes from ``list``, which never reads the ciphertext. Every call is scoped by organisation.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Collection
+
+import asyncpg
+
+from storage.db import Database
+
+_META = "id, registry, username, created_at, updated_at"
+
+
+class RegistryCredentials:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def put(self, org_id: uuid.UUID, registry: str, username: str, ciphertext: bytes,
+                  now: dt.datetime) -> tuple[dict, bool]:
+        """Store the registry's credential, replacing the one it had; (its metadata, created?)."""
+        row = await self.db.fetchrow(
+            f"""INSERT INTO registry_credentials (id, org_id, registry, username, ciphertext, created_at, updated_at)
+                VALUES ($1, $2, $3, $4, $5, $6, $6)
+                ON CONFLICT (org_id, registry) DO UPDATE SET username = EXCLUDED.username,
+                    ciphertext = EXCLUDED.ciphertext, updated_at = EXCLUDED.updated_at
+                RETURNING {_META}, (xmax = 0) AS created""",
+            uuid.uuid4(), org_id, registry, username, ciphertext, now)
+        out = dict(row)
+        return out, out.pop("created")
+
+    async def list(self, org_id: uuid.UUID) -> list[dict]:
+        rows = await self.db.fetch(f"SELECT {_META} FROM registry_credentials WHERE org_id = $1 ORDER BY registry",
+                                   org_id)
+        return [dict(r) for r in rows]
+
+    async def delete(self, org_id: uuid.UUID, credential_id: uuid.UUID) -> dict | None:
+        row = await self.db.fetchrow(
+            f"DELETE FROM registry_credentials WHERE org_id = $1 AND id = $2 RETURNING {_META}", org_id, credential_id)
+        return dict(row) if row else None
+
+    async def sealed_for(self, org_id: uuid.UUID, registries: Collection[str]) -> dict[str, tuple[str, bytes]]:
+        """registry -> (username, ciphertext) for those of ``registries`` the organisation has."""
+        if not registries:
+            return {}
+        rows = await self.db.fetch(
+            "SELECT registry, username, ciphertext FROM registry_credentials WHERE org_id = $1 "
+            "AND registry = ANY($2::text[])", org_id, list(registries))
+        return {r["registry"]: (r["username"], bytes(r["ciphertext"])) for r in rows}
+
+
+async def reencrypt(conn: asyncpg.Connection, convert) -> int:
+    """A key rotation's part for this table, in the rotation's transaction (storage/secrets.py)."""
+    await conn.execute("LOCK TABLE registry_credentials IN SHARE ROW EXCLUSIVE MODE")
+    rows = await conn.fetch("SELECT id, ciphertext FROM registry_credentials")
+    if rows:
+        await conn.execute(
+            """UPDATE registry_credentials r SET ciphertext = u.c FROM unnest($1::uuid[], $2::bytea[]) AS u(id, c)
+               WHERE r.id = u.id""", [r["id"] for r in rows], [convert(bytes(r["ciphertext"])) for r in rows])
+    return len(rows)

@@ -1,0 +1,136 @@
+"""Registry credentials (issue 36 item 3): an organisation's login for a registry is write-only. The
+hub pins a version's images with it and delivers it, in config.apply, to the devices that run a
+version from that registry, and to no other; the agent keeps it in a 0600 file in its 0700 data dir
+for the engine's pulls. The password is never in an answer, a list, the audit log, an error or a log
+line. A real hub, a real registry with htpasswd (bcrypt) auth, real agents with the fake engine."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import stat
+
+import trio
+
+from device_client.engine.fake import FakeEngine
+from device_client.shared.imageref import parse
+from tests.containertools import needs_registry, start_registry
+from tests.hubtools import device, start_agent, start_hub, wait_for
+
+pytestmark = needs_registry
+
+PASSWORD = "s3cret-Pa55-9f1c"
+WRONG = "wrong-Pa55-77aa"
+
+
+async def test_a_registry_login_pins_and_reaches_only_the_devices_that_pull_from_it(nursery, db_url, tmp_path,
+                                                                                    caplog):
+    caplog.set_level(logging.DEBUG)
+    seen: list[str] = []  # every answer the hub gave, as text
+
+    async def call(hub, method, path, **kw):
+        r = await hub.call(method, path, **kw)
+        seen.append(r.text)
+        return r
+
+    with trio.fail_after(90):
+        reg = await start_registry(nursery, tmp_path / "registry", build=False, htpasswd={"puller": PASSWORD})
+        image = await reg.push_blank("private/web", "1")
+        public = await start_registry(nursery, tmp_path / "public", build=False)
+        other_image = await public.push_blank("open/web", "1")
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5,
+                              registries=(reg.host, public.host))
+        spec = {"containers": [{"name": "web", "image": image}]}
+
+        # without a credential the registry's 401 is explained
+        r = await call(hub, "POST", "/v1/configurations", json={"name": "shop", "spec": spec})
+        assert r.status_code == 400 and r.json()["error"] == "image_unresolved", r.text
+        assert "POST /v1/registry-credentials" in r.json()["message"]
+
+        # a wrong password: refused, naming the user, never the password
+        r = await call(hub, "POST", "/v1/registry-credentials",
+                       json={"registry": reg.host, "username": "puller", "password": WRONG})
+        assert r.status_code == 201, r.text
+        first = r.json()["data"]
+        assert set(first) == {"id", "registry", "username", "createdAt", "updatedAt"}, first
+        r = await call(hub, "POST", "/v1/configurations", json={"name": "shop", "spec": spec})
+        assert r.status_code == 400, r.text
+        assert "refused the organisation's credential (user puller)" in r.json()["message"]
+
+        # the right one replaces it (same registry: 200, same id)
+        r = await call(hub, "POST", "/v1/registry-credentials",
+                       json={"registry": reg.host, "username": "puller", "password": PASSWORD})
+        assert r.status_code == 200 and r.json()["data"]["id"] == first["id"], r.text
+        r = await call(hub, "POST", "/v1/registry-credentials",
+                       json={"registry": "not a host", "username": "puller", "password": PASSWORD})
+        assert r.status_code == 400 and r.json()["error"] == "invalid_registry", r.text
+        r = await call(hub, "GET", "/v1/registry-credentials")
+        assert [(c["registry"], c["username"]) for c in r.json()["data"]] == [(reg.host, "puller")]
+
+        r = await call(hub, "POST", "/v1/configurations", json={"name": "shop", "spec": spec})
+        assert r.status_code == 201, r.text
+        cid, pinned = r.json()["data"]["id"], r.json()["data"]["version"]["spec"]["containers"][0]["image"]
+        r = await call(hub, "POST", "/v1/configurations", json={
+            "name": "open", "spec": {"containers": [{"name": "web", "image": other_image}]}})
+        assert r.status_code == 201, r.text
+        open_cid = r.json()["data"]["id"]
+
+        # one device runs the private version, another a version from the public registry
+        engines = {}
+        for name, config_id in (("private", cid), ("public", open_cid)):
+            dev, token = await hub.provision(name)
+            engines[name] = (dev, FakeEngine(),
+                             tmp_path / name)
+            await start_agent(nursery, hub.base_url, token, tmp_path / name, container_engine=engines[name][1])
+            r = await call(hub, "PUT", f"/v1/devices/{dev}/configuration", json={"configId": config_id})
+            assert r.status_code == 202, r.text
+        for name, (dev, engine, data) in engines.items():
+            async def applied(dev=dev):
+                return (await device(hub, dev))["configuration"]["status"] == "applied"
+
+            await wait_for(applied, timeout=30, interval=0.1)
+
+        dev, engine, data = engines["private"]
+        assert engine.auth_registries[parse(pinned).digest] == [reg.host]
+        auth_file = data / "registry-auth.json"
+        assert stat.S_IMODE(auth_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(data.stat().st_mode) == 0o700
+        login = json.loads(auth_file.read_text())["auths"][reg.host]["auth"]
+        assert base64.b64decode(login).decode() == f"puller:{PASSWORD}"
+        dev, engine, data = engines["public"]
+        assert list(engine.auth_registries.values()) == [[]], "another registry's login was delivered"
+        assert not (data / "registry-auth.json").exists()
+
+        r = await call(hub, "DELETE", f"/v1/registry-credentials/{first['id']}")
+        assert r.status_code == 200 and r.json()["data"]["deleted"] is True, r.text
+        assert (await call(hub, "GET", "/v1/registry-credentials")).json()["data"] == []
+        assert (await call(hub, "DELETE", f"/v1/registry-credentials/{first['id']}")).status_code == 404
+
+        await hub.services.audit_log.flush()
+        audit = await hub.services.db.fetch("SELECT * FROM audit_events")
+        actions = {row["action"] for row in audit}
+        assert "registry_credentials.put_credential" in actions, actions
+        stored = await hub.services.db.fetch("SELECT * FROM registry_credentials")
+        assert stored == []  # deleted
+        for secret in (PASSWORD, WRONG, base64.b64encode(f"puller:{PASSWORD}".encode()).decode()):
+            assert not any(secret in text for text in seen), "a password in an answer"
+            assert not any(secret in str(dict(row)) for row in audit), "a password in the audit log"
+            assert secret not in caplog.text, "a password in a log line"
+
+
+async def test_a_key_rotation_reseals_registry_passwords(nursery, db_url, tmp_path):
+    from storage.crypto import rotate
+
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub")
+        s = hub.services
+        r = await hub.call("POST", "/v1/registry-credentials",
+                           json={"registry": "registry.example.com", "username": "u", "password": PASSWORD})
+        assert r.status_code == 201, r.text
+        before = (await s.db.fetchrow("SELECT ciphertext FROM registry_credentials"))["ciphertext"]
+        assert PASSWORD.encode() not in before
+        assert await rotate(s.settings.data_dir, s.secrets.reencrypt_all) == 1
+        s.secret_box.reload()
+        after = (await s.db.fetchrow("SELECT ciphertext FROM registry_credentials"))["ciphertext"]
+        assert after != before and s.secret_box.open(after).decode() == PASSWORD
