@@ -35,7 +35,7 @@ from .shared.imageref import is_loopback, parse, proxy_component
 log = logging.getLogger("fleethub.agent.containers")
 
 MODES = ("off", "fallback", "always")
-AUTH_FILE = "registry-auth.json"
+AUTH_FILE = "proxy-auth.json"  # the device token for the hub's proxy (configs.py owns registry-auth.json)
 
 
 class PullRoute:
