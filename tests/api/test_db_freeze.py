@@ -10,8 +10,10 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
+from storage.db import Database, DatabaseUnavailable
 from storage.embedded import EmbeddedPostgres
 from tests.hubtools import assert_error, start_hub, wait_for
 from tests.ports import free_port
@@ -88,3 +90,22 @@ async def test_frozen_database_answers_503_in_bounded_time(nursery, tmp_path):
     finally:
         signal_all(frozen, signal.SIGCONT)
         await trio.to_thread.run_sync(pg.stop)
+
+
+@pytest.mark.parametrize("statement_timeout, call_timeout", [(0.3, 10.0), (10.0, 0.3)])
+async def test_a_slow_statement_is_cut_by_either_bound(db_url, statement_timeout, call_timeout):
+    # The server's statement_timeout (a live, slow server) and the hub's own bound on the call, which
+    # drops the connection (what a frozen server needs), each give DatabaseUnavailable; the pool then
+    # serves the next call as usual.
+    db = Database(db_url, min_size=1, max_size=1, statement_timeout=statement_timeout,
+                  call_timeout=call_timeout)
+    with trio.fail_after(30):
+        await db.open()
+        try:
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable):
+                await db.run(lambda conn: conn.execute("SELECT pg_sleep(3)"), transaction=True)
+            assert time.monotonic() - started < 1.5
+            assert await db.fetchval("SELECT 2") == 2
+        finally:
+            await db.close()
