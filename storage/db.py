@@ -15,8 +15,9 @@ answers 503) instead of waiting: connecting has a timeout, every statement has a
 commit) is bounded by ``call_timeout``. A frozen server (SIGSTOP, a VM paused, a dead route) answers
 nothing, not even a cancel request, so that last bound does not cancel: it aborts the connection's
 socket, which ends every await on it at once (a rollback included) and leaves the server to roll back
-when it notices. The pool reconnects by itself on the next call; ``keep_listening`` re-opens LISTEN connections that died
-and tells the caller, who must assume it missed notifications.
+when it notices; a trio caller cancelled meanwhile is freed by the same bound. The pool reconnects by
+itself on the next call; ``keep_listening`` re-opens LISTEN connections that died and tells the
+caller, who must assume it missed notifications.
 """
 
 from __future__ import annotations
