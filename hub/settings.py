@@ -31,6 +31,14 @@ class Settings:
     reboot_timeout: float = 300.0
     log_level: str = "INFO"
     db_pool_max: int = 10
+    # Bounds on every storage call (storage/db.py), so that a database that does not answer (down,
+    # frozen, unreachable) costs a request 503 database_unavailable within seconds, not a hang:
+    # opening a connection; one statement, enforced by PostgreSQL (statement_timeout); and the whole
+    # call (waiting for a pooled connection, its statements, the commit), enforced by the hub, which
+    # then drops the connection. Migrations are not bounded.
+    db_connect_timeout: float = 3.0
+    db_statement_timeout: float = 4.0
+    db_call_timeout: float = 4.5
     # TLS: with both set the hub serves HTTPS (HTTP/1.1 and HTTP/2) on port and HTTP/3 over QUIC on
     # quic_port (UDP; default the same number as port).
     certfile: Path | None = None
@@ -99,6 +107,9 @@ class Settings:
             reboot_timeout=_float("FLEETHUB_REBOOT_TIMEOUT", 300.0),
             log_level=os.environ.get("FLEETHUB_LOG_LEVEL", "INFO"),
             db_pool_max=int(os.environ.get("FLEETHUB_DB_POOL_MAX", "10")),
+            db_connect_timeout=_float("FLEETHUB_DB_CONNECT_TIMEOUT", 3.0),
+            db_statement_timeout=_float("FLEETHUB_DB_STATEMENT_TIMEOUT", 4.0),
+            db_call_timeout=_float("FLEETHUB_DB_CALL_TIMEOUT", 4.5),
             drain_window=_float("FLEETHUB_DRAIN_WINDOW", 10.0),
             successor_url=os.environ.get("FLEETHUB_SUCCESSOR_URL") or None,
             nats_url=os.environ.get("FLEETHUB_NATS_URL") or None,

@@ -19,6 +19,7 @@ Faults stay where they happened:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
@@ -122,7 +123,10 @@ class WriteBehind:
 
     async def _flush_pending(self) -> None:
         while self._pending:
-            taken, self._pending = self._pending, {}
+            # At most max_batch rows a crossing, oldest first: after an outage up to max_pending wait,
+            # and one statement carrying them all could outlast the storage call bound (storage/db.py)
+            # every time, so that they would never be written.
+            taken = {key: self._pending.pop(key) for key in list(itertools.islice(self._pending, self.max_batch))}
             unwritten = dict(taken)  # what is still to write: a refused half is written again by halves
             try:
                 await self._write(list(taken.items()), unwritten)

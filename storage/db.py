@@ -9,10 +9,15 @@ A crossing costs a few hundred microseconds, so the unit of work is a *repositor
 ``run(fn, ...)`` executes all of its statements — and its transaction — on the asyncio side.
 Never cross per row.
 
-When PostgreSQL is down or restarting, a crossing fails fast with ``DatabaseUnavailable`` (the app
-answers 503) instead of waiting: connecting and taking a pooled connection have short timeouts. The
-pool reconnects by itself on the next call; ``keep_listening`` re-opens LISTEN connections that died
-and tells the caller, who must assume it missed notifications.
+When PostgreSQL is down, restarting or frozen, a crossing fails with ``DatabaseUnavailable`` (the app
+answers 503) instead of waiting: connecting has a timeout, every statement has a server-side
+``statement_timeout``, and the whole crossing (the wait for a pooled connection, the statements, the
+commit) is bounded by ``call_timeout``. A frozen server (SIGSTOP, a VM paused, a dead route) answers
+nothing, not even a cancel request, so that last bound does not cancel: it aborts the connection's
+socket, which ends every await on it at once (a rollback included) and leaves the server to roll back
+when it notices; a trio caller cancelled meanwhile is freed by the same bound. The pool reconnects by
+itself on the next call; ``keep_listening`` re-opens LISTEN connections that died and tells the
+caller, who must assume it missed notifications.
 """
 
 from __future__ import annotations
@@ -34,8 +39,11 @@ from device_client.shared.bridge import run_on, start_loop_thread, stop_loop_thr
 T = TypeVar("T")
 log = logging.getLogger("fleethub.storage")
 
-CONNECT_TIMEOUT = 5.0  # seconds to open a connection to PostgreSQL
-ACQUIRE_TIMEOUT = 10.0  # seconds to wait for a pooled connection
+# Defaults of the settings FLEETHUB_DB_CONNECT_TIMEOUT, _STATEMENT_TIMEOUT and _CALL_TIMEOUT
+# (hub/settings.py): a repository call takes milliseconds, so seconds mean the database is not there.
+CONNECT_TIMEOUT = 3.0  # seconds to open a connection to PostgreSQL
+STATEMENT_TIMEOUT = 4.0  # seconds a statement may run, enforced by the server (a slow, live server)
+CALL_TIMEOUT = 4.5  # seconds a whole crossing may take, enforced here (a frozen server)
 LISTEN_CHECK = 1.0  # seconds between checks of the LISTEN connections
 
 #: Crossings made by the current task (and tasks it starts), for a caller that asked to count them:
@@ -78,13 +86,15 @@ class DatabaseUnavailable(Exception):
 # a server shutting down or starting up, a connection that died under a statement.
 _UNREACHABLE = (OSError, asyncio.TimeoutError, asyncpg.exceptions.PostgresConnectionError,
                 asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.AdminShutdownError,
-                asyncpg.exceptions.CrashShutdownError)
+                asyncpg.exceptions.CrashShutdownError,
+                # statement_timeout: the server is too slow to be of use, the same answer as away
+                asyncpg.exceptions.QueryCanceledError)
 
 # Buckets (seconds) for the storage crossing histogram exported on /metrics.
 CROSSING_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 # Buckets (seconds) for the wait for a pooled connection: none at all while the pool has a free one,
-# up to ACQUIRE_TIMEOUT when every connection is busy or PostgreSQL is away.
-POOL_WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, ACQUIRE_TIMEOUT)
+# up to the call timeout when every connection is busy or PostgreSQL is away.
+POOL_WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0)
 
 
 @dataclass
@@ -115,10 +125,15 @@ class Database:
     ``await db.open()`` from trio starts the loop thread and the pool; ``await db.close()`` ends both.
     """
 
-    def __init__(self, dsn: str, *, min_size: int = 2, max_size: int = 10) -> None:
+    def __init__(self, dsn: str, *, min_size: int = 2, max_size: int = 10,
+                 connect_timeout: float = CONNECT_TIMEOUT, statement_timeout: float = STATEMENT_TIMEOUT,
+                 call_timeout: float = CALL_TIMEOUT) -> None:
         self.dsn = dsn
         self.min_size = min_size
         self.max_size = max_size
+        self.connect_timeout = connect_timeout
+        self.statement_timeout = statement_timeout
+        self.call_timeout = call_timeout
         self.stats = CrossingStats()
         self.pool_wait_stats = CrossingStats(POOL_WAIT_BUCKETS)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -136,10 +151,12 @@ class Database:
 
         async def create_pool() -> asyncpg.Pool:
             # Built on the asyncio side: asyncpg binds the pool to the loop current at construction.
+            # statement_timeout as a startup parameter: it is the session's default, so the full reset
+            # after a session=True call (RESET ALL) brings it back. Migrations lift it for themselves.
             return await asyncpg.create_pool(
-                self.dsn, min_size=self.min_size, max_size=self.max_size, timeout=CONNECT_TIMEOUT,
-                # Repository calls are short; a statement that hangs is a bug we want to hear about.
-                command_timeout=60, reset=_keep_session)
+                self.dsn, min_size=self.min_size, max_size=self.max_size, timeout=self.connect_timeout,
+                server_settings={"statement_timeout": str(int(self.statement_timeout * 1000))},
+                reset=_keep_session)
 
         self._pool = await self._cross(create_pool())
 
@@ -172,7 +189,7 @@ class Database:
         self._listeners.append(await self._cross(self._listen_connection([(channel, on_notify)])))
 
     async def _listen_connection(self, specs: list[tuple[str, Any]]) -> asyncpg.Connection:
-        conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
+        conn = await asyncpg.connect(self.dsn, timeout=self.connect_timeout)
         for channel, callback in specs:
             await conn.add_listener(channel, callback)
         return conn
@@ -233,26 +250,47 @@ class Database:
             self.stats.observe(seconds)
 
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any, transaction: bool = False,
-                  session: bool = False) -> T:
+                  session: bool = False, timeout: float | None = None, bounded: bool = True) -> T:
         """Run ``fn(conn, *args)`` on the asyncio side with one pooled connection: one crossing.
         ``session``: ``fn`` may leave session state behind (a session advisory lock, a SET), so the
-        connection is reset in full before it goes back to the pool (see ``_keep_session``)."""
+        connection is reset in full before it goes back to the pool (see ``_keep_session``).
+        ``timeout``: the bound on the whole crossing, ``call_timeout`` unless given; past it,
+        ``DatabaseUnavailable``. ``bounded=False`` for none at all (migrations, which may run long and
+        wait for another process's)."""
         pool = self._pool
         waited: list[float] = []
+        bound = None if not bounded else self.call_timeout if timeout is None else timeout
 
         async def body() -> T:
+            loop = asyncio.get_running_loop()
+            deadline = None if bound is None else loop.time() + bound
             # Acquired by hand (not pool.fetch & co.) to time the wait for a connection on its own.
             asked = time.perf_counter()
             try:
-                conn = await pool.acquire(timeout=ACQUIRE_TIMEOUT)
+                conn = await pool.acquire(timeout=None if deadline is None else max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                raise DatabaseUnavailable(f"no database connection within {bound:.1f}s") from None
             finally:
                 waited.append(time.perf_counter() - asked)
+            expired: list[bool] = []
+
+            def expire() -> None:
+                expired.append(True)
+                conn.terminate()  # see the module's docstring: a frozen server answers no cancel
+
+            timer = None if deadline is None else loop.call_at(deadline, expire)
             try:
                 if transaction:
                     async with conn.transaction():
                         return await fn(conn, *args)
                 return await fn(conn, *args)
+            except Exception as exc:
+                if expired:
+                    raise DatabaseUnavailable(f"the database did not answer within {bound:.1f}s") from exc
+                raise
             finally:
+                if timer is not None:
+                    timer.cancel()
                 try:
                     if session and not conn.is_closed():
                         await conn.reset()

@@ -50,6 +50,9 @@ def migration_files() -> list[tuple[str, str]]:
 
 
 async def _apply(conn: asyncpg.Connection, files: list[tuple[str, str]]) -> list[str]:
+    # A migration may rewrite a large table, and the lock may be held by another process migrating:
+    # neither is the hung database the pool's statement_timeout is there for (reset after: session).
+    await conn.execute("SET statement_timeout = 0")
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
     try:
         await conn.execute("""CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -82,5 +85,5 @@ async def _apply(conn: asyncpg.Connection, files: list[tuple[str, str]]) -> list
 async def migrate(db: Database) -> list[str]:
     """Apply every migration not yet recorded; returns the versions applied now. Raises
     ``MigrationChanged`` (and applies nothing) when an applied migration's file was edited."""
-    # session: a session advisory lock is taken (and released) on the connection
-    return await db.run(_apply, migration_files(), session=True)
+    # session: a session advisory lock is taken (and released) on the connection; unbounded: see _apply
+    return await db.run(_apply, migration_files(), session=True, bounded=False)

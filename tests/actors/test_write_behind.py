@@ -269,3 +269,29 @@ async def test_flush_waits_for_the_batch_already_on_its_way(autojump_clock):
             assert [rows for _, rows in sink.batches] == [[{"event": "call 1"}]]
             assert trio.current_time() == 1.5
             nursery.cancel_scope.cancel()
+
+
+async def test_rows_kept_over_an_outage_are_written_max_batch_at_a_time():
+    # Every storage call is bounded (storage/db.py): one statement carrying all that piled up during an
+    # outage could outlast the bound on every try, and nothing would ever be written.
+    with trio.fail_after(5):
+        sink = PoisonSink()
+        sink.down = True
+        wb = WriteBehind(sink, max_batch=3)
+        for i in range(8):
+            wb.append({"n": i})
+        await wb.flush()
+        assert wb.pending() == 8
+        sizes: list[int] = []
+        real = sink.__call__
+
+        async def measured(batch):
+            sizes.append(len(batch))
+            sink.down = len(sizes) == 2  # the database goes again under the second batch
+            await real(batch)
+        wb._flush = measured
+        await wb.flush()
+        assert sizes == [3, 3] and [r["n"] for r in sink.written] == [0, 1, 2]
+        assert [r["n"] for r in wb._pending.values()] == [3, 4, 5, 6, 7]  # kept, oldest first
+        await wb.flush()
+        assert sizes == [3, 3, 3, 2] and [r["n"] for r in sink.written] == list(range(8))
