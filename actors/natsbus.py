@@ -298,8 +298,9 @@ class NatsBus:
         return answer
 
     def publish(self, subject: str, payload: dict[str, Any]) -> None:
-        """Fire and forget (at most once): dropped, and counted, when NATS is down or too far behind."""
-        if self._loop is None or not self.connected:
+        """Fire and forget (at most once): dropped, and counted, when NATS is down or too far behind.
+        A stalled connection still takes them (the client buffers them for the server's return)."""
+        if self._loop is None or self._nc is None or not self._nc.is_connected:
             self.publish_dropped += 1
             return
         data = _encode(payload)
