@@ -166,10 +166,10 @@ class NatsBus:
             await trio.sleep(self.probe_every)
             if self._nc is None or not self._nc.is_connected or self._loop is None:
                 continue  # nats-py is reconnecting already
-            if await self._round_trip():
+            answered = await self._round_trip()
+            if answered:
                 self._stalled = False
-                continue
-            if not self._nc.is_connected:
+            if answered is not False or not self._nc.is_connected:
                 continue
             self.stale += 1
             log.warning("NATS: no answer from the server within %.1f s: the connection is dead; reconnecting",
@@ -179,12 +179,12 @@ class NatsBus:
             except Exception as exc:  # noqa: BLE001 — the next probe tries again
                 log.info("NATS: forcing a reconnect failed: %s", type(exc).__name__)
 
-    async def _round_trip(self) -> bool:
-        """One PING/PONG: False when it took longer than ``probe_timeout``; the bus is marked stalled as
-        soon as it has taken ``stall_after``. True too when it failed otherwise (closed or reconnecting
-        meanwhile: the next round sees it)."""
+    async def _round_trip(self) -> bool | None:
+        """One PING/PONG: True when answered, False when not within ``probe_timeout``, None when it
+        failed otherwise (closed or reconnecting meanwhile: the next round sees it). The bus is marked
+        stalled as soon as it has taken ``stall_after``."""
         came_back = trio.Event()
-        answered = True
+        answered: bool | None = True
 
         async def flush() -> None:
             nonlocal answered
@@ -194,6 +194,7 @@ class NatsBus:
             except (asyncio.TimeoutError, trio.TooSlowError):  # nats.errors.TimeoutError & FlushTimeoutError too
                 answered = False
             except Exception as exc:  # noqa: BLE001 — see the docstring
+                answered = None
                 log.debug("NATS probe: %s", type(exc).__name__)
             finally:
                 came_back.set()
