@@ -6,8 +6,9 @@ end in ``>`` (the rest of the subject) or use ``*`` (one token). The device link
 is how the newest connection of a device takes over its commands.
 
 This is the in-process implementation. Callers only rely on ``request`` raising ``NoResponders``
-(nobody holds the subject: the device is offline) or ``RequestTimeout`` (nobody answered in time), so
-a NATS-backed bus can replace it when the hub runs as several processes.
+(nobody holds the subject: the device is offline), ``RequestTimeout`` (nobody answered in time) or
+``Unavailable`` (the bus itself cannot carry the request now; only the NATS-backed bus raises it), so a
+NATS-backed bus (actors/natsbus.py) can replace it when the hub runs as several processes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ class NoResponders(BusError):
 
 class RequestTimeout(BusError):
     """The subscriber did not answer in time."""
+
+
+class Unavailable(BusError):
+    """The bus cannot carry a request now (its server is unreachable or stalled): whether anybody
+    holds the subject is not known, so this is not ``NoResponders`` (the device may well be online)."""
 
 
 class Subscription:
@@ -63,33 +69,44 @@ class Bus:
         return self._match(subject) is not None
 
     def _match(self, subject: str) -> Subscription | None:
-        # Exact subject first, then every "prefix.>" from the longest prefix down: O(tokens) lookups.
-        sub = self._subs.get(subject)
-        if sub is not None:
-            return sub
-        tokens = subject.split(".")
-        for n in range(len(tokens) - 1, 0, -1):
-            sub = self._subs.get(".".join(tokens[:n]) + ".>")
-            if sub is not None:
-                return sub
-        sub = self._subs.get(">")
-        if sub is not None:
-            return sub
-        for pattern, sub in self._subs.items():
-            if "*" in pattern and _matches(pattern, tokens):
-                return sub
-        return None
+        return match(self._subs, subject)
 
     async def request(self, subject: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
         sub = self._match(subject)
         if sub is None:
             raise NoResponders(subject)
-        with trio.move_on_after(timeout):
-            return await sub.handler(subject, payload)
-        raise RequestTimeout(subject)
+        return await request_in_process(sub.handler, subject, payload, timeout)
 
     def statistics(self) -> dict[str, int]:
         return {"subscriptions": len(self._subs)}
+
+
+def match(subs: dict[str, Any], subject: str) -> Any:
+    """The subscription (of ``subs``, pattern -> subscription) that takes ``subject``, or None."""
+    # Exact subject first, then every "prefix.>" from the longest prefix down: O(tokens) lookups.
+    sub = subs.get(subject)
+    if sub is not None:
+        return sub
+    tokens = subject.split(".")
+    for n in range(len(tokens) - 1, 0, -1):
+        sub = subs.get(".".join(tokens[:n]) + ".>")
+        if sub is not None:
+            return sub
+    sub = subs.get(">")
+    if sub is not None:
+        return sub
+    for pattern, sub in subs.items():
+        if "*" in pattern and _matches(pattern, tokens):
+            return sub
+    return None
+
+
+async def request_in_process(handler: Handler, subject: str, payload: dict[str, Any],
+                             timeout: float) -> dict[str, Any]:
+    """A request answered by a handler of this process: its errors are raised as they are."""
+    with trio.move_on_after(timeout):
+        return await handler(subject, payload)
+    raise RequestTimeout(subject)
 
 
 def _matches(pattern: str, tokens: list[str]) -> bool:

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from actors.bus import NoResponders, RequestTimeout
+from actors.bus import NoResponders, RequestTimeout, Unavailable
 from actors.device_delivery import DeviceDelivery
-from actors.errors import Conflict, DeviceFailure, DeviceOffline, DeviceTimeout
+from actors.errors import BusUnavailable, Conflict, DeviceFailure, DeviceOffline, DeviceTimeout
 from actors.machines import connection as cm
 from actors.device_memtests import MESSAGES as MEMTEST_MESSAGES
 from actors.device_memtests import DeviceMemtests
@@ -395,6 +395,8 @@ class DeviceActor(Actor):
         except RequestTimeout:
             done = _CommandDone(effect.command_id, False, None,
                                 DeviceTimeout("the device did not answer in time"))
+        except Unavailable:
+            done = _CommandDone(effect.command_id, False, None, BusUnavailable("the device's hub node cannot be reached now (the cluster's NATS is down or stalled)"))
         except DeviceFailure as exc:
             # the device's answer (refused) or the link's (it closed before the reply: offline): an
             # outcome of the command, for its caller, not a fault of this actor

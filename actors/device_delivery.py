@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from actors.bus import BusError, NoResponders, RequestTimeout
+from actors.bus import BusError, NoResponders, RequestTimeout, Unavailable
 from actors.errors import AskError, DeviceOffline, DeviceRefused
 from actors.machines.delivery import reconcile
 from device_client.shared import imageref, verbs
@@ -113,6 +113,9 @@ class DeviceDelivery:
             reply = await self.s.bus.request(subject(str(self.device_id), verb), payload, timeout=timeout)
         except NoResponders:
             raise NotDone("the device is not connected", offline=True) from None
+        except Unavailable:
+            # the hub's bus, not the device: left pending as for an offline device, not failed
+            raise NotDone("the device's hub node cannot be reached now", offline=True) from None
         except RequestTimeout:
             raise NotDone(f"the device did not answer {verb} within {timeout:.0f} s") from None
         except DeviceRefused as exc:

@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from actors.bus import NoResponders, RequestTimeout
+from actors.bus import NoResponders, RequestTimeout, Unavailable
 from actors.errors import (
     AskError,
+    BusUnavailable,
     Conflict,
     DeviceOffline,
     DeviceRefused,
@@ -348,6 +349,8 @@ class DeviceMemtests:
             raise DeviceOffline("the device is not connected") from None
         except RequestTimeout:
             raise DeviceTimeout("the device did not answer in time") from None
+        except Unavailable:
+            raise BusUnavailable("the device's hub node cannot be reached now (the cluster's NATS is down or stalled)") from None
         except DeviceRefused as exc:
             raise device_error(exc) from None
 

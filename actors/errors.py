@@ -12,6 +12,7 @@
     │   ├── DeviceOffline      no link to the device (the bus has no responder)
     │   ├── DeviceTimeout      the device did not answer in time
     │   └── DeviceUnreachable  offline or silent, not told apart (tunnel sessions report it so)
+    ├── BusUnavailable         the hub's own bus (NATS) cannot carry the command now: the device may be up
     └── ActorError             ours: the actor machinery itself (actors/runtime.py)
         ├── MailboxFull        the mailbox is full; the message was not queued
         ├── AskTimeout         no answer within the ask's timeout
@@ -101,6 +102,11 @@ class DeviceTimeout(DeviceFailure):
 class DeviceUnreachable(DeviceFailure):
     """The device could not be reached."""
     code = "device_unreachable"
+
+
+class BusUnavailable(AskError):
+    """The hub cannot reach the device's hub node now; try again shortly."""
+    code = "bus_unavailable"
 
 
 class ActorError(AskError):

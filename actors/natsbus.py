@@ -4,7 +4,15 @@ Same interface as ``actors.bus.Bus`` (``subscribe``, ``request``, ``has_responde
 plus ``publish`` (fire and forget, for broadcasts: takeovers, events, invalidations). A request that
 nobody holds raises ``NoResponders`` at once (the server says so: NATS 2.2+ "no responders"), one
 that nobody answers in time raises ``RequestTimeout``; the API turns these into 503 device_offline and
-504 device_timeout as it does for the in-process bus.
+504 device_timeout as it does for the in-process bus. A request the bus cannot carry (the server
+unreachable or stalled) raises ``Unavailable``: 503 bus_unavailable, not device_offline, since who
+holds the subject is then unknown.
+
+A subject held in this process is answered in process, never through the server: a command to a
+device whose link this node holds, like everything on a single hub, goes on while NATS is down
+(issue 38). The newest subscription of a pattern in this process is the one the server would route to
+here anyway; a stale one, whose device has just moved to another node, belongs to a link that is
+closing (hub/cluster/presence.py) and answers as that link does.
 
 nats-py is asyncio-only, so the client lives on a private asyncio loop in its own thread, as asyncpg
 does (storage/db.py), and trio awaits it through ``device_client.shared.bridge.run_on``. Messages the server
@@ -18,9 +26,12 @@ older one let go (a takeover broadcast), so that lasts a moment at most.
 A connection that dies without closing (a network that drops packets, a half-open TCP link) is not
 noticed by nats-py in time: its PING comes every two minutes by default and, when the server does not
 answer, the connection is not always torn down (nats.py issues #522 and #671). So the bus probes the
-server itself: a round trip (``flush``: PING, wait for PONG) every ``PROBE_EVERY`` seconds, and when one
-takes longer than ``PROBE_TIMEOUT`` the connection is forced to reconnect (``force_reconnect``), counted
-in ``stale``. Until it is back, ``connected`` is false and requests fail at once (``NoResponders``).
+server itself: a round trip (``flush``: PING, wait for PONG) every ``PROBE_EVERY`` seconds. One still
+unanswered after ``STALL_AFTER`` marks the connection stalled (counted in ``stalls``): ``connected`` is
+false, the requests in flight end at once with ``Unavailable`` rather than wait out their timeouts, and
+new ones fail at once, until a round trip comes back. One unanswered after ``PROBE_TIMEOUT`` means the
+connection is dead: it is forced to reconnect (``force_reconnect``), counted in ``stale``. A request
+sent while the server is stopped thus fails within about ``PROBE_EVERY + STALL_AFTER`` seconds.
 
 A handler's ``actors.errors`` failure (the device refused, the link is closing) crosses the wire as
 its class name, code and message and is raised again on the asking side; anything else is a bug on
@@ -42,12 +53,13 @@ from typing import Any
 import trio
 
 from actors import errors as actor_errors
-from actors.bus import BusError, Handler, NoResponders, RequestTimeout
+from actors.bus import BusError, Handler, NoResponders, RequestTimeout, Unavailable, match, request_in_process
 from device_client.shared.bridge import run_on, start_loop_thread, stop_loop_thread
 
 log = logging.getLogger("fleethub.natsbus")
 
-PROBE_EVERY = 2.0  # seconds between round trips to the server
+PROBE_EVERY = 0.5  # seconds between round trips to the server (a PING of a few bytes)
+STALL_AFTER = 1.0  # a round trip slower than this: requests fail at once until one comes back
 PROBE_TIMEOUT = 2.0  # a round trip slower than this: the connection is dead, reconnect
 MAX_OUTBOX = 10_000  # publishes waiting for the asyncio side; past it they are dropped and counted
 
@@ -104,8 +116,13 @@ class NatsBus:
         self._nursery: trio.Nursery | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self.requests = self.no_responders = self.timeouts = self.received = 0
+        self.unavailable = 0  # requests failed because the bus could not carry them
         self.reconnects = 0
         self.stale = 0  # connections found dead by the probe and forced to reconnect
+        self.stalls = 0  # round trips slower than STALL_AFTER: requests failed fast meanwhile
+        self.local = 0  # requests answered in process (a subject this process holds)
+        self._stalled = False
+        self._in_flight: set[trio.CancelScope] = set()  # NATS requests, ended at once when the bus is cut off
         # Publishes cross to the asyncio side in batches: one wake-up and one task per batch, not per
         # message (nats-py's per-operation task cost); trio appends, the asyncio side drains.
         self._outbox: deque[tuple[str, bytes]] = deque()
@@ -114,7 +131,7 @@ class NatsBus:
         self.published = self.publish_batches = 0
         self.publish_dropped = 0  # trio side: NATS down or the outbox full
         self.publish_failed = 0  # asyncio side: the client refused the message
-        self.probe_every, self.probe_timeout = PROBE_EVERY, PROBE_TIMEOUT
+        self.probe_every, self.stall_after, self.probe_timeout = PROBE_EVERY, STALL_AFTER, PROBE_TIMEOUT
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -130,6 +147,7 @@ class NatsBus:
 
         async def disconnected() -> None:
             log.warning("NATS: disconnected from %s", self.url)
+            self._to_trio(self._cut_off)  # what is in flight will not be answered on this connection
 
         async def error(exc: Exception) -> None:
             log.info("NATS: %s", type(exc).__name__)
@@ -142,26 +160,68 @@ class NatsBus:
         nursery.start_soon(self._probe)  # ends with the bus's nursery
 
     async def _probe(self) -> None:
-        """Round trips to the server; a slow one means a dead connection: reconnect (see the docstring)."""
+        """Round trips to the server: a slow one means a stall, a slower one a dead connection (see the
+        docstring)."""
         while True:
             await trio.sleep(self.probe_every)
-            if not self.connected or self._loop is None:
+            if self._nc is None or not self._nc.is_connected or self._loop is None:
                 continue  # nats-py is reconnecting already
+            answered = await self._round_trip()
+            if answered:
+                self._stalled = False
+            if answered is not False or not self._nc.is_connected:
+                continue
+            self.stale += 1
+            log.warning("NATS: no answer from the server within %.1f s: the connection is dead; reconnecting",
+                        self.probe_timeout)
+            try:
+                await run_on(self._loop, self._nc.force_reconnect())
+            except Exception as exc:  # noqa: BLE001 — the next probe tries again
+                log.info("NATS: forcing a reconnect failed: %s", type(exc).__name__)
+
+    async def _round_trip(self) -> bool | None:
+        """One PING/PONG: True when answered, False when not within ``probe_timeout``, None when it
+        failed otherwise (closed or reconnecting meanwhile: the next round sees it). The bus is marked
+        stalled as soon as it has taken ``stall_after``."""
+        came_back = trio.Event()
+        answered: bool | None = True
+
+        async def flush() -> None:
+            nonlocal answered
             try:
                 with trio.fail_after(self.probe_timeout + 1):
                     await run_on(self._loop, self._nc.flush(timeout=self.probe_timeout))
             except (asyncio.TimeoutError, trio.TooSlowError):  # nats.errors.TimeoutError & FlushTimeoutError too
-                if not self.connected:
-                    continue
-                self.stale += 1
-                log.warning("NATS: no answer from %s within %.1f s: the connection is dead; reconnecting",
-                            self.url, self.probe_timeout)
-                try:
-                    await run_on(self._loop, self._nc.force_reconnect())
-                except Exception as exc:  # noqa: BLE001 — the next probe tries again
-                    log.info("NATS: forcing a reconnect failed: %s", type(exc).__name__)
-            except Exception as exc:  # noqa: BLE001 — closed or reconnecting meanwhile: the next round sees it
+                answered = False
+            except Exception as exc:  # noqa: BLE001 — see the docstring
+                answered = None
                 log.debug("NATS probe: %s", type(exc).__name__)
+            finally:
+                came_back.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(flush)
+            with trio.move_on_after(self.stall_after):
+                await came_back.wait()
+            if not came_back.is_set() and not self._stalled:
+                self.stalls += 1
+                log.warning("NATS: no answer from the server within %.1f s: failing requests until it answers",
+                            self.stall_after)
+                self._stalled = True
+                self._cut_off()
+        return answered
+
+    def _cut_off(self) -> None:
+        """End every NATS request in flight now (each raises ``Unavailable``): no answer is coming soon."""
+        for scope in self._in_flight:
+            scope.cancel()
+
+    def _to_trio(self, fn: Any) -> None:  # from the asyncio side
+        if self._token is not None:
+            try:
+                self._token.run_sync_soon(fn)
+            except trio.RunFinishedError:
+                pass
 
     async def _stop(self) -> None:
         if self._loop is None:
@@ -180,7 +240,8 @@ class NatsBus:
 
     @property
     def connected(self) -> bool:
-        return self._nc is not None and self._nc.is_connected
+        """The client holds a server connection now, and the server answers it (not stalled)."""
+        return self._nc is not None and self._nc.is_connected and not self._stalled
 
     # -- the Bus interface -----------------------------------------------------------------------
 
@@ -202,32 +263,45 @@ class NatsBus:
         import nats.errors
 
         self.requests += 1
+        sub = match(self._subs, subject)
+        if sub is not None:
+            self.local += 1
+            return await request_in_process(sub.handler, subject, payload, timeout)
         if not self.connected:
-            # NATS is down (or restarting): fail at once rather than queue the command for later
-            self.no_responders += 1
-            raise NoResponders(subject)
+            # NATS is down, restarting or stalled: fail at once rather than queue the command for later
+            self.unavailable += 1
+            raise Unavailable(subject)
         assert self._loop is not None
-        try:
-            with trio.fail_after(timeout + 1):  # the client's own timeout should fire first
-                msg = await run_on(self._loop, self._nc.request(subject, _encode(payload), timeout=timeout))
-        except nats.errors.NoRespondersError:
-            self.no_responders += 1
-            raise NoResponders(subject) from None
-        except (nats.errors.TimeoutError, trio.TooSlowError):
-            self.timeouts += 1
-            raise RequestTimeout(subject) from None
-        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
-                nats.errors.OutboundBufferLimitError):
-            self.no_responders += 1
-            raise NoResponders(subject) from None
+        msg = None
+        with trio.CancelScope() as scope:
+            self._in_flight.add(scope)
+            try:
+                with trio.fail_after(timeout + 1):  # the client's own timeout should fire first
+                    msg = await run_on(self._loop, self._nc.request(subject, _encode(payload), timeout=timeout))
+            except nats.errors.NoRespondersError:
+                self.no_responders += 1
+                raise NoResponders(subject) from None
+            except (nats.errors.TimeoutError, trio.TooSlowError):
+                self.timeouts += 1
+                raise RequestTimeout(subject) from None
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
+                    nats.errors.OutboundBufferLimitError):
+                self.unavailable += 1
+                raise Unavailable(subject) from None
+            finally:
+                self._in_flight.discard(scope)
+        if msg is None:  # cut off while waiting (``_cut_off``)
+            self.unavailable += 1
+            raise Unavailable(subject)
         answer = json.loads(msg.data or b"{}")
         if isinstance(answer, dict) and "__error__" in answer:
             _raise_remote(answer["__error__"])
         return answer
 
     def publish(self, subject: str, payload: dict[str, Any]) -> None:
-        """Fire and forget (at most once): dropped, and counted, when NATS is down or too far behind."""
-        if self._loop is None or not self.connected:
+        """Fire and forget (at most once): dropped, and counted, when NATS is down or too far behind.
+        A stalled connection still takes them (the client buffers them for the server's return)."""
+        if self._loop is None or self._nc is None or not self._nc.is_connected:
             self.publish_dropped += 1
             return
         data = _encode(payload)
@@ -262,6 +336,7 @@ class NatsBus:
         return {"subscriptions": len(self._subs), "requests": self.requests,
                 "no_responders": self.no_responders, "timeouts": self.timeouts,
                 "received": self.received, "reconnects": self.reconnects, "stale": self.stale,
+                "stalls": self.stalls, "unavailable": self.unavailable, "local": self.local,
                 "published": self.published, "publish_batches": self.publish_batches,
                 "publish_dropped": self.publish_dropped + self.publish_failed, "connected": int(self.connected)}
 

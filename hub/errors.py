@@ -156,6 +156,7 @@ ACTOR_STATUS: dict[type[actor_errors.AskError], int] = {
     actor_errors.DeviceOffline: 503,
     actor_errors.DeviceTimeout: 504,
     actor_errors.DeviceUnreachable: 504,
+    actor_errors.BusUnavailable: 503,
     actor_errors.ActorError: 500,
     actor_errors.MailboxFull: 503,
     actor_errors.AskTimeout: 504,

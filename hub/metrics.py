@@ -155,6 +155,12 @@ class _HubCollector:
             yield _family(C, "fleethub_cluster_nats_stale",
                           "NATS connections the bus's probe found dead (no PONG in time) and replaced.",
                           getattr(services.bus, "stale", 0))
+            yield _family(C, "fleethub_cluster_nats_stalls",
+                          "NATS round trips slower than 1 s: requests failed fast (bus_unavailable) meanwhile.",
+                          getattr(services.bus, "stalls", 0))
+            yield _family(C, "fleethub_cluster_nats_local_requests",
+                          "Commands answered in this process, not over NATS (the device's link is here).",
+                          getattr(services.bus, "local", 0))
             yield _family(C, "fleethub_cluster_nats_publish_dropped",
                           "Broadcasts (events, takeovers) not sent: NATS down, the outbox full, or refused.",
                           getattr(services.bus, "publish_dropped", 0) + getattr(services.bus, "publish_failed", 0))

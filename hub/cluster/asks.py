@@ -17,8 +17,8 @@ from typing import Any
 
 from actors.device import Reboot
 from actors.device_memtests import CancelTest, ReadStatus, StartTest
-from actors.bus import NoResponders, RequestTimeout
-from actors.errors import Conflict, DeviceOffline, DeviceTimeout
+from actors.bus import NoResponders, RequestTimeout, Unavailable
+from actors.errors import BusUnavailable, Conflict, DeviceOffline, DeviceTimeout
 
 # Only these cross: each a frozen dataclass of JSON fields, rebuilt on the holder from its name.
 ASKS: dict[str, type] = {cls.__name__: cls for cls in (Reboot, StartTest, CancelTest, ReadStatus)}
@@ -75,6 +75,8 @@ async def ask_device(s: Any, device_id: uuid.UUID, msg: Any, timeout: float, *, 
                 raise DeviceOffline("the device's hub node is not reachable") from None
             except RequestTimeout:
                 raise DeviceTimeout("the device did not answer in time") from None
+            except Unavailable:
+                raise BusUnavailable("the device's hub node cannot be reached now (the cluster's NATS is down or stalled)") from None
             return answer.get("reply")
     actor = await s.device_actor(device_id)
     return await actor.ask(msg, timeout=timeout)
@@ -116,7 +118,7 @@ async def control_rollout(s: Any, rollout_id: uuid.UUID, event: object) -> None:
         payload = {"rollout": str(rollout_id), "event": type(event).__name__, "reason": getattr(event, "reason", None)}
         try:
             await s.bus.request(f"cluster.node.{owner}.rollout", payload, timeout=10)
-        except (NoResponders, RequestTimeout):
+        except (NoResponders, RequestTimeout, Unavailable):
             raise HeldElsewhere(f"rollout {rollout_id} is run by node {owner}, which did not answer; "
                                 "try again once its lease has moved") from None
         return

@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from actors import errors as actor_errors
-from actors.bus import BusError, NoResponders, RequestTimeout
+from actors.bus import BusError, NoResponders, RequestTimeout, Unavailable
 from actors.natsbus import open_nats_bus
 from tests.hubtools import wait_for
 
@@ -133,7 +133,7 @@ async def test_a_nats_restart_fails_requests_fast_then_the_subscriptions_come_ba
             await trio.to_thread.run_sync(nats_server.stop)
             await wait_for(lambda: not b.connected, timeout=5)
             started = trio.current_time()
-            with pytest.raises(NoResponders):
+            with pytest.raises(Unavailable):  # not NoResponders: whether a node holds it is unknown
                 await b.request("cmd.dev.ping", {}, timeout=5)
             assert trio.current_time() - started < 0.5  # not the 5 s timeout: the bus knows it is cut off
             await trio.to_thread.run_sync(nats_server.start)  # the same port
@@ -171,11 +171,15 @@ async def test_a_connection_that_dies_silently_is_found_and_replaced(nats_server
                 link.stall()
                 stalled = trio.current_time()
                 await wait_for(lambda: not b.connected, timeout=15)
+                assert trio.current_time() - stalled < b.probe_every + b.stall_after + 1
+                await wait_for(lambda: b.stale >= 1, timeout=15)
                 assert trio.current_time() - stalled < b.probe_every + b.probe_timeout + 3
-                assert b.stale >= 1
                 started = trio.current_time()
-                with pytest.raises(NoResponders):
-                    await b.request("cmd.dev.ping", {}, timeout=5)
+                with pytest.raises(Unavailable):
+                    await b.request("cmd.other.ping", {}, timeout=5)  # held elsewhere, if anywhere
+                assert trio.current_time() - started < 0.5
+                assert await b.request("cmd.dev.ping", {}, timeout=5) == {"ok": True}  # held here: in process
+                assert b.statistics()["stalls"] >= 1 and b.local >= 1
                 assert trio.current_time() - started < 0.5
                 await link.heal()
                 await wait_for(lambda: b.connected, timeout=20)
@@ -207,3 +211,32 @@ async def test_publishes_cross_in_batches_in_order_and_what_is_dropped_is_counte
             a.publish("events.org.x", {"n": -1})
             assert a.publish_dropped == 1 and a.statistics()["publish_dropped"] == 1
             await trio.to_thread.run_sync(nats_server.start)
+
+
+async def test_a_request_in_flight_when_the_server_stalls_fails_within_two_seconds(nats_server):
+    """nats-server SIGSTOPped (issue 38 item 3): the bus's probe notices within about
+    ``probe_every + stall_after`` and ends the request then, with Unavailable, instead of letting it wait
+    out its 10 s timeout; a subject this process holds is still answered, in process."""
+    import os
+    import signal
+
+    with trio.fail_after(30):
+        async with open_nats_bus(nats_server.url, "a") as a, open_nats_bus(nats_server.url, "b") as b:
+            async def answer(subject, payload):
+                return {"ok": True}
+
+            a.subscribe("cmd.dev.>", answer)
+            await _until_held(b, "cmd.dev.ping")
+            os.kill(nats_server.proc.pid, signal.SIGSTOP)
+            try:
+                started = trio.current_time()
+                with pytest.raises(Unavailable):
+                    await b.request("cmd.dev.ping", {}, timeout=10)
+                took = trio.current_time() - started
+                assert took < b.probe_every + b.stall_after + 0.5, took
+                assert not b.connected and b.stalls == 1
+                assert await a.request("cmd.dev.ping", {}, timeout=10) == {"ok": True}
+            finally:
+                os.kill(nats_server.proc.pid, signal.SIGCONT)
+            await wait_for(lambda: a.connected and b.connected, timeout=15)
+            assert await b.request("cmd.dev.ping", {}, timeout=5) == {"ok": True}
