@@ -70,6 +70,7 @@ class RolloutActor(Actor):
         self._tick_now = False
         self._windows_stale = False  # a reload was asked for while storage was unreachable
         self._windows_seen = 0  # services.window_changes when the windows were last read
+        self._bus_down = False  # the last tick could not reach the bus: it started nothing, so look again
         # In a cluster: the lease this node holds (storage/leases.py), checked by every write; once
         # another node has taken it over this actor writes nothing more and stops (``lost``).
         self.fence = None
@@ -185,6 +186,8 @@ class RolloutActor(Actor):
             return math.inf
         if self._tick_now or self._windows_stale:
             return trio.current_time()
+        if self._bus_down:
+            return trio.current_time() + POLL_INTERVAL
         m = self.machine
         waiting_online = any(st.step in (rm.Step.PENDING, rm.Step.DEFERRED_MEMORY_TEST) and st.batch <= m.current_batch
                              for st in m.steps.values())
@@ -205,6 +208,7 @@ class RolloutActor(Actor):
         self._tick_now = False
         # A node cut off from NATS starts nobody: its tells to devices linked elsewhere would be lost.
         bus_up = bool(getattr(self.services.bus, "connected", True))  # the in-process bus is always up
+        self._bus_down = not bus_up
         effects = self.machine.handle(rm.Tick(views, bus_up=bus_up), self.services.clock.now())
         if effects and self.machine.state is rm.RolloutState.CANCELLED:
             # A device that was applying at the cancel has finished: if it does not run the version
