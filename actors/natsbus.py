@@ -21,6 +21,10 @@ answer, the connection is not always torn down (nats.py issues #522 and #671). S
 server itself: a round trip (``flush``: PING, wait for PONG) every ``PROBE_EVERY`` seconds, and when one
 takes longer than ``PROBE_TIMEOUT`` the connection is forced to reconnect (``force_reconnect``), counted
 in ``stale``. Until it is back, ``connected`` is false and requests fail at once (``NoResponders``).
+Requests already waiting when the connection goes fail then too (``NoResponders``, counted in
+``dropped_in_flight``): nats-py keeps them waiting for a reply that the dead connection cannot bring,
+for their whole timeout (a configuration apply's is 120 s), after which a device that may never have
+seen the command would be judged by a timeout (issue 38).
 
 A handler's ``actors.errors`` failure (the device refused, the link is closing) crosses the wire as
 its class name, code and message and is raised again on the asking side; anything else is a bug on
@@ -115,6 +119,8 @@ class NatsBus:
         self.publish_dropped = 0  # trio side: NATS down or the outbox full
         self.publish_failed = 0  # asyncio side: the client refused the message
         self.probe_every, self.probe_timeout = PROBE_EVERY, PROBE_TIMEOUT
+        self._in_flight: set[trio.CancelScope] = set()  # requests waiting for a reply (trio side)
+        self.dropped_in_flight = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -130,6 +136,10 @@ class NatsBus:
 
         async def disconnected() -> None:
             log.warning("NATS: disconnected from %s", self.url)
+            try:
+                self._token.run_sync_soon(self._drop_in_flight)
+            except trio.RunFinishedError:
+                pass
 
         async def error(exc: Exception) -> None:
             log.info("NATS: %s", type(exc).__name__)
@@ -207,8 +217,10 @@ class NatsBus:
             self.no_responders += 1
             raise NoResponders(subject)
         assert self._loop is not None
+        scope = trio.CancelScope()
+        self._in_flight.add(scope)
         try:
-            with trio.fail_after(timeout + 1):  # the client's own timeout should fire first
+            with scope, trio.fail_after(timeout + 1):  # the client's own timeout should fire first
                 msg = await run_on(self._loop, self._nc.request(subject, _encode(payload), timeout=timeout))
         except nats.errors.NoRespondersError:
             self.no_responders += 1
@@ -220,10 +232,20 @@ class NatsBus:
                 nats.errors.OutboundBufferLimitError):
             self.no_responders += 1
             raise NoResponders(subject) from None
+        finally:
+            self._in_flight.discard(scope)
+        if scope.cancelled_caught:  # the connection went while it waited (``_drop_in_flight``)
+            self.no_responders += 1
+            raise NoResponders(subject)
         answer = json.loads(msg.data or b"{}")
         if isinstance(answer, dict) and "__error__" in answer:
             _raise_remote(answer["__error__"])
         return answer
+
+    def _drop_in_flight(self) -> None:
+        self.dropped_in_flight += len(self._in_flight)
+        for scope in self._in_flight:
+            scope.cancel()
 
     def publish(self, subject: str, payload: dict[str, Any]) -> None:
         """Fire and forget (at most once): dropped, and counted, when NATS is down or too far behind."""
