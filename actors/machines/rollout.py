@@ -342,10 +342,11 @@ class RolloutMachine:
         key: Key = Tick
         reason: str | None = None
         self._collect(event.views, now, changed)  # nothing is in flight while pending or settled
+        if self.state is RolloutState.CANCELLED:
+            # nothing is sent again: the cancel gives its devices back what they run
+            return key, reason, [SaveSteps(tuple(changed))] if changed else []
         if event.bus_up:
             self._resend_stuck(event.views, now, changed, effects)
-        if self.state is RolloutState.CANCELLED:
-            return key, reason, [SaveSteps(tuple(changed)), *effects] if changed else effects
         if self.state is RolloutState.RUNNING:
             finding, reason = self._threshold_breach()
             if finding is None and not event.bus_up:

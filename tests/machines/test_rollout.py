@@ -438,3 +438,10 @@ def test_with_the_bus_down_a_settled_rollout_still_ends():
     m.handle(rm.Tick(views(m)), T0)
     m.handle(rm.Tick(applied(m, ["d000"]), bus_up=False), T0 + dt.timedelta(seconds=1))
     assert m.state is rm.RolloutState.COMPLETED
+
+
+def test_a_cancelled_rollout_sends_nothing_again():
+    m = machine(1, resend_after=dt.timedelta(seconds=15))
+    m.handle(rm.Tick(views(m)), T0)
+    m.handle(rm.Cancel(), T0 + dt.timedelta(seconds=1))
+    assert resends(m.handle(rm.Tick(views(m)), T0 + dt.timedelta(seconds=60))) == []
