@@ -26,7 +26,7 @@ async def test_an_owner_cut_off_from_nats_fails_no_device_and_the_rollout_comple
             link = await nursery.start(CuttableLink(int(nats_server.url.rsplit(":", 1)[1])).run)
             data = tmp_path / "hub"
             a = await start_hub(nursery, db_url, data, nats_url=link.url, node_id="a", **SETTINGS)
-            b, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b", **SETTINGS)
+            _, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b", **SETTINGS)
             fid = (await a.call("POST", "/v1/fleets", json={"name": "f"})).json()["data"]["id"]
             for i in range(DEVICES):
                 _, token = await a.provision(f"d{i}", fleet_id=fid)
@@ -75,7 +75,7 @@ async def test_nats_server_stopped_mid_rollout_fails_no_device_and_the_rollout_c
         async with trio.open_nursery() as nursery:
             data = tmp_path / "hub"
             a = await start_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="a", **SETTINGS)
-            b, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b", **SETTINGS)
+            _, b_url = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b", **SETTINGS)
             fid = (await a.call("POST", "/v1/fleets", json={"name": "f"})).json()["data"]["id"]
             for i in range(DEVICES):
                 _, token = await a.provision(f"d{i}", fleet_id=fid)
