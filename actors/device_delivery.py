@@ -271,6 +271,12 @@ class DeviceDelivery:
         try:
             result = await self._strict("config.apply", payload, timeout=APPLY_TIMEOUT)
         except NotDone as exc:
+            if exc.offline:
+                # Never reached the device (not linked, or the bus is down): no verdict on the version.
+                # Pending again: its next hello, or the rollout's re-send, sends it (issue 38).
+                await self._db(s.devices.set_config_result, self.device_id, "pending", None,
+                               device["applied_version_id"], s.clock.now())
+                return
             # "applying" must end: failed with the reason (the diagnosis shows it); the version is sent
             # again at the device's next link. A result the device sends later (config.result) still counts.
             await self._db(s.devices.set_config_result, self.device_id, "failed", exc.reason,

@@ -132,6 +132,7 @@ class NatsBus:
         self.publish_dropped = 0  # trio side: NATS down or the outbox full
         self.publish_failed = 0  # asyncio side: the client refused the message
         self.probe_every, self.stall_after, self.probe_timeout = PROBE_EVERY, STALL_AFTER, PROBE_TIMEOUT
+        self.dropped_in_flight = 0  # requests ended by ``_cut_off``
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -212,7 +213,10 @@ class NatsBus:
         return answered
 
     def _cut_off(self) -> None:
-        """End every NATS request in flight now (each raises ``Unavailable``): no answer is coming soon."""
+        """End every NATS request in flight now (each raises ``Unavailable``): no answer is coming soon.
+        nats-py would keep them waiting their whole timeout (a configuration apply's is 120 s), after
+        which a device that may never have seen the command would be judged by a timeout (issue 38)."""
+        self.dropped_in_flight += len(self._in_flight)
         for scope in self._in_flight:
             scope.cancel()
 

@@ -70,6 +70,7 @@ class RolloutActor(Actor):
         self._tick_now = False
         self._windows_stale = False  # a reload was asked for while storage was unreachable
         self._windows_seen = 0  # services.window_changes when the windows were last read
+        self._bus_down = False  # the last tick could not reach the bus: it started nothing, so look again
         # In a cluster: the lease this node holds (storage/leases.py), checked by every write; once
         # another node has taken it over this actor writes nothing more and stops (``lost``).
         self.fence = None
@@ -103,7 +104,8 @@ class RolloutActor(Actor):
             force=self.row["force"], window_open=self._window_open, next_window=self._next_window,
             success_threshold=self.row["success_threshold"], failure_threshold=self.row["failure_threshold"],
             state=rm.RolloutState(self.row["state"]), current_batch=self.row["current_batch"], reason=self.row["reason"],
-            accepted_failures=self.row["accepted_failures"], accepted_batch=self.row["accepted_batch"])
+            accepted_failures=self.row["accepted_failures"], accepted_batch=self.row["accepted_batch"],
+            resend_after=dt.timedelta(seconds=s.settings.rollout_resend_after))
         if self.machine.state is rm.RolloutState.PENDING:
             await self._carry_out(self.machine.handle(rm.Start(), s.clock.now()))
         self._tick_now = True  # look at the devices at once after a (re)start
@@ -184,6 +186,8 @@ class RolloutActor(Actor):
             return math.inf
         if self._tick_now or self._windows_stale:
             return trio.current_time()
+        if self._bus_down:
+            return trio.current_time() + POLL_INTERVAL
         m = self.machine
         waiting_online = any(st.step in (rm.Step.PENDING, rm.Step.DEFERRED_MEMORY_TEST) and st.batch <= m.current_batch
                              for st in m.steps.values())
@@ -202,7 +206,10 @@ class RolloutActor(Actor):
             await self._load_windows()
         views = await self._views()
         self._tick_now = False
-        effects = self.machine.handle(rm.Tick(views), self.services.clock.now())
+        # A node cut off from NATS starts nobody: its tells to devices linked elsewhere would be lost.
+        bus_up = bool(getattr(self.services.bus, "connected", True))  # the in-process bus is always up
+        self._bus_down = not bus_up
+        effects = self.machine.handle(rm.Tick(views, bus_up=bus_up), self.services.clock.now())
         if effects and self.machine.state is rm.RolloutState.CANCELLED:
             # A device that was applying at the cancel has finished: if it does not run the version
             # (rejected, or failed by the hub's verdict) it gets back what it runs, as the others did.
@@ -248,6 +255,8 @@ class RolloutActor(Actor):
         for effect in effects:
             if isinstance(effect, rm.Update):
                 self._assign.append(uuid.UUID(effect.device_id))
+            elif isinstance(effect, rm.Resend):
+                self._apply.append(uuid.UUID(effect.device_id))  # assigned already: told again
             elif isinstance(effect, rm.SaveSteps):
                 self._steps.update({st.device_id: st for st in effect.steps})
             elif isinstance(effect, rm.SaveRollout):

@@ -29,6 +29,8 @@ class Settings:
     command_timeout: float = 10.0
     # A rebooting device that has not come back after this long is offline.
     reboot_timeout: float = 300.0
+    # A rollout sends its version again to a device that shows no sign of it after this long (issue 38).
+    rollout_resend_after: float = 15.0
     log_level: str = "INFO"
     db_pool_max: int = 10
     # Bounds on every storage call (storage/db.py), so that a database that does not answer (down,
@@ -105,6 +107,7 @@ class Settings:
             heartbeat_interval=_float("FLEETHUB_HEARTBEAT_INTERVAL", 30.0),
             command_timeout=_float("FLEETHUB_COMMAND_TIMEOUT", 10.0),
             reboot_timeout=_float("FLEETHUB_REBOOT_TIMEOUT", 300.0),
+            rollout_resend_after=_float("FLEETHUB_ROLLOUT_RESEND_AFTER", 15.0),
             log_level=os.environ.get("FLEETHUB_LOG_LEVEL", "INFO"),
             db_pool_max=int(os.environ.get("FLEETHUB_DB_POOL_MAX", "10")),
             db_connect_timeout=_float("FLEETHUB_DB_CONNECT_TIMEOUT", 3.0),

@@ -27,6 +27,14 @@ get the update when their test ends) and its success ratio met ``success_thresho
 failure pauses; so does the failed share of all attempted devices passing ``failure_threshold``.
 Pause stops devices from starting; devices already updating finish.
 
+Partial failure (issue 38): the version reaches a device by a tell (the DeviceActor, maybe on another
+node over NATS), and a tell may be lost. So a device whose step sits in ``updating`` past
+``resend_after`` while it is online and neither applying nor answered is sent its assignment again
+(``Resend``; the DeviceActor works from storage and the same version id, so a second send is harmless).
+A device that is offline or unreachable is not failed: it waits (its next hello sends the version).
+And while the owner cannot reach the bus (``Tick.bus_up`` false) no device starts and no batch begins:
+what it would send could be lost, and a device it cannot reach is no verdict on the version.
+
 The next state is decided in one place, ``TRANSITIONS[state][key]``: a Tick's key says what it found
 (canary failed, failures over the threshold, a batch below the success threshold, settled); the
 actions only move device steps and compute effects.
@@ -68,6 +76,9 @@ IN_FLIGHT = {Step.UPDATING, Step.VERIFYING}
 WAITING = {Step.PENDING, Step.QUEUED_MAINTENANCE, Step.DEFERRED_MEMORY_TEST}
 SETTLED_FOR_BATCH = TERMINAL | {Step.DEFERRED_MEMORY_TEST}
 CANARY_SHARE = 0.05
+# An assignment unanswered this long is sent again: longer than a tell takes to reach a device and the
+# device to say "applying" (well under a second, a few under a forced rollout's storage queue).
+RESEND_AFTER = dt.timedelta(seconds=15)
 
 # A device's configuration result for the rollout's version -> its step, with the error shown when the
 # device gave none. "failed" is the hub's own verdict (the apply went unanswered past its time or the
@@ -109,6 +120,7 @@ class Start:
 @dataclass(frozen=True)
 class Tick:
     views: dict[str, DeviceView]
+    bus_up: bool = True  # the owner reaches the bus (NATS) now: tells can arrive
 
 
 @dataclass(frozen=True)
@@ -129,6 +141,12 @@ class Cancel:
 # -- effects ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Update:
+    device_id: str
+
+
+@dataclass(frozen=True)
+class Resend:
+    """Tell the device again to apply what storage assigns it (the assignment stands)."""
     device_id: str
 
 
@@ -209,7 +227,7 @@ class RolloutMachine:
                  next_window: Callable[[str, dt.datetime], dt.datetime | None],
                  success_threshold: float = 0.9, failure_threshold: float = 0.1,
                  state: RolloutState = RolloutState.PENDING, current_batch: int = 0, reason: str | None = None,
-                 accepted_failures: int = 0, accepted_batch: int = -1):
+                 accepted_failures: int = 0, accepted_batch: int = -1, resend_after: dt.timedelta = RESEND_AFTER):
         self.steps = {s.device_id: s for s in steps}
         self.force = force
         self.window_open = window_open      # (fleet_id, instant) -> bool: the fleet's update window
@@ -224,6 +242,7 @@ class RolloutMachine:
         # no longer pause the rollout (else a resume would pause again on the same failure at once).
         self.accepted_failures = accepted_failures
         self.accepted_batch = accepted_batch
+        self.resend_after = resend_after
 
     # -- queries -----------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
@@ -324,10 +343,15 @@ class RolloutMachine:
         reason: str | None = None
         self._collect(event.views, now, changed)  # nothing is in flight while pending or settled
         if self.state is RolloutState.CANCELLED:
+            # nothing is sent again: the cancel gives its devices back what they run
             return key, reason, [SaveSteps(tuple(changed))] if changed else []
+        if event.bus_up:
+            self._resend_stuck(event.views, now, changed, effects)
         if self.state is RolloutState.RUNNING:
             finding, reason = self._threshold_breach()
-            if finding is None:
+            if finding is None and not event.bus_up:
+                finding, reason = self._settled()  # nothing starts; a rollout already settled still ends
+            elif finding is None:
                 # Devices of batches already reached (a deferred one may sit in an earlier batch).
                 for st in self.steps.values():
                     if st.batch <= self.current_batch and st.step in WAITING:
@@ -341,6 +365,20 @@ class RolloutMachine:
                                                         "devices": [{"deviceId": s.device_id, "step": s.step.value,
                                                                      "error": s.error} for s in changed]}))
         return key, reason, effects
+
+    def _resend_stuck(self, views: dict[str, DeviceView], now: dt.datetime, changed: list[DeviceStep],
+                      effects: list[object]) -> None:
+        """In-flight devices whose assignment got no sign of life within ``resend_after``: sent again.
+        A device back to "not applying" after it was verifying (its apply never reached it) is
+        updating again. Offline ones wait for their hello, which sends the version anyway."""
+        for st in self.steps.values():
+            view = views.get(st.device_id)
+            if (st.step not in IN_FLIGHT or view is None or not view.online or view.applying
+                    or view.result is not None or st.updated_at is None or now - st.updated_at < self.resend_after):
+                continue
+            st.step, st.error, st.updated_at = Step.UPDATING, None, now  # the bound counts from this send
+            changed.append(st)
+            effects.append(Resend(st.device_id))
 
     def _start_device(self, st: DeviceStep, view: DeviceView | None, now: dt.datetime, changed: list[DeviceStep],
                       effects: list[object]) -> None:
@@ -371,6 +409,13 @@ class RolloutMachine:
                                              f"above the failure threshold")
         return None, None
 
+    def _settled(self) -> tuple[str | None, str | None]:
+        """SETTLED or SETTLED_WITH_FAILURES once every device is terminal and the last batch was reached."""
+        if self.current_batch + 1 < self.batch_count or any(s.step not in TERMINAL for s in self.steps.values()):
+            return None, None
+        failed = any(s.step is Step.FAILED for s in self.steps.values())
+        return (SETTLED_WITH_FAILURES if failed else SETTLED), None
+
     def _advance(self, views: dict[str, DeviceView], now: dt.datetime, changed: list[DeviceStep],
                  effects: list[object]) -> tuple[str | None, str | None]:
         """Start the next batches while the current one settled well; a finding when it did not, or
@@ -385,10 +430,7 @@ class RolloutMachine:
                     and ok / len(counted) < self.success_threshold):
                 return BATCH_BELOW_THRESHOLD, f"batch {self.current_batch} is below the success threshold"
             if self.current_batch + 1 >= self.batch_count:
-                if all(s.step in TERMINAL for s in self.steps.values()):
-                    failed = any(s.step is Step.FAILED for s in self.steps.values())
-                    return (SETTLED_WITH_FAILURES if failed else SETTLED), None
-                return None, None
+                return self._settled()
             self.current_batch += 1
             effects.append(self._save())
             for st in self.in_batch(self.current_batch):

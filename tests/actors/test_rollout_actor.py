@@ -16,10 +16,12 @@ import uuid
 
 import trio
 
+from actors.bus import Bus
 from actors.rollout import RolloutActor
 from actors.runtime import Registry, Supervisor
 from device_client.shared.clock import TestClock
 from hub.events import EventHub
+from hub.settings import Settings
 
 UTC = dt.timezone.utc
 EPOCH = dt.datetime(2026, 3, 27, 20, 0, tzinfo=UTC)  # a Friday, two days before Berlin's spring forward
@@ -87,7 +89,8 @@ def services_for(nursery, store: FakeStore):
     registry = Registry(supervisor)
     device_actors = {d: FakeDeviceActor(store, d) for d in store.devices}
     s = types.SimpleNamespace(
-        clock=TestClock(EPOCH), rollouts=store, windows=store, events=EventHub(), registry=registry)
+        clock=TestClock(EPOCH), rollouts=store, windows=store, events=EventHub(), registry=registry,
+        settings=Settings(), bus=Bus())
     registry.lookup = lambda key: device_actors.get(key[1]) if key[0] == "device" else None
 
     async def device_actor(device_id):

@@ -240,3 +240,36 @@ async def test_a_request_in_flight_when_the_server_stalls_fails_within_two_secon
                 os.kill(nats_server.proc.pid, signal.SIGCONT)
             await wait_for(lambda: a.connected and b.connected, timeout=15)
             assert await b.request("cmd.dev.ping", {}, timeout=5) == {"ok": True}
+
+
+async def test_a_request_waiting_when_the_connection_dies_fails_then_not_at_its_timeout(nats_server):
+    """Issue 38: a configuration apply waits up to 120 s for its reply. When the connection dies under
+    it, nats-py would keep it waiting all that time for a reply the dead connection cannot bring, and
+    the device would be judged failed by the timeout: it ends as soon as the bus knows (Unavailable:
+    nothing is known to have reached the device)."""
+    from tests.cluster.natstools import CuttableLink
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            link = await nursery.start(CuttableLink(int(nats_server.url.rsplit(":", 1)[1])).run)
+            async with open_nats_bus(nats_server.url, "a") as a, open_nats_bus(link.url, "b") as b:
+                async def silent(subject, payload):
+                    await trio.sleep_forever()
+
+                a.subscribe("cmd.dev.>", silent)  # a holds the device, which takes its time to answer
+                await trio.sleep(0.2)  # reach the server
+                ended: list[float] = []
+
+                async def ask() -> None:
+                    with pytest.raises(Unavailable):
+                        await b.request("cmd.dev.config.apply", {}, timeout=30)
+                    ended.append(trio.current_time())
+
+                nursery.start_soon(ask)
+                await trio.sleep(0.3)
+                link.stall()  # b's link to the server stops passing bytes
+                stalled = trio.current_time()
+                await wait_for(lambda: bool(ended), timeout=20)
+                assert ended[0] - stalled < b.probe_every + b.probe_timeout + 3  # found by the probe, not 30 s
+                assert b.dropped_in_flight == 1
+            nursery.cancel_scope.cancel()

@@ -360,3 +360,88 @@ def test_an_unknown_event_is_illegal_in_every_state():
         with pytest.raises(rm.IllegalTransition):
             m.handle(object(), T0)
         assert m.state is state
+
+
+# -- partial failure (issue 38): lost tells, unreachable devices, a bus that is down ----------------
+def resends(effects) -> list[str]:
+    return [e.device_id for e in effects if isinstance(e, rm.Resend)]
+
+
+def test_a_device_stuck_in_updating_is_sent_its_assignment_again_after_the_bound():
+    m = machine(1, resend_after=dt.timedelta(seconds=15))
+    assert updates(m.handle(rm.Tick(views(m)), T0)) == ["d000"]
+    # the tell was lost: online, not applying, no result
+    assert resends(m.handle(rm.Tick(views(m)), T0 + dt.timedelta(seconds=14))) == []
+    effects = m.handle(rm.Tick(views(m)), T0 + dt.timedelta(seconds=15))
+    assert resends(effects) == ["d000"] and updates(effects) == []  # the assignment stands: no re-assign
+    assert m.steps["d000"].step is rm.Step.UPDATING and m.steps["d000"].updated_at == T0 + dt.timedelta(seconds=15)
+    assert [s.device_id for e in effects if isinstance(e, rm.SaveSteps) for s in e.steps] == ["d000"]
+    # the bound counts from the re-send, not from the first send
+    assert resends(m.handle(rm.Tick(views(m)), T0 + dt.timedelta(seconds=29))) == []
+    assert resends(m.handle(rm.Tick(views(m)), T0 + dt.timedelta(seconds=30))) == ["d000"]
+    m.handle(rm.Tick(applied(m, ["d000"])), T0 + dt.timedelta(seconds=31))
+    assert m.state is rm.RolloutState.COMPLETED
+
+
+def test_no_resend_to_a_device_applying_answered_or_offline():
+    m = machine(3, batch_size=None, resend_after=dt.timedelta(seconds=15))
+    m.handle(rm.Tick(views(m)), T0)
+    later = T0 + dt.timedelta(seconds=60)
+    effects = m.handle(rm.Tick({"d000": rm.DeviceView(online=True, applying=True),
+                                "d001": rm.DeviceView(online=False),
+                                "d002": rm.DeviceView(online=True, result="applied")}), later)
+    assert resends(effects) == []
+    assert m.steps["d000"].step is rm.Step.VERIFYING and m.steps["d001"].step is rm.Step.UPDATING
+
+
+def test_a_verifying_device_whose_apply_never_reached_it_is_updating_again_and_resent():
+    # The apply did not reach the device (the bus was down): storage says pending again, not failed.
+    m = machine(1, resend_after=dt.timedelta(seconds=15))
+    m.handle(rm.Tick(views(m)), T0)
+    m.handle(rm.Tick({"d000": rm.DeviceView(online=True, applying=True)}), T0 + dt.timedelta(seconds=1))
+    assert m.steps["d000"].step is rm.Step.VERIFYING
+    assert resends(m.handle(rm.Tick(views(m)), T0 + dt.timedelta(seconds=10))) == []
+    effects = m.handle(rm.Tick(views(m)), T0 + dt.timedelta(seconds=16))
+    assert resends(effects) == ["d000"] and m.steps["d000"].step is rm.Step.UPDATING
+    assert m.state is rm.RolloutState.RUNNING and m.counts()["failed"] == 0
+
+
+def test_an_unreachable_device_is_not_failed_and_the_rollout_waits_on_it():
+    m = machine(4, batch_size=2)  # canary 1, then 2, then 1
+    m.handle(rm.Tick(views(m)), T0)
+    m.handle(rm.Tick(applied(m, ["d000"])), T0 + dt.timedelta(seconds=1))
+    assert m.current_batch == 1
+    for i in range(2, 60):  # a device of batch 1 cannot be reached for a minute
+        m.handle(rm.Tick({**applied(m, ["d000", "d001"]), "d002": rm.DeviceView(online=False)}),
+                 T0 + dt.timedelta(seconds=i))
+    assert m.steps["d002"].step is rm.Step.UPDATING and m.state is rm.RolloutState.RUNNING
+    assert m.current_batch == 1 and m.counts()["failed"] == 0
+
+
+def test_with_the_bus_down_no_batch_starts_no_device_starts_and_nothing_is_resent():
+    m = machine(3, batch_size=1, resend_after=dt.timedelta(seconds=15))  # batches of one each
+    m.handle(rm.Tick(views(m)), T0)
+    # the canary settled while the owner is cut off from NATS: batch 1 waits
+    effects = m.handle(rm.Tick(applied(m, ["d000"]), bus_up=False), T0 + dt.timedelta(seconds=1))
+    assert m.current_batch == 0 and updates(effects) == [] and m.steps["d001"].step is rm.Step.PENDING
+    assert m.steps["d000"].step is rm.Step.SUCCEEDED  # results are still read
+    # the bus is back: it starts
+    effects = m.handle(rm.Tick(applied(m, ["d000"])), T0 + dt.timedelta(seconds=2))
+    assert m.current_batch == 1 and updates(effects) == ["d001"]
+    # stuck past the bound while the bus is down: no re-send (it could be lost too); after: re-sent
+    assert resends(m.handle(rm.Tick(applied(m, ["d000"]), bus_up=False), T0 + dt.timedelta(seconds=30))) == []
+    assert resends(m.handle(rm.Tick(applied(m, ["d000"])), T0 + dt.timedelta(seconds=31))) == ["d001"]
+
+
+def test_with_the_bus_down_a_settled_rollout_still_ends():
+    m = machine(1)
+    m.handle(rm.Tick(views(m)), T0)
+    m.handle(rm.Tick(applied(m, ["d000"]), bus_up=False), T0 + dt.timedelta(seconds=1))
+    assert m.state is rm.RolloutState.COMPLETED
+
+
+def test_a_cancelled_rollout_sends_nothing_again():
+    m = machine(1, resend_after=dt.timedelta(seconds=15))
+    m.handle(rm.Tick(views(m)), T0)
+    m.handle(rm.Cancel(), T0 + dt.timedelta(seconds=1))
+    assert resends(m.handle(rm.Tick(views(m)), T0 + dt.timedelta(seconds=60))) == []
