@@ -194,7 +194,9 @@ class NatsBus:
                     await run_on(self._loop, self._nc.flush(timeout=self.probe_timeout))
             except (asyncio.TimeoutError, trio.TooSlowError):  # nats.errors.TimeoutError & FlushTimeoutError too
                 answered = False
-            except Exception as exc:  # noqa: BLE001 — see the docstring
+            except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 — see the docstring
+                # asyncio.CancelledError (a BaseException): nats-py cancels a pending flush when it closes
+                # or reconnects the connection under it. A cancel of ours arrives as trio.Cancelled instead.
                 answered = None
                 log.debug("NATS probe: %s", type(exc).__name__)
             finally:
@@ -289,7 +291,9 @@ class NatsBus:
                 self.timeouts += 1
                 raise RequestTimeout(subject) from None
             except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
-                    nats.errors.OutboundBufferLimitError):
+                    nats.errors.OutboundBufferLimitError, asyncio.CancelledError):
+                # asyncio.CancelledError: nats-py cancelled the request's future as it closed or
+                # reconnected the connection (a cancel of ours arrives as trio.Cancelled)
                 self.unavailable += 1
                 raise Unavailable(subject) from None
             finally:
