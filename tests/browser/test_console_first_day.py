@@ -200,3 +200,25 @@ def test_inviting_a_member_says_what_they_do_next_and_they_join(browser, page, c
     page.reload()
     page.locator("#members td", has_text=invitee).wait_for()
     assert page.locator("#invitations td", has_text=invitee).count() == 0
+
+
+def test_the_device_page_shows_a_container_image_arriving(page, console):
+    """Issue 36 item 2: the device's pull progress (container.pull_progress, then container.pulled), as
+    its agent sends them, shown on the device page while they come."""
+    dev_id = console.devices["line-1-b"]
+    sign_in(page, console)
+    page.goto(f"/console/devices/{dev_id}")
+    page.locator("#facts").wait_for()
+    page.wait_for_timeout(500)  # the page's event stream is open
+
+    async def tell(kind: str, payload: dict) -> None:
+        actor = console.hub.services.registry.lookup(("device", uuid.UUID(dev_id)))
+        actor.publish(f"device.event.{kind}", payload)
+
+    image = "127.0.0.1:5000/shop/web@sha256:" + "a" * 64
+    console.run(tell, "container.pull_progress", {"container": "web", "image": image, "bytes": 12 << 20,
+                                                  "seconds": 3.0, "rateBps": 4 << 20})
+    expect(page.locator("#pulls li")).to_have_text("Pulling web: 12.0 MiB so far, 4.0 MiB/s")
+    console.run(tell, "container.pulled", {"container": "web", "image": image, "bytes": 24 << 20,
+                                           "seconds": 6.2, "via": "proxy"})
+    expect(page.locator("#pulls li")).to_have_text("Pulled web: 24.0 MiB in 6 s (from the proxy)")

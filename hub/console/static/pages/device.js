@@ -58,6 +58,18 @@ export async function render(main, id) {
   const actionStatus = h('div', { id: 'action-status', 'aria-live': 'polite' });
   const facts = h('div', { id: 'facts' });
   const config = h('div', { id: 'configuration' });
+  // A container version's images arriving: the device's container.pull_progress and container.pulled
+  // events (docs/containers.md), one line per container, newest state of each.
+  const pulls = h('ul', { id: 'pulls', class: 'plain', hidden: true });
+  const pulling = new Map();
+  function showPull(kind, p) {
+    const line = kind === 'container.pull_progress'
+      ? `Pulling ${p.container}: ${bytes(p.bytes)} so far, ${bytes(p.rateBps)}/s`
+      : `Pulled ${p.container}: ${bytes(p.bytes)} in ${duration(p.seconds)}${p.via ? ` (from the ${p.via})` : ''}`;
+    pulling.set(p.container, line);
+    fill(pulls, [...pulling.values()].map((text) => h('li', {}, text)));
+    pulls.hidden = false;
+  }
   const files = h('div', { id: 'secret-files' });
   const fileStatus = h('div', { 'aria-live': 'polite' });
   const events = h('ol', { id: 'events', class: 'events', reversed: true });
@@ -190,7 +202,7 @@ export async function render(main, id) {
     h('div', { class: 'row' }, ping, reboot, revert), actionStatus,
     h('div', { class: 'grid' },
       h('section', { class: 'card', 'aria-labelledby': 'h-facts' }, h('h2', { id: 'h-facts' }, 'Device'), facts),
-      h('section', { class: 'card', 'aria-labelledby': 'h-config' }, h('h2', { id: 'h-config' }, 'Configuration'), config)),
+      h('section', { class: 'card', 'aria-labelledby': 'h-config' }, h('h2', { id: 'h-config' }, 'Configuration'), config, pulls)),
     h('section', { class: 'card', 'aria-labelledby': 'h-edit' }, h('h2', { id: 'h-edit' }, 'Name, tags and fleet'),
       editForm, editStatus),
     h('section', { class: 'card', 'aria-labelledby': 'h-files' }, h('h2', { id: 'h-files' }, 'Secret files'), files, fileForm, fileStatus),
@@ -356,6 +368,8 @@ export async function render(main, id) {
       paintDevice();
     } else if (event.kind === 'device.operation' && event.payload?.kind === 'memory_test') {
       showProgress(event.payload);
+    } else if (event.kind === 'device.event.container.pull_progress' || event.kind === 'device.event.container.pulled') {
+      showPull(event.kind.slice('device.event.'.length), event.payload || {});
     } else if (event.kind === 'device.event.telemetry') {
       api('GET', `/v1/devices/${id}`).then((r) => { device = r.data; paintDevice(); }).catch(() => {});
     } else if (event.kind.startsWith('device.config') || event.kind.startsWith('device.file') || event.kind.includes('secret')) {
