@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import uuid
+
 import trio
 
 from device_client.containers import LABEL_MANAGED, engine_name
@@ -100,6 +102,17 @@ async def test_a_device_under_a_memory_test_is_deferred_until_it_ends(nursery, d
         r = await hub.call("POST", mt(dev), json={"impact": "stopped", "bitFade": False, "passes": 20})
         assert r.status_code == 202, r.text
         run_id = r.json()["data"]["runId"]
+
+        # The rollout reads the hold from the device's presence row, written behind within a second of
+        # the device saying so: a rollout started inside that second can reach the device first, which
+        # then holds the apply until the test ends (not counted failed, but not shown as deferred).
+        # Under CI's load that second stretched; the test starts the rollout once the hold is stored.
+        async def held() -> bool:
+            return await hub.services.db.fetchval(
+                "SELECT COALESCE(facts->>'workloadHeld' = 'true', false) FROM devices WHERE id = $1",
+                uuid.UUID(dev))
+
+        await wait_for(held, timeout=20, interval=0.1)
         r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "force": True})
         assert r.status_code == 201, r.text
         rid = r.json()["data"]["id"]
