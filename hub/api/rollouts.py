@@ -15,7 +15,7 @@ import json
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint, g
 from quart_schema import document_request
 
@@ -26,6 +26,7 @@ from device_client.shared.protocol import runs_containers
 from hub.cluster.asks import control_rollout
 from hub.cluster.leases import HeldElsewhere
 from hub.api.common import PageQuery, errors, jsonable, org, pagination, parse_uuid, principal, services
+from hub.api.rollout_forms import ONE_CONFIG, ImpactBody, RolloutIn, RolloutRequest, RolloutSelection
 from hub.api.sse import stream_response
 from hub.auth.middleware import org_of
 from hub.auth.streams import StreamAccess
@@ -37,98 +38,6 @@ from storage.rollouts import FleetBusy
 bp = Blueprint("rollouts", __name__, url_prefix="/v1/rollouts")
 
 PENDING_ACTIONS = ("health_check", "battery_discharging", "mission_critical")
-
-
-class ImpactRequest(BaseModel):
-    """The spec's impact form (documentation: ``RolloutSelection`` is what the view parses)."""
-    model_config = ConfigDict(extra="forbid")
-    fleet_id: uuid.UUID
-    target_version_id: uuid.UUID
-    force: bool = False
-
-
-class _Thresholds(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    version_id: uuid.UUID | None = None
-    success_threshold: float = Field(0.9, ge=0, le=1)
-    failure_threshold: float = Field(0.1, ge=0, le=1)
-
-
-class ForcedRollout(_Thresholds):
-    fleet_id: uuid.UUID
-    config_id: uuid.UUID
-    force: bool = False
-    batch_size: int | None = Field(None, ge=1, le=100_000)
-
-
-class BatchedRollout(_Thresholds):
-    fleet_ids: list[uuid.UUID] = Field(..., min_length=1, max_length=100)
-    configuration_id: uuid.UUID
-    batch_size: int = Field(..., ge=1, le=100_000)
-    force: bool = False
-
-
-_ONE_FLEET = "fleet_id (the spec's forced and impact forms) or fleet_ids (its batched form)"
-_ONE_CONFIG = "config_id (the spec's forced form) or configuration_id (its batched form)"
-_ONE_VERSION = "target_version_id (the spec's impact form) or version_id"
-
-
-class RolloutSelection(BaseModel):
-    """What an impact calculation or a rollout acts on, under either name the spec gives it (the
-    spec names the same thing differently in each request form; every spec name works as the spec
-    has it, and the other forms' names work too, so one body serves impact and create alike):
-    fleets as fleet_id or fleet_ids, the configuration as config_id or configuration_id, and the
-    version as target_version_id or version_id (default: the configuration's current version; a
-    version alone names its configuration)."""
-    model_config = ConfigDict(extra="forbid")
-    fleet_id: uuid.UUID | None = Field(None, description="one fleet; or fleet_ids")
-    fleet_ids: list[uuid.UUID] | None = Field(None, min_length=1, max_length=100, description="fleets; or fleet_id")
-    config_id: uuid.UUID | None = Field(None, description="the configuration; or configuration_id")
-    configuration_id: uuid.UUID | None = Field(None, description="the configuration; or config_id")
-    target_version_id: uuid.UUID | None = Field(None, description="the version; or version_id")
-    version_id: uuid.UUID | None = Field(None, description="the version; or target_version_id")
-    force: bool = Field(False, description="true bypasses the fleets' update windows (one batch, no canary)")
-
-    def fleets(self) -> list[uuid.UUID]:
-        return _one(self, "fleet_id", "fleet_ids", _ONE_FLEET, listed=True)
-
-    def configuration(self) -> uuid.UUID | None:
-        return _one(self, "config_id", "configuration_id", _ONE_CONFIG, required=False)
-
-    def version(self) -> uuid.UUID | None:
-        return _one(self, "target_version_id", "version_id", _ONE_VERSION, required=False)
-
-
-class RolloutIn(RolloutSelection):
-    """A rollout request in either of the spec's forms, or with the other form's names."""
-    batch_size: int | None = Field(None, ge=1, le=100_000, description="devices per batch after a canary; "
-                                                                      "absent: one batch")
-    success_threshold: float = Field(0.9, ge=0, le=1)
-    failure_threshold: float = Field(0.1, ge=0, le=1)
-
-
-class RolloutRequest(RootModel[ForcedRollout | BatchedRollout | RolloutIn]):
-    """Either form of the spec, forced {fleet_id, config_id, force} or batched {fleet_ids,
-    configuration_id, batch_size}, or the names of both mixed (RolloutIn: the spec names one
-    thing two ways, and either way is taken). For the document; the view parses RolloutIn."""
-
-
-class ImpactBody(RootModel[ImpactRequest | RolloutSelection]):
-    """The spec's impact form {fleet_id, target_version_id, force}, or the create forms' names
-    (RolloutSelection). For the document; the view parses RolloutSelection."""
-
-
-def _one(data: BaseModel, single: str, plural: str, names: str, *, listed: bool = False, required: bool = True):
-    a, b = getattr(data, single), getattr(data, plural)
-    if a is not None and b is not None and (b != [a] if listed else a != b):
-        raise BadRequest(f"{single}, {plural}: give {names}, not both", code="invalid_field")
-    if a is None and b is None:
-        if required:
-            raise BadRequest(f"{single}: give {names}", code="missing_field")
-        return None
-    if listed:
-        return b if b is not None else [a]
-    return a if a is not None else b
 
 
 # The enumerations as the machine spells them (actors/machines/rollout.py), for the document.
@@ -280,7 +189,7 @@ async def _selected(data: RolloutSelection, *, authorize_config: bool) -> tuple[
             raise BadRequest("configuration not in this organisation", code="invalid_reference")
         version = found[1]
     elif version_id is None:
-        raise BadRequest(f"target_version_id: give a version, or {_ONE_CONFIG} (its current version)",
+        raise BadRequest(f"target_version_id: give a version, or {ONE_CONFIG} (its current version)",
                          code="missing_field")
     if version_id is not None:
         version = await s.configs.version(org().org_id, version_id)

@@ -8,7 +8,6 @@ these are quick. The real-podman end to end is tests/api/test_container_rollout.
 from __future__ import annotations
 
 import json
-
 import uuid
 
 import trio
