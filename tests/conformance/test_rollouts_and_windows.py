@@ -151,6 +151,15 @@ def test_rollout_device_holding_its_workload_for_a_memory_test_is_deferred_not_f
     assert spec.call("POST", mt, json={"impact": "stopped", "bitFade": True}).status_code == 202  # Full online
     wait_until(spec, lambda: (spec.call("GET", mt).json()["data"]["status"] or {}).get("phase") == "testing",
                timeout=20, interval=0.1)
+
+    # "device holding workload": as the hub knows it, from the presence row the device's actor writes
+    # behind (within a second; later under load). A rollout issued inside that gap sends the version
+    # at once, and the device's result decides (docs/memtests.md): not this row.
+    async def held() -> bool:
+        return bool(await spec.hub.services.db.fetchval(
+            "SELECT COALESCE(facts->>'workloadHeld' = 'true', false) FROM devices WHERE id = $1", uuid.UUID(dev)))
+
+    wait_until(spec, lambda: spec.run(held), timeout=20, interval=0.1)
     config = new_config(spec)
     r = spec.call("POST", "/v1/rollouts", json={"fleet_id": fleet_id, "config_id": config["id"], "force": True})
     assert r.status_code == 201, r.text
