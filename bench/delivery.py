@@ -307,7 +307,7 @@ def one_device(fleet: Fleet, uploads: int, poll: float, timeout: float) -> dict:
             file_id = saved["id"]
             n_polls, seen = 0, None
             while time.monotonic() - t0 < timeout:
-                if saved["sha256"] == sha[:16] and saved["status"] == "on_device":
+                if saved["sha256Prefix"] == sha[:16] and saved["status"] == "on_device":
                     seen = time.monotonic()
                     break
                 time.sleep(poll)
