@@ -21,15 +21,14 @@ a log line.
 from __future__ import annotations
 
 import base64
-import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from .engine.base import Engine, EngineError, Mirror
+from .state import write_json_atomic
 from .shared.imageref import is_loopback, parse, proxy_component
 
 log = logging.getLogger("fleethub.agent.containers")
@@ -64,12 +63,7 @@ class PullRoute:
     def _authfile(self, host: str) -> Path:
         path = self.data_dir / AUTH_FILE
         secret = base64.b64encode(f"fleethub-device:{self._token}".encode()).decode()
-        content = json.dumps({"auths": {host: {"auth": secret}}}).encode()
-        tmp = path.with_name(f".{AUTH_FILE}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(content)
-        os.replace(tmp, path)
+        write_json_atomic(path, {"auths": {host: {"auth": secret}}}, mode=0o600)
         return path
 
     async def pull(self, engine: Engine, image: str, **how: Any) -> tuple[int, str]:

@@ -31,6 +31,7 @@ import trio
 
 from .. import logtail
 from ..shared.imageref import is_loopback, parse
+from ..state import write_json_atomic
 from .base import ContainerInfo, Engine, EngineError, ImageInfo, Mirror, RunSpec
 
 _PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "XDG_RUNTIME_DIR", "CONTAINERS_REGISTRIES_CONF")
@@ -71,11 +72,7 @@ def _merged_auth(files: list[Path]) -> Path:
     for f in files:
         auths.update(json.loads(f.read_text()).get("auths") or {})
     target = files[0].with_name("pull-auth.json")
-    tmp = target.with_name(target.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump({"auths": auths}, out)
-    os.replace(tmp, target)
+    write_json_atomic(target, {"auths": auths}, mode=0o600)
     return target
 
 
