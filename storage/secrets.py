@@ -252,12 +252,13 @@ class SecretFiles:
         return [dict(r) for r in rows]
 
     async def devices_running_config_waiting(self, file_id: uuid.UUID) -> list[uuid.UUID]:
-        """Online devices that run (applied) their configuration's assigned version and wait for this
-        configuration file: the ones to send it to now. Any other device gets it with its next version
-        or at its next hello."""
+        """Devices that run (applied) their configuration's assigned version and wait for this
+        configuration file: the ones to send it to now if linked. Any other device gets it with its next
+        version or at its next hello. Not filtered on ``online``: the presence row is written behind, so
+        the caller asks the live actors (hub/api/secret_files.py tell_linked)."""
         rows = await self.db.fetch(
             """SELECT dev.id FROM secret_file_deliveries d JOIN devices dev ON dev.id = d.device_id
-               WHERE d.file_id = $1 AND d.status = 'pending' AND dev.online
+               WHERE d.file_id = $1 AND d.status = 'pending'
                  AND dev.config_version_id IS NOT NULL AND dev.applied_version_id = dev.config_version_id
                  AND dev.config_status = 'applied'""", file_id)
         return [r["id"] for r in rows]

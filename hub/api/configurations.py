@@ -17,13 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from quart import Blueprint, g, request
 from quart_schema import document_querystring
 
-from actors.device import ApplyConfig
+from actors.device import ApplyConfig, RemoveFiles
 from device_client.shared import imageref
 from device_client.shared.protocol import CONFIG_SPEC_MAX_BYTES
 from hub.api.common import Pagination, errors, jsonable, org, pagination, parse_uuid, principal, services
 from hub.api.container_spec import Container, Port, check_containers, pin_images
 from hub.api.registry_credentials import opened_for
-from hub.api.secret_files import tell_removal
+from hub.api.secret_files import tell_linked
 from hub.api.validation import DeletedOut, body, enveloped, invalid, responds
 from hub.auth.authz import Obj, authorize, require_deploy, require_org, scope_for_list
 from hub.errors import BadRequest, NotFound
@@ -327,7 +327,7 @@ async def delete_configuration(configId: str):
     for device_id, path in removed:
         by_device.setdefault(device_id, []).append(path)
     for device_id, paths in by_device.items():
-        await tell_removal(s, device_id, tuple(paths))  # offline devices drop them at their next hello
+        await tell_linked(s, device_id, RemoveFiles(tuple(paths)))  # offline devices drop them at their next hello
     return {"data": {"id": str(config["id"]), "deleted": True, "secretFilesDeleted": files}}
 
 

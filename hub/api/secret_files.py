@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
 from actors.device import ApplyConfig, RemoveFiles, SyncFiles
+from hub.cluster.tells import payload_of
 from device_client.shared.paths import check_mode, check_path
 from hub.api.common import errors, jsonable, org, parse_uuid, services
 from hub.api.validation import DeletedOut, body, enveloped, responds
@@ -131,9 +132,11 @@ async def _upload(owner: Owner, data: Upload):
         actor.tell(SyncFiles())  # pushed shortly after save when the device is online
     else:
         # Devices already running the configuration get it now, with the version they run; the others
-        # with their next version or at their next hello (actors/device_delivery.py).
+        # with their next version or at their next hello (actors/device_delivery.py). Whether a device
+        # is linked is asked of the live actors, never of the presence row: that row is written behind,
+        # and a device whose hello fell inside the gap would have got the file neither way.
         for device_id in await s.secrets.devices_running_config_waiting(row["id"]):
-            (await s.device_actor(device_id)).tell(ApplyConfig())
+            await tell_linked(s, device_id, ApplyConfig())
     files = await s.secrets.list(org().org_id, owner) or []
     saved = next(f for f in files if f["id"] == row["id"])
     created = row["created_at"] == row["updated_at"]
@@ -147,19 +150,23 @@ async def _delete(owner: Owner, file_id: str):
         raise NotFound("secret file not found")
     path, devices = result
     for device_id in devices:
-        await tell_removal(s, device_id, (path,))
+        await tell_linked(s, device_id, RemoveFiles((path,)))
     return {"data": {"id": file_id, "path": path, "deleted": True}}
 
 
-async def tell_removal(s, device_id, paths: tuple[str, ...]) -> None:
-    """Have the device remove these paths now if it is linked, to this node or (in a cluster) another:
-    there this node's own actor, started if need be, passes it on (hub/cluster/tells.py). An offline
-    device drops them at its next hello, so a single node starts no actor for one it does not hold."""
+async def tell_linked(s, device_id, msg) -> None:
+    """Tell a device's actor if the device is linked, to this node or (in a cluster) another. An actor
+    here passes on what its device, linked elsewhere, must do; with none here, a cluster node publishes
+    the tell for the node holding the link (hub/cluster/tells.py), and starts no actor for a device it
+    does not hold. A device linked nowhere gets the same at its next hello.
+
+    The upload or deletion commits before this looks, and a link registers its actor before its hello
+    reads the database: so either the hello sees the change or this sees the actor."""
     actor = s.registry.lookup(("device", device_id))
-    if actor is None and getattr(s, "clustered", False):
-        actor = await s.device_actor(device_id)
     if actor is not None:
-        actor.tell(RemoveFiles(paths))
+        actor.tell(msg)
+    elif getattr(s, "clustered", False):
+        s.bus.publish(f"cluster.tell.{device_id}", payload_of(msg))
 
 
 class SecretFileOut(BaseModel):

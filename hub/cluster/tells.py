@@ -29,6 +29,13 @@ def _message(payload: dict[str, Any]) -> object | None:
     return None
 
 
+def payload_of(msg: object) -> dict[str, Any]:
+    """The bus form of a tell (the inverse of ``_message``)."""
+    if isinstance(msg, RemoveFiles):
+        return {"kind": "RemoveFiles", "paths": list(msg.paths)}
+    return {"kind": type(msg).__name__}
+
+
 def install(s: Any) -> None:
     async def on_tell(subject: str, payload: dict[str, Any]) -> None:
         try:
