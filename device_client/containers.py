@@ -332,9 +332,10 @@ class ContainerSet:
         auth = self.auth_file if self.auth_file is not None and self.auth_file.exists() else None
 
         async def progress(received: int) -> None:
-            seconds = max(time.monotonic() - began, 1e-3)
+            # the rate from the seconds as sent, so the two figures a reader sees agree with each other
+            seconds = max(round(time.monotonic() - began, 3), 1e-3)
             await self.on_event("container.pull_progress", {
-                "container": spec.name, "image": spec.image, "bytes": received, "seconds": round(seconds, 3),
+                "container": spec.name, "image": spec.image, "bytes": received, "seconds": seconds,
                 "rateBps": round(received / seconds)})
 
         how = {"auth_file": auth, "progress": progress if self.on_event else None}

@@ -140,6 +140,12 @@ class Pump(asyncio.Protocol):
     # ---- TCP side (asyncio.Protocol) ----
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._closed:
+            # asyncio makes the protocol at accept and connects it a loop turn later: a session closed
+            # in between closed this pump with no socket to close, and the socket would stay open
+            # forever (its client waiting on a tunnel that is gone).
+            transport.close()
+            return
         self.transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(high=WINDOW // 2)  # type: ignore[attr-defined]
         self._announce()
