@@ -8,6 +8,7 @@ commands go out on the bus as ``cmd.<device_id>.<verb>`` and their outcome comes
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import math
@@ -24,6 +25,7 @@ from actors.machines import connection as cm
 from actors.device_memtests import MESSAGES as MEMTEST_MESSAGES
 from actors.device_memtests import DeviceMemtests
 from actors.runtime import Actor, ActorCrashed
+from storage.db import DatabaseUnavailable
 from device_client.shared.clock import rfc3339
 from device_client.shared.linkcodes import Close
 from device_client.shared import systemfacts
@@ -176,7 +178,15 @@ class DeviceActor(Actor):
         finally:
             self._fold_memtests()
             if self.facts is not facts and self.facts is not None:
-                self._store_facts()
+                row = self._store_facts()
+                if self.facts.get("workloadHeld") and not (facts or {}).get("workloadHeld"):
+                    # A hold that begins is written through, not behind: a rollout reads it from this
+                    # row (this actor may be on another node), and one reading inside the write-behind
+                    # gap would update a device a memory test holds. The row stays queued too, so the
+                    # next flush cannot put older facts back, and so that an outage (one bounded try
+                    # here: the mailbox does not wait it out) loses nothing. A hold that ends can wait.
+                    with contextlib.suppress(DatabaseUnavailable):
+                        await self.services.devices.write_presence([row])
 
     def _fold_memtests(self) -> None:
         """What the memory-test half knows, in the facts others read: whether a test holds the
@@ -196,12 +206,13 @@ class DeviceActor(Actor):
         if system is not None and self.facts is not None:  # no hello yet: nothing to add them to
             self.facts = {**self.facts, "system": {**system, "at": rfc3339(self.services.clock.now())}}
 
-    def _store_facts(self) -> None:
+    def _store_facts(self) -> dict[str, Any]:
         """The facts changed after the hello (a memory test holds or frees the workload): they go to
         the presence row, which is where others (a rollout) read them; no actor reads another's."""
         m = self.machine
-        self.services.presence.put(self.device_id, self._epoch({"id": self.device_id, "online": m.online,
-                                                                "state": m.state.value, "facts": self.facts}))
+        row = self._epoch({"id": self.device_id, "online": m.online, "state": m.state.value, "facts": self.facts})
+        self.services.presence.put(self.device_id, row)
+        return row
 
     def _to_home_node(self, tell: dict[str, Any]) -> None:
         """In a cluster a device offline here may be linked to another node: that node's actor does

@@ -581,21 +581,25 @@ async def test_rollouts_defer_a_device_whose_workload_a_test_holds(hub, nursery)
         r = await hub.call("POST", "/v1/fleets", json={"name": "f"})
         fid = r.json()["data"]["id"]
         dev_id, device = await connect(hub, nursery, fleet_id=fid)
-        r = await hub.call("POST", mt(dev_id), json={"impact": "stopped"})
-        run_id = r.json()["data"]["runId"]
-        actor = hub.services.registry.lookup(("device", uuid.UUID(dev_id)))
-        assert actor.facts["workloadHeld"] is True
-        r = await hub.call("POST", "/v1/configurations", json={"name": "app", "spec": {"a": 1}})
-        cid = r.json()["data"]["id"]
-        r = await hub.call("POST", "/v1/rollouts", json={"fleet_id": fid, "config_id": cid, "force": True})
-        assert r.status_code == 201, r.text
-        rid = r.json()["data"]["id"]
+        await hub.services.presence.flush()
+        # The hold is written through: with the write-behind held (as it lags under load), a rollout
+        # made the moment the start is answered still defers the device.
+        async with hub.services.presence.held():
+            r = await hub.call("POST", mt(dev_id), json={"impact": "stopped"})
+            run_id = r.json()["data"]["runId"]
+            actor = hub.services.registry.lookup(("device", uuid.UUID(dev_id)))
+            assert actor.facts["workloadHeld"] is True
+            r = await hub.call("POST", "/v1/configurations", json={"name": "app", "spec": {"a": 1}})
+            cid = r.json()["data"]["id"]
+            r = await hub.call("POST", "/v1/rollouts", json={"fleet_id": fid, "config_id": cid, "force": True})
+            assert r.status_code == 201, r.text
+            rid = r.json()["data"]["id"]
 
-        async def step() -> str:
-            data = (await hub.call("GET", f"/v1/rollouts/{rid}")).json()["data"]
-            return {s["device_id"]: s["step"] for s in data["devices"]}.get(dev_id)
+            async def step() -> str:
+                data = (await hub.call("GET", f"/v1/rollouts/{rid}")).json()["data"]
+                return {s["device_id"]: s["step"] for s in data["devices"]}.get(dev_id)
 
-        await wait_for(lambda: _eq(step(), "deferred_memory_test"), timeout=10)
+            await wait_for(lambda: _eq(step(), "deferred_memory_test"), timeout=10)
         assert device.sent("config.apply") == [], "no update while the test holds the workload"
         device.running = None
         await device.event("memtest.result", {"result": result(run_id)})
