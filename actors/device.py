@@ -214,12 +214,12 @@ class DeviceActor(Actor):
         self.services.presence.put(self.device_id, row)
         return row
 
-    def _to_home_node(self, tell: dict[str, Any]) -> None:
-        """In a cluster a device offline here may be linked to another node: that node's actor does
-        it (hub/cluster/tells.py). Nobody holds it: it is done at the device's next hello anyway."""
-        s = self.services
-        if getattr(s, "clustered", False) and self.device_id not in s.links:
-            s.bus.publish(f"cluster.tell.{self.device_id}", tell)
+    def _to_home_node(self, msg: object) -> None:
+        """In a cluster a device offline here may be linked to another node: that node's actor does it,
+        told at least once (hub/cluster/tells.py). Nobody holds it: it is done at its next hello anyway."""
+        forward = self.services.forward_tell
+        if forward is not None and self.device_id not in self.services.links:
+            forward(self.device_id, msg)
 
     def _epoch(self, row: dict[str, Any]) -> dict[str, Any]:
         """In a cluster, the presence row carries the link epoch this node claimed for the device: the
@@ -283,19 +283,19 @@ class DeviceActor(Actor):
             if self.machine.online:
                 self._job(self.delivery.sync)
             else:
-                self._to_home_node({"kind": "SyncFiles"})
+                self._to_home_node(msg)
             return None
         if isinstance(msg, RemoveFiles):
             if self.machine.online:
                 self._job(self.delivery.remove, list(msg.paths))
             else:
-                self._to_home_node({"kind": "RemoveFiles", "paths": list(msg.paths)})
+                self._to_home_node(msg)
             return None
         if isinstance(msg, ApplyConfig):
             if self.machine.online:
                 self._job(self.delivery.apply_config)
             else:
-                self._to_home_node({"kind": "ApplyConfig"})
+                self._to_home_node(msg)
             return None
         if isinstance(msg, cm.LinkUp):
             # served live until the presence row is written behind; a fact the hello left out

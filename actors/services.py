@@ -9,6 +9,7 @@ passed to the DeviceActor (``DeviceHooks`` in actors/device.py), not something a
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -49,5 +50,7 @@ class Services(Protocol):
     memtests: "MemoryTests"
     tunnels: Any             # the tunnel sessions' repository, metering and audit (hub/tunnels/sessions.py)
     clustered: bool          # one node of several: a device may be linked to another process
+    # a tell for a device linked to another node (hub/cluster/tells.py); None on a single node
+    forward_tell: Callable[[uuid.UUID, object], None] | None
 
     async def device_actor(self, device_id: uuid.UUID) -> "Actor": ...

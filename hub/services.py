@@ -109,6 +109,9 @@ class Services:
     # How many update windows changed in this process: a RolloutActor still starting (not in the
     # registry, so fleet_changed cannot tell it) compares it after its start (actors/rollout.py).
     window_changes: int = 0
+    # cluster only (hub/cluster/tells.py): a tell for a device linked to another node, delivered at least
+    # once in the background; None on a single node, where a device not linked here is linked nowhere
+    forward_tell: Callable[[uuid.UUID, object], None] | None = None
     # the cluster-wide credential throttles and stream cap (cluster only; hub/cluster/limits.py)
     cluster_limits: Any = None
 

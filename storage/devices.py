@@ -253,6 +253,12 @@ class Devices:
         """The cluster node that last accepted this device's link, while the row says online."""
         return await self.db.fetchval("SELECT link_node FROM devices WHERE id = $1 AND online", device_id)
 
+    async def last_link_node(self, device_id: uuid.UUID) -> str | None:
+        """The cluster node that accepted this device's last link, online or not: written at link time
+        (``claim_link``, before the link's hello reads anything), so never behind the device, unlike the
+        presence row's ``online``. hub/cluster/tells.py asks that node whether it still holds it."""
+        return await self.db.fetchval("SELECT link_node FROM devices WHERE id = $1", device_id)
+
     async def claim_link(self, device_id: uuid.UUID, node: str) -> int:
         """A cluster node accepted this device's link: the device's next link epoch, now the only one
         whose presence writes count (``write_presence``). 0 when the device no longer exists."""

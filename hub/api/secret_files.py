@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
 from actors.device import ApplyConfig, RemoveFiles, SyncFiles
-from hub.cluster.tells import payload_of
 from device_client.shared.paths import check_mode, check_path
 from hub.api.common import errors, jsonable, org, parse_uuid, services
 from hub.api.validation import DeletedOut, body, enveloped, responds
@@ -155,18 +154,18 @@ async def _delete(owner: Owner, file_id: str):
 
 
 async def tell_linked(s, device_id, msg) -> None:
-    """Tell a device's actor if the device is linked, to this node or (in a cluster) another. An actor
-    here passes on what its device, linked elsewhere, must do; with none here, a cluster node publishes
-    the tell for the node holding the link (hub/cluster/tells.py), and starts no actor for a device it
-    does not hold. A device linked nowhere gets the same at its next hello.
+    """Tell a device's actor if the device is linked: to this node, or (in a cluster) to another, which
+    is told at least once (hub/cluster/tells.py) with no actor started here. A device linked nowhere
+    gets the same at its next hello.
 
-    The upload or deletion commits before this looks, and a link registers its actor before its hello
-    reads the database: so either the hello sees the change or this sees the actor."""
+    The upload or deletion commits before this looks, and a link registers its actor (and, in a
+    cluster, claims the link) before its hello reads the database: so either that hello sees the
+    change or this finds the link."""
     actor = s.registry.lookup(("device", device_id))
     if actor is not None:
-        actor.tell(msg)
-    elif getattr(s, "clustered", False):
-        s.bus.publish(f"cluster.tell.{device_id}", payload_of(msg))
+        actor.tell(msg)  # it passes the tell on if its device is linked elsewhere
+    elif s.forward_tell is not None:
+        s.forward_tell(device_id, msg)
 
 
 class SecretFileOut(BaseModel):

@@ -101,7 +101,7 @@ async def hub(settings: Settings = SETTINGS, actor_class: type[DeviceActor] = De
     devices = FakeDevices()
     s = SimpleNamespace(settings=settings, clock=TestClock(), devices=devices,
                         presence=WriteBehind(devices.write_presence, interval=0.5, name="presence rows"),
-                        events=EventHub(), bus=Bus(), links={})
+                        events=EventHub(), bus=Bus(), links={}, forward_tell=None)
     s.usage = FakeUsage()
     s.meter = Meter(s.usage, interval=1.0)
     async with trio.open_nursery() as nursery:

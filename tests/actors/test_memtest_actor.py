@@ -106,7 +106,8 @@ class Device:
 @contextlib.asynccontextmanager
 async def hub():
     s = SimpleNamespace(settings=SETTINGS, clock=TestClock(), devices=FakeDevices(), events=EventHub(), bus=Bus(),
-                        links={}, memtests=FakeMemoryTests(), meter=SimpleNamespace(device_seen=lambda *a: None))
+                        links={}, forward_tell=None, memtests=FakeMemoryTests(),
+                        meter=SimpleNamespace(device_seen=lambda *a: None))
     s.presence = WriteBehind(s.devices.write_presence, interval=0.5)
     async with trio.open_nursery() as nursery:
         await nursery.start(s.presence.run)
