@@ -362,7 +362,9 @@ async def audit(services, status: int, req: Request, ctx: Any) -> None:
         "request_id": storable(ctx.request_id), "client_addr": storable(client_addr(req)),
         "duration_ms": round((trio.current_time() - started) * 1000, 3) if started is not None else None,
         "action": req.endpoint, "target": None, "details": None if details is None else storable_value(details)}
-    if services.settings.audit_durable:
+    # Not while the database is known to be unreachable (this very request may have found it so): the
+    # answer would wait a second storage bound after its own, and the row is written behind anyway.
+    if services.settings.audit_durable and not services.db.unreachable:
         await services.audit_log.append_written(row, within=services.settings.db_call_timeout)
     else:
         services.audit_log.append(row)
