@@ -38,6 +38,9 @@ from http_ratio import run_python_load, run_wrk  # noqa: E402
 MODES = {"durable": "on", "behind": "off"}
 AUDIT_ROWS = 'fleethub_write_behind_rows_total{kind="audit"}'
 UNWRITTEN = "fleethub_audit_answered_unwritten_total"
+CHOICE = ("The choice (issue 38 item 7): the answer waits for its row in PostgreSQL, the default; no local journal, "
+          "whose fsync is the same kind of wait and whose rows would still have to reach PostgreSQL after it "
+          "(docs/cluster.md, \"Audit durability: measured\").")
 
 
 def pg_cpu_seconds(postmaster: int | None) -> float:
@@ -192,7 +195,7 @@ def render(r: dict, facts: dict, args) -> str:
         f"request, durable/behind, median of the rounds' own ratios: **{r['cpu_ratio']}** (rounds: {r['cpu_ratios']}).",
         "", f"A local journal's floor on this disk, 1 KiB appended and fsynced (300 times): p50 "
         f"{r['journal_fsync_ms']['p50']} ms, p90 {r['journal_fsync_ms']['p90']} ms, p99 {r['journal_fsync_ms']['p99']} ms.",
-        ""])
+        "", CHOICE, ""])
 
 
 if __name__ == "__main__":
