@@ -116,20 +116,19 @@ def main() -> int:
             if status != 200:
                 raise RuntimeError(f"GET {paths[mode]} answered {status}")
 
+        def one(hub: HubProcess, path: str, d: float) -> dict:
+            if use_wrk:
+                return run_wrk(hub.base_url + path, hub.headers, 1, args.connections, d)
+            return run_python_load(hub.base_url, path, hub.headers, args.connections, d)
+
         order = list(MODES)
         for rnd in range(args.rounds):
             for mode in order[rnd % 2:] + order[:rnd % 2]:
                 hub = hubs[mode]
-
-                def one(d: float) -> dict:
-                    if use_wrk:
-                        return run_wrk(hub.base_url + paths[mode], hub.headers, 1, args.connections, d)
-                    return run_python_load(hub.base_url, paths[mode], hub.headers, args.connections, d)
-
-                one(min(2.0, args.duration))  # warm-up
+                one(hub, paths[mode], min(2.0, args.duration))  # warm-up
                 before = hub.metrics()
                 cpu0, pg0, t0 = cpu_seconds(hub.pid), pg_cpu_seconds(hub.pg_pid()), time.monotonic()
-                r = one(args.duration)
+                r = one(hub, paths[mode], args.duration)
                 elapsed = time.monotonic() - t0
                 hub_cpu, pg_cpu = cpu_seconds(hub.pid) - cpu0, pg_cpu_seconds(hub.pg_pid()) - pg0
                 r["hub_cpu_percent"] = round(100 * hub_cpu / elapsed, 1)

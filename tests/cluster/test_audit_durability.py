@@ -21,7 +21,7 @@ CONCURRENT = 16
 
 async def test_every_call_answered_before_a_sigkill_has_one_audit_row(nats_server, db_url, tmp_path, nodes):
     with trio.fail_after(120):
-        org_id, headers = await seed(db_url, tmp_path / "hub")
+        _, headers = await seed(db_url, tmp_path / "hub")
         node = nodes("a", db_url, nats_server.url)
         answered: dict[str, int] = {}  # request id -> status
         async with httpx.AsyncClient(timeout=30) as client:

@@ -22,7 +22,7 @@ from tests.cluster.clustertools import seed
 from tests.hubtools import metric_value, start_agent, wait_for
 from tests.ports import free_port
 
-T0 = dt.datetime(2026, 11, 27, 12, 0, tzinfo=dt.timezone.utc)
+T0 = dt.datetime(2026, 11, 27, 12, 0, tzinfo=dt.UTC)
 LEASE = 1.5  # the nodes' FLEETHUB_NODE_LEASE_SECONDS: a renewal every 0.5 s
 FROZEN_FOR = 6.0  # longer than the lease and the storage call bound (4.5 s): every renewal fails meanwhile
 
@@ -61,7 +61,7 @@ async def test_a_frozen_database_makes_no_node_dead_and_a_killed_node_is_still_f
     frozen: list[int] = []
     try:
         with trio.fail_after(150):
-            org_id, headers = await seed(pg.dsn, tmp_path / "hub")  # migrates before the nodes start
+            _, headers = await seed(pg.dsn, tmp_path / "hub")  # migrates before the nodes start
             env = {"FLEETHUB_NODE_LEASE_SECONDS": str(LEASE)}
             a, b = nodes("a", pg.dsn, nats_server.url, **env), nodes("b", pg.dsn, nats_server.url, **env)
             db = Database(pg.dsn, min_size=1, max_size=1)
