@@ -125,8 +125,11 @@ async def test_a_dead_node_s_streams_stop_counting(db_url):
         for _ in range(2):
             assert await store.open_stream("org:x", uuid.uuid4(), "gone", 2, now) is not None
         assert await store.open_stream("org:x", uuid.uuid4(), "alive", 2, now) is None  # at the cap
-        await ClusterNodes(db).beat("gone", now - dt.timedelta(minutes=1), dt.timedelta(seconds=10))
-        await ClusterNodes(db).beat("alive", now, dt.timedelta(seconds=10))  # finds "gone" expired
+        nodes = ClusterNodes(db)
+        gone_seen = await nodes.renew("gone")
+        await nodes.renew("alive")
+        # "alive" judges every row not renewed since just after "gone"'s last renewal: "gone" is dead
+        assert await nodes.reap("alive", gone_seen + dt.timedelta(microseconds=1)) == {"gone": 0}
         assert await store.open_stream("org:x", uuid.uuid4(), "alive", 2, now) == 1
     finally:
         await db.close()
