@@ -85,6 +85,11 @@ class ApplyConfig:
 
 
 @dataclass(frozen=True)
+class RefreshRegistryAuth:
+    """Tell: a registry login of the organisation changed; send the device its version's logins."""
+
+
+@dataclass(frozen=True)
 class _CommandDone:
     command_id: str
     ok: bool
@@ -285,6 +290,12 @@ class DeviceActor(Actor):
                 self._job(self.delivery.apply_config)
             else:
                 self._to_home_node({"kind": "ApplyConfig"})
+            return None
+        if isinstance(msg, RefreshRegistryAuth):
+            if self.machine.online:
+                self._job(self.delivery.refresh_registry_auth)
+            else:
+                self._to_home_node({"kind": "RefreshRegistryAuth"})
             return None
         if isinstance(msg, cm.LinkUp):
             # served live until the presence row is written behind; a fact the hello left out

@@ -65,6 +65,9 @@ class ApplyRequest:
     spec: dict[str, Any]
     files: list[Any]
     registry_auth: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False)  # registry -> login
+    # registryAuth was in the frame: on the version already applied it replaces the auth file (the hub
+    # sends the organisation's current logins after one changed); absent, a file-only re-send keeps it
+    registry_auth_given: bool = False
 
 
 def parse_registry_auth(value: Any) -> dict[str, tuple[str, str]]:
@@ -106,7 +109,7 @@ def parse_apply(payload: dict[str, Any]) -> ApplyRequest:
     if not isinstance(files, list):
         raise CommandError("invalid_payload", "files must be a list of secret files")
     return ApplyRequest(ids["configId"], ids["versionId"], version, spec, files,
-                        parse_registry_auth(payload.get("registryAuth")))
+                        parse_registry_auth(payload.get("registryAuth")), "registryAuth" in payload)
 
 
 def write_registry_auth(path: Path, logins: dict[str, tuple[str, str]]) -> None:
@@ -227,6 +230,8 @@ class ConfigManager:
     async def _apply(self, request: ApplyRequest) -> dict[str, Any]:
         current = self.current
         if current is not None and current.get("state") == "applied" and current["versionId"] == request.version_id:
+            if request.registry_auth_given and self.containers is not None:
+                await trio.to_thread.run_sync(self._save_registry_auth, request.registry_auth)
             files = await self.files.put(request.files, source="configuration", config_id=request.config_id) \
                 if request.files else []
             return _result("applied", request.config_id, request.version_id, files)

@@ -114,7 +114,9 @@ class ConfigApply(Body):
     registryAuth: dict[str, RegistryLogin] = Field(
         default_factory=dict, description="registry (host[:port]) -> the organisation's credential for it: only "
                                           "the registries of the version's images; write-only (kept in a 0600 file "
-                                          "for the engine's pulls, never logged or returned)")
+                                          "for the engine's pulls, never logged or returned). Present on a re-send of "
+                                          "the version the device runs (after a login changed on the hub), it "
+                                          "replaces the device's logins, {} removing them")
 
 
 class ConfigApplyResult(Body):

@@ -1,6 +1,6 @@
 """Tells for a device's actor that must reach the node holding the device's link.
 
-A configuration assigned, a secret file saved or deleted: whichever node handled it tells its own
+A configuration assigned, a secret file saved or deleted, a registry login changed: whichever node handled it tells its own
 DeviceActor, which acts when its device is online there and otherwise publishes the tell on
 ``cluster.tell.<device>`` (actors/device.py ``_to_home_node``). The node that holds the link hands
 it to its own actor; the others ignore it. At most once: a tell lost while a device moves is made
@@ -13,7 +13,7 @@ import logging
 import uuid
 from typing import Any
 
-from actors.device import ApplyConfig, RemoveFiles, SyncFiles
+from actors.device import ApplyConfig, RefreshRegistryAuth, RemoveFiles, SyncFiles
 
 log = logging.getLogger("fleethub.cluster")
 
@@ -24,6 +24,8 @@ def _message(payload: dict[str, Any]) -> object | None:
         return ApplyConfig()
     if kind == "SyncFiles":
         return SyncFiles()
+    if kind == "RefreshRegistryAuth":
+        return RefreshRegistryAuth()
     if kind == "RemoveFiles" and isinstance(payload.get("paths"), list):
         return RemoveFiles(tuple(str(p) for p in payload["paths"]))
     return None

@@ -1,0 +1,5 @@
+-- A registry login created, rotated or deleted after a device got its version (issue 36): the device's
+-- auth file is out of date until the hub sends it the logins of the version it runs. Set for the
+-- devices running a version that pulls from the changed registry; cleared when the hub reads the
+-- logins to send them. An offline device gets them at its next hello because of this flag.
+ALTER TABLE devices ADD COLUMN registry_auth_stale boolean NOT NULL DEFAULT false;
