@@ -281,6 +281,9 @@ class DeviceDelivery:
         auth = await self.registry_auth(device["org_id"], version["spec"])
         if auth:
             payload["registryAuth"] = auth
+        if version["spec"].get("containers"):
+            # the fleet's, as it is when the version goes: the device pulls this version's images by it
+            payload["registryProxy"] = await self._db(s.fleets.registry_proxy_mode, device["fleet_id"])
         # "applying": the version is on its way and the device will verify it (rollouts show it).
         await self._db(s.devices.set_config_result, self.device_id, "applying", None, device["applied_version_id"], s.clock.now())
         try:

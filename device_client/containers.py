@@ -213,16 +213,19 @@ class ContainerSet:
 
     # ---- apply ----
 
-    async def apply(self, version_id: str, wanted: list[ContainerSpec]) -> tuple[Health, str | None]:
+    async def apply(self, version_id: str, wanted: list[ContainerSpec], proxy: str | None = None
+                    ) -> tuple[Health, str | None]:
         """Switch to ``version_id``'s containers if they become healthy, else keep what ran:
-        (health, the failing container's last log lines or None)."""
+        (health, the failing container's last log lines or None). ``proxy``: the fleet's registry
+        proxy mode as the hub sent it with the version (pullroute.py)."""
         self._applying = True
         try:
-            return await self._apply(version_id, wanted)
+            return await self._apply(version_id, wanted, proxy)
         finally:
             self._applying = False
 
-    async def _apply(self, version_id: str, wanted: list[ContainerSpec]) -> tuple[Health, str | None]:
+    async def _apply(self, version_id: str, wanted: list[ContainerSpec], proxy: str | None
+                     ) -> tuple[Health, str | None]:
         stopped: list[str] = []
         try:
             existing = await self.engine.containers(LABEL_MANAGED)
@@ -231,7 +234,7 @@ class ContainerSet:
                     await self.engine.remove(c.name)  # an earlier, interrupted try of this version
             others = [c for c in existing if c.labels.get(LABEL_VERSION) != version_id]
             for spec in wanted:
-                await self._pull(spec)
+                await self._pull(spec, proxy)
             for spec in wanted:
                 await self.engine.create(await trio.to_thread.run_sync(self._run_spec, version_id, spec))
             taken = {p for spec in wanted for p in spec.ports}
@@ -261,7 +264,7 @@ class ContainerSet:
             await self._quietly(self.engine.start(name), f"restart {name}")
         return health, container_log
 
-    async def reconcile(self, version_id: str | None, wanted: list[ContainerSpec]) -> None:
+    async def reconcile(self, version_id: str | None, wanted: list[ContainerSpec], proxy: str | None = None) -> None:
         """At boot: only ``version_id``'s containers exist, and they run."""
         try:
             existing = {c.name: c for c in await self.engine.containers(LABEL_MANAGED)}
@@ -271,7 +274,7 @@ class ContainerSet:
             for spec in wanted if version_id is not None else []:
                 name = engine_name(version_id, spec.name)
                 if name not in existing:
-                    await self._pull(spec)
+                    await self._pull(spec, proxy)
                     await self.engine.create(await trio.to_thread.run_sync(self._run_spec, version_id, spec))
                 if name not in existing or not existing[name].running:
                     await self.engine.start(name)
@@ -327,7 +330,7 @@ class ContainerSet:
 
     # ---- steps ----
 
-    async def _pull(self, spec: ContainerSpec) -> None:
+    async def _pull(self, spec: ContainerSpec, proxy: str | None = None) -> None:
         began = time.monotonic()
         auth = self.auth_file if self.auth_file is not None and self.auth_file.exists() else None
 
@@ -341,7 +344,7 @@ class ContainerSet:
         if self.route is None:
             size, via = await self.engine.pull(spec.image, **how), "registry"
         else:
-            size, via = await self.route.pull(self.engine, spec.image, **how)
+            size, via = await self.route.pull(self.engine, spec.image, proxy, **how)
         if self.on_event is not None:
             seconds = round(time.monotonic() - began, 3)
             await self.on_event("container.pulled", {"container": spec.name, "image": spec.image, "bytes": size,

@@ -117,6 +117,10 @@ class ConfigApply(Body):
                                           "for the engine's pulls, never logged or returned). Present on a re-send of "
                                           "the version the device runs (after a login changed on the hub), it "
                                           "replaces the device's logins, {} removing them")
+    registryProxy: Literal["off", "fallback", "always"] | None = Field(
+        None, description="the fleet's registry proxy mode for this version's pulls: off (the fleet's proxy is "
+                          "off), fallback (the registry, then the hub) or always (the hub only, never the "
+                          "registry itself); absent: the agent's --registry-proxy alone")
 
 
 class ConfigApplyResult(Body):

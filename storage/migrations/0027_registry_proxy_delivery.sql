@@ -3,3 +3,8 @@
 -- devices running a version that pulls from the changed registry; cleared when the hub reads the
 -- logins to send them. An offline device gets them at its next hello because of this flag.
 ALTER TABLE devices ADD COLUMN registry_auth_stale boolean NOT NULL DEFAULT false;
+
+-- How a fleet with the registry proxy on uses it (issue 36): 'fallback', devices pull from the registry
+-- and through the hub when that fails; 'always', through the hub only. Sent with each container version.
+ALTER TABLE fleets ADD COLUMN registry_proxy_mode text NOT NULL DEFAULT 'fallback'
+    CHECK (registry_proxy_mode IN ('fallback', 'always'));
