@@ -81,6 +81,7 @@ class ContainerSpec:
     health_http: tuple[int, str] | None
     timeout: float
     grace: float
+    job: bool = False  # runs to completion once per apply; exit code 0 within ``timeout`` is healthy
 
 
 def _number(value: Any, what: str, low: float, high: float, default: float | None) -> float | None:
@@ -140,7 +141,7 @@ def _one(raw: Any, where: str) -> ContainerSpec:
     resources = raw.get("resources") or {}
     memory = _number(resources.get("memoryMiB"), f"{where}.resources.memoryMiB", 6, 1 << 20, None)
     cpus = _number(resources.get("cpus"), f"{where}.resources.cpus", 0.01, 1024, None)
-    restart = raw.get("restartPolicy", "always")
+    restart = raw.get("restartPolicy", "no" if raw.get("kind") == "job" else "always")
     if restart not in _RESTART:
         raise ValueError(f"{where}.restartPolicy must be always, on-failure or no")
     check = raw.get("healthCheck") or {}
@@ -154,7 +155,13 @@ def _one(raw: Any, where: str) -> ContainerSpec:
         if not isinstance(path, str) or not re.match(r"^/[\x21-\x7e]{0,1023}$", path):
             raise ValueError(f"{where}.healthCheck.http.path must be a path of visible ASCII")
         http = (_port(http.get("port"), f"{where}.healthCheck.http.port"), path)
+    kind = raw.get("kind", "service")
+    if kind not in ("service", "job"):
+        raise ValueError(f"{where}.kind must be service or job")
+    if kind == "job" and (ports or restart != "no" or http is not None or check.get("command") is not None):
+        raise ValueError(f"{where}: a job has no ports, no health check of its own and restartPolicy \"no\"")
     return ContainerSpec(
+        job=kind == "job",
         name=name, image=str(image), command=_argv(raw.get("command"), f"{where}.command"),
         env=tuple(sorted(env.items())), ports=ports, volumes=tuple(volumes),
         memory_bytes=int(memory * (1 << 20)) if memory is not None else None, cpus=cpus, restart=restart,
@@ -177,6 +184,11 @@ def parse_containers(spec: Mapping[str, Any] | None) -> list[ContainerSpec]:
     if len(set(ports)) != len(ports):
         raise ValueError("two containers listen on the same port")
     return out
+
+
+def services(wanted: list[ContainerSpec]) -> tuple[str, ...]:
+    """The names of the containers meant to keep running (a job that finished is not down)."""
+    return tuple(spec.name for spec in wanted if not spec.job)
 
 
 def engine_name(version_id: str, name: str) -> str:
@@ -254,7 +266,7 @@ class ContainerSet:
         if health.healthy:
             for c in others:
                 await self._quietly(self.engine.remove(c.name), f"remove {c.name}")
-            self.running_version = (version_id, tuple(spec.name for spec in wanted))
+            self.running_version = (version_id, services(wanted))
             await self.prune()
             return health, None
         container_log = await self._log_of(version_id, failed) if failed else None
@@ -272,13 +284,15 @@ class ContainerSet:
                 if c.labels.get(LABEL_VERSION) != version_id:
                     await self.engine.remove(c.name)
             for spec in wanted if version_id is not None else []:
+                if spec.job:
+                    continue  # it ran (and passed) when its version was applied; a boot does not run it again
                 name = engine_name(version_id, spec.name)
                 if name not in existing:
                     await self._pull(spec, proxy)
                     await self.engine.create(await trio.to_thread.run_sync(self._run_spec, version_id, spec))
                 if name not in existing or not existing[name].running:
                     await self.engine.start(name)
-            self.running_version = (version_id, tuple(s.name for s in wanted)) if version_id else None
+            self.running_version = (version_id, services(wanted)) if version_id else None
         except (EngineError, Refused, OSError) as exc:
             log.error("the containers of version %s could not be restored at boot: %s", version_id, exc)
 
@@ -400,6 +414,12 @@ class ContainerSet:
         """(health, the container is not running: no point in checking again)."""
         name = engine_name(version_id, spec.name)
         found = [c for c in await self.engine.containers(f"{LABEL_VERSION}={version_id}") if c.name == name]
+        if spec.job and found:
+            if found[0].running:
+                return Health(False, f"job {spec.name} is still running"), False
+            if found[0].exit_code == 0:
+                return Health(True, f"job {spec.name} finished"), False
+            return Health(False, f"job {spec.name} exited with code {found[0].exit_code}"), True
         if not found or not found[0].running:
             said = f"exited with code {found[0].exit_code}" if found else "is missing"
             return Health(False, f"container {spec.name} {said}"), True
