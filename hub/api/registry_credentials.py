@@ -22,8 +22,8 @@ from quart import Blueprint, g
 from actors.device import RefreshRegistryAuth
 from actors.device_delivery import registries_of
 from device_client.shared import imageref
-from hub.api.secret_files import tell_linked
 from hub.api.common import errors, jsonable, org, parse_uuid, services
+from hub.api.secret_files import tell_linked
 from hub.api.validation import DeletedOut, body, enveloped, responds
 from hub.auth.authz import require_org
 from hub.errors import BadRequest, NotFound
