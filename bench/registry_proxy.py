@@ -285,7 +285,9 @@ def main() -> int:
              "its own access log, counted from the first pull on (the hub pinned the version before, with one more "
              "manifest GET not counted here). "
              "Clients: HTTP (httpx, one process, all at once), each pulling as podman does (manifest by digest, "
-             "config, layer) and hashing every body."), "",
+             "config, layer) and hashing every body. The hub reaches the registry through a relay that makes "
+             f"the layer take {UPSTREAM_SECONDS:g} s to arrive, so the layer's first byte shows whether the proxy "
+             "streams it while it fetches it."), "",
             verdicts.markdown()])
         log(f"wrote {write_section('registry_proxy', body, smoke=args.smoke)}")
     return verdicts.exit_code(broken=broken)
