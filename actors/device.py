@@ -85,8 +85,9 @@ class ApplyConfig:
 
 
 @dataclass(frozen=True)
-class RefreshRegistryAuth:
-    """Tell: a registry login of the organisation changed; send the device its version's logins."""
+class SendPullSettings:
+    """Tell: a registry login of the organisation, or the fleet's registry proxy, changed; send the device
+    its version's logins and its fleet's proxy mode."""
 
 
 @dataclass(frozen=True)
@@ -291,11 +292,11 @@ class DeviceActor(Actor):
             else:
                 self._to_home_node({"kind": "ApplyConfig"})
             return None
-        if isinstance(msg, RefreshRegistryAuth):
+        if isinstance(msg, SendPullSettings):
             if self.machine.online:
-                self._job(self.delivery.refresh_registry_auth)
+                self._job(self.delivery.send_pull_settings)
             else:
-                self._to_home_node({"kind": "RefreshRegistryAuth"})
+                self._to_home_node({"kind": "SendPullSettings"})
             return None
         if isinstance(msg, cm.LinkUp):
             # served live until the presence row is written behind; a fact the hello left out

@@ -241,6 +241,9 @@ class ConfigManager:
         if current is not None and current.get("state") == "applied" and current["versionId"] == request.version_id:
             if request.registry_auth_given and self.containers is not None:
                 await trio.to_thread.run_sync(self._save_registry_auth, request.registry_auth)
+            if request.registry_proxy is not None and current.get("registryProxy") != request.registry_proxy:
+                # the fleet's mode changed: a restart's pulls of this version go by it
+                await trio.to_thread.run_sync(self._save_current, {**current, "registryProxy": request.registry_proxy})
             files = await self.files.put(request.files, source="configuration", config_id=request.config_id) \
                 if request.files else []
             return _result("applied", request.config_id, request.version_id, files)

@@ -120,7 +120,9 @@ class ConfigApply(Body):
     registryProxy: Literal["off", "fallback", "always"] | None = Field(
         None, description="the fleet's registry proxy mode for this version's pulls: off (the fleet's proxy is "
                           "off), fallback (the registry, then the hub) or always (the hub only, never the "
-                          "registry itself); absent: the agent's --registry-proxy alone")
+                          "registry itself); absent: the agent's --registry-proxy alone. Also on a re-send of "
+                          "the version the device runs (the fleet's proxy changed): kept with it for the pulls "
+                          "of a restart")
 
 
 class ConfigApplyResult(Body):

@@ -11,9 +11,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
 from actors.machines.window import UpdateWindow, WindowError
-from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
-from hub.auth.authz import Obj, authorize, require_deploy, require_org, scope_for_list
+from hub.api.common import (
+    PageQuery,
+    Pagination,
+    errors,
+    jsonable,
+    org,
+    pagination,
+    parse_uuid,
+    services,
+)
+from hub.api.registry_credentials import send_pull_settings
 from hub.api.validation import body, query, responds
+from hub.auth.authz import Obj, authorize, require_deploy, require_org, scope_for_list
 from hub.errors import BadRequest, NotFound
 
 bp = Blueprint("fleets", __name__, url_prefix="/v1/fleets")
@@ -150,8 +160,12 @@ async def update_fleet(fleet_id: str, data: FleetUpdate):
         if key in changes and changes[key] is None:
             raise BadRequest(f"{key}: cannot be null", code="invalid_field")
     await _check_config(changes.get("config_id"))
+    before = await s.fleets.registry_proxy_mode(fid)
     row = await s.fleets.update(org().org_id, fid, s.clock.now(), changes)
     if row is None:
         raise NotFound("fleet not found")
+    if await s.fleets.registry_proxy_mode(fid) != before:
+        # the devices pull their images by it: those running containers get it now, not at their next version
+        await send_pull_settings(s, org().org_id, fleet_id=fid)
     full = await s.fleets.get(org().org_id, fid)
     return {"data": fleet_json(full)}

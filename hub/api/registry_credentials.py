@@ -4,7 +4,7 @@
 hub's secret key (the same SecretBox as secret files); every answer, list, audit entry and error
 carries the registry, the username and times, never the password. One credential per registry: a
 second POST for the registry replaces it (a password rotation). A change reaches the devices running a
-version from that registry at once when linked, at their next hello otherwise (``registry_auth_stale``,
+version from that registry at once when linked, at their next hello otherwise (``pull_settings_stale``,
 migration 0027), and a deleted login leaves their auth files.
 
 Where they are used: the hub pins a version's images with the credential of each image's registry
@@ -19,7 +19,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint, g
 
-from actors.device import RefreshRegistryAuth
+from actors.device import SendPullSettings
 from actors.device_delivery import registries_of
 from device_client.shared import imageref
 from hub.api.common import errors, jsonable, org, parse_uuid, services
@@ -89,7 +89,7 @@ async def put_credential(data: CredentialIn):
     row, created = await s.registry_credentials.put(org().org_id, registry, data.username,
                                                     s.secret_box.seal(data.password.encode()), s.clock.now())
     g.audit_details = {"registry": registry, "username": data.username, "replaced": not created}
-    await _reach_devices(s, org().org_id, registry)
+    await send_pull_settings(s, org().org_id, registry=registry)
     return {"data": _json(row)}, 201 if created else 200
 
 
@@ -115,17 +115,18 @@ async def delete_credential(credentialId: str):
     if row is None:
         raise NotFound("no such registry credential in this organisation")
     g.audit_details = {"registry": row["registry"], "username": row["username"]}
-    await _reach_devices(s, org().org_id, row["registry"])
+    await send_pull_settings(s, org().org_id, registry=row["registry"])
     return {"data": {"id": str(row["id"]), "registry": row["registry"], "deleted": True}}
 
 
-async def _reach_devices(s, org_id, registry: str) -> None:
-    """The devices running a version that pulls from ``registry`` get their logins now (linked ones
-    told here, as for a configuration's secret file; the others at their next hello, by the flag)."""
+async def send_pull_settings(s, org_id, *, registry: str | None = None, fleet_id=None) -> None:
+    """The devices running a container version that pulls from ``registry`` (any, when None), of
+    ``fleet_id`` when given, get their logins and proxy mode now: linked ones told here, as for a
+    configuration's secret file; the others at their next hello, by the flag."""
     versions = [vid for vid, spec in await s.registry_credentials.running_versions(org_id)
-                if registry in registries_of(spec)]
-    for device_id in await s.devices.mark_registry_auth_stale(org_id, versions):
-        await tell_linked(s, device_id, RefreshRegistryAuth())
+                if registry is None or registry in registries_of(spec)]
+    for device_id in await s.devices.mark_pull_settings_stale(org_id, versions, fleet_id):
+        await tell_linked(s, device_id, SendPullSettings())
 
 
 async def opened_for(org_id, registries) -> dict[str, tuple[str, str]]:

@@ -13,7 +13,7 @@ import logging
 import uuid
 from typing import Any
 
-from actors.device import ApplyConfig, RefreshRegistryAuth, RemoveFiles, SyncFiles
+from actors.device import ApplyConfig, RemoveFiles, SendPullSettings, SyncFiles
 
 log = logging.getLogger("fleethub.cluster")
 
@@ -24,8 +24,8 @@ def _message(payload: dict[str, Any]) -> object | None:
         return ApplyConfig()
     if kind == "SyncFiles":
         return SyncFiles()
-    if kind == "RefreshRegistryAuth":
-        return RefreshRegistryAuth()
+    if kind == "SendPullSettings":
+        return SendPullSettings()
     if kind == "RemoveFiles" and isinstance(payload.get("paths"), list):
         return RemoveFiles(tuple(str(p) for p in payload["paths"]))
     return None

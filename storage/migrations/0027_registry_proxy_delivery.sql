@@ -1,8 +1,8 @@
--- A registry login created, rotated or deleted after a device got its version (issue 36): the device's
--- auth file is out of date until the hub sends it the logins of the version it runs. Set for the
--- devices running a version that pulls from the changed registry; cleared when the hub reads the
--- logins to send them. An offline device gets them at its next hello because of this flag.
-ALTER TABLE devices ADD COLUMN registry_auth_stale boolean NOT NULL DEFAULT false;
+-- A registry login created, rotated or deleted, or the fleet's registry proxy changed, after a device
+-- got its version (issue 36): the device's auth file or proxy mode is out of date until the hub sends
+-- it those of the version it runs. Set for the devices running a container version concerned; cleared
+-- when the hub reads them to send them. An offline device gets them at its next hello by this flag.
+ALTER TABLE devices ADD COLUMN pull_settings_stale boolean NOT NULL DEFAULT false;
 
 -- How a fleet with the registry proxy on uses it (issue 36): 'fallback', devices pull from the registry
 -- and through the hub when that fails; 'always', through the hub only. Sent with each container version.

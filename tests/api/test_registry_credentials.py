@@ -211,3 +211,36 @@ async def test_a_login_rotated_or_deleted_reaches_the_devices_running_a_version_
         for name in ("linked", "offline"):
             row = await device(hub, agents[name][0])
             assert row["configuration"]["status"] == "applied", row["configuration"]
+
+
+async def test_a_fleets_registry_proxy_mode_reaches_its_devices_running_containers(nursery, db_url, tmp_path):
+    """Sent with the version (config.apply registryProxy) and again when the fleet's switch or mode
+    changes, without a new version: the agent keeps it with the version for the pulls of a restart."""
+    with trio.fail_after(90):
+        reg = await start_registry(nursery, tmp_path / "registry", build=False)
+        image = await reg.push_blank("app/web", "1")
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5, registries=(reg.host,))
+        fleet = (await hub.call("POST", "/v1/fleets", json={"name": "edge", "registry_proxy": True})).json()["data"]
+        dev, token = await hub.provision("edge-1", fleet_id=fleet["id"])
+        engine = FakeEngine()
+        await start_agent(nursery, hub.base_url, token, tmp_path / "agent", container_engine=engine)
+        r = await hub.call("POST", "/v1/configurations",
+                           json={"name": "web", "spec": {"containers": [{"name": "web", "image": image}]}})
+        assert r.status_code == 201, r.text
+        r = await hub.call("PUT", f"/v1/devices/{dev}/configuration", json={"configId": r.json()["data"]["id"]})
+        assert r.status_code == 202, r.text
+
+        def mode() -> str | None:
+            path = tmp_path / "agent" / "config-current.json"
+            return json.loads(path.read_text()).get("registryProxy") if path.exists() else None
+
+        async def recorded(want: str) -> bool:
+            return mode() == want and (await device(hub, dev))["configuration"]["status"] == "applied"
+
+        await wait_for(lambda: recorded("fallback"), timeout=30, interval=0.1)
+        pulls = len(engine.mirrors)
+        for change, want in (({"registry_proxy_mode": "always"}, "always"), ({"registry_proxy": False}, "off")):
+            r = await hub.call("PATCH", f"/v1/fleets/{fleet['id']}", json=change)
+            assert r.status_code == 200, r.text
+            await wait_for(lambda: recorded(want), timeout=30, interval=0.1)
+        assert len(engine.mirrors) == pulls, "the version was applied again"
