@@ -18,7 +18,7 @@ knows it reaches no registry). Without a word from the hub (an older hub, a boot
 flag alone.
 
 The pull goes through podman's own mirror support: a registries.conf naming the proxy as the mirror
-of the image's registry (CONTAINERS_REGISTRIES_CONF, for that pull only) and an auth file with the
+of the image's registry, or with ``always`` as its location (CONTAINERS_REGISTRIES_CONF, for that pull only) and an auth file with the
 device token, both in the agent's data dir (0700; the auth file 0600). The image keeps its own name,
 so creating its container finds it. The token is in the auth file only, never in an argument list or
 a log line.
@@ -84,9 +84,9 @@ class PullRoute:
         mirror = self.mirror(image, exclusive=mode == "always") if mode != "off" else None
         if mirror is None:
             if mode == "always":
-                raise EngineError(f"pull {image}: the fleet pulls through the hub's registry proxy only, and "
-                                  "the hub cannot be named as this registry's mirror (an IPv6 registry, or "
-                                  "a hub on plain HTTP away from loopback)")
+                raise EngineError(f"pull {image}: pulls go through the hub's registry proxy only (mode always), "
+                                  "and the hub cannot stand for this registry (an IPv6 registry, or a hub on "
+                                  "plain HTTP away from loopback)")
             return await engine.pull(image, **how), "registry"
         if mode == "always":
             try:

@@ -13,7 +13,8 @@ so a transfer in flight finishes. Manifests keep their media type in a ``.type``
 
 Concurrent requests for an entry being fetched wait for that fetch (``_fills``): a hundred devices
 pulling one image cost the upstream registry each object once. When the fetch fails, every waiter
-gets its error; when it is abandoned (its device went away, or the hub stops), one waiter fetches again.
+gets its error; when it is abandoned (the hub stops, or without ``spawn`` the device whose request
+runs it went away), one waiter fetches again.
 
 Streaming (``open(..., stream=True)``, blobs asked whole): with ``spawn`` the fetch runs in a task of its
 own, and a request for a blob being fetched whose length the registry declared is answered at once, its
