@@ -90,3 +90,10 @@ def test_podman_is_told_the_hub_is_the_registrys_only_location(tmp_path):
     assert 'location = "127.0.0.1:8080/127.0.0.1__5000"' in exclusive and "registry.mirror" not in exclusive
     mirrored = _mirror_conf(route(tmp_path, "always").mirror(IMAGE), True).read_text()
     assert 'location = "127.0.0.1:5000"' in mirrored and "[[registry.mirror]]" in mirrored
+
+
+async def test_always_with_a_hub_podman_cannot_use_refuses_rather_than_asking_the_registry(tmp_path):
+    engine = FakeEngine()
+    with pytest.raises(EngineError, match="registry proxy only"):
+        await route(tmp_path, "fallback", "http://hub.example.com").pull(engine, IMAGE, "always")
+    assert engine.registry_asks == 0 and engine.mirrors == []
