@@ -9,7 +9,8 @@ Each container (docs/containers.md has the operator's view)::
      "resources": {"memoryMiB": 256, "cpus": 0.5},
      "restartPolicy": "always" | "on-failure" | "no",
      "healthCheck": {"command": [argv...]} | {"http": {"port": 8080, "path": "/healthz"}},
-                    plus "timeoutSeconds" (default 10) and "graceSeconds" (default 1)}
+                    plus "timeoutSeconds" (default 10) and "graceSeconds" (default 1)},
+     "kind": "service" | "job"}                       # a job runs to completion: its exit code is its check
 
 ``pin_images`` replaces each ``image`` by ``registry/repository@sha256:…`` as the registry serves it
 now (hub/images.py), and keeps what the operator wrote in ``imageSource``; a spec sent back with its
