@@ -13,15 +13,16 @@ Apply (``ContainerSet.apply``), for version V while version U's containers run:
 3. U's containers that publish a port a V container publishes are stopped (a port of the device
    can be published once); every other U container keeps running;
 4. V's containers start and must all be healthy within their ``graceSeconds + timeoutSeconds``:
-   running after the grace, and the exec or HTTP check passing;
+   running after the grace, and the exec or HTTP check passing; a job (``kind: job``) must have
+   exited with code 0 instead (it is never restarted, not watched once finished, not run at boot);
 5. healthy: U's containers are removed and unused images pruned to the disk budget. Not healthy, or
    any engine error on the way: V's containers are removed, the U containers stopped in step 3 start
    again, and the result says why, with the failing check's output and the container's last log lines.
 
 Registry credentials (config.apply's ``registryAuth``, only the registries of the version's images)
 are written by configs.py to ``registry-auth.json`` (0600, the containers-auth.json format podman's
-``--authfile`` reads) before the pulls and replaced at the next apply, so a device keeps the
-credentials of the last version it was sent and no others; they are never logged.
+``--authfile`` reads) before the pulls and replaced at the next apply, or when the hub re-sends the
+running version with the organisation's current logins; they are never logged.
 
 Power loss: the configuration record (configs.py) says which version runs; ``reconcile`` at boot
 removes every managed container of another version and starts (creating if need be) the wanted
