@@ -87,6 +87,12 @@ class ApplyConfig:
 
 
 @dataclass(frozen=True)
+class SendPullSettings:
+    """Tell: a registry login of the organisation, or the fleet's registry proxy, changed; send the device
+    its version's logins and its fleet's proxy mode."""
+
+
+@dataclass(frozen=True)
 class _CommandDone:
     command_id: str
     ok: bool
@@ -294,6 +300,12 @@ class DeviceActor(Actor):
         if isinstance(msg, ApplyConfig):
             if self.machine.online:
                 self._job(self.delivery.apply_config)
+            else:
+                self._to_home_node(msg)
+            return None
+        if isinstance(msg, SendPullSettings):
+            if self.machine.online:
+                self._job(self.delivery.send_pull_settings)
             else:
                 self._to_home_node(msg)
             return None

@@ -198,6 +198,14 @@ class DeviceDelivery:
         async with self.lock:
             await self._apply_config(UNKNOWN)
 
+    async def send_pull_settings(self) -> None:
+        """A registry login of the organisation, or the fleet's registry proxy, changed: the device gets
+        its version's logins and its fleet's proxy mode now."""
+        async with self.lock:
+            device = await self._db(self.s.devices.get_any, self.device_id)
+            if device is not None:
+                await self._send_pull_settings(device)
+
     async def wipe(self) -> dict | None:
         async with self.lock:
             return await self._request("files.wipe", {})
@@ -245,11 +253,16 @@ class DeviceDelivery:
             if device["applied_version_id"] != target or device["config_status"] != "applied":
                 await self._db(s.devices.set_config_result, self.device_id, "applied", None, target, s.clock.now())
             await self._send_waiting_config_files(device)
+            if device.get("pull_settings_stale"):
+                await self._send_pull_settings(device)
             return
         if device["config_status"] == "rejected":
             # The device verified this version, found it unhealthy and rolled back: sending it again
             # (at each link, upload or hub restart) would restart its workload into the same failure.
             # It goes again only when assigned again (a rollout or an assignment makes it pending).
+            # The version it rolled back to still gets the organisation's current logins.
+            if device.get("pull_settings_stale"):
+                await self._send_pull_settings(device)
             return
         version = await self._db(s.configs.version, device["org_id"], target)
         if version is None:
@@ -263,9 +276,15 @@ class DeviceDelivery:
         files = await self._db(s.secrets.config_files_for, self.device_id, device["config_id"])
         payload = {"configId": str(device["config_id"]), "versionId": str(target), "version": version["version"],
                    "spec": version["spec"], "files": [self.file_payload(f) for f in files]}
+        if device.get("pull_settings_stale"):
+            # cleared before the logins are read: a change committed after this read marks it again
+            await self._db(s.devices.set_pull_settings_stale, self.device_id, False)
         auth = await self.registry_auth(device["org_id"], version["spec"])
         if auth:
             payload["registryAuth"] = auth
+        if version["spec"].get("containers"):
+            # the fleet's, as it is when the version goes: the device pulls this version's images by it
+            payload["registryProxy"] = await self._db(s.fleets.registry_proxy_mode, device["fleet_id"])
         # "applying": the version is on its way and the device will verify it (rollouts show it).
         await self._db(s.devices.set_config_result, self.device_id, "applying", None, device["applied_version_id"], s.clock.now())
         try:
@@ -309,10 +328,33 @@ class DeviceDelivery:
             return
         await self.record_config_result(result.model_dump())
 
+    async def _send_pull_settings(self, device: dict) -> None:
+        """What the device's next pulls of the version it runs need, as a config.apply of that version
+        with no files: the logins of its registries (the device restarts nothing and replaces its auth
+        file with these: a login deleted on the hub leaves it) and the fleet's registry proxy mode (for
+        the pulls of a restart). Not delivered: still stale, so the next hello sends them."""
+        s = self.s
+        version = (await self._db(s.configs.version, device["org_id"], device["applied_version_id"])
+                   if device["applied_version_id"] is not None else None)
+        await self._db(s.devices.set_pull_settings_stale, self.device_id, False)
+        if version is None or not version["spec"].get("containers"):
+            return
+        payload = {"configId": str(version["config_id"]), "versionId": str(version["id"]),
+                   "version": version["version"], "spec": version["spec"], "files": [],
+                   "registryAuth": await self.registry_auth(device["org_id"], version["spec"]),
+                   "registryProxy": await self._db(s.fleets.registry_proxy_mode, device["fleet_id"])}
+        try:
+            result = await self._strict("config.apply", payload, timeout=APPLY_TIMEOUT)
+        except NotDone as exc:
+            log.info("device %s: registry logins and proxy mode not delivered: %s", self.device_id, exc.reason)
+            await self._db(s.devices.set_pull_settings_stale, self.device_id, True)
+            return
+        await self.record_config_result(result.model_dump())
+
     async def registry_auth(self, org_id: uuid.UUID, spec: dict) -> dict[str, dict[str, str]]:
         """The organisation's credentials for the registries of the version's images, those only,
         opened for the frame (as secret files are): {registry: {username, password}}."""
-        registries = {_registry_of(c.get("image")) for c in spec.get("containers") or []} - {None}
+        registries = registries_of(spec)
         sealed = await self._db(self.s.registry_credentials.sealed_for, org_id, registries) if registries else {}
         return {registry: {"username": user, "password": self.s.secret_box.open(ciphertext).decode()}
                 for registry, (user, ciphertext) in sealed.items()}
@@ -366,6 +408,11 @@ def file_results(sent: list[dict], results: list[Any]) -> list[dict]:
         elif r.status == "failed":
             out.append({"fileId": p["fileId"], "status": "failed", "error": (r.error or "failed on the device")[:500]})
     return out
+
+
+def registries_of(spec: dict) -> set[str]:
+    """The registries a version's images come from."""
+    return {_registry_of(c.get("image")) for c in spec.get("containers") or [] if isinstance(c, dict)} - {None}
 
 
 def _registry_of(image: Any) -> str | None:

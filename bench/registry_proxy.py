@@ -9,7 +9,13 @@ the registry. A fleet with the proxy on holds one device; a version pins the ima
 HTTP clients at once, each with the device's token, pull the image as podman does: the manifest by
 digest, then the config and the layers, hashing every body against its digest.
 
-Measured: the wall time from the first request to the last byte; the bytes delivered to the clients;
+Between the hub and the registry a relay sends the registry's answers at a rate that makes the big
+layer take ``UPSTREAM_SECONDS`` to arrive (a registry across a network, not one on the same disk), so
+the time to first byte says whether the proxy streams a blob while it fetches it: it must be well
+under that (a proxy that fetched whole before serving could not answer before it).
+
+Measured: the wall time from the first request to the last byte; the time to the first byte of the
+image's big layer (from its request, the earliest over the pulls); the bytes delivered to the clients;
 the bytes and blob requests the registry served (its access log, so the count is the registry's own,
 not the proxy's); the bytes billed for the fleet (``GET /v1/billing/registry-fallback``); the hub's CPU
 seconds. Aims: each blob fetched from the registry once, and the billed bytes equal to the bytes
@@ -25,10 +31,12 @@ import json
 import os
 import re
 import secrets
+import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +46,7 @@ from _common import (OUT_DIR, HubProcess, Verdicts, command_line, cpu_seconds, f
                      http_json, loadavg, log, machine_facts, md_table, wait_http, write_section)
 
 CONTAINERS_CONF = '[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\n'
+UPSTREAM_SECONDS = 2.0  # the big layer's time through the throttled relay
 ACCESS = re.compile(r'"(GET|HEAD) (/v2/\S+) HTTP/[\d.]+" (\d{3}) (\d+|-)')
 
 
@@ -69,6 +78,42 @@ def registry_with_image(work: Path, mib: int) -> tuple[subprocess.Popen, Path, s
     return proc, access_log, reference
 
 
+def throttled_relay(upstream_port: int, rate: float) -> int:
+    """A loopback TCP relay to ``upstream_port`` whose answers flow at ``rate`` bytes a second (each
+    connection on its own); its port. Threads: the bench's hub is another process."""
+    port = free_port()
+    server = socket.create_server(("127.0.0.1", port))
+
+    def pipe(src: socket.socket, dst: socket.socket, limited: bool) -> None:
+        began, sent = time.monotonic(), 0
+        try:
+            while chunk := src.recv(65536):
+                dst.sendall(chunk)
+                sent += len(chunk)
+                if limited:
+                    ahead = sent / rate - (time.monotonic() - began)
+                    if ahead > 0:
+                        time.sleep(ahead)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def serve() -> None:
+        while True:
+            client, _ = server.accept()
+            upstream = socket.create_connection(("127.0.0.1", upstream_port))
+            threading.Thread(target=pipe, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=pipe, args=(upstream, client, True), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return port
+
+
 def registry_served(access_log: Path) -> dict:
     """GETs of blobs and manifests the registry answered 200, and their bytes, from its access log."""
     blobs, manifests, sent = 0, 0, 0
@@ -88,16 +133,21 @@ async def pull_all(base: str, name: str, digest: str, token: str, pulls: int) ->
 
     auth = {"Authorization": "Basic " + base64.b64encode(f"bench:{token}".encode()).decode()}
     delivered, bad = 0, 0
+    first_bytes: list[float] = []  # seconds from a request for the big layer to its first byte
 
-    async def get(client, kind: str, want: str) -> bytes | None:
+    async def get(client, kind: str, want: str, *, timed: bool = False) -> bytes | None:
         nonlocal delivered, bad
         sha, body = hashlib.sha256(), bytearray()
+        asked = time.monotonic()
         async with client.stream("GET", f"{base}/v2/{name}/{kind}/{want}", headers=auth) as r:
             if r.status_code != 200:
                 bad += 1
                 log(f"{kind} {want}: {r.status_code} {(await r.aread())[:300]!r}")
                 return None
             async for chunk in r.aiter_raw():
+                if timed and chunk:
+                    timed = False
+                    first_bytes.append(time.monotonic() - asked)
                 sha.update(chunk)
                 delivered += len(chunk)
                 if kind == "manifests":
@@ -112,8 +162,9 @@ async def pull_all(base: str, name: str, digest: str, token: str, pulls: int) ->
         if manifest is None:
             return
         doc = json.loads(manifest)
+        big = max(doc["layers"], key=lambda layer: layer["size"])["digest"]
         for blob in [doc["config"], *doc["layers"]]:
-            await get(client, "blobs", blob["digest"])
+            await get(client, "blobs", blob["digest"], timed=blob["digest"] == big)
 
     limits = httpx.Limits(max_connections=pulls, max_keepalive_connections=pulls)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=30), limits=limits) as client:
@@ -123,7 +174,25 @@ async def pull_all(base: str, name: str, digest: str, token: str, pulls: int) ->
                 for _ in range(pulls):
                     nursery.start_soon(one, client)
         seconds = time.monotonic() - t0
-    return {"seconds": round(seconds, 2), "delivered_bytes": delivered, "bad": bad}
+    return {"seconds": round(seconds, 2), "delivered_bytes": delivered, "bad": bad,
+            "layer_first_byte_seconds": round(min(first_bytes), 4) if first_bytes else None}
+
+
+def direct_layer_seconds(registry: str, repository: str, digest: str) -> float:
+    """A whole GET of the image's big layer straight from the registry (after the pulls: a fetch's
+    duration to compare the proxy's time to first byte with)."""
+    import httpx
+
+    with httpx.Client(timeout=600) as client:
+        manifest = client.get(f"http://{registry}/v2/{repository}/manifests/{digest}",
+                              headers={"Accept": "application/vnd.oci.image.manifest.v1+json, "
+                                                 "application/vnd.docker.distribution.manifest.v2+json"}).json()
+        big = max(manifest["layers"], key=lambda layer: layer["size"])["digest"]
+        t0 = time.monotonic()
+        with client.stream("GET", f"http://{registry}/v2/{repository}/blobs/{big}") as r:
+            for _ in r.iter_raw():
+                pass
+        return round(time.monotonic() - t0, 4)
 
 
 def main() -> int:
@@ -138,8 +207,11 @@ def main() -> int:
         args.pulls, args.mib = 10, 4
     facts = machine_facts(0 if args.smoke else args.quiet_wait)
     work = Path(tempfile.mkdtemp(prefix="fleethub-bench-proxy-"))
-    registry, access_log, reference = registry_with_image(work, args.mib)
+    registry, access_log, pushed = registry_with_image(work, args.mib)
+    relay = throttled_relay(int(pushed.split("/", 1)[0].rsplit(":", 1)[1]), (args.mib << 20) / UPSTREAM_SECONDS)
+    reference = f"127.0.0.1:{relay}/" + pushed.split("/", 1)[1]
     upstream = reference.split("/", 1)[0]
+    registry_host = pushed.split("/", 1)[0]
     hub = HubProcess.start(name="registry-proxy", env={"FLEETHUB_REGISTRIES": upstream})
     r: dict = {"pulls": args.pulls, "image_mib": args.mib}
     broken = False
@@ -164,6 +236,8 @@ def main() -> int:
         r.update(trio.run(pull_all, hub.base_url, name, digest, dev["data"]["token"], args.pulls))
         r["hub_cpu_seconds"] = round(cpu_seconds(hub.pid) - cpu0, 2)
         after = registry_served(access_log)
+        r["upstream_layer_seconds"] = direct_layer_seconds(upstream, "bench/big", digest)  # through the relay
+        r["direct_layer_seconds"] = direct_layer_seconds(registry_host, "bench/big", digest)
         r["upstream"] = {k: after[k] - before[k] for k in after}
         status, billed = http_json("GET", f"{api}/billing/registry-fallback", headers=hub.headers)
         r["billed_bytes"] = billed["data"]["totals"]["bytes"] if status == 200 else None
@@ -185,6 +259,10 @@ def main() -> int:
     blobs = r.get("upstream", {}).get("blob_gets")
     verdicts.at_most("blob GETs at the registry per blob of the image (config + layer)",
                      None if blobs is None else blobs / 2, 1)
+    verdicts.at_most("first byte of the big layer (earliest pull, from its request) over the registry's time "
+                     "to send it (through the relay)", None if not r.get("layer_first_byte_seconds")
+                     or not r.get("upstream_layer_seconds") else round(r["layer_first_byte_seconds"]
+                                                                       / r["upstream_layer_seconds"], 3), 0.5)
     verdicts.at_most("bytes billed for the fleet, off from the bytes delivered (either way)",
                      None if r.get("billed_bytes") is None or "delivered_bytes" not in r
                      else abs(r["billed_bytes"] - r["delivered_bytes"]), 0, " bytes")
@@ -196,16 +274,20 @@ def main() -> int:
         body = "\n".join([
             "## Registry proxy: many pulls of one image (bench/registry_proxy.py)", "",
             f"`{command_line()}`", "", f"{facts_line(facts)}; load average at end {loadavg()}", "",
-            md_table(["pulls", "image", "wall time", "delivered", "from the registry", "blob GETs at the registry",
-                      "billed", "hub CPU"],
+            md_table(["pulls", "image", "wall time", "layer's first byte", "layer from the registry (relay; direct)",
+                      "delivered", "from the registry", "blob GETs at the registry", "billed", "hub CPU"],
                      [[args.pulls, f"{args.mib} MiB ({r['image_bytes']} bytes)", f"{r['seconds']} s",
+                       f"{r['layer_first_byte_seconds']} s",
+                       f"{r['upstream_layer_seconds']} s; {r['direct_layer_seconds']} s",
                        f"{r['delivered_bytes']} bytes", f"{up['bytes']} bytes ({up['manifest_gets']} manifest GET)",
                        up["blob_gets"], f"{r['billed_bytes']} bytes", f"{r['hub_cpu_seconds']} s"]]), "",
             (f"Delivered / fetched from the registry: {r['delivered_over_upstream']}×. The registry's figures are "
              "its own access log, counted from the first pull on (the hub pinned the version before, with one more "
              "manifest GET not counted here). "
              "Clients: HTTP (httpx, one process, all at once), each pulling as podman does (manifest by digest, "
-             "config, layer) and hashing every body."), "",
+             "config, layer) and hashing every body. The hub reaches the registry through a relay that makes "
+             f"the layer take {UPSTREAM_SECONDS:g} s to arrive, so the layer's first byte shows whether the proxy "
+             "streams it while it fetches it."), "",
             verdicts.markdown()])
         log(f"wrote {write_section('registry_proxy', body, smoke=args.smoke)}")
     return verdicts.exit_code(broken=broken)

@@ -40,6 +40,7 @@ from .background import BootLoop
 from .commands import CommandError
 from .containers import ContainerSet, parse_containers
 from .files import SecretFileStore
+from .pullroute import MODES as PROXY_MODES
 from .shared import imageref
 from .state import write_json_atomic
 from .workload import Health, Workload, WorkloadSpec, parse_spec
@@ -65,6 +66,10 @@ class ApplyRequest:
     spec: dict[str, Any]
     files: list[Any]
     registry_auth: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False)  # registry -> login
+    # registryAuth was in the frame: on the version already applied it replaces the auth file (the hub
+    # sends the organisation's current logins after one changed); absent, a file-only re-send keeps it
+    registry_auth_given: bool = False
+    registry_proxy: str | None = None  # the fleet's registry proxy mode (pullroute.py); None: the hub said nothing
 
 
 def parse_registry_auth(value: Any) -> dict[str, tuple[str, str]]:
@@ -106,7 +111,14 @@ def parse_apply(payload: dict[str, Any]) -> ApplyRequest:
     if not isinstance(files, list):
         raise CommandError("invalid_payload", "files must be a list of secret files")
     return ApplyRequest(ids["configId"], ids["versionId"], version, spec, files,
-                        parse_registry_auth(payload.get("registryAuth")))
+                        parse_registry_auth(payload.get("registryAuth")), "registryAuth" in payload,
+                        parse_registry_proxy(payload.get("registryProxy")))
+
+
+def parse_registry_proxy(value: Any) -> str | None:
+    if value is None or value in PROXY_MODES:
+        return value
+    raise CommandError("invalid_payload", f"registryProxy must be one of {', '.join(PROXY_MODES)}")
 
 
 def write_registry_auth(path: Path, logins: dict[str, tuple[str, str]]) -> None:
@@ -227,6 +239,11 @@ class ConfigManager:
     async def _apply(self, request: ApplyRequest) -> dict[str, Any]:
         current = self.current
         if current is not None and current.get("state") == "applied" and current["versionId"] == request.version_id:
+            if request.registry_auth_given and self.containers is not None:
+                await trio.to_thread.run_sync(self._save_registry_auth, request.registry_auth)
+            if request.registry_proxy is not None and current.get("registryProxy") != request.registry_proxy:
+                # the fleet's mode changed: a restart's pulls of this version go by it
+                await trio.to_thread.run_sync(self._save_current, {**current, "registryProxy": request.registry_proxy})
             files = await self.files.put(request.files, source="configuration", config_id=request.config_id) \
                 if request.files else []
             return _result("applied", request.config_id, request.version_id, files)
@@ -250,7 +267,8 @@ class ConfigManager:
                                        "once it is released")
         record = {"configId": request.config_id, "versionId": request.version_id, "version": request.version,
                   "spec": request.spec, "deviceId": self.device_id() or (base or {}).get("deviceId"),
-                  "state": "verifying", "previous": _without_previous(base)}
+                  "state": "verifying", "previous": _without_previous(base),
+                  **({"registryProxy": request.registry_proxy} if request.registry_proxy else {})}
         await trio.to_thread.run_sync(self._save_version, record)
         await trio.to_thread.run_sync(self._save_current, record)
         if containers:
@@ -258,7 +276,8 @@ class ConfigManager:
         health = await self._run_and_verify(spec, record)
         container_log = None
         if health.healthy and self.containers is not None:
-            health, container_log = await self.containers.apply(request.version_id, containers)
+            health, container_log = await self.containers.apply(request.version_id, containers,
+                                                                request.registry_proxy)
         if health.healthy:
             record = {**record, "state": "applied", "previous": None}
             await trio.to_thread.run_sync(self._save_current, record)
@@ -300,7 +319,8 @@ class ConfigManager:
         except ValueError as exc:  # valid when applied; only outside damage gets here
             log.error("the current configuration's containers are invalid (%s); not starting them", exc)
             return
-        await self.containers.reconcile(record["versionId"] if record is not None else None, wanted)
+        await self.containers.reconcile(record["versionId"] if record is not None else None, wanted,
+                                        record.get("registryProxy") if record is not None else None)
 
     async def _remove_other_configurations(self, config_id: str) -> list[dict[str, Any]]:
         stale = [path for path, entry in self.files.managed().items()

@@ -13,15 +13,16 @@ Apply (``ContainerSet.apply``), for version V while version U's containers run:
 3. U's containers that publish a port a V container publishes are stopped (a port of the device
    can be published once); every other U container keeps running;
 4. V's containers start and must all be healthy within their ``graceSeconds + timeoutSeconds``:
-   running after the grace, and the exec or HTTP check passing;
+   running after the grace, and the exec or HTTP check passing; a job (``kind: job``) must have
+   exited with code 0 instead (it is never restarted, not watched once finished, not run at boot);
 5. healthy: U's containers are removed and unused images pruned to the disk budget. Not healthy, or
    any engine error on the way: V's containers are removed, the U containers stopped in step 3 start
    again, and the result says why, with the failing check's output and the container's last log lines.
 
 Registry credentials (config.apply's ``registryAuth``, only the registries of the version's images)
 are written by configs.py to ``registry-auth.json`` (0600, the containers-auth.json format podman's
-``--authfile`` reads) before the pulls and replaced at the next apply, so a device keeps the
-credentials of the last version it was sent and no others; they are never logged.
+``--authfile`` reads) before the pulls and replaced at the next apply, or when the hub re-sends the
+running version with the organisation's current logins; they are never logged.
 
 Power loss: the configuration record (configs.py) says which version runs; ``reconcile`` at boot
 removes every managed container of another version and starts (creating if need be) the wanted
@@ -81,6 +82,7 @@ class ContainerSpec:
     health_http: tuple[int, str] | None
     timeout: float
     grace: float
+    job: bool = False  # runs to completion once per apply; exit code 0 within ``timeout`` is healthy
 
 
 def _number(value: Any, what: str, low: float, high: float, default: float | None) -> float | None:
@@ -140,7 +142,7 @@ def _one(raw: Any, where: str) -> ContainerSpec:
     resources = raw.get("resources") or {}
     memory = _number(resources.get("memoryMiB"), f"{where}.resources.memoryMiB", 6, 1 << 20, None)
     cpus = _number(resources.get("cpus"), f"{where}.resources.cpus", 0.01, 1024, None)
-    restart = raw.get("restartPolicy", "always")
+    restart = raw.get("restartPolicy", "no" if raw.get("kind") == "job" else "always")
     if restart not in _RESTART:
         raise ValueError(f"{where}.restartPolicy must be always, on-failure or no")
     check = raw.get("healthCheck") or {}
@@ -154,7 +156,13 @@ def _one(raw: Any, where: str) -> ContainerSpec:
         if not isinstance(path, str) or not re.match(r"^/[\x21-\x7e]{0,1023}$", path):
             raise ValueError(f"{where}.healthCheck.http.path must be a path of visible ASCII")
         http = (_port(http.get("port"), f"{where}.healthCheck.http.port"), path)
+    kind = raw.get("kind", "service")
+    if kind not in ("service", "job"):
+        raise ValueError(f"{where}.kind must be service or job")
+    if kind == "job" and (ports or restart != "no" or http is not None or check.get("command") is not None):
+        raise ValueError(f"{where}: a job has no ports, no health check of its own and restartPolicy \"no\"")
     return ContainerSpec(
+        job=kind == "job",
         name=name, image=str(image), command=_argv(raw.get("command"), f"{where}.command"),
         env=tuple(sorted(env.items())), ports=ports, volumes=tuple(volumes),
         memory_bytes=int(memory * (1 << 20)) if memory is not None else None, cpus=cpus, restart=restart,
@@ -177,6 +185,11 @@ def parse_containers(spec: Mapping[str, Any] | None) -> list[ContainerSpec]:
     if len(set(ports)) != len(ports):
         raise ValueError("two containers listen on the same port")
     return out
+
+
+def services(wanted: list[ContainerSpec]) -> tuple[str, ...]:
+    """The names of the containers meant to keep running (a job that finished is not down)."""
+    return tuple(spec.name for spec in wanted if not spec.job)
 
 
 def engine_name(version_id: str, name: str) -> str:
@@ -213,16 +226,19 @@ class ContainerSet:
 
     # ---- apply ----
 
-    async def apply(self, version_id: str, wanted: list[ContainerSpec]) -> tuple[Health, str | None]:
+    async def apply(self, version_id: str, wanted: list[ContainerSpec], proxy: str | None = None
+                    ) -> tuple[Health, str | None]:
         """Switch to ``version_id``'s containers if they become healthy, else keep what ran:
-        (health, the failing container's last log lines or None)."""
+        (health, the failing container's last log lines or None). ``proxy``: the fleet's registry
+        proxy mode as the hub sent it with the version (pullroute.py)."""
         self._applying = True
         try:
-            return await self._apply(version_id, wanted)
+            return await self._apply(version_id, wanted, proxy)
         finally:
             self._applying = False
 
-    async def _apply(self, version_id: str, wanted: list[ContainerSpec]) -> tuple[Health, str | None]:
+    async def _apply(self, version_id: str, wanted: list[ContainerSpec], proxy: str | None
+                     ) -> tuple[Health, str | None]:
         stopped: list[str] = []
         try:
             existing = await self.engine.containers(LABEL_MANAGED)
@@ -231,7 +247,7 @@ class ContainerSet:
                     await self.engine.remove(c.name)  # an earlier, interrupted try of this version
             others = [c for c in existing if c.labels.get(LABEL_VERSION) != version_id]
             for spec in wanted:
-                await self._pull(spec)
+                await self._pull(spec, proxy)
             for spec in wanted:
                 await self.engine.create(await trio.to_thread.run_sync(self._run_spec, version_id, spec))
             taken = {p for spec in wanted for p in spec.ports}
@@ -251,7 +267,7 @@ class ContainerSet:
         if health.healthy:
             for c in others:
                 await self._quietly(self.engine.remove(c.name), f"remove {c.name}")
-            self.running_version = (version_id, tuple(spec.name for spec in wanted))
+            self.running_version = (version_id, services(wanted))
             await self.prune()
             return health, None
         container_log = await self._log_of(version_id, failed) if failed else None
@@ -261,7 +277,7 @@ class ContainerSet:
             await self._quietly(self.engine.start(name), f"restart {name}")
         return health, container_log
 
-    async def reconcile(self, version_id: str | None, wanted: list[ContainerSpec]) -> None:
+    async def reconcile(self, version_id: str | None, wanted: list[ContainerSpec], proxy: str | None = None) -> None:
         """At boot: only ``version_id``'s containers exist, and they run."""
         try:
             existing = {c.name: c for c in await self.engine.containers(LABEL_MANAGED)}
@@ -269,13 +285,15 @@ class ContainerSet:
                 if c.labels.get(LABEL_VERSION) != version_id:
                     await self.engine.remove(c.name)
             for spec in wanted if version_id is not None else []:
+                if spec.job:
+                    continue  # it ran (and passed) when its version was applied; a boot does not run it again
                 name = engine_name(version_id, spec.name)
                 if name not in existing:
-                    await self._pull(spec)
+                    await self._pull(spec, proxy)
                     await self.engine.create(await trio.to_thread.run_sync(self._run_spec, version_id, spec))
                 if name not in existing or not existing[name].running:
                     await self.engine.start(name)
-            self.running_version = (version_id, tuple(s.name for s in wanted)) if version_id else None
+            self.running_version = (version_id, services(wanted)) if version_id else None
         except (EngineError, Refused, OSError) as exc:
             log.error("the containers of version %s could not be restored at boot: %s", version_id, exc)
 
@@ -327,7 +345,7 @@ class ContainerSet:
 
     # ---- steps ----
 
-    async def _pull(self, spec: ContainerSpec) -> None:
+    async def _pull(self, spec: ContainerSpec, proxy: str | None = None) -> None:
         began = time.monotonic()
         auth = self.auth_file if self.auth_file is not None and self.auth_file.exists() else None
 
@@ -342,7 +360,7 @@ class ContainerSet:
         if self.route is None:
             size, via = await self.engine.pull(spec.image, **how), "registry"
         else:
-            size, via = await self.route.pull(self.engine, spec.image, **how)
+            size, via = await self.route.pull(self.engine, spec.image, proxy, **how)
         if self.on_event is not None:
             seconds = round(time.monotonic() - began, 3)
             await self.on_event("container.pulled", {"container": spec.name, "image": spec.image, "bytes": size,
@@ -398,6 +416,12 @@ class ContainerSet:
         """(health, the container is not running: no point in checking again)."""
         name = engine_name(version_id, spec.name)
         found = [c for c in await self.engine.containers(f"{LABEL_VERSION}={version_id}") if c.name == name]
+        if spec.job and found:
+            if found[0].running:
+                return Health(False, f"job {spec.name} is still running"), False
+            if found[0].exit_code == 0:
+                return Health(True, f"job {spec.name} finished"), False
+            return Health(False, f"job {spec.name} exited with code {found[0].exit_code}"), True
         if not found or not found[0].running:
             said = f"exited with code {found[0].exit_code}" if found else "is missing"
             return Health(False, f"container {spec.name} {said}"), True

@@ -14,6 +14,11 @@ The simulator usually shares a host with the hub, and configuration workloads ar
 the hub's tenants: when it runs as root, every simulated workload runs as one unprivileged account
 (FLEETHUB_WORKLOAD_USER, default ``nobody``; device_client/workload.py), which owns every file
 delivered to a simulated device. Not root: they run as the simulator's own user (no other choice).
+
+With ``fake_containers`` (``fleethub sim``'s default) every device has its own in-memory container
+engine (device_client/engine/fake.py): its hello offers one, so a simulated fleet takes a version with
+containers and goes through the agent's whole apply (pull, create, start, check, switch) with nothing
+pulled or run.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import trio
 
 from .agent import Agent
 from .agentconfig import AgentConfig, hub_urls
+from .engine.fake import FakeEngine
 from .shared.clock import Clock
 from .memtest import sim_config
 from .names import NameLookupError, resolve
@@ -133,6 +139,7 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
                   http_transport: httpx.AsyncBaseTransport | None = None,
                   memory_faults: list[str] | None = None,
                   memory_budget: int | None = None, workload_user: RunAs | None = _AUTO,
+                  fake_containers: bool = False,
                   task_status: trio.TaskStatus[list[Agent]] = trio.TASK_STATUS_IGNORED) -> None:
     """Run ``n`` agents until cancelled.
 
@@ -195,7 +202,8 @@ async def run_sim(hub_url: str, n: int, data_dir: Path, *, pat_id: str | None = 
     # memory tests: the i-th --memory-fault to the i-th device, each capped at its memory budget
     agents = [Agent(AgentConfig(hub_url, d["token"], data_dir / "devices" / d["id"], clock=clock,
                                 connect_limiter=limiter,
-                                **{"memtest": sim_config(i, memory_faults, memory_budget), **options}))
+                                **{"memtest": sim_config(i, memory_faults, memory_budget),
+                                   **({"container_engine": FakeEngine()} if fake_containers else {}), **options}))
               for i, d in enumerate(chosen)]
     async with trio.open_nursery() as nursery:
         for agent in agents:

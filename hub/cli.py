@@ -223,7 +223,7 @@ def cmd_sim(args: argparse.Namespace) -> None:
                 run_sim, args.hub, args.devices, Path(args.data_dir), pat_id=args.pat_id,
                 pat_secret=args.pat_secret, org_id=args.org, fleet=args.fleet,
                 memory_faults=args.memory_fault, memory_budget=args.memory_budget,
-                agent_options=_tunnel_options(args)))
+                fake_containers=not args.no_containers, agent_options=_tunnel_options(args)))
             print(f"{len(agents)} simulated devices connected to {args.hub}", flush=True)
 
     _run(main)
@@ -342,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pat-secret", help="that PAT's secret")
     p.add_argument("--org", help="organisation id (to provision devices)")
     p.add_argument("--fleet", help="the fleet (its id or name) of provisioned devices")
+    p.add_argument("--no-containers", action="store_true",
+                   help="devices offer no container engine (by default each has the in-memory fake engine, "
+                        "device_client/engine/fake.py, so versions with containers apply with nothing run)")
     tunnel_flags(p)
     memtest_flags(p, sim=True)
     p.set_defaults(func=cmd_sim, device_side=True)

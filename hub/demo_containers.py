@@ -8,8 +8,8 @@ out to the demo fleet and a web page served by the container on the device.
   is free (versions name the registry by its port). The hub is told to
   trust it (its ``registries`` setting, FLEETHUB_REGISTRIES otherwise): it is on loopback.
 - The image: a busybox rootfs (``busybox-static``) with one HTML page, imported and pushed with
-  podman (as tests/containertools.py builds its images), serving it with busybox's httpd on
-  ``DEMO_PORT``.
+  podman (hub/image_build.py, which the tests build their images with too), serving it with
+  busybox's httpd on ``DEMO_PORT``.
 - The device: the simulated devices (``fleethub sim``) have no engine, so they stay as they are (a
   rollout of the version to their fleet counts them ineligible, "no container engine"). One more
   device, ``demo-podman``, is a real agent with podman: a private store under the data dir (vfs, the
@@ -26,14 +26,9 @@ Without podman, runc, docker-registry or busybox-static the demo says so in one 
 from __future__ import annotations
 
 import hashlib
-import io
-import json
 import logging
-import os
-import shutil
 import socket
 import subprocess
-import tarfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +38,7 @@ import trio
 
 from device_client.engine.podman import Podman
 from device_client.sim import load_registry, provision, run_sim, save_registry
+from hub.image_build import CONTAINERS_CONF, REGISTRY_CONF, missing_tools, push_image
 
 log = logging.getLogger("fleethub.demo")
 
@@ -50,56 +46,8 @@ DEMO_CONFIG = "demo-web"
 DEMO_DEVICE = "demo-podman"
 DEMO_FLEET = "demo-containers"
 DEMO_PORT = 8090
-BUSYBOX = "/bin/busybox"
-APPLETS = ("sh", "httpd", "wget", "cat", "echo", "sleep", "ls", "true", "false", "test", "kill")
-CONTAINERS_CONF = """[containers]
-default_ulimits = []
-
-[engine]
-cgroup_manager = "cgroupfs"
-runtime = "runc"
-events_logger = "file"
-"""
-REGISTRY_CONF = """version: 0.1
-log:
-  level: warn
-storage:
-  filesystem:
-    rootdirectory: {root}
-http:
-  addr: 127.0.0.1:{port}
-"""
 PAGE = b"<h1>Hello from a fleethub container</h1>\n<p>busybox httpd, rolled out by the demo.</p>\n"
 HTTPD_CMD = ["/bin/sh", "-c", f"exec /bin/httpd -f -p {DEMO_PORT} -h /www"]
-
-
-def missing_tools() -> list[str]:
-    missing = [tool for tool in ("podman", "docker-registry") if shutil.which(tool) is None]
-    if shutil.which("runc") is None and not os.path.exists("/usr/sbin/runc"):
-        missing.append("runc")
-    if not os.path.exists(BUSYBOX):
-        missing.append("busybox-static")
-    return missing
-
-
-def rootfs(files: dict[str, bytes], busybox: str = BUSYBOX, applets: tuple[str, ...] = APPLETS) -> bytes:
-    """A tar of busybox, its applets (symlinks) and ``files`` (path in the image -> contents)."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        for directory in ("bin", "www", "tmp", "etc"):
-            info = tarfile.TarInfo(directory)
-            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755
-            tar.addfile(info)
-        tar.add(busybox, "bin/busybox")
-        for applet in applets:
-            info = tarfile.TarInfo(f"bin/{applet}")
-            info.type, info.linkname = tarfile.SYMTYPE, "busybox"
-            tar.addfile(info)
-        for path, content in files.items():
-            info = tarfile.TarInfo(path.lstrip("/"))
-            info.size, info.mode = len(content), 0o755 if path.startswith("/bin/") else 0o644
-            tar.addfile(info, io.BytesIO(content))
-    return out.getvalue()
 
 
 def demo_engine(directory: Path, scratch: Path) -> Podman:
@@ -139,23 +87,8 @@ async def _serve_registry(directory: Path, port: int) -> None:
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-async def _podman(engine: Podman, args: list[str], timeout: float = 120) -> None:
-    with trio.fail_after(timeout):
-        done = await trio.run_process([engine.binary, *engine._global, *args], check=False, capture_stdout=True,
-                                      capture_stderr=True, env=engine.environment(), stdin=subprocess.DEVNULL)
-    if done.returncode != 0:
-        said = done.stderr.decode(errors="replace").strip().splitlines()
-        raise RuntimeError(f"podman {args[0]}: {said[-1] if said else done.returncode}")
-
-
 async def _push_image(engine: Podman, host: str, scratch: Path) -> str:
-    tar = scratch / "demo-web.tar"
-    tar.write_bytes(await trio.to_thread.run_sync(rootfs, {"/www/index.html": PAGE}))
-    await _podman(engine, ["import", "--change", "CMD " + json.dumps(HTTPD_CMD), str(tar), "localhost/demo/web:1"])
-    tar.unlink()
-    reference = f"{host}/demo/web:1"
-    await _podman(engine, ["push", "--tls-verify=false", "localhost/demo/web:1", f"docker://{reference}"])
-    return reference
+    return await push_image(engine, host, "demo/web", "1", {"/www/index.html": PAGE}, HTTPD_CMD, scratch=scratch)
 
 
 async def _wait_registry(url: str) -> None:

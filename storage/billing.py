@@ -125,7 +125,8 @@ class Billing:
         """(fleets with their proxy setting, [{day, key, bytes}]) for start <= day < end."""
         async def body(conn: asyncpg.Connection):
             fleets = await conn.fetch(
-                "SELECT id, name, registry_proxy FROM fleets WHERE org_id = $1 ORDER BY name, id", org_id)
+                "SELECT id, name, registry_proxy, registry_proxy_mode FROM fleets WHERE org_id = $1 ORDER BY name, id",
+                org_id)
             usage = await conn.fetch(
                 """SELECT day, key, quantity FROM usage_daily WHERE org_id = $1 AND product = 'registry_fallback_bytes'
                    AND day >= $2 AND day < $3 ORDER BY day, key""", org_id, start, end)

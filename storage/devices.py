@@ -16,7 +16,7 @@ DEVICE_COLUMNS = (
     "id, org_id, fleet_id, name, tags, firmware, architecture, online, state, boot_reason, "
     "last_seen_at, connected_at, tunnel_public_key, facts, conditions, created_at, updated_at, "
     "config_id, config_version_id, applied_version_id, config_status, config_error, config_check_output, "
-    "config_workload_log, previous_version_id, "
+    "config_workload_log, previous_version_id, pull_settings_stale, "
     # the versions' numbers, which operators read (a version's number never changes: cacheable)
     "(SELECT version FROM configuration_versions cv WHERE cv.id = devices.config_version_id) AS config_version, "
     "(SELECT version FROM configuration_versions cv WHERE cv.id = devices.applied_version_id) AS applied_version, "
@@ -198,6 +198,24 @@ class Devices:
         cannot put the old row back for longer than the cache's ttl)."""
         self.cache.evict([device_id])
         return _device(row)
+
+    async def set_pull_settings_stale(self, device_id: uuid.UUID, stale: bool) -> None:
+        """Migration 0027: whether the device's registry logins or proxy mode are older than the hub's."""
+        await self.db.execute("UPDATE devices SET pull_settings_stale = $2 WHERE id = $1", device_id, stale)
+        self.cache.evict([device_id])
+
+    async def mark_pull_settings_stale(self, org_id: uuid.UUID, version_ids: list[uuid.UUID],
+                                       fleet_id: uuid.UUID | None = None) -> list[uuid.UUID]:
+        """The organisation's devices (of ``fleet_id`` when given) running one of ``version_ids`` now hold
+        stale pull settings; their ids."""
+        if not version_ids:
+            return []
+        rows = await self.db.fetch(
+            "UPDATE devices SET pull_settings_stale = true WHERE org_id = $1 AND applied_version_id = ANY($2::uuid[]) "
+            "AND ($3::uuid IS NULL OR fleet_id = $3) RETURNING id", org_id, version_ids, fleet_id)
+        ids = [r["id"] for r in rows]
+        self.cache.evict(ids)
+        return ids
 
     async def clear_config(self, device_id: uuid.UUID, now: dt.datetime) -> None:
         await self.db.execute(

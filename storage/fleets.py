@@ -9,7 +9,8 @@ import asyncpg
 
 from storage.db import Database, NameTaken
 
-FLEET_FIELDS = ("name", "description", "tags", "architecture", "config_id", "registry_proxy")
+FLEET_FIELDS = ("name", "description", "tags", "architecture", "config_id", "registry_proxy",
+                "registry_proxy_mode")
 
 
 class DuplicateName(NameTaken):
@@ -32,6 +33,13 @@ class Fleets:
             return dict(await self.db.fetchrow(sql, *args))
         except asyncpg.UniqueViolationError:
             raise DuplicateName(values.get("name")) from None
+
+    async def registry_proxy_mode(self, fleet_id: uuid.UUID | None) -> str:
+        """How the fleet's devices use the registry proxy (config.apply's registryProxy): off (the fleet's
+        proxy is off, or no fleet), fallback or always."""
+        row = await self.db.fetchrow("SELECT registry_proxy, registry_proxy_mode FROM fleets WHERE id = $1",
+                                     fleet_id) if fleet_id is not None else None
+        return row["registry_proxy_mode"] if row is not None and row["registry_proxy"] else "off"
 
     async def get(self, org_id: uuid.UUID, fleet_id: uuid.UUID) -> dict | None:
         row = await self.db.fetchrow(

@@ -7,6 +7,7 @@ API lists comes from ``list``, which never reads the ciphertext. Every call is s
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from collections.abc import Collection
 
@@ -52,6 +53,15 @@ class RegistryCredentials:
             "SELECT registry, username, ciphertext FROM registry_credentials WHERE org_id = $1 "
             "AND registry = ANY($2::text[])", org_id, list(registries))
         return {r["registry"]: (r["username"], bytes(r["ciphertext"])) for r in rows}
+
+    async def running_versions(self, org_id: uuid.UUID) -> list[tuple[uuid.UUID, dict]]:
+        """(version id, spec) of each container version some device of the organisation runs."""
+        rows = await self.db.fetch(
+            """SELECT v.id, v.spec FROM configuration_versions v
+               WHERE v.org_id = $1 AND v.spec ? 'containers'
+                 AND v.id IN (SELECT applied_version_id FROM devices WHERE org_id = $1 AND applied_version_id IS NOT NULL)""",
+            org_id)
+        return [(r["id"], json.loads(r["spec"]) if isinstance(r["spec"], str) else r["spec"]) for r in rows]
 
 
 async def reencrypt(conn: asyncpg.Connection, convert) -> int:

@@ -1,10 +1,10 @@
 """Containers for tests: a registry of our own on loopback, a busybox image pushed to it, podman with a
 private store.
 
-No public registry is reachable from the test machines, so a test builds its image: a rootfs of the
-static busybox (``busybox-static``: one binary, every applet a symlink) plus the files the test wants,
-``podman import``-ed with a CMD and ``podman push``-ed into Debian's ``docker-registry`` listening on a
-free 127.0.0.1 port. The image serves HTTP with busybox's httpd, so an HTTP health check can pass.
+No public registry is reachable from the test machines, so a test builds its image with the demo's
+code (hub/image_build.py): a rootfs of the static busybox (``busybox-static``: one binary, every applet
+a symlink) plus the files the test wants, ``podman import``-ed with a CMD and ``podman push``-ed into
+Debian's ``docker-registry`` listening on a free 127.0.0.1 port. The image serves HTTP with busybox's httpd, so an HTTP health check can pass.
 
 podman is configured without touching /etc: ``containers.conf`` in the test's tmp dir (cgroupfs,
 runc, ``default_ulimits = []``: the sandbox's cgroup layout and rlimits need all three; docs/containers.md)
@@ -15,12 +15,9 @@ A test marked ``needs_containers`` is skipped, with the reason, when any of the 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import os
 import shutil
 import subprocess
-import tarfile
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -31,40 +28,11 @@ import pytest
 import trio
 
 from device_client.engine.podman import Podman
+from hub.image_build import CONTAINERS_CONF, REGISTRY_CONF, missing_tools, push_image
 from tests.ports import free_port
 
-BUSYBOX = "/bin/busybox"
-APPLETS = ("sh", "httpd", "echo", "sleep", "cat", "ls", "true", "false", "wget", "test", "kill")
-CONTAINERS_CONF = """[containers]
-default_ulimits = []
-
-[engine]
-cgroup_manager = "cgroupfs"
-runtime = "runc"
-events_logger = "file"
-"""
-REGISTRY_CONF = """version: 0.1
-log:
-  level: warn
-storage:
-  filesystem:
-    rootdirectory: {root}
-  delete:
-    enabled: true
-http:
-  addr: 127.0.0.1:{port}
-"""
 # a web server in the foreground on $PORT (default 8080) serving /www
 HTTPD_CMD = ["/bin/sh", "-c", 'exec /bin/httpd -f -p "${PORT:-8080}" -h /www']
-
-
-def missing_tools() -> list[str]:
-    missing = [tool for tool in ("podman", "docker-registry") if shutil.which(tool) is None]
-    if shutil.which("runc") is None and not os.path.exists("/usr/sbin/runc"):
-        missing.append("runc")
-    if not os.path.exists(BUSYBOX):
-        missing.append("busybox-static")
-    return missing
 
 
 #: a test (or ``pytestmark``) that runs podman or a registry: skipped, saying what is missing, without them
@@ -116,17 +84,8 @@ class Registry:
         """A busybox image with ``files`` (path in the image → contents) and ``cmd``, pushed as
         ``name:tag``; its reference (with the registry)."""
         files = {"/www/index.html": b"ok\n", **(files or {})}
-        data = await trio.to_thread.run_sync(_rootfs, files)
-        tar = self.builder.scratch / f"{name.replace('/', '_')}-{tag}.tar"
-        tar.write_bytes(data)
-        local = f"localhost/{name}:{tag}"
-        cmd = cmd or HTTPD_CMD
-        change = "CMD " + json.dumps(cmd)
-        await self._podman(["import", "--change", change, str(tar), local])
-        reference = f"{self.host}/{name}:{tag}"
-        creds = ["--creds", ":".join(self.login)] if self.login else []
-        await self._podman(["push", "--tls-verify=false", *creds, local, f"docker://{reference}"])
-        return reference
+        return await push_image(self.builder, self.host, name, tag, files, cmd or HTTPD_CMD,
+                                scratch=self.builder.scratch, creds=self.login)
 
     async def push_blank(self, name: str, tag: str) -> str:
         """An image with no layers, put with the registry's HTTP API alone (no podman): enough for a
@@ -150,33 +109,6 @@ class Registry:
                                  headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
             assert r.status_code == 201, r.text
         return f"{self.host}/{name}:{tag}"
-
-    async def _podman(self, args: list[str]) -> None:
-        b = self.builder
-        with trio.fail_after(120):
-            result = await trio.run_process([b.binary, *b._global, *args], check=False, capture_stdout=True,
-                                            capture_stderr=True, env=b.environment(), stdin=subprocess.DEVNULL)
-        assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
-
-
-def _rootfs(files: dict[str, bytes]) -> bytes:
-    """A tar of busybox, its applets and ``files``."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        for directory in ("bin", "www", "tmp", "etc"):
-            info = tarfile.TarInfo(directory)
-            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755
-            tar.addfile(info)
-        tar.add(BUSYBOX, "bin/busybox")
-        for applet in APPLETS:
-            info = tarfile.TarInfo(f"bin/{applet}")
-            info.type, info.linkname = tarfile.SYMTYPE, "busybox"
-            tar.addfile(info)
-        for path, content in files.items():
-            info = tarfile.TarInfo(path.lstrip("/"))
-            info.size, info.mode = len(content), 0o755 if path.startswith("/bin/") else 0o644
-            tar.addfile(info, io.BytesIO(content))
-    return out.getvalue()
 
 
 def bcrypt_hash(password: str) -> str:

@@ -1,7 +1,8 @@
 """A counting relay in front of a test registry: the upstream side of the hub's registry proxy, seen
 from outside it. It forwards TCP both ways, counts the requests that go through it by path, and can
 refuse connections whose first request comes from podman (``block_podman``): a registry a device
-cannot reach while the hub still can."""
+cannot reach while the hub still can; or every other one (``block_hub``): a registry the hub cannot
+reach. ``podman_connections`` counts podman's connections, refused or not."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ class Relay:
     host: str  # 127.0.0.1:PORT, as an image reference names it
     upstream_port: int
     block_podman: bool = False
+    block_hub: bool = False
+    podman_connections: int = 0
     requests: Counter = field(default_factory=Counter)  # "GET /v2/…" -> how many
     bytes_down: int = 0  # bytes the registry sent through the relay
     refused: int = 0
@@ -41,9 +44,11 @@ class Relay:
                     if not chunk:
                         return
                     head += chunk
-                if self.block_podman and re.search(rb"(?i)\r\nuser-agent: containers/", head):
+                from_podman = re.search(rb"(?i)\r\nuser-agent: containers/", head) is not None
+                self.podman_connections += from_podman
+                if (self.block_podman and from_podman) or (self.block_hub and not from_podman):
                     self.refused += 1
-                    return  # the connection closes: the registry is down, for podman
+                    return  # the connection closes: the registry is down, for podman or the hub
                 upstream = await trio.open_tcp_stream("127.0.0.1", self.upstream_port)
                 async with upstream, trio.open_nursery() as nursery:
                     async def up(data: bytes) -> None:

@@ -58,6 +58,8 @@ class Mirror:
     location: str  # host[:port]/path the mirror serves that registry's repositories under
     authfile: Path  # the credentials for ``location`` (containers-auth.json), 0600 in the agent's data dir
     insecure: bool  # plain HTTP: only for a mirror on loopback
+    # the only way to the registry: the engine must not try the registry itself when the mirror fails
+    exclusive: bool = False
 
 
 @dataclass(frozen=True)

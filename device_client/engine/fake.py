@@ -8,9 +8,12 @@ bench says "this version's image fails its health check" without a registry:
 - ``fail_pull[digest] = "reason"``: the pull fails;
 - ``unhealthy[digest] = "output"``: exec health checks exit 1 with that output, HTTP checks answer 500;
 - ``exits[digest] = code``: the container stops right after it starts;
-- ``unreachable``: registries a pull without a mirror cannot reach (a mirror reaches them).
+- ``unreachable``: registries a pull without a mirror cannot reach (a mirror reaches them);
+- ``mirror_fails = "reason"``: every mirror fails; as podman does, the pull then goes on to the
+  registry itself unless the mirror is exclusive.
 
-``mirrors`` lists the mirror each pull was asked to use (None: the image's own registry).
+``mirrors`` lists the mirror each pull was asked to use (None: the image's own registry);
+``registry_asks`` counts the pulls that went to the registry itself.
 
 ``pull_seconds`` is how long a pull of an absent image takes on the trio clock (zero by default), so a
 bench on a virtual clock sees the time a pull costs.
@@ -46,6 +49,8 @@ class FakeEngine(Engine):
     exits: dict[str, int] = field(default_factory=dict)
     unreachable: set[str] = field(default_factory=set)
     mirrors: list[Mirror | None] = field(default_factory=list)
+    mirror_fails: str | None = None  # every mirror answers with this error
+    registry_asks: int = 0  # pulls that went to the image's registry itself
     pulls: int = 0
     auth_registries: dict[str, list[str]] = field(default_factory=dict)  # digest -> registries of its pull's auth file
     _images: dict[str, ImageInfo] = field(default_factory=dict)
@@ -65,8 +70,15 @@ class FakeEngine(Engine):
                    progress: Callable[[int], Awaitable[Any]] | None = None) -> int:
         digest = self._digest(image)
         self.mirrors.append(mirror)
+        if mirror is None:
+            self.registry_asks += 1
         if mirror is None and parse(image).registry in self.unreachable:
             raise EngineError(f"pull {image}: the registry cannot be reached")
+        if mirror is not None and self.mirror_fails:
+            # a real engine goes on to the registry after a failed mirror, unless it is the only way
+            if mirror.exclusive or parse(image).registry in self.unreachable:
+                raise EngineError(f"pull {image}: the mirror {mirror.location} failed: {self.mirror_fails}")
+            self.registry_asks += 1
         # what a real engine would have logged in with: the registries the auth file names
         self.auth_registries[digest] = sorted(json.loads(auth_file.read_text())["auths"]) if auth_file else []
         if digest in self.fail_pull:

@@ -54,9 +54,18 @@ async def _kill(proc: trio.Process) -> None:
 
 
 def _mirror_conf(mirror: Mirror, registry_insecure: bool) -> Path:
-    """A registries.conf beside the auth file: ``mirror.location`` first for its registry. podman
-    tries the registry itself after the mirror, and the pulled image keeps the registry's name."""
-    path = mirror.authfile.with_name(f"registries-{mirror.location.replace('/', '_').replace(':', '_')}.conf")
+    """A registries.conf beside the auth file: ``mirror.location`` first for its registry, and podman
+    tries the registry itself after the mirror. An exclusive mirror is the registry's location instead
+    (podman's prefix remapping): podman asks nothing else. Either way the pulled image keeps the
+    registry's name."""
+    kind = "only" if mirror.exclusive else "mirror"
+    path = mirror.authfile.with_name(f"registries-{kind}-{mirror.location.replace('/', '_').replace(':', '_')}.conf")
+    if mirror.exclusive:
+        path.write_text(
+            "unqualified-search-registries = []\n\n[[registry]]\n"
+            f"prefix = {json.dumps(mirror.registry)}\nlocation = {json.dumps(mirror.location)}\n"
+            f"insecure = {str(mirror.insecure).lower()}\n")
+        return path
     path.write_text(
         "unqualified-search-registries = []\n\n[[registry]]\n"
         f"prefix = {json.dumps(mirror.registry)}\nlocation = {json.dumps(mirror.registry)}\n"

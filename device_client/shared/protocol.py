@@ -70,7 +70,11 @@ agent runs containers (``podman version`` at its start); absent, the hub does no
 version with ``spec.containers`` (its configuration is rejected with the reason) and a rollout of one
 counts it ineligible. ConfigApplyPayload.registryAuth {registry: {username, password}}: the credentials
 for the registries of the version's images, only those; the agent keeps them in a 0600 auth.json in
-its data dir for the engine's pulls and never logs or returns them.
+its data dir for the engine's pulls and never logs or returns them. A config.apply of the version the
+device already runs with ``registryAuth`` present (after a login was created, rotated or deleted on the
+hub) restarts nothing and replaces that file with these logins ({}: removes it). ``registryProxy``: the
+fleet's registry proxy mode (off, fallback, always) for the version's pulls (device_client/pullroute.py),
+sent again the same way when the fleet's proxy changes.
 
 Tunnels (webrtc/device_tunnel.py with device_client/tunnel.py's configuration on the device, webrtc/ on the
 CLI, hub/api/tunnels.py on the hub):

@@ -114,7 +114,15 @@ class ConfigApply(Body):
     registryAuth: dict[str, RegistryLogin] = Field(
         default_factory=dict, description="registry (host[:port]) -> the organisation's credential for it: only "
                                           "the registries of the version's images; write-only (kept in a 0600 file "
-                                          "for the engine's pulls, never logged or returned)")
+                                          "for the engine's pulls, never logged or returned). Present on a re-send of "
+                                          "the version the device runs (after a login changed on the hub), it "
+                                          "replaces the device's logins, {} removing them")
+    registryProxy: Literal["off", "fallback", "always"] | None = Field(
+        None, description="the fleet's registry proxy mode for this version's pulls: off (the fleet's proxy is "
+                          "off), fallback (the registry, then the hub) or always (the hub only, never the "
+                          "registry itself); absent: the agent's --registry-proxy alone. Also on a re-send of "
+                          "the version the device runs (the fleet's proxy changed): kept with it for the pulls "
+                          "of a restart")
 
 
 class ConfigApplyResult(Body):

@@ -311,7 +311,8 @@ async def get_registry_fallback(query_args: RegistryQuery):
         by_key[u["key"]] = by_key.get(u["key"], 0) + n
         by_day[u["day"]] = by_day.get(u["day"], 0) + n
     listed = [{"fleet_id": str(f["id"]), "name": f["name"], "registry_proxy": f["registry_proxy"],
-               "bytes": by_key.get(str(f["id"]), 0)} for f in fleets]
+               "registry_proxy_mode": f["registry_proxy_mode"], "bytes": by_key.get(str(f["id"]), 0)}
+              for f in fleets]
     listed.sort(key=lambda f: (not f["registry_proxy"], -f["bytes"], f["name"], f["fleet_id"]))
     known = {str(f["id"]) for f in fleets}
     total = sum(by_key.values())

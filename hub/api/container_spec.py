@@ -9,7 +9,8 @@ Each container (docs/containers.md has the operator's view)::
      "resources": {"memoryMiB": 256, "cpus": 0.5},
      "restartPolicy": "always" | "on-failure" | "no",
      "healthCheck": {"command": [argv...]} | {"http": {"port": 8080, "path": "/healthz"}},
-                    plus "timeoutSeconds" (default 10) and "graceSeconds" (default 1)}
+                    plus "timeoutSeconds" (default 10) and "graceSeconds" (default 1)},
+     "kind": "service" | "job"}                       # a job runs to completion: its exit code is its check
 
 ``pin_images`` replaces each ``image`` by ``registry/repository@sha256:…`` as the registry serves it
 now (hub/images.py), and keeps what the operator wrote in ``imageSource``; a spec sent back with its
@@ -119,6 +120,10 @@ class Container(BaseModel):
     resources: Resources = Field(default_factory=Resources)
     restartPolicy: Literal["always", "on-failure", "no"] = "always"
     healthCheck: ContainerHealth = Field(default_factory=ContainerHealth)
+    kind: Literal["service", "job"] = Field(
+        "service", description="service: runs on, healthy while it runs and passes its check; job: runs to "
+                               "completion once per apply of the version, its exit code the verdict (0 within "
+                               "healthCheck.timeoutSeconds is healthy); no ports, no check of its own, never restarted")
 
     @field_validator("command")
     @classmethod
@@ -146,6 +151,21 @@ class Container(BaseModel):
         paths = [v.mountPath for v in self.volumes]
         if len(set(paths)) != len(paths):
             raise ValueError("two volumes are mounted at the same path")
+        return self
+
+    @model_validator(mode="after")
+    def _job(self) -> Container:
+        # a job's exit code is its health: a restart would run it again, a port or a check would judge
+        # something that is meant to end
+        if self.kind != "job":
+            return self
+        if "restartPolicy" in self.model_fields_set and self.restartPolicy != "no":
+            raise ValueError("a job is never restarted: its restartPolicy is \"no\"")
+        if self.ports:
+            raise ValueError("a job publishes no ports")
+        if self.healthCheck.command is not None or self.healthCheck.http is not None:
+            raise ValueError("a job's exit code is its health check: no command or http check")
+        self.restartPolicy = "no"
         return self
 
 

@@ -5,15 +5,25 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 
 from actors.machines.window import UpdateWindow, WindowError
-from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
-from hub.auth.authz import Obj, authorize, require_deploy, require_org, scope_for_list
+from hub.api.common import (
+    PageQuery,
+    Pagination,
+    errors,
+    jsonable,
+    org,
+    pagination,
+    parse_uuid,
+    services,
+)
+from hub.api.registry_credentials import send_pull_settings
 from hub.api.validation import body, query, responds
+from hub.auth.authz import Obj, authorize, require_deploy, require_org, scope_for_list
 from hub.errors import BadRequest, NotFound
 
 bp = Blueprint("fleets", __name__, url_prefix="/v1/fleets")
@@ -27,6 +37,9 @@ class FleetCreate(BaseModel):
     architecture: str | None = Field(None, max_length=64)
     config_id: uuid.UUID | None = None
     registry_proxy: bool = False
+    registry_proxy_mode: Literal["fallback", "always"] = Field(
+        "fallback", description="with registry_proxy on: fallback (devices pull from the registry, and through "
+                                "the hub when that fails) or always (through the hub only); docs/billing.md")
 
 
 class FleetUpdate(BaseModel):
@@ -37,6 +50,7 @@ class FleetUpdate(BaseModel):
     architecture: str | None = Field(None, max_length=64)
     config_id: uuid.UUID | None = None
     registry_proxy: bool | None = None
+    registry_proxy_mode: Literal["fallback", "always"] | None = None
 
 
 class FleetQuery(PageQuery):
@@ -51,6 +65,7 @@ class FleetOut(BaseModel):
     architecture: str | None
     config_id: uuid.UUID | None
     registry_proxy: bool
+    registry_proxy_mode: str = Field(..., description="fallback or always (used while registry_proxy is on)")
     device_count: int
     update_window: dict[str, Any] | None = Field(
         None, description="the fleet's update window as GET /v1/fleets/{id}/update-window shows it (enabled, "
@@ -79,7 +94,8 @@ def _window(raw: Any) -> dict[str, Any] | None:
 
 def fleet_json(row: dict) -> dict:
     return jsonable({**{k: row.get(k) for k in ("id", "name", "description", "tags", "architecture", "config_id",
-                                                "registry_proxy", "device_count", "created_at", "updated_at")},
+                                                "registry_proxy", "registry_proxy_mode", "device_count", "created_at",
+                                                "updated_at")},
                      "update_window": _window(row.get("update_window"))})
 
 
@@ -140,12 +156,16 @@ async def update_fleet(fleet_id: str, data: FleetUpdate):
     s = services()
     fid = (await _load(fleet_id, "editor"))["id"]
     changes = data.model_dump(exclude_unset=True)
-    for key in ("name", "tags", "description", "registry_proxy"):
+    for key in ("name", "tags", "description", "registry_proxy", "registry_proxy_mode"):
         if key in changes and changes[key] is None:
             raise BadRequest(f"{key}: cannot be null", code="invalid_field")
     await _check_config(changes.get("config_id"))
+    before = await s.fleets.registry_proxy_mode(fid)
     row = await s.fleets.update(org().org_id, fid, s.clock.now(), changes)
     if row is None:
         raise NotFound("fleet not found")
+    if await s.fleets.registry_proxy_mode(fid) != before:
+        # the devices pull their images by it: those running containers get it now, not at their next version
+        await send_pull_settings(s, org().org_id, fleet_id=fid)
     full = await s.fleets.get(org().org_id, fid)
     return {"data": fleet_json(full)}

@@ -3,7 +3,9 @@
 ``POST /v1/registry-credentials`` {registry, username, password} stores the password sealed with the
 hub's secret key (the same SecretBox as secret files); every answer, list, audit entry and error
 carries the registry, the username and times, never the password. One credential per registry: a
-second POST for the registry replaces it (a password rotation).
+second POST for the registry replaces it (a password rotation). A change reaches the devices running a
+version from that registry at once when linked, at their next hello otherwise (``pull_settings_stale``,
+migration 0027), and a deleted login leaves their auth files.
 
 Where they are used: the hub pins a version's images with the credential of each image's registry
 (hub/images.py), and the device delivery hands a device, in config.apply, the credentials of the
@@ -17,8 +19,11 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint, g
 
+from actors.device import SendPullSettings
+from actors.device_delivery import registries_of
 from device_client.shared import imageref
 from hub.api.common import errors, jsonable, org, parse_uuid, services
+from hub.api.secret_files import tell_linked
 from hub.api.validation import DeletedOut, body, enveloped, responds
 from hub.auth.authz import require_org
 from hub.errors import BadRequest, NotFound
@@ -84,6 +89,7 @@ async def put_credential(data: CredentialIn):
     row, created = await s.registry_credentials.put(org().org_id, registry, data.username,
                                                     s.secret_box.seal(data.password.encode()), s.clock.now())
     g.audit_details = {"registry": registry, "username": data.username, "replaced": not created}
+    await send_pull_settings(s, org().org_id, registry=registry)
     return {"data": _json(row)}, 201 if created else 200
 
 
@@ -101,15 +107,26 @@ async def list_credentials():
 @responds(enveloped(DeletedOut))
 @errors(400, 401, 403, 404)
 async def delete_credential(credentialId: str):
-    """Forget a registry login: versions are pinned and delivered without it from now on (a device
-    keeps the login it was sent until its next version). Needs editor on the organisation."""
+    """Forget a registry login: versions are pinned and delivered without it from now on, and the
+    devices running a version from that registry drop it. Needs editor on the organisation."""
     s = services()
     await require_org(s, "editor")
     row = await s.registry_credentials.delete(org().org_id, parse_uuid(credentialId, "credentialId"))
     if row is None:
         raise NotFound("no such registry credential in this organisation")
     g.audit_details = {"registry": row["registry"], "username": row["username"]}
+    await send_pull_settings(s, org().org_id, registry=row["registry"])
     return {"data": {"id": str(row["id"]), "registry": row["registry"], "deleted": True}}
+
+
+async def send_pull_settings(s, org_id, *, registry: str | None = None, fleet_id=None) -> None:
+    """The devices running a container version that pulls from ``registry`` (any, when None), of
+    ``fleet_id`` when given, get their logins and proxy mode now: linked ones told here, as for a
+    configuration's secret file; the others at their next hello, by the flag."""
+    versions = [vid for vid, spec in await s.registry_credentials.running_versions(org_id)
+                if registry is None or registry in registries_of(spec)]
+    for device_id in await s.devices.mark_pull_settings_stale(org_id, versions, fleet_id):
+        await tell_linked(s, device_id, SendPullSettings())
 
 
 async def opened_for(org_id, registries) -> dict[str, tuple[str, str]]:

@@ -1,7 +1,7 @@
 """Tells for a device's actor that must reach the node holding the device's link, at least once.
 
-A configuration assigned, a secret file saved or deleted: whichever node handled it tells the device's
-actor there if the device is linked there; otherwise (``deliver``) it reads which node accepted the
+A configuration assigned, a secret file saved or deleted, a registry login or a fleet's proxy changed:
+whichever node handled it tells the device's actor there if the device is linked there; otherwise (``deliver``) it reads which node accepted the
 device's last link (``devices.last_link_node``, written at link time, before the link's hello reads
 anything) and asks that node, on its own subject ``cluster.node.<node>.tell``, to hand the tell to its
 actor. The answer says whether it held the link. No answer (the bus down or stalled, the node gone) is
@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from actors.bus import BusError
-from actors.device import ApplyConfig, RemoveFiles, SyncFiles
+from actors.device import ApplyConfig, RemoveFiles, SendPullSettings, SyncFiles
 from actors.errors import AskError
 from device_client.shared.backoff import Backoff
 from storage.db import DatabaseUnavailable
@@ -44,6 +44,8 @@ def _message(payload: dict[str, Any]) -> object | None:
         return ApplyConfig()
     if kind == "SyncFiles":
         return SyncFiles()
+    if kind == "SendPullSettings":
+        return SendPullSettings()
     if kind == "RemoveFiles" and isinstance(payload.get("paths"), list):
         return RemoveFiles(tuple(str(p) for p in payload["paths"]))
     return None

@@ -13,7 +13,15 @@ so a transfer in flight finishes. Manifests keep their media type in a ``.type``
 
 Concurrent requests for an entry being fetched wait for that fetch (``_fills``): a hundred devices
 pulling one image cost the upstream registry each object once. When the fetch fails, every waiter
-gets its error; when it is abandoned (its device went away), one waiter fetches again.
+gets its error; when it is abandoned (the hub stops, or without ``spawn`` the device whose request
+runs it went away), one waiter fetches again.
+
+Streaming (``open(..., stream=True)``, blobs asked whole): with ``spawn`` the fetch runs in a task of its
+own, and a request for a blob being fetched whose length the registry declared is answered at once, its
+bytes read from the temporary file as they are written (``Growing``), so the first bytes reach a device
+before the registry has sent the last. The bytes are verified only at the end: when they do not hash to
+the digest the readers' transfers are cut (the device discards a short or wrong blob, as it verifies it
+too) and nothing is kept. The cached file is still only ever the verified one.
 """
 
 from __future__ import annotations
@@ -26,11 +34,11 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import trio
 
-from .upstream import UpstreamError
+from .upstream import Progress, UpstreamError
 
 log = logging.getLogger("fleethub.registry")
 
@@ -47,17 +55,73 @@ class Entry:
 
 @dataclass
 class _Fill:
+    """A fetch under way; also its ``Progress``, so that readers can follow the file."""
     done: trio.Event = field(default_factory=trio.Event)
-    error: UpstreamError | None = None
+    error: Exception | None = None  # UpstreamError, or OSError from the hub's own disk
+    tmp: Path | None = None
+    size: int | None = None  # the length the registry declared
+    written: int = 0  # bytes in the temporary file, flushed
+    answered: trio.Event = field(default_factory=trio.Event)  # the registry answered (or the fill ended)
+    moved: trio.Event = field(default_factory=trio.Event)  # replaced at every write
+
+    def begin(self, size: int | None) -> None:
+        self.size = size
+        self.answered.set()
+
+    def advance(self, written: int) -> None:
+        self.written = written
+        self._wake()
+
+    def end(self) -> None:
+        self.done.set()
+        self.answered.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        self.moved.set()
+        self.moved = trio.Event()
 
 
-Fetch = Callable[[BinaryIO, int], Awaitable[str]]  # (the file, the most bytes) -> media type
+class Growing:
+    """A blob read while its fill writes it: ``read`` gives what is written, waits for more, and raises
+    the fill's error if it fails (the reader's transfer must then be cut short)."""
+
+    def __init__(self, fill: _Fill, handle: BinaryIO) -> None:
+        self.fill, self.handle, self.pos = fill, handle, 0
+
+    async def read(self, n: int) -> bytes:
+        while True:
+            fill = self.fill
+            if fill.error is not None:
+                raise fill.error
+            if self.pos < fill.written:
+                chunk = await trio.to_thread.run_sync(self.handle.read, min(n, fill.written - self.pos))
+                self.pos += len(chunk)
+                return chunk
+            if fill.done.is_set():
+                return b""
+            await fill.moved.wait()
+
+    def close(self) -> None:
+        self.handle.close()
+
+    def __enter__(self) -> "Growing":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+Fetch = Callable[[BinaryIO, int, Progress], Awaitable[str]]  # (the file, the most bytes, progress) -> media type
 
 
 class Cache:
-    def __init__(self, root: Path, budget: int) -> None:
+    def __init__(self, root: Path, budget: int, spawn: Callable[..., Any] | None = None) -> None:
+        """``spawn(fn, *args)`` starts a task (hub/services.py ``spawn``): fills run there, and blobs
+        stream while they arrive. None: a fill runs in the task of the request that started it."""
         self.root = Path(root)
         self.budget = budget
+        self.spawn = spawn
         self.entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self.total = 0
         self.hits = 0
@@ -92,9 +156,11 @@ class Cache:
             self.total += entry.size
         self._evict()
 
-    async def open(self, key: str, fetch: Fetch, *, max_bytes: int) -> tuple[Entry, BinaryIO]:
+    async def open(self, key: str, fetch: Fetch, *, max_bytes: int,
+                   stream: bool = False) -> tuple[Entry, BinaryIO | Growing]:
         """The entry ``key`` and its file open for reading, fetched with ``fetch`` (which writes the
-        verified bytes to the file it is given and returns the media type) unless cached."""
+        verified bytes to the file it is given and returns the media type) unless cached. ``stream``
+        (with ``spawn``): a blob being fetched with a declared length comes as a ``Growing`` reader."""
         for _ in range(ATTEMPTS):
             entry = self.entries.get(key)
             if entry is not None:
@@ -109,29 +175,52 @@ class Cache:
                     await trio.to_thread.run_sync(_touch, entry.path)
                 return entry, handle
             fill = self._fills.get(key)
+            if fill is None and self.spawn is not None:
+                fill = self._fills[key] = _Fill()
+                self.spawn(self._fill_apart, key, fill, fetch, min(max_bytes, self.budget))
             if fill is not None:
+                if stream:
+                    await fill.answered.wait()
+                    growing = _follow(fill)
+                    if growing is not None:
+                        return Entry(fill.tmp, fill.size, BLOB_TYPE), growing
                 await fill.done.wait()
                 if fill.error is not None:
                     raise fill.error
                 continue
             fill = self._fills[key] = _Fill()
             try:
-                await self._fill(key, fetch, min(max_bytes, self.budget))
-            except UpstreamError as exc:
+                await self._fill(key, fetch, min(max_bytes, self.budget), fill)
+            except (UpstreamError, OSError) as exc:
                 fill.error = exc
                 raise
             finally:
                 del self._fills[key]
-                fill.done.set()
+                fill.end()
         raise UpstreamError("the object could not be fetched: every request for it went away before it came")
 
-    async def _fill(self, key: str, fetch: Fetch, max_bytes: int) -> None:
+    async def _fill_apart(self, key: str, fill: _Fill, fetch: Fetch, max_bytes: int) -> None:
+        """A fill in its own task: its error goes to whoever waits for it; cancelled (the hub stops),
+        it ends with no error and a waiter starts another."""
+        try:
+            await self._fill(key, fetch, max_bytes, fill)
+        except (UpstreamError, OSError) as exc:
+            fill.error = exc
+        except Exception as exc:  # noqa: BLE001 - a task of the hub's: a fault here must not end the hub
+            log.exception("registry cache: the fill of %s failed", key)
+            fill.error = UpstreamError(f"the proxy could not fetch the object ({type(exc).__name__})")
+        finally:
+            del self._fills[key]
+            fill.end()
+
+    async def _fill(self, key: str, fetch: Fetch, max_bytes: int, fill: _Fill) -> None:
         self.fills += 1
         path = self.root / key
         tmp = await trio.to_thread.run_sync(_temporary, self.root / "tmp")
+        fill.tmp = Path(tmp.name)
         try:
             with tmp:
-                media = await fetch(tmp, max_bytes)
+                media = await fetch(tmp, max_bytes, fill)
                 await trio.to_thread.run_sync(_seal, tmp)
             await trio.to_thread.run_sync(_install, Path(tmp.name), path, media if _is_manifest(key) else None)
         except BaseException:
@@ -155,6 +244,16 @@ class Cache:
         entry = self.entries.pop(key, None)
         if entry is not None:
             self.total -= entry.size
+
+
+def _follow(fill: _Fill) -> Growing | None:
+    """A reader of the fill's file, when the registry declared the length and the fill goes on."""
+    if fill.size is None or fill.done.is_set() or fill.tmp is None:
+        return None
+    try:
+        return Growing(fill, fill.tmp.open("rb"))
+    except FileNotFoundError:  # the fill failed between the check and here
+        return None
 
 
 def _is_manifest(key: str) -> bool:

@@ -44,7 +44,9 @@ class RegistryProxy:
         self.s = services
         settings = services.settings
         self.access = RegistryAccess(services.db)
-        self.cache = Cache(settings.data_dir / "registry-cache", settings.registry_cache_mib << 20)
+        # fills in the hub's own tasks: a blob streams to the devices while it arrives (cache.py)
+        self.cache = Cache(settings.data_dir / "registry-cache", settings.registry_cache_mib << 20,
+                           spawn=services.spawn)
         self.upstream = Upstream(allowed=settings.registries)
         self.served = 0  # bytes handed to devices since the start (tests and the bench read it)
         self._loaded: trio.Event | None = None

@@ -7,9 +7,10 @@ Errors are the distribution spec's JSON (``{"errors": [{"code", "message"}]}``),
 ``/v2/`` without credentials answers 401 with a Basic challenge: that is how podman learns to send the
 auth file's credentials.
 
-Blobs are served with ``Range`` (one range; podman resumes an interrupted layer with it). The bytes
-counted for billing are the ones handed to the connection, counted as they go, so a transfer cut
-short bills what was carried.
+Blobs are served with ``Range`` (one range; podman resumes an interrupted layer with it). A blob asked
+whole while the proxy fetches it is served as it arrives (hub/registry/cache.py ``Growing``); a range
+of it waits for the whole. The bytes counted for billing are the ones handed to the connection,
+counted as they go, so a transfer cut short bills what was carried.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from device_client.shared.imageref import (
 )
 from hub.auth.middleware import public
 
-from .cache import Cache
+from .cache import Cache, Growing
 from .proxy import Puller, RegistryProxy
 from .upstream import MAX_MANIFEST_BYTES, UpstreamError
 
@@ -127,12 +128,14 @@ async def _serve(name: str, kind: str, reference: str) -> Response:
             raise _Refused(403, "DENIED", "no configuration version of this device's organisation names this repository")
         await proxy.ready()
 
-        async def fetch(out, max_bytes: int) -> str:
-            return await proxy.upstream.fetch(ref, kind, reference, out, max_bytes=max_bytes)
+        async def fetch(out, max_bytes: int, progress) -> str:
+            return await proxy.upstream.fetch(ref, kind, reference, out, max_bytes=max_bytes, progress=progress)
 
         try:
-            entry, handle = await proxy.cache.open(Cache.key(upstream_name, kind, reference), fetch,
-                                                   max_bytes=MAX_MANIFEST_BYTES if kind == "manifests" else proxy.cache.budget)
+            entry, handle = await proxy.cache.open(
+                Cache.key(upstream_name, kind, reference), fetch,
+                max_bytes=MAX_MANIFEST_BYTES if kind == "manifests" else proxy.cache.budget,
+                stream=kind == "blobs" and not request.headers.get("Range"))
         except UpstreamError as exc:
             log.warning("registry proxy: %s %s/%s: %s", kind, upstream_name, reference, exc.message)
             unknown = "MANIFEST_UNKNOWN" if kind == "manifests" else "BLOB_UNKNOWN"
@@ -197,14 +200,20 @@ def _respond(proxy: RegistryProxy, puller: Puller, size: int, media_type: str, d
         response.headers["Content-Length"] = str(length)
         return response
 
+    async def read(n: int) -> bytes:
+        if isinstance(handle, Growing):
+            return await handle.read(n)  # raises when the fetch fails: the transfer is cut short
+        return await trio.to_thread.run_sync(handle.read, n)
+
     async def body():
         sent = 0
         try:
             with handle:
-                await trio.to_thread.run_sync(handle.seek, first)
+                if first:
+                    await trio.to_thread.run_sync(handle.seek, first)
                 left = length
                 while left > 0:
-                    chunk = await trio.to_thread.run_sync(handle.read, min(READ_CHUNK, left))
+                    chunk = await read(min(READ_CHUNK, left))
                     if not chunk:
                         break
                     left -= len(chunk)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 import httpx
 import trio
@@ -29,7 +29,25 @@ CONNECT_TIMEOUT = 10.0
 IDLE_TIMEOUT = 30.0
 TOTAL_TIMEOUT = 900.0
 MAX_REDIRECTS = 3
-WRITE_CHUNK = 1 << 20
+WRITE_CHUNK = 256 << 10  # also what a reader following the fill gets at a time
+
+
+class Progress(Protocol):
+    """Told how a fetch goes, so that readers can follow the file as it fills (hub/registry/cache.py)."""
+
+    def begin(self, size: int | None) -> None:
+        """The registry answered: the object's declared length (None: it declared none)."""
+
+    def advance(self, written: int) -> None:
+        """The first ``written`` bytes are in the file, flushed (not yet verified)."""
+
+
+class _Silent:
+    def begin(self, size: int | None) -> None:
+        pass
+
+    def advance(self, written: int) -> None:
+        pass
 
 
 class UpstreamError(Exception):
@@ -52,16 +70,18 @@ class Upstream:
         self.fetches = 0  # objects asked of upstream registries (the bench and tests read it)
         self.bytes = 0  # bytes received from them
 
-    async def fetch(self, ref: ImageRef, kind: str, digest: str, out: BinaryIO, *, max_bytes: int) -> str:
+    async def fetch(self, ref: ImageRef, kind: str, digest: str, out: BinaryIO, *, max_bytes: int,
+                    progress: Progress | None = None) -> str:
         """Write the ``kind`` ("manifests" or "blobs") named ``digest`` of ``ref``'s repository to
-        ``out``; its media type. UpstreamError unless its bytes hash to ``digest``."""
+        ``out``; its media type. UpstreamError unless its bytes hash to ``digest``. ``progress`` is told
+        the declared length and each flushed write."""
         self.fetches += 1
         try:
             with trio.fail_after(self.total):
                 await images.check_destination(images.api_host(ref), self.allowed)
                 async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, read=self.idle),
                                              follow_redirects=False, transport=self.transport) as client:
-                    return await self._fetch(client, ref, kind, digest, out, max_bytes)
+                    return await self._fetch(client, ref, kind, digest, out, max_bytes, progress or _Silent())
         except images.RegistryError as exc:
             raise UpstreamError(exc.message) from None
         except trio.TooSlowError:
@@ -71,7 +91,8 @@ class Upstream:
         except httpx.TransportError as exc:
             raise UpstreamError(f"the registry {ref.registry} cannot be reached ({type(exc).__name__})") from None
 
-    async def _fetch(self, client: httpx.AsyncClient, ref: ImageRef, kind: str, digest: str, out: BinaryIO, max_bytes: int) -> str:
+    async def _fetch(self, client: httpx.AsyncClient, ref: ImageRef, kind: str, digest: str, out: BinaryIO,
+                     max_bytes: int, progress: Progress) -> str:
         scheme = "http" if ref.plain_http else "https"
         url = httpx.URL(f"{scheme}://{images.api_host(ref)}/v2/{ref.repository}/{kind}/{digest}")
         key = f"{ref.registry}/{ref.repository}"
@@ -96,7 +117,7 @@ class Upstream:
                     raise UpstreamError(f"{digest} is not in {key}", status=404)
                 if r.status_code != 200:
                     raise UpstreamError(f"the registry {ref.registry} answered {r.status_code} for {digest}")
-                return await self._copy(r, digest, out, max_bytes)
+                return await self._copy(r, digest, out, max_bytes, progress)
         raise UpstreamError(f"the registry {ref.registry} redirected {digest} too many times")
 
     async def _redirect(self, ref: ImageRef, url: httpx.URL, location: str | None) -> httpx.URL:
@@ -108,22 +129,33 @@ class Upstream:
         await images.check_destination(target.netloc.decode(), self.allowed)
         return target
 
-    async def _copy(self, r: httpx.Response, digest: str, out: BinaryIO, max_bytes: int) -> str:
-        declared = r.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-            raise UpstreamError(f"{digest} is {int(declared)} bytes, over the limit of {max_bytes}")
+    async def _copy(self, r: httpx.Response, digest: str, out: BinaryIO, max_bytes: int, progress: Progress) -> str:
+        raw = r.headers.get("content-length")
+        declared = int(raw) if raw is not None and raw.isdigit() else None
+        if declared is not None and declared > max_bytes:
+            raise UpstreamError(f"{digest} is {declared} bytes, over the limit of {max_bytes}")
+        progress.begin(declared)
         sha, size, pending = hashlib.sha256(), 0, bytearray()
         async for chunk in r.aiter_raw():
             size += len(chunk)
             self.bytes += len(chunk)
-            if size > max_bytes:
-                raise UpstreamError(f"{digest} is over the limit of {max_bytes} bytes")
+            if size > max_bytes or (declared is not None and size > declared):
+                raise UpstreamError(f"{digest} is over the limit of {declared or max_bytes} bytes")
             sha.update(chunk)
             pending += chunk
             if len(pending) >= WRITE_CHUNK:
-                await trio.to_thread.run_sync(out.write, bytes(pending))
+                await trio.to_thread.run_sync(_write, out, bytes(pending))
                 pending.clear()
-        await trio.to_thread.run_sync(out.write, bytes(pending))
+                progress.advance(size)
+        await trio.to_thread.run_sync(_write, out, bytes(pending))
+        progress.advance(size)
+        if declared is not None and size != declared:
+            raise UpstreamError(f"the registry ended {digest} after {size} of the {declared} bytes it declared")
         if "sha256:" + sha.hexdigest() != digest:
             raise UpstreamError(f"the registry served bytes for {digest} that hash to sha256:{sha.hexdigest()}")
         return r.headers.get("content-type", "application/octet-stream").split(";", 1)[0].strip()
+
+
+def _write(out: BinaryIO, data: bytes) -> None:
+    out.write(data)
+    out.flush()  # readers following the file read it through their own descriptor

@@ -160,8 +160,8 @@ async def test_usage_and_cost_to_the_cent_across_a_month_boundary_with_a_price_c
         r = await hub.call("GET", "/v1/billing/registry-fallback", params={"start": "2025-11-30", "end": "2025-12-02"})
         assert r.status_code == 200, r.text
         data = r.json()["data"]
-        assert [(f["name"], f["registry_proxy"], f["bytes"]) for f in data["fleets"]] == [
-            ("proxied", True, 3_500_000_000), ("aaa-direct", False, 0)]
+        assert [(f["name"], f["registry_proxy"], f["registry_proxy_mode"], f["bytes"]) for f in data["fleets"]] == [
+            ("proxied", True, "fallback", 3_500_000_000), ("aaa-direct", False, "fallback", 0)]
         assert data["daily"] == [{"day": "2025-11-30", "bytes": 1_500_000_000}, {"day": "2025-12-01", "bytes": 2 * GB}]
         assert data["totals"] == {"bytes": 3_500_000_000, "fleets": 2, "fleets_with_proxy": 1, "unattributed_bytes": 0}
         r = await hub.call("GET", "/v1/billing/registry-fallback")  # current UTC month to date

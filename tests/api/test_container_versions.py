@@ -215,3 +215,22 @@ async def test_a_rebinding_name_cannot_move_the_request_into_the_hubs_network(nu
     assert resolver.asked >= 2 and hits == [], (resolver.asked, hits)
     # the lookup the connection uses is the one checked: it said loopback, so nothing was asked
     assert "private or local address" in refused.value.message
+
+
+def test_a_job_is_a_container_that_runs_to_completion():
+    """kind "job": never restarted (restartPolicy "no", set when not given), no ports, no check of its
+    own; its exit code is the verdict (device_client/containers.py)."""
+    from pydantic import ValidationError
+
+    from hub.api.container_spec import Container
+
+    ref = "registry.example.com/app/migrate@sha256:" + "a" * 64
+    made = Container.model_validate({"name": "migrate", "image": ref, "kind": "job",
+                                     "healthCheck": {"timeoutSeconds": 120}})
+    assert (made.kind, made.restartPolicy, made.healthCheck.timeoutSeconds) == ("job", "no", 120)
+    assert Container.model_validate({"name": "web", "image": ref}).kind == "service"
+    for extra, said in (({"restartPolicy": "always"}, "never restarted"), ({"ports": [{"port": 80}]}, "no ports"),
+                        ({"healthCheck": {"http": {"port": 80}}}, "exit code is its health check"),
+                        ({"kind": "cron"}, "kind")):
+        with pytest.raises(ValidationError, match=said):
+            Container.model_validate({"name": "migrate", "image": ref, "kind": "job", **extra})

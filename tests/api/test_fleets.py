@@ -119,6 +119,7 @@ async def test_patch_fleet_fields(hub):
             ({"tags": ["x", "y"]}, {"tags": ["x", "y"]}),
             ({"architecture": "x86_64"}, {"architecture": "x86_64"}),
             ({"registry_proxy": True}, {"registry_proxy": True}),
+            ({"registry_proxy_mode": "always"}, {"registry_proxy_mode": "always"}),
             ({"config_id": config_id}, {"config_id": config_id}),
             ({"registry_proxy": False, "architecture": None}, {"registry_proxy": False, "architecture": None}),
             ({"config_id": None}, {"config_id": None}),
@@ -137,7 +138,8 @@ async def test_patch_fleet_fields(hub):
         assert stored["updated_at"] >= fleet["updated_at"]
         # invalid changes are refused and change nothing
         for body in ({"name": None}, {"tags": None}, {"registry_proxy": None}, {"description": None},
-                     {"name": ""}, {"colour": "red"}, {"registry_proxy": "yes please"}):
+                     {"name": ""}, {"colour": "red"}, {"registry_proxy": "yes please"},
+                     {"registry_proxy_mode": "sometimes"}, {"registry_proxy_mode": None}):
             r = await hub.call("PATCH", f"/v1/fleets/{fid}", json=body)
             assert_error(r, 400)
         r = await hub.call("GET", f"/v1/fleets/{fid}")

@@ -63,8 +63,8 @@ async def get(cache: Cache, upstream: Upstream, digest: str, *, kind: str = "blo
               max_bytes: int = 1 << 30) -> bytes:
     ref = parse(f"{REPO}@{digest}")
 
-    async def fetch(out, most):
-        return await upstream.fetch(ref, kind, digest, out, max_bytes=most)
+    async def fetch(out, most, progress):
+        return await upstream.fetch(ref, kind, digest, out, max_bytes=most, progress=progress)
 
     _, handle = await cache.open(Cache.key(REPO, kind, digest), fetch, max_bytes=max_bytes)
     with handle:
@@ -185,7 +185,7 @@ async def test_requests_wait_for_the_cache_to_be_read_before_filling_it(tmp_path
     from hub.registry.proxy import RegistryProxy
     from hub.settings import Settings
 
-    proxy = RegistryProxy(SimpleNamespace(settings=Settings(data_dir=tmp_path), db=None))
+    proxy = RegistryProxy(SimpleNamespace(settings=Settings(data_dir=tmp_path), db=None, spawn=None))
     reading = trio.Event()
     load = proxy.cache.load
     loaded = []
@@ -213,3 +213,78 @@ async def test_requests_wait_for_the_cache_to_be_read_before_filling_it(tmp_path
             nursery.start_soon(first)
             nursery.start_soon(second)
     assert "second ready, loaded" in order
+
+
+class GatedRegistry:
+    """One blob with its Content-Length: the first ``head`` bytes at once, the rest once ``gate`` is set
+    (``lie``: the rest is other bytes)."""
+
+    def __init__(self, data: bytes, head: int, *, lie: bool = False) -> None:
+        self.data, self.head, self.lie = data, head, lie
+        self.gate = trio.Event()
+        self.gets = 0
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.gets += 1
+
+        async def body():
+            yield self.data[:self.head]
+            await self.gate.wait()
+            rest = self.data[self.head:]
+            yield bytes(len(rest)) if self.lie else rest
+
+        return httpx.Response(200, content=body(), headers={"Content-Length": str(len(self.data))})
+
+
+async def _stream_open(cache: Cache, upstream: Upstream, digest: str):
+    ref = parse(f"{REPO}@{digest}")
+
+    async def fetch(out, most, progress):
+        return await upstream.fetch(ref, "blobs", digest, out, max_bytes=most, progress=progress)
+
+    return await cache.open(Cache.key(REPO, "blobs", digest), fetch, max_bytes=1 << 30, stream=True)
+
+
+async def test_a_blob_streams_to_its_readers_while_the_registry_sends_it_and_is_fetched_once(tmp_path, nursery):
+    data = bytes(range(256)) * 4096  # 1 MiB
+    registry = GatedRegistry(data, head=300 << 10)
+    cache = Cache(tmp_path / "cache", 1 << 30, spawn=nursery.start_soon)
+    cache.load()
+    upstream = Upstream(allowed=(REGISTRY,), transport=httpx.MockTransport(registry))
+    with trio.fail_after(20):
+        readers = [await _stream_open(cache, upstream, sha(data)) for _ in range(5)]
+        assert all(entry.size == len(data) for entry, _ in readers)
+        firsts = [await reader.read(64 << 10) for _, reader in readers]
+        for first in firsts:
+            assert first and first == data[:len(first)]  # before the registry sent the rest
+        assert not registry.gate.is_set() and cache.entries == {}
+        registry.gate.set()
+        for (_, reader), got in zip(readers, firsts):
+            with reader:
+                while chunk := await reader.read(256 << 10):
+                    got += chunk
+            assert got == data
+        assert registry.gets == 1 and cache.fills == 1
+        # verified and kept: the next reader gets the cached file
+        entry, handle = await _stream_open(cache, upstream, sha(data))
+        with handle:
+            assert handle.read() == data
+        assert registry.gets == 1 and cache.hits == 1
+
+
+async def test_a_streamed_blob_that_does_not_match_its_digest_cuts_its_readers_and_is_not_kept(tmp_path, nursery):
+    data = b"ab" * (512 << 10)
+    registry = GatedRegistry(data, head=300 << 10, lie=True)
+    cache = Cache(tmp_path / "cache", 1 << 30, spawn=nursery.start_soon)
+    cache.load()
+    upstream = Upstream(allowed=(REGISTRY,), transport=httpx.MockTransport(registry))
+    with trio.fail_after(20):
+        _, reader = await _stream_open(cache, upstream, sha(data))
+        assert await reader.read(1024) == data[:1024]
+        registry.gate.set()
+        with pytest.raises(UpstreamError, match="hash to"), reader:
+            while await reader.read(256 << 10):
+                pass
+        await trio.sleep(0.1)
+    assert cache.entries == {} and cache.total == 0
+    assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []

@@ -134,3 +134,113 @@ async def test_a_key_rotation_reseals_registry_passwords(nursery, db_url, tmp_pa
         s.secret_box.reload()
         after = (await s.db.fetchrow("SELECT ciphertext FROM registry_credentials"))["ciphertext"]
         assert after != before and s.secret_box.open(after).decode() == PASSWORD
+
+
+async def test_a_login_rotated_or_deleted_reaches_the_devices_running_a_version_from_its_registry(
+        nursery, db_url, tmp_path):
+    """No new version: a rotation reaches a linked device at once and an offline one at its next hello;
+    a deletion leaves the device's auth file. A device of another registry is left alone."""
+    rotated = "r0tated-Pa55-31d2"
+
+    def login_on(data) -> str | None:
+        path = data / "registry-auth.json"
+        if not path.exists():
+            return None
+        return base64.b64decode(json.loads(path.read_text())["auths"][reg.host]["auth"]).decode()
+
+    with trio.fail_after(120):
+        reg = await start_registry(nursery, tmp_path / "registry", build=False,
+                                   htpasswd={"puller": PASSWORD, "rotated": rotated})
+        image = await reg.push_blank("private/web", "1")
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5, registries=(reg.host,))
+        r = await hub.call("POST", "/v1/registry-credentials",
+                           json={"registry": reg.host, "username": "puller", "password": PASSWORD})
+        assert r.status_code == 201, r.text
+        cred = r.json()["data"]["id"]
+        r = await hub.call("POST", "/v1/configurations",
+                           json={"name": "shop", "spec": {"containers": [{"name": "web", "image": image}]}})
+        assert r.status_code == 201, r.text
+        cid = r.json()["data"]["id"]
+        agents = {}
+        for name in ("linked", "offline"):
+            dev, token = await hub.provision(name)
+            engine = FakeEngine()
+            agents[name] = (dev, token, engine, await start_agent(nursery, hub.base_url, token, tmp_path / name,
+                                                                  container_engine=engine))
+            assert (await hub.call("PUT", f"/v1/devices/{dev}/configuration", json={"configId": cid})).status_code == 202
+
+            async def applied(dev=dev):
+                return (await device(hub, dev))["configuration"]["status"] == "applied"
+
+            await wait_for(applied, timeout=30, interval=0.1)
+            assert login_on(tmp_path / name) == f"puller:{PASSWORD}"
+        dev, token, engine, running = agents["offline"]
+        running.scope.cancel()
+        await running.done.wait()
+
+        async def offline():
+            return (await device(hub, dev))["online"] is False
+
+        await wait_for(offline, timeout=30, interval=0.2)
+
+        r = await hub.call("POST", "/v1/registry-credentials",
+                           json={"registry": reg.host, "username": "rotated", "password": rotated})
+        assert r.status_code == 200, r.text
+
+        async def linked_rotated():
+            return login_on(tmp_path / "linked") == f"rotated:{rotated}"
+
+        await wait_for(linked_rotated, timeout=30, interval=0.1)
+        assert login_on(tmp_path / "offline") == f"puller:{PASSWORD}"  # not linked: nothing reached it yet
+        pulls = len(agents["linked"][2].mirrors)
+
+        await start_agent(nursery, hub.base_url, token, tmp_path / "offline", container_engine=FakeEngine())
+
+        async def offline_rotated():
+            return login_on(tmp_path / "offline") == f"rotated:{rotated}"
+
+        await wait_for(offline_rotated, timeout=30, interval=0.1)
+
+        assert (await hub.call("DELETE", f"/v1/registry-credentials/{cred}")).status_code == 200
+
+        async def linked_dropped():
+            return not (tmp_path / "linked" / "registry-auth.json").exists()
+
+        await wait_for(linked_dropped, timeout=30, interval=0.1)
+        assert len(agents["linked"][2].mirrors) == pulls, "the version was applied again: it pulled"
+        for name in ("linked", "offline"):
+            row = await device(hub, agents[name][0])
+            assert row["configuration"]["status"] == "applied", row["configuration"]
+
+
+async def test_a_fleets_registry_proxy_mode_reaches_its_devices_running_containers(nursery, db_url, tmp_path):
+    """Sent with the version (config.apply registryProxy) and again when the fleet's switch or mode
+    changes, without a new version: the agent keeps it with the version for the pulls of a restart."""
+    with trio.fail_after(90):
+        reg = await start_registry(nursery, tmp_path / "registry", build=False)
+        image = await reg.push_blank("app/web", "1")
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5, registries=(reg.host,))
+        fleet = (await hub.call("POST", "/v1/fleets", json={"name": "edge", "registry_proxy": True})).json()["data"]
+        dev, token = await hub.provision("edge-1", fleet_id=fleet["id"])
+        engine = FakeEngine()
+        await start_agent(nursery, hub.base_url, token, tmp_path / "agent", container_engine=engine)
+        r = await hub.call("POST", "/v1/configurations",
+                           json={"name": "web", "spec": {"containers": [{"name": "web", "image": image}]}})
+        assert r.status_code == 201, r.text
+        r = await hub.call("PUT", f"/v1/devices/{dev}/configuration", json={"configId": r.json()["data"]["id"]})
+        assert r.status_code == 202, r.text
+
+        def mode() -> str | None:
+            path = tmp_path / "agent" / "config-current.json"
+            return json.loads(path.read_text()).get("registryProxy") if path.exists() else None
+
+        async def recorded(want: str) -> bool:
+            return mode() == want and (await device(hub, dev))["configuration"]["status"] == "applied"
+
+        await wait_for(lambda: recorded("fallback"), timeout=30, interval=0.1)
+        pulls = len(engine.mirrors)
+        for change, want in (({"registry_proxy_mode": "always"}, "always"), ({"registry_proxy": False}, "off")):
+            r = await hub.call("PATCH", f"/v1/fleets/{fleet['id']}", json=change)
+            assert r.status_code == 200, r.text
+            await wait_for(lambda: recorded(want), timeout=30, interval=0.1)
+        assert len(engine.mirrors) == pulls, "the version was applied again"

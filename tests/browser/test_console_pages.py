@@ -56,11 +56,13 @@ def test_fleet_window_editor_shows_the_next_opening_in_zone_and_local_time(brows
         page.fill("#fleet-form input[name=architecture]", "aarch64")
         page.fill("#fleet-form textarea[name=description]", "Assembly line 3 <robots>")
         page.check("#fleet-form input[name=registry_proxy]")
+        page.select_option("#fleet-form select[name=registry_proxy_mode]", "always")
         page.click("#fleet-form button[type=submit]")
         page.locator("#fleet-form .notice.ok").wait_for()
         saved = saved_fleet(console, fleet)
         assert saved["tags"] == ["lab", "arm"] and saved["architecture"] == "aarch64"
         assert saved["description"] == "Assembly line 3 <robots>" and saved["registry_proxy"] is True
+        assert saved["registry_proxy_mode"] == "always"
         page.locator(f"#fleets tr[data-id='{fleet['id']}']", has_text="aarch64").wait_for()
     finally:
         context.close()

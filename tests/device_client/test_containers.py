@@ -262,3 +262,50 @@ async def test_a_pull_reports_its_progress_before_it_ends(tmp_path, autojump_clo
     # seconds are the device's own (time.monotonic, not the test's virtual clock): only their use is checked
     assert progress["bytes"] == 4 << 20 and progress["seconds"] > 0
     assert progress["rateBps"] == pytest.approx(progress["bytes"] / progress["seconds"], rel=0.01)
+
+
+def job(name: str, digest: str, **extra) -> dict:
+    return {"name": name, "image": image(digest), "kind": "job", "healthCheck": {"timeoutSeconds": 5}, **extra}
+
+
+async def test_a_job_runs_to_completion_and_its_exit_code_is_the_verdict(tmp_path, autojump_clock):
+    """A job (kind "job") beside a service: exit 0 within its timeout passes the version; a non-zero
+    exit or a job still running at its timeout rejects it and the old containers run again. A job that
+    finished is not reported down, and a boot does not run it again."""
+    engine = FakeEngine(exits={D2: 0})
+    healths = []
+    cs = ContainerSet(engine, tmp_path / "root")
+    health, _ = await cs.apply("v1", spec(web("web", D1, 8080), job("migrate", D2)))
+    assert health.healthy, health
+    found = {c.name: (c.running, c.exit_code) for c in await engine.containers(LABEL_MANAGED)}
+    assert found == {engine_name("v1", "web"): (True, None), engine_name("v1", "migrate"): (False, 0)}
+    assert cs.running_version == ("v1", ("web",))
+
+    engine.exits[D3] = 3
+    health, failed = await cs.apply("v2", spec(web("web", D1, 8080), job("migrate", D3)))
+    assert not health.healthy and "job migrate exited with code 3" in health.detail
+    assert await running(engine) == {engine_name("v1", "web"): True, engine_name("v1", "migrate"): False}
+
+    del engine.exits[D3]  # runs on past its timeout
+    health, _ = await cs.apply("v2", spec(web("web", D1, 8080), job("migrate", D3)))
+    assert not health.healthy and "job migrate is still running" in health.detail
+    assert engine_name("v2", "migrate") not in await running(engine)
+
+    async def on_health(h):
+        healths.append(h)
+
+    with trio.move_on_after(65):
+        await cs.watch(on_health, interval=30)
+    assert healths == []  # the finished job is not a container down
+
+    engine.exits[D2] = 5  # were the job started again, it would exit 5 now
+    await cs.reconcile("v1", spec(web("web", D1, 8080), job("migrate", D2)))
+    found = {c.name: (c.running, c.exit_code) for c in await engine.containers(LABEL_MANAGED)}
+    assert found[engine_name("v1", "migrate")] == (False, 0), "a boot ran the job again"
+
+
+@pytest.mark.parametrize("extra", [{"ports": [{"port": 80}]}, {"restartPolicy": "always"},
+                                   {"healthCheck": {"command": ["/bin/true"]}}, {"kind": "cron"}])
+def test_a_job_has_no_ports_checks_or_restarts(extra):
+    with pytest.raises(ValueError, match="job|kind"):
+        spec({**job("migrate", D1), **extra})

@@ -183,3 +183,35 @@ async def test_a_podman_pull_reports_the_bytes_as_they_arrive(nursery, tmp_path)
                 raise AssertionError("a missing digest was pulled")
     finally:
         await remove_everything(engine)
+
+
+async def test_a_job_runs_to_completion_with_podman_and_its_exit_code_decides(nursery, tmp_path):
+    """kind "job" with real podman: a job that writes to its volume and exits 0 passes the version
+    (and stays exited, not restarted); one that exits 2 rejects the next version with its log."""
+    with trio.fail_after(150):
+        registry = await start_registry(nursery, tmp_path / "registry")
+        image = await pinned(await registry.push("app/job", "1"))
+        engine = podman(tmp_path / "device")
+        try:
+            containers = ContainerSet(engine, tmp_path / "root", stop_grace=1)
+
+            def job(script: str) -> dict:
+                return {"name": "migrate", "image": image, "kind": "job", "command": ["/bin/sh", "-c", script],
+                        "volumes": [{"name": "data", "mountPath": "/data"}], "healthCheck": {"timeoutSeconds": 30}}
+
+            health, _ = await containers.apply("v1", parse_containers({"containers": [
+                job("echo migrated > /data/done; exit 0")]}))
+            assert health.healthy, health
+            assert (tmp_path / "root" / "var/lib/fleethub/volumes/data/done").read_text() == "migrated\n"
+            await trio.sleep(1)
+            [info] = await engine.containers(LABEL_MANAGED)
+            assert (info.running, info.exit_code) == (False, 0)
+
+            health, log_tail = await containers.apply("v2", parse_containers({"containers": [
+                job("echo schema is newer >&2; exit 2")]}))
+            assert not health.healthy and "job migrate exited with code 2" in health.detail
+            assert "schema is newer" in (log_tail or "")
+            assert {c.name for c in await engine.containers(LABEL_MANAGED)} == {engine_name("v1", "migrate")}
+        finally:
+            with trio.CancelScope(shield=True):
+                await remove_everything(engine)

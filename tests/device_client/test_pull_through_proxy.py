@@ -2,8 +2,11 @@
 
 - fallback: the registry refuses the device (podman's connections are dropped by the relay in front
   of it) while the hub still reaches it; the version is applied with the image pulled through the hub;
-- always: a device of the same fleet pulls through the hub though the registry is up, and the hub's
-  cache serves it, so the registry gives each blob once for both devices.
+- always, the fleet's setting (``registry_proxy_mode``, sent with the version; the agent keeps its
+  default flag): a device of that fleet pulls through the hub though the registry is up, podman never
+  connects to the registry, and the hub's cache serves it, so the registry gives each blob once for
+  both devices; when the hub cannot fetch a new version's image, the pull fails with an error naming
+  the proxy, and podman still has not connected to the registry.
 
 A fleet with the proxy off is refused by the hub (tests/api/test_registry_proxy.py); the agent's error
 then names both reasons (tests/device_client/test_pullroute.py). With podman that case did not settle
@@ -74,12 +77,40 @@ async def test_devices_fall_back_to_the_proxy_or_use_it_always(nursery, db_url, 
             blob_gets = relay.blob_gets()
             assert blob_gets >= 1
 
-            relay.block_podman = False  # the registry is up: an "always" device still pulls via the hub
-            dev, _, engine = await agent("always", proxied, "always")
+            relay.block_podman = False  # the registry is up: a device of an "always" fleet still pulls via the hub
+            always = (await hub.call("POST", "/v1/fleets", json={"name": "always", "registry_proxy": True,
+                                                                  "registry_proxy_mode": "always"})).json()["data"]
+            assert always["registry_proxy_mode"] == "always", always
+            podman_before = relay.podman_connections
+            dev, _, engine = await agent("always", always["id"], "fallback")
             conf = await settled(dev)
             assert (conf["status"], conf["applied_version_id"]) == ("applied", v1), conf
             assert hub.services.registry_proxy.served >= 2 * served_once - 16  # its own copy of every object
             assert relay.blob_gets() == blob_gets  # served from the hub's cache: no blob asked again
+            assert relay.podman_connections == podman_before, "podman asked the registry itself"
+
+            # the hub's proxy fails (it cannot reach the registry): the pull fails, the registry unasked
+            await reg.push("app/web", "2", files={"/www/index.html": b"version 2\n"})
+            r = await hub.call("POST", f"/v1/configurations/{cid}/versions", json={"spec": {"containers": [
+                {"name": "web", "healthCheck": {"http": {"port": 8080, "path": "/"}, "timeoutSeconds": 8,
+                                                "graceSeconds": 0.3},
+                 "image": f"{relay.host}/app/web:2"}]}})
+            assert r.status_code == 201, r.text
+            v2 = r.json()["data"]["id"]
+            relay.block_hub = True
+            r = await hub.call("PUT", f"/v1/devices/{dev}/configuration", json={"configId": cid, "versionId": v2})
+            assert r.status_code in (200, 202), r.text
+
+            async def refused() -> bool:
+                c = (await device(hub, dev))["configuration"]
+                return c.get("status") == "rejected" and c.get("version_id") == v2
+
+            await wait_for(refused, timeout=120, interval=0.3)
+            conf = (await device(hub, dev))["configuration"]
+            assert "registry proxy only" in conf["error"], conf
+            assert conf["applied_version_id"] == v1, conf
+            assert relay.podman_connections == podman_before, "podman asked the registry itself"
+            assert {c.name for c in await engine.containers(LABEL_MANAGED)} == {engine_name(v1, "web")}
     finally:
         with trio.CancelScope(shield=True):
             for engine in engines:

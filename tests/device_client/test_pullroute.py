@@ -59,3 +59,41 @@ def test_the_mirror_carries_the_token_in_a_private_file_only(tmp_path):
     # podman speaks plain HTTP to loopback only: a hub on plain HTTP elsewhere is no mirror
     assert route(tmp_path, "always", "http://hub.example.com").mirror(IMAGE) is None
     assert route(tmp_path, "always").mirror("[::1]:5000/app@sha256:" + "a" * 64) is None
+
+
+async def test_the_fleets_mode_decides_with_the_agents_flag(tmp_path):
+    """config.apply's registryProxy: the fleet's off and always win over the agent's flag; under the
+    fleet's fallback (or no word from the hub) the flag decides."""
+    for fleet, flag, via in (("always", "fallback", "proxy"), ("always", "off", "proxy"), ("off", "always", "registry"),
+                             ("fallback", "always", "proxy"), ("fallback", "fallback", "registry"),
+                             (None, "always", "proxy"), (None, "off", "registry")):
+        engine = FakeEngine()
+        assert (await route(tmp_path, flag).pull(engine, IMAGE, fleet))[1] == via, (fleet, flag)
+
+
+async def test_always_never_asks_the_registry_even_when_the_hub_fails(tmp_path):
+    engine = FakeEngine(mirror_fails="502 Bad Gateway")
+    with pytest.raises(EngineError, match="registry proxy only") as failed:
+        await route(tmp_path, "fallback").pull(engine, IMAGE, "always")
+    assert engine.mirrors[0].exclusive and engine.registry_asks == 0
+    assert TOKEN not in str(failed.value)
+    # what a mirror that is not exclusive does instead (podman's mirror list): on to the registry
+    engine = FakeEngine(mirror_fails="502 Bad Gateway")
+    await engine.pull(IMAGE, route(tmp_path, "always").mirror(IMAGE))
+    assert engine.registry_asks == 1
+
+
+def test_podman_is_told_the_hub_is_the_registrys_only_location(tmp_path):
+    from device_client.engine.podman import _mirror_conf
+
+    exclusive = _mirror_conf(route(tmp_path, "always").mirror(IMAGE, exclusive=True), True).read_text()
+    assert 'location = "127.0.0.1:8080/127.0.0.1__5000"' in exclusive and "registry.mirror" not in exclusive
+    mirrored = _mirror_conf(route(tmp_path, "always").mirror(IMAGE), True).read_text()
+    assert 'location = "127.0.0.1:5000"' in mirrored and "[[registry.mirror]]" in mirrored
+
+
+async def test_always_with_a_hub_podman_cannot_use_refuses_rather_than_asking_the_registry(tmp_path):
+    engine = FakeEngine()
+    with pytest.raises(EngineError, match="registry proxy only"):
+        await route(tmp_path, "fallback", "http://hub.example.com").pull(engine, IMAGE, "always")
+    assert engine.registry_asks == 0 and engine.mirrors == []

@@ -10,7 +10,8 @@ import time
 
 import httpx
 
-from hub.demo_containers import DEMO_PORT, PAGE, demo_engine, missing_tools
+from hub.demo_containers import DEMO_PORT, PAGE, demo_engine
+from hub.image_build import missing_tools
 from tests.e2e.clitools import api, free_port, postgres_of, wait_until
 
 START_TIMEOUT = 60  # first run: initdb, migrations, argon2 hash, 3 devices

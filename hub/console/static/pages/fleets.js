@@ -71,15 +71,20 @@ export async function render(main) {
     fDesc.value = fleet.description || '';
     // devices of this fleet pull images through the hub's registry proxy (billing counts the fallbacks)
     const fProxy = h('input', { type: 'checkbox', name: 'registry_proxy', checked: !!fleet.registry_proxy });
+    // with it on: from the registry first and the hub when that fails, or through the hub only
+    const fMode = h('select', { name: 'registry_proxy_mode' },
+      [['fallback', 'when the registry fails'], ['always', 'always (never the registry itself)']].map(([v, label]) =>
+        h('option', { value: v, selected: v === (fleet.registry_proxy_mode || 'fallback') }, label)));
     const fMsg = h('div', { 'aria-live': 'polite' });
     const fleetForm = h('form', { id: 'fleet-form' }, h('div', { class: 'row' }, field('Name', fName), field('Tags', fTags),
       field('Architecture', fArch), field('Configuration', fConfig)), field('Description', fDesc),
-      h('label', { class: 'radio' }, fProxy, ' Registry proxy'), h('button', { type: 'submit' }, 'Save fleet'), fMsg);
+      h('label', { class: 'radio' }, fProxy, ' Registry proxy'), field('Pull through the hub', fMode),
+      h('button', { type: 'submit' }, 'Save fleet'), fMsg);
     fleetForm.addEventListener('submit', async (ev) => {
       ev.preventDefault();
       const body = { name: fName.value.trim(), tags: fTags.value.split(',').map((t) => t.trim()).filter(Boolean),
         architecture: fArch.value.trim() || null, config_id: fConfig.value || null,
-        description: fDesc.value, registry_proxy: fProxy.checked };
+        description: fDesc.value, registry_proxy: fProxy.checked, registry_proxy_mode: fMode.value };
       try {
         Object.assign(fleet, (await api('PATCH', `/v1/fleets/${fleet.id}`, body)).data);
         notice(fMsg, 'Saved.', 'ok');
