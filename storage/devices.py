@@ -200,7 +200,7 @@ class Devices:
         return _device(row)
 
     async def set_pull_settings_stale(self, device_id: uuid.UUID, stale: bool) -> None:
-        """Migration 0027: whether the device's registry logins or proxy mode are older than the hub's."""
+        """Migration 0025: whether the device's registry logins or proxy mode are older than the hub's."""
         await self.db.execute("UPDATE devices SET pull_settings_stale = $2 WHERE id = $1", device_id, stale)
         self.cache.evict([device_id])
 

@@ -5,7 +5,7 @@ hub's secret key (the same SecretBox as secret files); every answer, list, audit
 carries the registry, the username and times, never the password. One credential per registry: a
 second POST for the registry replaces it (a password rotation). A change reaches the devices running a
 version from that registry at once when linked, at their next hello otherwise (``pull_settings_stale``,
-migration 0027), and a deleted login leaves their auth files.
+migration 0025), and a deleted login leaves their auth files.
 
 Where they are used: the hub pins a version's images with the credential of each image's registry
 (hub/images.py), and the device delivery hands a device, in config.apply, the credentials of the
