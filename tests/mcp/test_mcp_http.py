@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import httpx
 import trio
 
-from tests.hubtools import start_agent, start_hub, wait_for
-from tests.mcp.mcptools import call, http_session, pat_headers
-
-HEALTHY = {"command": [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"],
-           "healthCheck": {"timeoutSeconds": 2, "graceSeconds": 0.2}}
-CLOSED = {"enabled": True, "timezone": "UTC", "start_time": "00:00", "end_time": "00:01", "days_of_week": ["Monday"]}
-
+from tests.hubtools import start_agent, start_hub
+from tests.mcp.mcptools import call, http_session, operate, pat_headers
 
 async def test_tools_over_streamable_http(nursery, db_url, tmp_path):
     with trio.fail_after(120):
@@ -22,46 +15,7 @@ async def test_tools_over_streamable_http(nursery, db_url, tmp_path):
         dev, token = await hub.provision("pump-1", fleet_id=fleet)
         await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
         async with http_session(hub.base_url, pat_headers(hub.pat, hub.org_id)) as mcp:
-            tools = {t.name: t for t in (await mcp.list_tools()).tools}
-            assert {"list_devices", "ping_device", "start_memory_test", "pause_rollout"} <= set(tools)
-            assert tools["list_devices"].annotations.read_only_hint is True
-            assert tools["reboot_device"].annotations.destructive_hint is True
-            assert tools["list_devices"].output_schema["required"] == ["data"]
-
-            err, page = await call(mcp, "list_devices")
-            assert not err and [d["id"] for d in page["data"]] == [dev]
-            assert page["pagination"]["limit"] == 20
-
-            err, pong = await call(mcp, "ping_device", device_id=dev)
-            assert not err and pong["data"]["deviceId"] == dev and pong["data"]["roundTripMs"] >= 0
-
-            err, started = await call(mcp, "start_memory_test", device_id=dev, impact="running", quick=True,
-                                      maxBytes=1 << 20)
-            assert not err, started
-            run_id = started["data"]["runId"]
-
-            async def finished() -> bool:
-                err, status = await call(mcp, "memory_test_status", device_id=dev)
-                assert not err, status
-                return any(r.get("runId") == run_id for r in status["data"]["history"])
-
-            await wait_for(finished, timeout=60, interval=0.3)
-            err, results = await call(mcp, "memory_test_results", device_id=dev)
-            assert not err and results["data"]["results"][0]["runId"] == run_id
-
-            # a test boot is refused as the spec says, as a tool error
-            err, refused = await call(mcp, "start_memory_test", device_id=dev, impact="stopped", placement="offline")
-            assert err and refused["status"] == 403 and refused["error"] == "operator_required"
-
-            # a rollout held by a closed window, paused through MCP
-            await hub.call("PUT", f"/v1/fleets/{fleet}/update-window", json=CLOSED)
-            r = await hub.call("POST", "/v1/configurations", json={"name": "app", "spec": {"workload": HEALTHY}})
-            cid = r.json()["data"]["id"]
-            r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fleet], "configuration_id": cid})
-            assert r.status_code == 201, r.text
-            rid = r.json()["data"]["id"]
-            err, paused = await call(mcp, "pause_rollout", rollout_id=rid)
-            assert not err and paused["data"]["state"] == "paused"
+            await operate(mcp, hub, dev, fleet)
 
         # the REST path's audit, naming the MCP server and the tool
         await hub.services.audit_log.flush()
