@@ -82,6 +82,7 @@ class McpEndpoint:
         self.manager = StreamableHTTPSessionManager(
             server.build(app), session_idle_timeout=IDLE_SECONDS, max_sessions=MAX_SESSIONS,
             max_request_body_size=MAX_BODY_BYTES)
+        self.max_per_owner = MAX_SESSIONS_PER_OWNER
         self._running = False
         self._starting = trio.Lock()
         self._sessions: dict[str, Caller] = {}
@@ -96,8 +97,8 @@ class McpEndpoint:
                 known = self._sessions.get(session_id)
                 if known is not None and known.fingerprint != caller.fingerprint:
                     raise NotFound("session not found")  # as for a session that does not exist
-            elif scope["method"] == "POST" and self.open_sessions(caller.owner) >= MAX_SESSIONS_PER_OWNER:
-                raise RateLimited(f"at most {MAX_SESSIONS_PER_OWNER} MCP sessions per organisation; close one "
+            elif scope["method"] == "POST" and self.open_sessions(caller.owner) >= self.max_per_owner:
+                raise RateLimited(f"at most {self.max_per_owner} MCP sessions per organisation; close one "
                                   "(DELETE with its Mcp-Session-Id) or let it expire", code="too_many_sessions",
                                   retry_after=60)
         except FleethubError as exc:
@@ -111,7 +112,11 @@ class McpEndpoint:
 
         async def answer(message: dict) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), *limit_headers]}
+                extra = limit_headers
+                if message["status"] == 413:
+                    # refused before its body was read: the rest of it is still on the connection
+                    extra = [*extra, (b"connection", b"close")]
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
                 if opening and message["status"] < 400:
                     for name, value in message["headers"]:
                         if name.lower() == SESSION_HEADER.encode():
@@ -192,6 +197,8 @@ class McpEndpoint:
 
     async def _refuse(self, scope: dict, headers: dict[str, str], send: Any, exc: FleethubError) -> None:
         out = {"content-type": "application/json", **{k.lower(): v for k, v in exc.headers.items()}}
+        if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
+            out["connection"] = "close"  # answered without reading the body: the connection cannot go on
         if exc.status == 401:
             out["www-authenticate"] = f'Bearer resource_metadata="{base_url(scope, headers)}{METADATA_PATH}"'
         body = json.dumps(general_body(exc)).encode()
