@@ -80,7 +80,7 @@ class McpEndpoint:
     def __init__(self, services: Any, app: Any) -> None:
         self.services = services
         self.manager = StreamableHTTPSessionManager(
-            server.build(app), session_idle_timeout=IDLE_SECONDS, max_sessions=MAX_SESSIONS,
+            server.build(app), json_response=True, session_idle_timeout=IDLE_SECONDS, max_sessions=MAX_SESSIONS,
             max_request_body_size=MAX_BODY_BYTES)
         self.max_per_owner = MAX_SESSIONS_PER_OWNER
         self._running = False
