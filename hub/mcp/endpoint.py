@@ -80,7 +80,7 @@ class McpEndpoint:
     def __init__(self, services: Any, app: Any) -> None:
         self.services = services
         self.manager = StreamableHTTPSessionManager(
-            server.build(app), json_response=True, session_idle_timeout=IDLE_SECONDS, max_sessions=MAX_SESSIONS,
+            server.build(app, services, self.is_open), json_response=True, session_idle_timeout=IDLE_SECONDS, max_sessions=MAX_SESSIONS,
             max_request_body_size=MAX_BODY_BYTES)
         self.max_per_owner = MAX_SESSIONS_PER_OWNER
         self._running = False
@@ -130,6 +130,9 @@ class McpEndpoint:
                 self._opening[caller.owner] -= 1
                 if not self._opening[caller.owner]:
                     del self._opening[caller.owner]
+
+    def is_open(self, session_id: str) -> bool:
+        return session_id in self.manager._server_instances  # noqa: SLF001 — as in open_sessions
 
     def open_sessions(self, owner: tuple[str, Any]) -> int:
         """The owner's sessions still open, and those being opened now. The SDK forgets a session that

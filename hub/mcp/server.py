@@ -11,15 +11,19 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import mcp_types as types
+import trio
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from hub.errors import FleethubError
 from hub.mcp import inproc
 from hub.mcp.tools import BY_NAME, TOOLS, Tool
 
@@ -68,8 +72,15 @@ def _first_problem(exc: ValidationError) -> str:
     return f"{where}: {err.get('msg', 'invalid')}"
 
 
-def build(app: Any) -> Server:
-    """The server for ``app``'s requests (``app.asgi_app`` is called in-process)."""
+MAX_SUBSCRIPTIONS_PER_SESSION = 32
+# How often a subscription with no events asks whether its session still exists (the SDK tells no one).
+ALIVE_CHECK_SECONDS = 60.0
+
+
+def build(app: Any, services: Any, alive: Callable[[str], bool]) -> Server:
+    """The server for ``app``'s requests (``app.asgi_app`` is called in-process); ``alive(session id)``
+    says whether an MCP session is still open (subscriptions end with theirs)."""
+    subscriptions: dict[tuple[str, str], trio.CancelScope] = {}
 
     async def rest(ctx: Any, method: str, path: str, query: dict, body: dict | None, tool: str,
                    org_id=None) -> inproc.Answer:
@@ -155,9 +166,60 @@ def build(app: Any) -> Server:
         return types.ReadResourceResult(contents=[types.TextResourceContents(
             uri=uri, mime_type="application/json", text=json.dumps(answer.body))])
 
+    async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        """A device's state: ``notifications/resources/updated`` for its URI on every event of the
+        device's SSE stream (the same EventHub topic, counted against the organisation's stream cap).
+        The notification names only the URI; reading it is a REST read with the caller's access."""
+        uri, request = str(params.uri), ctx.request
+        device_id = _device_of(uri)
+        if device_id is None or request is None:
+            raise MCPError(code=types.INVALID_PARAMS, message="only fleethub://devices/{id}/state may be subscribed to")
+        session_id = request.headers.get("mcp-session-id") or ""
+        if (session_id, uri) in subscriptions:
+            return types.EmptyResult()
+        if sum(1 for sid, _ in subscriptions if sid == session_id) >= MAX_SUBSCRIPTIONS_PER_SESSION:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"at most {MAX_SUBSCRIPTIONS_PER_SESSION} "
+                                                              "subscriptions per session")
+        answer = await rest(ctx, "GET", f"/v1/devices/{device_id}", {}, None, "resource")
+        org = request.headers.get("x-organization-id")
+        if answer.status != 200 or org is None:
+            raise MCPError(code=types.INVALID_PARAMS, message="no such device is visible to you")
+        try:
+            subscription = await services.events.open(("device", uuid.UUID(device_id)), owner=("org", uuid.UUID(org)))
+        except FleethubError as exc:
+            raise MCPError(code=types.INVALID_REQUEST, message=exc.message) from None
+        scope = subscriptions[(session_id, uri)] = trio.CancelScope()
+        services.nursery.start_soon(forward, ctx.session, session_id, uri, subscription, scope)
+        return types.EmptyResult()
+
+    async def forward(session: Any, session_id: str, uri: str, subscription: Any, scope: trio.CancelScope) -> None:
+        try:
+            with scope, subscription:
+                while alive(session_id):
+                    with trio.move_on_after(ALIVE_CHECK_SECONDS):
+                        try:
+                            await subscription.receive.receive()
+                        except trio.EndOfChannel:
+                            return
+                        await session.send_resource_updated(uri)
+        except (trio.ClosedResourceError, trio.BrokenResourceError, anyio.ClosedResourceError,
+                anyio.BrokenResourceError):
+            pass  # the session ended under it
+        finally:
+            subscriptions.pop((session_id, uri), None)
+
+    async def unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        request = ctx.request
+        session_id = request.headers.get("mcp-session-id") or "" if request is not None else ""
+        scope = subscriptions.get((session_id, str(params.uri)))
+        if scope is not None:
+            scope.cancel()
+        return types.EmptyResult()
+
     return Server(NAME, version="1", instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
                   on_list_resources=list_resources, on_list_resource_templates=list_templates,
-                  on_read_resource=read_resource)
+                  on_read_resource=read_resource, on_subscribe_resource=subscribe,
+                  on_unsubscribe_resource=unsubscribe)
 
 
 def _device_of(uri: str) -> str | None:

@@ -24,12 +24,12 @@ def pat_headers(pat: tuple[str, str], org_id: str | None) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def http_session(base_url: str, headers: dict[str, str]):
+async def http_session(base_url: str, headers: dict[str, str], **session: Any):
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as client:
         async with streamable_http_client(base_url + "/v1/mcp", http_client=client) as streams:
-            async with ClientSession(streams[0], streams[1]) as session:
-                await session.initialize()
-                yield session
+            async with ClientSession(streams[0], streams[1], **session) as mcp:
+                await mcp.initialize()
+                yield mcp
 
 
 async def call(session: ClientSession, name: str, **arguments: Any) -> tuple[bool, dict]:

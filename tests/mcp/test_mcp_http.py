@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import httpx
-import trio
+import json
 
-from tests.hubtools import start_agent, start_hub
+import httpx
+import mcp_types as types
+import pytest
+import trio
+from mcp.shared.exceptions import MCPError
+
+from tests.hubtools import start_agent, start_hub, wait_for
 from tests.mcp.mcptools import call, http_session, operate, pat_headers
 
 async def test_tools_over_streamable_http(nursery, db_url, tmp_path):
@@ -75,3 +80,26 @@ async def test_unauthenticated_gets_the_resource_metadata_hint(nursery, db_url, 
             r = await client.post(hub.base_url + "/v1/mcp", headers={"Authorization": "Bearer nope"},
                                   json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
             assert r.status_code == 401 and "resource_metadata=" in r.headers["www-authenticate"]
+
+
+async def test_a_devices_state_is_a_resource_to_subscribe_to(nursery, db_url, tmp_path):
+    with trio.fail_after(90):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        dev, token = await hub.provision("pump-1")
+        agent = await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
+        updated: list[str] = []
+
+        async def heard(message) -> None:
+            if isinstance(message, types.ResourceUpdatedNotification):
+                updated.append(str(message.params.uri))
+
+        uri = f"fleethub://devices/{dev}/state"
+        async with http_session(hub.base_url, pat_headers(hub.pat, hub.org_id), message_handler=heard) as mcp:
+            state = await mcp.read_resource(uri)
+            assert json.loads(state.contents[0].text)["data"]["online"] is True
+            await mcp.subscribe_resource(uri)
+            await agent.kill()  # the device goes offline: an event on its stream
+            await wait_for(lambda: uri in updated, timeout=30)
+            await mcp.unsubscribe_resource(uri)
+            with pytest.raises(MCPError):
+                await mcp.subscribe_resource("fleethub://devices/00000000-0000-4000-8000-000000000000/state")
