@@ -53,6 +53,9 @@ async def test_hostile_tool_arguments_get_tool_errors_and_the_session_lives_on(n
             assert refused > 10 * len(tools)
             # an unknown tool, and arguments that are not an object
             assert (await mcp.call_tool("drop_tables", {})).is_error
+            # a call the client gives up on is cancelled (notifications/cancelled), not the session
+            with trio.move_on_after(0.001):
+                await mcp.call_tool("ping_device", {"device_id": dev})
             # and the session still answers
             err, page = await call(mcp, "list_devices")
             assert not err and [d["id"] for d in page["data"]] == [dev]
