@@ -23,12 +23,13 @@ from werkzeug.exceptions import HTTPException
 from hub.api import (access, assistant, audit, billing, configurations, devices, diagnosis, docs_ui, fleets, health,
                      link, memtests, oauth, pagemaps, pats, registry_credentials, reverts, rollouts, secret_files, sessions,
                      tunnels, windows)
-from hub.api import validation
+from hub.api import mcp_meta, validation
 from hub.registry import routes as registry_routes
 from device_client.shared.protocol import LINK_PATH
 from hub import answers, asgi_websocket, console, proxied
 from hub.asgi_websocket import AsgiWebSocket
 from hub.auth import middleware
+from hub.mcp.endpoint import PATH as MCP_PATH, McpEndpoint
 from hub.ids import fast_uuid4
 from hub.openapi import EITHER, FleethubOpenAPI
 from actors.errors import AskError
@@ -86,6 +87,7 @@ class HubApp(QuartTrio):
     that serves the app (hub/server.py, bench/auth_overhead.py) serves the link with it."""
 
     device_link: Callable[[AsgiWebSocket], Awaitable[None]]  # set by create_app
+    mcp: McpEndpoint  # /v1/mcp, plain ASGI like the link: the SDK's transport streams its answers
     proxy_hops: int = 0  # FLEETHUB_TRUSTED_PROXY_HOPS (hub/proxied.py)
 
     async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001 — ASGI's own signature
@@ -93,6 +95,8 @@ class HubApp(QuartTrio):
             proxied.apply_forwarded(scope, self.proxy_hops)
         if scope["type"] == "websocket" and scope["path"] == LINK_PATH:
             await asgi_websocket.serve(self.device_link, scope, receive, send)
+        elif scope["type"] == "http" and scope["path"] == MCP_PATH:
+            await self.mcp(scope, receive, send)
         else:
             await self.asgi_app(scope, receive, send)
 
@@ -103,6 +107,7 @@ def create_app(services: Services) -> HubApp:
     app = HubApp("fleethub", static_folder=None)
     app.device_link = partial(link.device_link, services)
     app.proxy_hops = services.settings.trusted_proxy_hops
+    app.mcp = services.extras["mcp"] = McpEndpoint(services, app)
     services.http_views = app.view_functions  # the dict itself: the routes registered below are in it
     app.config["SERVICES"] = services
     app.config["MAX_CONTENT_LENGTH"] = 1024 * 1024
@@ -127,7 +132,7 @@ def create_app(services: Services) -> HubApp:
     answers.set_up(app)
     for module in (health, pats, sessions, oauth, access, audit, devices, fleets, configurations, secret_files,
                    rollouts, reverts, link, windows, memtests, pagemaps, diagnosis, tunnels, billing, assistant,
-                   registry_credentials, docs_ui):
+                   registry_credentials, docs_ui, mcp_meta):
         app.register_blueprint(module.bp)
     app.register_blueprint(configurations.device_bp)
     # the operators' console (hub/console/): pages, static files and its organisation event stream

@@ -357,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     tunnel_command(p)
     p.set_defaults(device_side=True)
 
+    p = sub.add_parser("mcp", help="MCP over stdio for AI agents, bridged to the hub's /v1/mcp (docs/mcp.md)",
+                       arguments=_mcp_arguments)
+
     p = sub.add_parser("device-test", help="qualify a device: play the hub for it and check the link protocol's "
                                            "rules (docs/device-protocol.md)")
     from device_client.qualify.cli import add_arguments as device_test_args
@@ -366,6 +369,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("admin", help="create organisations, users and PATs directly in storage",
                    arguments=_admin_arguments)
     return parser
+
+
+def _mcp_arguments(p: argparse.ArgumentParser) -> None:
+    from hub.mcp.stdio import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=cmd_mcp)
+
+
+def cmd_mcp(args: argparse.Namespace) -> None:
+    from hub.mcp.stdio import run
+
+    trio.run(run, args)
 
 
 def _admin_arguments(p: argparse.ArgumentParser) -> None:

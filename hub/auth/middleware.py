@@ -38,6 +38,8 @@ CSRF_HEADER = "X-CSRF-Token"
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Routes quart-schema registers for the API document; they carry no credentials.
 PUBLIC_PATHS = frozenset({"/v1/openapi.json", "/v1/docs"})
+# Set on the scope of a request an MCP tool makes (hub/mcp/inproc.py); never a header, so no client sets it.
+MCP_CHANNEL, MCP_TOOL = "fleethub.channel", "fleethub.tool"
 # Query parameters whose values never reach the audit log.
 _REDACT = ("token", "secret", "password", "key", "code")
 
@@ -209,8 +211,9 @@ async def authenticate(services, req: Request, ctx: Any, headers: dict[str, str]
     # A call counts against its organisation's tier whenever it names one the caller belongs to,
     # including calls that do not need one (/v1/me); only calls without one count per principal.
     in_org = org_problem is None and role is not None
-    _limit(services, ("org", org_id) if in_org else ("principal", principal.id),
-           tier if in_org else None, custom if in_org else None, ctx)
+    if req.scope.get(MCP_CHANNEL) != "mcp":  # an MCP tool's request: its MCP request was counted (hub/mcp/)
+        _limit(services, ("org", org_id) if in_org else ("principal", principal.id),
+               tier if in_org else None, custom if in_org else None, ctx)
     if principal.via == "session" and cross_origin(req):
         # SameSite=Strict keeps the cookie off other sites' requests in today's browsers; this refuses
         # one that carries it anyway (an old browser, a same-site subdomain page), whatever the method.
@@ -354,6 +357,8 @@ async def audit(services, status: int, req: Request, ctx: Any) -> None:
     # instead of failing its batch. The rest is ours (ids, kinds, times, the endpoint's name); walking
     # the whole row was most of this function's cost.
     details = getattr(ctx, "audit_details", None)
+    if req.scope.get(MCP_CHANNEL) == "mcp":
+        details = {**(details or {}), "channel": "mcp", "tool": req.scope.get(MCP_TOOL)}
     row = {
         "id": fast_uuid4(), "org_id": o.org_id if o else None, "at": services.clock.now(),
         "actor_type": p.kind if p else "anonymous", "actor_id": storable(p.id) if p else None,

@@ -1,0 +1,210 @@
+"""``/v1/mcp``: the Streamable HTTP endpoint in front of the SDK's session manager.
+
+Served as plain ASGI by ``HubApp`` (hub/app.py), not as a Quart view: the SDK's transport is an
+ASGI app that holds a POST's answer open as an SSE stream and a GET open for the session's life.
+What Quart's hooks would do for it is done here, before the SDK sees the request:
+
+- authentication with the API's bearer credentials (a service-account token, a PAT in its bearer
+  form, or the X-API-Token-ID/X-API-Secret-Key pair); no cookie, so no browser page can drive it.
+  Without one the answer is 401 with ``WWW-Authenticate: Bearer resource_metadata=...`` (RFC 9728);
+- the organisation (X-Organization-ID, optional here: a tool may name it) and membership of it;
+- the rate limit: each MCP HTTP request counts one against the organisation's budget, as any API
+  request does (the REST request a tool makes inside is not counted again: hub/mcp/inproc.py);
+- sessions: at most ``MAX_SESSIONS_PER_OWNER`` open per organisation (per caller without one), as
+  SSE streams are bounded per owner, and a session answers only the credential that opened it.
+
+Sessions live in this process (the SDK keeps them in memory): in a cluster the balancer pins a
+session to its node by the ``Mcp-Session-Id`` header (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+from hub.auth import middleware
+from hub.auth.oauth import looks_like_jwt
+from hub.auth.pat import digest
+from hub.auth.ratelimit import limit_for
+from hub.errors import (BadRequest, FleethubError, Forbidden, NotFound, RateLimited, Unauthenticated,
+                        general_body)
+from hub.mcp import server
+
+PATH = "/v1/mcp"
+METADATA_PATH = "/.well-known/oauth-protected-resource"
+MAX_SESSIONS_PER_OWNER = 64
+MAX_SESSIONS = 4096
+IDLE_SECONDS = 15 * 60
+MAX_BODY_BYTES = 256 * 1024  # a JSON-RPC message; tool arguments are far smaller (hub/mcp/tools.py)
+SESSION_HEADER = "mcp-session-id"
+
+
+@dataclass(frozen=True)
+class Caller:
+    owner: tuple[str, Any]   # what its sessions count against: ("org", id) or ("principal", id)
+    fingerprint: bytes        # its credential, hashed: a session answers only the one that opened it
+    ratelimit: Any            # the rate-limit decision, whose headers the answer carries
+
+
+def _headers(scope: dict) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, value in scope.get("headers", ()):
+        key = name.decode("latin-1").lower()
+        if key not in out:
+            out[key] = value.decode("latin-1")
+    return out
+
+
+def _credential(headers: dict[str, str]) -> tuple[str, str | None, str] | None:
+    secret = headers.get("x-api-secret-key")
+    if secret:
+        return "pat", headers.get("x-api-token-id"), secret
+    scheme, _, value = headers.get("authorization", "").partition(" ")
+    value = value.strip()
+    if scheme.lower() == "bearer" and value:
+        return ("jwt", None, value) if looks_like_jwt(value) else ("bearer", None, value)
+    return None
+
+
+def base_url(scope: dict, headers: dict[str, str]) -> str:
+    return f"{scope.get('scheme', 'http')}://{headers.get('host', 'localhost')}"
+
+
+class McpEndpoint:
+    def __init__(self, services: Any, app: Any) -> None:
+        self.services = services
+        self.manager = StreamableHTTPSessionManager(
+            server.build(app, services, self.is_open), json_response=True, session_idle_timeout=IDLE_SECONDS, max_sessions=MAX_SESSIONS,
+            max_request_body_size=MAX_BODY_BYTES)
+        self.max_per_owner = MAX_SESSIONS_PER_OWNER
+        self._running = False
+        self._starting = trio.Lock()
+        self._sessions: dict[str, Caller] = {}
+        self._opening: dict[tuple[str, Any], int] = {}
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        headers = _headers(scope)
+        try:
+            caller = await self._authenticate(scope, headers)
+            session_id = headers.get(SESSION_HEADER)
+            if session_id is not None:
+                known = self._sessions.get(session_id)
+                if known is not None and known.fingerprint != caller.fingerprint:
+                    raise NotFound("session not found")  # as for a session that does not exist
+            elif scope["method"] == "POST" and self.open_sessions(caller.owner) >= self.max_per_owner:
+                raise RateLimited(f"at most {self.max_per_owner} MCP sessions per organisation; close one "
+                                  "(DELETE with its Mcp-Session-Id) or let it expire", code="too_many_sessions",
+                                  retry_after=60)
+        except FleethubError as exc:
+            await self._refuse(scope, headers, send, exc)
+            return
+        await self._start()
+        opening = session_id is None and scope["method"] == "POST"
+        if opening:
+            self._opening[caller.owner] = self._opening.get(caller.owner, 0) + 1
+        limit_headers = [(k.lower().encode(), v.encode()) for k, v in caller.ratelimit.headers().items()]
+
+        async def answer(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                extra = limit_headers
+                if message["status"] == 413:
+                    # refused before its body was read: the rest of it is still on the connection
+                    extra = [*extra, (b"connection", b"close")]
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+                if opening and message["status"] < 400:
+                    for name, value in message["headers"]:
+                        if name.lower() == SESSION_HEADER.encode():
+                            self._sessions[value.decode("latin-1")] = caller
+            await send(message)
+
+        try:
+            await self.manager.handle_request(scope, receive, answer)
+        finally:
+            if opening:
+                self._opening[caller.owner] -= 1
+                if not self._opening[caller.owner]:
+                    del self._opening[caller.owner]
+
+    def is_open(self, session_id: str) -> bool:
+        return session_id in self.manager._server_instances  # noqa: SLF001 — as in open_sessions
+
+    def open_sessions(self, owner: tuple[str, Any]) -> int:
+        """The owner's sessions still open, and those being opened now. The SDK forgets a session that
+        ends (DELETE, idle timeout) in its own map, with no callback: ours is pruned against it."""
+        live = self.manager._server_instances  # noqa: SLF001 — the SDK's one record of open sessions
+        for gone in [sid for sid in self._sessions if sid not in live]:
+            del self._sessions[gone]
+        return sum(1 for c in self._sessions.values() if c.owner == owner) + self._opening.get(owner, 0)
+
+    async def _start(self) -> None:
+        """The session manager runs in the services' nursery from the first MCP request on."""
+        if self._running:
+            return
+        async with self._starting:
+            if not self._running:
+                await self.services.nursery.start(self._run)
+
+    async def _run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with self.manager.run():
+            self._running = True
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def _authenticate(self, scope: dict, headers: dict[str, str]) -> Caller:
+        s = self.services
+        now = s.clock.now()
+        addr = ((scope.get("client") or ("unknown",))[0]) or "unknown"
+        org_id = None
+        raw = headers.get("x-organization-id")
+        if raw:
+            try:
+                org_id = uuid.UUID(raw)
+            except ValueError:
+                raise BadRequest("X-Organization-ID is not a valid organisation id",
+                                 code="invalid_organization") from None
+        cred = _credential(headers)
+        try:
+            if cred is None:
+                raise Unauthenticated("authentication required: send Authorization: Bearer (a service-account "
+                                      "token or a PAT secret), or X-API-Token-ID and X-API-Secret-Key")
+            kind, token_id, secret = cred
+            if kind == "jwt":
+                principal, role, tier, custom = await middleware._service(s, secret, org_id)  # noqa: SLF001
+            else:
+                principal, role, tier, custom = await middleware.pat_principal(s, token_id, digest(secret), org_id,
+                                                                               kind)
+        except Unauthenticated:
+            self._spend(("addr", addr), None, None)
+            raise
+        in_org = org_id is not None and role is not None
+        owner = ("org", org_id) if in_org else ("principal", principal.id)
+        decision = self._spend(owner, tier if in_org else None, custom if in_org else None)
+        if org_id is not None and role is None:
+            raise Forbidden("not a member of this organisation")
+        fingerprint = hashlib.sha256(f"{kind}\0{token_id}\0{secret}".encode()).digest()
+        return Caller(owner, fingerprint, decision)
+
+    def _spend(self, key: tuple[str, Any], tier: str | None, custom: int | None):
+        decision = self.services.rate_limiter.hit(key, limit_for(tier, custom), self.services.clock.now())
+        if not decision.allowed:
+            exc = RateLimited("rate limit exceeded; see X-RateLimit-Reset", retry_after=decision.retry_after)
+            exc.headers.update(decision.headers())
+            raise exc
+        return decision
+
+    async def _refuse(self, scope: dict, headers: dict[str, str], send: Any, exc: FleethubError) -> None:
+        out = {"content-type": "application/json", **{k.lower(): v for k, v in exc.headers.items()}}
+        if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
+            out["connection"] = "close"  # answered without reading the body: the connection cannot go on
+        if exc.status == 401:
+            out["www-authenticate"] = f'Bearer resource_metadata="{base_url(scope, headers)}{METADATA_PATH}"'
+        body = json.dumps(general_body(exc)).encode()
+        await send({"type": "http.response.start", "status": exc.status,
+                    "headers": [(k.encode(), str(v).encode()) for k, v in out.items()]})
+        await send({"type": "http.response.body", "body": body})

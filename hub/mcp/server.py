@@ -1,0 +1,234 @@
+"""The MCP server's handlers (the SDK's low-level ``Server``): tools and resources over the REST API.
+
+Every tool call and every resource read becomes one REST request through the hub's own app
+(hub/mcp/inproc.py) carrying the credential of the MCP request it came with. Nothing a handler
+raises reaches the SDK: a refused argument, a REST error or a failure is a tool error (``isError``)
+with the REST status and code, so a bad call never ends the session or becomes a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import mcp_types as types
+import trio
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
+
+from hub.errors import FleethubError
+from hub.mcp import inproc
+from hub.mcp.tools import BY_NAME, TOOLS, Tool
+
+log = logging.getLogger("fleethub.mcp")
+
+NAME = "fleethub"
+INSTRUCTIONS = (
+    "fleethub operates fleets of edge devices with your own permissions. Reads are annotated read-only. "
+    "Lists are paged (page, limit). A memory test or a rollout runs on after its tool returns: poll "
+    "memory_test_status or get_rollout. A device you may not view answers not_found, like a missing one.")
+
+_DOCS = Path(__file__).resolve().parents[2] / "docs" / "device-protocol.md"
+# uri -> (name, description, mime type, the REST path that serves it; None: the file above)
+RESOURCES: dict[str, tuple[str, str, str, str | None]] = {
+    "fleethub://device-protocol/schema.json": (
+        "device-protocol-schema", "The device link's JSON Schema (GET /v1/device/protocol.json).",
+        "application/json", "/v1/device/protocol.json"),
+    "fleethub://docs/device-protocol.md": (
+        "device-protocol-doc", "docs/device-protocol.md: the device link, for agent writers.", "text/markdown", None),
+    "fleethub://openapi.json": (
+        "openapi", "The hub's OpenAPI document (GET /v1/openapi.json).", "application/json", "/v1/openapi.json"),
+}
+DEVICE_STATE = "fleethub://devices/{device_id}/state"
+# a tool argument naming an object -> (its kind, the REST read that needs viewer on it)
+OBJECTS = {"device_id": ("device", "/v1/devices/{id}"), "rollout_id": ("rollout", "/v1/rollouts/{id}"),
+           "config_id": ("configuration", "/v1/configurations/{id}")}
+
+
+def tool_definition(tool: Tool) -> types.Tool:
+    return types.Tool(
+        name=tool.name, description=f"{tool.description} Needs: {tool.permission}.",
+        input_schema=tool.args.model_json_schema_for_mcp(), output_schema=tool.output_schema(),
+        annotations=types.ToolAnnotations(read_only_hint=tool.read_only, destructive_hint=tool.destructive,
+                                          idempotent_hint=tool.idempotent, open_world_hint=False))
+
+
+def tool_error(status: int, code: str, message: str) -> types.CallToolResult:
+    body = {"status": status, "error": code, "message": message}
+    return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(body))],
+                                structured_content=body, is_error=True)
+
+
+def _first_problem(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ())) or "arguments"
+    return f"{where}: {err.get('msg', 'invalid')}"
+
+
+MAX_SUBSCRIPTIONS_PER_SESSION = 32
+# How often a subscription with no events asks whether its session still exists (the SDK tells no one).
+ALIVE_CHECK_SECONDS = 60.0
+
+
+def build(app: Any, services: Any, alive: Callable[[str], bool]) -> Server:
+    """The server for ``app``'s requests (``app.asgi_app`` is called in-process); ``alive(session id)``
+    says whether an MCP session is still open (subscriptions end with theirs)."""
+    subscriptions: dict[tuple[str, str], trio.CancelScope] = {}
+
+    async def rest(ctx: Any, method: str, path: str, query: dict, body: dict | None, tool: str,
+                   org_id=None) -> inproc.Answer:
+        request = ctx.request  # the MCP HTTP request that carried this call
+        if request is None:
+            raise MCPError(code=types.INTERNAL_ERROR, message="no HTTP request carries this call")
+        return await inproc.call(app.asgi_app, method=method, path=path, query=query, body=body,
+                                 headers=inproc.headers_from(request.headers.items(), org_id),
+                                 client=request.scope.get("client"), tool=tool)
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[tool_definition(t) for t in TOOLS])
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        tool = BY_NAME.get(params.name)
+        if tool is None:
+            return tool_error(404, "unknown_tool", f"no tool named {params.name[:100]!r}")
+        try:
+            args = tool.args.model_validate(params.arguments or {})
+        except ValidationError as exc:
+            return tool_error(400, "invalid_field", _first_problem(exc))
+        method, path, query, body = tool.request(args)
+        try:
+            answer = await rest(ctx, method, path, query, body, tool.name, args.organization_id)
+        except inproc.AnswerTooLarge as exc:
+            return tool_error(413, "answer_too_large", f"{exc}; ask for a smaller page")
+        except Exception:  # noqa: BLE001 — a tool's failure is its error, never the session's end
+            log.exception("MCP tool %s failed", tool.name)
+            return tool_error(500, "internal_error", "internal error")
+        if 200 <= answer.status < 300 and isinstance(answer.body, dict):
+            text = json.dumps(answer.body, separators=(",", ":"))
+            return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
+                                        structured_content=answer.body)
+        body = answer.body if isinstance(answer.body, dict) else {}
+        if answer.status == 403 and body.get("error") == "missing_relation":
+            hidden = await unseen(ctx, tool, args)
+            if hidden is not None:
+                return hidden
+        return tool_error(answer.status, str(body.get("error") or "error"), str(body.get("message") or ""))
+
+    async def unseen(ctx: Any, tool: Tool, args: Any) -> types.CallToolResult | None:
+        """The answer for a missing object, when the REST refusal was for one the caller may not even
+        view: REST says 403 missing_relation, and the MCP server says what it says of a missing one,
+        so an agent learns nothing of a fleet it may not see. Viewer is asked for with one REST read
+        of the object (in the audit log too) when the refused relation was another."""
+        for arg, (kind, path) in OBJECTS.items():
+            value = getattr(args, arg, None)
+            if value is None:
+                continue
+            answer = await rest(ctx, "GET", path.format(id=value), {}, None, tool.name, args.organization_id)
+            if answer.status != 200:
+                return tool_error(404, "not_found", f"{kind} not found")
+        return None
+
+    async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[
+            types.Resource(uri=uri, name=name, description=description, mime_type=mime)
+            for uri, (name, description, mime, path) in RESOURCES.items() if path is not None or _DOCS.exists()])
+
+    async def list_templates(ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=[types.ResourceTemplate(
+            uri_template=DEVICE_STATE, name="device-state", mime_type="application/json",
+            description="A device's state as GET /v1/devices/{id} gives it (needs viewer on the device).")])
+
+    async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        if uri in RESOURCES:
+            _, _, mime, path = RESOURCES[uri]
+            if path is None:
+                if not _DOCS.exists():
+                    raise MCPError(code=types.INVALID_PARAMS, message="this install has no docs/device-protocol.md")
+                text = _DOCS.read_text(encoding="utf-8")
+            else:
+                answer = await rest(ctx, "GET", path, {}, None, "resource")
+                text = json.dumps(answer.body)
+            return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, mime_type=mime, text=text)])
+        device_id = _device_of(uri)
+        if device_id is None:
+            raise MCPError(code=types.INVALID_PARAMS, message="no such resource")
+        answer = await rest(ctx, "GET", f"/v1/devices/{device_id}", {}, None, "resource")
+        if answer.status != 200:
+            raise MCPError(code=types.INVALID_PARAMS, message="no such device is visible to you")
+        return types.ReadResourceResult(contents=[types.TextResourceContents(
+            uri=uri, mime_type="application/json", text=json.dumps(answer.body))])
+
+    async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        """A device's state: ``notifications/resources/updated`` for its URI on every event of the
+        device's SSE stream (the same EventHub topic, counted against the organisation's stream cap).
+        The notification names only the URI; reading it is a REST read with the caller's access."""
+        uri, request = str(params.uri), ctx.request
+        device_id = _device_of(uri)
+        if device_id is None or request is None:
+            raise MCPError(code=types.INVALID_PARAMS, message="only fleethub://devices/{id}/state may be subscribed to")
+        session_id = request.headers.get("mcp-session-id") or ""
+        if (session_id, uri) in subscriptions:
+            return types.EmptyResult()
+        if sum(1 for sid, _ in subscriptions if sid == session_id) >= MAX_SUBSCRIPTIONS_PER_SESSION:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"at most {MAX_SUBSCRIPTIONS_PER_SESSION} "
+                                                              "subscriptions per session")
+        answer = await rest(ctx, "GET", f"/v1/devices/{device_id}", {}, None, "resource")
+        org = request.headers.get("x-organization-id")
+        if answer.status != 200 or org is None:
+            raise MCPError(code=types.INVALID_PARAMS, message="no such device is visible to you")
+        try:
+            subscription = await services.events.open(("device", uuid.UUID(device_id)), owner=("org", uuid.UUID(org)))
+        except FleethubError as exc:
+            raise MCPError(code=types.INVALID_REQUEST, message=exc.message) from None
+        scope = subscriptions[(session_id, uri)] = trio.CancelScope()
+        services.nursery.start_soon(forward, ctx.session, session_id, uri, subscription, scope)
+        return types.EmptyResult()
+
+    async def forward(session: Any, session_id: str, uri: str, subscription: Any, scope: trio.CancelScope) -> None:
+        try:
+            with scope, subscription:
+                while alive(session_id):
+                    with trio.move_on_after(ALIVE_CHECK_SECONDS):
+                        try:
+                            await subscription.receive.receive()
+                        except trio.EndOfChannel:
+                            return
+                        await session.send_resource_updated(uri)
+        except (trio.ClosedResourceError, trio.BrokenResourceError, anyio.ClosedResourceError,
+                anyio.BrokenResourceError):
+            pass  # the session ended under it
+        finally:
+            subscriptions.pop((session_id, uri), None)
+
+    async def unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        request = ctx.request
+        session_id = request.headers.get("mcp-session-id") or "" if request is not None else ""
+        scope = subscriptions.get((session_id, str(params.uri)))
+        if scope is not None:
+            scope.cancel()
+        return types.EmptyResult()
+
+    return Server(NAME, version="1", instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
+                  on_list_resources=list_resources, on_list_resource_templates=list_templates,
+                  on_read_resource=read_resource, on_subscribe_resource=subscribe,
+                  on_unsubscribe_resource=unsubscribe)
+
+
+def _device_of(uri: str) -> str | None:
+    """The device id of a ``fleethub://devices/{id}/state`` URI, if it is one (a UUID, nothing else)."""
+    parts = urlsplit(uri)
+    segments = parts.path.strip("/").split("/")
+    if parts.scheme != "fleethub" or parts.netloc != "devices" or len(segments) != 2 or segments[1] != "state":
+        return None
+    try:
+        return str(uuid.UUID(segments[0]))
+    except ValueError:
+        return None

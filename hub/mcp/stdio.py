@@ -1,0 +1,95 @@
+"""``fleethub mcp --hub URL``: MCP over stdio, for an agent that starts its servers as processes.
+
+A bridge, not a second server: it opens one session with the hub's /v1/mcp (the SDK's Streamable
+HTTP client, with the caller's credential) and answers every stdio request with the same request
+on that session. Why the remote tools rather than a second set calling REST from here: the tools,
+their schemas, their checks and their audit exist once, on the hub, and an agent sees exactly the
+same server through either transport; this process holds no tool of its own to drift from them.
+Credentials as ``fleethub tunnel`` takes them: FLEETHUB_PAT_ID and FLEETHUB_PAT_SECRET (sent as
+X-API-Token-ID and X-API-Secret-Key), or FLEETHUB_TOKEN (a service-account token or a PAT secret,
+sent as a bearer token), with FLEETHUB_ORG_ID as X-Organization-ID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import httpx2
+import mcp_types as types
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+from hub.mcp.endpoint import PATH
+from hub.mcp.server import INSTRUCTIONS, NAME
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hub", default=None, help="the hub's base URL (default $FLEETHUB_HUB_URL)")
+    parser.add_argument("--org", default=None, help="organisation id (default $FLEETHUB_ORG_ID)")
+    parser.add_argument("--pat-id", default=None, help="PAT id (default $FLEETHUB_PAT_ID)")
+    parser.add_argument("--pat-secret", default=None, help="PAT secret (visible in ps; prefer $FLEETHUB_PAT_SECRET)")
+
+
+def headers_from(args: argparse.Namespace) -> dict[str, str]:
+    pat_id = args.pat_id or os.environ.get("FLEETHUB_PAT_ID")
+    pat_secret = args.pat_secret or os.environ.get("FLEETHUB_PAT_SECRET")
+    bearer = os.environ.get("FLEETHUB_TOKEN")
+    org = args.org or os.environ.get("FLEETHUB_ORG_ID")
+    if pat_id and pat_secret:
+        headers = {"X-API-Token-ID": pat_id, "X-API-Secret-Key": pat_secret}
+    elif bearer:
+        headers = {"Authorization": f"Bearer {bearer}"}
+    else:
+        raise SystemExit("no credentials: set FLEETHUB_PAT_ID and FLEETHUB_PAT_SECRET, or FLEETHUB_TOKEN")
+    if org:
+        headers["X-Organization-ID"] = org
+    return headers
+
+
+def hub_url(args: argparse.Namespace) -> str:
+    hub = args.hub or os.environ.get("FLEETHUB_HUB_URL")
+    if not hub:
+        raise SystemExit("no hub: give --hub URL (or FLEETHUB_HUB_URL)")
+    if not hub.startswith(("http://", "https://")):
+        raise SystemExit(f"--hub {hub!r} is not a URL; give the hub's base URL, e.g. http://127.0.0.1:8080")
+    return hub.rstrip("/")
+
+
+def bridge(remote: ClientSession) -> Server:
+    """A server whose every handler is the same request on ``remote``."""
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return await remote.list_tools(params=params)
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        return await remote.call_tool(params.name, params.arguments)
+
+    async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
+        return await remote.list_resources(params=params)
+
+    async def list_templates(ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
+        return await remote.list_resource_templates(params=params)
+
+    async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        return await remote.read_resource(params.uri)
+
+    return Server(NAME, version="1", instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
+                  on_list_resources=list_resources, on_list_resource_templates=list_templates,
+                  on_read_resource=read_resource)
+
+
+async def run(args: argparse.Namespace) -> None:
+    url, headers = hub_url(args) + PATH, headers_from(args)
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300)) as client:
+        async with streamable_http_client(url, http_client=client) as streams:
+            async with ClientSession(streams[0], streams[1]) as remote:
+                await remote.initialize()
+                print(f"fleethub mcp: connected to {url}", file=sys.stderr, flush=True)
+                server = bridge(remote)
+                async with stdio_server() as (read, write):
+                    await server.run(read, write, server.create_initialization_options())

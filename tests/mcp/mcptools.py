@@ -1,0 +1,90 @@
+"""The SDK's own MCP client (``mcp.ClientSession``) against a hub's /v1/mcp, for the tests and bench."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.api.test_rollouts import closed_window
+from tests.hubtools import wait_for
+
+
+def pat_headers(pat: tuple[str, str], org_id: str | None) -> dict[str, str]:
+    """A PAT in its bearer form: what an MCP client configured with one header sends."""
+    out = {"Authorization": f"Bearer {pat[1]}"}
+    if org_id is not None:
+        out["X-Organization-ID"] = org_id
+    return out
+
+
+@asynccontextmanager
+async def http_session(base_url: str, headers: dict[str, str], **session: Any):
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as client:
+        async with streamable_http_client(base_url + "/v1/mcp", http_client=client) as streams:
+            async with ClientSession(streams[0], streams[1], **session) as mcp:
+                await mcp.initialize()
+                yield mcp
+
+
+async def call(session: ClientSession, name: str, **arguments: Any) -> tuple[bool, dict]:
+    """(is_error, the structured answer) of one tool call."""
+    result = await session.call_tool(name, arguments)
+    if result.structured_content is not None:
+        return bool(result.is_error), result.structured_content
+    return bool(result.is_error), json.loads(result.content[0].text)
+
+
+HEALTHY = {"command": [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"],
+           "healthCheck": {"timeoutSeconds": 2, "graceSeconds": 0.2}}
+
+
+async def operate(mcp: ClientSession, hub: Any, dev: str, fleet: str) -> None:
+    """What the issue asks of either transport: list tools and devices, ping, a Live Quick memory test
+    and its result, operator_required for a test boot, a rollout paused."""
+    tools = {t.name: t for t in (await mcp.list_tools()).tools}
+    assert {"list_devices", "ping_device", "start_memory_test", "pause_rollout"} <= set(tools)
+    assert tools["list_devices"].annotations.read_only_hint is True
+    assert tools["reboot_device"].annotations.destructive_hint is True
+    assert tools["list_devices"].output_schema["required"] == ["data"]
+
+    err, page = await call(mcp, "list_devices")
+    assert not err and [d["id"] for d in page["data"]] == [dev]
+    assert page["pagination"]["limit"] == 20
+
+    err, pong = await call(mcp, "ping_device", device_id=dev)
+    assert not err and pong["data"]["deviceId"] == dev and pong["data"]["roundTripMs"] >= 0
+
+    err, started = await call(mcp, "start_memory_test", device_id=dev, impact="running", quick=True,
+                              maxBytes=1 << 20)
+    assert not err, started
+    run_id = started["data"]["runId"]
+
+    async def finished() -> bool:
+        err, status = await call(mcp, "memory_test_status", device_id=dev)
+        assert not err, status
+        return any(r.get("runId") == run_id for r in status["data"]["history"])
+
+    await wait_for(finished, timeout=60, interval=0.3)
+    err, results = await call(mcp, "memory_test_results", device_id=dev)
+    assert not err and results["data"]["results"][0]["runId"] == run_id
+
+    # a test boot is refused as the spec says, as a tool error
+    err, refused = await call(mcp, "start_memory_test", device_id=dev, impact="stopped", placement="offline")
+    assert err and refused["status"] == 403 and refused["error"] == "operator_required"
+
+    # a rollout held by a closed window, paused through MCP
+    await hub.call("PUT", f"/v1/fleets/{fleet}/update-window", json=closed_window(hub))
+    r = await hub.call("POST", "/v1/configurations", json={"name": "app", "spec": {"workload": HEALTHY}})
+    cid = r.json()["data"]["id"]
+    r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fleet], "configuration_id": cid})
+    assert r.status_code == 201, r.text
+    rid = r.json()["data"]["id"]
+    err, paused = await call(mcp, "pause_rollout", rollout_id=rid)
+    assert not err and paused["data"]["state"] == "paused"
+
