@@ -205,14 +205,16 @@ class Devices:
         self.cache.evict([device_id])
 
     async def mark_pull_settings_stale(self, org_id: uuid.UUID, version_ids: list[uuid.UUID],
-                                       fleet_id: uuid.UUID | None = None) -> list[uuid.UUID]:
-        """The organisation's devices (of ``fleet_id`` when given) running one of ``version_ids`` now hold
-        stale pull settings; their ids."""
+                                       fleet_id: uuid.UUID | None = None,
+                                       device_id: uuid.UUID | None = None) -> list[uuid.UUID]:
+        """The organisation's devices (of ``fleet_id``, or the one ``device_id``, when given) running one
+        of ``version_ids`` now hold stale pull settings; their ids."""
         if not version_ids:
             return []
         rows = await self.db.fetch(
             "UPDATE devices SET pull_settings_stale = true WHERE org_id = $1 AND applied_version_id = ANY($2::uuid[]) "
-            "AND ($3::uuid IS NULL OR fleet_id = $3) RETURNING id", org_id, version_ids, fleet_id)
+            "AND ($3::uuid IS NULL OR fleet_id = $3) AND ($4::uuid IS NULL OR id = $4) RETURNING id",
+            org_id, version_ids, fleet_id, device_id)
         ids = [r["id"] for r in rows]
         self.cache.evict(ids)
         return ids

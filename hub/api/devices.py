@@ -18,6 +18,7 @@ from actors.device import Reboot, Send
 from device_client.shared.linkcodes import Close
 from hub.cluster.asks import ask_device
 from device_client.shared.clock import rfc3339
+from hub.api.registry_credentials import send_pull_settings
 from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
 from hub.auth.authz import Obj, authorize, require_org, scope_for_list
 from hub.api.sse import stream_response
@@ -299,6 +300,8 @@ async def update_device(device_id: str, data: DeviceUpdate):
         raise NotFound("device not found")
     if row["fleet_id"] != current["fleet_id"]:
         await s.invalidate(object_tag(device_obj(row)))  # its open streams re-check now, on every node
+        # its new fleet's registry proxy mode, now, if it runs containers (not with its next version)
+        await send_pull_settings(s, org().org_id, device_id=row["id"])
     return {"data": device_json(row)}
 
 

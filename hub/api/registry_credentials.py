@@ -119,13 +119,13 @@ async def delete_credential(credentialId: str):
     return {"data": {"id": str(row["id"]), "registry": row["registry"], "deleted": True}}
 
 
-async def send_pull_settings(s, org_id, *, registry: str | None = None, fleet_id=None) -> None:
+async def send_pull_settings(s, org_id, *, registry: str | None = None, fleet_id=None, device_id=None) -> None:
     """The devices running a container version that pulls from ``registry`` (any, when None), of
-    ``fleet_id`` when given, get their logins and proxy mode now: linked ones told here, as for a
-    configuration's secret file; the others at their next hello, by the flag."""
+    ``fleet_id`` (or the one ``device_id``) when given, get their logins and proxy mode now: linked ones
+    told here, as for a configuration's secret file; the others at their next hello, by the flag."""
     versions = [vid for vid, spec in await s.registry_credentials.running_versions(org_id)
                 if registry is None or registry in registries_of(spec)]
-    for device_id in await s.devices.mark_pull_settings_stale(org_id, versions, fleet_id):
+    for device_id in await s.devices.mark_pull_settings_stale(org_id, versions, fleet_id, device_id):
         await tell_linked(s, device_id, SendPullSettings())
 
 

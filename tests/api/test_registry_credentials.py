@@ -243,4 +243,10 @@ async def test_a_fleets_registry_proxy_mode_reaches_its_devices_running_containe
             r = await hub.call("PATCH", f"/v1/fleets/{fleet['id']}", json=change)
             assert r.status_code == 200, r.text
             await wait_for(lambda: recorded(want), timeout=30, interval=0.1)
+        # moved to a fleet with another mode: the device gets that fleet's mode at once, too
+        other = (await hub.call("POST", "/v1/fleets", json={"name": "strict", "registry_proxy": True,
+                                                             "registry_proxy_mode": "always"})).json()["data"]
+        r = await hub.call("PATCH", f"/v1/devices/{dev}", json={"fleet_id": other["id"]})
+        assert r.status_code == 200, r.text
+        await wait_for(lambda: recorded("always"), timeout=30, interval=0.1)
         assert len(engine.mirrors) == pulls, "the version was applied again"
