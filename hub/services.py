@@ -306,7 +306,8 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
         log.info("embedded PostgreSQL on 127.0.0.1:%d, data in %s", pg.port, pg.data_dir)
     try:
         db = Database(dsn, max_size=settings.db_pool_max, connect_timeout=settings.db_connect_timeout,
-                      statement_timeout=settings.db_statement_timeout, call_timeout=settings.db_call_timeout)
+                      statement_timeout=settings.db_statement_timeout, call_timeout=settings.db_call_timeout,
+                      application_name=f"fleethub {node}"[:63])
         await db.open()
         try:
             applied = await migrate(db)
