@@ -97,3 +97,15 @@ def test_a_rollout_paused_for_a_true_reason_holds():
     expected = [{**META, "expected_failures": [D2]}] + CLEAN[1:-1] + [
         step(6, D2, "failed"), final("paused", "1 of 2 updated devices failed")]
     assert check(expected) == []
+
+
+def test_what_a_fault_cost_is_read_from_the_history():
+    from tests.cluster.faults.figures import fault_costs
+    history = [fault(10, "nats-stop", ["nats"], "start"), call(11, "a", 200, "/v1/devices/x/ping", "POST"),
+               call(12, "b", 503, "/v1/devices/x/ping", "POST"), call(13, "c", 201, "/v1/fleets", "POST"),
+               presence(12, D1, True, False), presence(12, D2, True, False), presence(13, D1, True, False),
+               fault(14, "nats-stop", ["nats"], "end"), call(15.5, "d", 200, "/v1/devices/x/ping", "POST"),
+               step(16, D1, "succeeded")]
+    assert fault_costs(history) == [{
+        "fault": "nats-stop", "targets": ["nats"], "seconds": 4, "pings_ok": 1, "pings": 2, "writes_ok": 1,
+        "writes": 1, "pings_back_after": 1.5, "next_success_after": 2, "most_offline_while_linked": 2}]
