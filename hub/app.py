@@ -173,7 +173,7 @@ def create_app(services: Services) -> HubApp:
                                          None if started is None else trio.current_time() - started,
                                          route=rule.rule if rule is not None else None,
                                          crossings=None if counted is None else counted[0])
-        middleware.audit(services, response.status_code, req, ctx)
+        await middleware.audit(services, response.status_code, req, ctx)
         return response
 
     @app.errorhandler(FleethubError)

@@ -220,6 +220,9 @@ class _HubCollector:
                       labels=["kind"], samples=[([k], w.dropped) for k, w in writers])
         yield _family(G, "fleethub_write_behind_pending", "Rows waiting to be written behind.", labels=["kind"],
                       samples=[([k], w.pending()) for k, w in batched])
+        yield _family(C, "fleethub_audit_answered_unwritten",
+                      "API calls answered before their audit row was written (the database unreachable or slower "
+                      "than its call bound): those rows are written behind.", services.audit_log.unconfirmed)
         yield _family(C, "fleethub_device_link_waits",
                       "Times a device link stopped reading its socket until the device's actor had room "
                       "(back-pressure).", m.device_link_waits)

@@ -41,6 +41,10 @@ class Settings:
     db_connect_timeout: float = 3.0
     db_statement_timeout: float = 4.0
     db_call_timeout: float = 4.5
+    # An API call's answer waits until its audit row is written (storage/behind.py append_written), at
+    # most db_call_timeout, so a process killed right after answering loses no row (docs/cluster.md).
+    # Off: written behind, up to a second after the answer (what bench/audit_durability.py compares).
+    audit_durable: bool = True
     # TLS: with both set the hub serves HTTPS (HTTP/1.1 and HTTP/2) on port and HTTP/3 over QUIC on
     # quic_port (UDP; default the same number as port).
     certfile: Path | None = None
@@ -116,6 +120,7 @@ class Settings:
             db_connect_timeout=_float("FLEETHUB_DB_CONNECT_TIMEOUT", 3.0),
             db_statement_timeout=_float("FLEETHUB_DB_STATEMENT_TIMEOUT", 4.0),
             db_call_timeout=_float("FLEETHUB_DB_CALL_TIMEOUT", 4.5),
+            audit_durable=os.environ.get("FLEETHUB_AUDIT_DURABLE", "on").lower() not in ("off", "0", "false", "no"),
             drain_window=_float("FLEETHUB_DRAIN_WINDOW", 10.0),
             successor_url=os.environ.get("FLEETHUB_SUCCESSOR_URL") or None,
             nats_url=os.environ.get("FLEETHUB_NATS_URL") or None,

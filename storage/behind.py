@@ -15,6 +15,13 @@ Faults stay where they happened:
   cap the row that has waited longest is dropped (a presence row is rebuilt by the device's next
   change; an audit row is kept as long as the cap allows). Drops are counted (``dropped``, /metrics)
   and logged once per outage.
+
+``append_written`` is the durable form (audit rows of answered API calls, issue 38 item 7): the row is
+appended and the caller waits until a flush has written it, so the answer leaves only once its row is
+in PostgreSQL. Rows waited for meanwhile by other callers go in the same statement (a group commit):
+a request waits one flush's round trip, and the database sees one statement per flush, not per row.
+While PostgreSQL is known to be unreachable (the last flush found it so) nobody waits: the row is
+written behind like any other, and counted in ``unconfirmed``.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from __future__ import annotations
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -60,6 +67,14 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}{f' (SQLSTATE {state})' if state else ''}"
 
 
+class _Wait:
+    __slots__ = ("done", "written")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.written = False
+
+
 class WriteBehind:
     def __init__(self, flush: Callable[[list[dict]], Awaitable[None]], *, interval: float = 0.5,
                  max_batch: int = 2000, max_pending: int = MAX_PENDING, name: str = "rows") -> None:
@@ -76,6 +91,9 @@ class WriteBehind:
         self.dropped = 0  # rows dropped because the buffer was full (PostgreSQL away too long)
         self.retries = 0  # flushes put back because the database was unreachable
         self._dropped_this_outage = 0
+        self.unconfirmed = 0  # rows append_written gave up waiting for (written behind instead)
+        self.unreachable = False  # the last flush found the database unreachable
+        self._waiters: dict[Hashable, _Wait] = {}  # rows append_written waits for, by key
         # One flush at a time: a caller of flush() (a reader of the audit log, shutdown) waits for the
         # batch already on its way, so "flushed" means every row put before the call was written.
         self._flushing = trio.Lock()
@@ -92,6 +110,32 @@ class WriteBehind:
         """A row that is never merged (audit events)."""
         self._pending[id(row)] = row
         self._after_put()
+
+    async def append_written(self, row: dict, *, within: float) -> bool:
+        """Append ``row`` (never merged) and wait, at most ``within`` seconds, until it is written.
+        Returns whether it was; if not, it stays pending and is written behind."""
+        key = id(row)  # unique while the row lives, and it lives until written
+        if self.unreachable:
+            self.append(row)
+            self.unconfirmed += 1
+            return False
+        wait = self._waiters[key] = _Wait()
+        self.append(row)
+        self._wake.set()
+        with trio.move_on_after(within):
+            await wait.done.wait()
+        self._waiters.pop(key, None)
+        if not wait.written:
+            self.unconfirmed += 1
+        return wait.written
+
+    def _release(self, keys: Iterable[Hashable], *, written: bool) -> None:
+        if self._waiters:
+            for key in keys:
+                wait = self._waiters.pop(key, None)
+                if wait is not None:
+                    wait.written = written
+                    wait.done.set()
 
     def _after_put(self) -> None:
         if len(self._pending) > self.max_pending:
@@ -139,7 +183,11 @@ class WriteBehind:
                 # PostgreSQL is down or restarting: keep the rows for the next flush.
                 self._put_back(unwritten)
                 self.retries += 1
+                self.unreachable = True
+                # nobody waits through an outage: these rows are written behind, like those put meanwhile
+                self._release(unwritten, written=False)
                 return
+            self.unreachable = False
             if self._dropped_this_outage:
                 log.warning("write-behind of %s writes again; %d rows were dropped while the database was away",
                             self.name, self._dropped_this_outage)
@@ -157,6 +205,7 @@ class WriteBehind:
             if len(items) == 1:
                 key, row = items[0]
                 del unwritten[key]
+                self._release((key,), written=False)  # refused for good: waiting longer changes nothing
                 self.set_aside += 1
                 log.error("write-behind of %s: the database refused row %s (%s); set aside",
                           self.name, _safe_id(key, row), _reason(exc))
@@ -169,6 +218,7 @@ class WriteBehind:
             return
         for key, _ in items:
             del unwritten[key]
+        self._release((key for key, _ in items), written=True)
         self.written += len(items)
 
     def _put_back(self, unwritten: dict) -> None:

@@ -144,6 +144,10 @@ class Database:
         self._listen_specs: list[tuple[str, Any]] = []  # (channel, asyncpg callback) to re-listen
         self.reconnects = 0  # LISTEN connections re-opened after PostgreSQL came back
         self._closing = False  # set by close(): notifications still in flight are dropped
+        # The last crossing found the server unreachable (none has succeeded since): what a caller that
+        # would wait for the database without needing to (an answer's audit row, hub/auth/middleware.py)
+        # reads to not wait out a second bound after its request's own.
+        self.unreachable = False
 
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
@@ -241,9 +245,16 @@ class Database:
             counted[0] += 1
         started = time.perf_counter()
         try:
-            return await run_on(self._loop, coro)
+            result = await run_on(self._loop, coro)
+        except DatabaseUnavailable:
+            self.unreachable = True
+            raise
         except _UNREACHABLE as exc:
+            self.unreachable = True
             raise DatabaseUnavailable(f"the database is not reachable ({type(exc).__name__})") from exc
+        else:
+            self.unreachable = False
+            return result
         finally:
             seconds = time.perf_counter() - started
             if waited:

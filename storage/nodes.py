@@ -1,5 +1,6 @@
 """Cluster nodes' liveness (migration 0018): a row per node, renewed by the node; an expired one is a
-dead node, whose devices are marked offline by whichever node finds it first."""
+dead node, whose devices are marked offline by whichever node finds it first. Every time here is the
+database's clock (``now()``), never a node's: nodes whose clocks disagree still agree on who is silent."""
 
 from __future__ import annotations
 
@@ -14,17 +15,20 @@ class ClusterNodes:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    async def beat(self, node: str, now: dt.datetime, lease: dt.timedelta) -> dict[str, int]:
-        """Renew ``node``'s row, then take every other node's row older than ``lease``: each taken node's
-        devices (those whose last link it accepted, ``devices.link_node``) go offline in the same
+    async def renew(self, node: str) -> dt.datetime:
+        """Renew ``node``'s row; returns the database's time it was renewed at."""
+        return await self.db.fetchval(
+            "INSERT INTO cluster_nodes (node, seen_at) VALUES ($1, now()) "
+            "ON CONFLICT (node) DO UPDATE SET seen_at = EXCLUDED.seen_at RETURNING seen_at", node)
+
+    async def reap(self, node: str, silent_since: dt.datetime) -> dict[str, int]:
+        """Take every other node's row not renewed since ``silent_since`` (a database time): each taken
+        node's devices (those whose last link it accepted, ``devices.link_node``) go offline in the same
         transaction, so a node dying between the two cannot leave them online. Returns {dead node:
         devices marked offline}; a dead node is found by one node only (its row is deleted)."""
         async def body(conn: asyncpg.Connection) -> dict[str, int]:
-            await conn.execute(
-                "INSERT INTO cluster_nodes (node, seen_at) VALUES ($1, $2) "
-                "ON CONFLICT (node) DO UPDATE SET seen_at = EXCLUDED.seen_at", node, now)
             dead = [r["node"] for r in await conn.fetch(
-                "DELETE FROM cluster_nodes WHERE seen_at < $1 AND node <> $2 RETURNING node", now - lease, node)]
+                "DELETE FROM cluster_nodes WHERE seen_at < $1 AND node <> $2 RETURNING node", silent_since, node)]
             marked = {}
             for gone in dead:
                 status = await conn.execute(

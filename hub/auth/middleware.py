@@ -338,7 +338,8 @@ def _query_for_audit(req: Request) -> str | None:
     return storable("&".join(parts)[:1000])
 
 
-def audit(services, status: int, req: Request, ctx: Any) -> None:
+async def audit(services, status: int, req: Request, ctx: Any) -> None:
+    """Record the call; by default the answer waits until its row is written (hub/settings.py audit_durable)."""
     p: Principal | None = getattr(ctx, "principal", None)
     path = req.path
     if not path.startswith("/v1/") or path in PUBLIC_PATHS:
@@ -353,11 +354,17 @@ def audit(services, status: int, req: Request, ctx: Any) -> None:
     # instead of failing its batch. The rest is ours (ids, kinds, times, the endpoint's name); walking
     # the whole row was most of this function's cost.
     details = getattr(ctx, "audit_details", None)
-    services.audit_log.append({
+    row = {
         "id": fast_uuid4(), "org_id": o.org_id if o else None, "at": services.clock.now(),
         "actor_type": p.kind if p else "anonymous", "actor_id": storable(p.id) if p else None,
         "actor_user_id": p.user_id if p else None, "credential_kind": p.credential_kind if p else None,
         "method": storable(req.method), "path": storable(path), "query": _query_for_audit(req), "status": status,
         "request_id": storable(ctx.request_id), "client_addr": storable(client_addr(req)),
         "duration_ms": round((trio.current_time() - started) * 1000, 3) if started is not None else None,
-        "action": req.endpoint, "target": None, "details": None if details is None else storable_value(details)})
+        "action": req.endpoint, "target": None, "details": None if details is None else storable_value(details)}
+    # Not while the database is known to be unreachable (this very request may have found it so): the
+    # answer would wait a second storage bound after its own, and the row is written behind anyway.
+    if services.settings.audit_durable and not services.db.unreachable:
+        await services.audit_log.append_written(row, within=services.settings.db_call_timeout)
+    else:
+        services.audit_log.append(row)

@@ -295,3 +295,77 @@ async def test_rows_kept_over_an_outage_are_written_max_batch_at_a_time():
         assert [r["n"] for r in wb._pending.values()] == [3, 4, 5, 6, 7]  # kept, oldest first
         await wb.flush()
         assert sizes == [3, 3, 3, 2] and [r["n"] for r in sink.written] == list(range(8))
+
+
+class DownSink(Sink):
+    """A database that is unreachable while ``down`` is set."""
+
+    down = False
+
+    async def __call__(self, batch: list[dict]) -> None:
+        if self.down:
+            self.calls += 1
+            raise DatabaseUnavailable("the database is unreachable")
+        await super().__call__(batch)
+
+
+async def test_append_written_returns_once_its_row_is_written_in_one_batch_with_the_others(autojump_clock):
+    # Issue 38 item 7: an API call is answered once its audit row is in the database. Callers waiting
+    # together share a statement (a group commit), not the write-behind interval.
+    with trio.fail_after(10):
+        sink = Sink(delay=0.01)
+        wb = WriteBehind(sink, interval=100)
+        returned: list[tuple[int, bool, float]] = []
+
+        async def call(i: int) -> None:
+            written = await wb.append_written({"id": i}, within=5)
+            returned.append((i, written, trio.current_time()))
+            # what the caller is told was written is in a batch the sink has finished
+            assert any({"id": i} in rows for _, rows in sink.batches)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(wb.run)
+            for i in range(5):
+                nursery.start_soon(call, i)
+            await trio.sleep(1)
+            nursery.cancel_scope.cancel()
+        assert sorted(i for i, written, _ in returned if written) == [0, 1, 2, 3, 4]
+        assert max(t for *_, t in returned) < 0.1  # one round trip or two, not the 100 s interval
+        assert sum(len(rows) for _, rows in sink.batches) == 5 and sink.calls <= 2
+        assert wb.unconfirmed == 0 and wb.pending() == 0
+
+
+async def test_append_written_waits_through_no_outage_and_the_row_is_written_behind(autojump_clock):
+    with trio.fail_after(10):
+        sink = DownSink()
+        sink.down = True
+        wb = WriteBehind(sink, interval=1.0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(wb.run)
+            started = trio.current_time()
+            assert await wb.append_written({"id": 1}, within=5) is False  # the flush found it down
+            assert trio.current_time() - started < 0.01
+            assert wb.unreachable and wb.pending() == 1
+            # known down: the next caller does not wait, and does not make the writer try again at once
+            calls = sink.calls
+            assert await wb.append_written({"id": 2}, within=5) is False
+            assert sink.calls == calls and trio.current_time() - started < 0.01
+            sink.down = False
+            await trio.sleep(1.5)  # the writer's next round writes both
+            assert [rows for _, rows in sink.batches] == [[{"id": 1}, {"id": 2}]] and not wb.unreachable
+            assert await wb.append_written({"id": 3}, within=5) is True  # back to waiting for the write
+            nursery.cancel_scope.cancel()
+        assert wb.unconfirmed == 2
+
+
+async def test_append_written_gives_up_after_its_bound_and_the_row_stays_pending(autojump_clock):
+    with trio.fail_after(30):
+        sink = Sink(delay=10)  # a database slower than the caller's bound
+        wb = WriteBehind(sink, interval=100)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(wb.run)
+            assert await wb.append_written({"id": 1}, within=2) is False
+            assert trio.current_time() == 2 and wb.unconfirmed == 1
+            await trio.sleep(10)
+            assert [rows for _, rows in sink.batches] == [[{"id": 1}]]  # written all the same
+            nursery.cancel_scope.cancel()
