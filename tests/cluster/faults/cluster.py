@@ -90,7 +90,7 @@ class FaultCluster:
 
     async def open_observer(self) -> Database:
         """The suite's own connection (bounded calls: a frozen server costs a sample, not the run)."""
-        self.db = Database(self.pg.dsn, min_size=1, max_size=3, connect_timeout=2, statement_timeout=2,
+        self.db = Database(self.pg.dsn, min_size=0, max_size=3, connect_timeout=2, statement_timeout=2,
                            call_timeout=2.5, application_name="fault-observer")
         await self.db.open()
         await self.db.execute(WRITES_SQL)
