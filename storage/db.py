@@ -297,6 +297,13 @@ class Database:
                     async with conn.transaction():
                         return await fn(conn, *args)
                 return await fn(conn, *args)
+            except asyncpg.exceptions.InternalClientError as exc:
+                # The connection is in a state asyncpg cannot go on from ("another operation is in
+                # progress": an operation cut short while PostgreSQL shut down, found by the fault
+                # suite): as good as broken. It is dropped, and the caller hears "unreachable", so
+                # work that must not be lost (Actor.until_stored) is tried again on a fresh one.
+                conn.terminate()
+                raise DatabaseUnavailable(f"a database connection broke ({type(exc).__name__})") from exc
             except Exception as exc:
                 if expired:
                     raise DatabaseUnavailable(f"the database did not answer within {bound:.1f}s") from exc
