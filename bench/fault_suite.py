@@ -65,9 +65,10 @@ def main() -> int:
     verdicts.at_most("invariant violations (checker.py)", len(violations), 0)
     body = "\n".join([
         "## The cluster under partial failure (bench/fault_suite.py)", "",
-        f"`{command_line()}` — {facts_line(facts)}; {took:.0f} s, {len(rollouts)} rollouts "
-        f"({sum(r['state'] == 'completed' for r in rollouts)} completed), "
-        f"{sum(r['kind'] == 'call' for r in records)} calls; history kept in `{history.relative_to(OUT_DIR.parent.parent)}`.", "",
+        (f"`{command_line()}` — {facts_line(facts)}; {took:.0f} s, {len(rollouts)} rollouts "
+         f"({sum(r['state'] == 'completed' for r in rollouts)} completed), "
+         f"{sum(r['kind'] == 'call' for r in records)} calls; history kept in "
+         f"`{history.relative_to(OUT_DIR.parent.parent)}`."), "",
         md_table(["fault", "target", "lasted (s)", "pings 2xx during", "writes 2xx during",
                   "every node pings again after (s)", "next device update succeeded after (s)",
                   "most devices offline while linked"], rows), "",

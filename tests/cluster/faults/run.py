@@ -61,6 +61,7 @@ class Run:
         self.fleet_id = ""
         self.rollouts: list[str] = []
         self.faulting = True
+        self.holder: str | None = None  # the newest rollout lease's owner, as last read
         self.calls: list[trio.CancelScope] = []  # the workload's callers, stopped before the audit is read
 
     # -- the workload's calls --------------------------------------------------------------------
@@ -183,16 +184,15 @@ class Run:
 
     def lease_holder(self) -> FaultNode:
         names = [n.name for n in self.live_nodes()]
-        holder = getattr(self, "_holder", None)
-        return next((n for n in self.cluster.nodes if n.name == holder and n.name in names),
+        return next((n for n in self.cluster.nodes if n.name == self.holder and n.name in names),
                     self.rng.choice(self.live_nodes()))
 
     async def refresh_holder(self) -> None:
         try:
-            self._holder = await self.cluster.db.fetchval(
+            self.holder = await self.cluster.db.fetchval(
                 "SELECT owner FROM rollout_leases ORDER BY epoch DESC LIMIT 1")
-        except Exception:  # noqa: BLE001
-            self._holder = None
+        except Exception:  # noqa: BLE001 — the database is frozen or down: any node will do
+            self.holder = None
 
     async def inject(self, client: httpx.AsyncClient, fault: str) -> None:
         c, secs = self.cluster, self.plan.fault_seconds
