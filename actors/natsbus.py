@@ -47,7 +47,7 @@ import json
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import trio
@@ -133,6 +133,8 @@ class NatsBus:
         self.publish_failed = 0  # asyncio side: the client refused the message
         self.probe_every, self.stall_after, self.probe_timeout = PROBE_EVERY, STALL_AFTER, PROBE_TIMEOUT
         self.dropped_in_flight = 0  # requests ended by ``_cut_off``
+        self.restored = 0  # times the bus came back after a disconnect or a stall
+        self._on_restored: list[Callable[[], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -145,6 +147,7 @@ class NatsBus:
         async def reconnected() -> None:
             self.reconnects += 1
             log.info("NATS: reconnected to %s", self.url)
+            self._to_trio(self._came_back)  # nats-py has resubscribed by now: what follows is heard
 
         async def disconnected() -> None:
             log.warning("NATS: disconnected from %s", self.url)
@@ -168,8 +171,9 @@ class NatsBus:
             if self._nc is None or not self._nc.is_connected or self._loop is None:
                 continue  # nats-py is reconnecting already
             answered = await self._round_trip()
-            if answered:
+            if answered and self._stalled:
                 self._stalled = False
+                self._came_back()
             if answered is not False or not self._nc.is_connected:
                 continue
             self.stale += 1
@@ -221,6 +225,16 @@ class NatsBus:
         self.dropped_in_flight += len(self._in_flight)
         for scope in self._in_flight:
             scope.cancel()
+
+    def on_restored(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` (on the trio side) each time the bus carries messages again after a disconnect or
+        a stall: whatever was published meanwhile, on any node, may never arrive."""
+        self._on_restored.append(fn)
+
+    def _came_back(self) -> None:
+        self.restored += 1
+        for fn in list(self._on_restored):
+            fn()
 
     def _to_trio(self, fn: Any) -> None:  # from the asyncio side
         if self._token is not None:
@@ -344,6 +358,7 @@ class NatsBus:
         return {"subscriptions": len(self._subs), "requests": self.requests,
                 "no_responders": self.no_responders, "timeouts": self.timeouts,
                 "received": self.received, "reconnects": self.reconnects, "stale": self.stale,
+                "restored": self.restored,
                 "stalls": self.stalls, "unavailable": self.unavailable, "local": self.local,
                 "published": self.published, "publish_batches": self.publish_batches,
                 "publish_dropped": self.publish_dropped + self.publish_failed, "connected": int(self.connected)}

@@ -41,8 +41,14 @@ def sse_frame(data: str, *, event: str | None = None) -> bytes:
     return f"{head}{body}\n".encode()
 
 
+# Put in a subscriber's channel, never written out: events for its topic may have been lost (a
+# cluster node's bus was cut off, hub/cluster/events.py), so its stream sends a fresh snapshot.
+RESYNC: dict[str, Any] = {"kind": "resync"}
+
+
 class Subscriber:
     stream_id: Any = None  # a cluster node's row for the cluster-wide stream cap (hub/cluster/limits.py)
+    resync_pending = False  # a RESYNC waits in the channel: one snapshot answers any number of losses
 
     def __init__(self, hub: "EventHub", topic: Hashable, size: int, owner: Hashable = None) -> None:
         self.hub, self.topic, self.owner = hub, topic, owner

@@ -22,7 +22,7 @@ from actors.bus import Bus
 from actors.device import DeviceActor
 from actors.rollout import ReloadWindows, RolloutActor
 from actors.runtime import Registry, Supervisor
-from device_client.shared.clock import Clock
+from device_client.shared.clock import Clock, OffsetClock
 from device_client.shared.linkcodes import Close, draining_reason
 from hub import gc_tuning
 from hub.auth.cache import AuthCache
@@ -295,6 +295,10 @@ async def open_services(settings: Settings, clock: Clock | None = None, *,
 @contextlib.asynccontextmanager
 async def _open_services(settings: Settings, clock: Clock | None, *, serving: bool, bus: Any,
                          node: str) -> AsyncIterator[Services]:
+    if clock is None and settings.test_clock_offset:
+        log.warning("FLEETHUB_TEST_CLOCK_OFFSET: this node's clock runs %+.3f s off (a fault test's skew)",
+                    settings.test_clock_offset)
+        clock = OffsetClock(settings.test_clock_offset)
     clock = clock or Clock()
     pg = None
     dsn = settings.database_url
@@ -305,7 +309,8 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
         log.info("embedded PostgreSQL on 127.0.0.1:%d, data in %s", pg.port, pg.data_dir)
     try:
         db = Database(dsn, max_size=settings.db_pool_max, connect_timeout=settings.db_connect_timeout,
-                      statement_timeout=settings.db_statement_timeout, call_timeout=settings.db_call_timeout)
+                      statement_timeout=settings.db_statement_timeout, call_timeout=settings.db_call_timeout,
+                      application_name=f"fleethub {node}"[:63])
         await db.open()
         try:
             applied = await migrate(db)

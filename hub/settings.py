@@ -91,6 +91,9 @@ class Settings:
     trusted_proxy_hops: int = 0
     # The registry proxy's disk budget (hub/registry/cache.py), under data_dir/registry-cache.
     registry_cache_mib: int = 10240
+    # Seconds added to this process's wall clock: the fault suite's clock skew between nodes
+    # (tests/cluster/faults/). Never set in production; a node logs a warning when it is.
+    test_clock_offset: float = 0.0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -146,6 +149,7 @@ class Settings:
             turn_secret=os.environ.get("FLEETHUB_TURN_SECRET") or None,
             registries=tuple(r.strip() for r in os.environ.get("FLEETHUB_REGISTRIES", "").split(",") if r.strip()),
             registry_cache_mib=int(os.environ.get("FLEETHUB_REGISTRY_CACHE_MIB", "10240")),
+            test_clock_offset=_float("FLEETHUB_TEST_CLOCK_OFFSET", 0.0),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -127,8 +127,9 @@ class Database:
 
     def __init__(self, dsn: str, *, min_size: int = 2, max_size: int = 10,
                  connect_timeout: float = CONNECT_TIMEOUT, statement_timeout: float = STATEMENT_TIMEOUT,
-                 call_timeout: float = CALL_TIMEOUT) -> None:
+                 call_timeout: float = CALL_TIMEOUT, application_name: str = "fleethub") -> None:
         self.dsn = dsn
+        self.application_name = application_name  # pg_stat_activity names the node (and the fault suite)
         self.min_size = min_size
         self.max_size = max_size
         self.connect_timeout = connect_timeout
@@ -159,7 +160,8 @@ class Database:
             # after a session=True call (RESET ALL) brings it back. Migrations lift it for themselves.
             return await asyncpg.create_pool(
                 self.dsn, min_size=self.min_size, max_size=self.max_size, timeout=self.connect_timeout,
-                server_settings={"statement_timeout": str(int(self.statement_timeout * 1000))},
+                server_settings={"statement_timeout": str(int(self.statement_timeout * 1000)),
+                                 "application_name": self.application_name},
                 reset=_keep_session)
 
         self._pool = await self._cross(create_pool())
@@ -295,6 +297,13 @@ class Database:
                     async with conn.transaction():
                         return await fn(conn, *args)
                 return await fn(conn, *args)
+            except asyncpg.exceptions.InternalClientError as exc:
+                # The connection is in a state asyncpg cannot go on from ("another operation is in
+                # progress": an operation cut short while PostgreSQL shut down, found by the fault
+                # suite): as good as broken. It is dropped, and the caller hears "unreachable", so
+                # work that must not be lost (Actor.until_stored) is tried again on a fresh one.
+                conn.terminate()
+                raise DatabaseUnavailable(f"a database connection broke ({type(exc).__name__})") from exc
             except Exception as exc:
                 if expired:
                     raise DatabaseUnavailable(f"the database did not answer within {bound:.1f}s") from exc

@@ -36,6 +36,17 @@ class Clock:
         return trio.current_time() + (instant - self.now()).total_seconds()
 
 
+class OffsetClock(Clock):
+    """The real clock set ``offset`` seconds off: a node whose clock is skewed against the others'.
+    Only the fault suite makes one (FLEETHUB_TEST_CLOCK_OFFSET, tests/cluster/faults/)."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = dt.timedelta(seconds=offset)
+
+    def now(self) -> dt.datetime:
+        return dt.datetime.now(UTC) + self.offset
+
+
 class TestClock(Clock):
     """Wall time = ``epoch`` + trio time; drive it with trio's MockClock (``autojump_clock``)."""
 

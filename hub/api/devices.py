@@ -10,7 +10,7 @@ import uuid
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from quart import Blueprint
+from quart import Blueprint, copy_current_app_context
 
 import trio
 
@@ -354,8 +354,13 @@ async def device_events(device_id: str):
     row = await _load(device_id, "viewer")
     first = {"kind": "device.snapshot", "deviceId": str(row["id"]), "payload": device_json(row)}
     subscription = await s.events.open(("device", row["id"]), owner=("org", org().org_id))
+
+    @copy_current_app_context
+    async def snapshot() -> dict:
+        return {**first, "payload": device_json(await _load(device_id, "viewer"))}
+
     return await stream_response(subscription, first, {"deviceId": str(row["id"])},
-                                 StreamAccess.of_request(s, "viewer", device_obj(row)))
+                                 StreamAccess.of_request(s, "viewer", device_obj(row)), snapshot)
 
 
 async def _wipe(row: dict) -> dict:

@@ -16,7 +16,7 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from quart import Blueprint, g
+from quart import Blueprint, copy_current_app_context, g
 from quart_schema import document_request
 
 from actors.machines import rollout as rm
@@ -469,4 +469,9 @@ async def rollout_events(rollout_id: str):
     first = {"kind": "rollout.snapshot", "rolloutId": str(row["id"]), "payload": await _rollout_json(row["id"])}
     subscription = await s.events.open(("rollout", row["id"]), owner=("org", org().org_id))
     access = StreamAccess.of_request(s, "viewer", *(Obj("fleet", fid, fid) for fid in row["fleet_ids"]))
-    return await stream_response(subscription, first, {"rolloutId": str(row["id"])}, access)
+
+    @copy_current_app_context
+    async def snapshot() -> dict:
+        return {**first, "payload": await _rollout_json(row["id"])}
+
+    return await stream_response(subscription, first, {"rolloutId": str(row["id"])}, access, snapshot)

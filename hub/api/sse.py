@@ -5,13 +5,16 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections.abc import Awaitable, Callable
 
 import trio
 from quart import make_response
 
 from hub.api.common import jsonable
 from hub.auth.streams import StreamAccess
-from hub.events import Subscriber, UnsafeEventName, sse_frame
+from hub.errors import FleethubError
+from hub.events import RESYNC, Subscriber, UnsafeEventName, sse_frame
+from storage.db import DatabaseUnavailable
 
 log = logging.getLogger("fleethub.sse")
 KEEPALIVE = 15.0
@@ -33,12 +36,15 @@ def _frame_or_skip(event: dict) -> bytes:
 
 
 async def stream_response(subscription: Subscriber, first: dict, dropped: dict,
-                          access: StreamAccess | None = None):
+                          access: StreamAccess | None = None,
+                          snapshot: Callable[[], Awaitable[dict]] | None = None):
     """The first event (a snapshot), then every event as it comes. A client that reads too slowly is
     dropped with a final ``dropped`` event rather than buffered without bound; a comment line every
     15 s keeps proxies from closing an idle stream. With ``access`` (hub/auth/streams.py), the
     stream re-checks the caller's credential and relation whenever access changes and ends with a
-    final ``access_revoked`` event saying why when they no longer hold."""
+    final ``access_revoked`` event saying why when they no longer hold. With ``snapshot`` (it reads the
+    first event anew), a stream that may have missed events (a cluster node's bus was cut off) sends
+    a fresh snapshot; one that cannot be read ends the stream (a client's reconnect starts with one)."""
 
     async def stream():
         with subscription, (access.watch() if access is not None else contextlib.nullcontext()) as watch:
@@ -68,7 +74,16 @@ async def stream_response(subscription: Subscriber, first: dict, dropped: dict,
                     watch.on_change = None
                 if ended:
                     break
-                if event is not None:
+                if event is RESYNC:
+                    subscription.resync_pending = False  # before the read: a loss after it asks again
+                    if snapshot is not None:
+                        try:
+                            fresh = await snapshot()
+                        except (FleethubError, DatabaseUnavailable) as exc:
+                            log.info("a stream ended: its snapshot could not be read again (%s)", type(exc).__name__)
+                            return
+                        yield sse(fresh)
+                elif event is not None:
                     yield _frame_or_skip(event)
                 elif not waiting.cancel_called or trio.current_time() >= deadline:
                     yield b": keepalive\n\n"
