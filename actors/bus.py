@@ -57,6 +57,8 @@ class Subscription:
 
 
 class Bus:
+    connected = True  # one process: nothing to be cut off from (NatsBus says whether NATS is reachable)
+
     def __init__(self) -> None:
         self._subs: dict[str, Subscription] = {}
 

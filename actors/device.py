@@ -230,7 +230,7 @@ class DeviceActor(Actor):
     def _epoch(self, row: dict[str, Any]) -> dict[str, Any]:
         """In a cluster, the presence row carries the link epoch this node claimed for the device: the
         write counts only while no other node has taken the link over (storage Devices.write_presence)."""
-        epoch = getattr(self.services, "link_epochs", {}).get(self.device_id)
+        epoch = self.services.link_epochs.get(self.device_id)
         if epoch is not None:
             row["epoch"] = epoch
         return row
@@ -252,7 +252,7 @@ class DeviceActor(Actor):
         if isinstance(msg, Send):
             # In a cluster the device may be linked to another node: the bus finds it there or
             # answers no responders (503 device_offline) at once.
-            if not self.machine.online and not getattr(self.services, "clustered", False):
+            if not self.machine.online and not self.services.clustered:
                 raise DeviceOffline("the device is not connected")
             command_id = str(uuid.uuid4())
             self._pending[command_id] = self.defer_reply()

@@ -145,9 +145,7 @@ class DeviceDelivery:
         """The device sent a result the hub cannot use: count it for the diagnosis and tell the device
         (``link.notice``; a device without that verb answers unknown_command, which is fine)."""
         log.warning("device %s: protocol error: %s", self.device_id, what)
-        health = getattr(self.s, "link_health", None)  # hub/linkhealth.py; absent in actor tests' stand-ins
-        if health is not None:
-            health.protocol_error(self.device_id, what, self.s.clock.now())
+        self.s.link_health.protocol_error(self.device_id, what, self.s.clock.now())
         await self._request("link.notice", {"code": "malformed_result", "message": what[:500]}, timeout=NOTICE_TIMEOUT)
 
     async def _delete(self, paths: list[str]) -> None:

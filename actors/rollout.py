@@ -92,7 +92,7 @@ class RolloutActor(Actor):
     async def on_start(self) -> None:
         s = self.services
         self._clear_unwritten()  # a restart rebuilds from storage: what it holds is the truth
-        self.fence = getattr(s, "rollout_fences", {}).get(self.rollout_id)
+        self.fence = s.rollout_fences.get(self.rollout_id)
         found = await s.rollouts.get_any(self.rollout_id)
         if found is None:
             raise NotFound("rollout not found")
@@ -112,7 +112,7 @@ class RolloutActor(Actor):
 
     async def _load_windows(self) -> None:
         self._windows_stale = True  # until read: a tick retries it if storage is unreachable now
-        self._windows_seen = getattr(self.services, "window_changes", 0)
+        self._windows_seen = self.services.window_changes
         windows: dict[str, UpdateWindow | None] = {}
         stored = await self.services.windows.get_many(self.row["org_id"], self.row["fleet_ids"])
         for fleet_id, raw in stored.items():
@@ -201,13 +201,13 @@ class RolloutActor(Actor):
         await self._write()
         if self.lost:
             return
-        if self._windows_stale or self._windows_seen != getattr(self.services, "window_changes", 0):
+        if self._windows_stale or self._windows_seen != self.services.window_changes:
             # a window changed while this actor started: fleet_changed told only registered actors
             await self._load_windows()
         views = await self._views()
         self._tick_now = False
         # A node cut off from NATS starts nobody: its tells to devices linked elsewhere would be lost.
-        bus_up = bool(getattr(self.services.bus, "connected", True))  # the in-process bus is always up
+        bus_up = self.services.bus.connected
         self._bus_down = not bus_up
         effects = self.machine.handle(rm.Tick(views, bus_up=bus_up), self.services.clock.now())
         if effects and self.machine.state is rm.RolloutState.CANCELLED:

@@ -52,5 +52,11 @@ class Services(Protocol):
     clustered: bool          # one node of several: a device may be linked to another process
     # a tell for a device linked to another node (hub/cluster/tells.py); None on a single node
     forward_tell: Callable[[uuid.UUID, object], None] | None
+    # cluster only, empty on a single node: device -> the link epoch this node claimed
+    # (hub/cluster/presence.py); rollout -> the lease this node holds on it (hub/cluster/leases.py)
+    link_epochs: dict[uuid.UUID, int]
+    rollout_fences: dict[uuid.UUID, Any]
+    window_changes: int      # update windows changed in this process (actors/rollout.py)
+    link_health: Any         # protocol_error(device, what, now): the diagnosis's count (hub/linkhealth.py)
 
     async def device_actor(self, device_id: uuid.UUID) -> "Actor": ...

@@ -14,22 +14,20 @@ import contextlib
 import copy
 import datetime as dt
 import uuid
-from types import SimpleNamespace
 
 import pytest
 import trio
 
-from actors.bus import Bus
 from actors.device import DeviceActor, DeviceEvent, GetLive, Reboot, Send
 from actors.machines.connection import Heartbeat, LinkDown, LinkUp
 from actors.runtime import ActorCrashed, Registry, Supervisor
 from device_client.shared.clock import TestClock
 from device_client.shared.protocol import subject
 from actors.errors import DeviceOffline, DeviceRefused, DeviceTimeout
-from hub.events import EventHub
 from hub.metering import Meter
 from hub.settings import Settings
 from storage.behind import WriteBehind
+from tests.actors.standin import stand_in
 
 DEV = uuid.UUID("00000000-0000-4000-8000-0000000000d1")
 ORG = uuid.UUID("00000000-0000-4000-8000-00000000000a")
@@ -99,9 +97,8 @@ class RecordingRegistry(Registry):
 @contextlib.asynccontextmanager
 async def hub(settings: Settings = SETTINGS, actor_class: type[DeviceActor] = DeviceActor):
     devices = FakeDevices()
-    s = SimpleNamespace(settings=settings, clock=TestClock(), devices=devices,
-                        presence=WriteBehind(devices.write_presence, interval=0.5, name="presence rows"),
-                        events=EventHub(), bus=Bus(), links={}, forward_tell=None)
+    s = stand_in(settings=settings, clock=TestClock(), devices=devices,
+                 presence=WriteBehind(devices.write_presence, interval=0.5, name="presence rows"))
     s.usage = FakeUsage()
     s.meter = Meter(s.usage, interval=1.0)
     async with trio.open_nursery() as nursery:

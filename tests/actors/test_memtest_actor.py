@@ -16,7 +16,6 @@ from types import SimpleNamespace
 import pytest
 import trio
 
-from actors.bus import Bus
 from actors.device import DeviceActor, DeviceEvent
 from actors.machines.connection import LinkDown, LinkUp
 from actors.machines.memtest_plan import plan_for
@@ -25,9 +24,9 @@ from actors.runtime import Registry, Supervisor
 from device_client.shared.clock import TestClock
 from device_client.shared.protocol import subject
 from actors.errors import Conflict, DeviceRefused, TooSoon
-from hub.events import EventHub
 from hub.settings import Settings
 from storage.behind import WriteBehind
+from tests.actors.standin import stand_in
 
 DEV = uuid.UUID("00000000-0000-4000-8000-0000000000d2")
 ORG = uuid.UUID("00000000-0000-4000-8000-00000000000b")
@@ -105,9 +104,8 @@ class Device:
 
 @contextlib.asynccontextmanager
 async def hub():
-    s = SimpleNamespace(settings=SETTINGS, clock=TestClock(), devices=FakeDevices(), events=EventHub(), bus=Bus(),
-                        links={}, forward_tell=None, memtests=FakeMemoryTests(),
-                        meter=SimpleNamespace(device_seen=lambda *a: None))
+    s = stand_in(settings=SETTINGS, clock=TestClock(), devices=FakeDevices(), memtests=FakeMemoryTests(),
+                 meter=SimpleNamespace(device_seen=lambda *a: None))
     s.presence = WriteBehind(s.devices.write_presence, interval=0.5)
     async with trio.open_nursery() as nursery:
         await nursery.start(s.presence.run)

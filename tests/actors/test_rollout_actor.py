@@ -11,17 +11,14 @@ runs the same path against PostgreSQL and real agents.
 from __future__ import annotations
 
 import datetime as dt
-import types
 import uuid
 
 import trio
 
-from actors.bus import Bus
 from actors.rollout import RolloutActor
 from actors.runtime import Registry, Supervisor
 from device_client.shared.clock import TestClock
-from hub.events import EventHub
-from hub.settings import Settings
+from tests.actors.standin import stand_in
 
 UTC = dt.timezone.utc
 EPOCH = dt.datetime(2026, 3, 27, 20, 0, tzinfo=UTC)  # a Friday, two days before Berlin's spring forward
@@ -88,9 +85,7 @@ def services_for(nursery, store: FakeStore):
     supervisor = Supervisor(nursery)
     registry = Registry(supervisor)
     device_actors = {d: FakeDeviceActor(store, d) for d in store.devices}
-    s = types.SimpleNamespace(
-        clock=TestClock(EPOCH), rollouts=store, windows=store, events=EventHub(), registry=registry,
-        settings=Settings(), bus=Bus())
+    s = stand_in(clock=TestClock(EPOCH), rollouts=store, windows=store, registry=registry)
     registry.lookup = lambda key: device_actors.get(key[1]) if key[0] == "device" else None
 
     async def device_actor(device_id):
