@@ -373,6 +373,13 @@ class DeviceActor(Actor):
         return (self.machine.state is cm.Conn.OFFLINE and not self._pending
                 and trio.current_time() >= self._last_activity + self.idle_timeout)
 
+    def on_given_up(self) -> None:
+        # Its link would go on feeding an actor that is gone: closed, the device reconnects and its
+        # hello starts a fresh actor from storage (what a restart would have done, minus the loop).
+        link = self.services.links.get(self.device_id)
+        if link is not None:
+            link.close(Close.INTERNAL_ERROR, "the hub restarts this device's state: reconnect")
+
     # -- effects -----------------------------------------------------------------------------
     def _feed(self, event: object) -> None:
         for effect in self.machine.handle(event, self.services.clock.now()):

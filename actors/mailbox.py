@@ -77,6 +77,13 @@ class Mailbox:
 
         return await trio.lowlevel.wait_task_rescheduled(abort)
 
+    def take_all(self) -> list[Any]:
+        """Everything still queued, removed (an actor given up answers each asker)."""
+        items, self._items = self._items, []
+        if self._room is not None:
+            self._room.unpark_all()
+        return items
+
     def close(self) -> None:
         self._closed = True
         if self._room is not None:

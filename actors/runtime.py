@@ -5,8 +5,9 @@
     ask / tell   ``await actor.ask(msg, timeout)`` waits for the reply; ``actor.tell(msg)`` does not,
                  and a full mailbox raises ``MailboxFull`` rather than dropping the message.
     Supervisor   runs actors in its nursery and restarts a crashed one with backoff; more than
-                 ``max_restarts`` crashes inside ``window`` seconds escalates: ``Escalation`` propagates
-                 and the process exits non-zero. Its one timer task wakes parked actors at their deadlines.
+                 ``max_restarts`` crashes inside ``window`` seconds gives that actor up (stopped, its
+                 askers answered, forgotten: the next message for its key starts a fresh one), never
+                 the process. Its one timer task wakes parked actors at their deadlines.
     Registry     gets or starts the actor for a key, and forgets it when it stops.
 
 The Supervisor and the Registry are in actors/supervisor.py (this module names them too).
@@ -169,6 +170,10 @@ class Actor:
     def should_stop(self) -> bool:
         """Checked when the mailbox is empty: True lets an idle actor end (passivation)."""
         return False
+
+    def on_given_up(self) -> None:
+        """The supervisor stopped this actor past its crash budget (actors/supervisor.py): undo what
+        would outlive it. Synchronous, and it must not raise."""
 
     # -- asking and telling --------------------------------------------------------------------
     def tell(self, msg: Any) -> None:

@@ -2,8 +2,11 @@
 Registry that finds or starts the actor for a key.
 
     Supervisor   runs actors in its nursery, one task per awake actor; restarts a crashed one after a
-                 backoff, or escalates (``Escalation``) past ``max_restarts`` crashes in ``window``
-                 seconds; wakes parked actors (a message, or its timer, actors/parktimer.py).
+                 backoff; past ``max_restarts`` crashes in ``window`` seconds gives that actor up (it
+                 stops, its askers hear ``ActorStopped``, the Registry forgets it, so the next message
+                 for its key starts a fresh one from storage); wakes parked actors (a message, or its
+                 timer, actors/parktimer.py). One actor's crashes cost that actor, never the process:
+                 one device sending what crashes its actor must not take the hub's other devices down.
     Registry     the actors by key, running or parked; ``get`` starts a missing one exactly once.
 
 How an actor runs, parks and waits out a storage outage is told in actors/runtime.py.
@@ -30,7 +33,8 @@ log = logging.getLogger("fleethub.actors")
 
 
 class Escalation(Exception):
-    """An actor crashed more often than its supervisor allows: the process must stop."""
+    """The supervisor itself cannot go on (its nursery failed): the process must stop. An actor's
+    crashes never raise it: past its budget the actor is given up (``Supervisor._give_up``)."""
 
 
 def is_storage_outage(exc: BaseException) -> bool:
@@ -69,6 +73,7 @@ class Supervisor:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.restarts_total = 0
+        self.given_up_total = 0  # actors stopped after exceeding their crash budget
         self.storage_waits_total = 0  # times an actor waited for storage instead of crashing
         self.running = 0  # actor tasks now (each awake actor has one)
         self.parked = 0  # actors parked now (no task; a message or the timer wakes them)
@@ -137,13 +142,16 @@ class Supervisor:
                         await trio.sleep_until(actor._storage_until)
                         first, status = False, trio.TASK_STATUS_IGNORED
                         continue
-                    await self._count_crash(actor, exc)
+                    if not await self._count_crash(actor, exc):
+                        self._give_up(actor)
+                        return
                     first, status = False, trio.TASK_STATUS_IGNORED
         finally:
             self.running -= 1
 
-    async def _count_crash(self, actor: Actor, exc: Exception) -> None:
-        """Escalate past ``max_restarts`` crashes in ``window``; else wait out the backoff."""
+    async def _count_crash(self, actor: Actor, exc: Exception) -> bool:
+        """False past ``max_restarts`` crashes in ``window`` (the actor is given up); else wait out the
+        backoff and say True (restart it)."""
         now = trio.current_time()
         crashes = actor._crash_times
         if crashes is None:
@@ -156,13 +164,31 @@ class Supervisor:
         while crashes and crashes[0] < now - self.window:
             crashes.popleft()
         if len(crashes) > self.max_restarts:
-            log.critical("actor %s crashed %d times in %ss; escalating", actor.key, len(crashes), self.window)
-            raise Escalation(f"actor {actor.key} exceeded its restart limit") from exc
+            log.critical("actor %s crashed %d times in %ss: given up (the next message for it starts a "
+                         "fresh one)", actor.key, len(crashes), self.window, exc_info=exc)
+            return False
         delay = backoff.next_delay()
         log.error("actor %s crashed; restarting in %.2fs", actor.key, delay, exc_info=exc)
         actor.restarts += 1
         self.restarts_total += 1
         await trio.sleep(delay)
+        return True
+
+    def _give_up(self, actor: Actor) -> None:
+        """Stop an actor past its crash budget: what waits in its mailbox is answered (an asker hears
+        ``ActorStopped``, nothing waits for a reply that will not come), the Registry forgets it, and
+        ``on_given_up`` lets it undo what outlives it (a DeviceActor closes its device's link)."""
+        from actors.errors import ActorStopped
+
+        self.given_up_total += 1
+        for _msg, reply in actor._mailbox.take_all():
+            if reply is not None:
+                reply.fail(ActorStopped(f"actor {actor.key} was given up after repeated crashes"))
+        actor._stop()
+        try:
+            actor.on_given_up()
+        except Exception:  # noqa: BLE001 — its own clean-up failing must not undo the containment
+            log.exception("actor %s: on_given_up failed", actor.key)
 
 
 
@@ -227,4 +253,5 @@ class Registry:
             handled += s.handled
         return {"actors": len(self._actors), "by_kind": by_kind, "mailbox_depth_max": depth_max,
                 "handled": handled, "restarts": self.supervisor.restarts_total,
+                "given_up": self.supervisor.given_up_total,
                 "storage_waits": self.supervisor.storage_waits_total}

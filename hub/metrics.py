@@ -187,6 +187,9 @@ class _HubCollector:
                       sup["parked"])
         yield _family(C, "fleethub_actor_wakes", "Tasks started for parked actors.", sup["wakes"])
         yield _family(C, "fleethub_actor_restarts", "Actor restarts by the supervisor.", reg["restarts"])
+        yield _family(C, "fleethub_actors_given_up",
+                      "Actors stopped past their crash budget (then started fresh at their next message).",
+                      reg["given_up"])
         yield _family(C, "fleethub_actor_storage_waits",
                       "Times an actor found PostgreSQL unreachable and waited to retry (not counted as a crash).",
                       reg["storage_waits"])

@@ -19,7 +19,7 @@ import trio.testing
 from actors.device import GetLive
 from actors.errors import ActorCrashed, ActorStopped, Conflict
 from actors.machines.connection import Heartbeat
-from actors.runtime import Actor, Escalation, Registry, Supervisor
+from actors.runtime import Actor, Registry, Supervisor
 from tests.actors.test_runtime import Probe
 from tests.actors.test_device_actor import SETTINGS, connect, hub, state_event
 
@@ -220,27 +220,28 @@ async def test_a_deadline_read_as_now_plus_an_interval_fires_on_time_across_park
         assert actor.parked and sup.statistics()["wakes"] == 4
 
 
-async def test_a_crash_after_a_wake_restarts_with_on_start_and_counts_towards_escalation(autojump_clock):
+async def test_a_crash_after_a_wake_restarts_with_on_start_and_counts_towards_its_crash_budget(autojump_clock):
     actor = Sleeper()
     with trio.fail_after(1000):
-        with pytest.RaisesGroup(Escalation):
-            async with trio.open_nursery() as nursery:
-                sup = Supervisor(nursery, max_restarts=2, window=60, backoff_initial=1.0)
-                await sup.start(actor)
-                await trio.sleep(5)
-                assert actor.parked
-                with pytest.raises(ActorCrashed):
-                    await actor.ask(("crash",), timeout=5)
-                actor.tell(("echo", "after"))
-                await trio.sleep(5)
-                assert actor.starts == [0, 6]  # restarted 1 s later, on_start again
-                assert actor.seen == ["after"] and actor.restarts == 1
-                assert actor.parked  # and parked again once idle
-                actor.tell(("crash",))  # the second crash, after another wake: backoff doubled
-                await trio.sleep(10)
-                assert actor.starts == [0, 6, 12] and actor.restarts == 2 and actor.parked
-                actor.tell(("crash",))  # a third within the window: escalates, parks in between or not
-                await trio.sleep_forever()
+        async with trio.open_nursery() as nursery:
+            sup = Supervisor(nursery, max_restarts=2, window=60, backoff_initial=1.0)
+            await sup.start(actor)
+            await trio.sleep(5)
+            assert actor.parked
+            with pytest.raises(ActorCrashed):
+                await actor.ask(("crash",), timeout=5)
+            actor.tell(("echo", "after"))
+            await trio.sleep(5)
+            assert actor.starts == [0, 6]  # restarted 1 s later, on_start again
+            assert actor.seen == ["after"] and actor.restarts == 1
+            assert actor.parked  # and parked again once idle
+            actor.tell(("crash",))  # the second crash, after another wake: backoff doubled
+            await trio.sleep(10)
+            assert actor.starts == [0, 6, 12] and actor.restarts == 2 and actor.parked
+            actor.tell(("crash",))  # a third within the window: given up, parked in between or not
+            await trio.sleep(5)
+            assert actor.stopped and sup.given_up_total == 1
+            nursery.cancel_scope.cancel()
     assert actor.restarts == 2 and sup.restarts_total == 2
 
 

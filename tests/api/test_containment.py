@@ -213,3 +213,41 @@ async def test_a_key_push_tells_a_bounded_number_of_devices_at_once(nursery, db_
             assert await grants.push_hub_keys(hub.services) == 8
             devices.cancel_scope.cancel()
         assert most == 3
+
+
+async def test_a_device_whose_actor_keeps_crashing_costs_itself_and_not_the_hub(nursery, db_url, tmp_path, monkeypatch):
+    """Past its crash budget one DeviceActor is given up (before: Escalation stopped the whole hub, every
+    device with it). Its link is closed, the device reconnects to a fresh actor, the other device never
+    notices."""
+    from actors.device import DeviceActor
+    from actors.machines.connection import Heartbeat
+
+    with trio.fail_after(90):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        bad, bad_token = await hub.provision("bad")
+        good, good_token = await hub.provision("good")
+        bad_agent = await start_agent(nursery, hub.base_url, bad_token, tmp_path / "bad")
+        await start_agent(nursery, hub.base_url, good_token, tmp_path / "good")
+        crashing = {"on": True}
+        receive = DeviceActor.receive
+
+        async def faulty(self, msg):
+            if crashing["on"] and str(self.device_id) == bad and isinstance(msg, Heartbeat):
+                raise RuntimeError("a bug this device's heartbeats reach")
+            return await receive(self, msg)
+
+        async def pings(device_id: str) -> bool:
+            return (await hub.call("POST", f"/v1/devices/{device_id}/ping")).status_code == 200
+
+        await wait_for(lambda: pings(bad), timeout=20)
+        await wait_for(lambda: pings(good), timeout=20)
+        links_before = bad_agent.agent.statistics().links
+        monkeypatch.setattr(DeviceActor, "receive", faulty)
+        sup = hub.services.supervisor
+        await wait_for(lambda: sup.given_up_total >= 1, timeout=30, interval=0.1)
+        crashing["on"] = False
+        assert await pings(good)  # the hub and the other device go on
+        await wait_for(lambda: bad_agent.agent.statistics().links > links_before, timeout=30)
+        await wait_for(lambda: pings(bad), timeout=20)  # a fresh actor for the device that reconnected
+        text = await metrics(hub)
+        assert metric_value(text, "fleethub_actors_given_up_total") >= 1
