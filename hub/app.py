@@ -101,7 +101,27 @@ class HubApp(QuartTrio):
             await self.asgi_app(scope, receive, send)
 
 
+# CPython 3.11's ast module can raise this spuriously when other threads run while it builds a tree
+# (python/cpython#106905, fixed in later releases); werkzeug compiles every URL rule with ast.parse, and
+# a hub process has threads (aiortc's loop, the embedded PostgreSQL's watcher). Building the app is
+# pure, so it is built again: a hub must not fail to start on an interpreter bug that a retry avoids.
+_AST_FLAKE = "AST constructor recursion depth mismatch"
+_BUILD_ATTEMPTS = 3
+
+
 def create_app(services: Services) -> HubApp:
+    for _ in range(_BUILD_ATTEMPTS - 1):
+        try:
+            return _build_app(services)
+        except SystemError as exc:
+            if _AST_FLAKE not in str(exc):
+                raise
+            log.warning("building the app met CPython's spurious %r (python/cpython#106905): built again",
+                        _AST_FLAKE)
+    return _build_app(services)
+
+
+def _build_app(services: Services) -> HubApp:
     # no static_folder: Quart's default /static/<path> route served nothing of ours (the console has
     # its own, hub/console/pages.py) and answered a path the file system refused with a 500
     app = HubApp("fleethub", static_folder=None)
