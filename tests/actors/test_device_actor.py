@@ -26,6 +26,7 @@ from actors.runtime import ActorCrashed, Registry, Supervisor
 from device_client.shared.clock import TestClock
 from device_client.shared.protocol import subject
 from actors.errors import DeviceOffline, DeviceRefused, DeviceTimeout
+from hub.eventlog import Journal
 from hub.events import EventHub
 from hub.metering import Meter
 from hub.settings import Settings
@@ -102,6 +103,7 @@ async def hub(settings: Settings = SETTINGS, actor_class: type[DeviceActor] = De
     s = SimpleNamespace(settings=settings, clock=TestClock(), devices=devices,
                         presence=WriteBehind(devices.write_presence, interval=0.5, name="presence rows"),
                         events=EventHub(), bus=Bus(), links={})
+    s.journal = Journal(None, s.events, enabled=False)  # published at once, as before the log
     s.usage = FakeUsage()
     s.meter = Meter(s.usage, interval=1.0)
     async with trio.open_nursery() as nursery:

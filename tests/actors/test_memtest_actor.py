@@ -25,6 +25,7 @@ from actors.runtime import Registry, Supervisor
 from device_client.shared.clock import TestClock
 from device_client.shared.protocol import subject
 from actors.errors import Conflict, DeviceRefused, TooSoon
+from hub.eventlog import Journal
 from hub.events import EventHub
 from hub.settings import Settings
 from storage.behind import WriteBehind
@@ -107,6 +108,7 @@ class Device:
 async def hub():
     s = SimpleNamespace(settings=SETTINGS, clock=TestClock(), devices=FakeDevices(), events=EventHub(), bus=Bus(),
                         links={}, memtests=FakeMemoryTests(), meter=SimpleNamespace(device_seen=lambda *a: None))
+    s.journal = Journal(None, s.events, enabled=False)  # published at once, as before the log
     s.presence = WriteBehind(s.devices.write_presence, interval=0.5)
     async with trio.open_nursery() as nursery:
         await nursery.start(s.presence.run)

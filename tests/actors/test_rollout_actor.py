@@ -20,6 +20,8 @@ from actors.bus import Bus
 from actors.rollout import RolloutActor
 from actors.runtime import Registry, Supervisor
 from device_client.shared.clock import TestClock
+from hub.eventlog import Journal
+from hub.eventlog import Journal
 from hub.events import EventHub
 from hub.settings import Settings
 
@@ -51,7 +53,7 @@ class FakeStore:
         return dict(self.row), [dict(s) for s in self.steps.values()]
 
     async def save(self, rollout_id, now, *, state, current_batch, reason, accepted_failures, accepted_batch, steps,
-                   fence=None):
+                   fence=None, events=()):
         self.row.update(state=state, current_batch=current_batch, reason=reason,
                         accepted_failures=accepted_failures, accepted_batch=accepted_batch)
         for device_id, step, error, at in steps:
@@ -91,6 +93,7 @@ def services_for(nursery, store: FakeStore):
     s = types.SimpleNamespace(
         clock=TestClock(EPOCH), rollouts=store, windows=store, events=EventHub(), registry=registry,
         settings=Settings(), bus=Bus())
+    s.journal = Journal(None, s.events, enabled=False)  # rollout events are published, not logged, here
     registry.lookup = lambda key: device_actors.get(key[1]) if key[0] == "device" else None
 
     async def device_actor(device_id):
