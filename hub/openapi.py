@@ -133,6 +133,7 @@ EXTENSIONS: dict[tuple[str, str], str] = {
     ("get", "/v1/fleets/{fleetId}/update-window"): "The fleet's update window.",
     ("delete", "/v1/fleets/{fleetId}/update-window"): "Remove the fleet's update window (rollouts are then never held).",
     ("post", "/v1/cli/tunnel/token"): "A 15-minute tunnel token (the TunnelToken credential of the session routes).",
+    ("get", "/v1/events"): "The organisation's event log after a cursor, as CloudEvents (docs/events.md).",
     ("get", "/v1/assistant/system-prompt"): "The assistant's dashboard system prompt, tools and limits (public).",
 }
 
