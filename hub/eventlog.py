@@ -43,8 +43,9 @@ RETRY_AFTER = 0.5  # seconds between tries while PostgreSQL is away
 
 def record_of(e: Event) -> dict[str, Any]:
     """The event as the SSE streams send it (the shape the actors publish)."""
-    key = "rolloutId" if e.rollout_id is not None else "deviceId"
-    return {"kind": e.kind, key: str(e.rollout_id or e.device_id), "at": rfc3339(e.time), "payload": e.data}
+    kind, _, ident = e.subject.partition("/")
+    key = {"devices": "deviceId", "rollouts": "rolloutId", "webhooks": "webhookId"}[kind]
+    return {"kind": e.kind, key: ident, "at": rfc3339(e.time), "payload": e.data}
 
 
 def envelope(e: Event) -> dict[str, Any]:
@@ -56,8 +57,11 @@ def envelope(e: Event) -> dict[str, Any]:
 
 def topics(org_id: uuid.UUID, event: dict[str, Any]) -> list[tuple[str, Any]]:
     _, device_id, rollout_id = subject_of(event)
-    first = ("rollout", rollout_id) if rollout_id is not None else ("device", device_id)
-    return [first, ("org", org_id)]
+    if rollout_id is not None:
+        return [("rollout", rollout_id), ("org", org_id)]
+    if device_id is not None:
+        return [("device", device_id), ("org", org_id)]
+    return [("org", org_id)]  # a webhook's: the organisation's stream alone
 
 
 def publish_all(hub: EventHub, org_id: uuid.UUID, event: dict[str, Any]) -> None:

@@ -42,6 +42,7 @@ from storage.db import Database
 from storage.private import secure_data_dir
 from storage.devices import CHANGED_CHANNEL as DEVICES_CHANGED, Devices
 from storage.events import EventLog
+from storage.webhooks import Webhooks
 from storage.configs import Configurations
 from storage.crypto import SecretBox
 from storage.fleets import Fleets
@@ -147,6 +148,8 @@ class Services:
         self.audit_log = WriteBehind(self.audit.write_many, interval=1.0, name="audit events")
         self.event_log = EventLog(self.db)
         self.journal = Journal(self.event_log, self.events, enabled=self.settings.event_log)
+        self.webhooks = Webhooks(self.db)
+        self.deliverer: Any = None  # hub/webhooks/worker.py, while this process delivers webhooks
         # The HTTP app's view functions by endpoint (hub/app.py sets it): authentication finds the
         # view a request was routed to without a read through Quart's current_app proxy.
         self.http_views: dict | None = None
@@ -349,6 +352,9 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                 if serving and settings.event_log:
                     await nursery.start(keep_pruned, services.event_log, services.clock,
                                         settings.event_retention_days)
+                    from hub.webhooks.worker import Deliverer
+                    services.deliverer = Deliverer(services)
+                    await nursery.start(services.deliverer.run)
                 await nursery.start(services.auth_cache.keep_fresh)  # credentials refreshed before expiry
                 await nursery.start(services.meter.run)
                 if serving:

@@ -44,10 +44,12 @@ class NewEvent:
 
 def subject_of(event: dict[str, Any]) -> tuple[str, uuid.UUID | None, uuid.UUID | None]:
     """(subject, device id, rollout id) of an event record as the actors publish it
-    (``{kind, deviceId | rolloutId, at, payload}``)."""
+    (``{kind, deviceId | rolloutId | webhookId, at, payload}``)."""
     if "rolloutId" in event:
         rollout_id = uuid.UUID(str(event["rolloutId"]))
         return f"rollouts/{rollout_id}", None, rollout_id
+    if "webhookId" in event:
+        return f"webhooks/{uuid.UUID(str(event['webhookId']))}", None, None
     device_id = uuid.UUID(str(event["deviceId"]))
     return f"devices/{device_id}", device_id, None
 
@@ -165,13 +167,21 @@ class EventLog:
         return await self.db.run(append_on, events, transaction=True)
 
     async def page(self, org_id: uuid.UUID, after: int, *, limit: int = 100, types: Sequence[str] = (),
-                   subject: str | None = None, visibility: Visibility = Visibility(True)) -> list[Event]:
-        """The organisation's events after cursor ``after``, oldest first, at most ``limit``."""
+                   subject: str | None = None, visibility: Visibility = Visibility(True),
+                   fleets_any: Sequence[uuid.UUID] | None = None, upto: int | None = None) -> list[Event]:
+        """The organisation's events after cursor ``after`` (and up to ``upto``), oldest first, at most
+        ``limit``. ``fleets_any``: only events of one of these fleets (a webhook's filter)."""
         args: list[Any] = [org_id, after, min(limit, MAX_PAGE)]
         where = ["org_id = $1", "org_seq > $2", _visible_sql(visibility, args), _type_sql(types, args)]
         if subject is not None:
             args.append(subject)
             where.append(f"subject = ${len(args)}")
+        if fleets_any is not None:
+            args.append(list(fleets_any))
+            where.append(f"fleet_ids && ${len(args)}::uuid[]")
+        if upto is not None:
+            args.append(upto)
+            where.append(f"org_seq <= ${len(args)}")
         rows = await self.db.fetch(
             f"SELECT {_COLUMNS} FROM events WHERE {' AND '.join(where)} ORDER BY org_seq LIMIT $3", *args)
         return [_event(r) for r in rows]
