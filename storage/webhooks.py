@@ -64,13 +64,18 @@ async def reencrypt(conn: asyncpg.Connection, convert) -> int:
     return len(rows)
 
 
+_LOG = """INSERT INTO webhook_deliveries (endpoint_id, org_seq, event_id, type, attempt, status, ok, latency_ms,
+                                          excerpt, error, manual, at)
+          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"""
+
+
+def _log_args(endpoint_id: uuid.UUID, a: Attempt) -> tuple:
+    return (endpoint_id, a.org_seq, a.event_id, a.type, a.attempt, a.status, a.ok, a.latency_ms,
+            a.excerpt[:EXCERPT_CHARS], a.error, a.manual, a.at)
+
+
 async def _log(conn: asyncpg.Connection, endpoint_id: uuid.UUID, a: Attempt) -> int:
-    return await conn.fetchval(
-        """INSERT INTO webhook_deliveries (endpoint_id, org_seq, event_id, type, attempt, status, ok, latency_ms,
-                                           excerpt, error, manual, at)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id""",
-        endpoint_id, a.org_seq, a.event_id, a.type, a.attempt, a.status, a.ok, a.latency_ms,
-        a.excerpt[:EXCERPT_CHARS], a.error, a.manual, a.at)
+    return await conn.fetchval(_LOG + " RETURNING id", *_log_args(endpoint_id, a))
 
 
 async def _fenced(conn: asyncpg.Connection, fence: WebhookFence) -> None:
@@ -182,16 +187,18 @@ class Webhooks:
 
         await self.db.run(body, transaction=True)
 
-    async def delivered(self, fence: WebhookFence, attempt: Attempt) -> None:
-        """The receiver took the event: logged, and the cursor moves past it, in one transaction."""
+    async def delivered(self, fence: WebhookFence, attempts: Sequence[Attempt]) -> None:
+        """Receivers took these events (in cursor order): logged, and the cursor moves past the last,
+        in one transaction."""
         async def body(conn: asyncpg.Connection) -> None:
             await _fenced(conn, fence)
-            await _log(conn, fence.endpoint_id, attempt)
+            await conn.executemany(_LOG, [_log_args(fence.endpoint_id, a) for a in attempts])
             await conn.execute("UPDATE webhook_endpoints SET cursor = GREATEST(cursor, $2), attempts = 0, "
                                "failing_since = NULL, next_attempt_at = NULL WHERE id = $1",
-                               fence.endpoint_id, attempt.org_seq)
+                               fence.endpoint_id, max(a.org_seq for a in attempts))
 
-        await self.db.run(body, transaction=True)
+        if attempts:
+            await self.db.run(body, transaction=True)
 
     async def failed(self, fence: WebhookFence, attempt: Attempt, next_attempt_at: dt.datetime | None,
                      disable_reason: str | None = None) -> None:

@@ -63,20 +63,27 @@ async def check_address(url: str, allow_private: bool) -> None:
                       "webhooks there only when its operator sets FLEETHUB_WEBHOOKS_ALLOW_PRIVATE=1") from None
 
 
+def client(*, allow_private: bool, timeout: float = TIMEOUT) -> httpx.AsyncClient:
+    """A client for one endpoint's deliveries (its connection is kept alive between them): the
+    address checks on every request unless ``allow_private``, no redirects, ``timeout``."""
+    transport = httpx.AsyncHTTPTransport() if allow_private else PinnedTransport(())
+    return httpx.AsyncClient(transport=transport, follow_redirects=False, timeout=httpx.Timeout(timeout))
+
+
 async def post(url: str, body: bytes, headers: dict[str, str], *, allow_private: bool,
-               timeout: float = TIMEOUT) -> Outcome:
+               timeout: float = TIMEOUT, using: httpx.AsyncClient | None = None) -> Outcome:
+    """One delivery; ``using``: an endpoint's client (``client``), else one made for this request."""
     started = time.perf_counter()
 
     def done(status: int | None, excerpt: str = "", error: str | None = None) -> Outcome:
         return Outcome(status, (time.perf_counter() - started) * 1000, excerpt, error)
 
-    transport = httpx.AsyncHTTPTransport() if allow_private else PinnedTransport(())
     try:
         check_url(url)
         with trio.fail_after(timeout):
-            async with httpx.AsyncClient(transport=transport, follow_redirects=False,
-                                         timeout=httpx.Timeout(timeout)) as client:
-                async with client.stream("POST", url, content=body, headers=headers) as response:
+            async with (client(allow_private=allow_private, timeout=timeout) if using is None
+                        else _borrowed(using)) as http:
+                async with http.stream("POST", url, content=body, headers=headers) as response:
                     kept = bytearray()
                     async for chunk in response.aiter_raw():
                         kept += chunk
@@ -100,3 +107,16 @@ async def post(url: str, body: bytes, headers: dict[str, str], *, allow_private:
         return done(None, error=f"the request failed ({type(exc).__name__})")
     except OSError as exc:
         return done(None, error=f"the request failed ({type(exc).__name__})")
+
+
+class _borrowed:
+    """An endpoint's client used for one request and left open for the next."""
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+
+    async def __aenter__(self) -> httpx.AsyncClient:
+        return self.http
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None

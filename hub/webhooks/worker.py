@@ -50,12 +50,12 @@ def body_of(event: dict[str, Any]) -> bytes:
     return json.dumps(event, separators=(",", ":")).encode()
 
 
-async def send(s: Any, url: str, secret: str, event: dict[str, Any]) -> sender.Outcome:
+async def send(s: Any, url: str, secret: str, event: dict[str, Any], using: Any = None) -> sender.Outcome:
     """One signed POST of a CloudEvent (``webhook-id`` is the event's id: a retry repeats it)."""
     body = body_of(event)
     stamp = int(s.clock.now().timestamp())
     return await sender.post(url, body, signing.headers(secret, event["id"], stamp, body),
-                             allow_private=s.settings.webhooks_allow_private)
+                             allow_private=s.settings.webhooks_allow_private, using=using)
 
 
 def attempt_of(event: dict[str, Any], outcome: sender.Outcome, number: int, now: dt.datetime, *,
@@ -133,6 +133,8 @@ class Deliverer:
         renew_at = trio.current_time() + ttl / 3
         secret = s.secret_box.open(await s.webhooks.secret(fence.endpoint_id)).decode()
         subscription = s.events.subscribe(("org", row["org_id"]))
+        done: list[Attempt] = []  # taken by the receiver, not yet written
+        http = sender.client(allow_private=s.settings.webhooks_allow_private)
         try:
             while True:
                 if trio.current_time() >= renew_at:
@@ -163,25 +165,38 @@ class Deliverer:
                             pass
                     continue
                 for e in page:
-                    if not await self._one(fence, row, secret, envelope(e)):
+                    if not await self._one(fence, row, secret, envelope(e), http, done):
                         break
                     if trio.current_time() >= renew_at:
                         break
+                await self._write_done(fence, done)
         finally:
             subscription.close()
+            with trio.move_on_after(2, shield=True):
+                await http.aclose()
 
-    async def _one(self, fence: WebhookFence, row: dict, secret: str, event: dict[str, Any]) -> bool:
-        """Send one event; True when the receiver took it (the cursor moved past it)."""
+    async def _write_done(self, fence: WebhookFence, done: list[Attempt]) -> None:
+        """The deliveries taken since the last write, logged and the cursor moved, in one transaction.
+        Written after each page (at most ``PAGE`` events) and before a failure is: a node killed
+        before it sends them again (at least once)."""
+        taken = list(done)
+        done.clear()
+        await self.s.webhooks.delivered(fence, taken)
+
+    async def _one(self, fence: WebhookFence, row: dict, secret: str, event: dict[str, Any], http: Any,
+                   done: list[Attempt]) -> bool:
+        """Send one event; True when the receiver took it (written with the page, ``_write_done``)."""
         s = self.s
-        outcome = await send(s, row["url"], secret, event)
+        outcome = await send(s, row["url"], secret, event, http)
         now = s.clock.now()
         number = row["attempts"] + 1
         attempt = attempt_of(event, outcome, number, now)
         if outcome.ok:
-            await s.webhooks.delivered(fence, attempt)
+            done.append(attempt)
             self.delivered += 1
             row.update(cursor=attempt.org_seq, attempts=0, failing_since=None, next_attempt_at=None)
             return True
+        await self._write_done(fence, done)
         self.failed += 1
         failing_since = row["failing_since"] or now
         if self.schedule.exhausted(failing_since, now):

@@ -235,7 +235,7 @@ async def test_a_write_under_a_lease_taken_over_is_refused(nursery, db_url, tmp_
                           status=200, ok=True, latency_ms=1.0, excerpt="", error=None, manual=False, at=now)
         stale = type(taken)(endpoint_id, s.deliverer.owner, taken.epoch - 1)
         try:
-            await s.webhooks.delivered(stale, attempt)
+            await s.webhooks.delivered(stale, [attempt])
         except Stale:
             pass
         else:
