@@ -98,11 +98,15 @@ def _event(s, device_id: str, n: int) -> dict:
             "payload": {"n": n}}
 
 
-async def _feed(s, org_id, devices: list[str], rate: float, seconds: float, sent: dict | None = None) -> int:
-    """``rate`` events a second, in ticks of 10 ms, round robin over ``devices``; returns how many."""
+async def _feed(s, org_id, devices: list[str], rate: float, seconds: float, sent: dict | None = None,
+                limit: int | None = None) -> int:
+    """``rate`` events a second (at most ``limit``), in ticks of 10 ms, round robin over ``devices``;
+    returns how many."""
     n, started = 0, trio.current_time()
-    while trio.current_time() - started < seconds:
+    while trio.current_time() - started < seconds and (limit is None or n < limit):
         due = int((trio.current_time() - started) * rate)
+        if limit is not None:
+            due = min(due, limit)
         while n < due:
             if sent is not None:
                 sent[n] = trio.current_time()
@@ -194,7 +198,8 @@ async def part_outage(bench: Bench, args) -> dict:
             await _endpoint(client, base, headers, receiver.url)
             await trio.sleep(SCAN_WAIT)
             total = args.subjects * args.per_subject
-            await _feed(s, org_id, devices, total / max(1.0, args.down / 2), max(1.0, args.down / 2) + 0.5)
+            await _feed(s, org_id, devices, total / max(1.0, args.down / 2), max(1.0, args.down / 2) + 0.5,
+                        limit=total)
             await trio.sleep(max(0.0, args.down - max(1.0, args.down / 2)))
             up["yes"] = True
             back = trio.current_time()
@@ -235,9 +240,8 @@ async def part_resume(bench: Bench, args) -> dict:
                 total["n"] = n
 
             total: dict = {}
-            nursery.start_soon(feed)
             url = f"{base}/v1/devices/{device}/events"
-            for _ in range(args.drops + 1):
+            for drop in range(args.drops + 1):
                 want = rand.randint(1, 20)
                 hdrs = {**headers, **({"Last-Event-ID": last} if last is not None else {})}
                 async with client.stream("GET", url, headers=hdrs) as r:
@@ -253,6 +257,8 @@ async def part_resume(bench: Bench, args) -> dict:
                         elif line == "" and name is not None:
                             last, name = ident, None
                             got += 1
+                            if drop == 0 and got == 1:
+                                nursery.start_soon(feed)  # after the snapshot: it covers what came before
                             if got >= want:
                                 break
             feeding.set()
