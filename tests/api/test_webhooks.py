@@ -279,3 +279,21 @@ async def test_two_nodes_deliver_each_event_once_per_endpoint_and_one_stopping_l
         await trio.sleep(0.3)
         for r in receivers:
             assert [json.loads(q.body)["data"]["n"] for q in r.requests] == list(range(10))
+
+
+async def test_a_key_rotation_reseals_the_signing_secrets(nursery, db_url, tmp_path):
+    from storage.crypto import SecretBox, rotate
+
+    with trio.fail_after(60):
+        hub, receiver = await _setup(nursery, db_url, tmp_path)
+        s = hub.services
+        created = await _endpoint(hub, receiver)
+        before = await s.webhooks.secret(uuid.UUID(created["id"]))
+        await rotate(s.settings.data_dir, s.secrets.reencrypt_all)
+        after = await s.webhooks.secret(uuid.UUID(created["id"]))
+        assert after != before
+        s.secret_box.reload()
+        assert SecretBox.from_data_dir(s.settings.data_dir).open(after).decode() == created["secret"]
+        r = await hub.call("POST", f"/v1/webhooks/{created['id']}/test")
+        assert r.json()["data"]["ok"] is True
+        _verified(created["secret"], receiver.requests[-1])
