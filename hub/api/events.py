@@ -16,7 +16,7 @@ from quart import Blueprint
 from hub.api.common import errors, org, services
 from hub.api.validation import query, responds
 from hub.auth.authz import scope_for_list
-from hub.errors import BadRequest, Gone
+from hub.errors import BadRequest, Gone, Unavailable
 from hub.eventlog import TYPE_PREFIX, envelope
 from storage.events import MAX_PAGE, Visibility
 
@@ -69,11 +69,13 @@ def kinds_of(raw: str | None) -> list[str]:
 @bp.get("/events")
 @query(EventsQuery)
 @responds(EventsPage)
-@errors(400, 401, 403, 410)
+@errors(400, 401, 403, 410, 503)
 async def list_events(query_args: EventsQuery):
     """The organisation's events after a cursor, oldest first, with the caller's visibility (410
     cursor_expired when retention removed events after the cursor: details.oldestCursor)."""
     s = services()
+    if not s.settings.event_log:
+        raise Unavailable("the event log is off on this hub (FLEETHUB_EVENT_LOG=0)", code="event_log_off")
     q = query_args
     kinds = kinds_of(q.type)
     org_id = org().org_id

@@ -182,3 +182,18 @@ async def test_a_cursor_past_retention_answers_410_with_the_oldest_cursor(nurser
         assert assert_error(r, 410, "cursor_expired")["details"] == {"oldestCursor": 2}
         assert await s.event_log.prune(s.clock.now() + dt.timedelta(seconds=1), batch=2) == 1
         assert await s.event_log.prune(s.clock.now() + dt.timedelta(seconds=1), batch=2) == 0
+
+
+async def test_with_the_log_off_streams_carry_events_live_without_ids(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path, event_log=False)
+        device_id, _ = await hub.provision("unlogged")
+        assert_error(await hub.call("GET", "/v1/events"), 503, "event_log_off")
+        url = f"{hub.base_url}/v1/devices/{device_id}/events"
+        async with hub.client.stream("GET", url, headers=hub.headers) as r:
+            lines = r.aiter_lines()
+            [(snap_id, _, _)] = await _sse(lines, 1)
+            await _record(hub, device_id, 1)
+            [(event_id, name, data)] = await _sse(lines, 1)
+        assert snap_id is None and event_id is None and name == "device.event.probe" and data["payload"] == {"n": 0}
+        assert await hub.services.event_log.cursors(uuid.UUID(hub.org_id)) == (0, 0)  # nothing written
