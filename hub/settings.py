@@ -127,7 +127,8 @@ class Settings:
             node_lease_seconds=_float("FLEETHUB_NODE_LEASE_SECONDS", 10.0),
             event_log=os.environ.get("FLEETHUB_EVENT_LOG", "1").lower() not in ("off", "0", "false", "no"),
             event_retention_days=_float("FLEETHUB_EVENT_RETENTION_DAYS", 7.0),
-            webhooks_allow_private=os.environ.get("FLEETHUB_WEBHOOKS_ALLOW_PRIVATE", "0").lower() in ("1", "true", "yes", "on"),
+            webhooks_allow_private=os.environ.get("FLEETHUB_WEBHOOKS_ALLOW_PRIVATE", "0").lower()
+            in ("1", "true", "yes", "on"),
             trusted_proxy_hops=int(os.environ.get("FLEETHUB_TRUSTED_PROXY_HOPS", "0")),
             certfile=Path(os.environ["FLEETHUB_CERTFILE"]) if os.environ.get("FLEETHUB_CERTFILE") else None,
             keyfile=Path(os.environ["FLEETHUB_KEYFILE"]) if os.environ.get("FLEETHUB_KEYFILE") else None,
