@@ -297,3 +297,16 @@ async def test_a_key_rotation_reseals_the_signing_secrets(nursery, db_url, tmp_p
         r = await hub.call("POST", f"/v1/webhooks/{created['id']}/test")
         assert r.json()["data"]["ok"] is True
         _verified(created["secret"], receiver.requests[-1])
+
+
+def test_the_retry_schedule_doubles_with_jitter_in_its_upper_half_and_gives_up_after_three_days():
+    import random
+
+    schedule, rand = Schedule(), random.Random(3)
+    for attempt, wait in [(1, 5), (2, 10), (3, 20), (10, 2560), (11, 3600), (50, 3600)]:
+        delays = [schedule.delay(attempt, rand) for _ in range(200)]
+        assert wait / 2 <= min(delays) and max(delays) <= wait, (attempt, min(delays), max(delays))
+        assert max(delays) - min(delays) > wait / 4  # jittered, not one value
+    since = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
+    assert not schedule.exhausted(since, since + dt.timedelta(days=3) - dt.timedelta(seconds=1))
+    assert schedule.exhausted(since, since + dt.timedelta(days=3))
