@@ -127,16 +127,22 @@ class Journal:
                     pass
 
     async def _flush_once(self) -> bool:
-        """Write one batch; False when PostgreSQL is away (the batch stays queued, in order)."""
+        """Write one batch; False when PostgreSQL is away (what is not written stays queued, in order)."""
         batch = [self._pending[i] for i in range(min(self.max_batch, len(self._pending)))]
         try:
             await self._write(batch)
         except DatabaseUnavailable:
             return False
-        for _ in batch:
-            self._pending.popleft()
         self._outage_logged = False
         return True
+
+    def _dequeue(self, written: list[tuple[uuid.UUID, dict[str, Any]]]) -> None:
+        """Take written events off the queue as soon as they are written, so that an outage in the
+        middle of a batch written by halves writes none of them twice. By identity: ``record`` may
+        have dropped the oldest meanwhile (queue full)."""
+        for item in written:
+            if self._pending and self._pending[0] is item:
+                self._pending.popleft()
 
     async def _write(self, batch: list[tuple[uuid.UUID, dict[str, Any]]]) -> None:
         try:
@@ -150,9 +156,11 @@ class Journal:
                 await self._write(batch[half:])
                 return
             self.set_aside += 1
+            self._dequeue(batch)
             log.error("an event of kind %s was refused by the event log and set aside (%s)",
                       batch[0][1].get("kind"), type(exc).__name__)
             return
+        self._dequeue(batch)
         self.appended += len(batch)
         for org_id, event in batch:
             publish_all(self.hub, org_id, event)

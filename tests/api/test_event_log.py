@@ -197,3 +197,57 @@ async def test_with_the_log_off_streams_carry_events_live_without_ids(nursery, d
             [(event_id, name, data)] = await _sse(lines, 1)
         assert snap_id is None and event_id is None and name == "device.event.probe" and data["payload"] == {"n": 0}
         assert await hub.services.event_log.cursors(uuid.UUID(hub.org_id)) == (0, 0)  # nothing written
+
+
+class _FlakyLog:
+    """An EventLog stand-in: refuses events whose payload says so, and is away while ``away``."""
+
+    def __init__(self) -> None:
+        self.written: list[int] = []
+        self.away = False
+        self.away_after_calls: int | None = None
+        self.calls = 0
+
+    async def append(self, events) -> list[int]:
+        from storage.db import DatabaseUnavailable
+
+        self.calls += 1
+        if self.away or (self.away_after_calls is not None and self.calls > self.away_after_calls):
+            raise DatabaseUnavailable("away")
+        if any(e.data.get("refuse") for e in events):
+            raise ValueError("a row PostgreSQL refuses")
+        self.written += [e.data["n"] for e in events]
+        return list(range(len(events)))
+
+
+async def test_the_journal_sets_aside_a_refused_event_and_writes_nothing_twice_across_an_outage():
+    from hub.eventlog import Journal
+    from hub.events import EventHub
+
+    with trio.fail_after(30):
+        flaky, hub = _FlakyLog(), EventHub()
+        journal = Journal(flaky, hub)
+        org, device = uuid.uuid4(), str(uuid.uuid4())
+        heard = hub.subscribe(("device", uuid.UUID(device)))
+        at = "2026-11-27T19:00:00.000Z"
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            # one batch of 8 with a refused event in the middle; PostgreSQL goes away during the
+            # halves (after the first three appends): what was written before must not be written again
+            flaky.away_after_calls = 3
+            for n in range(8):
+                journal.record(org, {"kind": "device.event.x", "deviceId": device, "at": at,
+                                     "payload": {"n": n, "refuse": n == 5}})
+            await wait_for(lambda: flaky.calls > 4, timeout=10)
+            flaky.away_after_calls = None
+            await journal.wait_written()
+            nursery.cancel_scope.cancel()
+        assert sorted(flaky.written) == [0, 1, 2, 3, 4, 6, 7] and len(flaky.written) == 7
+        assert journal.set_aside == 1 and journal.appended == 7
+        published = []
+        while True:
+            try:
+                published.append(heard.receive.receive_nowait()["payload"]["n"])
+            except trio.WouldBlock:
+                break
+        assert published == [0, 1, 2, 3, 4, 6, 7]  # in order, once each, the refused one never
