@@ -214,7 +214,7 @@ async def update_webhook(webhook_id: str, data: WebhookPatch):
         raise NotFound("no such webhook endpoint in this organisation")
     g.audit_details = {"webhookId": str(row["id"]), "enabled": row["enabled"]}
     if (deliverer := _deliverer()) is not None:
-        deliverer.poke()
+        deliverer.restart(row["id"])  # its new URL, types or state take effect at once
     return {"data": _json(row)}
 
 
@@ -229,6 +229,8 @@ async def delete_webhook(webhook_id: str):
     if not await s.webhooks.delete(org().org_id, row["id"]):
         raise NotFound("no such webhook endpoint in this organisation")
     g.audit_details = {"webhookId": str(row["id"])}
+    if (deliverer := _deliverer()) is not None:
+        deliverer.restart(row["id"])
     return {"data": {"id": str(row["id"]), "deleted": True}}
 
 

@@ -89,6 +89,15 @@ class Deliverer:
         """An endpoint was created or changed: scan now rather than at the next round."""
         self._poke.set()
 
+    def restart(self, endpoint_id: uuid.UUID) -> None:
+        """An endpoint was changed, disabled or deleted: its task here (if any) stops now, rather than
+        at its next lease renewal, and the next scan starts it again from storage if it is enabled.
+        (On another node, its task sees the change at its next renewal: within a third of the lease.)"""
+        scope = self.running.get(endpoint_id)
+        if scope is not None:
+            scope.cancel()
+        self.poke()
+
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         async with trio.open_nursery() as nursery:
@@ -119,7 +128,8 @@ class Deliverer:
         except DatabaseUnavailable:
             log.info("webhook endpoint %s: the database is away; its lease lapses", fence.endpoint_id)
         finally:
-            self.running.pop(fence.endpoint_id, None)
+            if self.running.get(fence.endpoint_id) is scope:  # not a successor started meanwhile
+                del self.running[fence.endpoint_id]
             with trio.move_on_after(2, shield=True):
                 try:
                     await self.s.webhooks.release(fence)  # the next holder need not wait out the lease

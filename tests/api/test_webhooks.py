@@ -310,3 +310,24 @@ def test_the_retry_schedule_doubles_with_jitter_in_its_upper_half_and_gives_up_a
     since = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
     assert not schedule.exhausted(since, since + dt.timedelta(days=3) - dt.timedelta(seconds=1))
     assert schedule.exhausted(since, since + dt.timedelta(days=3))
+
+
+async def test_a_change_to_an_endpoint_takes_effect_at_once(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        hub, first = await _setup(nursery, db_url, tmp_path)
+        second = Receiver()
+        await nursery.start(second.serve)
+        a, _ = await hub.provision("a")
+        created = await _endpoint(hub, first)
+        await _record(hub, a, 1)
+        await wait_for(lambda: len(first.requests) == 1, timeout=30)
+        r = await hub.call("PATCH", f"/v1/webhooks/{created['id']}", json={"enabled": False})
+        assert r.status_code == 200 and r.json()["data"]["enabled"] is False
+        await _record(hub, a, 2, start=1)
+        await trio.sleep(1.0)
+        assert len(first.requests) == 1  # disabled: nothing sent, not even until the next renewal
+        r = await hub.call("PATCH", f"/v1/webhooks/{created['id']}", json={"enabled": True, "url": second.url})
+        assert r.status_code == 200, r.text
+        await wait_for(lambda: len(second.requests) >= 2, timeout=30)
+        assert [json.loads(q.body)["data"]["n"] for q in second.requests] == [1, 2]  # from where it stopped
+        assert len(first.requests) == 1
