@@ -106,6 +106,9 @@ class Journal:
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self._wake.set()
 
+    def pending(self) -> int:
+        return len(self._pending)
+
     async def wait_written(self) -> None:
         """Until every event queued so far is written (or set aside)."""
         await self._idle.wait()

@@ -17,7 +17,7 @@ from hub.webhooks import sender
 from hub.webhooks.schedule import Schedule
 from storage.webhooks import Attempt, Stale
 from tests.api.webhook_receiver import Receiver
-from tests.hubtools import assert_error, start_hub, wait_for
+from tests.hubtools import assert_error, metric_value, metrics, start_hub, wait_for
 
 FAST = Schedule(base=0.05, cap=0.2, give_up=3600)
 
@@ -113,6 +113,11 @@ async def test_events_are_delivered_signed_in_order_and_logged(nursery, db_url, 
         assert all(d["ok"] and d["status"] == 200 and d["responseExcerpt"] == "ok" and not d["manual"] for d in log)
         endpoint = (await hub.call("GET", f"/v1/webhooks/{created['id']}")).json()["data"]
         assert endpoint["cursor"] == int(bodies[-1]["sequence"]) and endpoint["health"]["failingAttempts"] == 0
+        text = await metrics(hub)
+        assert metric_value(text, "fleethub_webhook_deliveries_total", {"outcome": "delivered"}) == 5
+        assert metric_value(text, "fleethub_webhook_endpoints_served") == 1
+        assert metric_value(text, "fleethub_event_log_appended_total") >= 5
+        assert metric_value(text, "fleethub_event_log_pending") == 0
 
 
 async def _len_at_least(fetch, n: int) -> bool:
