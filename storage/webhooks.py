@@ -187,15 +187,21 @@ class Webhooks:
 
         await self.db.run(body, transaction=True)
 
-    async def delivered(self, fence: WebhookFence, attempts: Sequence[Attempt]) -> None:
-        """Receivers took these events (in cursor order): logged, and the cursor moves past the last,
-        in one transaction."""
+    async def delivered(self, fence: WebhookFence, attempts: Sequence[Attempt], cursor: int | None = None) -> None:
+        """Receivers took these events: logged, and the cursor moved to ``cursor`` (default: past the
+        last of them), in one transaction. A cursor that moves clears the retry state (it belonged to
+        the event it moved past)."""
+        upto = cursor if cursor is not None else max(a.org_seq for a in attempts)
+
         async def body(conn: asyncpg.Connection) -> None:
             await _fenced(conn, fence)
             await conn.executemany(_LOG, [_log_args(fence.endpoint_id, a) for a in attempts])
-            await conn.execute("UPDATE webhook_endpoints SET cursor = GREATEST(cursor, $2), attempts = 0, "
-                               "failing_since = NULL, next_attempt_at = NULL WHERE id = $1",
-                               fence.endpoint_id, max(a.org_seq for a in attempts))
+            await conn.execute(
+                """UPDATE webhook_endpoints SET cursor = GREATEST(cursor, $2),
+                          attempts = CASE WHEN $2 > cursor THEN 0 ELSE attempts END,
+                          failing_since = CASE WHEN $2 > cursor THEN NULL ELSE failing_since END,
+                          next_attempt_at = CASE WHEN $2 > cursor THEN NULL ELSE next_attempt_at END
+                   WHERE id = $1""", fence.endpoint_id, upto)
 
         if attempts:
             await self.db.run(body, transaction=True)

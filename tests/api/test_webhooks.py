@@ -336,3 +336,55 @@ async def test_a_change_to_an_endpoint_takes_effect_at_once(nursery, db_url, tmp
         await wait_for(lambda: len(second.requests) >= 2, timeout=30)
         assert [json.loads(q.body)["data"]["n"] for q in second.requests] == [1, 2]  # from where it stopped
         assert len(first.requests) == 1
+
+
+async def test_subjects_go_in_parallel_and_a_failure_of_one_keeps_every_subject_in_order(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        hub, receiver = await _setup(nursery, db_url, tmp_path)
+        devices = [(await hub.provision(f"d{i}"))[0] for i in range(3)]
+        refused = {"left": 1}
+
+        async def answer(request) -> int:
+            await trio.sleep(0.02)  # a receiver further away: lanes pay (hub/webhooks/worker.py)
+            event = json.loads(request.body)
+            if event["subject"] == f"devices/{devices[1]}" and event["data"]["n"] == 1 and refused["left"]:
+                refused["left"] -= 1
+                return 503
+            return 200
+
+        receiver.answer = answer
+        created = await _endpoint(hub, receiver)
+        s = hub.services
+        # the receiver's answer time is learnt from its first answers (one at a time), then lanes
+        await _record(hub, devices[0], 20, start=100)
+        await wait_for(lambda: len(receiver.requests) >= 20, timeout=30)
+        receiver.requests.clear()
+        for n in range(4):
+            for d in devices:
+                s.journal.record(uuid.UUID(hub.org_id), {"kind": "device.event.probe", "deviceId": d,
+                                                         "at": rfc3339(s.clock.now()), "payload": {"n": n}})
+        await s.journal.wait_written()
+
+        await wait_for(lambda: len({q.headers["webhook-id"] for q in receiver.requests}) >= 12
+                       and not refused["left"], timeout=30)
+        await trio.sleep(0.5)
+        requests = [(json.loads(q.body), q.headers["webhook-id"]) for q in receiver.requests]
+        # every event delivered; within each subject an event arrives for the first time only after
+        # every earlier one did (a repeat, same webhook-id, may come again after its original)
+        for d in devices:
+            seen: list[int] = []
+            for event, _ in requests:
+                if event["subject"] == f"devices/{d}" and event["data"]["n"] not in seen:
+                    assert all(m < event["data"]["n"] for m in seen), (d, seen, event["data"]["n"])
+                    seen.append(event["data"]["n"])
+            assert seen == [0, 1, 2, 3], (d, seen)
+        # the other subjects went on past the refused event before its retry: the lanes ran in parallel
+        failed_at = next(i for i, (e, _) in enumerate(requests)
+                         if e["subject"] == f"devices/{devices[1]}" and e["data"]["n"] == 1)
+        retried_at = next(i for i in range(failed_at + 1, len(requests)) if requests[i][1] == requests[failed_at][1])
+        beyond = [e for e, _ in requests[failed_at + 1:retried_at]
+                  if int(e["sequence"]) > int(requests[failed_at][0]["sequence"])]
+        assert beyond and {e["subject"] for e in beyond} <= {f"devices/{devices[0]}", f"devices/{devices[2]}"}
+        row = await s.webhooks.get(uuid.UUID(hub.org_id), uuid.UUID(created["id"]))
+        last = (await s.event_log.cursors(uuid.UUID(hub.org_id)))[0]
+        assert row["cursor"] == last and row["attempts"] == 0
