@@ -6,11 +6,14 @@ free, expired or its own) and starts a task for each it gets. The task renews th
 of ``LEASE_SECONDS``; when a renewal or a write finds the lease gone (another node took it, the
 endpoint was disabled or deleted), it stops, and nothing of its own is written after the takeover.
 
-Order: an endpoint's events go out one at a time in cursor order, and the event after the cursor is
-retried (``schedule.py``) until the receiver takes it: no event of an endpoint overtakes another, so
-a subject's events (a device's, a rollout's) arrive in order. A receiver that keeps failing holds up
-its own endpoint only. At least once: the cursor moves after a 2xx, so an event whose answer was lost
-(a timeout, a node killed mid-request) is sent again with the same ``webhook-id``, the event's id.
+Order: a subject's events (a device's, a rollout's) go out one after another in cursor order, and an
+event is sent only once every earlier event of its subject was taken. An endpoint's events go one at
+a time; while it is healthy and its receiver's answers take ``LANES_ABOVE_MS`` or more, a page's
+subjects go in parallel lanes (``_lanes``). The event after the cursor that failed is retried
+(``schedule.py``) one at a time until the receiver takes it; a receiver that keeps failing holds up
+its own endpoint only. At least once: the cursor moves only over events taken (2xx), so an event
+whose answer was lost (a timeout, a node killed mid-request) is sent again with the same
+``webhook-id``, the event's id.
 """
 
 from __future__ import annotations
