@@ -411,8 +411,8 @@ class DeviceActor(Actor):
         """An event on the device's and its organisation's streams (the halves publish through it)."""
         event = {"kind": kind, "deviceId": str(self.device_id), "at": rfc3339(self.services.clock.now()),
                  "payload": payload}
-        self.services.events.publish(("device", self.device_id), event)
-        self.services.events.publish(("org", self.org_id), event)
+        # the event log appends it, then publishes it on both topics (hub/eventlog.py)
+        self.services.journal.record(self.org_id, event)
 
     async def _send_command(self, effect: cm.SendCommand) -> None:
         s = self.services

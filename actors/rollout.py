@@ -33,6 +33,7 @@ from actors.machines.window import UpdateWindow, WindowError, is_open, next_star
 from actors.runtime import Actor
 from device_client.shared.clock import rfc3339
 from storage.db import DatabaseUnavailable
+from storage.events import new_event
 from storage.leases import LeaseLost
 
 if TYPE_CHECKING:
@@ -299,15 +300,21 @@ class RolloutActor(Actor):
             released = await s.rollouts.release(self.rollout_id, self.row["version_id"], now, fence=self.fence)
             self._steps.update({st.device_id: st for st in self.machine.released([str(d) for d in released], now)})
             self._release = False
+        # The events go into the event log in the transaction that stores what they announce.
+        org_id = self.row["org_id"]
+        logged = [new_event(org_id, e, tuple(self.row.get("fleet_ids", ())))
+                  for e in self._events] if s.journal.enabled else []
         if self._steps or self._save:
             m = self.machine
             await s.rollouts.save(
                 self.rollout_id, now, state=m.state.value, current_batch=m.current_batch, reason=m.reason,
                 accepted_failures=m.accepted_failures, accepted_batch=m.accepted_batch,
                 steps=[(uuid.UUID(st.device_id), st.step.value, st.error, st.updated_at or now)
-                       for st in self._steps.values()], fence=self.fence)
+                       for st in self._steps.values()], fence=self.fence, events=logged)
             self._steps, self._save = {}, False
+        elif logged:
+            await s.rollouts.record(logged, fence=self.fence)
         events, self._events = self._events, []
         for event in events:
             s.events.publish(("rollout", self.rollout_id), event)
-            s.events.publish(("org", self.row["org_id"]), event)
+            s.events.publish(("org", org_id), event)

@@ -37,6 +37,7 @@ class Services(Protocol):
     bus: "Bus"
     registry: "Registry"
     events: Publisher        # the event hub the SSE streams read
+    journal: Any             # record(org_id, event): appended to the event log, then published (hub/eventlog.py)
     presence: "WriteBehind"  # device presence rows, written behind
     links: dict[uuid.UUID, Any]  # the device links this process holds (conn_id, close())
     meter: Any               # device_seen(org, device, day); add(org, product, quantity, day=)

@@ -23,7 +23,7 @@ from werkzeug.exceptions import HTTPException
 from hub.api import (access, assistant, audit, billing, configurations, devices, diagnosis, docs_ui, fleets, health,
                      link, memtests, oauth, pagemaps, pats, registry_credentials, reverts, rollouts, secret_files, sessions,
                      tunnels, windows)
-from hub.api import mcp_meta, validation
+from hub.api import events, mcp_meta, validation, webhooks
 from hub.registry import routes as registry_routes
 from device_client.shared.protocol import LINK_PATH
 from hub import answers, asgi_websocket, console, proxied
@@ -152,7 +152,7 @@ def _build_app(services: Services) -> HubApp:
     answers.set_up(app)
     for module in (health, pats, sessions, oauth, access, audit, devices, fleets, configurations, secret_files,
                    rollouts, reverts, link, windows, memtests, pagemaps, diagnosis, tunnels, billing, assistant,
-                   registry_credentials, docs_ui, mcp_meta):
+                   registry_credentials, events, webhooks, docs_ui, mcp_meta):
         app.register_blueprint(module.bp)
     app.register_blueprint(configurations.device_bp)
     # the operators' console (hub/console/): pages, static files and its organisation event stream

@@ -7,6 +7,7 @@
     │   ├── Forbidden              403 forbidden
     │   ├── NotFound               404 not_found
     │   ├── Conflict               409 conflict
+    │   ├── Gone                   410 cursor_expired: an event cursor older than the log's retention
     │   ├── PayloadTooLarge        413 payload_too_large
     │   └── RateLimited            429 rate_limited (retry_after seconds)
     └── ServerError                ours or a peer's fault (5xx)
@@ -83,6 +84,12 @@ class Conflict(ClientError):
     """The request conflicts with the current state."""
     status = 409
     code = "conflict"
+
+
+class Gone(ClientError):
+    """The events after this cursor are no longer held (retention): resume from ``details.oldestCursor``."""
+    status = 410
+    code = "cursor_expired"
 
 
 class PayloadTooLarge(ClientError):

@@ -28,15 +28,19 @@ class UnsafeEventName(ValueError):
     rest of the name forge fields and whole events in the stream."""
 
 
-def sse_frame(data: str, *, event: str | None = None) -> bytes:
-    """One server-sent event: an optional ``event:`` line, then every line of ``data`` framed as its
-    own ``data:`` line (a reader joins them with LF), then the blank line that ends the event. Nothing
-    in ``data`` can end the event early or add a field; an event name with CR or LF is refused."""
+def sse_frame(data: str, *, event: str | None = None, id: int | None = None) -> bytes:
+    """One server-sent event: an optional ``event:`` line, an optional ``id:`` line (an event log
+    cursor, a number: nothing a client sends back can hold a line break), then every line of ``data``
+    framed as its own ``data:`` line (a reader joins them with LF), then the blank line that ends the
+    event. Nothing in ``data`` can end the event early or add a field; an event name with CR or LF is
+    refused."""
     head = ""
     if event is not None:
         if "\r" in event or "\n" in event:
             raise UnsafeEventName(f"an event name may not hold a line break: {event[:40]!r}")
         head = f"event: {event}\n"
+    if id is not None:
+        head += f"id: {int(id)}\n"
     body = "".join(f"data: {line}\n" for line in _LINE_END.split(data))
     return f"{head}{body}\n".encode()
 

@@ -237,6 +237,21 @@ class _HubCollector:
                       labels=["device_id"],
                       samples=[([str(d)], r.count) for d, r in sorted(m.refused_frames.items(), key=str)])
         yield _family(G, "fleethub_event_subscribers", "SSE subscribers.", services.events.subscriber_count())
+        journal = services.journal  # the event log's writer (hub/eventlog.py)
+        yield _family(C, "fleethub_event_log_appended", "Device events appended to the event log.", journal.appended)
+        yield _family(G, "fleethub_event_log_pending", "Device events waiting to be appended to the event log.",
+                      journal.pending())
+        yield _family(C, "fleethub_event_log_dropped",
+                      "Device events dropped because the event log's queue was full while PostgreSQL was away.",
+                      journal.dropped)
+        yield _family(C, "fleethub_event_log_set_aside", "Device events PostgreSQL refused on their own; see the log.",
+                      journal.set_aside)
+        deliverer = services.deliverer  # hub/webhooks/worker.py (None with the event log off)
+        yield _family(C, "fleethub_webhook_deliveries", "Webhook delivery attempts of this node, by outcome.",
+                      labels=["outcome"], samples=[(["delivered"], deliverer.delivered if deliverer else 0),
+                                                   (["failed"], deliverer.failed if deliverer else 0)])
+        yield _family(G, "fleethub_webhook_endpoints_served", "Webhook endpoints whose lease this node holds.",
+                      len(deliverer.running) if deliverer else 0)
         throttle = services.login_throttle
         yield _family(G, "fleethub_login_throttle_keys", "Accounts and addresses the login throttle holds.",
                       len(throttle))

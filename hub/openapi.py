@@ -133,6 +133,15 @@ EXTENSIONS: dict[tuple[str, str], str] = {
     ("get", "/v1/fleets/{fleetId}/update-window"): "The fleet's update window.",
     ("delete", "/v1/fleets/{fleetId}/update-window"): "Remove the fleet's update window (rollouts are then never held).",
     ("post", "/v1/cli/tunnel/token"): "A 15-minute tunnel token (the TunnelToken credential of the session routes).",
+    ("get", "/v1/events"): "The organisation's event log after a cursor, as CloudEvents (docs/events.md).",
+    ("post", "/v1/webhooks"): "Register a webhook endpoint (admins); its signing secret is shown once.",
+    ("get", "/v1/webhooks"): "The organisation's webhook endpoints and their health (admins).",
+    ("get", "/v1/webhooks/{webhook_id}"): "One webhook endpoint and its health (admins).",
+    ("patch", "/v1/webhooks/{webhook_id}"): "Change a webhook endpoint, or enable or disable it (admins).",
+    ("delete", "/v1/webhooks/{webhook_id}"): "Remove a webhook endpoint and its delivery log (admins).",
+    ("get", "/v1/webhooks/{webhook_id}/deliveries"): "A webhook endpoint's delivery log, newest first (admins).",
+    ("post", "/v1/webhooks/{webhook_id}/test"): "Send a signed ping event to a webhook endpoint now (admins).",
+    ("post", "/v1/webhooks/{webhook_id}/redeliver"): "Send a range of events to a webhook endpoint again (admins).",
     ("get", "/v1/assistant/system-prompt"): "The assistant's dashboard system prompt, tools and limits (public).",
 }
 

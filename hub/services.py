@@ -32,6 +32,7 @@ from hub.auth.signing_keys import SIGNING_KEYS_TAG, SigningKeys
 from hub.auth.ratelimit import BurstLimiter, RateLimiter
 from hub.auth.sessions import LoginThrottle
 from hub.events import EventHub
+from hub.eventlog import Journal, keep_pruned
 from hub.linkhealth import LinkHealth
 from hub.metrics import Metrics
 from hub.settings import Settings
@@ -40,6 +41,8 @@ from storage.behind import WriteBehind
 from storage.db import Database
 from storage.private import secure_data_dir
 from storage.devices import CHANGED_CHANNEL as DEVICES_CHANGED, Devices
+from storage.events import EventLog
+from storage.webhooks import Webhooks
 from storage.configs import Configurations
 from storage.crypto import SecretBox
 from storage.fleets import Fleets
@@ -146,6 +149,10 @@ class Services:
         self.login_throttle = LoginThrottle()
         self.presence = WriteBehind(self.devices.write_presence, interval=0.5, name="presence rows")
         self.audit_log = WriteBehind(self.audit.write_many, interval=1.0, name="audit events")
+        self.event_log = EventLog(self.db)
+        self.journal = Journal(self.event_log, self.events, enabled=self.settings.event_log)
+        self.webhooks = Webhooks(self.db)
+        self.deliverer: Any = None  # hub/webhooks/worker.py, while this process delivers webhooks
         # The HTTP app's view functions by endpoint (hub/app.py sets it): authentication finds the
         # view a request was routed to without a read through Quart's current_app proxy.
         self.http_views: dict | None = None
@@ -332,6 +339,7 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                     services.cluster_limits = SharedLimits(ClusterLimits(db), node, services.login_throttle)
                     # SSE streams hear every node's events; their cap counts every node's streams
                     services.events = LimitedClusterEventHub(bus, node, services.cluster_limits, services.clock)
+                    services.journal.hub = services.events
                 services.extras["embedded_pg"] = pg
                 await db.listen(AUTH_CHANNEL, services.on_notify)
                 # a device deleted or moved, by any process (migration 0017's trigger)
@@ -348,6 +356,13 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                 await nursery.start(services.presence.run)
                 await nursery.start(services.devices.cache.keep_purged)  # expired rows leave when idle too
                 await nursery.start(services.audit_log.run)
+                await nursery.start(services.journal.run)
+                if serving and settings.event_log:
+                    await nursery.start(keep_pruned, services.event_log, services.clock,
+                                        settings.event_retention_days)
+                    from hub.webhooks.worker import Deliverer
+                    services.deliverer = Deliverer(services)
+                    await nursery.start(services.deliverer.run)
                 await nursery.start(services.auth_cache.keep_fresh)  # credentials refreshed before expiry
                 await nursery.start(services.meter.run)
                 if serving:

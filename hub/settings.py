@@ -94,6 +94,12 @@ class Settings:
     # Seconds added to this process's wall clock: the fault suite's clock skew between nodes
     # (tests/cluster/faults/). Never set in production; a node logs a warning when it is.
     test_clock_offset: float = 0.0
+    # The event log (docs/events.md): off only to measure what it costs (no cursors, no replay, no
+    # webhooks). Events older than event_retention_days are pruned. Webhook endpoints may be private
+    # or loopback addresses only when webhooks_allow_private is set (tests, a closed network).
+    event_log: bool = True
+    event_retention_days: float = 7.0
+    webhooks_allow_private: bool = False
     extra: dict = field(default_factory=dict)
 
     @property
@@ -127,6 +133,10 @@ class Settings:
             node_id=os.environ.get("FLEETHUB_NODE_ID") or None,
             rollout_lease_seconds=_float("FLEETHUB_ROLLOUT_LEASE_SECONDS", 10.0),
             node_lease_seconds=_float("FLEETHUB_NODE_LEASE_SECONDS", 10.0),
+            event_log=os.environ.get("FLEETHUB_EVENT_LOG", "1").lower() not in ("off", "0", "false", "no"),
+            event_retention_days=_float("FLEETHUB_EVENT_RETENTION_DAYS", 7.0),
+            webhooks_allow_private=os.environ.get("FLEETHUB_WEBHOOKS_ALLOW_PRIVATE", "0").lower()
+            in ("1", "true", "yes", "on"),
             trusted_proxy_hops=int(os.environ.get("FLEETHUB_TRUSTED_PROXY_HOPS", "0")),
             certfile=Path(os.environ["FLEETHUB_CERTFILE"]) if os.environ.get("FLEETHUB_CERTFILE") else None,
             keyfile=Path(os.environ["FLEETHUB_KEYFILE"]) if os.environ.get("FLEETHUB_KEYFILE") else None,

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Sequence
 
 import asyncpg
 
 from storage.db import Database
+from storage.events import NewEvent
+from storage.events import append_on as append_events
 from storage.leases import Fence
 from storage.leases import check as check_lease
 from storage.rowcache import RowCache
@@ -153,12 +156,15 @@ class Rollouts:
 
     async def save(self, rollout_id: uuid.UUID, now: dt.datetime, *, state: str, current_batch: int,
                    reason: str | None, accepted_failures: int, accepted_batch: int,
-                   steps: list[tuple[uuid.UUID, str, str | None, dt.datetime]], fence: Fence | None = None) -> None:
-        """The rollout's state and changed steps in one crossing and one transaction (in a cluster,
-        only while ``fence`` is still the rollout's lease: else LeaseLost and nothing is written)."""
+                   steps: list[tuple[uuid.UUID, str, str | None, dt.datetime]], fence: Fence | None = None,
+                   events: Sequence[NewEvent] = ()) -> None:
+        """The rollout's state, changed steps and the events announcing them (the event log) in one
+        crossing and one transaction (in a cluster, only while ``fence`` is still the rollout's
+        lease: else LeaseLost and nothing is written)."""
 
         async def body(conn: asyncpg.Connection) -> None:
             await check_lease(conn, fence)
+            await append_events(conn, events)
             await conn.execute(
                 "UPDATE rollouts SET state = $2, current_batch = $3, reason = $4, accepted_failures = $5, "
                 "accepted_batch = $6, updated_at = $7 WHERE id = $1",
@@ -170,6 +176,15 @@ class Rollouts:
                        WHERE r.rollout_id = $1 AND r.device_id = u.device_id""",
                     rollout_id, [s[0] for s in steps], [s[1] for s in steps], [s[2] for s in steps],
                     [s[3] for s in steps])
+
+        await self.db.run(body, transaction=True)
+
+    async def record(self, events: Sequence[NewEvent], fence: Fence | None = None) -> None:
+        """Events with no change of their own to save, appended under the same fence."""
+
+        async def body(conn: asyncpg.Connection) -> None:
+            await check_lease(conn, fence)
+            await append_events(conn, events)
 
         await self.db.run(body, transaction=True)
 

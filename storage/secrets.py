@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from storage import registry_credentials
+from storage import registry_credentials, webhooks
 from storage.db import Database
 
 MAX_FILES = 32
@@ -88,7 +88,8 @@ class SecretFiles:
         self.db = db
 
     async def reencrypt_all(self, convert) -> int:
-        """Apply ``convert(ciphertext) -> ciphertext`` to every stored content (registry passwords too)
+        """Apply ``convert(ciphertext) -> ciphertext`` to every stored content (registry passwords and
+        webhook signing secrets too)
         in one transaction.
         The table is locked against writes meanwhile, so no upload lands between read and write."""
         async def body(conn: asyncpg.Connection) -> int:
@@ -98,7 +99,8 @@ class SecretFiles:
                 await conn.execute(
                     """UPDATE secret_files f SET ciphertext = u.c FROM unnest($1::uuid[], $2::bytea[]) AS u(id, c)
                        WHERE f.id = u.id""", [r["id"] for r in rows], [convert(r["ciphertext"]) for r in rows])
-            return len(rows) + await registry_credentials.reencrypt(conn, convert)
+            return (len(rows) + await registry_credentials.reencrypt(conn, convert)
+                    + await webhooks.reencrypt(conn, convert))
 
         return await self.db.run(body, transaction=True)
 

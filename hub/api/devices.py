@@ -21,7 +21,7 @@ from device_client.shared.clock import rfc3339
 from hub.api.registry_credentials import send_pull_settings
 from hub.api.common import Pagination, PageQuery, errors, jsonable, org, pagination, parse_uuid, services
 from hub.auth.authz import Obj, authorize, require_org, scope_for_list
-from hub.api.sse import stream_response
+from hub.api.sse import resume_point, stream_response
 from hub.auth.streams import StreamAccess, object_tag
 from hub.api.validation import body, query, responds
 from hub.auth.pat import digest, new_device_token
@@ -347,20 +347,21 @@ async def ping_device(device_id: str):
 
 
 @bp.get("/<device_id>/events")
-@errors(400, 401, 403, 404)
+@errors(400, 401, 403, 404, 410)
 async def device_events(device_id: str):
     """The device state stream (SSE): the current state first, then every change as it happens."""
     s = services()
     row = await _load(device_id, "viewer")
-    first = {"kind": "device.snapshot", "deviceId": str(row["id"]), "payload": device_json(row)}
     subscription = await s.events.open(("device", row["id"]), owner=("org", org().org_id))
+    replay = await resume_point(s, subscription, org().org_id, f"devices/{row['id']}")
+    first = {"kind": "device.snapshot", "deviceId": str(row["id"]), "payload": device_json(row)}
 
     @copy_current_app_context
     async def snapshot() -> dict:
         return {**first, "payload": device_json(await _load(device_id, "viewer"))}
 
     return await stream_response(subscription, first, {"deviceId": str(row["id"])},
-                                 StreamAccess.of_request(s, "viewer", device_obj(row)), snapshot)
+                                 StreamAccess.of_request(s, "viewer", device_obj(row)), replay, snapshot)
 
 
 async def _wipe(row: dict) -> dict:

@@ -27,7 +27,7 @@ from hub.cluster.asks import control_rollout
 from hub.cluster.leases import HeldElsewhere
 from hub.api.common import PageQuery, errors, jsonable, org, pagination, parse_uuid, principal, services
 from hub.api.rollout_forms import ONE_CONFIG, ImpactBody, RolloutIn, RolloutRequest, RolloutSelection
-from hub.api.sse import stream_response
+from hub.api.sse import resume_point, stream_response
 from hub.auth.middleware import org_of
 from hub.auth.streams import StreamAccess
 from hub.api.validation import enveloped, parse_body, query, responds
@@ -461,17 +461,22 @@ async def cancel_rollout(rollout_id: str):
 
 @bp.get("/<rollout_id>/events")
 @org_of(_rollout_org)
-@errors(400, 401, 403, 404)
+@errors(400, 401, 403, 404, 410)
 async def rollout_events(rollout_id: str):
     """Progress as server-sent events: the current status first, then step and state changes."""
     s = services()
     row = await _load(rollout_id, "viewer")
-    first = {"kind": "rollout.snapshot", "rolloutId": str(row["id"]), "payload": await _rollout_json(row["id"])}
     subscription = await s.events.open(("rollout", row["id"]), owner=("org", org().org_id))
+    replay = await resume_point(s, subscription, org().org_id, f"rollouts/{row['id']}")
+    try:
+        first = {"kind": "rollout.snapshot", "rolloutId": str(row["id"]), "payload": await _rollout_json(row["id"])}
+    except BaseException:
+        subscription.close()
+        raise
     access = StreamAccess.of_request(s, "viewer", *(Obj("fleet", fid, fid) for fid in row["fleet_ids"]))
 
     @copy_current_app_context
     async def snapshot() -> dict:
         return {**first, "payload": await _rollout_json(row["id"])}
 
-    return await stream_response(subscription, first, {"rolloutId": str(row["id"])}, access, snapshot)
+    return await stream_response(subscription, first, {"rolloutId": str(row["id"])}, access, replay, snapshot)

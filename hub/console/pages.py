@@ -29,9 +29,10 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 # page name -> title; pages with an object id take it from the path
 PAGES = {"signin": "Sign in", "devices": "Devices", "device": "Device", "rollouts": "Rollouts",
          "rollout": "Rollout", "fleets": "Fleets", "configurations": "Configurations", "audit": "Audit log",
-         "access": "Access", "billing": "Billing", "assistant": "Assistant"}
+         "access": "Access", "billing": "Billing", "assistant": "Assistant", "webhooks": "Webhooks"}
 # pages without an object id, each at /console/<name>
-LIST_PAGES = ("devices", "rollouts", "fleets", "configurations", "audit", "access", "billing", "assistant")
+LIST_PAGES = ("devices", "rollouts", "fleets", "configurations", "audit", "access", "billing", "assistant",
+              "webhooks")
 
 SHELL = """<!doctype html>
 <html lang="en">

@@ -13,7 +13,7 @@ from quart import Blueprint
 from quart_schema import hide
 
 from hub.api.common import errors, org, services
-from hub.api.sse import stream_response
+from hub.api.sse import resume_point, stream_response
 from hub.auth.authz import Obj, require_org
 from hub.auth.streams import StreamAccess
 
@@ -22,12 +22,13 @@ bp = Blueprint("console_stream", __name__)
 
 @bp.get("/console/api/events")
 @hide
-@errors(400, 401, 403, 429)
+@errors(400, 401, 403, 410, 429)
 async def organisation_events():
     s = services()
     await require_org(s, "viewer")
     org_id = org().org_id
-    first = {"kind": "org.snapshot", "organizationId": str(org_id), "payload": {}}
     subscription = await s.events.open(("org", org_id), owner=("org", org_id))
+    replay = await resume_point(s, subscription, org_id, None)
+    first = {"kind": "org.snapshot", "organizationId": str(org_id), "payload": {}}
     return await stream_response(subscription, first, {"organizationId": str(org_id)},
-                                 StreamAccess.of_request(s, "viewer", Obj("organization", org_id)))
+                                 StreamAccess.of_request(s, "viewer", Obj("organization", org_id)), replay)

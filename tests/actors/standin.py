@@ -14,6 +14,7 @@ from typing import Any
 from actors.bus import Bus
 from actors.services import Services
 from device_client.shared.clock import TestClock
+from hub.eventlog import Journal
 from hub.events import EventHub
 from hub.linkhealth import LinkHealth
 from hub.settings import Settings
@@ -42,4 +43,6 @@ def stand_in(**given: Any) -> SimpleNamespace:
                       clustered=False, forward_tell=None, link_epochs={}, rollout_fences={}, window_changes=0,
                       link_health=LinkHealth())
     s.__dict__.update(given)
+    if "journal" not in given:  # events published at once, as before the log (hub/eventlog.py)
+        s.journal = Journal(None, s.events, enabled=False)
     return s

@@ -48,7 +48,7 @@ class FakeStore:
         return dict(self.row), [dict(s) for s in self.steps.values()]
 
     async def save(self, rollout_id, now, *, state, current_batch, reason, accepted_failures, accepted_batch, steps,
-                   fence=None):
+                   fence=None, events=()):
         self.row.update(state=state, current_batch=current_batch, reason=reason,
                         accepted_failures=accepted_failures, accepted_batch=accepted_batch)
         for device_id, step, error, at in steps:

@@ -11,6 +11,8 @@ import uuid
 import httpx
 import trio
 
+from device_client.shared.clock import rfc3339
+
 from hub.auth.passwords import hash_password
 from hub.auth.sessions import LoginThrottle
 from tests.hubtools import metric_value, metrics, start_hub
@@ -401,7 +403,9 @@ async def test_open_device_streams_end_when_the_pat_membership_or_relation_goes(
                 assert (await events.__anext__())[0] == "device.snapshot"
                 if bystander is not None:  # an unrelated access change: the stream goes on delivering
                     await bystander()
-                    s.events.publish(("device", uuid.UUID(dev)), {"kind": "probe", "deviceId": dev, "payload": {}})
+                    # through the event log, as a DeviceActor's events go (hub/eventlog.py)
+                    s.journal.record(uuid.UUID(hub.org_id), {"kind": "probe", "deviceId": dev,
+                                                             "at": rfc3339(s.clock.now()), "payload": {}})
                     assert (await events.__anext__())[0] == "probe"
                 await revoke()
                 with trio.fail_after(5):  # at once, not at the next keepalive or cache expiry

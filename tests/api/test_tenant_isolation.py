@@ -49,12 +49,16 @@ async def test_another_organisation_sees_and_touches_nothing(nursery, db_url, tm
                                                                      "username": "a-puller", "password": "a-pw"})
         assert r.status_code == 201, r.text
         credential_a = r.json()["data"]["id"]
+        r = await hub.call("POST", "/v1/webhooks", json={"url": "https://192.0.32.10/a-hook", "event_types": ["*"]})
+        assert r.status_code == 201, r.text
+        webhook_a, webhook_secret_a = r.json()["data"]["id"], r.json()["data"]["secret"]
         r = await hub.call("POST", "/v1/members", json={"email": "a-invitee@test.local"})
         assert r.status_code == 202, r.text
         invitation_a = r.json()["data"]["id"]
         secrets_a = {rollout_a, invitation_a, "a-invitee@test.local", fleet_a, device_a, sa_a, user_a, hub.pat[0], token_a, "a-device", "a-fleet", "secret-tag",
                      config_a, file_a, "a-config", "a-spec", "/etc/app/a-key", "a-secret", "YS1zZWNyZXQ=",
-                     credential_a, "a-registry.example.com", "a-puller", "a-pw"}
+                     credential_a, "a-registry.example.com", "a-puller", "a-pw", webhook_a, "/a-hook",
+                     webhook_secret_a}
 
         # Organisation B: its own admin with a PAT.
         now = s.clock.now()
@@ -67,7 +71,7 @@ async def test_another_organisation_sees_and_touches_nothing(nursery, db_url, tm
 
         fill = {"device_id": device_a, "fleet_id": fleet_a, "sa_id": sa_a, "user_id": user_a, "pat_id": hub.pat[0],
                 "config_id": config_a, "file_id": file_a, "rollout_id": rollout_a,
-                "invitation_id": invitation_a, "credentialId": credential_a,
+                "invitation_id": invitation_a, "credentialId": credential_a, "webhook_id": webhook_a,
                 # the spec's own spelling of the same parameters (issue 15)
                 "deviceId": device_a, "fleetId": fleet_a, "configId": config_a, "fileId": file_a,
                 "id": device_a,  # the memory-test rows' {id}

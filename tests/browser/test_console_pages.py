@@ -302,3 +302,28 @@ def test_assistant_streams_an_answer(page, console, screenshots):
     assert page.locator("#chat-form .notice.error").count() == 0
     assert answer.text_content().strip()
     page.screenshot(path=screenshots / "console-assistant.png")
+
+
+def test_webhooks_page_shows_a_new_secret_once_the_health_and_the_delivery_log(page, console):
+    sign_in(page, console)
+    page.goto("/console/webhooks")
+    # a public address (the page checks nothing itself: the API refuses private ones)
+    page.fill("#webhook-url", "https://192.0.32.10/fleethub")
+    page.fill("#webhook-types", "io.fleethub.device.state, io.fleethub.rollout.*")
+    page.click("#webhook-create button[type=submit]")
+    secret = page.locator("#webhook-secret").text_content()
+    assert secret.startswith("whsec_")
+    [endpoint] = [w for w in console.call("GET", "/v1/webhooks").json()["data"] if w["url"].endswith("/fleethub")]
+    assert endpoint["eventTypes"] == ["io.fleethub.device.state", "io.fleethub.rollout.*"]
+    row = page.locator(f"#webhooks tr[data-id='{endpoint['id']}']")
+    row.wait_for()
+    row.get_by_role("button", name="Disable").click()
+    row.locator(".badge", has_text="disabled").wait_for()
+    assert console.call("GET", f"/v1/webhooks/{endpoint['id']}").json()["data"]["enabled"] is False
+    row.get_by_role("link").click()
+    page.locator("#webhook-deliveries").wait_for()
+    page.reload()
+    assert secret not in page.content()  # shown once
+    page.locator(f"#webhooks tr[data-id='{endpoint['id']}'] button.danger").click()
+    page.locator("dialog.confirm button.danger").click()
+    page.locator(f"#webhooks tr[data-id='{endpoint['id']}']").wait_for(state="detached")

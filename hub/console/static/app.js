@@ -14,6 +14,7 @@ const PAGES = {
   access: './pages/access.js',
   billing: './pages/billing.js',
   assistant: './pages/assistant.js',
+  webhooks: './pages/webhooks.js',
 };
 
 function header(me) {
@@ -35,7 +36,7 @@ function header(me) {
       link('/console/rollouts', 'Rollouts', ['rollouts', 'rollout']), link('/console/fleets', 'Fleets', ['fleets']),
       link('/console/configurations', 'Configurations', ['configurations']), link('/console/audit', 'Audit', ['audit']),
       link('/console/access', 'Access', ['access']), link('/console/billing', 'Billing', ['billing']),
-      link('/console/assistant', 'Assistant', ['assistant'])),
+      link('/console/assistant', 'Assistant', ['assistant']), link('/console/webhooks', 'Webhooks', ['webhooks'])),
     h('div', { class: 'who' }, select,
       h('span', { id: 'whoami', title: me.userId || '' }, session.email || me.userId || ''), signOut));
 }

@@ -1,0 +1,395 @@
+"""The event log, SSE resume and webhooks (issue 33, docs/events.md): what they cost and what they keep.
+
+    python bench/events.py [--smoke] [--parts cost,latency,outage,resume] [--rate 1000] [--down 600]
+
+One hub in this process (hub/server.py ``run_hub``, a fresh database of one embedded PostgreSQL per
+part), events recorded through the hub's own ``Journal`` as DeviceActors record them:
+
+- cost: REST throughput (closed-loop ``GET /v1/devices/{id}``, ``--clients`` at once) while
+  ``--rate`` device events a second are recorded, with the log on and off (FLEETHUB_EVENT_LOG=0):
+  the ratio, and the events the log took per second. The device load is synthetic (the journal fed
+  at a fixed rate), not the soak bench's agents.
+- latency: one webhook endpoint on a local receiver, ``--rate`` events a second for ``--seconds``;
+  from the event's record to the receiver's 200 (an event's first arrival), p50 and p99.
+- latency-far: the same at ``--far-rate`` to a receiver that answers after ``--far-delay`` seconds,
+  as one a network round trip away would (where the endpoint's subjects go in parallel lanes).
+- outage: the receiver answers 503 for ``--down`` seconds while ``--subjects`` devices each send
+  ``--per-subject`` events, then 200 again: every event delivered, none lost, in order per subject
+  (counted), and how long the catching up took. The hub's own retry schedule (5 s doubling to 1 h).
+- resume: an SSE client of a device's stream drops the stream ``--drops`` times, at random points,
+  while events are recorded, and reconnects with Last-Event-ID: each event seen exactly once (counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import sys
+import time
+import uuid
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+import trio  # noqa: E402
+
+from _common import OUT_DIR, Verdicts, command_line, facts_line, loadavg, log, machine_facts, md_table, \
+    percentile, shm_tempdir, write_section  # noqa: E402
+
+
+class Bench:
+    """Hubs in this trio run, each on a fresh database of one PostgreSQL server, with an admin PAT."""
+
+    def __init__(self, server_dsn: str, data_dir: Path) -> None:
+        self.server_dsn, self.data_dir = server_dsn, data_dir
+        self.count = 0
+
+    async def hub(self, nursery: trio.Nursery, **settings):
+        import asyncpg
+
+        from hub.auth.pat import digest, new_pat
+        from hub.server import run_hub
+        from hub.settings import Settings
+
+        self.count += 1
+        name = f"bench_events_{self.count}_{uuid.uuid4().hex[:6]}"
+        async def create() -> None:  # asyncpg on its own loop in a thread: this run is trio's
+            c = await asyncpg.connect(self.server_dsn)
+            try:
+                await c.execute(f"CREATE DATABASE {name}")
+            finally:
+                await c.close()
+
+        await trio.to_thread.run_sync(lambda: asyncio.run(create()))
+        dsn = self.server_dsn.rsplit("/", 1)[0] + "/" + name
+        data_dir = self.data_dir / name
+        data_dir.mkdir(parents=True)
+        cfg = Settings(data_dir=data_dir, database_url=dsn, port=0, log_level="WARNING", **settings)
+        services, base_url = await nursery.start(partial(run_hub, cfg))
+        now = services.clock.now()
+        org = await services.orgs.create_org("bench", now)
+        # out of the request rate limit (1,000 an hour on the standard tier), as bench/_common.py does
+        await services.db.execute("UPDATE organizations SET tier = 'enterprise', rate_limit = 2000000000 "
+                                  "WHERE id = $1", org["id"])
+        user = await services.orgs.create_user(f"bench-{uuid.uuid4().hex[:6]}@bench.local", now)
+        await services.orgs.add_member(org["id"], user["id"], "admin", now)
+        pat_id, secret = new_pat()
+        await services.tokens.create_pat(pat_id, user["id"], digest(secret), now)
+        headers = {"X-API-Token-ID": pat_id, "X-API-Secret-Key": secret, "X-Organization-ID": str(org["id"])}
+        return services, base_url, org["id"], headers
+
+
+async def _devices(client: httpx.AsyncClient, base: str, headers: dict, n: int) -> list[str]:
+    out = []
+    for i in range(n):
+        r = await client.post(base + "/v1/devices", json={"name": f"d{i}"}, headers=headers)
+        r.raise_for_status()
+        out.append(r.json()["data"]["id"])
+    return out
+
+
+def _event(s, device_id: str, n: int) -> dict:
+    from device_client.shared.clock import rfc3339
+    return {"kind": "device.event.telemetry", "deviceId": device_id, "at": rfc3339(s.clock.now()),
+            "payload": {"n": n}}
+
+
+async def _feed(s, org_id, devices: list[str], rate: float, seconds: float, sent: dict | None = None,
+                limit: int | None = None) -> int:
+    """``rate`` events a second (at most ``limit``), in ticks of 10 ms, round robin over ``devices``;
+    returns how many."""
+    n, started = 0, trio.current_time()
+    while trio.current_time() - started < seconds and (limit is None or n < limit):
+        due = int((trio.current_time() - started) * rate)
+        if limit is not None:
+            due = min(due, limit)
+        while n < due:
+            if sent is not None:
+                sent[n] = trio.current_time()
+            s.journal.record(org_id, _event(s, devices[n % len(devices)], n))
+            n += 1
+        await trio.sleep(0.01)
+    return n
+
+
+async def part_cost(bench: Bench, args) -> dict:
+    """Alternating off/on runs (``--repeat`` of each), each mode's best: the machine may be shared,
+    and a run slowed by a neighbour should not be read as the log's cost."""
+    runs: dict[str, list[dict]] = {"on": [], "off": []}
+    for mode in ("off", "on") * args.repeat:
+        out = {}
+        async with trio.open_nursery() as nursery:
+            s, base, org_id, headers = await bench.hub(nursery, event_log=(mode == "on"))
+            async with httpx.AsyncClient(timeout=30) as client:
+                devices = await _devices(client, base, headers, 10)
+                done = 0
+                stop = trio.current_time() + args.seconds
+
+                async def caller(i: int) -> None:
+                    nonlocal done
+                    while trio.current_time() < stop:
+                        r = await client.get(f"{base}/v1/devices/{devices[i % len(devices)]}", headers=headers)
+                        r.raise_for_status()
+                        done += 1
+
+                appended0 = s.journal.appended
+                async with trio.open_nursery() as load:
+                    load.start_soon(_feed, s, org_id, devices, args.rate, args.seconds)
+                    for i in range(args.clients):
+                        load.start_soon(caller, i)
+                await s.journal.wait_written()
+                out[mode] = {"requests_per_s": round(done / args.seconds, 1),
+                             "events_logged_per_s": round((s.journal.appended - appended0) / args.seconds, 1)}
+            nursery.cancel_scope.cancel()
+        log(f"cost, log {mode}: {out[mode]}")
+        runs[mode].append(out[mode])
+    best = {mode: max(rs, key=lambda r: r["requests_per_s"]) for mode, rs in runs.items()}
+    return {**best, "runs": runs, "ratio": round(best["on"]["requests_per_s"] / best["off"]["requests_per_s"], 3)}
+
+
+async def _receiver(nursery, delay: float = 0.0):
+    """The local receiver; ``delay`` seconds before each answer stand for a receiver further away."""
+    from tests.api.webhook_receiver import Receiver
+    receiver = Receiver()
+    if delay:
+        async def answer(_request) -> int:
+            await trio.sleep(delay)
+            return 200
+        receiver.answer = answer
+    await nursery.start(receiver.serve)
+    return receiver
+
+
+async def _endpoint(client, base, headers, url) -> dict:
+    r = await client.post(base + "/v1/webhooks", json={"url": url, "event_types": ["io.fleethub.device.*"]},
+                          headers=headers)
+    r.raise_for_status()
+    return r.json()["data"]
+
+
+async def part_latency(bench: Bench, args, rate: float | None = None, delay: float | None = None) -> dict:
+    rate = args.rate if rate is None else rate
+    delay = args.receiver_delay if delay is None else delay
+    async with trio.open_nursery() as nursery:
+        s, base, org_id, headers = await bench.hub(nursery, webhooks_allow_private=True)
+        receiver = await _receiver(nursery, delay)
+        async with httpx.AsyncClient(timeout=30) as client:
+            devices = await _devices(client, base, headers, 10)
+            await _endpoint(client, base, headers, receiver.url)
+            await trio.sleep(SCAN_WAIT)  # the deliverer takes the endpoint's lease
+            sent: dict[int, float] = {}
+            total = await _feed(s, org_id, devices, rate, args.seconds, sent)
+            with trio.move_on_after(60 + args.seconds):
+                while len({r.headers["webhook-id"] for r in receiver.requests}) < total:
+                    await trio.sleep(0.05)
+        firsts: dict[int, float] = {}
+        for r in receiver.requests:  # a repeat (at least once) counts at its first arrival
+            firsts.setdefault(json.loads(r.body)["data"]["n"], r.at)
+        latencies = sorted(at - sent[n] for n, at in firsts.items())
+        nursery.cancel_scope.cancel()
+    return {"rate": rate, "receiver_delay_ms": delay * 1000, "events": total, "delivered": len(firsts),
+            "requests": len(receiver.requests),
+            "p50_ms": round(percentile(latencies, 50) * 1000, 1), "p99_ms": round(percentile(latencies, 99) * 1000, 1)}
+
+
+SCAN_WAIT = 2.5  # the deliverer scans for endpoints every 2 s (hub/webhooks/worker.py)
+
+
+async def part_latency_far(bench: Bench, args) -> dict:
+    """As ``part_latency``, to a receiver that answers after ``--far-delay`` (a round trip away)."""
+    return await part_latency(bench, args, args.far_rate, args.far_delay)
+
+
+async def part_outage(bench: Bench, args) -> dict:
+    async with trio.open_nursery() as nursery:
+        s, base, org_id, headers = await bench.hub(nursery, webhooks_allow_private=True)
+        receiver = await _receiver(nursery)
+        up = {"yes": False}
+        receiver.answer = lambda _r: 200 if up["yes"] else 503
+        async with httpx.AsyncClient(timeout=30) as client:
+            devices = await _devices(client, base, headers, args.subjects)
+            await _endpoint(client, base, headers, receiver.url)
+            await trio.sleep(SCAN_WAIT)
+            total = args.subjects * args.per_subject
+            await _feed(s, org_id, devices, total / max(1.0, args.down / 2), max(1.0, args.down / 2) + 0.5,
+                        limit=total)
+            await trio.sleep(max(0.0, args.down - max(1.0, args.down / 2)))
+            up["yes"] = True
+            back = trio.current_time()
+            with trio.move_on_after(args.catch_up):
+                while sum(1 for r in receiver.requests if r.at >= back) < total:
+                    await trio.sleep(0.1)
+            took = trio.current_time() - back
+        got = [json.loads(r.body) for r in receiver.requests if r.at >= back]
+        nursery.cancel_scope.cancel()
+    per_subject: dict[str, list[int]] = {}
+    for e in got:
+        per_subject.setdefault(e["subject"], []).append(int(e["sequence"]))
+    in_order = all(seqs == sorted(seqs) for seqs in per_subject.values())
+    distinct = {e["id"] for e in got}
+    return {"events": total, "delivered_after_return": len(got), "distinct": len(distinct),
+            "lost": total - len(distinct), "in_order_per_subject": in_order,
+            "failed_attempts_while_down": sum(1 for r in receiver.requests if r.at < back),
+            "catch_up_s": round(took, 1)}
+
+
+async def part_resume(bench: Bench, args) -> dict:
+    async with trio.open_nursery() as nursery:
+        s, base, org_id, headers = await bench.hub(nursery)
+        async with httpx.AsyncClient(timeout=30) as client:
+            [device] = await _devices(client, base, headers, 1)
+            rand = random.Random(7)
+            seen: list[int] = []
+            last = None
+            feeding = trio.Event()
+
+            async def feed() -> None:
+                n = 0
+                while not feeding.is_set():
+                    s.journal.record(org_id, _event(s, device, n))
+                    n += 1
+                    await trio.sleep(1 / args.resume_rate)
+                await s.journal.wait_written()
+                total["n"] = n
+
+            total: dict = {}
+            url = f"{base}/v1/devices/{device}/events"
+            for drop in range(args.drops + 1):
+                want = rand.randint(1, 20)
+                hdrs = {**headers, **({"Last-Event-ID": last} if last is not None else {})}
+                async with client.stream("GET", url, headers=hdrs) as r:
+                    r.raise_for_status()
+                    got, ident, name = 0, None, None
+                    async for line in r.aiter_lines():
+                        if line.startswith("id:"):
+                            ident = line[3:].strip()
+                        elif line.startswith("event:"):
+                            name = line[6:].strip()
+                        elif line.startswith("data:") and name == "device.event.telemetry":
+                            seen.append(json.loads(line[5:])["payload"]["n"])
+                        elif line == "" and name is not None:
+                            last, name = ident, None
+                            got += 1
+                            if drop == 0 and got == 1:
+                                nursery.start_soon(feed)  # after the snapshot: it covers what came before
+                            if got >= want:
+                                break
+            feeding.set()
+            while "n" not in total:
+                await trio.sleep(0.05)
+            # the rest, in one last stream
+            hdrs = {**headers, "Last-Event-ID": last}
+            with trio.move_on_after(0 if len(set(seen)) >= total["n"] else 30):
+                async with client.stream("GET", url, headers=hdrs) as r:
+                    name = None
+                    async for line in r.aiter_lines():
+                        if line.startswith("event:"):
+                            name = line[6:].strip()
+                        elif line.startswith("data:") and name == "device.event.telemetry":
+                            seen.append(json.loads(line[5:])["payload"]["n"])
+                            if len(set(seen)) >= total["n"]:
+                                break
+        nursery.cancel_scope.cancel()
+    return {"drops": args.drops, "events": total["n"], "seen": len(seen), "distinct": len(set(seen)),
+            "duplicates": len(seen) - len(set(seen)), "missing": total["n"] - len(set(seen)),
+            "in_order": seen == sorted(seen)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--parts", default="cost,latency,latency-far,outage,resume")
+    p.add_argument("--far-rate", type=float, default=200.0, help="events a second (latency-far)")
+    p.add_argument("--far-delay", type=float, default=0.02, help="the far receiver's answer time, seconds")
+    p.add_argument("--rate", type=float, default=1000.0, help="events a second (cost, latency)")
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--receiver-delay", type=float, default=0.0,
+                   help="seconds the receiver waits before each answer (latency: a receiver further away)")
+    p.add_argument("--repeat", type=int, default=2, help="runs of each mode (cost)")
+    p.add_argument("--down", type=float, default=600.0, help="seconds the receiver answers 503 (outage)")
+    p.add_argument("--subjects", type=int, default=1000)
+    p.add_argument("--per-subject", type=int, default=3)
+    p.add_argument("--catch-up", type=float, default=1200.0, help="the most seconds the outage part waits after")
+    p.add_argument("--drops", type=int, default=100)
+    p.add_argument("--resume-rate", type=float, default=50.0)
+    p.add_argument("--no-write", action="store_true")
+    args = p.parse_args()
+    if args.smoke:
+        args.rate, args.seconds, args.clients, args.repeat, args.far_rate = 100.0, 3.0, 4, 1, 50.0
+        args.down, args.subjects, args.per_subject, args.catch_up = 3.0, 20, 2, 60.0
+        args.drops, args.resume_rate = 5, 50.0
+    parts = args.parts.split(",")
+    facts = machine_facts(0)
+    from storage.embedded import EmbeddedPostgres
+    data_dir = shm_tempdir("fleethub-bench-events-")
+    pg = EmbeddedPostgres(data_dir / "pg")
+    pg.start()
+    results: dict = {}
+    broken = False
+    try:
+        bench = Bench(pg.dsn, data_dir)
+        for name in parts:
+            fn = {"cost": part_cost, "latency": part_latency, "latency-far": part_latency_far,
+                  "outage": part_outage, "resume": part_resume}[name]
+            started = time.monotonic()
+            try:
+                results[name] = trio.run(fn, bench, args)
+            except Exception as exc:  # noqa: BLE001 — a broken part is reported, the others still run
+                log(f"{name} failed: {exc!r}")
+                broken = True
+                continue
+            log(f"{name} ({time.monotonic() - started:.0f} s): {json.dumps(results[name])}")
+    finally:
+        pg.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    (OUT_DIR / f"events{'-smoke' if args.smoke else ''}.json").write_text(json.dumps(results, indent=1))
+    verdicts = Verdicts("events", smoke=args.smoke)
+    rows = []
+    if "cost" in results:
+        c = results["cost"]
+        rows += [["cost", f"REST requests/s with the log on / off, {args.rate:g} events/s recorded",
+                  f"{c['on']['requests_per_s']} / {c['off']['requests_per_s']} (ratio {c['ratio']}; best of "
+                  f"{args.repeat} alternating runs each)"],
+                 ["cost", "events the log took per second", c["on"]["events_logged_per_s"]]]
+        verdicts.at_most("REST throughput lost to the event log", round((1 - c["ratio"]) * 100, 1), 5, "%")
+    for part in ("latency", "latency-far"):
+        if part in results:
+            lt = results[part]
+            rows += [[part, f"record → receiver's 200 at {lt['rate']:g} events/s to one endpoint, the receiver "
+                      f"answering after {lt['receiver_delay_ms']:g} ms; {lt['delivered']}/{lt['events']} delivered "
+                      f"({lt['requests']} requests)", f"p50 {lt['p50_ms']} ms, p99 {lt['p99_ms']} ms"]]
+            verdicts.at_most(f"webhook delivery latency p99 ({part}, {lt['rate']:g} events/s)", lt["p99_ms"],
+                             1000, " ms")
+    if "outage" in results:
+        o = results["outage"]
+        rows += [["outage", f"receiver down {args.down:g} s, {args.subjects} subjects × {args.per_subject}",
+                  f"{o['distinct']}/{o['events']} delivered after it came back, lost {o['lost']}, in order per "
+                  f"subject: {o['in_order_per_subject']}, caught up in {o['catch_up_s']} s"]]
+        verdicts.at_most("events lost to a receiver outage", o["lost"], 0)
+    if "resume" in results:
+        r = results["resume"]
+        rows += [["resume", f"SSE stream dropped {r['drops']} times",
+                  f"{r['distinct']}/{r['events']} seen, duplicates {r['duplicates']}, missing {r['missing']}, "
+                  f"in order: {r['in_order']}"]]
+        verdicts.at_most("SSE resume: events missed or seen twice", r["duplicates"] + r["missing"], 0)
+    body = "\n".join(["## The event log, SSE resume and webhooks (bench/events.py)", "", f"`{command_line()}`", "",
+                      f"{facts_line(facts)}; load average at end {loadavg()}", "",
+                      "One hub in the bench's own process (it shares the CPU with the load and the receiver); "
+                      "events recorded through the hub's Journal at a fixed rate (synthetic device load).", "",
+                      md_table(["part", "what", "measured"], rows), "", verdicts.markdown(), ""])
+    print(body)
+    if not args.no_write or args.smoke:
+        log(f"wrote {write_section('events', body, smoke=args.smoke)}")
+    return verdicts.exit_code(broken=broken or not results)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The event log (migration 0026): every event the SSE streams carry, in order per organisation.
+
+``append`` writes events of any organisations in one transaction; a caller with a transaction of its
+own (a rollout's save) passes its connection to ``append_on`` so the events commit with the change
+they describe. Each organisation's counter row is updated before its events are inserted, and that
+row stays locked until the commit: two appends of one organisation commit one after the other, in
+sequence order, so a reader that sees ``org_seq`` N sees every event before it (no gap for a reader
+that resumes after N).
+
+Rows are read back as ``Event`` records; hub/eventlog.py turns them into CloudEvents and SSE frames.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from storage.db import Database
+
+#: The most rows one page (``page``) returns and one prune statement deletes.
+MAX_PAGE = 1000
+PRUNE_BATCH = 5000
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """An event to append: ``kind`` is its stable name (hub/eventlog.py prefixes it into a type)."""
+    org_id: uuid.UUID
+    kind: str
+    subject: str
+    time: dt.datetime
+    data: Any
+    device_id: uuid.UUID | None = None
+    rollout_id: uuid.UUID | None = None
+    fleet_ids: tuple[uuid.UUID, ...] | None = None  # None for a device event: its fleet is looked up
+    id: uuid.UUID | None = None
+
+
+def subject_of(event: dict[str, Any]) -> tuple[str, uuid.UUID | None, uuid.UUID | None]:
+    """(subject, device id, rollout id) of an event record as the actors publish it
+    (``{kind, deviceId | rolloutId | webhookId, at, payload}``)."""
+    if "rolloutId" in event:
+        rollout_id = uuid.UUID(str(event["rolloutId"]))
+        return f"rollouts/{rollout_id}", None, rollout_id
+    if "webhookId" in event:
+        return f"webhooks/{uuid.UUID(str(event['webhookId']))}", None, None
+    device_id = uuid.UUID(str(event["deviceId"]))
+    return f"devices/{device_id}", device_id, None
+
+
+def new_event(org_id: uuid.UUID, event: dict[str, Any], fleet_ids: tuple[uuid.UUID, ...] | None = None) -> NewEvent:
+    """The record's ``at`` (RFC 3339, milliseconds) is the event's time: a stream replaying it from
+    the log sends the same ``at`` the live stream sent."""
+    subject, device_id, rollout_id = subject_of(event)
+    return NewEvent(org_id=org_id, kind=str(event["kind"]), subject=subject,
+                    time=dt.datetime.fromisoformat(str(event["at"])),
+                    data=event.get("payload") or {}, device_id=device_id, rollout_id=rollout_id,
+                    fleet_ids=fleet_ids)
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    org_id: uuid.UUID
+    org_seq: int
+    id: uuid.UUID
+    kind: str
+    subject: str
+    time: dt.datetime
+    device_id: uuid.UUID | None
+    rollout_id: uuid.UUID | None
+    fleet_ids: tuple[uuid.UUID, ...]
+    data: Any
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """Which events a caller may read: all of them, or those of these devices, or of events whose
+    every fleet is one of these (a rollout over two fleets needs both, as its own stream does)."""
+    everything: bool
+    device_ids: frozenset[uuid.UUID] = frozenset()
+    fleet_ids: frozenset[uuid.UUID] = frozenset()
+
+
+_COLUMNS = "seq, org_id, org_seq, id, type, subject, time, device_id, rollout_id, fleet_ids, data"
+
+
+def _event(row: asyncpg.Record) -> Event:
+    return Event(seq=row["seq"], org_id=row["org_id"], org_seq=row["org_seq"], id=row["id"], kind=row["type"],
+                 subject=row["subject"], time=row["time"], device_id=row["device_id"],
+                 rollout_id=row["rollout_id"], fleet_ids=tuple(row["fleet_ids"] or ()),
+                 data=json.loads(row["data"]))
+
+
+async def append_on(conn: asyncpg.Connection, events: Sequence[NewEvent]) -> list[int]:
+    """Append ``events`` inside the caller's transaction; their org_seq, in the order given."""
+    if not events:
+        return []
+    counts: dict[uuid.UUID, int] = {}
+    for e in events:
+        counts[e.org_id] = counts.get(e.org_id, 0) + 1
+    next_seq: dict[uuid.UUID, int] = {}
+    for org_id in sorted(counts):  # one lock order for every writer: no deadlock between two batches
+        last = await conn.fetchval(
+            """INSERT INTO event_counters AS c (org_id, last) VALUES ($1, $2)
+               ON CONFLICT (org_id) DO UPDATE SET last = c.last + $2 RETURNING last""", org_id, counts[org_id])
+        next_seq[org_id] = last - counts[org_id] + 1
+    rows, seqs = [], []
+    for e in events:
+        seq = next_seq[e.org_id]
+        next_seq[e.org_id] = seq + 1
+        seqs.append(seq)
+        rows.append({"id": str(e.id or uuid.uuid4()), "org_id": str(e.org_id), "org_seq": seq, "type": e.kind,
+                     "subject": e.subject, "time": e.time.isoformat(),
+                     "device_id": str(e.device_id) if e.device_id else None,
+                     "rollout_id": str(e.rollout_id) if e.rollout_id else None,
+                     "fleet_ids": None if e.fleet_ids is None else [str(f) for f in e.fleet_ids],
+                     "data": e.data})
+    await conn.execute(
+        """INSERT INTO events (org_id, org_seq, id, type, subject, time, device_id, rollout_id, fleet_ids, data)
+           SELECT r.org_id, r.org_seq, r.id, r.type, r.subject, r.time, r.device_id, r.rollout_id,
+                  COALESCE(r.fleet_ids, (SELECT ARRAY[d.fleet_id] FROM devices d
+                                         WHERE d.id = r.device_id AND d.fleet_id IS NOT NULL), '{}'),
+                  r.data
+           FROM jsonb_to_recordset($1::jsonb) AS r(org_id uuid, org_seq bigint, id uuid, type text,
+                subject text, time timestamptz, device_id uuid, rollout_id uuid, fleet_ids uuid[], data jsonb)""",
+        json.dumps(rows, separators=(",", ":")))
+    return seqs
+
+
+def _visible_sql(v: Visibility, args: list[Any]) -> str:
+    if v.everything:
+        return "true"
+    args.append(list(v.device_ids))
+    devices = len(args)
+    args.append(list(v.fleet_ids))
+    fleets = len(args)
+    return (f"(device_id = ANY(${devices}::uuid[]) OR "
+            f"(cardinality(fleet_ids) > 0 AND fleet_ids <@ ${fleets}::uuid[]))")
+
+
+def _type_sql(types: Sequence[str], args: list[Any]) -> str:
+    """Exact kinds, or prefixes where a pattern ends in ``*`` (``device.*``)."""
+    exact = [t for t in types if not t.endswith("*")]
+    prefixes = [t[:-1] for t in types if t.endswith("*")]
+    parts = []
+    if exact:
+        args.append(exact)
+        parts.append(f"type = ANY(${len(args)}::text[])")
+    for p in prefixes:
+        args.append(p.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+        parts.append(f"type LIKE ${len(args)}")
+    return "(" + " OR ".join(parts) + ")" if parts else "true"
+
+
+class EventLog:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def append(self, events: Sequence[NewEvent]) -> list[int]:
+        return await self.db.run(append_on, events, transaction=True)
+
+    async def page(self, org_id: uuid.UUID, after: int, *, limit: int = 100, types: Sequence[str] = (),
+                   subject: str | None = None, visibility: Visibility = Visibility(True),
+                   fleets_any: Sequence[uuid.UUID] | None = None, upto: int | None = None) -> list[Event]:
+        """The organisation's events after cursor ``after`` (and up to ``upto``), oldest first, at most
+        ``limit``. ``fleets_any``: only events of one of these fleets (a webhook's filter)."""
+        args: list[Any] = [org_id, after, min(limit, MAX_PAGE)]
+        where = ["org_id = $1", "org_seq > $2", _visible_sql(visibility, args), _type_sql(types, args)]
+        if subject is not None:
+            args.append(subject)
+            where.append(f"subject = ${len(args)}")
+        if fleets_any is not None:
+            args.append(list(fleets_any))
+            where.append(f"fleet_ids && ${len(args)}::uuid[]")
+        if upto is not None:
+            args.append(upto)
+            where.append(f"org_seq <= ${len(args)}")
+        rows = await self.db.fetch(
+            f"SELECT {_COLUMNS} FROM events WHERE {' AND '.join(where)} ORDER BY org_seq LIMIT $3", *args)
+        return [_event(r) for r in rows]
+
+    async def get(self, org_id: uuid.UUID, org_seqs: Sequence[int]) -> list[Event]:
+        rows = await self.db.fetch(f"SELECT {_COLUMNS} FROM events WHERE org_id = $1 AND org_seq = ANY($2::bigint[]) "
+                                   "ORDER BY org_seq", org_id, list(org_seqs))
+        return [_event(r) for r in rows]
+
+    async def cursors(self, org_id: uuid.UUID) -> tuple[int, int]:
+        """(the last org_seq written, the last one pruned): 0, 0 for an organisation with none yet."""
+        row = await self.db.fetchrow("SELECT last, pruned_through FROM event_counters WHERE org_id = $1", org_id)
+        return (row["last"], row["pruned_through"]) if row is not None else (0, 0)
+
+    async def prune(self, before: dt.datetime, *, batch: int = PRUNE_BATCH) -> int:
+        """Delete up to ``batch`` events older than ``before`` (oldest first) and move each
+        organisation's ``pruned_through`` past them; the number deleted (call again while it is
+        ``batch``). Small batches keep each transaction short under a steady append load."""
+
+        async def body(conn: asyncpg.Connection) -> int:
+            rows = await conn.fetch(
+                """WITH gone AS (
+                       DELETE FROM events WHERE seq IN (
+                           SELECT seq FROM events WHERE time < $1 ORDER BY seq LIMIT $2)
+                       RETURNING org_id, org_seq)
+                   SELECT org_id, max(org_seq) AS upto, count(*) AS n FROM gone GROUP BY org_id""", before, batch)
+            for r in sorted(rows, key=lambda r: r["org_id"]):
+                await conn.execute("UPDATE event_counters SET pruned_through = GREATEST(pruned_through, $2) "
+                                   "WHERE org_id = $1", r["org_id"], r["upto"])
+            return sum(r["n"] for r in rows)
+
+        return await self.db.run(body, transaction=True)
