@@ -11,10 +11,10 @@ import trio
 from tests.hubtools import assert_error, open_hub, start_agent, start_hub, wait_for
 
 
-async def two_nodes(nursery, db_url: str, data, nats_url: str):
+async def two_nodes(nursery, db_url: str, data, nats_url: str, **settings):
     """Node "a" with its test client, and node "b" (services, base URL), on one database and one NATS."""
-    a = await start_hub(nursery, db_url, data, nats_url=nats_url, node_id="a")
-    b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_url, node_id="b")
+    a = await start_hub(nursery, db_url, data, nats_url=nats_url, node_id="a", **settings)
+    b_services, b_url = await open_hub(nursery, db_url, data, nats_url=nats_url, node_id="b", **settings)
     return a, b_services, b_url
 
 
