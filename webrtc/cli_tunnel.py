@@ -138,9 +138,15 @@ def _leaf(exc: BaseException) -> BaseException:
 
 
 def command(args: argparse.Namespace, run: Callable[[Any], None] | None = None) -> None:
+    from .marks import Marks, wanted
+
+    marks = Marks()
+    marks.mark("parsed")
     from .client import Credentials, Ready, Summary, TunnelError, run_tunnel
     from .failures import one_line
     from .peer import quiet_ice_logs
+
+    marks.mark("imported")
 
     hub = args.hub or os.environ.get("FLEETHUB_HUB_URL")
     if not hub:
@@ -179,7 +185,8 @@ def command(args: argparse.Namespace, run: Callable[[Any], None] | None = None) 
     async def main() -> None:
         try:
             outcome.append(await run_tunnel(hub, credentials, args.device, args.target, listener=listener,
-                                            stdio=stdio, on_ready=ready, on_summary=summaries.append))
+                                            stdio=stdio, on_ready=ready, on_summary=summaries.append,
+                                            marks=marks))
         except BaseException as exc:  # noqa: BLE001 — reported as one line below
             leaf = _leaf(exc)
             if isinstance(leaf, TunnelError):
@@ -192,6 +199,9 @@ def command(args: argparse.Namespace, run: Callable[[Any], None] | None = None) 
                 raise  # cancellation (a signal) and KeyboardInterrupt go on as they are
 
     (run or run_until_signalled)(main)
+    marks.mark("closed")
+    if args.verbose or wanted():
+        print(marks.line(), file=sys.stderr, flush=True)
     if failure:
         fail(failure[0])
     message = outcome[0] if outcome else "stopped"
