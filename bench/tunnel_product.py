@@ -21,7 +21,8 @@ Reported:
   certificate and ICE host candidates), token, session (the hub asks the agent, the agent answers),
   ICE, DTLS, SCTP (the control channel open), ssh (handshake, auth, ``true``, exit); direct ssh beside;
 - keystroke round trips (one byte through ``cat`` on the device, every 20 ms) in one ssh connection,
-  idle and while an scp runs in the same connection (ssh's ControlMaster: one tunnel session);
+  idle and while scp copies run back to back, in the same connection (ssh's ControlMaster: one
+  tunnel session, one byte stream) or in their own (a tunnel session each, the same agent);
 - CPU per MiB in the CLI (its own rusage from the timing line, less an ``ssh true``'s) and in the
   agent (/proc), separately, and in the peer bench's two peers.
 
@@ -184,9 +185,8 @@ class Master:
     def opts(self) -> list[str]:
         return ["-o", f"ControlPath={self.path}", "-o", "ControlMaster=no"]
 
-    def keystrokes(self, count: int, busy: threading.Event | None = None) -> list[float]:
-        """Round trips of one byte through ``cat`` on the device, ``INTERVAL`` apart, in ms; with ``busy``,
-        only those taken while it is set (the bulk copy still running)."""
+    def keystrokes(self, count: int) -> list[float]:
+        """Round trips of one byte through ``cat`` on the device, ``INTERVAL`` apart, in ms."""
         cat = subprocess.Popen(["ssh", *self.world.options(tunnel=self.tunnel), *self.opts(),
                                 self.world.host(self.tunnel), "cat"], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=self.world.env, bufsize=0)
@@ -196,14 +196,11 @@ class Master:
                 raise RuntimeError("cat did not echo")
             rtts = []
             for _ in range(count):
-                if busy is not None and not busy.is_set():
-                    break
                 t0 = time.perf_counter()
                 cat.stdin.write(b"k")
                 if cat.stdout.read(1) != b"k":
                     raise RuntimeError("cat did not echo")
-                if busy is None or busy.is_set():
-                    rtts.append((time.perf_counter() - t0) * 1000)
+                rtts.append((time.perf_counter() - t0) * 1000)
                 time.sleep(INTERVAL)
             return rtts
         finally:
@@ -220,29 +217,31 @@ class Master:
         self.err.close()
 
 
-def under_bulk(master: Master, world: World, source: str, dest: str, keys: int) -> tuple[list[float], float]:
-    """Keystrokes while an scp runs in the same ssh connection; (their RTTs, the scp's seconds)."""
-    busy = threading.Event()
-    busy.set()
-    took: list[float] = []
+def under_bulk(master: Master, world: World, source: str, dest: str, keys: int, *, same: bool) -> list[float]:
+    """Keystrokes through ``master`` while scp copies run one after another, in the same ssh connection
+    (``same``: ssh multiplexes both over one tunnel session) or in their own (a session each)."""
+    stop = threading.Event()
     failure: list[BaseException] = []
 
     def copy() -> None:
         try:
-            took.append(world.scp(master.tunnel, source, dest, extra=master.opts())[0])
+            while not stop.is_set():
+                world.scp(master.tunnel, source, dest, extra=master.opts() if same else None)
         except BaseException as exc:  # noqa: BLE001 — reported by the caller
             failure.append(exc)
-        finally:
-            busy.clear()
+            stop.set()
 
     thread = threading.Thread(target=copy, daemon=True)
     thread.start()
-    time.sleep(0.5)  # the copy under way
-    rtts = master.keystrokes(keys, busy)
-    thread.join(900)
+    time.sleep(1.0)  # the copy under way (a new session's set-up done)
+    try:
+        rtts = master.keystrokes(keys)
+    finally:
+        stop.set()
+        thread.join(900)
     if failure:
         raise failure[0]
-    return rtts, took[0]
+    return rtts
 
 
 def main() -> int:
@@ -337,16 +336,16 @@ def main() -> int:
             master = Master(world, tunnel)
             try:
                 fig[f"keys idle {name}"] = master.keystrokes(args.keys)
-                rtts, _ = under_bulk(master, world, f":{remote}", str(back), args.keys)
-                fig[f"keys down {name}"] = rtts
-                back.unlink(missing_ok=True)
-                rtts, _ = under_bulk(master, world, str(src), f":{remote}", args.keys)
-                fig[f"keys up {name}"] = rtts
+                for way, source, dest in (("down", f":{remote}", str(back)), ("up", str(src), f":{remote}")):
+                    for same in (True, False):
+                        fig[f"keys {way}{'' if same else '-own'} {name}"] = under_bulk(
+                            master, world, source, dest, args.keys, same=same)
+                        back.unlink(missing_ok=True)
             finally:
                 master.stop()
             log(f"keystrokes {name}: " + ", ".join(
                 f"{k.split()[1]} p95 {percentile(sorted(fig[k]), 95):.1f} ms ({len(fig[k])})"
-                for k in (f"keys idle {name}", f"keys down {name}", f"keys up {name}")))
+                for k in fig if k.startswith("keys ") and k.endswith(name)))
     finally:
         if peers is not None:
             for q in peers:
@@ -382,8 +381,10 @@ def main() -> int:
                        f"{m('cli after ssh') * 1000:.0f}"])
     key_rows = [[what, *(f"{p95(f'keys {k} {n}'):.1f} ({m(f'keys {k} {n}'):.1f}; {len(fig.get(f'keys {k} {n}', []))})"
                          for n in ("tunnel", "direct"))]
-                for what, k in (("idle", "idle"), ("under scp down, same connection", "down"),
-                                ("under scp up, same connection", "up"))]
+                for what, k in (("idle", "idle"), ("under scp down in the same ssh connection", "down"),
+                                ("under scp up in the same ssh connection", "up"),
+                                ("under scp down in another ssh connection (its own session)", "down-own"),
+                                ("under scp up in another ssh connection (its own session)", "up-own"))]
     body = "\n\n".join([
         "## Tunnels on the product path (bench/tunnel_product.py)", f"`{command_line()}`",
         facts_line(facts) + f"; load average at start {load_start}, at end {loadavg()}",
@@ -399,15 +400,18 @@ def main() -> int:
         "(FLEETHUB_TUNNEL_TIMING=1):",
         md_table(["phase", "ms (median)"], phase_rows),
         f"Keystrokes: one byte through `cat` on the device every {INTERVAL * 1000:.0f} ms, in one ssh connection "
-        "(ControlMaster); under bulk, an scp of the file in the same connection (one tunnel session):",
+        "(ControlMaster), while scp copies of the file run back to back, either in the same ssh connection (ssh "
+        "multiplexes both channels over one byte stream: one tunnel session) or each in its own ssh connection "
+        "(its own tunnel session, the same device and agent):",
         md_table(["keystroke round trip", "product path p95 ms (median; n)", "direct p95 ms (median; n)"], key_rows),
     ])
     verdicts = Verdicts("tunnel_product", smoke=args.smoke)
     for way in ("up", "down"):
         verdicts.at_least(f"scp {way} through the product path (median)", round(m(f"tunnel {way}"), 1), 25, " MB/s")
     verdicts.at_most("ssh host true through the ProxyCommand (median)", round(m("true tunnel"), 2), 1.0, " s")
-    verdicts.at_most("keystroke p95 under scp down, product path", round(p95("keys down tunnel"), 1), 20, " ms")
-    verdicts.at_most("keystroke p95 under scp up, product path", round(p95("keys up tunnel"), 1), 20, " ms")
+    for way in ("down", "up"):
+        verdicts.at_most(f"keystroke p95 under scp {way} in another session, product path",
+                         round(p95(f"keys {way}-own tunnel"), 1), 20, " ms")
     if "peer device cpu up" in fig:
         for way in ("up", "down"):
             verdicts.at_most(f"agent CPU per MiB {way} (target: the peer bench's device peer)",

@@ -28,7 +28,6 @@ import trio
 from device_client.names import NameLookupError, resolve
 from device_client.shared.clock import Clock
 
-from .grant import GrantError, parse_time, read_unverified
 from .marks import Marks
 from .peer import TunnelPeer
 
@@ -155,6 +154,9 @@ class HubTunnels:
 
 def grant_expiry(session: dict[str, Any]) -> dt.datetime:
     """When the session's grant runs out: the hub's expires_at, else the grant's own expiresAt."""
+    # grant.py loads pyjwt and cryptography's keys: here, after the connection is up, not at the CLI's start
+    from .grant import GrantError, parse_time, read_unverified
+
     if isinstance(session.get("expires_at"), str):
         return parse_time(session["expires_at"], "expires_at")
     try:
