@@ -244,6 +244,47 @@ def under_bulk(master: Master, world: World, source: str, dest: str, keys: int, 
     return rtts
 
 
+def cli_pid(scp: subprocess.Popen, timeout: float = 30.0) -> int:
+    """The ``fleethub tunnel --stdio`` process an scp started (its ssh's ProxyCommand)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"tunnel" in cmdline and b"--stdio" in cmdline:
+                return int(entry.name)
+        time.sleep(0.05)
+    raise RuntimeError("no fleethub tunnel --stdio process appeared")
+
+
+def profile(world: World, src: Path, remote: Path, back: Path) -> int:
+    """py-spy on the CLI and the agent during one scp each way; the hottest frames of each."""
+    from _common import PySpy
+
+    for way, source, dest in (("up", str(src), f":{remote}"), ("down", f":{remote}", str(back))):
+        def at(p: str) -> str:
+            return f"{world.host(True)}:{p[1:]}" if p.startswith(":") else p
+
+        scp = subprocess.Popen(["scp", "-q", *world.options(tunnel=True, scp=True), at(source), at(dest)],
+                               stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=world.env)
+        spies = {"cli": PySpy(cli_pid(scp), OUT_DIR / f"tunnel-product-cli-{way}.txt"),
+                 "agent": PySpy(world.agent.pid, OUT_DIR / f"tunnel-product-agent-{way}.txt")}
+        scp.wait(900)
+        for name, spy in spies.items():
+            spy.stop()
+            summary = spy.summary(25)
+            print(f"== {name}, scp {way}: {summary.get('samples')}")
+            for kind in ("self", "inclusive"):
+                print(f"-- {kind}")
+                for frame, share in summary[kind]:
+                    print(f"{share:5.1f}%  {frame}")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--smoke", action="store_true")
@@ -252,6 +293,8 @@ def main() -> int:
     p.add_argument("--starts", type=int, default=5)
     p.add_argument("--keys", type=int, default=200)
     p.add_argument("--no-peer-bench", action="store_true")
+    p.add_argument("--profile", action="store_true",
+                   help="only py-spy the CLI and the agent during one scp each way (bench/out/tunnel-product-*.txt)")
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--quiet-wait", type=float, default=60.0)
     args = p.parse_args()
@@ -273,6 +316,8 @@ def main() -> int:
     world = World(tmp)
     peers: tuple[Proc, Proc] | None = None
     try:
+        if args.profile:
+            return profile(world, src, remote, back)
         # -- ssh host true: the first answer --------------------------------------------------------
         world.ssh_true(True)  # warm the disk cache and the agent's first aiortc import
         phases: list[dict[str, float]] = []
