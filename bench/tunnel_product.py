@@ -77,6 +77,7 @@ class World:
         self.tmp = tmp
         self.hub = HubProcess.start(name="tunnel-product-hub", env={"FLEETHUB_TUNNELS": "on"})
         self.agent: subprocess.Popen | None = None
+        self.agent_b: subprocess.Popen | None = None
         self.sshd = None
         try:
             self.hub.bootstrap()
@@ -104,6 +105,24 @@ class World:
                     "FLEETHUB_PAT_ID": self.hub.pat_id, "FLEETHUB_PAT_SECRET": self.hub.pat_secret,
                     "FLEETHUB_ORG_ID": self.hub.org_id, "FLEETHUB_TUNNEL_TIMING": "1"}
 
+    def second_device(self) -> str:
+        """Another device and its agent (ssh to the same sshd): its id, for ``host(True, device=...)``."""
+        device_id, _token, env = tunnel_device(self.hub, "product-dev-b")
+        log_path = OUT_DIR / "tunnel-product-agent-b.log"
+        with log_path.open("wb") as err:
+            self.agent_b = subprocess.Popen(
+                [*fleethub_cmd(), "agent", "--hub", self.hub.base_url, "--data-dir", str(self.tmp / "device-b"),
+                 "--ssh", "--tunnel-target", f"ssh=127.0.0.1:{self.sshd.port}"], stdout=err, stderr=err, env=env,
+                stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            status, body = http_json("GET", f"{self.hub.base_url}/v1/devices/{device_id}", headers=self.hub.headers)
+            if status == 200 and body["data"].get("online"):
+                return device_id
+            if time.monotonic() > deadline or self.agent_b.poll() is not None:
+                raise RuntimeError(f"the second agent did not come online; see {log_path}")
+            time.sleep(0.2)
+
     def options(self, *, tunnel: bool, scp: bool = False) -> list[str]:
         opts = [*self.sshd.ssh_options(), "-o", "UserKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=no"]
         if tunnel:
@@ -111,8 +130,8 @@ class World:
             return [*opts, "-o", f"ProxyCommand={proxy}"]
         return [*opts, "-P" if scp else "-p", str(self.sshd.port)]
 
-    def host(self, tunnel: bool) -> str:
-        return f"{self.sshd.user}@{self.device_id if tunnel else '127.0.0.1'}"
+    def host(self, tunnel: bool, device: str | None = None) -> str:
+        return f"{self.sshd.user}@{(device or self.device_id) if tunnel else '127.0.0.1'}"
 
     def ssh_true(self, tunnel: bool) -> tuple[float, dict[str, float] | None, float]:
         """``ssh host true``: (seconds to exit, the CLI's marks relative to the start, its exit after ssh's)."""
@@ -127,12 +146,13 @@ class World:
         marks = wait_marks(err_path)
         return took, {k: v - t0 for k, v in marks.items() if k != "cpu"} | {"cpu": marks["cpu"]}, marks["closed"] - t0 - took
 
-    def scp(self, tunnel: bool, source: str, dest: str, *, extra: list[str] | None = None) -> tuple[float, float]:
+    def scp(self, tunnel: bool, source: str, dest: str, *, extra: list[str] | None = None,
+            device: str | None = None, name: str = "scp") -> tuple[float, float]:
         """(seconds, the CLI's CPU seconds or 0 direct)."""
         def at(p: str) -> str:
-            return f"{self.host(tunnel)}:{p[1:]}" if p.startswith(":") else p
+            return f"{self.host(tunnel, device)}:{p[1:]}" if p.startswith(":") else p
 
-        err_path = self.tmp / "scp.err"
+        err_path = self.tmp / f"{name}.err"
         with err_path.open("wb") as err:
             t0 = time.perf_counter()
             subprocess.run(["scp", "-q", *self.options(tunnel=tunnel, scp=True), *(extra or []), at(source), at(dest)],
@@ -142,13 +162,14 @@ class World:
         return took, (wait_marks(err_path)["cpu"] if tunnel and not extra else 0.0)
 
     def stop(self) -> None:
-        if self.agent is not None and self.agent.poll() is None:
-            self.agent.terminate()
-            try:
-                self.agent.wait(20)
-            except subprocess.TimeoutExpired:
-                self.agent.kill()
-                self.agent.wait()
+        for agent in (self.agent, self.agent_b):
+            if agent is not None and agent.poll() is None:
+                agent.terminate()
+                try:
+                    agent.wait(20)
+                except subprocess.TimeoutExpired:
+                    agent.kill()
+                    agent.wait()
         if self.sshd is not None:
             self.sshd.stop()
         self.hub.stop()
@@ -244,6 +265,42 @@ def under_bulk(master: Master, world: World, source: str, dest: str, keys: int, 
     return rtts
 
 
+def several(world: World, src: Path, tmp: Path, mb: int, keys: int) -> dict[str, list[float]]:
+    """Item 4: two scp up to the first device and one to a second device at once (a tunnel session
+    each), and keystrokes in a third session to the first device meanwhile. MB/s of each copy while all
+    three ran is not observable from outside; each copy's own MB/s (size / its time) is, with all three
+    started together and of the same size."""
+    world.hub.admin("tunnel-entitle", world.hub.org_id, "--max-sessions-per-device", "4")
+    other = world.second_device()
+    master = Master(world, True)
+    results: dict[str, float] = {}
+    failure: list[BaseException] = []
+
+    def copy(label: str, device: str | None) -> None:
+        try:
+            seconds, _ = world.scp(True, str(src), f":{tmp / f'fair-{label}.bin'}", device=device, name=label)
+            results[label] = mb * MIB / seconds / 1e6
+        except BaseException as exc:  # noqa: BLE001 — reported below
+            failure.append(exc)
+
+    try:
+        threads = [threading.Thread(target=copy, args=(label, device), daemon=True)
+                   for label, device in (("A1", None), ("A2", None), ("B", other))]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)  # the three sessions open and copying
+        rtts = []
+        while any(t.is_alive() for t in threads) and len(rtts) < 20 * keys:
+            rtts += master.keystrokes(20)
+        for t in threads:
+            t.join(900)
+    finally:
+        master.stop()
+    if failure:
+        raise failure[0]
+    return {"rates": [results["A1"], results["A2"], results["B"]], "keys": rtts}
+
+
 def cli_pid(scp: subprocess.Popen, timeout: float = 30.0) -> int:
     """The ``fleethub tunnel --stdio`` process an scp started (its ssh's ProxyCommand)."""
     deadline = time.monotonic() + timeout
@@ -293,6 +350,10 @@ def main() -> int:
     p.add_argument("--starts", type=int, default=5)
     p.add_argument("--keys", type=int, default=200)
     p.add_argument("--no-peer-bench", action="store_true")
+    p.add_argument("--also-cap", type=int, default=None, metavar="BPS",
+                   help="each round also copies through the product path with the organisation's bandwidth_bps "
+                        "set to BPS (fleethub admin tunnel-entitle --bandwidth-bps), e.g. 12500000, the former "
+                        "default; back to the deployment default after")
     p.add_argument("--profile", action="store_true",
                    help="only py-spy the CLI and the agent during one scp each way (bench/out/tunnel-product-*.txt)")
     p.add_argument("--no-write", action="store_true")
@@ -349,6 +410,16 @@ def main() -> int:
                 if sha256(copy) != want:
                     raise RuntimeError(f"scp {way} through the product path: the copy's SHA-256 differs")
                 back.unlink(missing_ok=True)
+                if args.also_cap:
+                    world.hub.admin("tunnel-entitle", world.hub.org_id, "--bandwidth-bps", str(args.also_cap))
+                    try:
+                        seconds, _ = world.scp(True, source, dest)
+                    finally:
+                        world.hub.admin("tunnel-entitle", world.hub.org_id, "--default", "bandwidth_bps")
+                    add(f"capped {way}", args.mb * MIB / seconds / 1e6)
+                    if sha256(copy) != want:
+                        raise RuntimeError(f"scp {way} through the capped product path: the copy's SHA-256 differs")
+                    back.unlink(missing_ok=True)
                 if peers is not None:
                     before = {q: cpu_seconds(q.proc.pid) for q in peers}
                     sshd = world.sshd
@@ -369,11 +440,17 @@ def main() -> int:
                     raise RuntimeError(f"direct scp {way}: the copy's SHA-256 differs")
                 back.unlink(missing_ok=True)
             log(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in fig.items()
-                                              if k.split()[0] in ("tunnel", "peer", "direct", "agent", "cli")))
+                                              if k.split()[0] in ("tunnel", "capped", "peer", "direct", "agent", "cli")))
         if peers is not None:
             for q in peers:
                 q.stop()
             peers = None
+
+        # -- several sessions at once (item 4) -------------------------------------------------------
+        fair = several(world, src, tmp, args.mb, args.keys)
+        fig["fair rates"], fig["fair keys"] = fair["rates"], fair["keys"]
+        log("several sessions: " + ", ".join(f"{r:.1f}" for r in fair["rates"])
+            + f" MB/s; keystrokes p95 {percentile(sorted(fair['keys']), 95):.1f} ms ({len(fair['keys'])})")
 
         # -- keystrokes in one ssh connection, idle and under an scp in the same connection ---------
         for tunnel in (True, False):
@@ -408,6 +485,7 @@ def main() -> int:
     for way in ("up", "down"):
         scp_rows.append([f"scp {args.mb} MiB {way}", f"{m(f'tunnel {way}'):.1f}",
                          " / ".join(f"{v:.1f}" for v in fig[f"tunnel {way}"]),
+                         f"{m(f'capped {way}'):.1f}" if f"capped {way}" in fig else "—",
                          f"{m(f'peer {way}'):.1f}" if f"peer {way}" in fig else "—", f"{m(f'direct {way}'):.1f}",
                          f"{m(f'cli cpu {way}'):.0f}", f"{m(f'agent cpu {way}'):.0f}",
                          f"{m(f'peer client cpu {way}'):.0f} / {m(f'peer device cpu {way}'):.0f}"
@@ -438,9 +516,13 @@ def main() -> int:
         "--stdio --device %n --target ssh`; beside it in the same run, direct ssh/scp to the sshd and the peer "
         "bench (bench/tunnel_scp.py's bare peers, no hub, agent or CLI). ICE on 127.0.0.1. "
         f"scp: {args.mb} MiB of random bytes, SHA-256 checked, {args.rounds} round(s) alternating.",
-        md_table(["copy", "product path MB/s (median)", "per round", "peer bench MB/s", "direct MB/s",
+        md_table(["copy", "product path MB/s (median)", "per round",
+                  f"product path, bandwidth_bps {args.also_cap or '—'} MB/s", "peer bench MB/s", "direct MB/s",
                   "CLI CPU ms/MiB", "agent CPU ms/MiB", "peer bench client / device CPU ms/MiB"], scp_rows),
-        "CLI CPU per MiB is the ProxyCommand's own CPU over the copy less an `ssh true`'s (its start-up).",
+        "The product path runs with the organisation's default entitlement (hub/tunnels/limits.py: "
+        "bandwidth_bps, each direction, per session); the capped column sets it with `fleethub admin "
+        "tunnel-entitle ORG --bandwidth-bps N` for that copy. CLI CPU per MiB is the ProxyCommand's own CPU "
+        "over the copy less an `ssh true`'s (its start-up).",
         f"`ssh host true`, median of {args.starts} (after one warm-up), phases from the CLI's timing line "
         "(FLEETHUB_TUNNEL_TIMING=1):",
         md_table(["phase", "ms (median)"], phase_rows),
@@ -450,10 +532,26 @@ def main() -> int:
         "(its own tunnel session, the same device and agent):",
         md_table(["keystroke round trip", "product path p95 ms (median; n)", "direct p95 ms (median; n)"], key_rows),
     ])
+    rates = fig["fair rates"]
+    jain = sum(rates) ** 2 / (len(rates) * sum(r * r for r in rates))
+    body += "\n\n" + "\n\n".join([
+        f"Several sessions at once: two scp of {args.mb} MiB up to one device and one to a second device (a "
+        "second agent), started together, each its own ssh and tunnel session (the organisation's "
+        "max_sessions_per_device set to 4: the default, 2, refuses a third session to one device with 429 "
+        "device_busy); meanwhile keystrokes in a third session to the first device.",
+        md_table(["copy", "MB/s"], [["device A, first", f"{rates[0]:.1f}"], ["device A, second", f"{rates[1]:.1f}"],
+                                    ["device B", f"{rates[2]:.1f}"],
+                                    ["Jain's fairness index (1 = equal shares)", f"{jain:.2f}"],
+                                    ["keystroke p95 ms in a third session to A (median; n)",
+                                     f"{p95('fair keys'):.1f} ({m('fair keys'):.1f}; {len(fig['fair keys'])})"]]),
+    ])
     verdicts = Verdicts("tunnel_product", smoke=args.smoke)
     for way in ("up", "down"):
         verdicts.at_least(f"scp {way} through the product path (median)", round(m(f"tunnel {way}"), 1), 25, " MB/s")
     verdicts.at_most("ssh host true through the ProxyCommand (median)", round(m("true tunnel"), 2), 1.0, " s")
+    verdicts.at_most("keystroke p95 in a third session while three scp run (two sessions to its device)",
+                     round(p95("fair keys"), 1), 20, " ms")
+    verdicts.at_least("fair share of three scp sessions (Jain's index)", round(jain, 2), 0.9)
     for way in ("down", "up"):
         verdicts.at_most(f"keystroke p95 under scp {way} in another session, product path",
                          round(p95(f"keys {way}-own tunnel"), 1), 20, " ms")

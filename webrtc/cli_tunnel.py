@@ -22,6 +22,8 @@ relayed.
 
 It ends (exit 0) when ssh closes the connection or stops it (SIGHUP); it prints nothing but
 failures unless ``--verbose``, since whatever it prints lands in the ssh user's terminal.
+``--verbose`` or FLEETHUB_TUNNEL_TIMING=1 also prints, at exit, one ``tunnel timing:`` line with
+when each step was reached (marks.py; bench/tunnel_product.py splits ``ssh host true`` with it).
 
 Every failure is one line on stderr saying what to do (webrtc/failures.py) and exit 2: the session
 never opened. No traceback reaches the user; ``--log-level DEBUG`` shows one for an unexpected fault.
