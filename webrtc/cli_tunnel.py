@@ -144,6 +144,11 @@ def command(args: argparse.Namespace, run: Callable[[Any], None] | None = None) 
 
     marks = Marks()
     marks.mark("parsed")
+    # httpx imports its own command-line tool (click, rich, pygments when installed) as it loads:
+    # 50-80 ms of every ssh's start for a function this process never calls. A None in sys.modules
+    # makes that one import fail, which httpx (0.27, 0.28) expects: it defines a stub in its place.
+    if "httpx" not in sys.modules:
+        sys.modules.setdefault("httpx._main", None)
     from .client import Credentials, Ready, Summary, TunnelError, run_tunnel
     from .failures import one_line
     from .peer import quiet_ice_logs

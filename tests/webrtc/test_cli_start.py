@@ -70,3 +70,30 @@ def test_marks_keep_the_first_time_and_print_one_parsable_line(monkeypatch):
     assert not wanted()
     monkeypatch.setenv(TIMING_ENV, "1")
     assert wanted()
+
+
+RUN = """
+import json, sys
+from hub.cli import main
+try:
+    main(["tunnel", "--hub", "http://127.0.0.1:9", "--device", "00000000-0000-4000-8000-000000000001",
+          "--target", "ssh"])
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "modules": sorted(m for m, module in sys.modules.items() if module is not None
+                                                  and m.split(".")[0] in ("httpx", "click", "rich", "pygments",
+                                                                          "aiortc"))}))
+"""
+
+
+def test_the_tunnel_command_does_not_load_httpx_command_line_tool():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FLEETHUB_PAT_ID": "pat_x", "FLEETHUB_PAT_SECRET": "s",
+           "FLEETHUB_ICE_ADDRESSES": "127.0.0.1"}
+    env.pop("FLEETHUB_HUB_URL", None)
+    done = subprocess.run([sys.executable, "-c", RUN], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=120)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["code"] == 2 and "cannot reach the hub" in done.stderr, done.stderr  # it got as far as the hub
+    modules = set(got["modules"])
+    assert "httpx" in modules and "aiortc" in modules
+    assert not modules & {"httpx._main", "click", "rich", "pygments"}, sorted(modules)
