@@ -297,10 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="text (default) or json: one object per line with request id and organisation")
     parser.set_defaults(device_side=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Deferred)
-    from device_client.agent_cli import add_arguments as agent_args
-    from device_client.agent_cli import hub_url_flag
-    from device_client.memtest import add_cli_flags as memtest_flags
-    from device_client.tunnel import add_arguments as tunnel_flags
+    # Each command's arguments that import more than argparse (the memory tester's flags, the agent's,
+    # device-test's) are added when that command parses (_Deferred): `fleethub tunnel` is ssh's
+    # ProxyCommand, and every ssh waits for its start (bench/tunnel_product.py, "CLI start").
     from webrtc.cli_tunnel import add_arguments as tunnel_command
 
     def hub_args(p: argparse.ArgumentParser) -> None:
@@ -317,13 +316,18 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "default $FLEETHUB_NODE_ID or generated)")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("demo", help="run the hub with a demo organisation and simulated devices")
-    hub_args(p)
-    p.add_argument("--devices", type=int, default=3, help="simulated devices (default 3)")
-    p.add_argument("--tunnel-shell", action="store_true",
-                   help="the demo devices offer the shell target (the console's terminal) as this user")
-    memtest_flags(p, sim=True)
-    p.set_defaults(func=cmd_demo)
+    def demo_arguments(p: argparse.ArgumentParser) -> None:
+        from device_client.memtest import add_cli_flags as memtest_flags
+
+        hub_args(p)
+        p.add_argument("--devices", type=int, default=3, help="simulated devices (default 3)")
+        p.add_argument("--tunnel-shell", action="store_true",
+                       help="the demo devices offer the shell target (the console's terminal) as this user")
+        memtest_flags(p, sim=True)
+        p.set_defaults(func=cmd_demo)
+
+    sub.add_parser("demo", help="run the hub with a demo organisation and simulated devices",
+                   arguments=demo_arguments)
 
     p = sub.add_parser("cluster", help="run nats-server, PostgreSQL and N hub nodes here, with simulated "
                                        "devices spread over them (docs/cluster.md)")
@@ -332,26 +336,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="default $FLEETHUB_DATA_DIR or .fleethub-cluster")
     p.set_defaults(func=cmd_cluster)
 
-    p = sub.add_parser("sim", help="run N simulated device agents in one process")
-    p.add_argument("--hub", required=True, type=hub_url_flag,
-                   help="hub base URL, e.g. http://127.0.0.1:8080, or several nodes' URLs comma-separated (each "
-                        "device fails over in turn)")
-    p.add_argument("--devices", type=int, default=10, help="simulated devices (default 10)")
-    p.add_argument("--data-dir", required=True, help="where the devices keep their identities and files")
-    p.add_argument("--pat-id", help="a PAT's id (to provision devices)")
-    p.add_argument("--pat-secret", help="that PAT's secret")
-    p.add_argument("--org", help="organisation id (to provision devices)")
-    p.add_argument("--fleet", help="the fleet (its id or name) of provisioned devices")
-    p.add_argument("--no-containers", action="store_true",
-                   help="devices offer no container engine (by default each has the in-memory fake engine, "
-                        "device_client/engine/fake.py, so versions with containers apply with nothing run)")
-    tunnel_flags(p)
-    memtest_flags(p, sim=True)
-    p.set_defaults(func=cmd_sim, device_side=True)
+    def sim_arguments(p: argparse.ArgumentParser) -> None:
+        from device_client.agent_cli import hub_url_flag
+        from device_client.memtest import add_cli_flags as memtest_flags
+        from device_client.tunnel import add_arguments as tunnel_flags
 
-    p = sub.add_parser("agent", help="run the device agent")
-    agent_args(p)
-    p.set_defaults(func=cmd_agent, device_side=True)
+        p.add_argument("--hub", required=True, type=hub_url_flag,
+                       help="hub base URL, e.g. http://127.0.0.1:8080, or several nodes' URLs comma-separated (each "
+                            "device fails over in turn)")
+        p.add_argument("--devices", type=int, default=10, help="simulated devices (default 10)")
+        p.add_argument("--data-dir", required=True, help="where the devices keep their identities and files")
+        p.add_argument("--pat-id", help="a PAT's id (to provision devices)")
+        p.add_argument("--pat-secret", help="that PAT's secret")
+        p.add_argument("--org", help="organisation id (to provision devices)")
+        p.add_argument("--fleet", help="the fleet (its id or name) of provisioned devices")
+        p.add_argument("--no-containers", action="store_true",
+                       help="devices offer no container engine (by default each has the in-memory fake engine, "
+                            "device_client/engine/fake.py, so versions with containers apply with nothing run)")
+        tunnel_flags(p)
+        memtest_flags(p, sim=True)
+        p.set_defaults(func=cmd_sim, device_side=True)
+
+    sub.add_parser("sim", help="run N simulated device agents in one process", arguments=sim_arguments)
+
+    def agent_arguments(p: argparse.ArgumentParser) -> None:
+        from device_client.agent_cli import add_arguments as agent_args
+
+        agent_args(p)
+        p.set_defaults(func=cmd_agent, device_side=True)
+
+    sub.add_parser("agent", help="run the device agent", arguments=agent_arguments)
 
     p = sub.add_parser("tunnel", help="forward local TCP connections to a device target over WebRTC")
     tunnel_command(p)
@@ -360,11 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("mcp", help="MCP over stdio for AI agents, bridged to the hub's /v1/mcp (docs/mcp.md)",
                        arguments=_mcp_arguments)
 
-    p = sub.add_parser("device-test", help="qualify a device: play the hub for it and check the link protocol's "
-                                           "rules (docs/device-protocol.md)")
-    from device_client.qualify.cli import add_arguments as device_test_args
-    device_test_args(p)
-    p.set_defaults(func=cmd_device_test, device_side=True)
+    sub.add_parser("device-test", help="qualify a device: play the hub for it and check the link protocol's "
+                                       "rules (docs/device-protocol.md)", arguments=_device_test_arguments)
 
     sub.add_parser("admin", help="create organisations, users and PATs directly in storage",
                    arguments=_admin_arguments)
@@ -389,6 +400,13 @@ def _admin_arguments(p: argparse.ArgumentParser) -> None:
 
     add_arguments(p)
     p.set_defaults(func=cmd_admin)
+
+
+def _device_test_arguments(p: argparse.ArgumentParser) -> None:
+    from device_client.qualify.cli import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=cmd_device_test, device_side=True)
 
 
 def cmd_device_test(args: argparse.Namespace) -> None:

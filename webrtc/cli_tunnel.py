@@ -22,6 +22,8 @@ relayed.
 
 It ends (exit 0) when ssh closes the connection or stops it (SIGHUP); it prints nothing but
 failures unless ``--verbose``, since whatever it prints lands in the ssh user's terminal.
+``--verbose`` or FLEETHUB_TUNNEL_TIMING=1 also prints, at exit, one ``tunnel timing:`` line with
+when each step was reached (marks.py; bench/tunnel_product.py splits ``ssh host true`` with it).
 
 Every failure is one line on stderr saying what to do (webrtc/failures.py) and exit 2: the session
 never opened. No traceback reaches the user; ``--log-level DEBUG`` shows one for an unexpected fault.
@@ -138,9 +140,20 @@ def _leaf(exc: BaseException) -> BaseException:
 
 
 def command(args: argparse.Namespace, run: Callable[[Any], None] | None = None) -> None:
+    from .marks import Marks, wanted
+
+    marks = Marks()
+    marks.mark("parsed")
+    # httpx imports its own command-line tool (click, rich, pygments when installed) as it loads:
+    # 50-80 ms of every ssh's start for a function this process never calls. A None in sys.modules
+    # makes that one import fail, which httpx (0.27, 0.28) expects: it defines a stub in its place.
+    if "httpx" not in sys.modules:
+        sys.modules.setdefault("httpx._main", None)
     from .client import Credentials, Ready, Summary, TunnelError, run_tunnel
     from .failures import one_line
     from .peer import quiet_ice_logs
+
+    marks.mark("imported")
 
     hub = args.hub or os.environ.get("FLEETHUB_HUB_URL")
     if not hub:
@@ -179,7 +192,8 @@ def command(args: argparse.Namespace, run: Callable[[Any], None] | None = None) 
     async def main() -> None:
         try:
             outcome.append(await run_tunnel(hub, credentials, args.device, args.target, listener=listener,
-                                            stdio=stdio, on_ready=ready, on_summary=summaries.append))
+                                            stdio=stdio, on_ready=ready, on_summary=summaries.append,
+                                            marks=marks))
         except BaseException as exc:  # noqa: BLE001 — reported as one line below
             leaf = _leaf(exc)
             if isinstance(leaf, TunnelError):
@@ -192,6 +206,9 @@ def command(args: argparse.Namespace, run: Callable[[Any], None] | None = None) 
                 raise  # cancellation (a signal) and KeyboardInterrupt go on as they are
 
     (run or run_until_signalled)(main)
+    marks.mark("closed")
+    if args.verbose or wanted():
+        print(marks.line(), file=sys.stderr, flush=True)
     if failure:
         fail(failure[0])
     message = outcome[0] if outcome else "stopped"

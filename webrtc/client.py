@@ -28,7 +28,7 @@ import trio
 from device_client.names import NameLookupError, resolve
 from device_client.shared.clock import Clock
 
-from .grant import GrantError, parse_time, read_unverified
+from .marks import Marks
 from .peer import TunnelPeer
 
 log = logging.getLogger("fleethub.tunnel")
@@ -111,6 +111,10 @@ class HubTunnels:
             raise TunnelError(f"cannot reach the hub at {self.client.base_url} ({reason})",
                               code="hub_unreachable") from None
 
+    async def token(self) -> None:
+        """Fetch the tunnel token now unless a fresh one is held (the session calls use it)."""
+        await self._auth()
+
     async def _auth(self) -> dict[str, str]:
         if self._token is None or trio.current_time() - self._token_at > TOKEN_REFRESH:
             body = _data(await self._call("POST", "/v1/cli/tunnel/token", headers=self.credentials.headers()))
@@ -150,6 +154,9 @@ class HubTunnels:
 
 def grant_expiry(session: dict[str, Any]) -> dt.datetime:
     """When the session's grant runs out: the hub's expires_at, else the grant's own expiresAt."""
+    # grant.py loads pyjwt and cryptography's keys: here, after the connection is up, not at the CLI's start
+    from .grant import GrantError, parse_time, read_unverified
+
     if isinstance(session.get("expires_at"), str):
         return parse_time(session["expires_at"], "expires_at")
     try:
@@ -202,14 +209,16 @@ async def run_tunnel(hub_url: str, credentials: Credentials, device: str, target
                      stdio: tuple[int, int] | None = None, clock: Clock | None = None,
                      transport: httpx.AsyncBaseTransport | None = None,
                      on_ready: Callable[[Ready], None] | None = None,
-                     on_summary: Callable[[Summary], None] | None = None,
+                     on_summary: Callable[[Summary], None] | None = None, marks: Marks | None = None,
                      task_status: trio.TaskStatus[Ready] = trio.TASK_STATUS_IGNORED) -> str:
     """Forward ``listen`` (or connections accepted on ``listener``, a socket the caller bound, or the
     ``stdio`` pair of fds: one connection) to ``target`` on ``device`` (its id or its name: a name is
     looked up first, and one that no device or several have is a TunnelError) until cancelled (Ctrl-C), the
     device closes the session or, with stdio, that one connection ends ("done"); returns why it ended.
-    The session is deleted on the hub either way; ``on_summary`` gets its totals."""
+    The session is deleted on the hub either way; ``on_summary`` gets its totals. ``marks`` gets
+    each step's time (marks.py)."""
     clock = clock or Clock()
+    marks = marks or Marks()
     ended: list[str] = []
     renewed: list[dict[str, Any]] = []
     stop = trio.Event()
@@ -233,14 +242,19 @@ async def run_tunnel(hub_url: str, credentials: Credentials, device: str, target
 
     async with httpx.AsyncClient(base_url=hub_url, timeout=HTTP_TIMEOUT, transport=transport) as http:
         hub = HubTunnels(http, credentials)
-        peer = TunnelPeer(on_control=on_control, on_state=on_state)
+        peer = TunnelPeer(on_control=on_control, on_state=on_state, marks=marks)
         session: dict[str, Any] | None = None
         pair: tuple[str, str] | None = None
         try:
             device_id = await hub.device_id(device)
+            marks.mark("lookup")
             offer = await peer.create_offer()
+            marks.mark("offer")
+            await hub.token()
+            marks.mark("token")
             asked = trio.current_time()
             session = await hub.open(device_id, target, offer)
+            marks.mark("session")
             sid = str(session["session_id"])
             await peer.set_answer(session["answer"])
             with trio.move_on_after(CONNECT_TIMEOUT) as waited:
@@ -254,6 +268,7 @@ async def run_tunnel(hub_url: str, credentials: Credentials, device: str, target
                 host, port = "", 0
             else:
                 host, port = await peer.listen(*listen, sock=listener)
+            marks.mark("ready")
             ready = Ready(host, port, sid, trio.current_time() - asked)
             if on_ready is not None:
                 on_ready(ready)

@@ -24,6 +24,7 @@ import trio
 
 from . import loop as loop_mod
 from .forward import Counters, Pump, bucket_for
+from .marks import Marks
 from .sctp import batch_sacks
 
 log = logging.getLogger("fleethub.webrtc")
@@ -60,14 +61,16 @@ class TunnelPeer:
     def __init__(self, *, ice_servers: list[dict[str, Any]] | None = None, relay_only: bool = False,
                  on_control: Callable[[dict[str, Any]], None] | None = None,
                  on_state: Callable[[str], None] | None = None,
-                 thread: loop_mod.AsyncioThread | None = None) -> None:
-        """Construct in trio: the callbacks are bound to the current trio run."""
+                 thread: loop_mod.AsyncioThread | None = None, marks: Marks | None = None) -> None:
+        """Construct in trio: the callbacks are bound to the current trio run. ``marks`` gets "ice",
+        "dtls" and "sctp" (the control channel open) as the connection reaches them (marks.py)."""
         loop_mod.restrict_host_addresses()
         batch_sacks()
         quiet_ice_logs()
         self._thread = thread or loop_mod.shared()
         self._ice_servers = list(ice_servers or [])
         self._relay_only = relay_only
+        self._marks = marks
         self._on_control = loop_mod.to_trio(on_control or (lambda _m: None))
         self._on_state = loop_mod.to_trio(on_state or (lambda _s: None))
         self.counters = Counters()
@@ -140,10 +143,17 @@ class TunnelPeer:
 
         pc = RTCPeerConnection(_ice_configuration(self._ice_servers, self._relay_only))
 
+        @pc.on("iceconnectionstatechange")
+        def ice_changed() -> None:
+            if self._marks is not None and pc.iceConnectionState == "completed":
+                self._marks.mark("ice")
+
         @pc.on("connectionstatechange")
         def changed() -> None:
             if pc.connectionState == "connected":
                 self._selected_pair()
+                if self._marks is not None:
+                    self._marks.mark("dtls")  # aiortc's "connected": ICE and DTLS both are
             self.state = pc.connectionState
             self._on_state(pc.connectionState)
 
@@ -153,6 +163,8 @@ class TunnelPeer:
         self._control = channel
 
         def opened() -> None:
+            if self._marks is not None:
+                self._marks.mark("sctp")
             self._mark_control_open()
 
         @channel.on("message")

@@ -80,7 +80,7 @@ async def test_entitlements_defaults_and_states(hub):
         data = r.json()["data"]
         assert r.status_code == 200
         assert data["sessions_enabled"] is False and data["relay_allowed"] is False  # never entitled
-        assert data["limits"] == {"max_sessions": 10, "max_sessions_per_device": 2, "bandwidth_bps": 12_500_000,
+        assert data["limits"] == {"max_sessions": 10, "max_sessions_per_device": 2, "bandwidth_bps": 50_000_000,
                                   "max_session_seconds": 43200}
         assert data["turn_configured"] is True
         await entitle(hub, max_sessions=3)
@@ -138,7 +138,7 @@ async def test_open_signs_a_grant_the_device_can_verify(hub, nursery):
         assert grant.sid == data["session_id"] and grant.device_id == dev_id and grant.org_id == hub.org_id
         assert grant.principal == f"user:{hub.user_id}" and grant.target == "ssh"
         assert grant.client_fingerprint == FINGERPRINT and grant.device_key == device.public_key
-        assert grant.relay is True and grant.bandwidth_bps == 12_500_000
+        assert grant.relay is True and grant.bandwidth_bps == 50_000_000
         assert (grant.expires_at - grant.not_before) == dt.timedelta(seconds=600)
         # TURN REST credentials: "expiry:principal", valid until the grant's end.
         turn = [x for x in data["ice_servers"] if x.get("username")]

@@ -19,6 +19,7 @@ import trio
 from tests.e2e.clitools import fleethub_exe, free_port
 from tests.e2e.sshtools import SshWorld, ssh_world
 from tests.hubtools import device, wait_for
+from webrtc.marks import parse as parse_marks
 
 MIB = 1024 * 1024
 
@@ -51,6 +52,12 @@ async def test_ssh_and_scp_through_the_proxycommand(nursery, db_url, tmp_path):
             closed = re.search(r"tunnel closed: (?:done|stopped); (\d+) bytes sent .*?, (\d+) bytes received .* direct "
                                r"\(host/host candidates\)", done.stderr.decode())
             assert closed and int(closed[1]) > 1000 and int(closed[2]) > 1000, done.stderr.decode()
+            # and where the time to a usable tunnel went (webrtc/marks.py), each step after the one before
+            marks = parse_marks(done.stderr.decode())
+            steps = ["parsed", "imported", "lookup", "offer", "token", "session", "ice", "dtls", "sctp", "ready",
+                     "closed"]
+            assert marks is not None and all(k in marks for k in steps), done.stderr.decode()
+            assert [marks[k] for k in steps] == sorted(marks[k] for k in steps), marks
 
             # scp both ways, 5 MiB, same hashes
             up = tmp_path / "up.bin"

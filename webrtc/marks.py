@@ -1,0 +1,46 @@
+"""Where the time to a usable tunnel goes: named timestamps of one ``fleethub tunnel`` run (issue 35).
+
+``FLEETHUB_TUNNEL_TIMING=1`` (or ``--verbose``) makes the CLI print them on stderr as it exits, one
+line: ``tunnel timing: {"parsed": ..., "offer": ..., ...}``, wall-clock seconds (``time.time()``), so a
+caller that noted when it started ssh can subtract its own start. bench/tunnel_product.py reads the
+line to split ``ssh host true`` into its phases. Marks are taken on the trio thread and on the asyncio
+thread (ICE and DTLS states); the first time a name is marked is the one kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+
+TIMING_ENV = "FLEETHUB_TUNNEL_TIMING"
+PREFIX = "tunnel timing: "
+
+
+def wanted() -> bool:
+    return os.environ.get(TIMING_ENV, "") not in ("", "0")
+
+
+class Marks:
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        # dict.setdefault is one bytecode-level operation under the GIL: safe from the asyncio thread
+        self._at.setdefault(name, time.time())
+
+    def line(self) -> str:
+        """The one line printed at exit: the marks and the process's CPU seconds so far."""
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        doc = {**self._at, "cpu": round(usage.ru_utime + usage.ru_stime, 4)}
+        return PREFIX + json.dumps(doc, separators=(",", ":"))
+
+
+def parse(text: str) -> dict[str, float] | None:
+    """The marks in a stderr text (the last timing line), or None."""
+    found = None
+    for line in text.splitlines():
+        if line.startswith(PREFIX):
+            found = json.loads(line[len(PREFIX):])
+    return found
