@@ -305,11 +305,16 @@ async def test_device_events_cannot_speak_for_the_hub(hub, nursery):
         for kind in ("state", "snapshot", "operation"):
             await dev.ws.send_message(json.dumps({"type": "event", "kind": kind,
                                                   "payload": {"online": False, "state": "offline"}}))
-        kinds = []
+        seen = []
         with trio.move_on_after(2):
-            while len(kinds) < 3:
-                kinds.append((await sub.receive.receive())["kind"])
-        assert kinds == ["device.event.state", "device.event.snapshot", "device.event.operation"]
+            while len([e for e in seen if e["kind"].startswith("device.event.")]) < 3:
+                seen.append(await sub.receive.receive())
+        # The device's words stay in their namespace. The hub's own device.state of the link-up may come
+        # too (the event log writes before it publishes, so it can reach a subscriber made just after):
+        # it is the hub's, and it says what the hub saw, online.
+        assert [e["kind"] for e in seen if e["kind"].startswith("device.event.")] == [
+            "device.event.state", "device.event.snapshot", "device.event.operation"]
+        assert all(e["payload"]["online"] for e in seen if not e["kind"].startswith("device.event."))
         assert (await device(hub, dev_id))["online"]
 
 

@@ -63,7 +63,7 @@ async def test_secret_plaintexts_appear_nowhere_but_on_the_device(nursery, db_ur
         # every GET route, with our own ids filled in
         fill = {"device_id": device_id, "fleet_id": fleet, "config_id": config, "rollout_id": rollout,
                 "pat_id": hub.pat[0], "feature": "telemetry", "sid": str(uuid.uuid4()), "user_id": str(hub.user_id),
-                "sa_id": str(uuid.uuid4())}
+                "sa_id": str(uuid.uuid4()), "webhook_id": str(uuid.uuid4())}
         files = (await hub.call("GET", f"/v1/configurations/{config}/secret-files")).json()["data"]
         fill["file_id"] = files[0]["id"]
         # the spec's own spelling of the same parameters (issue 15)

@@ -231,10 +231,10 @@ async def test_a_write_under_a_lease_taken_over_is_refused(nursery, db_url, tmp_
         await wait_for(lambda: endpoint_id in s.deliverer.running, timeout=30)
         now = s.clock.now()
         assert await s.webhooks.acquire(endpoint_id, "node-b", now, 30) is None  # held by this node
-        # this node's lease lapses (as a killed node's would) and node-b takes the endpoint over
-        await s.db.execute("UPDATE webhook_endpoints SET lease_expires_at = $2 WHERE id = $1", endpoint_id,
-                           now - dt.timedelta(seconds=1))
-        taken = await s.webhooks.acquire(endpoint_id, "node-b", now, 30)
+        # node-b takes the endpoint over at a time past any lease this node holds (as after a killed node's
+        # lapsed): a moment later than the expiry any renewal of this node's, even one running now, sets
+        later = now + dt.timedelta(seconds=10 * s.deliverer.lease_seconds)
+        taken = await s.webhooks.acquire(endpoint_id, "node-b", later, 30)
         assert taken is not None
         attempt = Attempt(event_id=uuid.uuid4(), type="io.fleethub.device.event.probe", org_seq=99, attempt=1,
                           status=200, ok=True, latency_ms=1.0, excerpt="", error=None, manual=False, at=now)
