@@ -129,7 +129,9 @@ def cross_origin(req: Request) -> bool:
     return not sep or rest.rstrip("/").lower() != req.headers.get("Host", "").strip().lower()
 
 
-def _credential(req: Request, headers: dict[str, str]) -> tuple[str, str | None, str] | None:
+def header_credential(headers: dict[str, str]) -> tuple[str, str | None, str] | None:
+    """The credential a request's headers carry (a PAT pair, or a bearer JWT or PAT secret), with no
+    cookie: what the API takes from any client, and all that /v1/mcp takes (hub/mcp/endpoint.py)."""
     secret = headers.get("x-api-secret-key")
     if secret:
         return "pat", headers.get("x-api-token-id"), secret
@@ -137,6 +139,13 @@ def _credential(req: Request, headers: dict[str, str]) -> tuple[str, str | None,
     value = value.strip()
     if scheme.lower() == "bearer" and value:
         return ("jwt", None, value) if looks_like_jwt(value) else ("bearer", None, value)
+    return None
+
+
+def _credential(req: Request, headers: dict[str, str]) -> tuple[str, str | None, str] | None:
+    found = header_credential(headers)
+    if found is not None:
+        return found
     cookie = req.cookies.get(SESSION_COOKIE)
     if cookie:
         return "session", None, cookie

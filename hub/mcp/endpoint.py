@@ -29,7 +29,6 @@ import trio
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from hub.auth import middleware
-from hub.auth.oauth import looks_like_jwt
 from hub.auth.pat import digest
 from hub.auth.ratelimit import limit_for
 from hub.errors import (BadRequest, FleethubError, Forbidden, NotFound, RateLimited, Unauthenticated,
@@ -59,17 +58,6 @@ def _headers(scope: dict) -> dict[str, str]:
         if key not in out:
             out[key] = value.decode("latin-1")
     return out
-
-
-def _credential(headers: dict[str, str]) -> tuple[str, str | None, str] | None:
-    secret = headers.get("x-api-secret-key")
-    if secret:
-        return "pat", headers.get("x-api-token-id"), secret
-    scheme, _, value = headers.get("authorization", "").partition(" ")
-    value = value.strip()
-    if scheme.lower() == "bearer" and value:
-        return ("jwt", None, value) if looks_like_jwt(value) else ("bearer", None, value)
-    return None
 
 
 def base_url(scope: dict, headers: dict[str, str]) -> str:
@@ -168,7 +156,7 @@ class McpEndpoint:
             except ValueError:
                 raise BadRequest("X-Organization-ID is not a valid organisation id",
                                  code="invalid_organization") from None
-        cred = _credential(headers)
+        cred = middleware.header_credential(headers)
         try:
             if cred is None:
                 raise Unauthenticated("authentication required: send Authorization: Bearer (a service-account "
