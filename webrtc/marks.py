@@ -27,7 +27,9 @@ class Marks:
         self._at: dict[str, float] = {}
 
     def mark(self, name: str) -> None:
-        # dict.setdefault is one bytecode-level operation under the GIL: safe from the asyncio thread
+        # dict.setdefault is one bytecode-level operation under the GIL: safe from the asyncio thread.
+        # The wall clock, not the Clock: these marks are compared with times taken in other processes
+        # (ssh's start, read by bench/tunnel_product.py), and they decide nothing.
         self._at.setdefault(name, time.time())
 
     def line(self) -> str:
