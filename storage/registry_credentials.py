@@ -11,7 +11,6 @@ import json
 import uuid
 from collections.abc import Collection
 
-import asyncpg
 
 from storage.db import Database
 
@@ -64,12 +63,3 @@ class RegistryCredentials:
         return [(r["id"], json.loads(r["spec"]) if isinstance(r["spec"], str) else r["spec"]) for r in rows]
 
 
-async def reencrypt(conn: asyncpg.Connection, convert) -> int:
-    """A key rotation's part for this table, in the rotation's transaction (storage/secrets.py)."""
-    await conn.execute("LOCK TABLE registry_credentials IN SHARE ROW EXCLUSIVE MODE")
-    rows = await conn.fetch("SELECT id, ciphertext FROM registry_credentials")
-    if rows:
-        await conn.execute(
-            """UPDATE registry_credentials r SET ciphertext = u.c FROM unnest($1::uuid[], $2::bytea[]) AS u(id, c)
-               WHERE r.id = u.id""", [r["id"] for r in rows], [convert(bytes(r["ciphertext"])) for r in rows])
-    return len(rows)

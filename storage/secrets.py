@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from storage import registry_credentials, webhooks
 from storage.db import Database
 
 MAX_FILES = 32
@@ -83,24 +82,30 @@ async def assign_deliveries(conn: asyncpg.Connection, device_ids: list[uuid.UUID
            ON CONFLICT (file_id, device_id) DO NOTHING""", device_ids, config_id, now)
 
 
+# Every table with a ``ciphertext`` column sealed with the secret box (storage/crypto.py).
+SEALED_TABLES = ("secret_files", "registry_credentials", "webhook_endpoints")
+
+
+async def _reseal(conn: asyncpg.Connection, table: str, convert) -> int:
+    await conn.execute(f"LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE")
+    rows = await conn.fetch(f"SELECT id, ciphertext FROM {table}")
+    if rows:
+        await conn.execute(
+            f"""UPDATE {table} t SET ciphertext = u.c FROM unnest($1::uuid[], $2::bytea[]) AS u(id, c)
+                WHERE t.id = u.id""", [r["id"] for r in rows], [convert(bytes(r["ciphertext"])) for r in rows])
+    return len(rows)
+
+
 class SecretFiles:
     def __init__(self, db: Database) -> None:
         self.db = db
 
     async def reencrypt_all(self, convert) -> int:
-        """Apply ``convert(ciphertext) -> ciphertext`` to every stored content (registry passwords and
-        webhook signing secrets too)
-        in one transaction.
-        The table is locked against writes meanwhile, so no upload lands between read and write."""
+        """Apply ``convert(ciphertext) -> ciphertext`` to every stored sealed value (secret files,
+        registry passwords, webhook signing secrets) in one transaction. Each table is locked against
+        writes meanwhile, so nothing sealed with the old key lands between read and write."""
         async def body(conn: asyncpg.Connection) -> int:
-            await conn.execute("LOCK TABLE secret_files IN SHARE ROW EXCLUSIVE MODE")
-            rows = await conn.fetch("SELECT id, ciphertext FROM secret_files")
-            if rows:
-                await conn.execute(
-                    """UPDATE secret_files f SET ciphertext = u.c FROM unnest($1::uuid[], $2::bytea[]) AS u(id, c)
-                       WHERE f.id = u.id""", [r["id"] for r in rows], [convert(r["ciphertext"]) for r in rows])
-            return (len(rows) + await registry_credentials.reencrypt(conn, convert)
-                    + await webhooks.reencrypt(conn, convert))
+            return sum([await _reseal(conn, table, convert) for table in SEALED_TABLES])
 
         return await self.db.run(body, transaction=True)
 

@@ -53,16 +53,6 @@ class Attempt:
     at: dt.datetime
 
 
-async def reencrypt(conn: asyncpg.Connection, convert) -> int:
-    """A key rotation's part for this table, in the rotation's transaction (storage/secrets.py)."""
-    await conn.execute("LOCK TABLE webhook_endpoints IN SHARE ROW EXCLUSIVE MODE")
-    rows = await conn.fetch("SELECT id, ciphertext FROM webhook_endpoints")
-    if rows:
-        await conn.execute(
-            """UPDATE webhook_endpoints w SET ciphertext = u.c FROM unnest($1::uuid[], $2::bytea[]) AS u(id, c)
-               WHERE w.id = u.id""", [r["id"] for r in rows], [convert(bytes(r["ciphertext"])) for r in rows])
-    return len(rows)
-
 
 _LOG = """INSERT INTO webhook_deliveries (endpoint_id, org_seq, event_id, type, attempt, status, ok, latency_ms,
                                           excerpt, error, manual, at)
