@@ -271,6 +271,13 @@ class Services:
             if isinstance(actor, RolloutActor) and fleet_id in actor.row.get("fleet_ids", ()):
                 actor.tell(ReloadWindows())
 
+    async def create_rollout(self, row: dict, steps: list) -> dict:
+        """Store a new rollout; on a cluster node, with this node's lease on it (hub/cluster/leases.py)."""
+        if self.clustered:
+            from hub.cluster import leases
+            return await leases.create_held(self, row, steps)
+        return await self.rollouts.create(row, steps)
+
     async def rollout_actor(self, rollout_id: uuid.UUID) -> RolloutActor:
         if self.clustered:
             from hub.cluster import leases

@@ -50,6 +50,16 @@ class RolloutLeases:
                RETURNING epoch""", rollout_id, owner, now, now + dt.timedelta(seconds=ttl))
         return Fence(rollout_id, owner, int(epoch)) if epoch is not None else None
 
+    @staticmethod
+    async def born(conn: asyncpg.Connection, rollout_id: uuid.UUID, owner: str, now: dt.datetime,
+                   ttl: float) -> Fence:
+        """The first lease of a rollout, inserted in the transaction that creates it: a rollout is never
+        active and unowned, so no other node's lease round can take it between its creation and its
+        creator's first take."""
+        await conn.execute("INSERT INTO rollout_leases (rollout_id, owner, epoch, expires_at) VALUES ($1, $2, 1, $3)",
+                           rollout_id, owner, now + dt.timedelta(seconds=ttl))
+        return Fence(rollout_id, owner, 1)
+
     async def renew(self, fence: Fence, now: dt.datetime, ttl: float) -> bool:
         status = await self.db.execute(
             "UPDATE rollout_leases SET expires_at = $4 WHERE rollout_id = $1 AND owner = $2 AND epoch = $3",

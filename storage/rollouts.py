@@ -11,7 +11,7 @@ import asyncpg
 from storage.db import Database
 from storage.events import NewEvent
 from storage.events import append_on as append_events
-from storage.leases import Fence
+from storage.leases import Fence, RolloutLeases
 from storage.leases import check as check_lease
 from storage.rowcache import RowCache
 from storage.secrets import assign_deliveries
@@ -51,9 +51,12 @@ class Rollouts:
         # assign() changes device rows: evict them from the device read cache shared with Devices.
         self.device_cache = device_cache
 
-    async def create(self, row: dict, steps: list[tuple[uuid.UUID, uuid.UUID, int, str, str | None]]) -> dict:
+    async def create(self, row: dict, steps: list[tuple[uuid.UUID, uuid.UUID, int, str, str | None]],
+                     lease: tuple[str, dt.datetime, float] | None = None) -> dict:
         """The rollout and its device steps in one transaction; refuses a fleet that already has an
-        active rollout (two rollouts fighting over one device would each undo the other)."""
+        active rollout (two rollouts fighting over one device would each undo the other). On a cluster
+        node ``lease`` (owner, now, ttl) is the creator's lease, inserted in the same transaction; its
+        fence is returned under the key ``fence``."""
 
         async def body(conn: asyncpg.Connection) -> dict:
             await conn.execute("SELECT id FROM fleets WHERE id = ANY($1::uuid[]) FOR UPDATE", row["fleet_ids"])
@@ -72,7 +75,10 @@ class Rollouts:
                 "previous_version_id) VALUES ($1, $2, $3, $4, $5, $6, $7, "
                 "(SELECT applied_version_id FROM devices WHERE id = $2))",
                 [(created["id"], d, f, b, st, err, row["created_at"]) for d, f, b, st, err in steps])
-            return dict(created)
+            out = dict(created)
+            if lease is not None:
+                out["fence"] = await RolloutLeases.born(conn, created["id"], *lease)
+            return out
 
         return await self.db.run(body, transaction=True)
 

@@ -298,7 +298,7 @@ async def start_rollout(fleets: list[dict], config_id: uuid.UUID, version: dict,
            "state": rm.RolloutState.PENDING.value, "created_by": p.id, "created_by_user": p.user_id,
            "created_at": now, "updated_at": now, "revert_kind": revert_kind, "revert_of": revert_of}
     try:
-        created = await s.rollouts.create(row, steps)
+        created = await s.create_rollout(row, steps)
     except FleetBusy as exc:
         raise await active_rollout_conflict(uuid.UUID(str(exc))) from None
     g.audit_details = {"rolloutId": str(created["id"]), "force": force, **(audit or {}),
@@ -306,7 +306,7 @@ async def start_rollout(fleets: list[dict], config_id: uuid.UUID, version: dict,
     try:
         await s.rollout_actor(created["id"])
     except HeldElsewhere:
-        pass  # a cluster: another node's lease round took the new rollout first and runs it (hub/cluster/leases.py)
+        pass  # a cluster node cut off from NATS creates it unowned: another node's lease round runs it
     return await _rollout_json(created["id"])
 
 

@@ -48,6 +48,22 @@ async def hold(s: Any, rollout_id: uuid.UUID) -> None:
         await _take(s, rollout_id)
 
 
+async def create_held(s: Any, row: dict, steps: list) -> dict:
+    """Store a new rollout with this node's lease on it, in one transaction. Were the lease taken after
+    the rollout's commit, another node's lease round could find it active and unowned in between and
+    run it: the node that answered the POST would not own what it created, and each node's view of
+    who runs it would depend on timing. Under the holding lock, so this node's own round cannot take
+    it a second time (a new epoch) before its fence is kept here."""
+    async with _holding(s):
+        if not s.bus.connected:
+            return await s.rollouts.create(row, steps)  # cut off: another node's round takes it (see _take)
+        ttl, asked = s.settings.rollout_lease_seconds, trio.current_time()
+        created = await s.rollouts.create(row, steps, lease=(s.node_id, s.clock.now(), ttl))
+        s.rollout_fences[created["id"]] = created.pop("fence")
+        _expiries(s)[created["id"]] = asked + ttl
+        return created
+
+
 def _holding(s: Any) -> trio.Lock:
     lock = s.extras.get("rollout_lease_holding")
     if lock is None:

@@ -33,6 +33,7 @@ async def test_an_expired_lease_moves_and_the_old_epoch_writes_nothing(nursery, 
         await wait_for(lambda: s.registry.lookup(("rollout", rid)) is None, timeout=10)
         await _two_holds_at_once_take_one_epoch(s, rid)
         await _a_lease_whose_actor_is_starting_is_kept(s, rid)
+        await _a_new_rollout_is_born_with_its_creators_lease(s, rid)
         now = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 
         old = await s.rollout_leases.acquire(rid, "a", now, 10)
@@ -89,6 +90,32 @@ async def _a_lease_whose_actor_is_starting_is_kept(s, rid: uuid.UUID) -> None:
     await leases._round(node)
     assert await s.db.fetchrow("SELECT 1 FROM rollout_leases WHERE rollout_id = $1", rid) is None
     assert rid not in node.rollout_fences
+
+
+async def _a_new_rollout_is_born_with_its_creators_lease(s, settled: uuid.UUID) -> None:
+    """A rollout created on node A holds A's lease from the transaction that stored it: there is no
+    moment when another node's round finds it active and unowned (CI once saw B take a rollout that A's
+    POST had just created, between its commit and A's first take)."""
+    node = SimpleNamespace(registry=s.registry, rollout_fences={}, bus=SimpleNamespace(connected=True),
+                           settings=SimpleNamespace(rollout_lease_seconds=10.0), rollout_leases=s.rollout_leases,
+                           rollouts=s.rollouts, node_id="a", clock=s.clock, extras={})
+    old = dict(await s.db.fetchrow("SELECT * FROM rollouts WHERE id = $1", settled))
+    row = {**old, "id": uuid.uuid4(), "state": "pending", "created_at": s.clock.now(), "updated_at": s.clock.now()}
+    row = {k: v for k, v in row.items() if k in ("id", "org_id", "fleet_ids", "config_id", "version_id", "force",
+                                                  "batch_size", "success_threshold", "failure_threshold", "state", "created_at",
+                                                  "updated_at")}
+    created = await leases.create_held(node, row, [])
+    assert "fence" not in created and node.rollout_fences[row["id"]].epoch == 1
+    # one transaction wrote both rows: the same xmin
+    made = await s.db.fetchval("SELECT xmin::text FROM rollouts WHERE id = $1", row["id"])
+    leased = await s.db.fetchrow("SELECT owner, epoch, xmin::text AS xmin FROM rollout_leases WHERE rollout_id = $1",
+                                 row["id"])
+    assert (leased["owner"], leased["epoch"], leased["xmin"]) == ("a", 1, made)
+    assert await s.rollout_leases.acquire(row["id"], "b", s.clock.now(), 10) is None  # B's round cannot take it
+    await leases.hold(node, row["id"])  # A's own round: already held, no second take
+    assert await s.db.fetchval("SELECT epoch FROM rollout_leases WHERE rollout_id = $1", row["id"]) == 1
+    await s.db.execute("DELETE FROM rollout_leases WHERE rollout_id = $1", row["id"])
+    await s.db.execute("UPDATE rollouts SET state = 'cancelled' WHERE id = $1", row["id"])
 
 
 async def _completed(hub, rid) -> bool:

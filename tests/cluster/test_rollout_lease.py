@@ -53,8 +53,8 @@ async def test_a_killed_owner_s_rollout_goes_on_at_another_node_once_per_device(
             assert r.status_code == 201, r.text
             rid = r.json()["data"]["id"]
             owner = await _owner(db_url, rid)
-            # A's, at epoch 1 unless a stall on a loaded machine let its 1.5 s lease lapse once and A
-            # took it again (each take, its own included, is a new epoch); B's must come after it.
+            # A's: a rollout is born with its creator's lease, in the transaction that stores it (epoch 1,
+            # or later if a stall let the 1.5 s lease lapse and A took it again); B's must come after it.
             assert owner is not None and owner[0] == "a", owner
 
             async def state(node) -> dict:
