@@ -52,10 +52,10 @@ class Rollouts:
         self.device_cache = device_cache
 
     async def create(self, row: dict, steps: list[tuple[uuid.UUID, uuid.UUID, int, str, str | None]],
-                     lease: tuple[str, dt.datetime, float] | None = None) -> dict:
+                     lease: tuple[str, float] | None = None) -> dict:
         """The rollout and its device steps in one transaction; refuses a fleet that already has an
         active rollout (two rollouts fighting over one device would each undo the other). On a cluster
-        node ``lease`` (owner, now, ttl) is the creator's lease, inserted in the same transaction; its
+        node ``lease`` (owner, ttl) is the creator's lease, inserted in the same transaction; its
         fence is returned under the key ``fence``."""
 
         async def body(conn: asyncpg.Connection) -> dict:

@@ -145,20 +145,24 @@ class Webhooks:
     async def enabled_ids(self) -> list[uuid.UUID]:
         return [r["id"] for r in await self.db.fetch("SELECT id FROM webhook_endpoints WHERE enabled")]
 
-    async def acquire(self, endpoint_id: uuid.UUID, owner: str, now: dt.datetime, ttl: float) -> WebhookFence | None:
+    async def acquire(self, endpoint_id: uuid.UUID, owner: str, ttl: float) -> WebhookFence | None:
+        """Leases are timed on the database's clock, as rollouts' are (storage/leases.py): nodes whose
+        clocks disagree still agree on whose lease has lapsed."""
         epoch = await self.db.fetchval(
-            """UPDATE webhook_endpoints SET lease_owner = $2, lease_epoch = lease_epoch + 1, lease_expires_at = $4
-               WHERE id = $1 AND enabled AND (lease_owner IS NULL OR lease_expires_at < $3 OR lease_owner = $2)
-               RETURNING lease_epoch""", endpoint_id, owner, now, now + dt.timedelta(seconds=ttl))
+            """UPDATE webhook_endpoints SET lease_owner = $2, lease_epoch = lease_epoch + 1,
+                      lease_expires_at = clock_timestamp() + make_interval(secs => $3)
+               WHERE id = $1 AND enabled
+                 AND (lease_owner IS NULL OR lease_expires_at < clock_timestamp() OR lease_owner = $2)
+               RETURNING lease_epoch""", endpoint_id, owner, ttl)
         return WebhookFence(endpoint_id, owner, int(epoch)) if epoch is not None else None
 
-    async def renew(self, fence: WebhookFence, now: dt.datetime, ttl: float) -> dict:
+    async def renew(self, fence: WebhookFence, ttl: float) -> dict:
         """Extend the lease; the endpoint's row as it is now (its filters may have changed). Stale
         when the lease is no longer this one's or the endpoint was disabled or deleted."""
         row = await self.db.fetchrow(
-            f"""UPDATE webhook_endpoints SET lease_expires_at = $4
+            f"""UPDATE webhook_endpoints SET lease_expires_at = clock_timestamp() + make_interval(secs => $4)
                 WHERE id = $1 AND lease_owner = $2 AND lease_epoch = $3 AND enabled RETURNING {_META}""",
-            fence.endpoint_id, fence.owner, fence.epoch, now + dt.timedelta(seconds=ttl))
+            fence.endpoint_id, fence.owner, fence.epoch, ttl)
         if row is None:
             raise Stale(f"webhook endpoint {fence.endpoint_id}: lease epoch {fence.epoch} is gone")
         return dict(row)

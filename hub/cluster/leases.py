@@ -58,7 +58,7 @@ async def create_held(s: Any, row: dict, steps: list) -> dict:
         if not s.bus.connected:
             return await s.rollouts.create(row, steps)  # cut off: another node's round takes it (see _take)
         ttl, asked = s.settings.rollout_lease_seconds, trio.current_time()
-        created = await s.rollouts.create(row, steps, lease=(s.node_id, s.clock.now(), ttl))
+        created = await s.rollouts.create(row, steps, lease=(s.node_id, ttl))
         s.rollout_fences[created["id"]] = created.pop("fence")
         _expiries(s)[created["id"]] = asked + ttl
         return created
@@ -75,7 +75,7 @@ async def _take(s: Any, rollout_id: uuid.UUID) -> None:
     if not s.bus.connected:
         raise HeldElsewhere(f"this node is cut off from NATS; another hub node is to run rollout {rollout_id}")
     ttl, asked = s.settings.rollout_lease_seconds, trio.current_time()  # the lease runs from before the ask
-    fence = await s.rollout_leases.acquire(rollout_id, s.node_id, s.clock.now(), ttl)
+    fence = await s.rollout_leases.acquire(rollout_id, s.node_id, ttl)
     if fence is None:
         raise HeldElsewhere(f"another hub node runs rollout {rollout_id}")
     s.rollout_fences[rollout_id] = fence
@@ -103,7 +103,7 @@ async def keep(s: Any, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
 
 
 async def _round(s: Any) -> None:
-    ttl, now = s.settings.rollout_lease_seconds, s.clock.now()
+    ttl = s.settings.rollout_lease_seconds
     expiries = _expiries(s)
     cut_off = not s.bus.connected
     for rollout_id, fence in list(s.rollout_fences.items()):
@@ -124,7 +124,7 @@ async def _round(s: Any) -> None:
                 _drop(s, rollout_id)
             continue
         asked = trio.current_time()  # the renewed lease runs from before the ask
-        if await s.rollout_leases.renew(fence, now, ttl):
+        if await s.rollout_leases.renew(fence, ttl):
             expiries[rollout_id] = asked + ttl
         else:
             log.warning("rollout %s: lease epoch %d was taken over; this node stops running it",

@@ -114,8 +114,7 @@ class Deliverer:
                     for endpoint_id in await self.s.webhooks.enabled_ids():
                         if endpoint_id in self.running:
                             continue
-                        fence = await self.s.webhooks.acquire(endpoint_id, self.owner, self.s.clock.now(),
-                                                              self.lease_seconds)
+                        fence = await self.s.webhooks.acquire(endpoint_id, self.owner, self.lease_seconds)
                         if fence is not None:
                             scope = self.running[endpoint_id] = trio.CancelScope()
                             nursery.start_soon(self._serve, fence, scope)
@@ -147,7 +146,7 @@ class Deliverer:
     async def _deliver(self, fence: WebhookFence) -> None:
         s = self.s
         ttl = self.lease_seconds
-        row = await s.webhooks.renew(fence, s.clock.now(), ttl)
+        row = await s.webhooks.renew(fence, ttl)
         renew_at = trio.current_time() + ttl / 3
         secret = s.secret_box.open(await s.webhooks.secret(fence.endpoint_id)).decode()
         subscription = s.events.subscribe(("org", row["org_id"]))
@@ -161,7 +160,7 @@ class Deliverer:
                     # task too (DatabaseUnavailable): past the lease's own expiry this node must send
                     # nothing more, since another may have taken the endpoint over.
                     asked = trio.current_time()
-                    row = await s.webhooks.renew(fence, s.clock.now(), ttl)
+                    row = await s.webhooks.renew(fence, ttl)
                     renew_at = asked + ttl / 3
                 due = row["next_attempt_at"]
                 if due is not None and due > s.clock.now():

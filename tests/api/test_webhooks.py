@@ -230,12 +230,14 @@ async def test_a_write_under_a_lease_taken_over_is_refused(nursery, db_url, tmp_
         endpoint_id = uuid.UUID(created["id"])
         await wait_for(lambda: endpoint_id in s.deliverer.running, timeout=30)
         now = s.clock.now()
-        assert await s.webhooks.acquire(endpoint_id, "node-b", now, 30) is None  # held by this node
-        # node-b takes the endpoint over at a time past any lease this node holds (as after a killed node's
-        # lapsed): a moment later than the expiry any renewal of this node's, even one running now, sets
-        later = now + dt.timedelta(seconds=10 * s.deliverer.lease_seconds)
-        taken = await s.webhooks.acquire(endpoint_id, "node-b", later, 30)
-        assert taken is not None
+        assert await s.webhooks.acquire(endpoint_id, "node-b", 30) is None  # held by this node
+        # node-b takes the endpoint over once this node's lease has lapsed (as a killed node's does): the
+        # row's expiry is set in the past, and re-set after any renewal of this node's running meanwhile
+        lapse = "UPDATE webhook_endpoints SET lease_expires_at = clock_timestamp() - interval '1 hour' WHERE id = $1"
+        taken = None
+        while taken is None:
+            await s.db.execute(lapse, endpoint_id)
+            taken = await s.webhooks.acquire(endpoint_id, "node-b", 30)
         attempt = Attempt(event_id=uuid.uuid4(), type="io.fleethub.device.event.probe", org_seq=99, attempt=1,
                           status=200, ok=True, latency_ms=1.0, excerpt="", error=None, manual=False, at=now)
         stale = type(taken)(endpoint_id, s.deliverer.owner, taken.epoch - 1)

@@ -34,15 +34,19 @@ async def test_an_expired_lease_moves_and_the_old_epoch_writes_nothing(nursery, 
         await _two_holds_at_once_take_one_epoch(s, rid)
         await _a_lease_whose_actor_is_starting_is_kept(s, rid)
         await _a_new_rollout_is_born_with_its_creators_lease(s, rid)
-        now = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+        now = s.clock.now()
 
-        old = await s.rollout_leases.acquire(rid, "a", now, 10)
+        # leases are timed on PostgreSQL's clock: a short one, then real time passes
+        old = await s.rollout_leases.acquire(rid, "a", 0.5)
         assert old is not None and old.epoch == 1
-        assert await s.rollout_leases.acquire(rid, "b", now + dt.timedelta(seconds=5), 10) is None  # still A's
-        assert await s.rollout_leases.renew(old, now + dt.timedelta(seconds=5), 10)
-        new = await s.rollout_leases.acquire(rid, "b", now + dt.timedelta(seconds=16), 10)  # expired: B's
+        assert await s.rollout_leases.acquire(rid, "b", 10) is None  # still A's
+        assert await s.rollout_leases.renew(old, 0.5)
+        assert await s.rollout_leases.owner(rid) == "a"
+        await trio.sleep(0.7)  # lapsed
+        assert await s.rollout_leases.owner(rid) is None
+        new = await s.rollout_leases.acquire(rid, "b", 10)  # expired: B's
         assert new is not None and (new.owner, new.epoch) == ("b", 2)
-        assert not await s.rollout_leases.renew(old, now + dt.timedelta(seconds=16), 10)
+        assert not await s.rollout_leases.renew(old, 10)
 
         step = [(uuid.UUID(dev), "failed", "written by a node that lost its lease", now)]
         with pytest.raises(LeaseLost):
@@ -111,7 +115,7 @@ async def _a_new_rollout_is_born_with_its_creators_lease(s, settled: uuid.UUID) 
     leased = await s.db.fetchrow("SELECT owner, epoch, xmin::text AS xmin FROM rollout_leases WHERE rollout_id = $1",
                                  row["id"])
     assert (leased["owner"], leased["epoch"], leased["xmin"]) == ("a", 1, made)
-    assert await s.rollout_leases.acquire(row["id"], "b", s.clock.now(), 10) is None  # B's round cannot take it
+    assert await s.rollout_leases.acquire(row["id"], "b", 10) is None  # B's round cannot take it
     await leases.hold(node, row["id"])  # A's own round: already held, no second take
     assert await s.db.fetchval("SELECT epoch FROM rollout_leases WHERE rollout_id = $1", row["id"]) == 1
     await s.db.execute("DELETE FROM rollout_leases WHERE rollout_id = $1", row["id"])
@@ -124,7 +128,8 @@ async def _completed(hub, rid) -> bool:
 
 async def test_a_node_cut_off_from_nats_stops_owning_its_rollout_and_another_takes_it(nats_server, db_url, tmp_path):
     """Node A reaches PostgreSQL but not NATS (its link to the nats-server is cut): it renews nothing,
-    its actor stops once its lease lapsed, and node B takes the rollout over with a new epoch."""
+    its actor stops once its lease lapsed, and node B takes the rollout over with a new epoch. B's clock
+    is a minute ahead of A's throughout, which moves no lease."""
     from tests.cluster.natstools import CuttableLink
     from tests.hubtools import open_hub
 
@@ -134,7 +139,10 @@ async def test_a_node_cut_off_from_nats_stops_owning_its_rollout_and_another_tak
             link = await nursery.start(CuttableLink(int(nats_server.url.rsplit(":", 1)[1])).run)
             data = tmp_path / "hub"
             a = await start_hub(nursery, db_url, data, nats_url=link.url, node_id="a", **lease)
-            b, _ = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b", **lease)
+            # B's clock runs a minute ahead, forty lease times: leases are timed on PostgreSQL's clock,
+            # so B still sees A's lease as A renews it (on B's own clock it would have lapsed long ago)
+            b, _ = await open_hub(nursery, db_url, data, nats_url=nats_server.url, node_id="b",
+                                  test_clock_offset=60.0, **lease)
             fid = (await a.call("POST", "/v1/fleets", json={"name": "f"})).json()["data"]["id"]
             _, token = await a.provision("d", fleet_id=fid)
             await start_agent(nursery, a.base_url, token, tmp_path / "d")
@@ -153,7 +161,7 @@ async def test_a_node_cut_off_from_nats_stops_owning_its_rollout_and_another_tak
             assert rid in a.services.rollout_fences
             owner = "SELECT owner, epoch FROM rollout_leases WHERE rollout_id = $1"
             assert tuple(await a.services.db.fetchrow(owner, rid)) == ("a", 1)
-            await trio.sleep(2)  # A renews it while connected: B does not take it
+            await trio.sleep(2)  # A renews it while connected: B (its clock a minute ahead) does not take it
             assert tuple(await a.services.db.fetchrow(owner, rid)) == ("a", 1)
 
             link.cut()

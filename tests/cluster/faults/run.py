@@ -27,7 +27,7 @@ from tests.hubtools import start_agent
 
 FAULTS = ("node-stop", "node-kill", "two-nodes-kill", "nats-stop", "nats-kill", "pg-freeze", "pg-stop",
           "clock-skew")
-SKEW = 1.5  # seconds: under the leases below, as docs/cluster.md asks of NTP
+SKEW = 30.0  # seconds: past the leases below many times over (leases and liveness are timed on PostgreSQL's clock)
 WORKLOAD = {"command": ["/bin/sleep", "100000"], "healthCheck": {"timeoutSeconds": 2, "graceSeconds": 0.2}}
 # Short leases so that a run of minutes sees every recovery; the bound the checker holds presence to
 # follows from them (a node lease, a renewal round, the row cache's 2 s, a sampling period).
