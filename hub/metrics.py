@@ -224,8 +224,13 @@ class _HubCollector:
         yield _family(G, "fleethub_write_behind_pending", "Rows waiting to be written behind.", labels=["kind"],
                       samples=[([k], w.pending()) for k, w in batched])
         yield _family(C, "fleethub_audit_answered_unwritten",
-                      "API calls answered before their audit row was written (the database unreachable or slower "
-                      "than its call bound): those rows are written behind.", services.audit_log.unconfirmed)
+                      "API calls answered with their audit row neither in PostgreSQL nor in the local journal "
+                      "(the disk refused it, or the journal is off): those rows are written behind.",
+                      services.audit_log.unconfirmed)
+        yield _family(C, "fleethub_audit_journaled",
+                      "API calls whose audit row PostgreSQL had not confirmed in time: answered once the row "
+                      "was fsync'd to the local journal (storage/journal.py), written to PostgreSQL after.",
+                      services.audit_log.journaled)
         yield _family(C, "fleethub_device_link_waits",
                       "Times a device link stopped reading its socket until the device's actor had room "
                       "(back-pressure).", m.device_link_waits)

@@ -39,6 +39,7 @@ from hub.settings import Settings
 from storage.audit import Audit
 from storage.behind import WriteBehind
 from storage.db import Database
+from storage.journal import DiskJournal
 from storage.private import secure_data_dir
 from storage.devices import CHANGED_CHANNEL as DEVICES_CHANGED, Devices
 from storage.events import EventLog
@@ -148,7 +149,10 @@ class Services:
         self.token_signer = TokenSigner(self.signing_keys)
         self.login_throttle = LoginThrottle()
         self.presence = WriteBehind(self.devices.write_presence, interval=0.5, name="presence rows")
-        self.audit_log = WriteBehind(self.audit.write_many, interval=1.0, name="audit events")
+        # audit rows PostgreSQL has not confirmed in time are fsync'd here before the answer (storage/journal.py)
+        self.audit_log = WriteBehind(self.audit.write_many, interval=1.0, name="audit events",
+                                     journal=DiskJournal(self.settings.data_dir / "journal", "audit")
+                                     if self.settings.audit_durable else None)
         self.event_log = EventLog(self.db)
         self.journal = Journal(self.event_log, self.events, enabled=self.settings.event_log)
         self.webhooks = Webhooks(self.db)

@@ -45,6 +45,9 @@ class Settings:
     # most db_call_timeout, so a process killed right after answering loses no row (docs/cluster.md).
     # Off: written behind, up to a second after the answer (what bench/audit_durability.py compares).
     audit_durable: bool = True
+    # How long that answer waits for PostgreSQL before it takes the row's fsync to the local journal
+    # instead (storage/journal.py; a frozen database then costs an answer this, not the call bound).
+    audit_journal_after: float = 1.0
     # TLS: with both set the hub serves HTTPS (HTTP/1.1 and HTTP/2) on port and HTTP/3 over QUIC on
     # quic_port (UDP; default the same number as port).
     certfile: Path | None = None
@@ -127,6 +130,7 @@ class Settings:
             db_statement_timeout=_float("FLEETHUB_DB_STATEMENT_TIMEOUT", 4.0),
             db_call_timeout=_float("FLEETHUB_DB_CALL_TIMEOUT", 4.5),
             audit_durable=os.environ.get("FLEETHUB_AUDIT_DURABLE", "on").lower() not in ("off", "0", "false", "no"),
+            audit_journal_after=_float("FLEETHUB_AUDIT_JOURNAL_AFTER", 1.0),
             drain_window=_float("FLEETHUB_DRAIN_WINDOW", 10.0),
             successor_url=os.environ.get("FLEETHUB_SUCCESSOR_URL") or None,
             nats_url=os.environ.get("FLEETHUB_NATS_URL") or None,

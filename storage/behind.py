@@ -20,8 +20,11 @@ Faults stay where they happened:
 appended and the caller waits until a flush has written it, so the answer leaves only once its row is
 in PostgreSQL. Rows waited for meanwhile by other callers go in the same statement (a group commit):
 a request waits one flush's round trip, and the database sees one statement per flush, not per row.
-While PostgreSQL is known to be unreachable (the last flush found it so) nobody waits: the row is
-written behind like any other, and counted in ``unconfirmed``.
+A row PostgreSQL has not confirmed within the wait (it is frozen, or the last flush found it
+unreachable, in which case nobody waits) goes to the writer's local journal (storage/journal.py): the
+answer leaves once the row is fsync'd there, and the journal is emptied once PostgreSQL has every row
+it held; a process killed meanwhile has its journal replayed by the next start. Without a journal (or
+when the disk refuses it) the row is written behind like any other, and counted in ``unconfirmed``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 import trio
 
 from storage.db import DatabaseUnavailable
+from storage.journal import DiskJournal
 
 log = logging.getLogger("fleethub.storage")
 
@@ -68,16 +72,18 @@ def _reason(exc: BaseException) -> str:
 
 
 class _Wait:
-    __slots__ = ("done", "written")
+    __slots__ = ("done", "refused", "written")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.written = False
+        self.refused = False  # set aside: the database will never take it
 
 
 class WriteBehind:
     def __init__(self, flush: Callable[[list[dict]], Awaitable[None]], *, interval: float = 0.5,
-                 max_batch: int = 2000, max_pending: int = MAX_PENDING, name: str = "rows") -> None:
+                 max_batch: int = 2000, max_pending: int = MAX_PENDING, name: str = "rows",
+                 journal: DiskJournal | None = None) -> None:
         self._flush = flush
         self.interval = interval
         self.max_batch = max_batch
@@ -91,7 +97,11 @@ class WriteBehind:
         self.dropped = 0  # rows dropped because the buffer was full (PostgreSQL away too long)
         self.retries = 0  # flushes put back because the database was unreachable
         self._dropped_this_outage = 0
-        self.unconfirmed = 0  # rows append_written gave up waiting for (written behind instead)
+        self.unconfirmed = 0  # rows append_written could confirm neither in PostgreSQL nor in the journal
+        self.journal = journal
+        self.journaled = 0  # rows append_written confirmed in the journal (PostgreSQL had not answered)
+        self._journaled: set[Hashable] = set()  # keys of journaled rows not yet written
+        self._inflight: dict[Hashable, dict] = {}  # the rows of the flush in progress not yet written
         self.unreachable = False  # the last flush found the database unreachable
         self._waiters: dict[Hashable, _Wait] = {}  # rows append_written waits for, by key
         # One flush at a time: a caller of flush() (a reader of the audit log, shutdown) waits for the
@@ -115,26 +125,35 @@ class WriteBehind:
         """Append ``row`` (never merged) and wait, at most ``within`` seconds, until it is written.
         Returns whether it was; if not, it stays pending and is written behind."""
         key = id(row)  # unique while the row lives, and it lives until written
-        if self.unreachable:
-            self.append(row)
-            self.unconfirmed += 1
-            return False
         wait = self._waiters[key] = _Wait()
         self.append(row)
-        self._wake.set()
-        with trio.move_on_after(within):
-            await wait.done.wait()
+        if not self.unreachable:
+            self._wake.set()
+            with trio.move_on_after(within):
+                await wait.done.wait()
         self._waiters.pop(key, None)
-        if not wait.written:
-            self.unconfirmed += 1
-        return wait.written
+        if wait.written:
+            return True
+        if wait.refused or (key not in self._pending and key not in self._inflight):
+            self.unconfirmed += 1  # set aside or dropped: no journal makes it storable
+            return False
+        # Still to write: journaled now, with no await between this check and the mark, so the flush
+        # that writes it later unmarks it (and the journal is emptied once nothing marked is left).
+        if self.journal is not None:
+            self._journaled.add(key)
+            if await self.journal.append(row):
+                self.journaled += 1
+                return True
+            self._journaled.discard(key)
+        self.unconfirmed += 1
+        return False
 
-    def _release(self, keys: Iterable[Hashable], *, written: bool) -> None:
+    def _release(self, keys: Iterable[Hashable], *, written: bool, refused: bool = False) -> None:
         if self._waiters:
             for key in keys:
                 wait = self._waiters.pop(key, None)
                 if wait is not None:
-                    wait.written = written
+                    wait.written, wait.refused = written, refused
                     wait.done.set()
 
     def _after_put(self) -> None:
@@ -147,6 +166,7 @@ class WriteBehind:
         # dicts keep insertion order: the first keys are the rows that have waited longest.
         for key in list(self._pending)[:n] if n > 1 else [next(iter(self._pending))]:
             del self._pending[key]
+            self._journaled.discard(key)  # still in the journal file, which the next start replays
         self.dropped += n
         if not self._dropped_this_outage:
             log.error("write-behind of %s is full (%d rows waiting for the database): dropping the oldest",
@@ -171,7 +191,7 @@ class WriteBehind:
             # and one statement carrying them all could outlast the storage call bound (storage/db.py)
             # every time, so that they would never be written.
             taken = {key: self._pending.pop(key) for key in list(itertools.islice(self._pending, self.max_batch))}
-            unwritten = dict(taken)  # what is still to write: a refused half is written again by halves
+            unwritten = self._inflight = dict(taken)  # still to write: a refused half is written again by halves
             try:
                 await self._write(list(taken.items()), unwritten)
             except trio.Cancelled:
@@ -187,11 +207,15 @@ class WriteBehind:
                 # nobody waits through an outage: these rows are written behind, like those put meanwhile
                 self._release(unwritten, written=False)
                 return
+            finally:
+                self._inflight = {}
             self.unreachable = False
             if self._dropped_this_outage:
                 log.warning("write-behind of %s writes again; %d rows were dropped while the database was away",
                             self.name, self._dropped_this_outage)
                 self._dropped_this_outage = 0
+        if self.journal is not None and self.journal.has_rows and not self._journaled:
+            await self.journal.empty()  # PostgreSQL has every row it held
 
     async def _write(self, items: list[tuple[Hashable, dict]], unwritten: dict) -> None:
         """Write ``items`` in one statement; when the database refuses it (not unreachable: a row it
@@ -205,7 +229,8 @@ class WriteBehind:
             if len(items) == 1:
                 key, row = items[0]
                 del unwritten[key]
-                self._release((key,), written=False)  # refused for good: waiting longer changes nothing
+                self._release((key,), written=False, refused=True)  # for good: waiting changes nothing
+                self._journaled.discard(key)
                 self.set_aside += 1
                 log.error("write-behind of %s: the database refused row %s (%s); set aside",
                           self.name, _safe_id(key, row), _reason(exc))
@@ -218,6 +243,7 @@ class WriteBehind:
             return
         for key, _ in items:
             del unwritten[key]
+            self._journaled.discard(key)
         self._release((key for key, _ in items), written=True)
         self.written += len(items)
 
@@ -232,6 +258,10 @@ class WriteBehind:
             self._drop_oldest(len(self._pending) - self.max_pending)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        if self.journal is not None:
+            for row in await self.journal.orphans():  # a killed process's rows PostgreSQL never had
+                self._journaled.add(id(row))
+                self.append(row)
         task_status.started()
         try:
             while True:
@@ -242,3 +272,5 @@ class WriteBehind:
         finally:
             with trio.CancelScope(shield=True):
                 await self.flush()
+                if self.journal is not None:
+                    self.journal.close()

@@ -376,9 +376,11 @@ async def audit(services, status: int, req: Request, ctx: Any) -> None:
         "request_id": storable(ctx.request_id), "client_addr": storable(client_addr(req)),
         "duration_ms": round((trio.current_time() - started) * 1000, 3) if started is not None else None,
         "action": req.endpoint, "target": None, "details": None if details is None else storable_value(details)}
-    # Not while the database is known to be unreachable (this very request may have found it so): the
-    # answer would wait a second storage bound after its own, and the row is written behind anyway.
-    if services.settings.audit_durable and not services.db.unreachable:
-        await services.audit_log.append_written(row, within=services.settings.db_call_timeout)
+    # While the database is known to be unreachable (this very request may have found it so) the row
+    # is not waited for in PostgreSQL but in the local journal (storage/journal.py): an fsync, not a
+    # second storage bound after the request's own.
+    if services.settings.audit_durable:
+        within = 0.0 if services.db.unreachable else services.settings.audit_journal_after
+        await services.audit_log.append_written(row, within=within)
     else:
         services.audit_log.append(row)
