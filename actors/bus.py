@@ -70,6 +70,11 @@ class Bus:
     def has_responder(self, subject: str) -> bool:
         return self._match(subject) is not None
 
+    def may_reach(self, subject: str) -> bool:
+        """Whether a request on ``subject`` could be answered: in one process only by a subscriber here
+        (NatsBus: by any node, which only asking tells)."""
+        return self.has_responder(subject)
+
     def _match(self, subject: str) -> Subscription | None:
         return match(self._subs, subject)
 

@@ -223,14 +223,13 @@ class DeviceActor(Actor):
     def _to_home_node(self, msg: object) -> None:
         """In a cluster a device offline here may be linked to another node: that node's actor does it,
         told at least once (hub/cluster/tells.py). Nobody holds it: it is done at its next hello anyway."""
-        forward = self.services.forward_tell
-        if forward is not None and self.device_id not in self.services.links:
-            forward(self.device_id, msg)
+        if self.device_id not in self.services.links:
+            self.services.topology.tell_elsewhere(self.device_id, msg)
 
     def _epoch(self, row: dict[str, Any]) -> dict[str, Any]:
         """In a cluster, the presence row carries the link epoch this node claimed for the device: the
         write counts only while no other node has taken the link over (storage Devices.write_presence)."""
-        epoch = self.services.link_epochs.get(self.device_id)
+        epoch = self.services.topology.link_epoch(self.device_id)
         if epoch is not None:
             row["epoch"] = epoch
         return row
@@ -250,9 +249,10 @@ class DeviceActor(Actor):
             self._pending[command_id] = self.defer_reply()
             return None
         if isinstance(msg, Send):
-            # In a cluster the device may be linked to another node: the bus finds it there or
-            # answers no responders (503 device_offline) at once.
-            if not self.machine.online and not self.services.clustered:
+            # Offline here, the device may be linked to another node: a bus that could reach it there
+            # finds it or answers no responders (503 device_offline) at once; one that cannot is
+            # answered here.
+            if not self.machine.online and not self.services.bus.may_reach(subject(str(self.device_id), msg.verb)):
                 raise DeviceOffline("the device is not connected")
             command_id = str(uuid.uuid4())
             self._pending[command_id] = self.defer_reply()

@@ -279,6 +279,10 @@ class NatsBus:
         tokens = subject.split(".")
         return any(p == subject or _matches(p, tokens) for p in self._subs)
 
+    def may_reach(self, subject: str) -> bool:
+        """Any node may hold the subject: only a request finds out."""
+        return True
+
     async def request(self, subject: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
         import nats.errors
 

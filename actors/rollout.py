@@ -93,7 +93,7 @@ class RolloutActor(Actor):
     async def on_start(self) -> None:
         s = self.services
         self._clear_unwritten()  # a restart rebuilds from storage: what it holds is the truth
-        self.fence = s.rollout_fences.get(self.rollout_id)
+        self.fence = s.topology.rollout_fence(self.rollout_id)
         found = await s.rollouts.get_any(self.rollout_id)
         if found is None:
             raise NotFound("rollout not found")

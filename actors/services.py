@@ -9,7 +9,6 @@ passed to the DeviceActor (``DeviceHooks`` in actors/device.py), not something a
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -31,6 +30,24 @@ class Publisher(Protocol):
     def publish(self, topic: tuple[str, Any], event: dict[str, Any]) -> None: ...
 
 
+class Placement(Protocol):
+    """Where this process stands among the hub's processes, as far as an actor needs to know: one
+    process alone, or one node of a cluster (hub/topology.py chooses, once). An actor never asks which."""
+
+    def tell_elsewhere(self, device_id: uuid.UUID, msg: object) -> None:
+        """A tell for a device not linked here: to the node holding its link, at least once
+        (hub/cluster/tells.py); nothing in one process, where the device is linked nowhere."""
+        ...
+
+    def link_epoch(self, device_id: uuid.UUID) -> int | None:
+        """The link epoch this node claimed for the device (its presence writes carry it), or None."""
+        ...
+
+    def rollout_fence(self, rollout_id: uuid.UUID) -> Any:
+        """The lease this node holds on the rollout (its writes are fenced by it), or None."""
+        ...
+
+
 class Services(Protocol):
     settings: Any            # heartbeat/reboot/command timeouts (hub/settings.py)
     clock: "Clock"
@@ -50,13 +67,7 @@ class Services(Protocol):
     windows: "UpdateWindows"
     memtests: "MemoryTests"
     tunnels: Any             # the tunnel sessions' repository, metering and audit (hub/tunnels/sessions.py)
-    clustered: bool          # one node of several: a device may be linked to another process
-    # a tell for a device linked to another node (hub/cluster/tells.py); None on a single node
-    forward_tell: Callable[[uuid.UUID, object], None] | None
-    # cluster only, empty on a single node: device -> the link epoch this node claimed
-    # (hub/cluster/presence.py); rollout -> the lease this node holds on it (hub/cluster/leases.py)
-    link_epochs: dict[uuid.UUID, int]
-    rollout_fences: dict[uuid.UUID, Any]
+    topology: Placement      # tells elsewhere, link epochs, rollout fences (one process or a cluster)
     window_changes: int      # update windows changed in this process (actors/rollout.py)
     link_health: Any         # protocol_error(device, what, now): the diagnosis's count (hub/linkhealth.py)
 

@@ -141,7 +141,7 @@ async def main(args) -> None:
             await services.orgs.add_member(org["id"], user["id"], "admin", now)
             pat_id, secret = new_pat()
             await services.tokens.create_pat(pat_id, user["id"], digest(secret), now)
-            dsn = services.extras["embedded_pg"].dsn
+            dsn = services.embedded_pg.dsn
             devices = await trio.to_thread.run_sync(insert_devices, dsn, str(org["id"]), args.devices)
             worker = Worker("agent", "--hub", base_url, "--data-dir", str(sim_root), name="mem-sim")
             # one device first, so that first-use caches and imports are in the baseline

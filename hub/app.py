@@ -127,7 +127,7 @@ def _build_app(services: Services) -> HubApp:
     app = HubApp("fleethub", static_folder=None)
     app.device_link = partial(link.device_link, services)
     app.proxy_hops = services.settings.trusted_proxy_hops
-    app.mcp = services.extras["mcp"] = McpEndpoint(services, app)
+    app.mcp = services.mcp = McpEndpoint(services, app)
     services.http_views = app.view_functions  # the dict itself: the routes registered below are in it
     app.config["SERVICES"] = services
     app.config["MAX_CONTENT_LENGTH"] = 1024 * 1024

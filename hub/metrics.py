@@ -121,11 +121,11 @@ def _histogram(name: str, help_: str, stats) -> HistogramMetricFamily:
     return HistogramMetricFamily(name, help_, buckets=buckets, sum_value=stats.total_seconds)
 
 
-def _family(kind, name: str, help_: str, value=None, *, labels: list[str] | None = None, samples=()):
-    family = kind(name, help_, value=value, labels=labels) if labels is None else kind(name, help_, labels=labels)
+def family(kind, name: str, help_: str, value=None, *, labels: list[str] | None = None, samples=()):
+    made = kind(name, help_, value=value, labels=labels) if labels is None else kind(name, help_, labels=labels)
     for label_values, v in samples:
-        family.add_metric(label_values, v)
-    return family
+        made.add_metric(label_values, v)
+    return made
 
 
 class _HubCollector:
@@ -144,63 +144,37 @@ class _HubCollector:
             return
         G, C = GaugeMetricFamily, CounterMetricFamily
         # CounterMetricFamily names are given without ``_total``: it adds the suffix itself.
-        yield _family(G, "fleethub_connected_devices", "Devices with a live WebSocket link to this process.",
+        yield family(G, "fleethub_connected_devices", "Devices with a live WebSocket link to this process.",
                       len(services.links))
-        yield _family(C, "fleethub_device_connects", "Device links accepted.", m.device_connects)
-        if getattr(services, "clustered", False):  # docs/cluster.md
-            yield _family(G, "fleethub_cluster_node", "This cluster node (its id in the label).", labels=["node"],
-                          samples=[([services.node_id], 1)])
-            yield _family(G, "fleethub_cluster_nats_connected", "1 while the node's NATS connection is up.",
-                          int(services.bus.connected))
-            yield _family(C, "fleethub_cluster_nats_stale",
-                          "NATS connections the bus's probe found dead (no PONG in time) and replaced.",
-                          getattr(services.bus, "stale", 0))
-            yield _family(C, "fleethub_cluster_nats_stalls",
-                          "NATS round trips slower than 1 s: requests failed fast (bus_unavailable) meanwhile.",
-                          getattr(services.bus, "stalls", 0))
-            yield _family(C, "fleethub_cluster_nats_local_requests",
-                          "Commands answered in this process, not over NATS (the device's link is here).",
-                          getattr(services.bus, "local", 0))
-            yield _family(C, "fleethub_cluster_nats_publish_dropped",
-                          "Broadcasts (events, takeovers) not sent: NATS down, the outbox full, or refused.",
-                          getattr(services.bus, "publish_dropped", 0) + getattr(services.bus, "publish_failed", 0))
-            yield _family(G, "fleethub_cluster_rollout_leases", "Rollout leases this node holds.",
-                          len(services.rollout_fences))
-            yield _family(C, "fleethub_cluster_takeovers",
-                          "Device links closed because another node took the device.", m.cluster_takeovers)
-            yield _family(C, "fleethub_cluster_dead_nodes",
-                          "Silent nodes this node found (their devices marked offline).", m.cluster_dead_nodes)
-            if services.cluster_limits is not None:
-                yield _family(C, "fleethub_cluster_limit_sync_failures",
-                              "Rounds of the cluster-wide rate-limit sync that could not reach the database.",
-                              services.cluster_limits.sync_failures)
-        yield _family(C, "fleethub_device_rejects", "Device link handshakes refused.", m.device_rejects)
+        yield family(C, "fleethub_device_connects", "Device links accepted.", m.device_connects)
+        yield from services.topology.metric_families()  # a cluster node's (hub/cluster/topology.py)
+        yield family(C, "fleethub_device_rejects", "Device link handshakes refused.", m.device_rejects)
         reg = services.registry.statistics()
-        yield _family(G, "fleethub_actors", "Live actors by kind.", labels=["kind"],
+        yield family(G, "fleethub_actors", "Live actors by kind.", labels=["kind"],
                       samples=[([k], n) for k, n in sorted(reg["by_kind"].items())] or [(["none"], 0)])
         sup = services.registry.supervisor.statistics()
-        yield _family(G, "fleethub_actors_running",
+        yield family(G, "fleethub_actors_running",
                       "Actors with a task now (handling messages or deadlines, or idle for under a second).",
                       sup["running"])
-        yield _family(G, "fleethub_actors_parked",
+        yield family(G, "fleethub_actors_parked",
                       "Actors parked now: their state in memory, no task; a message or the shared timer wakes them.",
                       sup["parked"])
-        yield _family(C, "fleethub_actor_wakes", "Tasks started for parked actors.", sup["wakes"])
-        yield _family(C, "fleethub_actor_restarts", "Actor restarts by the supervisor.", reg["restarts"])
-        yield _family(C, "fleethub_actors_given_up",
+        yield family(C, "fleethub_actor_wakes", "Tasks started for parked actors.", sup["wakes"])
+        yield family(C, "fleethub_actor_restarts", "Actor restarts by the supervisor.", reg["restarts"])
+        yield family(C, "fleethub_actors_given_up",
                       "Actors stopped past their crash budget (then started fresh at their next message).",
                       reg["given_up"])
-        yield _family(C, "fleethub_actor_storage_waits",
+        yield family(C, "fleethub_actor_storage_waits",
                       "Times an actor found PostgreSQL unreachable and waited to retry (not counted as a crash).",
                       reg["storage_waits"])
         tunnels = services.tunnels
-        yield _family(G, "fleethub_tunnel_usage_unrecorded",
+        yield family(G, "fleethub_tunnel_usage_unrecorded",
                       "Tunnel sessions whose device usage report waits for PostgreSQL to come back.",
                       tunnels.usage_unrecorded())
-        yield _family(C, "fleethub_tunnel_usage_dropped",
+        yield family(C, "fleethub_tunnel_usage_dropped",
                       "Tunnel usage reports dropped while PostgreSQL was away (too many sessions waiting).",
                       tunnels.usage_dropped)
-        yield _family(G, "fleethub_actor_mailbox_depth_max", "Deepest actor mailbox right now.",
+        yield family(G, "fleethub_actor_mailbox_depth_max", "Deepest actor mailbox right now.",
                       reg["mailbox_depth_max"])
         db = services.db
         yield _histogram("fleethub_storage_crossing_seconds",
@@ -213,53 +187,53 @@ class _HubCollector:
                    ("active_device", services.meter.active_writer)]
         # Metering sums (hub/metering.py) are batched too; they merge per key, so none is ever dropped.
         batched = writers + [("metering", services.meter)]
-        yield _family(C, "fleethub_write_behind_rows", "Rows written behind.", labels=["kind"],
+        yield family(C, "fleethub_write_behind_rows", "Rows written behind.", labels=["kind"],
                       samples=[([k], w.written) for k, w in batched])
-        yield _family(C, "fleethub_write_behind_set_aside",
+        yield family(C, "fleethub_write_behind_set_aside",
                       "Rows the database refused on their own (the rest of their batch was written); see the log.",
                       labels=["kind"], samples=[([k], w.set_aside) for k, w in batched])
-        yield _family(C, "fleethub_write_behind_dropped",
+        yield family(C, "fleethub_write_behind_dropped",
                       "Rows dropped because the write-behind buffer was full while the database was away.",
                       labels=["kind"], samples=[([k], w.dropped) for k, w in writers])
-        yield _family(G, "fleethub_write_behind_pending", "Rows waiting to be written behind.", labels=["kind"],
+        yield family(G, "fleethub_write_behind_pending", "Rows waiting to be written behind.", labels=["kind"],
                       samples=[([k], w.pending()) for k, w in batched])
-        yield _family(C, "fleethub_audit_answered_unwritten",
+        yield family(C, "fleethub_audit_answered_unwritten",
                       "API calls answered with their audit row neither in PostgreSQL nor in the local journal "
                       "(the disk refused it, or the journal is off): those rows are written behind.",
                       services.audit_log.unconfirmed)
-        yield _family(C, "fleethub_audit_journaled",
+        yield family(C, "fleethub_audit_journaled",
                       "API calls whose audit row PostgreSQL had not confirmed in time: answered once the row "
                       "was fsync'd to the local journal (storage/journal.py), written to PostgreSQL after.",
                       services.audit_log.journaled)
-        yield _family(C, "fleethub_device_link_waits",
+        yield family(C, "fleethub_device_link_waits",
                       "Times a device link stopped reading its socket until the device's actor had room "
                       "(back-pressure).", m.device_link_waits)
-        yield _family(C, "fleethub_device_frames_refused",
+        yield family(C, "fleethub_device_frames_refused",
                       "Device frames over the link's limit: the link was closed with 1009 and the reason.",
                       m.frames_refused)
-        yield _family(C, "fleethub_device_frames_refused_by_device",
+        yield family(C, "fleethub_device_frames_refused_by_device",
                       "Device frames over the link's limit, per device (the first 1000 devices that sent one).",
                       labels=["device_id"],
                       samples=[([str(d)], r.count) for d, r in sorted(m.refused_frames.items(), key=str)])
-        yield _family(G, "fleethub_event_subscribers", "SSE subscribers.", services.events.subscriber_count())
+        yield family(G, "fleethub_event_subscribers", "SSE subscribers.", services.events.subscriber_count())
         journal = services.journal  # the event log's writer (hub/eventlog.py)
-        yield _family(C, "fleethub_event_log_appended", "Device events appended to the event log.", journal.appended)
-        yield _family(G, "fleethub_event_log_pending", "Device events waiting to be appended to the event log.",
+        yield family(C, "fleethub_event_log_appended", "Device events appended to the event log.", journal.appended)
+        yield family(G, "fleethub_event_log_pending", "Device events waiting to be appended to the event log.",
                       journal.pending())
-        yield _family(C, "fleethub_event_log_dropped",
+        yield family(C, "fleethub_event_log_dropped",
                       "Device events dropped because the event log's queue was full while PostgreSQL was away.",
                       journal.dropped)
-        yield _family(C, "fleethub_event_log_set_aside", "Device events PostgreSQL refused on their own; see the log.",
+        yield family(C, "fleethub_event_log_set_aside", "Device events PostgreSQL refused on their own; see the log.",
                       journal.set_aside)
         deliverer = services.deliverer  # hub/webhooks/worker.py (None with the event log off)
-        yield _family(C, "fleethub_webhook_deliveries", "Webhook delivery attempts of this node, by outcome.",
+        yield family(C, "fleethub_webhook_deliveries", "Webhook delivery attempts of this node, by outcome.",
                       labels=["outcome"], samples=[(["delivered"], deliverer.delivered if deliverer else 0),
                                                    (["failed"], deliverer.failed if deliverer else 0)])
-        yield _family(G, "fleethub_webhook_endpoints_served", "Webhook endpoints whose lease this node holds.",
+        yield family(G, "fleethub_webhook_endpoints_served", "Webhook endpoints whose lease this node holds.",
                       len(deliverer.running) if deliverer else 0)
         throttle = services.login_throttle
-        yield _family(G, "fleethub_login_throttle_keys", "Accounts and addresses the login throttle holds.",
+        yield family(G, "fleethub_login_throttle_keys", "Accounts and addresses the login throttle holds.",
                       len(throttle))
-        yield _family(C, "fleethub_login_throttle_dropped",
+        yield family(C, "fleethub_login_throttle_dropped",
                       "Login-throttle entries forgotten while still live because the table was full.",
                       throttle.dropped)

@@ -51,7 +51,6 @@ async def serve_app(services: Services, host: str, port: int, *, shutdown_trigge
         binds = await nursery.start(partial(serve, app, hypercorn_config(host, port, services.settings),
                                             shutdown_trigger=shutdown_trigger))
         base_url = binds[0].replace("0.0.0.0", "127.0.0.1")
-        services.extras["base_url"] = base_url
         task_status.started(base_url)
 
 

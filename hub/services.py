@@ -52,7 +52,6 @@ from storage.memtests import MemoryTests
 from storage.migrate import migrate
 from storage.orgs import Orgs
 from storage.leases import RolloutLeases
-from storage.limits import ClusterLimits
 from storage.nodes import ClusterNodes
 from storage.rollouts import Rollouts
 from storage.rowcache import RowCache
@@ -65,6 +64,8 @@ from storage.billing import Billing
 from hub.metering import Meter
 from hub.tunnels.grants import push_hub_keys
 from hub.tunnels.sessions import TunnelService
+from hub.topology import SingleNode, Topology
+from storage.assistant import AssistantStore
 
 log = logging.getLogger("fleethub")
 AUTH_CHANNEL = "fleethub_auth"
@@ -99,30 +100,15 @@ class Services:
     events: EventHub = field(default_factory=EventHub)
     metrics: Metrics = field(default_factory=Metrics)
     links: dict[uuid.UUID, Link] = field(default_factory=dict)
-    extras: dict[str, Any] = field(default_factory=dict)
     draining: bool = False  # set by drain(): /readyz answers 503 so balancers stop sending work
     stopping: bool = False  # set as open_services begins to close: spawn() starts nothing more
     _pushing_keys: bool = field(default=False, repr=False)  # a link.keys push runs (_push_keys_soon)
     _push_keys_again: bool = field(default=False, repr=False)
     link_health: LinkHealth = field(default_factory=LinkHealth)  # takeovers, protocol errors (diagnosis)
-    node_id: str = ""  # this process's name in a cluster (hub/cluster/node.py)
-    # device -> the link epoch this node last claimed for it (cluster only; hub/cluster/presence.py)
-    link_epochs: dict[uuid.UUID, int] = field(default_factory=dict)
-    # rollout -> the lease this node holds on it (cluster only; hub/cluster/leases.py)
-    rollout_fences: dict[uuid.UUID, Any] = field(default_factory=dict)
+    node_id: str = ""  # this process's name (in a cluster, its node's: hub/cluster/node.py)
     # How many update windows changed in this process: a RolloutActor still starting (not in the
     # registry, so fleet_changed cannot tell it) compares it after its start (actors/rollout.py).
     window_changes: int = 0
-    # cluster only (hub/cluster/tells.py): a tell for a device linked to another node, delivered at least
-    # once in the background; None on a single node, where a device not linked here is linked nowhere
-    forward_tell: Callable[[uuid.UUID, object], None] | None = None
-    # the cluster-wide credential throttles and stream cap (cluster only; hub/cluster/limits.py)
-    cluster_limits: Any = None
-
-    @property
-    def clustered(self) -> bool:
-        """One node of several (FLEETHUB_NATS_URL): a device may be linked to another process."""
-        return self.settings.nats_url is not None
 
     def __post_init__(self) -> None:
         self.orgs = Orgs(self.db)
@@ -169,6 +155,12 @@ class Services:
         self.meter = Meter(self.usage)
         self.tunnels = TunnelService(self)
         self.device_hooks = BillingHooks(self)  # what billing does with each device's link and events
+        self.assistant_store = AssistantStore(self.db)
+        self.mcp: Any = None  # hub/mcp/endpoint.py, set by the app (hub/app.py)
+        self.embedded_pg: Any = None  # storage/embedded.py, when this process started its own PostgreSQL
+        # One hub process, or one node of a cluster (hub/topology.py): open_services makes a cluster
+        # node's ClusterNode (hub/cluster/topology.py) once its bus is up.
+        self.topology: Topology = SingleNode(self)
 
     async def drain(self, timeout: float = 5.0) -> int:
         """Graceful shutdown, first step: readiness turns false and every connected device is told to
@@ -259,7 +251,7 @@ class Services:
         in one process; in a cluster only on the node holding the link (an actor elsewhere is stale,
         and there the presence row, which the holding node writes, says it). None: no live state."""
         actor = self.registry.lookup(("device", row["id"]))
-        if actor is not None and actor.machine is not None and (not self.clustered or row["id"] in self.links):
+        if actor is not None and actor.machine is not None and self.topology.actor_is_live(row["id"]):
             return actor.live()
         return None
 
@@ -275,17 +267,8 @@ class Services:
             if isinstance(actor, RolloutActor) and fleet_id in actor.row.get("fleet_ids", ()):
                 actor.tell(ReloadWindows())
 
-    async def create_rollout(self, row: dict, steps: list) -> dict:
-        """Store a new rollout; on a cluster node, with this node's lease on it (hub/cluster/leases.py)."""
-        if self.clustered:
-            from hub.cluster import leases
-            return await leases.create_held(self, row, steps)
-        return await self.rollouts.create(row, steps)
-
     async def rollout_actor(self, rollout_id: uuid.UUID) -> RolloutActor:
-        if self.clustered:
-            from hub.cluster import leases
-            await leases.hold(self, rollout_id)  # HeldElsewhere (409) when another node runs it
+        await self.topology.hold_rollout(rollout_id)  # HeldElsewhere (409) when another node runs it
         return await self.registry.get(("rollout", rollout_id), lambda: RolloutActor(rollout_id, self))
 
 
@@ -339,31 +322,14 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                 services = Services(settings=settings, clock=clock, db=db, nursery=nursery,
                                     supervisor=supervisor, registry=Registry(supervisor), node_id=node)
                 if bus is not None:
-                    services.bus = bus  # a cluster node: commands reach devices held by other nodes
-                    from hub.cluster import presence
-                    presence.install(services)
-                    from hub.cluster import asks, tells
-                    tells.install(services)  # ApplyConfig & co. reach the node holding the device
-                    asks.install(services)  # a reboot asked of any node reaches the holder's actor
-                    asks.install_rollouts(services)  # so do pause/resume/cancel, to the lease holder
-                    from hub.cluster.limits import LimitedClusterEventHub, SharedLimits
-                    services.cluster_limits = SharedLimits(ClusterLimits(db), node, services.login_throttle)
-                    # SSE streams hear every node's events; their cap counts every node's streams
-                    services.events = LimitedClusterEventHub(bus, node, services.cluster_limits, services.clock)
-                    services.journal.hub = services.events
-                services.extras["embedded_pg"] = pg
+                    from hub.cluster.topology import ClusterNode
+                    services.topology = ClusterNode(services, bus)
+                services.embedded_pg = pg
                 await db.listen(AUTH_CHANNEL, services.on_notify)
                 # a device deleted or moved, by any process (migration 0017's trigger)
                 await db.listen(DEVICES_CHANGED, services.devices.changed)
                 # After PostgreSQL restarts, invalidations sent meanwhile were missed: start cold.
                 await nursery.start(partial(db.keep_listening, services.forget_cached))
-                if serving and not services.clustered:
-                    # This process holds no device links yet (one hub process per database). In a
-                    # cluster the other nodes hold theirs: presence epochs settle who is online.
-                    await services.devices.mark_all_offline()
-                elif serving:
-                    # a node restarted under its id (killed before): what it held is offline now
-                    await services.devices.mark_node_offline(node)
                 await nursery.start(services.presence.run)
                 await nursery.start(services.devices.cache.keep_purged)  # expired rows leave when idle too
                 await nursery.start(services.audit_log.run)
@@ -378,18 +344,9 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                 await nursery.start(services.meter.run)
                 if serving:
                     await nursery.start(gc_tuning.run)
-                if serving and services.clustered:
-                    # Each node runs the rollouts whose lease it holds; a dead node's move on expiry.
-                    from hub.cluster import leases, limits, nodes
-                    await nursery.start(leases.keep, services)
-                    await nursery.start(nodes.keep, services)  # a dead node's devices go offline
-                    await nursery.start(limits.keep, services)  # rate limits and stream caps, cluster-wide
-                elif serving:
-                    # Rollouts interrupted by a stop continue where they were.
-                    for rollout_id in await services.rollouts.active_ids():
-                        await services.rollout_actor(rollout_id)
-                    # Open tunnel sessions: their actors expire them on time (or now, if overdue).
-                    await services.tunnels.resume()
+                # what a start resets (devices left online), and the background work of one hub
+                # process (interrupted rollouts, open tunnels) or of a cluster node (leases, liveness)
+                await services.topology.start(nursery, serving=serving)
                 try:
                     yield services
                 finally:

@@ -71,10 +71,7 @@ class UsageEnvelope(BaseModel):
 
 
 def _store(s) -> AssistantStore:
-    store = s.extras.get("assistant_store")
-    if store is None:
-        store = s.extras["assistant_store"] = AssistantStore(s.db)
-    return store
+    return s.assistant_store
 
 
 def _caller() -> Caller:

@@ -9,7 +9,6 @@ from pydantic import BaseModel
 from hub.api.common import services
 from hub.api.validation import enveloped, responds
 from hub.auth.middleware import public
-from hub.cluster.node import cluster_state
 from hub.errors import Unavailable
 from hub.metrics import CONTENT_TYPE
 from storage.db import DatabaseUnavailable
@@ -51,10 +50,7 @@ async def readyz():
         await s.db.run(_select_one, timeout=READY_TIMEOUT)
     except DatabaseUnavailable:
         raise Unavailable(f"the database did not answer within {READY_TIMEOUT} s", code="not_ready") from None
-    data = {"status": "ready", "database": "ok"}
-    if s.clustered:
-        data["cluster"] = cluster_state(s)
-    return {"data": data}
+    return {"data": {"status": "ready", "database": "ok", **s.topology.readiness()}}
 
 
 async def _select_one(conn) -> object:

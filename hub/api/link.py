@@ -47,7 +47,6 @@ from hub.api.validation import responds
 from hub.asgi_websocket import AsgiWebSocket
 from hub.auth.middleware import public
 from hub.auth.pat import digest
-from hub.cluster import presence as cluster_presence
 from hub.errors import DeviceError, DeviceOffline, FleethubError, Unauthenticated, general_body
 from hub.services import Link
 
@@ -261,7 +260,7 @@ async def device_link(s, ws: AsgiWebSocket) -> None:
             log.warning("device %s: another takeover of its link within a minute (from %s); accepting it in "
                         "%.0f s: two holders of one token?", device_id, address, delay)
             await ws.hold(delay)  # a device that gives up meanwhile takes nothing over
-    await cluster_presence.link_up(s, device_id)  # cluster: claim the link epoch, other nodes let go
+    await s.topology.link_up(device_id)  # a cluster node claims the link epoch: the others let theirs go
     with trio.CancelScope() as scope:
         link = Link(device_id, conn_id, scope)
         previous = s.links.get(device_id)

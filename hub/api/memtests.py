@@ -28,7 +28,7 @@ from hub.api.common import jsonable, org, parse_uuid, principal, services
 from hub.api.devices import device_obj
 from hub.api.validation import MalformedJSON, strict_loads
 from hub.auth.authz import authorize
-from hub.cluster.asks import ask_device, holder
+from hub.cluster.asks import ask_device
 from hub.errors import BadRequest, Forbidden, NotFound, Unauthenticated
 from hub.api.validation import optional_body
 from hub.tunnels.auth import also_tunnel_token
@@ -235,7 +235,7 @@ async def memory_test_status(id: str):  # noqa: A002 — the spec's path paramet
     live: dict[str, Any] | None = None
     supported: bool | None = bool(caps.get("online") or caps.get("offline")) if caps else None
     # In a cluster the device may be linked to another node: its actor there answers (hub/cluster/asks.py).
-    elsewhere = None if online else await holder(s, row["id"])
+    elsewhere = None if online else await s.topology.holder(row["id"])
     if online or elsewhere is not None:
         try:
             live = await ask_device(s, row["id"], ReadStatus(), timeout=s.settings.command_timeout + 5,

@@ -65,10 +65,7 @@ async def _throttle(key: tuple) -> object | None:
     it on every node (hub/cluster/limits.py)."""
     s = services()
     limit = {"addr": PER_ADDRESS, "client": PER_CLIENT_CEILING}.get(key[0], PER_CLIENT)
-    if s.cluster_limits is not None:
-        decision = await s.cluster_limits.hit_burst(key, limit, s.token_limiter.window, s.clock.now())
-    else:
-        decision = s.token_limiter.hit(key, limit, s.clock.now())
+    decision = await s.topology.limits.hit_burst(s.token_limiter, key, limit, s.clock.now())
     current = getattr(g, "ratelimit", None)
     if current is None or not decision.allowed or decision.remaining < current.remaining:
         g.ratelimit = decision

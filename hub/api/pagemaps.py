@@ -83,10 +83,7 @@ async def _throttle(device_id) -> None:
     """Count one upload of this device, on every node of a cluster (hub/cluster/limits.py)."""
     s = services()
     key = ("page-map", str(device_id))
-    if s.cluster_limits is not None:
-        decision = await s.cluster_limits.hit_burst(key, UPLOADS_PER_MINUTE, s.upload_limiter.window, s.clock.now())
-    else:
-        decision = s.upload_limiter.hit(key, UPLOADS_PER_MINUTE, s.clock.now())
+    decision = await s.topology.limits.hit_burst(s.upload_limiter, key, UPLOADS_PER_MINUTE, s.clock.now())
     if not decision.allowed:
         raise RateLimited(f"at most {UPLOADS_PER_MINUTE} page-map uploads a minute per device",
                           code="rate_limited", retry_after=decision.retry_after)

@@ -116,9 +116,10 @@ async def _fleet_devices(fleet: dict) -> list[tuple[dict, dict | None]]:
     rows, _ = await s.devices.list(org().org_id, offset=0, limit=100_000, fleet_id=fleet["id"])
     out = []
     for row in rows:
-        live = s.device_live(row)  # None: not live here (offline, or in a cluster held by another node)
-        if live is None and s.clustered:
-            live = {"online": row["online"], "facts": row.get("facts") or {}}  # the holding node's row
+        # None: not live here (offline; in a cluster, held by another node, whose presence row says it)
+        live = s.device_live(row)
+        if live is None:
+            live = s.topology.presence_from_row(row)
         out.append((row, live))
     return out
 
@@ -298,7 +299,7 @@ async def start_rollout(fleets: list[dict], config_id: uuid.UUID, version: dict,
            "state": rm.RolloutState.PENDING.value, "created_by": p.id, "created_by_user": p.user_id,
            "created_at": now, "updated_at": now, "revert_kind": revert_kind, "revert_of": revert_of}
     try:
-        created = await s.create_rollout(row, steps)
+        created = await s.topology.create_rollout(row, steps)
     except FleetBusy as exc:
         raise await active_rollout_conflict(uuid.UUID(str(exc))) from None
     g.audit_details = {"rolloutId": str(created["id"]), "force": force, **(audit or {}),

@@ -164,8 +164,8 @@ async def tell_linked(s, device_id, msg) -> None:
     actor = s.registry.lookup(("device", device_id))
     if actor is not None:
         actor.tell(msg)  # it passes the tell on if its device is linked elsewhere
-    elif s.forward_tell is not None:
-        s.forward_tell(device_id, msg)
+    else:
+        s.topology.tell_elsewhere(device_id, msg)
 
 
 class SecretFileOut(BaseModel):

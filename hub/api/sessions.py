@@ -55,10 +55,7 @@ async def login(data: Login):
     # Counted before the password check: parallel guesses each take a slot, so at most the limit of
     # them ever reach it (in one process with no await before the count; in a cluster under a
     # PostgreSQL lock per account and address).
-    if s.cluster_limits is not None:  # one count for every node (hub/cluster/limits.py)
-        attempt = await s.cluster_limits.reserve_login(data.email, addr, now)
-    else:
-        attempt = s.login_throttle.reserve(data.email, addr, now)
+    attempt = await s.topology.limits.reserve_login(data.email, addr, now)  # a cluster's: on every node
     if not attempt.allowed:
         raise RateLimited("too many failed sign-in attempts; try again later", retry_after=attempt.wait)
     user = await s.orgs.get_user_by_email(data.email)
@@ -67,10 +64,7 @@ async def login(data: Login):
     ok = await trio.to_thread.run_sync(verify_password, stored or _dummy_hash(), data.password)
     if not (user and stored and ok):
         raise Unauthenticated("wrong email or password", code="invalid_credentials")  # stays counted
-    if s.cluster_limits is not None:
-        await s.cluster_limits.login_succeeded(attempt)
-    else:
-        s.login_throttle.succeeded(attempt)
+    await s.topology.limits.login_succeeded(attempt)
     session_id, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(24)
     expires = now + SESSION_LIFETIME
     await s.identity.create_session(digest(session_id), user["id"], csrf, now, expires, addr)

@@ -37,7 +37,7 @@ PUSH_CONCURRENCY = 64
 
 def telemetry_counts(s) -> Counter:
     """Telemetry events received per organisation since the hub started."""
-    return s.extras.setdefault("billing.telemetry_events", Counter())
+    return s.device_hooks.telemetry_events
 
 
 async def on_event(s, org_id: uuid.UUID, device_id: uuid.UUID, kind: str, payload: dict) -> None:
@@ -97,6 +97,7 @@ class BillingHooks(DeviceHooks):
 
     def __init__(self, services) -> None:
         self.services = services
+        self.telemetry_events: Counter = Counter()  # per organisation, since the hub started
 
     async def on_link(self, org_id: uuid.UUID, device_id: uuid.UUID, facts: dict) -> None:
         await on_link(self.services, org_id, device_id, facts)

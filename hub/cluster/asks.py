@@ -13,18 +13,24 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from actors.bus import NoResponders, RequestTimeout, Subscription, Unavailable
 from actors.device import Reboot
 from actors.device_memtests import CancelTest, ReadStatus, StartTest
-from actors.bus import NoResponders, RequestTimeout, Unavailable
 from actors.errors import BusUnavailable, Conflict, DeviceOffline, DeviceTimeout
+
+if TYPE_CHECKING:
+    from hub.cluster.topology import ClusterNode
+    from hub.services import Services
 
 # Only these cross: each a frozen dataclass of JSON fields, rebuilt on the holder from its name.
 ASKS: dict[str, type] = {cls.__name__: cls for cls in (Reboot, StartTest, CancelTest, ReadStatus)}
 
 
-def install(s: Any) -> None:
+def subscribe(c: ClusterNode) -> Subscription:
+    s = c.s
+
     async def on_ask(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
         cls = ASKS.get(str(payload.get("ask")))
         try:
@@ -44,27 +50,19 @@ def install(s: Any) -> None:
         reply = await actor.ask(msg, timeout=float(payload.get("timeout", s.settings.command_timeout + 5)))
         return {"reply": reply}
 
-    s.extras["cluster_asks"] = s.bus.subscribe(f"cluster.node.{s.node_id}.ask", on_ask)
-
-
-async def holder(s: Any, device_id: uuid.UUID) -> str | None:
-    """The other node holding the device's link, or None (not clustered, held here, or linked nowhere)."""
-    if not getattr(s, "clustered", False) or device_id in s.links:
-        return None
-    node = await s.devices.link_node(device_id)
-    return node if node and node != s.node_id else None
+    return c.bus.subscribe(f"cluster.node.{c.node_id}.ask", on_ask)
 
 
 _LOOK_UP = object()
 
 
-async def ask_device(s: Any, device_id: uuid.UUID, msg: Any, timeout: float, *, node: Any = _LOOK_UP) -> Any:
+async def ask_device(s: Services, device_id: uuid.UUID, msg: Any, timeout: float, *, node: Any = _LOOK_UP) -> Any:
     """Ask the device's actor: here, or on the node holding its link (cluster). ``node``: the holder
-    when the caller already looked it up (``holder``), so it is not read twice."""
+    when the caller already looked it up (``Topology.holder``), so it is not read twice."""
     name = type(msg).__name__
     if name in ASKS:
         if node is _LOOK_UP:
-            node = await holder(s, device_id)
+            node = await s.topology.holder(device_id)
         if node is not None:
             try:
                 answer = await s.bus.request(f"cluster.node.{node}.ask",
@@ -92,7 +90,9 @@ def _control_event(payload: dict[str, Any]) -> object | None:
     return {"Resume": rm.Resume, "Cancel": rm.Cancel}.get(str(kind), lambda: None)()
 
 
-def install_rollouts(s: Any) -> None:
+def subscribe_rollouts(c: ClusterNode) -> Subscription:
+    s = c.s
+
     async def on_control(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
         from actors.rollout import Control
         event = _control_event(payload)
@@ -102,10 +102,10 @@ def install_rollouts(s: Any) -> None:
         await actor.ask(Control(event), timeout=10)
         return {}
 
-    s.extras["cluster_rollout_controls"] = s.bus.subscribe(f"cluster.node.{s.node_id}.rollout", on_control)
+    return c.bus.subscribe(f"cluster.node.{c.node_id}.rollout", on_control)
 
 
-async def control_rollout(s: Any, rollout_id: uuid.UUID, event: object) -> None:
+async def control_rollout(s: Services, rollout_id: uuid.UUID, event: object) -> None:
     """Pause/resume/cancel, by the rollout's actor here or on the node holding its lease (cluster)."""
     from actors.rollout import Control
     from hub.cluster.leases import HeldElsewhere

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from actors.errors import Conflict
 from storage.db import DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from hub.cluster.topology import ClusterNode
 
 log = logging.getLogger("fleethub.cluster")
 
@@ -33,87 +36,75 @@ class HeldElsewhere(Conflict):
     code = "rollout_elsewhere"
 
 
-async def hold(s: Any, rollout_id: uuid.UUID) -> None:
-    actor = s.registry.lookup(("rollout", rollout_id))
+async def hold(c: ClusterNode, rollout_id: uuid.UUID) -> None:
+    actor = c.registry.lookup(("rollout", rollout_id))
     if actor is not None and actor.lost:
         raise HeldElsewhere(f"another hub node runs rollout {rollout_id}")  # ours ends; theirs goes on
-    if rollout_id in s.rollout_fences:
+    if rollout_id in c.fences:
         return  # ours, renewed by keep()
     # One take at a time on this node. A rollout just created is asked for by its POST and can be
     # found by keep()'s round in the same moment; both took the lease, the second bumping the epoch
     # over the first (its own lease), and whichever fence was kept last could be the stale one.
-    async with _holding(s):
-        if rollout_id in s.rollout_fences:
+    async with c.lease_lock:
+        if rollout_id in c.fences:
             return  # the other caller took it
-        await _take(s, rollout_id)
+        await _take(c, rollout_id)
 
 
-async def create_held(s: Any, row: dict, steps: list) -> dict:
+async def create_held(c: ClusterNode, row: dict, steps: list) -> dict:
     """Store a new rollout with this node's lease on it, in one transaction. Were the lease taken after
     the rollout's commit, another node's lease round could find it active and unowned in between and
     run it: the node that answered the POST would not own what it created, and each node's view of
     who runs it would depend on timing. Under the holding lock, so this node's own round cannot take
     it a second time (a new epoch) before its fence is kept here."""
-    async with _holding(s):
-        if not s.bus.connected:
-            return await s.rollouts.create(row, steps)  # cut off: another node's round takes it (see _take)
-        ttl, asked = s.settings.rollout_lease_seconds, trio.current_time()
-        created = await s.rollouts.create(row, steps, lease=(s.node_id, ttl))
-        s.rollout_fences[created["id"]] = created.pop("fence")
-        _expiries(s)[created["id"]] = asked + ttl
+    async with c.lease_lock:
+        if not c.bus.connected:
+            return await c.rollouts.create(row, steps)  # cut off: another node's round takes it (see _take)
+        ttl, asked = c.lease_seconds, trio.current_time()
+        created = await c.rollouts.create(row, steps, lease=(c.node_id, ttl))
+        c.fences[created["id"]] = created.pop("fence")
+        c.lease_expiries[created["id"]] = asked + ttl
         return created
 
 
-def _holding(s: Any) -> trio.Lock:
-    lock = s.extras.get("rollout_lease_holding")
-    if lock is None:
-        lock = s.extras["rollout_lease_holding"] = trio.Lock()
-    return lock
-
-
-async def _take(s: Any, rollout_id: uuid.UUID) -> None:
-    if not s.bus.connected:
+async def _take(c: ClusterNode, rollout_id: uuid.UUID) -> None:
+    if not c.bus.connected:
         raise HeldElsewhere(f"this node is cut off from NATS; another hub node is to run rollout {rollout_id}")
-    ttl, asked = s.settings.rollout_lease_seconds, trio.current_time()  # the lease runs from before the ask
-    fence = await s.rollout_leases.acquire(rollout_id, s.node_id, ttl)
+    ttl, asked = c.lease_seconds, trio.current_time()  # the lease runs from before the ask
+    fence = await c.rollout_leases.acquire(rollout_id, c.node_id, ttl)
     if fence is None:
         raise HeldElsewhere(f"another hub node runs rollout {rollout_id}")
-    s.rollout_fences[rollout_id] = fence
-    _expiries(s)[rollout_id] = asked + ttl
+    c.fences[rollout_id] = fence
+    c.lease_expiries[rollout_id] = asked + ttl
 
 
-def _drop(s: Any, rollout_id: uuid.UUID) -> None:
-    del s.rollout_fences[rollout_id]
-    _expiries(s).pop(rollout_id, None)
+def _drop(c: ClusterNode, rollout_id: uuid.UUID) -> None:
+    del c.fences[rollout_id]
+    c.lease_expiries.pop(rollout_id, None)
 
 
-def _expiries(s: Any) -> dict[uuid.UUID, float]:
-    """rollout -> when (trio time) this node's lease on it lapses unless renewed."""
-    return s.extras.setdefault("rollout_lease_expiries", {})
-
-
-async def keep(s: Any, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+async def keep(c: ClusterNode, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     while True:
-        await trio.sleep(s.settings.rollout_lease_seconds / 3)
+        await trio.sleep(c.lease_seconds / 3)
         try:
-            await _round(s)
+            await _round(c)
         except DatabaseUnavailable:
             log.info("rollout leases: the database is unreachable; trying again next round")
 
 
-async def _round(s: Any) -> None:
-    ttl = s.settings.rollout_lease_seconds
-    expiries = _expiries(s)
-    cut_off = not s.bus.connected
-    for rollout_id, fence in list(s.rollout_fences.items()):
-        actor = s.registry.lookup(("rollout", rollout_id))
+async def _round(c: ClusterNode) -> None:
+    ttl = c.lease_seconds
+    expiries = c.lease_expiries
+    cut_off = not c.bus.connected
+    for rollout_id, fence in list(c.fences.items()):
+        actor = c.registry.lookup(("rollout", rollout_id))
         # An actor still starting (its on_start reads storage) is not in the registry yet: its lease is
         # kept and renewed like any other, not taken for a settled rollout's and released under it.
-        if actor.lost if actor is not None else not s.registry.starting(("rollout", rollout_id)):
+        if actor.lost if actor is not None else not c.registry.starting(("rollout", rollout_id)):
             # settled (the actor ended) or taken over: let the lease go
-            _drop(s, rollout_id)
-            await s.rollout_leases.release(fence)
+            _drop(c, rollout_id)
+            await c.rollout_leases.release(fence)
             continue
         if cut_off:
             if trio.current_time() >= expiries.get(rollout_id, 0.0):
@@ -121,24 +112,24 @@ async def _round(s: Any) -> None:
                             "stops running it and another node takes it over", rollout_id, fence.epoch)
                 if actor is not None:
                     actor.lost = True  # one still starting finds its fence gone at its first write
-                _drop(s, rollout_id)
+                _drop(c, rollout_id)
             continue
         asked = trio.current_time()  # the renewed lease runs from before the ask
-        if await s.rollout_leases.renew(fence, ttl):
+        if await c.rollout_leases.renew(fence, ttl):
             expiries[rollout_id] = asked + ttl
         else:
             log.warning("rollout %s: lease epoch %d was taken over; this node stops running it",
                         rollout_id, fence.epoch)
             if actor is not None:
                 actor.lost = True  # one still starting is refused at its first fenced write
-            _drop(s, rollout_id)
+            _drop(c, rollout_id)
     if cut_off:
         return  # take no lease while cut off: a node that can reach the devices should run them
-    for rollout_id in await s.rollouts.active_ids():
-        if rollout_id in s.rollout_fences:
+    for rollout_id in await c.rollouts.active_ids():
+        if rollout_id in c.fences:
             continue
         try:
-            await s.rollout_actor(rollout_id)  # takes the lease if it is free or expired
+            await c.s.rollout_actor(rollout_id)  # takes the lease if it is free or expired
             log.info("rollout %s: this node runs it now", rollout_id)
         except HeldElsewhere:
             pass

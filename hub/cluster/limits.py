@@ -26,17 +26,20 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from hub.auth.ratelimit import Decision, key_text
+from hub.auth.ratelimit import BurstLimiter, Decision, key_text
 from hub.auth.sessions import LoginThrottle, Reservation
 from hub.cluster.events import ClusterEventHub
 from hub.errors import RateLimited
 from hub.events import Subscriber
 from storage.db import DatabaseUnavailable
 from storage.limits import ClusterLimits
+
+if TYPE_CHECKING:
+    from hub.cluster.topology import ClusterNode
 
 log = logging.getLogger("fleethub.cluster")
 
@@ -66,8 +69,10 @@ class SharedLimits:
         await self.store.forget_attempts(f"login-account:{attempt.account.lower()}")
         await self.store.give_back_attempt(f"login-address:{attempt.address}", attempt.at, self.node)
 
-    async def hit_burst(self, key: tuple, limit: int, window: int, now: dt.datetime) -> Decision:
-        """hub/auth/ratelimit.BurstLimiter.hit on every node, as one sliding window per key."""
+    async def hit_burst(self, limiter: BurstLimiter, key: tuple, limit: int, now: dt.datetime) -> Decision:
+        """hub/auth/ratelimit.BurstLimiter.hit on every node, as one sliding window per key (``limiter``'s
+        window; its counts stay unused)."""
+        window = limiter.window
         got = await self.store.reserve_attempts({f"burst:{key_text(key)}": limit}, dt.timedelta(seconds=window),
                                                 now, self.node)
         (text, used), = got.used.items()
@@ -122,11 +127,11 @@ class LimitedClusterEventHub(ClusterEventHub):
             self.shared.closed_streams.append(stream_id)
 
 
-async def keep(s: Any, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+async def keep(c: ClusterNode, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Every round: trade rate-limit counts with the other nodes and delete closed streams' rows; now
     and then, sweep credential attempts older than every window. An unreachable database only delays
     a round (the limits then hold per node, as in one process, until it is back)."""
-    shared: SharedLimits = s.cluster_limits
+    s, shared = c.s, c.limits
     await shared.store.drop_node_streams(s.node_id)  # rows this id left behind when it was killed
     task_status.started()
     pruned_at = trio.current_time()

@@ -24,12 +24,6 @@ def node_id(settings: Settings) -> str:
     return settings.node_id or f"node-{uuid.uuid4().hex[:8]}"
 
 
-def cluster_state(s) -> dict:
-    """What /readyz says of a cluster node (counts and names only: nothing secret)."""
-    return {"node": s.node_id, "nats": "connected" if s.bus.connected else "disconnected",
-            "devices": len(s.links), "rollout_leases": len(s.rollout_fences)}
-
-
 def check(settings: Settings) -> None:
     if settings.nats_url and not settings.database_url:
         raise ClusterConfigError("FLEETHUB_NATS_URL needs FLEETHUB_DATABASE_URL: the nodes of a cluster "

@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from actors.bus import Subscription
 from device_client.shared.linkcodes import Close
+
+if TYPE_CHECKING:
+    from hub.cluster.topology import ClusterNode
 
 log = logging.getLogger("fleethub.cluster")
 
 TAKEOVER_SUBJECTS = "cluster.takeover.*"
 
 
-def install(s: Any) -> None:
+def subscribe(c: ClusterNode) -> Subscription:
     """Listen for other nodes' takeovers (once per process, at start)."""
     async def on_takeover(subject: str, payload: dict[str, Any]) -> None:
         try:
@@ -30,28 +34,26 @@ def install(s: Any) -> None:
         except (ValueError, KeyError, TypeError):
             log.warning("a malformed takeover on %s was ignored", subject)
             return
-        taken_over(s, device_id, epoch, node)
+        taken_over(c, device_id, epoch, node)
 
-    s.extras["cluster_takeovers"] = s.bus.subscribe(TAKEOVER_SUBJECTS, on_takeover)
+    return c.bus.subscribe(TAKEOVER_SUBJECTS, on_takeover)
 
 
-def taken_over(s: Any, device_id: uuid.UUID, epoch: int, node: str) -> bool:
+def taken_over(c: ClusterNode, device_id: uuid.UUID, epoch: int, node: str) -> bool:
     """Another node claimed ``epoch``: close our link of the device if it is older. Returns whether
     a link was closed."""
-    if node == s.node_id or s.link_epochs.get(device_id, 0) >= epoch:
+    if node == c.node_id or c.link_epochs.get(device_id, 0) >= epoch:
         return False  # ours, or a claim older than our own newer link
-    link = s.links.get(device_id)
+    link = c.s.links.get(device_id)
     if link is None:
         return False
-    s.metrics.cluster_takeovers += 1
+    c.s.metrics.cluster_takeovers += 1
     link.close(Close.SUPERSEDED, "another connection with this device's token took over (on another hub node)")
     return True
 
 
-async def link_up(s: Any, device_id: uuid.UUID) -> None:
-    """The link handler's hook before a device's link is registered (no-op outside a cluster)."""
-    if not getattr(s, "clustered", False):
-        return
-    epoch = await s.devices.claim_link(device_id, s.node_id)
-    s.link_epochs[device_id] = epoch
-    s.bus.publish(f"cluster.takeover.{device_id}", {"node": s.node_id, "epoch": epoch})
+async def claim(c: ClusterNode, device_id: uuid.UUID) -> None:
+    """Before a device's link is registered here (the link handler, through Topology.link_up)."""
+    epoch = await c.s.devices.claim_link(device_id, c.node_id)
+    c.link_epochs[device_id] = epoch
+    c.bus.publish(f"cluster.takeover.{device_id}", {"node": c.node_id, "epoch": epoch})

@@ -22,15 +22,19 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from actors.bus import BusError
+from actors.bus import BusError, Subscription
 from actors.device import ApplyConfig, RemoveFiles, SendPullSettings, SyncFiles
 from actors.errors import AskError
 from device_client.shared.backoff import Backoff
 from storage.db import DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from hub.cluster.topology import ClusterNode
+    from hub.services import Services
 
 log = logging.getLogger("fleethub.cluster")
 
@@ -61,7 +65,7 @@ def payload_of(msg: object) -> dict[str, Any]:
 class Tells:
     """This node's side of cross-node tells: answering other nodes' and delivering its own."""
 
-    def __init__(self, s: Any) -> None:
+    def __init__(self, s: Services) -> None:
         self.s = s
         self.delivered = 0
         self.retries = 0
@@ -114,9 +118,5 @@ class Tells:
             await trio.sleep(backoff.next_delay())
 
 
-def install(s: Any) -> Tells:
-    tells = Tells(s)
-    s.extras["cluster_tells"] = s.bus.subscribe(f"cluster.node.{s.node_id}.tell", tells.on_tell)
-    s.extras["cluster_tell_state"] = tells  # its counters: tests and the metrics read them
-    s.forward_tell = tells.send
-    return tells
+def subscribe(c: ClusterNode) -> Subscription:
+    return c.bus.subscribe(f"cluster.node.{c.node_id}.tell", c.tells.on_tell)

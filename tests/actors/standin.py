@@ -8,6 +8,7 @@ the single-node branch (what ``getattr`` defaults did before: issue 34 item 2).
 
 from __future__ import annotations
 
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
@@ -30,6 +31,19 @@ class Missing:
         raise AssertionError(f"the actor used services.{self._name}.{attr}, which this test's stand-in lacks")
 
 
+class Alone:
+    """The actors' Placement of one hub process (hub/topology.py SingleNode's answers)."""
+
+    def tell_elsewhere(self, device_id: uuid.UUID, msg: object) -> None:
+        pass
+
+    def link_epoch(self, device_id: uuid.UUID) -> None:
+        return None
+
+    def rollout_fence(self, rollout_id: uuid.UUID) -> None:
+        return None
+
+
 def port_names() -> set[str]:
     """What the port declares: its attributes and its methods."""
     names = set(Services.__annotations__)
@@ -40,7 +54,7 @@ def port_names() -> set[str]:
 def stand_in(**given: Any) -> SimpleNamespace:
     s = SimpleNamespace(**{name: Missing(name) for name in port_names()})
     s.__dict__.update(settings=Settings(), clock=TestClock(), bus=Bus(), events=EventHub(), links={},
-                      clustered=False, forward_tell=None, link_epochs={}, rollout_fences={}, window_changes=0,
+                      topology=Alone(), window_changes=0,
                       link_health=LinkHealth())
     s.__dict__.update(given)
     if "journal" not in given:  # events published at once, as before the log (hub/eventlog.py)

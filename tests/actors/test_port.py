@@ -5,6 +5,7 @@ checked on a running hub (tests/api/test_services_port.py)."""
 from __future__ import annotations
 
 import re
+import uuid
 from pathlib import Path
 
 from tests.actors.standin import port_names, stand_in
@@ -15,7 +16,7 @@ ACTORS = Path(__file__).resolve().parents[2] / "actors"
 def test_the_stand_in_has_every_attribute_of_the_actors_port():
     s = stand_in()
     assert all(hasattr(s, name) or name in vars(s) for name in port_names())
-    assert s.rollout_fences == {} and s.clustered is False and s.bus.connected
+    assert s.topology.rollout_fence(uuid.uuid4()) is None and s.bus.connected
 
 
 def test_no_actor_reads_the_port_with_a_default():

@@ -4,6 +4,8 @@ actor at run time."""
 
 from __future__ import annotations
 
+import uuid
+
 import trio
 
 from tests.actors.standin import port_names
@@ -14,4 +16,4 @@ async def test_a_running_hub_provides_every_attribute_of_the_actors_port(nursery
     with trio.fail_after(60):
         hub = await start_hub(nursery, db_url, tmp_path / "hub")
         assert {name for name in port_names() if not hasattr(hub.services, name)} == set()
-        assert hub.services.bus.connected and hub.services.rollout_fences == {}
+        assert hub.services.bus.connected and hub.services.topology.rollout_fence(uuid.uuid4()) is None

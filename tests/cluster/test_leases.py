@@ -62,19 +62,24 @@ async def test_an_expired_lease_moves_and_the_old_epoch_writes_nothing(nursery, 
         assert await s.db.fetchval("SELECT reason FROM rollouts WHERE id = $1", rid) == "by b"
 
 
+def _node_view(s, **over) -> SimpleNamespace:
+    """What hub/cluster/leases.py reads of a ClusterNode (hub/cluster/topology.py), as node "a"."""
+    return SimpleNamespace(**{"registry": s.registry, "fences": {}, "lease_expiries": {}, "lease_lock": trio.Lock(),
+                              "bus": SimpleNamespace(connected=True), "lease_seconds": 10.0,
+                              "rollout_leases": s.rollout_leases, "rollouts": s.rollouts, "node_id": "a", **over})
+
+
 async def _two_holds_at_once_take_one_epoch(s, rid: uuid.UUID) -> None:
     """hub/cluster/leases.py ``hold``, asked twice at once on one node (a rollout's POST and keep()'s
     round finding it): one take, epoch 1, and the fence kept is the lease's. Both took it before, the
     second at epoch 2 over the first. A node's view of the hub: only what hold reads."""
-    node = SimpleNamespace(registry=s.registry, rollout_fences={}, bus=SimpleNamespace(connected=True),
-                           settings=SimpleNamespace(rollout_lease_seconds=10.0), rollout_leases=s.rollout_leases,
-                           node_id="a", clock=s.clock, extras={})
+    node = _node_view(s)
     async with trio.open_nursery() as both:
         both.start_soon(leases.hold, node, rid)
         both.start_soon(leases.hold, node, rid)
     row = await s.db.fetchrow("SELECT owner, epoch FROM rollout_leases WHERE rollout_id = $1", rid)
     assert (row["owner"], row["epoch"]) == ("a", 1)
-    assert node.rollout_fences[rid].epoch == 1
+    assert node.fences[rid].epoch == 1
     await s.db.execute("DELETE FROM rollout_leases WHERE rollout_id = $1", rid)  # the test below starts clean
 
 
@@ -82,34 +87,29 @@ async def _a_lease_whose_actor_is_starting_is_kept(s, rid: uuid.UUID) -> None:
     """keep()'s round while the rollout's actor is still in its on_start (not in the registry yet):
     the lease is renewed, not released as a settled rollout's; once no actor runs or starts, it goes."""
     starting = [True]
-    node = SimpleNamespace(registry=SimpleNamespace(lookup=lambda key: None, starting=lambda key: starting[0]),
-                           rollout_fences={}, bus=SimpleNamespace(connected=True),
-                           settings=SimpleNamespace(rollout_lease_seconds=10.0), rollout_leases=s.rollout_leases,
-                           rollouts=s.rollouts, node_id="a", clock=s.clock, extras={})
+    node = _node_view(s, registry=SimpleNamespace(lookup=lambda key: None, starting=lambda key: starting[0]))
     await leases.hold(node, rid)
     await leases._round(node)
     row = await s.db.fetchrow("SELECT owner, epoch FROM rollout_leases WHERE rollout_id = $1", rid)
-    assert row is not None and (row["owner"], row["epoch"]) == ("a", 1) and rid in node.rollout_fences
+    assert row is not None and (row["owner"], row["epoch"]) == ("a", 1) and rid in node.fences
     starting[0] = False  # it settled: nothing runs it
     await leases._round(node)
     assert await s.db.fetchrow("SELECT 1 FROM rollout_leases WHERE rollout_id = $1", rid) is None
-    assert rid not in node.rollout_fences
+    assert rid not in node.fences
 
 
 async def _a_new_rollout_is_born_with_its_creators_lease(s, settled: uuid.UUID) -> None:
     """A rollout created on node A holds A's lease from the transaction that stored it: there is no
     moment when another node's round finds it active and unowned (CI once saw B take a rollout that A's
     POST had just created, between its commit and A's first take)."""
-    node = SimpleNamespace(registry=s.registry, rollout_fences={}, bus=SimpleNamespace(connected=True),
-                           settings=SimpleNamespace(rollout_lease_seconds=10.0), rollout_leases=s.rollout_leases,
-                           rollouts=s.rollouts, node_id="a", clock=s.clock, extras={})
+    node = _node_view(s)
     old = dict(await s.db.fetchrow("SELECT * FROM rollouts WHERE id = $1", settled))
     row = {**old, "id": uuid.uuid4(), "state": "pending", "created_at": s.clock.now(), "updated_at": s.clock.now()}
     row = {k: v for k, v in row.items() if k in ("id", "org_id", "fleet_ids", "config_id", "version_id", "force",
                                                   "batch_size", "success_threshold", "failure_threshold", "state", "created_at",
                                                   "updated_at")}
     created = await leases.create_held(node, row, [])
-    assert "fence" not in created and node.rollout_fences[row["id"]].epoch == 1
+    assert "fence" not in created and node.fences[row["id"]].epoch == 1
     # one transaction wrote both rows: the same xmin
     made = await s.db.fetchval("SELECT xmin::text FROM rollouts WHERE id = $1", row["id"])
     leased = await s.db.fetchrow("SELECT owner, epoch, xmin::text AS xmin FROM rollout_leases WHERE rollout_id = $1",
@@ -158,7 +158,7 @@ async def test_a_node_cut_off_from_nats_stops_owning_its_rollout_and_another_tak
                                                             "batch_size": 1})
             assert r.status_code == 201, r.text
             rid = uuid.UUID(r.json()["data"]["id"])
-            assert rid in a.services.rollout_fences
+            assert rid in a.services.topology.fences
             owner = "SELECT owner, epoch FROM rollout_leases WHERE rollout_id = $1"
             assert tuple(await a.services.db.fetchrow(owner, rid)) == ("a", 1)
             await trio.sleep(2)  # A renews it while connected: B (its clock a minute ahead) does not take it
@@ -167,7 +167,7 @@ async def test_a_node_cut_off_from_nats_stops_owning_its_rollout_and_another_tak
             link.cut()
             await wait_for(lambda: not a.services.bus.connected, timeout=10)
             cut_at = trio.current_time()
-            await wait_for(lambda: rid not in a.services.rollout_fences, timeout=10)
+            await wait_for(lambda: rid not in a.services.topology.fences, timeout=10)
             actor = a.services.registry.lookup(("rollout", rid))
             assert actor is None or actor.lost  # A no longer acts as owner
             await wait_for(lambda: _owned_by(b, rid, "b"), timeout=10)
@@ -178,7 +178,7 @@ async def test_a_node_cut_off_from_nats_stops_owning_its_rollout_and_another_tak
             await wait_for(lambda: a.services.bus.connected, timeout=10)
             await trio.sleep(2)
             assert tuple(await a.services.db.fetchrow(owner, rid)) == ("b", 2)
-            assert rid not in a.services.rollout_fences and rid in b.rollout_fences
+            assert rid not in a.services.topology.fences and rid in b.topology.fences
             nursery.cancel_scope.cancel()
 
 

@@ -42,7 +42,7 @@ async def test_an_owner_cut_off_from_nats_fails_no_device_and_the_rollout_comple
                                                             "batch_size": 1})
             assert r.status_code == 201, r.text
             rid = r.json()["data"]["id"]
-            assert uuid.UUID(rid) in a.services.rollout_fences
+            assert uuid.UUID(rid) in a.services.topology.fences
 
             async def state() -> dict:
                 return (await a.call("GET", f"/v1/rollouts/{rid}")).json()["data"]

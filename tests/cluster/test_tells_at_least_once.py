@@ -38,7 +38,7 @@ async def test_a_tell_sent_while_the_bus_is_down_arrives_when_it_is_back(nats_se
             old_id = r.json()["data"]["id"]
             await wait_for(lambda: (root / "etc/app/old").exists(), timeout=15)
 
-            tells = b_services.extras["cluster_tell_state"]
+            tells = b_services.topology.tells
             before = tells.delivered
             link.cut()  # B cannot reach NATS; PostgreSQL it still reaches, and it answers REST
             r = await on_b("POST", url, json={"path": "/etc/app/new", "content_base64": b64(b"new")})

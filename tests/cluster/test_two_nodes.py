@@ -8,6 +8,7 @@ import uuid
 
 import trio
 
+from hub.cluster.topology import ClusterNode
 from tests.hubtools import assert_error, open_hub, start_agent, start_hub, wait_for
 
 
@@ -25,7 +26,7 @@ async def test_a_command_on_node_b_reaches_a_device_linked_to_node_a(nats_server
             data = tmp_path / "hub"
             a, b_services, b_url = await two_nodes(nursery, db_url, data, nats_server.url)
             assert (a.services.node_id, b_services.node_id) == ("a", "b")
-            assert a.services.bus is not b_services.bus and a.services.clustered
+            assert a.services.bus is not b_services.bus and isinstance(a.services.topology, ClusterNode)
 
             device_id, token = await a.provision("edge-1")
             agent = await start_agent(nursery, a.base_url, token, tmp_path / "agent")
@@ -169,7 +170,7 @@ async def test_a_rollout_run_by_node_a_updates_devices_linked_to_node_b(nats_ser
             await wait_for(all_online, timeout=10, interval=0.1)
             r = await a.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 1})
             rid = r.json()["data"]["id"]
-            assert uuid.UUID(rid) in a.services.rollout_fences  # A took the lease: A runs it
+            assert uuid.UUID(rid) in a.services.topology.fences  # A took the lease: A runs it
 
             async def done():
                 return (await rollout_state(a, rid))["state"] == "completed"
@@ -237,7 +238,7 @@ async def test_pause_and_resume_asked_of_node_b_reach_the_rollout_node_a_runs(na
             cid, _ = await config(a, "app", slow)
             r = await a.call("POST", "/v1/rollouts", json={"fleet_ids": [fid], "configuration_id": cid, "batch_size": 1})
             rid = r.json()["data"]["id"]
-            assert uuid.UUID(rid) in a.services.rollout_fences
+            assert uuid.UUID(rid) in a.services.topology.fences
             r = await a.client.post(f"{b_url}/v1/rollouts/{rid}/pause", headers=a.headers)
             assert r.status_code == 200, r.text
             assert r.json()["data"]["state"] == "paused"

@@ -124,7 +124,7 @@ async def test_mcp_requests_spend_the_organisations_rate_limit(nursery, db_url, 
 async def test_sessions_are_bounded_per_organisation(nursery, db_url, tmp_path):
     with trio.fail_after(90):
         hub = await start_hub(nursery, db_url, tmp_path / "hub")
-        hub.services.extras["mcp"].max_per_owner = 2
+        hub.services.mcp.max_per_owner = 2
         init = INIT
         headers = {**pat_headers(hub.pat, hub.org_id), "Accept": ACCEPT}
         async with httpx.AsyncClient(timeout=30) as client:
