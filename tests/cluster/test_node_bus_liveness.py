@@ -104,7 +104,8 @@ async def test_a_node_cut_off_from_postgresql_alone_keeps_its_devices_online(fau
             pinged = False
             while trio.current_time() - cut_at < CUT_FOR:
                 online = await _online(b.db, [stays, leaves])
-                assert online[stays], "a device linked to a live node was marked offline"
+                assert online[stays], (f"a device linked to a live node was marked offline "
+                                       f"{trio.current_time() - cut_at:.2f} s into the cut")
                 if not pinged and trio.current_time() - cut_at > LEASE + 1:
                     # past the point where B reaped A before: the device is linked, and answers
                     r = await a.client.post(f"{b_url}/v1/devices/{stays}/ping", headers=a.headers)
@@ -120,16 +121,21 @@ async def test_a_node_cut_off_from_postgresql_alone_keeps_its_devices_online(fau
                 await link.restore()
             else:
                 await link.heal()
+            back_at = trio.current_time()
 
             async def renewed() -> bool:
                 return bool(await b.db.fetchval(
                     "SELECT now() - seen_at < make_interval(secs => $1) FROM cluster_nodes WHERE node = 'a'",
                     LEASE))
             await wait_for(renewed, timeout=20, interval=0.1)
+            renewed_after = trio.current_time() - back_at
 
             async def left() -> bool:
                 return not (await _online(b.db, [leaves]))[leaves]
             await wait_for(left, timeout=20, interval=0.1)  # A's write-behind flushed it
+            print(f"{fault} for {CUT_FOR:.1f} s (lease {LEASE} s): A's device online throughout; after the "
+                  f"return, A's row renewed in {renewed_after:.2f} s, the device that left offline in "
+                  f"{trio.current_time() - back_at:.2f} s")
             await trio.sleep(2 * LEASE)  # a few rounds of both nodes after the return: nothing reaped
             assert (await _online(b.db, [stays]))[stays]
             assert a.services.metrics.cluster_dead_nodes == 0 and b.metrics.cluster_dead_nodes == 0
