@@ -84,7 +84,7 @@ async def test_a_node_cut_off_from_postgresql_alone_keeps_its_devices_online(fau
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             link = await nursery.start(CuttableLink(urlsplit(db_url).port).run)
-            lease = dict(node_lease_seconds=LEASE)
+            lease = {"node_lease_seconds": LEASE}
             a = await start_hub(nursery, _through(db_url, link), tmp_path / "hub", nats_url=nats_server.url,
                                 node_id="a", **lease)
             b, b_url = await open_hub(nursery, db_url, tmp_path / "hub", nats_url=nats_server.url, node_id="b",
