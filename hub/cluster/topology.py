@@ -89,7 +89,7 @@ class ClusterNode:
         # hold theirs, and link epochs settle who is online
         await s.devices.mark_node_offline(self.node_id)
         await nursery.start(leases.keep, self)  # each node runs the rollouts whose lease it holds
-        await nursery.start(nodes.keep, s)  # a dead node's devices go offline
+        await nursery.start(nodes.keep, self)  # a dead node's devices go offline
         await nursery.start(limits.keep, self)  # rate limits and stream caps, cluster-wide
 
     def readiness(self) -> dict[str, Any]:

@@ -60,8 +60,9 @@ def running_nats() -> Iterator[NatsServer]:
 
 
 class CuttableLink:
-    """A TCP forwarder in front of the nats-server for one node: ``cut`` drops its connections and
-    refuses new ones (the node is cut off from NATS, not from PostgreSQL); ``restore`` listens again on
+    """A TCP forwarder in front of the nats-server (or PostgreSQL: any TCP server, ``url`` aside) for one
+    node: ``cut`` drops its connections and refuses new ones (the node is cut off from that server
+    alone, tests/cluster/test_node_bus_liveness.py uses it so for PostgreSQL); ``restore`` listens again on
     the same port. ``stall`` keeps every connection open but passes no more bytes either way (a network
     that drops packets: nobody sees a close); ``heal`` drops the stalled connections and forwards again.
     Start with ``await nursery.start(link.run)``."""

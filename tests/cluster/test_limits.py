@@ -129,7 +129,7 @@ async def test_a_dead_node_s_streams_stop_counting(db_url):
         gone_seen = await nodes.renew("gone")
         await nodes.renew("alive")
         # "alive" judges every row not renewed since just after "gone"'s last renewal: "gone" is dead
-        assert await nodes.reap("alive", gone_seen + dt.timedelta(microseconds=1)) == {"gone": 0}
+        assert await nodes.reap("alive", gone_seen + dt.timedelta(microseconds=1), ()) == {"gone": 0}
         assert await store.open_stream("org:x", uuid.uuid4(), "alive", 2, now) == 1
     finally:
         await db.close()
