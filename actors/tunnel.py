@@ -34,6 +34,7 @@ from actors.device import Send
 from actors.errors import AskError, Conflict, DeviceRefused, DeviceUnreachable, NotFound
 from actors.machines import tunnel as tm
 from actors.runtime import Actor, Reply
+from device_client.shared.clock import rfc3339
 from storage.db import DatabaseUnavailable
 
 if TYPE_CHECKING:
@@ -239,12 +240,14 @@ class TunnelActor(Actor):
         s = self.services
         if isinstance(effect, tm.MarkOpen):
             await s.tunnels.store.set_open(self.sid, s.clock.now())
+            self._record("open")
         elif isinstance(effect, tm.SendClose):
             self.tasks.start_soon(self._device, "close", "tunnel.close",
                                   {"sessionId": str(self.sid), "reason": effect.reason}, None)
         elif isinstance(effect, tm.Finish):
             grown = await s.tunnels.store.finish(self.sid, effect.state.value, effect.reason, s.clock.now())
             s.tunnels.meter(grown)
+            self._record(effect.state.value, effect.reason)
             if grown is not None and grown["closed"] and effect.state is tm.State.CLOSED and effect.reason == "expired":
                 s.tunnels.audit_end(self.row, "tunnel.expire", effect.reason)
         elif isinstance(effect, tm.NotifyClosed):
@@ -257,6 +260,18 @@ class TunnelActor(Actor):
             self.watchers.clear()
         elif isinstance(effect, tm.Stop):
             self._over = True
+
+    def _record(self, state: str, reason: str | None = None) -> None:
+        """The session's change as an event of its device (``tunnel.session``, docs/events.md): who
+        opened it and to what, never its grant or keys. The machine ends a session once, so each
+        state is recorded once (an effect retried after an outage records after its write only)."""
+        row = self.row
+        payload = {"sessionId": str(self.sid), "state": state, "target": row["target"],
+                   "principalKind": row["principal_kind"], "principalId": str(row["principal_id"])}
+        if reason is not None:
+            payload["reason"] = reason
+        self.services.journal.record(row["org_id"], {"kind": "tunnel.session", "deviceId": str(row["device_id"]),
+                                                     "at": rfc3339(self.services.clock.now()), "payload": payload})
 
     def next_deadline(self) -> float:
         if self._undone:

@@ -47,7 +47,7 @@ GATHER = 0.05
 def record_of(e: Event) -> dict[str, Any]:
     """The event as the SSE streams send it (the shape the actors publish)."""
     kind, _, ident = e.subject.partition("/")
-    key = {"devices": "deviceId", "rollouts": "rolloutId", "webhooks": "webhookId"}[kind]
+    key = {"devices": "deviceId", "rollouts": "rolloutId", "webhooks": "webhookId", "organizations": "orgId"}[kind]
     return {"kind": e.kind, key: ident, "at": rfc3339(e.time), "payload": e.data}
 
 
@@ -64,7 +64,7 @@ def topics(org_id: uuid.UUID, event: dict[str, Any]) -> list[tuple[str, Any]]:
         return [("rollout", rollout_id), ("org", org_id)]
     if device_id is not None:
         return [("device", device_id), ("org", org_id)]
-    return [("org", org_id)]  # a webhook's: the organisation's stream alone
+    return [("org", org_id)]  # a webhook's or the organisation's own: the organisation's stream alone
 
 
 def publish_all(hub: EventHub, org_id: uuid.UUID, event: dict[str, Any]) -> None:

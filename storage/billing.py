@@ -12,6 +12,8 @@ from decimal import Decimal
 import asyncpg
 
 from storage.db import Database
+from storage.events import NewEvent
+from storage.events import append_on as append_events
 
 PROFILE_FIELDS = ("plan", "enterprise", "anchor_day", "locked")
 
@@ -25,13 +27,15 @@ class Billing:
         row = await self.db.fetchrow("SELECT * FROM billing_profiles WHERE org_id = $1", org_id)
         return dict(row) if row else None
 
-    async def put_profile(self, org_id: uuid.UUID, now: dt.datetime, **changes) -> dict:
-        """Create the profile (plan required) or change the given fields of an existing one."""
+    async def put_profile(self, org_id: uuid.UUID, now: dt.datetime, *, log_events: bool = True, **changes) -> dict:
+        """Create the profile (plan required) or change the given fields of an existing one. A lock
+        set or lifted is an event (``billing.lock``, docs/events.md), appended in the same transaction
+        (``log_events``: the event log is on)."""
         changes = {k: v for k, v in changes.items() if k in PROFILE_FIELDS and v is not None}
 
         async def body(conn: asyncpg.Connection) -> dict:
-            row = await conn.fetchrow("SELECT * FROM billing_profiles WHERE org_id = $1 FOR UPDATE", org_id)
-            if row is None:
+            old = await conn.fetchrow("SELECT * FROM billing_profiles WHERE org_id = $1 FOR UPDATE", org_id)
+            if old is None:
                 if "plan" not in changes:
                     raise ValueError("a new billing profile needs a plan")
                 row = await conn.fetchrow(
@@ -39,12 +43,16 @@ class Billing:
                        VALUES ($1, $2, $3, $4, $5, $6, $6) RETURNING *""",
                     org_id, changes["plan"], changes.get("enterprise", False), changes.get("anchor_day", 1),
                     changes.get("locked", False), now)
-                return dict(row)
-            merged = {**dict(row), **changes}
-            row = await conn.fetchrow(
-                """UPDATE billing_profiles SET plan = $2, enterprise = $3, anchor_day = $4, locked = $5,
-                   updated_at = $6 WHERE org_id = $1 RETURNING *""",
-                org_id, merged["plan"], merged["enterprise"], merged["anchor_day"], merged["locked"], now)
+            else:
+                merged = {**dict(old), **changes}
+                row = await conn.fetchrow(
+                    """UPDATE billing_profiles SET plan = $2, enterprise = $3, anchor_day = $4, locked = $5,
+                       updated_at = $6 WHERE org_id = $1 RETURNING *""",
+                    org_id, merged["plan"], merged["enterprise"], merged["anchor_day"], merged["locked"], now)
+            if log_events and bool(row["locked"]) != bool(old is not None and old["locked"]):
+                await append_events(conn, [NewEvent(
+                    org_id=org_id, kind="billing.lock", subject=f"organizations/{org_id}", time=now,
+                    data={"locked": row["locked"], "plan": row["plan"]}, fleet_ids=())])
             return dict(row)
 
         return await self.db.run(body, transaction=True)

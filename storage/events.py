@@ -44,7 +44,9 @@ class NewEvent:
 
 def subject_of(event: dict[str, Any]) -> tuple[str, uuid.UUID | None, uuid.UUID | None]:
     """(subject, device id, rollout id) of an event record as the actors publish it
-    (``{kind, deviceId | rolloutId | webhookId, at, payload}``)."""
+    (``{kind, deviceId | rolloutId | webhookId | orgId, at, payload}``)."""
+    if "orgId" in event:  # the organisation's own (a billing lock)
+        return f"organizations/{uuid.UUID(str(event['orgId']))}", None, None
     if "rolloutId" in event:
         rollout_id = uuid.UUID(str(event["rolloutId"]))
         return f"rollouts/{rollout_id}", None, rollout_id

@@ -71,7 +71,8 @@ async def run(s, args: argparse.Namespace, now: dt.datetime) -> dict:
             raise SystemExit("--anchor-day must be 1 to 28 (every month has the day)")
         try:
             profile = await s.billing.put_profile(org_id, now, plan=args.plan, enterprise=args.enterprise,
-                                                  anchor_day=args.anchor_day, locked=args.locked)
+                                                  anchor_day=args.anchor_day, locked=args.locked,
+                                                  log_events=s.settings.event_log)
         except ValueError as exc:
             raise SystemExit(f"{exc} (--plan)") from None
         await state.changed(s, org_id)

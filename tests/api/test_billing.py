@@ -164,6 +164,13 @@ async def test_a_billing_lock_keeps_reads_and_blocks_feature_changes(nursery, db
         assert (await hub.call("POST", "/v1/fleets", json={"name": "still-works"})).status_code == 201
         await admin(hub, tmp_path, "billing-profile", hub.org_id, "--unlocked")
         assert (await hub.call("PUT", "/v1/billing/features/telemetry", json={"enabled": True})).status_code == 200
+        # the lock and its lifting are the organisation's events (docs/events.md), once each, written by
+        # the admin command's own transaction; the plan changed alone would be none
+        await admin(hub, tmp_path, "billing-profile", hub.org_id, "--plan", "enterprise")
+        r = await hub.call("GET", "/v1/events", params={"type": "io.fleethub.billing.lock"})
+        assert r.status_code == 200, r.text
+        assert [(e["subject"], e["data"]["locked"]) for e in r.json()["data"]] == [
+            (f"organizations/{hub.org_id}", True), (f"organizations/{hub.org_id}", False)]
 
 
 async def test_usage_range_validation(nursery, db_url, tmp_path):

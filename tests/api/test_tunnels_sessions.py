@@ -224,6 +224,20 @@ async def test_usage_is_recorded_and_metered_once(hub, nursery):
         r = await hub.call("GET", "/v1/audit-events", params={"pathPrefix": f"/v1/cli/tunnel/session/{sid}"})
         ends = [e for e in r.json()["data"] if (e.get("details") or {}).get("operation") == "tunnel.device_closed"]
         assert len(ends) == 1 and ends[0]["details"]["reason"] == "peer closed", r.json()["data"]
+        # The session's changes are events of its device (docs/events.md), each once, with no grant in them
+        async def logged() -> list[dict]:
+            r = await hub.call("GET", "/v1/events", params={"type": "io.fleethub.tunnel.session", "subject": f"devices/{dev_id}"})
+            assert r.status_code == 200, r.text
+            return [e["data"] for e in r.json()["data"] if e["data"]["sessionId"] == sid]
+        await wait_for(lambda: _closed_in(logged()), timeout=10)
+        changes = await logged()
+        assert [c["state"] for c in changes] in (["open", "closed"], ["closed"]), changes
+        assert changes[-1]["reason"] == "peer closed" and changes[-1]["principalKind"]
+        assert data["signalling_token"] not in json.dumps(changes)
+
+
+async def _closed_in(changes) -> bool:
+    return any(c["state"] == "closed" for c in await changes)
 
 
 def _b64(data: bytes) -> str:
