@@ -252,7 +252,7 @@ class WriteBehind:
         async with self._flushing:
             await self._flush_pending()
 
-    async def drain(self, backoff: "Retry") -> None:
+    async def drain(self, backoff: Retry) -> None:
         """Flush until nothing is pending, waiting ``backoff``'s delay before each try, which grows
         while the database is unreachable and starts again once it answers: for a writer fed only
         during outages, whose task lives only while there is something to write (no ``run``)."""
@@ -304,7 +304,7 @@ class WriteBehind:
                 self._release([key for p in self._unsent for key in p.rows], written=False)
                 self._put_back()
                 return
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 — refused: the statement rolled back whole
                 self.failures += 1
                 self._refused(exc)
             else:

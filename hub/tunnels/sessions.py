@@ -133,7 +133,7 @@ class TunnelService:
         finally:
             self._recording = False
 
-    async def _record(self, reports: list["_Usage"]) -> None:
+    async def _record(self, reports: list[_Usage]) -> None:
         for report in reports:
             grown = await self.store.record_usage(report.sid, report.device_id, report.usage, report.at,
                                                   final=report.final, reason=report.reason)
