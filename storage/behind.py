@@ -179,7 +179,8 @@ class WriteBehind:
 
     def put(self, key: Hashable, row: Any, *, merge: bool = True) -> None:
         old = self._pending.get(key)
-        if old is None and self.refuse_new and len(self._pending) >= self.max_pending:
+        # (counting the rows a flush has taken: put back after a failed try, they must not overflow)
+        if old is None and self.refuse_new and self.pending() >= self.max_pending:
             self._count_dropped(1)
             return
         self._pending[key] = self._merge(old, row) if (merge and old is not None) else row

@@ -505,6 +505,23 @@ async def test_refuse_new_keeps_the_rows_already_waiting_and_still_merges_them(c
         assert sink.written == [{"id": "s1", "bytes": 9}, {"id": "s2", "bytes": 1}]
 
 
+async def test_refuse_new_keeps_a_row_whose_write_failed_over_the_rows_put_meanwhile():
+    with trio.fail_after(5):
+        sink = PoisonSink()
+        sink.down = True
+        wb = WriteBehind(sink, max_pending=2, max_batch=1, when_full="refuse_new")
+        wb.put("s1", {"id": "s1"})
+        wb.put("s2", {"id": "s2"})
+        real = sink.__call__
+
+        async def flooded(batch):  # a device names made-up sessions while s1's write is on its way
+            wb.put("made-up", {"id": "made-up"})
+            await real(batch)
+        wb._flush = flooded
+        await wb.flush()
+        assert list(wb._pending) == ["s1", "s2"] and wb.dropped == 1
+
+
 # -- drain: a writer fed only during outages, its task alive while rows wait ---------------------------
 
 async def test_drain_backs_off_while_unreachable_and_ends_when_nothing_waits(autojump_clock):
