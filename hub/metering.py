@@ -5,20 +5,23 @@ summed in memory per (organisation, UTC day, product, key) and flushed every few
 statement (storage/usage.py). A hub that stops flushes under a shield; a hub killed with SIGKILL
 loses at most one interval of counts.
 
-Both are outboxes (storage/behind.py), /metrics kinds ``metering`` and ``active_device``. The sums'
-is the one with batch ids. Exactly once: each flushed batch carries an id, stored in the same
-transaction as its sums. A batch whose outcome is unknown (PostgreSQL unreachable, or the flush
-cancelled at the instant of its COMMIT) is kept as it is and sent again under the same id, so it
-counts once whether or not the first try committed; newer counts go in a later batch.
+Both are outboxes (storage/behind.py), /metrics kinds ``metering`` and ``active_device``. While
+PostgreSQL is away the sums wait, one per key, up to 100,000 keys (``MAX_PENDING``; past that the
+oldest are dropped, counted in ``fleethub_write_behind_dropped_total{kind="metering"}``; they had no
+cap before the outbox). The sums' outbox is the one with batch ids. Exactly once: each flushed batch
+carries an id, stored in the same transaction as its sums. A batch whose outcome is unknown
+(PostgreSQL unreachable, or the flush cancelled at the instant of its COMMIT) is kept as it is and
+sent again under the same id, so it counts once whether or not the first try committed; newer counts
+go in a later batch.
 
 One bad row costs only itself: a batch PostgreSQL refuses for another reason (a row it cannot store:
 an organisation that is not there, text it cannot hold, a key too long for the index) rolled back
 whole, so it is written again in halves, and halves of halves, down to single rows; a row refused on
 its own is set aside (counted in ``set_aside``, /metrics ``fleethub_write_behind_set_aside_total
 {kind="metering"}``, logged by organisation, product and day, never its key). Each half has its own
-id, derived from its parent's id and its place (storage/behind.py ``piece_id``), and is kept with that id until its
-outcome is known, so a half whose outcome was lost is sent again under the same id and adds nothing
-twice either.
+id, derived from its parent's id and its place (storage/behind.py ``piece_id``), and is kept with
+that id until its outcome is known, so a half whose outcome was lost is sent again under the same id
+and adds nothing twice either.
 
 Products (the catalogue in hub/billing names their prices):
 
