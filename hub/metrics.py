@@ -167,13 +167,6 @@ class _HubCollector:
         yield family(C, "fleethub_actor_storage_waits",
                       "Times an actor found PostgreSQL unreachable and waited to retry (not counted as a crash).",
                       reg["storage_waits"])
-        tunnels = services.tunnels
-        yield family(G, "fleethub_tunnel_usage_unrecorded",
-                      "Tunnel sessions whose device usage report waits for PostgreSQL to come back.",
-                      tunnels.usage_unrecorded())
-        yield family(C, "fleethub_tunnel_usage_dropped",
-                      "Tunnel usage reports dropped while PostgreSQL was away (too many sessions waiting).",
-                      tunnels.usage_dropped)
         yield family(G, "fleethub_actor_mailbox_depth_max", "Deepest actor mailbox right now.",
                       reg["mailbox_depth_max"])
         db = services.db
@@ -183,20 +176,20 @@ class _HubCollector:
         yield _histogram("fleethub_storage_pool_wait_seconds",
                          "Time a crossing waited for a pooled connection (a full pool, or a reconnect).",
                          db.pool_wait_stats)
-        writers = [("presence", services.presence), ("audit", services.audit_log),
-                   ("active_device", services.meter.active_writer)]
-        # Metering sums (hub/metering.py) are batched too; they merge per key, so none is ever dropped.
-        batched = writers + [("metering", services.meter)]
+        # Every outbox (storage/behind.py): writes that wait out a PostgreSQL outage, one kind each.
+        outboxes = [("presence", services.presence), ("audit", services.audit_log),
+                    ("active_device", services.meter.active_writer), ("metering", services.meter.sums),
+                    ("tunnel_usage", services.tunnels.unrecorded)]
         yield family(C, "fleethub_write_behind_rows", "Rows written behind.", labels=["kind"],
-                      samples=[([k], w.written) for k, w in batched])
+                      samples=[([k], w.written) for k, w in outboxes])
         yield family(C, "fleethub_write_behind_set_aside",
                       "Rows the database refused on their own (the rest of their batch was written); see the log.",
-                      labels=["kind"], samples=[([k], w.set_aside) for k, w in batched])
+                      labels=["kind"], samples=[([k], w.set_aside) for k, w in outboxes])
         yield family(C, "fleethub_write_behind_dropped",
                       "Rows dropped because the write-behind buffer was full while the database was away.",
-                      labels=["kind"], samples=[([k], w.dropped) for k, w in writers])
+                      labels=["kind"], samples=[([k], w.dropped) for k, w in outboxes])
         yield family(G, "fleethub_write_behind_pending", "Rows waiting to be written behind.", labels=["kind"],
-                      samples=[([k], w.pending()) for k, w in batched])
+                      samples=[([k], w.pending()) for k, w in outboxes])
         yield family(C, "fleethub_audit_answered_unwritten",
                       "API calls answered with their audit row neither in PostgreSQL nor in the local journal "
                       "(the disk refused it, or the journal is off): those rows are written behind.",

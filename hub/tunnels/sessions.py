@@ -4,7 +4,8 @@ actors/tunnel.py).
 ``TunnelService`` is built once in Services: the signing key's two uses (grants, tunnel JWTs), the
 repository, the session actors by id, metering and the audit of ends no request caused, and what the
 device link routes here (tunnel.usage events, recorded off the link's task and kept while PostgreSQL
-is away). The TunnelActor reaches these through ``services.tunnels``.
+is away, in an outbox: storage/behind.py, /metrics kind ``tunnel_usage``). The TunnelActor reaches
+these through ``services.tunnels``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from actors.tunnel import Ended, TunnelActor
 from device_client.shared.backoff import Backoff
 from hub.tunnels.grants import GrantSigner
 from hub.tunnels.tokens import TunnelTokens
+from storage.behind import WriteBehind
 from storage.db import DatabaseUnavailable
 from storage.tunnels import Tunnels
 
@@ -32,7 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleethub.tunnels")
 
 # Sessions whose tunnel.usage waits for PostgreSQL to come back; past this (a device naming made-up
-# sessions during an outage) reports are dropped, counted and logged.
+# sessions during an outage) new sessions' reports are dropped, counted and logged (/metrics
+# fleethub_write_behind_dropped_total{kind="tunnel_usage"}).
 UNRECORDED_MAX = 1000
 
 
@@ -47,9 +50,12 @@ class TunnelService:
         self.store = Tunnels(services.db)
         # tunnel.usage reports that arrived while storage was unreachable, newest totals per
         # (session, device), with the instant they arrived; one task records them when it is back.
-        self._unrecorded: dict[tuple[uuid.UUID, uuid.UUID], _Usage] = {}
+        # Totals are cumulative, so a report recorded twice changes nothing: no batch ids. One report
+        # a statement (record_usage is per session); when full the reports already kept stay.
+        self.unrecorded = WriteBehind(self._record, max_batch=1, max_pending=UNRECORDED_MAX,
+                                      name="unrecorded tunnel usage", merge=_Usage.merged,
+                                      when_full="refuse_new")
         self._recording = False
-        self.usage_dropped = 0
 
     async def actor(self, sid: uuid.UUID) -> TunnelActor:
         return await self.services.registry.get(("tunnel", sid), lambda: TunnelActor(sid, self.services))
@@ -104,7 +110,7 @@ class TunnelService:
             return
         final = bool(payload.get("final"))
         reason = str(payload.get("reason") or "closed by the device")[:200]
-        report = _Usage(usage, final, reason, s.clock.now())
+        report = _Usage(sid, device_id, usage, final, reason, s.clock.now())
         try:
             grown = await self.store.record_usage(sid, device_id, usage, report.at, final=final, reason=reason)
         except DatabaseUnavailable:
@@ -115,47 +121,23 @@ class TunnelService:
             return
         self._recorded(sid, device_id, grown, final, reason)
 
-    def usage_unrecorded(self) -> int:
-        """Sessions whose usage waits for storage (for /metrics)."""
-        return len(self._unrecorded)
-
     def _keep_unrecorded(self, sid: uuid.UUID, device_id: uuid.UUID, report: "_Usage") -> None:
-        key = (sid, device_id)
-        old = self._unrecorded.get(key)
-        if old is None and len(self._unrecorded) >= UNRECORDED_MAX:
-            self.usage_dropped += 1
-            log.warning("device %s: tunnel usage of %s dropped: %d sessions already wait for storage",
-                        device_id, sid, UNRECORDED_MAX)
-            return
-        self._unrecorded[key] = report if old is None else old.merged(report)
+        self.unrecorded.put((sid, device_id), report)
         if not self._recording:
             self._recording = self.services.spawn(self._record_unrecorded, name="unrecorded tunnel usage")
 
     async def _record_unrecorded(self) -> None:
-        """Record what waited, once storage answers (backoff 0.1 s doubling to 5 s); totals are
-        cumulative, so a report recorded twice changes nothing."""
-        backoff = Backoff(0.1, 5.0, jitter=False)  # one process: nothing to spread
+        """Record what waited, once storage answers (backoff 0.1 s doubling to 5 s)."""
         try:
-            while self._unrecorded:
-                await trio.sleep(backoff.ceiling())
-                for key, report in list(self._unrecorded.items()):
-                    sid, device_id = key
-                    try:
-                        grown = await self.store.record_usage(sid, device_id, report.usage, report.at,
-                                                              final=report.final, reason=report.reason)
-                    except DatabaseUnavailable:
-                        backoff.next_delay()  # the next wait doubles, up to 5 s
-                        break
-                    except Exception:
-                        log.exception("device %s: recording tunnel usage of %s failed", device_id, sid)
-                        grown = None
-                    if self._unrecorded.get(key) is report:  # else a newer report waits its turn
-                        del self._unrecorded[key]
-                    self._recorded(sid, device_id, grown, report.final, report.reason)
-                else:
-                    backoff.reset()
+            await self.unrecorded.drain(Backoff(0.1, 5.0, jitter=False))  # one process: nothing to spread
         finally:
             self._recording = False
+
+    async def _record(self, reports: list[_Usage]) -> None:
+        for report in reports:
+            grown = await self.store.record_usage(report.sid, report.device_id, report.usage, report.at,
+                                                  final=report.final, reason=report.reason)
+            self._recorded(report.sid, report.device_id, grown, report.final, report.reason)
 
     def _recorded(self, sid: uuid.UUID, device_id: uuid.UUID, grown: dict | None, final: bool, reason: str) -> None:
         s = self.services
@@ -185,6 +167,8 @@ class TunnelService:
 @dataclass(frozen=True)
 class _Usage:
     """A tunnel.usage report waiting for storage."""
+    sid: uuid.UUID
+    device_id: uuid.UUID
     usage: dict[str, float]
     final: bool
     reason: str
@@ -193,8 +177,8 @@ class _Usage:
     def merged(self, newer: "_Usage") -> "_Usage":
         usage = {k: max(v, newer.usage.get(k, 0)) for k, v in self.usage.items()}
         if self.final and not newer.final:
-            return _Usage(usage, True, self.reason, self.at)
-        return _Usage(usage, newer.final, newer.reason, newer.at)
+            return replace(self, usage=usage)
+        return replace(newer, usage=usage)
 
 
 def _number(value: Any) -> float:

@@ -1,4 +1,7 @@
-"""WriteBehind on trio's virtual clock: merging by key, when it flushes, shutdown, failures.
+"""The outbox (storage/behind.py WriteBehind) on trio's virtual clock: merging by key, when it
+flushes, shutdown, failures, the cap, batch ids, draining with a backoff. The one suite for every
+write that waits out an outage: presence, audit (with tests/actors/test_audit_journal.py), active
+devices, metering sums and unrecorded tunnel usage (each user's own tests run it against PostgreSQL).
 
 The flush function is an in-memory recorder standing in for the storage write (storage/devices.py's
 ``write_presence``, which the integration layer runs against PostgreSQL).
@@ -12,7 +15,8 @@ import uuid
 import trio
 import trio.testing
 
-from storage.behind import WriteBehind, merge_newer
+from device_client.shared.backoff import Backoff
+from storage.behind import WriteBehind, merge_newer, piece_id
 from storage.db import DatabaseUnavailable
 
 
@@ -369,3 +373,174 @@ async def test_append_written_gives_up_after_its_bound_and_the_row_stays_pending
             await trio.sleep(10)
             assert [rows for _, rows in sink.batches] == [[{"id": 1}]]  # written all the same
             nursery.cancel_scope.cancel()
+
+
+# -- batch ids: sums, which merge by adding, so a batch of unknown outcome may not meet newer counts --
+
+def add(old: dict, new: dict) -> dict:
+    return {**old, "n": old["n"] + new["n"]}
+
+
+class Ledger:
+    """Adds each batch's counts once per batch id, as storage/usage.py add_many does in one transaction;
+    ``lose`` makes chosen calls (1-based) commit and then report the database unreachable, ``refuse``
+    refuses any batch holding one of those keys, ``down`` refuses every call as unreachable."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, int] = {}
+        self.seen: set[uuid.UUID] = set()
+        self.calls: list[tuple[uuid.UUID, list[str]]] = []
+        self.lose: set[int] = set()
+        self.refuse: set[str] = set()
+        self.down = False
+
+    async def __call__(self, rows: list[dict], *, batch_id: uuid.UUID) -> None:
+        self.calls.append((batch_id, [r["k"] for r in rows]))
+        if self.down:
+            raise DatabaseUnavailable("the database is unreachable")
+        if any(r["k"] in self.refuse for r in rows):
+            raise ValueError("refused")
+        if batch_id not in self.seen:
+            self.seen.add(batch_id)
+            for r in rows:
+                self.totals[r["k"]] = self.totals.get(r["k"], 0) + r["n"]
+        if len(self.calls) in self.lose:
+            raise DatabaseUnavailable("the answer to the COMMIT was lost")
+
+
+def counts(wb: WriteBehind, **totals: int) -> None:
+    for k, n in totals.items():
+        wb.put(k, {"k": k, "n": n})
+
+
+async def test_a_batch_of_unknown_outcome_is_sent_again_as_it_was_under_its_id():
+    with trio.fail_after(5):
+        ledger = Ledger()
+        wb = WriteBehind(ledger, merge=add, batch_ids=True)
+        counts(wb, a=1, b=2)
+        counts(wb, a=10)  # merged before it is taken: one row
+        ledger.lose = {1}
+        await wb.flush()
+        assert ledger.totals == {"a": 11, "b": 2} and wb.pending() == 2 and wb.retries == 1
+        counts(wb, a=100)  # counted meanwhile: not merged into the kept batch
+        await wb.flush()
+        (first, rows1), (again, rows2), (third, rows3) = ledger.calls
+        assert again == first and rows2 == rows1 == ["a", "b"] and third != first and rows3 == ["a"]
+        assert ledger.totals == {"a": 111, "b": 2}  # the replay added nothing
+        assert wb.pending() == 0 and wb.written == 3
+
+
+async def test_halves_of_a_refused_batch_carry_ids_derived_from_its_id():
+    with trio.fail_after(5):
+        ledger = Ledger()
+        ledger.refuse = {"b"}
+        wb = WriteBehind(ledger, merge=add, batch_ids=True)
+        counts(wb, a=1, b=2, c=3, d=4)
+        ledger.lose = {5}  # [c, d] commits, its answer lost
+        await wb.flush()
+        first = ledger.calls[0][0]
+        assert ledger.calls == [(first, ["a", "b", "c", "d"]), (piece_id(first, 0), ["a", "b"]),
+                                (piece_id(piece_id(first, 0), 0), ["a"]), (piece_id(piece_id(first, 0), 1), ["b"]),
+                                (piece_id(first, 1), ["c", "d"])]
+        assert wb.set_aside == 1 and wb.pending() == 2
+        await wb.flush()
+        assert ledger.calls[5] == (piece_id(first, 1), ["c", "d"])
+        assert ledger.totals == {"a": 1, "c": 3, "d": 4} and wb.pending() == 0
+
+
+async def test_a_batch_cancelled_at_its_commit_is_kept_with_its_id():
+    with trio.fail_after(5):
+        ledger = Ledger()
+        committed = trio.Event()
+        real = ledger.__call__
+
+        async def hangs(rows, *, batch_id):
+            await real(rows, batch_id=batch_id)
+            committed.set()
+            await trio.sleep_forever()
+
+        wb = WriteBehind(hangs, merge=add, batch_ids=True)
+        counts(wb, a=1)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wb.flush)
+            await committed.wait()
+            nursery.cancel_scope.cancel()
+        counts(wb, a=5)
+        wb._flush = ledger
+        await wb.flush()
+        assert [rows for _, rows in ledger.calls] == [["a"], ["a"], ["a"]] and ledger.calls[1][0] == ledger.calls[0][0]
+        assert ledger.totals == {"a": 6}
+
+
+async def test_without_batch_ids_a_cancelled_batch_is_put_back_under_newer_rows():
+    with trio.fail_after(5):
+        sink = Sink(delay=1.0)
+        wb = WriteBehind(sink)
+        wb.put("d", {"id": "d", "seen": 1, "firmware": "1.0"})
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wb.flush)
+            await trio.sleep(0.5)
+            wb.put("d", {"id": "d", "seen": 2, "firmware": None})
+            nursery.cancel_scope.cancel()
+        assert wb.pending() == 1 and list(wb._pending.values()) == [{"id": "d", "seen": 2, "firmware": "1.0"}]
+
+
+# -- when full, keep what waits (unrecorded tunnel usage: a device naming made-up sessions) ----------
+
+async def test_refuse_new_keeps_the_rows_already_waiting_and_still_merges_them(caplog):
+    with trio.fail_after(5):
+        sink = PoisonSink()
+        sink.down = True
+        wb = WriteBehind(sink, max_pending=2, max_batch=1, when_full="refuse_new", name="tunnel usage")
+        wb.put("s1", {"id": "s1", "bytes": 1})
+        wb.put("s2", {"id": "s2", "bytes": 1})
+        for i in range(5):
+            wb.put(f"made-up-{i}", {"id": f"made-up-{i}", "bytes": 1})
+        wb.put("s1", {"id": "s1", "bytes": 9})
+        assert wb.dropped == 5 and wb.pending() == 2
+        assert caplog.text.count("is full") == 1 and "dropping the newest" in caplog.text
+        await wb.flush()
+        sink.down = False
+        await wb.flush()
+        assert sink.written == [{"id": "s1", "bytes": 9}, {"id": "s2", "bytes": 1}]
+
+
+async def test_refuse_new_keeps_a_row_whose_write_failed_over_the_rows_put_meanwhile():
+    with trio.fail_after(5):
+        sink = PoisonSink()
+        sink.down = True
+        wb = WriteBehind(sink, max_pending=2, max_batch=1, when_full="refuse_new")
+        wb.put("s1", {"id": "s1"})
+        wb.put("s2", {"id": "s2"})
+        real = sink.__call__
+
+        async def flooded(batch):  # a device names made-up sessions while s1's write is on its way
+            wb.put("made-up", {"id": "made-up"})
+            await real(batch)
+        wb._flush = flooded
+        await wb.flush()
+        assert list(wb._pending) == ["s1", "s2"] and wb.dropped == 1
+
+
+# -- drain: a writer fed only during outages, its task alive while rows wait ---------------------------
+
+async def test_drain_backs_off_while_unreachable_and_ends_when_nothing_waits(autojump_clock):
+    with trio.fail_after(60):
+        sink = DownSink()
+        sink.down = True
+        wb = WriteBehind(sink, max_batch=1)
+        wb.put("s1", {"id": "s1"})
+        tries: list[float] = []
+        real = sink.__call__
+
+        async def timed(batch):
+            tries.append(trio.current_time())
+            if len(tries) == 6:
+                sink.down = False
+            await real(batch)
+        wb._flush = timed
+        await wb.drain(Backoff(0.1, 1.0, jitter=False))
+        assert [round(t, 3) for t in tries] == [0.1, 0.3, 0.7, 1.5, 2.5, 3.5]  # doubling up to 1 s
+        assert [rows for _, rows in sink.batches] == [[{"id": "s1"}]] and wb.pending() == 0
+        await wb.drain(Backoff(0.1, 1.0, jitter=False))  # nothing waits: returns at once
+        assert trio.current_time() == 3.5

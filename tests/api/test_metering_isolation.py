@@ -15,7 +15,8 @@ from decimal import Decimal
 import pytest
 import trio
 
-from hub.metering import Meter, piece_id
+from hub.metering import Meter
+from storage.behind import piece_id
 from storage.db import DatabaseUnavailable
 from storage.usage import Usage
 from tests.hubtools import metric_value, metrics, start_hub

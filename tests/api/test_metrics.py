@@ -54,6 +54,16 @@ async def test_request_latency_histogram_process_collector_and_pool_wait(hub):
         assert metric_value(text, "fleethub_storage_pool_wait_seconds_bucket", {"le": "+Inf"}) == waits
 
 
+async def test_every_outbox_has_the_same_four_families_by_kind(hub):
+    # storage/behind.py: one mechanism for every write that waits out an outage, so one set of metrics
+    with trio.fail_after(30):
+        text = await metrics(hub)
+        kinds = {"presence", "audit", "active_device", "metering", "tunnel_usage"}
+        for family, sample in (("fleethub_write_behind_rows", "_total"), ("fleethub_write_behind_set_aside", "_total"),
+                               ("fleethub_write_behind_dropped", "_total"), ("fleethub_write_behind_pending", "")):
+            assert {s.labels["kind"] for s in _samples(text, family) if s.name == family + sample} == kinds, family
+
+
 async def test_each_hub_has_its_own_registry():
     # Two hubs in one process (the tests start many): on prometheus_client's global registry the second
     # would fail with "Duplicated timeseries", or both would count each other's requests.

@@ -100,7 +100,7 @@ async def test_postgresql_down_a_minute_mid_rollout_and_mid_tunnel(nursery, tmp_
             assert metric_value(text, "fleethub_actor_restarts_total") == 0
             assert metric_value(text, "fleethub_actor_storage_waits_total") > 0
             assert ended, "the device closed the tunnel when its grant ran out, PostgreSQL or not"
-            assert metric_value(text, "fleethub_tunnel_usage_unrecorded") == 1  # its final usage waits
+            assert metric_value(text, "fleethub_write_behind_pending", {"kind": "tunnel_usage"}) == 1  # its final usage waits
 
             # ---- back ----
             await trio.to_thread.run_sync(pg.start)
