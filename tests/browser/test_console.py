@@ -256,6 +256,44 @@ def test_a_hidden_tab_lets_its_stream_go_and_catches_up_when_shown(page, console
     assert _org_streams(console) == before and _same_document(page)
 
 
+def test_a_dropped_stream_resumes_from_its_last_event_id(page, console):
+    # The console's stream client reconnects as EventSource does (issue 33): with the last id it saw
+    # as Last-Event-ID, so the hub replays what it missed instead of leaving a gap.
+    name = f"lab-resume-{time.monotonic_ns()}"
+
+    async def linked():
+        dev_id, token = await console.hub.provision(name)
+        running = await start_agent(console.extra["nursery"], console.base_url, token, console.extra["root"] / name)
+        return dev_id, running
+
+    dev_id, running = console.run(linked)
+    asked: list[dict[str, str]] = []
+    page.on("request", lambda req: asked.append(req.headers) if "/console/api/events" in req.url else None)
+    sign_in(page, console)
+    page.goto(f"/console/devices?search={name}")
+    row = page.locator(f"#devices tr[data-id='{dev_id}']")
+    row.locator("td.state", has_text="online").wait_for()
+    page.locator("#live", has_text="live").wait_for()
+    first = len(asked)
+    assert first >= 1 and "last-event-id" not in asked[-1]  # a first connection starts from a snapshot
+    _no_reload_marker(page)
+
+    async def drop_org_streams() -> None:  # as the hub drops a stream that fell behind
+        for sub in list(console.hub.services.events._topics.get(("org", uuid.UUID(console.org_id)), ())):
+            sub.dropped = True
+            sub.close()
+    console.run(drop_org_streams)
+    deadline = time.monotonic() + 15
+    while len(asked) == first and time.monotonic() < deadline:
+        page.wait_for_timeout(50)  # Playwright's events are delivered while it waits, not in a sleep
+    assert len(asked) > first, "the console did not reconnect its stream"
+    assert asked[first].get("last-event-id", "").isdigit(), asked[first]
+    page.locator("#live", has_text="live").wait_for()
+    console.run(running.kill)  # what happens after the resume still reaches the page
+    row.locator("td.state", has_text="offline").wait_for()
+    assert _same_document(page)
+
+
 def test_bulk_assign_then_reboot_and_the_configuration_file_reaches_each_device(page, console):
     tag = f"bulk{time.monotonic_ns()}"
 

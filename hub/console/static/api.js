@@ -48,6 +48,7 @@ export async function api(method, path, body, options = {}) {
 
 function parseEvent(block) {
   let event = 'message';
+  let id = null;
   const data = [];
   for (const line of block.split('\n')) {
     if (!line || line.startsWith(':')) continue;
@@ -56,11 +57,12 @@ function parseEvent(block) {
     let value = colon < 0 ? '' : line.slice(colon + 1);
     if (value.startsWith(' ')) value = value.slice(1);
     if (name === 'event') event = value;
+    else if (name === 'id') id = value;
     else if (name === 'data') data.push(value);
   }
   if (!data.length) return null;
   try {
-    return { event, data: JSON.parse(data.join('\n')) };
+    return { event, id, data: JSON.parse(data.join('\n')) };
   } catch {
     return null;
   }
@@ -70,7 +72,10 @@ function parseEvent(block) {
 // never will work (401 → sign in, 403, 404). A hidden tab lets its stream go and takes it again when
 // shown: over HTTP/1.1 a browser keeps at most 6 connections to one origin, so open streams in
 // background tabs would otherwise starve the visible one (state 'paused'; on 'live' again the page
-// reads what it shows afresh). Returns a function that stops following.
+// reads what it shows afresh). A reconnect after a dropped stream sends the last event id seen as
+// Last-Event-ID, as EventSource does: the hub replays what the stream missed, with no snapshot, no gap
+// and no duplicate (docs/events.md); one past the log's retention (410) starts afresh. Returns a
+// function that stops following.
 export function follow(path, onEvent, onState) {
   const state = onState || (() => {});
   let control = null;
@@ -78,13 +83,14 @@ export function follow(path, onEvent, onState) {
 
   async function run(signal) {
     let delay = 1000;
+    let lastId = null; // this run's: a stream taken again after a pause starts afresh
     while (!signal.aborted) {
       try {
-        const response = await fetch(path, {
-          headers: { 'X-Organization-ID': session.org || '', Accept: 'text/event-stream' },
-          credentials: 'same-origin', signal,
-        });
+        const headers = { 'X-Organization-ID': session.org || '', Accept: 'text/event-stream' };
+        if (lastId !== null) headers['Last-Event-ID'] = lastId;
+        const response = await fetch(path, { headers, credentials: 'same-origin', signal });
         if (response.status === 401) { location.assign(signInUrl()); return; }
+        if (response.status === 410) { lastId = null; continue; }
         if (response.status === 403 || response.status === 404) { state('refused', response.status); return; }
         if (!response.ok) throw new Error(`HTTP ${response.status}`);
         state('live');
@@ -99,6 +105,7 @@ export function follow(path, onEvent, onState) {
           while ((end = buffer.indexOf('\n\n')) >= 0) {
             const event = parseEvent(buffer.slice(0, end));
             buffer = buffer.slice(end + 2);
+            if (event && event.id !== null) lastId = event.id;
             if (event) onEvent(event.data, event.event);
           }
         }
