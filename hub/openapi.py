@@ -30,6 +30,7 @@ from typing import Any
 from quart_schema.openapi import OpenAPIProvider
 from werkzeug.routing import Rule
 
+from hub.api.validation import DOCUMENTED
 from hub.auth.routes import route_auth
 
 ORG_HEADER = "X-Organization-ID"
@@ -231,7 +232,8 @@ class FleethubOpenAPI(OpenAPIProvider):
         paths, components = super().build_paths(rule)
         view = self._app.view_functions[rule.endpoint]
         route = route_auth(view)
-        enums = getattr(view, "_fleethub_path_values", {})
+        documented = DOCUMENTED.of(view)
+        enums = documented.path_values
         for operations in paths.values():
             for method, op in operations.items():
                 # quart-schema shares one parameter list between a rule's methods: copy it.
@@ -241,7 +243,7 @@ class FleethubOpenAPI(OpenAPIProvider):
                         p["schema"] = {**p.get("schema", {}), "type": "string", "enum": list(enums[p["name"]])}
                 if "requestBody" in op:
                     op["requestBody"] = {**op["requestBody"],
-                                         "required": not getattr(view, "_fleethub_body_optional", False)}
+                                         "required": not documented.body_optional}
                 if "security" not in op:
                     op["security"] = SESSION_ONLY if route.only == "session" else EITHER
                 if not (route.public or route.org_in_credential):

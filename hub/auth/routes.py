@@ -8,20 +8,19 @@ names its organisation), ``@session_only`` (the assistant). hub/tunnels/auth.py 
 (hub/auth/middleware.py) and the OpenAPI document (hub/openapi.py) read a route's ``RouteAuth``
 from here, never from attributes on the view.
 
-The declarations are keyed by the view function. Decorators such as ``validation.body`` wrap a view
-(``functools.wraps``), and a route is registered with the outermost wrapper: a lookup follows
-``__wrapped__`` to the declaration, and a declaration made on a wrapper starts from the one inside.
+The declarations are kept beside the views, in a table keyed by the view function (hub/declared.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from quart_schema import security_scheme
+
+from hub.declared import Declared
 
 OrgFinder = Callable[..., Awaitable[uuid.UUID | None]]
 
@@ -48,28 +47,19 @@ class RouteAuth:
 
 
 DEFAULT = RouteAuth()
-_declared: dict[Callable, RouteAuth] = {}
+_DECLARED: Declared[RouteAuth] = Declared(DEFAULT)
 
 
 def route_auth(view: Callable | None) -> RouteAuth:
-    """The view's declaration (``DEFAULT`` when it has none); a view seen once is a dict lookup after."""
-    if view is None:
-        return DEFAULT
-    found = _declared.get(view)
-    if found is None:
-        inner: Any = getattr(view, "__wrapped__", None)
-        found = route_auth(inner) if inner is not None else DEFAULT
-        _declared[view] = found
-    return found
+    """The view's declaration (``DEFAULT`` when it has none)."""
+    return _DECLARED.of(view)
 
 
 def declare(view: Callable, **changes: Any) -> Callable:
     """Add ``changes`` (RouteAuth fields) to what ``view`` and the views it wraps declare already."""
-    base = route_auth(view)
     if "also" in changes:
-        changes["also"] = base.also | changes["also"]
-    _declared[view] = dataclasses.replace(base, **changes)
-    return view
+        changes["also"] = _DECLARED.of(view).also | changes["also"]
+    return _DECLARED.declare(view, **changes)
 
 
 def public(view: Callable) -> Callable:

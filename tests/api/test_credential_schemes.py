@@ -12,6 +12,7 @@ from unittest.mock import MagicMock
 import jwt
 import pytest
 
+from hub.api.validation import DOCUMENTED
 import hub.tunnels.auth as tunnel_auth  # registers the tunnel token's scheme, as the app's routes do
 from hub.auth.ratelimit import RateLimiter, spend
 from hub.auth.routes import DEFAULT, RouteAuth, declare, no_org, public, route_auth, session_only
@@ -44,7 +45,7 @@ def test_a_declaration_is_found_through_wrappers_and_merged_with_the_one_inside(
     assert not [name for name in vars(outer) if name.startswith("_fleethub")]
 
 
-def test_every_route_of_the_app_is_read_from_the_declarations():
+def test_every_route_of_the_app_is_read_from_the_declarations_and_no_view_carries_a_flag():
     from hub.app import create_app
 
     services = MagicMock()
@@ -61,10 +62,13 @@ def test_every_route_of_the_app_is_read_from_the_declarations():
     session = by_rule[("/v1/cli/tunnel/session", "POST")]
     assert session.only == "tunnel" and session.org_in_credential
     assert by_rule[("/v1/billing/tunnel/usage", "GET")].also == {"tunnel"}
+    documented = {(rule.rule, method): DOCUMENTED.of(app.view_functions[rule.endpoint])
+                  for rule in app.url_map.iter_rules() for method in rule.methods}
+    assert documented[("/v1/billing/features/<feature>", "PUT")].path_values
+    assert documented[("/v1/devices/<id>/memory-test", "POST")].body_optional
+    assert not documented[("/v1/devices", "POST")].body_optional
     for view in app.view_functions.values():
-        flags = {"_fleethub_public", "_fleethub_no_org", "_fleethub_org_of", "_fleethub_session_only",
-                 "_fleethub_tunnel_token", "_fleethub_also_tunnel_token"}
-        assert not flags & set(vars(view)), view
+        assert not [name for name in vars(view) if name.startswith("_fleethub")], view
 
 
 @pytest.mark.parametrize("route, kinds", [
