@@ -23,7 +23,7 @@ from __future__ import annotations
 import hmac
 import uuid
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from quart import Request
 
@@ -36,8 +36,7 @@ from hub.errors import FleethubError, Forbidden, Unauthenticated
 SESSION_COOKIE = "fleethub_session"
 
 
-@dataclass(frozen=True)
-class Found:
+class Found(NamedTuple):  # a tuple: made on every request, where a frozen dataclass costs a microsecond
     """A credential as a request carries it; ``extra`` is what its scheme keeps beside it."""
     kind: str
     token_id: str | None
@@ -159,7 +158,9 @@ class Schemes:
 
     def __init__(self, schemes: list[CredentialScheme]) -> None:
         self._schemes = list(schemes)
-        self._asked: dict[RouteAuth, tuple[CredentialScheme, ...]] = {}
+        # by the declaration's id (hashing a RouteAuth on every request costs more than finding the
+        # credential), with the declaration itself, so an id reused by a new object is not taken for it
+        self._asked: dict[int, tuple[RouteAuth, tuple[CredentialScheme, ...]]] = {}
 
     def register(self, scheme: CredentialScheme, before: str) -> None:
         """Add ``scheme`` just ahead of the one of kind ``before`` (again: replaces it)."""
@@ -173,10 +174,10 @@ class Schemes:
 
     def asked(self, route: RouteAuth) -> tuple[CredentialScheme, ...]:
         """The schemes looked for on ``route``, in order (worked out once per declaration)."""
-        found = self._asked.get(route)
-        if found is None:
-            found = self._asked[route] = tuple(s for s in self._schemes if route.asks(s.kind, s.general))
-        return found
+        known = self._asked.get(id(route))
+        if known is None or known[0] is not route:
+            known = self._asked[id(route)] = (route, tuple(s for s in self._schemes if route.asks(s.kind, s.general)))
+        return known[1]
 
     def find(self, req: Request | None, headers: dict[str, str],
              route: RouteAuth) -> tuple[CredentialScheme, Found] | None:
