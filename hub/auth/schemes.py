@@ -44,7 +44,7 @@ class Found(NamedTuple):  # a tuple: made on every request, where a frozen datac
     extra: Any = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: made on every request, where a frozen one's __init__ costs 1.3 us
 class Resolved:
     principal: Principal
     role: str | None                  # in the organisation asked for (or bound); None: not a member

@@ -12,14 +12,14 @@ from unittest.mock import MagicMock
 import jwt
 import pytest
 
-from hub.api.validation import DOCUMENTED
 import hub.tunnels.auth as tunnel_auth  # registers the tunnel token's scheme, as the app's routes do
+from hub.api.validation import DOCUMENTED
 from hub.auth.ratelimit import RateLimiter, spend
-from hub.auth.routes import DEFAULT, RouteAuth, declare, no_org, public, route_auth, session_only
+from hub.auth.routes import DEFAULT, RouteAuth, declare, no_org, route_auth, session_only
 from hub.auth.schemes import SCHEMES, header_credential
 from hub.errors import RateLimited
 
-NOW = dt.datetime(2026, 11, 27, 22, 30, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 11, 27, 22, 30, tzinfo=dt.UTC)
 GENERAL = ("pat", "jwt", "bearer", "session")
 
 
