@@ -19,6 +19,7 @@ import jwt
 from quart import Request
 from quart_schema import security_scheme
 
+from hub.auth.oauth import looks_like_jwt
 from hub.auth.principals import Principal
 from hub.auth.routes import RouteAuth, declare
 from hub.auth.schemes import SCHEMES, Found, Resolved, bearer_of, org_row
@@ -107,6 +108,8 @@ class TunnelTokenScheme:
 
 def _for_tunnels(bearer: str) -> bool:
     """Whether ``bearer`` is a JWT whose (unverified) audience is the tunnel one; resolve verifies it."""
+    if not looks_like_jwt(bearer):
+        return False  # a PAT secret: not decoded at all
     try:
         claims = jwt.decode(bearer, options={"verify_signature": False})
     except Exception:  # any fault of a caller's token (a header nested too deep for json) is "no"
