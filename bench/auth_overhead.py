@@ -54,8 +54,9 @@ from _common import (OUT_DIR, PY, REPO, HubProcess, _cpu_times, PySpy, Verdicts,
 
 AIM = 0.8
 # frames of the work the open process leaves out (py-spy "function (file:line)" frames)
-AUTH_FILES = ("hub/auth/middleware.py", "hub/auth/ratelimit.py", "hub/auth/cache.py", "hub/auth/pat.py",
-              "hub/auth/authz.py", "storage/behind.py", "storage/audit.py")
+AUTH_FILES = ("hub/auth/middleware.py", "hub/auth/schemes.py", "hub/auth/routes.py", "hub/declared.py",
+              "hub/auth/ratelimit.py", "hub/auth/cache.py", "hub/auth/pat.py", "hub/auth/authz.py",
+              "storage/behind.py", "storage/audit.py")
 
 
 # -- the open process: the hub's app without authentication, rate limit and audit -------------------

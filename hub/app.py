@@ -29,6 +29,7 @@ from device_client.shared.protocol import LINK_PATH
 from hub import answers, asgi_websocket, console, proxied
 from hub.asgi_websocket import AsgiWebSocket
 from hub.auth import middleware
+from hub.auth.schemes import SESSION_COOKIE
 from hub.mcp.endpoint import PATH as MCP_PATH, McpEndpoint
 from hub.ids import fast_uuid4
 from hub.openapi import EITHER, FleethubOpenAPI
@@ -144,7 +145,7 @@ def _build_app(services: Services) -> HubApp:
             # A 15-minute JWT with scope tunnel from POST /v1/cli/tunnel/token (hub/tunnels/tokens.py).
             "TunnelToken": HttpSecurityScheme(scheme="bearer", bearer_format="JWT"),
             # The dashboard session (POST /v1/auth/login); mutating calls also send X-CSRF-Token.
-            "SessionCookie": APIKeySecurityScheme(in_="cookie", name=middleware.SESSION_COOKIE),
+            "SessionCookie": APIKeySecurityScheme(in_="cookie", name=SESSION_COOKIE),
         },
         security=EITHER,  # hub/openapi.py sets each operation's own
         openapi_provider_class=FleethubOpenAPI,

@@ -1,9 +1,9 @@
-"""The OpenAPI document: quart-schema's, completed from the same markers the middleware obeys.
+"""The OpenAPI document: quart-schema's, completed from the same declarations the middleware obeys.
 
 What a client generator and a fuzzer need beside the views' own models, derived here so the
 document cannot drift from behaviour:
 
-- security per operation, from the view's markers (hub/auth/middleware.py, hub/tunnels/auth.py):
+- security per operation, from the route's ``RouteAuth`` (hub/auth/routes.py, hub/tunnels/auth.py):
   ``@public`` none; ``@tunnel_token`` TunnelToken; ``@session_only`` the dashboard cookie; an
   explicit ``security_scheme`` on the view (the Bearer-only tunnel usage rows); otherwise the
   spec's "Either" (ApiTokenAuth with ApiSecretAuth, or BearerAuth) and the dashboard cookie;
@@ -29,6 +29,9 @@ from typing import Any
 
 from quart_schema.openapi import OpenAPIProvider
 from werkzeug.routing import Rule
+
+from hub.api.validation import DOCUMENTED
+from hub.auth.routes import route_auth
 
 ORG_HEADER = "X-Organization-ID"
 EITHER = [{"ApiTokenAuth": [], "ApiSecretAuth": []}, {"BearerAuth": []}, {"SessionCookie": []}]
@@ -228,9 +231,9 @@ class FleethubOpenAPI(OpenAPIProvider):
     def build_paths(self, rule: Rule) -> tuple[dict, dict]:
         paths, components = super().build_paths(rule)
         view = self._app.view_functions[rule.endpoint]
-        public = getattr(view, "_fleethub_public", False)
-        tunnel = getattr(view, "_fleethub_tunnel_token", False)
-        enums = getattr(view, "_fleethub_path_values", {})
+        route = route_auth(view)
+        documented = DOCUMENTED.of(view)
+        enums = documented.path_values
         for operations in paths.values():
             for method, op in operations.items():
                 # quart-schema shares one parameter list between a rule's methods: copy it.
@@ -240,11 +243,11 @@ class FleethubOpenAPI(OpenAPIProvider):
                         p["schema"] = {**p.get("schema", {}), "type": "string", "enum": list(enums[p["name"]])}
                 if "requestBody" in op:
                     op["requestBody"] = {**op["requestBody"],
-                                         "required": not getattr(view, "_fleethub_body_optional", False)}
+                                         "required": not documented.body_optional}
                 if "security" not in op:
-                    op["security"] = SESSION_ONLY if getattr(view, "_fleethub_session_only", False) else EITHER
-                if not (public or tunnel):
-                    required = not (getattr(view, "_fleethub_no_org", False) or hasattr(view, "_fleethub_org_of"))
+                    op["security"] = SESSION_ONLY if route.only == "session" else EITHER
+                if not (route.public or route.org_in_credential):
+                    required = route.needs_org and route.org_of is None
                     op["parameters"].append(_org_parameter(required))
         return paths, components
 

@@ -65,3 +65,24 @@ def test_a_hub_import_on_the_device_side_breaks_the_agent_contract(tmp_path):
     done = lint(tmp_path, tmp_path / "contracts.ini")
     assert done.returncode != 0
     assert "device_client.thing -> quart" in done.stdout and "webrtc.cli_tunnel -> asyncpg" in done.stdout, done.stdout
+
+
+def test_authentication_importing_tunnels_breaks_its_contract(tmp_path):
+    # the cycle issue 34 removed, as a tiny tree: the middleware reaching for the tunnel token's module
+    files = {"hub/__init__.py": "", "hub/auth/__init__.py": "", "hub/tunnels/__init__.py": "",
+             "hub/tunnels/auth.py": "", "hub/auth/middleware.py": "def f():\n    from hub.tunnels import auth\n",
+             "actors/__init__.py": "", "storage/__init__.py": "", "webrtc/__init__.py": "",
+             "device_client/__init__.py": ""}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    config = configparser.ConfigParser()
+    config.read(ROOT / ".importlinter")
+    out = configparser.ConfigParser()
+    out["importlinter"] = dict(config["importlinter"])
+    out["importlinter:contract:auth-knows-no-tunnels"] = dict(config["importlinter:contract:auth-knows-no-tunnels"])
+    with open(tmp_path / "contracts.ini", "w") as f:
+        out.write(f)
+    done = lint(tmp_path, tmp_path / "contracts.ini")
+    assert done.returncode != 0
+    assert "hub.auth.middleware -> hub.tunnels.auth" in done.stdout, done.stdout

@@ -21,7 +21,7 @@ from hub.api.common import errors, jsonable, org, parse_uuid, principal, service
 from hub.api.validation import DeletedOut, body, enveloped, responds
 from hub.auth.pat import cli_safe_secret
 from hub.auth.authz import OBJECT_TYPES, RELATIONS, require_admin
-from hub.auth.middleware import no_org
+from hub.auth.routes import no_org
 from hub.auth.principals import OrgContext
 from hub.auth.pat import digest
 from hub.errors import BadRequest, Conflict, Forbidden, NotFound

@@ -25,7 +25,7 @@ from hub.assistant import budget as budgets
 from hub.assistant import builtin, chat, schema, stream
 from hub.assistant.tools import TOOL_DEFINITIONS, Caller
 from hub.assistant.upstream import Upstream, UpstreamFailed
-from hub.auth.middleware import no_org, public, session_only
+from hub.auth.routes import no_org, public, session_only
 from hub.errors import ClientError, Forbidden, RateLimited, ServerError, Unavailable
 from storage.assistant import AssistantStore
 from storage.db import DatabaseUnavailable

@@ -16,7 +16,7 @@ from quart_schema import hide
 from swagger_ui_bundle import swagger_ui_path
 from werkzeug.exceptions import NotFound
 
-from hub.auth.middleware import no_org, public
+from hub.auth.routes import no_org, public
 
 bp = Blueprint("docs_ui", __name__)
 

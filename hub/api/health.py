@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from hub.api.common import services
 from hub.api.validation import enveloped, responds
-from hub.auth.middleware import public
+from hub.auth.routes import public
 from hub.errors import Unavailable
 from hub.metrics import CONTENT_TYPE
 from storage.db import DatabaseUnavailable

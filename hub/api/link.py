@@ -45,7 +45,7 @@ from device_client.shared.linkcodes import Close
 from hub import frames
 from hub.api.validation import responds
 from hub.asgi_websocket import AsgiWebSocket
-from hub.auth.middleware import public
+from hub.auth.routes import public
 from hub.auth.pat import digest
 from hub.errors import DeviceError, DeviceOffline, FleethubError, Unauthenticated, general_body
 from hub.services import Link

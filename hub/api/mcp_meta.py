@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from quart import Blueprint, request
 
 from hub.api.validation import responds
-from hub.auth.middleware import public
+from hub.auth.routes import public
 from hub.mcp.endpoint import METADATA_PATH, PATH
 
 bp = Blueprint("mcp_meta", __name__)

@@ -24,7 +24,8 @@ from quart_schema import DataSource, document_request, document_response
 
 from hub.api.common import services
 from hub.api.validation import form_problem
-from hub.auth.middleware import client_addr, public
+from hub.auth.middleware import client_addr
+from hub.auth.routes import public
 from hub.auth.oauth import TOKEN_LIFETIME
 from hub.auth.pat import digest
 from storage.text import refusal

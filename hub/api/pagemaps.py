@@ -25,7 +25,7 @@ from quart_schema import document_response
 from device_client.shared import pagemap
 from hub.api.common import errors, jsonable, org, services
 from hub.api.memtests import MemtestErrorBody, _device
-from hub.auth.middleware import public
+from hub.auth.routes import public
 from hub.auth.pat import digest
 from hub.errors import BadRequest, NotFound, PayloadTooLarge, RateLimited, Unauthenticated
 

@@ -7,7 +7,7 @@ from quart import Blueprint
 
 from hub.api.common import errors, jsonable, principal, services
 from hub.api.validation import body, enveloped, responds
-from hub.auth.middleware import no_org
+from hub.auth.routes import no_org
 from hub.auth.pat import digest, new_pat
 from hub.errors import BadRequest, Forbidden, NotFound
 from hub.instants import Instant

@@ -28,7 +28,7 @@ from hub.cluster.leases import HeldElsewhere
 from hub.api.common import PageQuery, errors, jsonable, org, pagination, parse_uuid, principal, services
 from hub.api.rollout_forms import ONE_CONFIG, ImpactBody, RolloutIn, RolloutRequest, RolloutSelection
 from hub.api.sse import resume_point, stream_response
-from hub.auth.middleware import org_of
+from hub.auth.routes import org_of
 from hub.auth.streams import StreamAccess
 from hub.api.validation import enveloped, parse_body, query, responds
 from hub.auth.authz import Obj, authorize, require_deploy, scope_for_list

@@ -11,7 +11,9 @@ from quart import Blueprint, g, jsonify, request
 
 from hub.api.common import errors, jsonable, principal, services
 from hub.api.validation import body, enveloped, responds
-from hub.auth.middleware import SESSION_COOKIE, client_addr, cross_origin, no_org, public
+from hub.auth.middleware import client_addr, cross_origin
+from hub.auth.routes import no_org, public
+from hub.auth.schemes import SESSION_COOKIE
 from hub.auth.passwords import hash_password, verify_password
 from hub.auth.pat import digest
 from hub.auth.sessions import SESSION_LIFETIME

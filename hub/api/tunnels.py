@@ -41,7 +41,7 @@ from actors.tunnel import Close, IceRestart, Watch
 from device_client.shared.clock import rfc3339
 from hub.api.common import jsonable, org, parse_uuid, principal, services
 from hub.api.validation import body, enveloped, responds, strict_loads
-from hub.auth.middleware import public
+from hub.auth.routes import public
 from hub.errors import BadRequest, NotFound
 from hub.tunnels import opening
 from hub.tunnels.auth import tunnel_token

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from pydantic import ConfigDict, BaseModel, ValidationError
 from quart import Request, request
 from quart_schema import document_querystring, document_request, document_response
 
+from hub.declared import Declared
 from hub.errors import BadRequest
 from storage.text import refusal
 
@@ -184,20 +186,28 @@ def query(model: type[M]) -> Callable:
     return decorator
 
 
+@dataclass(frozen=True)
+class Documented:
+    """What a view's decorators say of it for /v1/openapi.json beyond quart-schema's models (hub/openapi.py)."""
+    path_values: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a path parameter's values
+    body_optional: bool = False
+
+
+DOCUMENTED: Declared[Documented] = Declared(Documented())
+
+
 def path_values(**values: tuple[str, ...]) -> Callable:
     """Document the values a path parameter takes (an enum in /v1/openapi.json, hub/openapi.py);
     the view still answers any other value itself, with its own error."""
     def decorator(func: Callable) -> Callable:
-        func._fleethub_path_values = {**getattr(func, "_fleethub_path_values", {}), **values}
-        return func
+        return DOCUMENTED.declare(func, path_values={**DOCUMENTED.of(func).path_values, **values})
 
     return decorator
 
 
 def optional_body(func: Callable) -> Callable:
     """The view accepts no body at all (an empty object's defaults): the document says not required."""
-    func._fleethub_body_optional = True
-    return func
+    return DOCUMENTED.declare(func, body_optional=True)
 
 
 def responds(model: type[BaseModel] | None, status: int = 200) -> Callable:

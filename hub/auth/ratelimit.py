@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+from hub.errors import RateLimited
+
 WINDOW_SECONDS = 3600
 TIER_LIMITS = {"standard": 1_000, "professional": 10_000}
 # An enterprise organisation without a negotiated figure gets this many requests per hour.
@@ -37,6 +39,19 @@ class Decision:
     def headers(self) -> dict[str, str]:
         return {"X-RateLimit-Limit": str(self.limit), "X-RateLimit-Remaining": str(self.remaining),
                 "X-RateLimit-Reset": str(self.reset)}
+
+    def raise_if_refused(self) -> None:
+        """RateLimited, carrying the headers, when the request is past its budget."""
+        if not self.allowed:
+            exc = RateLimited("rate limit exceeded; see X-RateLimit-Reset", retry_after=self.retry_after)
+            exc.headers.update(self.headers())
+            raise exc
+
+
+def spend(limiter: RateLimiter, key: object, tier: str | None, custom: int | None, now: dt.datetime) -> Decision:
+    """Count one request against ``key``'s budget, the limit of ``tier`` (``custom``: an enterprise
+    organisation's own figure): what every caller of the limiter uses (the middleware, /v1/mcp)."""
+    return limiter.hit(key, limit_for(tier, custom), now)
 
 
 def key_text(key: object) -> str:

@@ -29,6 +29,7 @@ from quart import g
 from hub.auth.authz import Obj, still_holds
 from hub.auth.cache import Watch
 from hub.auth.principals import Credential, OrgContext, Principal
+from hub.auth.schemes import pat_principal, service_principal, session_principal
 from hub.errors import Unauthenticated
 
 log = logging.getLogger("fleethub.streams")
@@ -70,18 +71,15 @@ class StreamAccess:
 
     async def check(self) -> str | None:
         """None while the caller still holds the access; else why not. Sets ``recheck_at``."""
-        from hub.auth import middleware  # middleware imports the principals this module uses
-
         s, cred = self.services, self.credential
         self.recheck_at = trio.current_time() + RECHECK_EVERY
         try:
             if cred.kind == "jwt":
-                principal, role, *_ = await middleware._service(s, cred.token, self.org_id)
+                principal, role, *_ = await service_principal(s, cred.token, self.org_id)
             elif cred.kind == "session":
-                principal, role, *_ = await middleware.session_principal(s, cred.digest, self.org_id)
+                principal, role, *_ = await session_principal(s, cred.digest, self.org_id)
             else:
-                principal, role, *_ = await middleware.pat_principal(s, cred.token_id, cred.digest, self.org_id,
-                                                                     cred.kind)
+                principal, role, *_ = await pat_principal(s, cred.token_id, cred.digest, self.org_id, cred.kind)
             if role is None:
                 return "you are no longer a member of this organisation"
             for obj in self.objs:

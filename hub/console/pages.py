@@ -16,7 +16,8 @@ from quart import Blueprint, Response, redirect, request, send_from_directory
 from quart_schema import hide
 from werkzeug.exceptions import NotFound
 
-from hub.auth.middleware import SESSION_COOKIE, public
+from hub.auth.routes import public
+from hub.auth.schemes import SESSION_COOKIE
 
 bp = Blueprint("console", __name__)
 STATIC = Path(__file__).parent / "static"

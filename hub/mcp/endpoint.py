@@ -28,9 +28,8 @@ from typing import Any
 import trio
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-from hub.auth import middleware
-from hub.auth.pat import digest
-from hub.auth.ratelimit import limit_for
+from hub.auth.ratelimit import spend
+from hub.auth.schemes import header_credential
 from hub.errors import (BadRequest, FleethubError, Forbidden, NotFound, RateLimited, Unauthenticated,
                         general_body)
 from hub.mcp import server
@@ -156,34 +155,28 @@ class McpEndpoint:
             except ValueError:
                 raise BadRequest("X-Organization-ID is not a valid organisation id",
                                  code="invalid_organization") from None
-        cred = middleware.header_credential(headers)
+        found = header_credential(headers)
         try:
-            if cred is None:
+            if found is None:
                 raise Unauthenticated("authentication required: send Authorization: Bearer (a service-account "
                                       "token or a PAT secret), or X-API-Token-ID and X-API-Secret-Key")
-            kind, token_id, secret = cred
-            if kind == "jwt":
-                principal, role, tier, custom = await middleware._service(s, secret, org_id)  # noqa: SLF001
-            else:
-                principal, role, tier, custom = await middleware.pat_principal(s, token_id, digest(secret), org_id,
-                                                                               kind)
+            scheme, cred = found
+            resolved = await scheme.resolve(s, cred, org_id)
         except Unauthenticated:
             self._spend(("addr", addr), None, None)
             raise
+        role = resolved.role
         in_org = org_id is not None and role is not None
-        owner = ("org", org_id) if in_org else ("principal", principal.id)
-        decision = self._spend(owner, tier if in_org else None, custom if in_org else None)
+        owner = ("org", org_id) if in_org else ("principal", resolved.principal.id)
+        decision = self._spend(owner, resolved.tier if in_org else None, resolved.custom if in_org else None)
         if org_id is not None and role is None:
             raise Forbidden("not a member of this organisation")
-        fingerprint = hashlib.sha256(f"{kind}\0{token_id}\0{secret}".encode()).digest()
+        fingerprint = hashlib.sha256(f"{cred.kind}\0{cred.token_id}\0{cred.secret}".encode()).digest()
         return Caller(owner, fingerprint, decision)
 
     def _spend(self, key: tuple[str, Any], tier: str | None, custom: int | None):
-        decision = self.services.rate_limiter.hit(key, limit_for(tier, custom), self.services.clock.now())
-        if not decision.allowed:
-            exc = RateLimited("rate limit exceeded; see X-RateLimit-Reset", retry_after=decision.retry_after)
-            exc.headers.update(decision.headers())
-            raise exc
+        decision = spend(self.services.rate_limiter, key, tier, custom, self.services.clock.now())
+        decision.raise_if_refused()
         return decision
 
     async def _refuse(self, scope: dict, headers: dict[str, str], send: Any, exc: FleethubError) -> None:

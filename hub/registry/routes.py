@@ -31,7 +31,7 @@ from device_client.shared.imageref import (
     parse,
     registry_of_component,
 )
-from hub.auth.middleware import public
+from hub.auth.routes import public
 
 from .cache import Cache, Growing
 from .proxy import Puller, RegistryProxy

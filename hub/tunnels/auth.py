@@ -1,27 +1,33 @@
 """The TunnelToken credential (DESIGN.md section 8): what the session endpoints accept, and only them.
 
-A view marked ``@tunnel_token`` is authenticated here instead of by the general chain in
-hub/auth/middleware.py: it takes ``Authorization: Bearer <tunnel token>`` and nothing else (a PAT,
-an API JWT or a session cookie is a 401 there). The token binds the organisation; the caller's
+A view marked ``@tunnel_token`` takes ``Authorization: Bearer <tunnel token>`` and nothing else (a
+PAT, an API JWT or a session cookie is a 401 there); ``@also_tunnel_token`` takes it beside the general
+credentials. The scheme is registered with authentication's (hub/auth/schemes.py), which the
+middleware asks: hub/auth imports nothing of tunnels. The token binds the organisation; the caller's
 membership (or the service account's existence) is checked again on every request, so a member
 removed from the organisation loses their tunnels at once, not when the token expires.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import jwt
-from quart import g, request
+from quart import Request
 from quart_schema import security_scheme
 
-from hub.auth import middleware
-from hub.auth.principals import OrgContext, Principal
-from hub.errors import Forbidden, Unauthenticated
+from hub.auth.oauth import looks_like_jwt
+from hub.auth.principals import Principal
+from hub.auth.routes import RouteAuth, declare
+from hub.auth.schemes import SCHEMES, Found, Resolved, bearer_of, org_row
+from hub.errors import FleethubError, Forbidden, Unauthenticated
 from hub.tunnels.tokens import TUNNEL_AUDIENCE, BadTunnelToken
 
-SCHEME = "TunnelToken"
+SCHEME = "TunnelToken"  # its name in /v1/openapi.json
+KIND = "tunnel"         # its kind among the credential schemes
 
 
 @dataclass(frozen=True)
@@ -39,23 +45,71 @@ class TunnelPrincipal(Principal):
 
 
 def tunnel_token(view: Callable) -> Callable:
-    view._fleethub_tunnel_token = True
-    return security_scheme([{SCHEME: []}])(view)
+    return security_scheme([{SCHEME: []}])(declare(view, only=KIND, needs_org=False, org_in_credential=True))
 
 
 def also_tunnel_token(view: Callable) -> Callable:
     """The view also recognises a tunnel token beside the general credentials (the spec's "Bearer"
     rows: tunnel usage; and a test boot, which must refuse a CLI token as 403 operator_required
     rather than not knowing it). The view sees a ``TunnelPrincipal`` and decides what it may do."""
-    view._fleethub_also_tunnel_token = True
-    return view
+    return declare(view, also=frozenset({KIND}))
 
 
-def accepts_tunnel_token(view: Callable | None, bearer: str) -> bool:
-    """Whether ``bearer`` on ``view`` is to be checked as a tunnel token: only where the view says so,
-    and only for a JWT whose (unverified) audience is the tunnel one — authenticate() verifies it."""
-    if view is None or not getattr(view, "_fleethub_also_tunnel_token", False):
-        return False
+class TunnelTokenScheme:
+    kind = KIND
+    general = False
+
+    def find(self, req: Request | None, headers: dict[str, str], route: RouteAuth) -> Found | None:
+        """Where the route takes tunnel tokens alone, any bearer (verified by ``resolve``); beside the
+        general credentials, only a JWT whose (unverified) audience is the tunnel one."""
+        value = bearer_of(headers)
+        if value is None or (route.only != KIND and not _for_tunnels(value)):
+            return None
+        return Found(KIND, None, value, headers.get("x-organization-id"))
+
+    async def resolve(self, services: Any, found: Found, org_id: uuid.UUID | None) -> Resolved:
+        try:
+            claims = services.tunnels.tokens.verify(found.secret, services.clock.now())
+        except BadTunnelToken as exc:
+            raise Unauthenticated(str(exc)) from None
+        bound = claims.org_id
+        if claims.kind == "user":
+            role = await services.auth_cache.get_or_load(
+                ("member", bound, claims.subject_id), lambda: _role(services, bound, claims.subject_id),
+                lambda _: (f"user:{claims.subject_id}", f"org:{bound}"))
+            principal = TunnelPrincipal(kind="user", id=claims.credential or claims.principal,
+                                        user_id=claims.subject_id, via="tunnel")
+        else:
+            alive = await services.auth_cache.get_or_load(
+                ("service", claims.subject_id), lambda: services.identity.service_account_exists(claims.subject_id),
+                lambda _: (f"service:{claims.subject_id}",))
+            if not alive:
+                raise Unauthenticated("the service account was deleted")
+            role = "service"
+            principal = TunnelPrincipal(kind="service", id=str(claims.subject_id), service_id=claims.subject_id,
+                                        via="tunnel")
+        org = await org_row(services, bound)
+        refusal = None
+        asked = found.extra  # the X-Organization-ID header as sent
+        if asked and asked != str(bound):
+            refusal = Forbidden("the tunnel token is for another organisation", code="forbidden")
+        elif not role:
+            refusal = Forbidden("not a member of this organisation", code="forbidden")
+        return Resolved(principal, role or None, org["tier"] if org else None, org["rate_limit"] if org else None,
+                        bound_org=bound, refusal=refusal)
+
+    def missing(self) -> FleethubError:
+        return Unauthenticated("this endpoint takes a tunnel token: Authorization: Bearer <token from "
+                               "POST /v1/cli/tunnel/token>")
+
+    def other(self) -> FleethubError:
+        return self.missing()
+
+
+def _for_tunnels(bearer: str) -> bool:
+    """Whether ``bearer`` is a JWT whose (unverified) audience is the tunnel one; resolve verifies it."""
+    if not looks_like_jwt(bearer):
+        return False  # a PAT secret: not decoded at all
     try:
         claims = jwt.decode(bearer, options={"verify_signature": False})
     except Exception:  # any fault of a caller's token (a header nested too deep for json) is "no"
@@ -63,48 +117,9 @@ def accepts_tunnel_token(view: Callable | None, bearer: str) -> bool:
     return claims.get("aud") == TUNNEL_AUDIENCE
 
 
-def is_tunnel_view(view: Callable | None) -> bool:
-    return bool(view is not None and getattr(view, "_fleethub_tunnel_token", False))
-
-
-async def authenticate(services) -> None:
-    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
-    value = value.strip()
-    addr = ("addr", middleware.client_addr())
-    if scheme.lower() != "bearer" or not value or request.headers.get("X-API-Secret-Key"):
-        middleware._limit(services, addr, None, None)
-        raise Unauthenticated("this endpoint takes a tunnel token: Authorization: Bearer <token from "
-                              "POST /v1/cli/tunnel/token>")
-    try:
-        claims = services.tunnels.tokens.verify(value, services.clock.now())
-    except BadTunnelToken as exc:
-        middleware._limit(services, addr, None, None)
-        raise Unauthenticated(str(exc)) from None
-    org_id = claims.org_id
-    if claims.kind == "user":
-        role = await services.auth_cache.get_or_load(
-            ("member", org_id, claims.subject_id), lambda: _role(services, org_id, claims.subject_id),
-            lambda _: (f"user:{claims.subject_id}", f"org:{org_id}"))
-        principal = TunnelPrincipal(kind="user", id=claims.credential or claims.principal,
-                                    user_id=claims.subject_id, via="tunnel")
-    else:
-        alive = await services.auth_cache.get_or_load(
-            ("service", claims.subject_id), lambda: services.identity.service_account_exists(claims.subject_id),
-            lambda _: (f"service:{claims.subject_id}",))
-        if not alive:
-            raise Unauthenticated("the service account was deleted")
-        role = "service"
-        principal = TunnelPrincipal(kind="service", id=str(claims.subject_id), service_id=claims.subject_id,
-                                    via="tunnel")
-    g.principal = principal
-    org = await middleware.org_row(services, org_id)
-    middleware._limit(services, ("org", org_id), org["tier"] if org else None, org["rate_limit"] if org else None)
-    raw = request.headers.get(middleware.ORG_HEADER)
-    if raw and raw != str(org_id):
-        raise Forbidden("the tunnel token is for another organisation", code="forbidden")
-    if not role:
-        raise Forbidden("not a member of this organisation", code="forbidden")
-    g.org = OrgContext(org_id, role)
+# Ahead of the service account's token: both are bearer JWTs, and where a route takes tunnel tokens
+# one of theirs is read as such.
+SCHEMES.register(TunnelTokenScheme(), before="jwt")
 
 
 async def _role(services, org_id, user_id) -> str:
