@@ -1,16 +1,12 @@
-"""Actors: one bounded mailbox, one machine, a trio task only while there is work (DESIGN.md section 4).
+"""The Actor: its mailbox, its loop, ask/tell and the Reply, parking and storage outages.
 
     Actor        subclass it; implement ``on_start`` (rebuild from storage), ``receive`` (one message
                  at a time) and optionally ``next_deadline``/``on_deadline`` and ``should_stop``.
     ask / tell   ``await actor.ask(msg, timeout)`` waits for the reply; ``actor.tell(msg)`` does not,
                  and a full mailbox raises ``MailboxFull`` rather than dropping the message.
-    Supervisor   runs actors in its nursery and restarts a crashed one with backoff; more than
-                 ``max_restarts`` crashes inside ``window`` seconds gives that actor up (stopped, its
-                 askers answered, forgotten: the next message for its key starts a fresh one), never
-                 the process. Its one timer task wakes parked actors at their deadlines.
-    Registry     gets or starts the actor for a key, and forgets it when it stops.
 
-The Supervisor and the Registry are in actors/supervisor.py (this module names them too).
+The Supervisor and the Registry are in actors/_runtime/supervisor.py; what users of the runtime
+import is in actors/runtime.py.
 
 Parking (issue 22: 15,000 online devices, each actor idle almost all the time). An actor whose mailbox
 stayed empty for ``park_after`` seconds, with no background work in flight, parks: its task ends, the
@@ -18,13 +14,13 @@ Actor object and its in-memory state stay (in the Registry too). A ``tell``/``as
 the Supervisor starts a task for it again, without ``on_start`` (which runs at the start and after
 every crash, never after a park). The deadline an actor parks with is the ``next_deadline()`` its
 loop read before it began to wait, as before parking existed; a finite one puts the actor in the
-Supervisor's timer heap (one task for all, actors/parktimer.py), which wakes it then and runs ``on_deadline`` first. An
+Supervisor's timer heap (one task for all, actors/_runtime/parktimer.py), which wakes it then and runs ``on_deadline`` first. An
 actor keeps one entry, its earliest: when that falls due the timer compares it with the deadline the
 actor parked with last (a device's heartbeats move it on) and wakes it only if that has come.
 One task at most per actor, handling its messages one at a time in order: the loop parks with no
 await between finding the mailbox empty and parking, so a message arrives either before (and is
 handled) or after (and wakes it). ``should_stop`` is checked as before, whenever the mailbox is empty.
-Background work (``actor.tasks.start_soon``, actors/background.py) runs in the Supervisor's nursery,
+Background work (``actor.tasks.start_soon``, actors/_runtime/background.py) runs in the Supervisor's nursery,
 each task in its own cancel scope: its crash is the actor's crash, it is cancelled (and waited for)
 when the actor crashes or stops, and while any of it runs the actor does not park.
 
@@ -55,20 +51,18 @@ import math
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from actors.background import ActorTasks
-from actors.errors import ActorCrashed, ActorError, ActorStopped, AskError, AskTimeout, MailboxFull
-from actors.mailbox import Mailbox
-# Supervision lives in actors/supervisor.py; named here too, where callers have always found them.
-from actors.supervisor import Escalation, Registry, Supervisor, is_storage_outage  # noqa: F401
+from actors._runtime.background import ActorTasks
+from actors._runtime.mailbox import Mailbox
+from actors.errors import ActorCrashed, ActorStopped, AskError, AskTimeout, MailboxFull
 from device_client.shared.backoff import Backoff
 from storage.db import DatabaseUnavailable
 
-__all__ = ["Actor", "ActorCrashed", "ActorError", "ActorStopped", "AskTimeout", "Escalation", "MailboxFull",
-           "Registry", "Reply", "Supervisor"]
+if TYPE_CHECKING:
+    from actors._runtime.supervisor import Supervisor
 
 log = logging.getLogger("fleethub.actors")
 
@@ -146,7 +140,7 @@ class Actor:
         self._awake = False  # a task runs this actor, or is about to (from its start on)
         self._needs_start = True  # on_start must run first: the first start, and after every crash
         # While parked with a deadline: [earliest wake, seq, self, the deadline it parked with last] in
-        # the supervisor's timer heap (actors/parktimer.py).
+        # the supervisor's timer heap (actors/_runtime/parktimer.py).
         self._timer_entry: list | None = None
         self.tasks = ActorTasks(self)
 
@@ -172,7 +166,7 @@ class Actor:
         return False
 
     def on_given_up(self) -> None:
-        """The supervisor stopped this actor past its crash budget (actors/supervisor.py): undo what
+        """The supervisor stopped this actor past its crash budget (actors/_runtime/supervisor.py): undo what
         would outlive it. Synchronous, and it must not raise."""
 
     # -- asking and telling --------------------------------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.testing
 
-from actors.mailbox import Mailbox
+from actors._runtime.mailbox import Mailbox
 
 
 async def test_order_bound_and_close():
