@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
+from trio import TaskStatus
 
 from actors._runtime.background import ActorTasks
 from actors._runtime.mailbox import Mailbox
@@ -222,7 +223,8 @@ class Actor:
         return not self._awake and not self.stopped and self._supervisor is not None
 
     # -- the task --------------------------------------------------------------------------------
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED, woken_for: float | None = None) -> None:
+    async def run(self, *, task_status: TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+                  woken_for: float | None = None) -> None:
         """One awake period: ``on_start`` if the actor (re)starts, then messages and deadlines until
         it parks, stops or crashes. The Supervisor runs it, again after every crash and wake
         (``woken_for``: the deadline the timer woke it for)."""
@@ -358,6 +360,7 @@ class Actor:
         # Called by the loop with the mailbox empty and nothing in the background; the task ends next.
         self._awake = False
         supervisor = self._supervisor
+        assert supervisor is not None  # only the loop parks, and a supervisor runs it
         supervisor.parked += 1
         if due < math.inf:
             supervisor.timer.schedule(self, due)

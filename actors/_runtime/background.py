@@ -78,8 +78,10 @@ class ActorTasks:
             else:
                 self._crash(exc)
         finally:
-            self._scopes.discard(scope)
-            if not self._scopes:
+            scopes = self._scopes
+            assert scopes is not None  # start_soon made it before this task
+            scopes.discard(scope)
+            if not scopes:
                 self._all_done()
 
     def _cancel_all(self) -> None:

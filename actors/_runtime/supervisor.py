@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 import trio
+from trio import TaskStatus
 
 from actors._runtime.parktimer import ParkTimer
 from actors.errors import ActorStopped
@@ -107,7 +108,7 @@ class Supervisor:
         self.parked -= 1
         self.wakes_total += 1
 
-    async def _keep_running(self, actor: Actor, task_status=trio.TASK_STATUS_IGNORED,
+    async def _keep_running(self, actor: Actor, task_status: TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
                             woken_for: float | None = None) -> None:
         # One task per awake period: from a start or a wake until the actor parks or stops. Restarts
         # after a crash happen in it; what counts towards escalation is kept on the actor, so that an
@@ -154,11 +155,10 @@ class Supervisor:
         """False past ``max_restarts`` crashes in ``window`` (the actor is given up); else wait out the
         backoff and say True (restart it)."""
         now = trio.current_time()
-        crashes = actor._crash_times
-        if crashes is None:
+        crashes, backoff = actor._crash_times, actor._restart_backoff
+        if crashes is None or backoff is None:  # its first crash: both are made together
             crashes = actor._crash_times = deque()
-            actor._restart_backoff = Backoff(self.backoff_initial, self.backoff_max, jitter=False)
-        backoff = actor._restart_backoff
+            backoff = actor._restart_backoff = Backoff(self.backoff_initial, self.backoff_max, jitter=False)
         if crashes and crashes[-1] < now - self.window:
             backoff.reset()  # stable for a whole window: start gently again
         crashes.append(now)
