@@ -199,7 +199,8 @@ class DeviceMemtests:
             reply.fail(ActorCrashed(f"actor {self.actor.key} restarted while a memory-test command was in flight"))
         self._pending.clear()
         self._handle(mm.Reset())
-        self._working = False  # its task was cancelled with the crash (actors/runtime.py ActorTasks); what is queued goes on now
+        # its task was cancelled with the crash (actors/_runtime/background.py); what is queued goes on now
+        self._working = False
         self._save_queued = False
         if self._jobs:
             self._working = True

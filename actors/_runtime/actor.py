@@ -14,9 +14,10 @@ Actor object and its in-memory state stay (in the Registry too). A ``tell``/``as
 the Supervisor starts a task for it again, without ``on_start`` (which runs at the start and after
 every crash, never after a park). The deadline an actor parks with is the ``next_deadline()`` its
 loop read before it began to wait, as before parking existed; a finite one puts the actor in the
-Supervisor's timer heap (one task for all, actors/_runtime/parktimer.py), which wakes it then and runs ``on_deadline`` first. An
-actor keeps one entry, its earliest: when that falls due the timer compares it with the deadline the
-actor parked with last (a device's heartbeats move it on) and wakes it only if that has come.
+Supervisor's timer heap (one task for all, actors/_runtime/parktimer.py), which wakes it then and
+runs ``on_deadline`` first. An actor keeps one entry, its earliest: when that falls due the timer
+compares it with the deadline the actor parked with last (a device's heartbeats move it on) and
+wakes it only if that has come.
 One task at most per actor, handling its messages one at a time in order: the loop parks with no
 await between finding the mailbox empty and parking, so a message arrives either before (and is
 handled) or after (and wakes it). ``should_stop`` is checked as before, whenever the mailbox is empty.

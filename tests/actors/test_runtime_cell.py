@@ -22,10 +22,10 @@ KNOWN = {
     # third-party objects: their private API is what the library documents or what we must reach
     ("hub/admin_args.py", "command._actions"): "argparse: the sub-commands' help lists its actions",
     ("hub/answers.py", "provider._prepare_response_obj"): "quart's JSON provider, overridden for orjson",
-    ("hub/api/tunnels.py", "websocket._get_current_object"): "werkzeug's LocalProxy: its documented way to the object",
-    ("hub/auth/authz.py", "g._get_current_object"): "werkzeug's LocalProxy: its documented way to the object",
-    ("hub/auth/middleware.py", "request._get_current_object"): "werkzeug's LocalProxy: its documented way to the object",
-    ("hub/auth/middleware.py", "g._get_current_object"): "werkzeug's LocalProxy: its documented way to the object",
+    ("hub/api/tunnels.py", "websocket._get_current_object"): "werkzeug's LocalProxy, documented",
+    ("hub/auth/authz.py", "g._get_current_object"): "werkzeug's LocalProxy, documented",
+    ("hub/auth/middleware.py", "request._get_current_object"): "werkzeug's LocalProxy, documented",
+    ("hub/auth/middleware.py", "g._get_current_object"): "werkzeug's LocalProxy, documented",
     ("hub/mcp/endpoint.py", "self.manager._server_instances"): "the MCP SDK's one record of open sessions",
     # ours, named private where they are defined: a public name there removes these
     ("hub/demo_containers.py", "engine._global"): "device_client/engine/podman.py's global flags",
