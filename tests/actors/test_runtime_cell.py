@@ -30,7 +30,6 @@ KNOWN = {
     # ours, named private where they are defined: a public name there removes these
     ("hub/demo_containers.py", "engine._global"): "device_client/engine/podman.py's global flags",
     ("hub/image_build.py", "engine._global"): "device_client/engine/podman.py's global flags",
-    ("hub/registry/upstream.py", "images._anonymous_token"): "hub/registry/images.py's token exchange",
     # issue 34 item 6 (credential schemes as a registry, no flag attributes on views) removes these
     ("hub/api/validation.py", "func._fleethub_body_optional"): "issue 34 item 6: flag attributes on views",
     ("hub/api/validation.py", "func._fleethub_path_values"): "issue 34 item 6: flag attributes on views",
