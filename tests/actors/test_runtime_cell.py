@@ -27,9 +27,6 @@ KNOWN = {
     ("hub/auth/middleware.py", "request._get_current_object"): "werkzeug's LocalProxy, documented",
     ("hub/auth/middleware.py", "g._get_current_object"): "werkzeug's LocalProxy, documented",
     ("hub/mcp/endpoint.py", "self.manager._server_instances"): "the MCP SDK's one record of open sessions",
-    # ours, named private where they are defined: a public name there removes these
-    ("hub/demo_containers.py", "engine._global"): "device_client/engine/podman.py's global flags",
-    ("hub/image_build.py", "engine._global"): "device_client/engine/podman.py's global flags",
     # issue 34 item 6 (credential schemes as a registry, no flag attributes on views) removes these
     ("hub/api/validation.py", "func._fleethub_body_optional"): "issue 34 item 6: flag attributes on views",
     ("hub/api/validation.py", "func._fleethub_path_values"): "issue 34 item 6: flag attributes on views",
