@@ -58,8 +58,10 @@ def _defined_private_names(tree: ast.AST) -> set[str]:
             names.add(node.attr)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
-            names |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__"
+                                                for t in node.targets):
+            names |= {c.value for c in ast.walk(node.value)
+                      if isinstance(c, ast.Constant) and isinstance(c.value, str)}
     return {n for n in names if _private(n)}
 
 
@@ -112,20 +114,25 @@ def _cell_actor_private_names() -> set[str]:
     return _defined_private_names(actor)
 
 
+def runtime_fields_used(source: str, runtime_names: set[str]) -> list[str]:
+    """What an Actor subclass in ``source`` does with the runtime's own private names."""
+    found = []
+    for cls in (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)):
+        if not any(isinstance(b, ast.Name) and b.id == "Actor" for b in cls.bases):
+            continue
+        found += [f"{node.lineno}: {cls.name} uses self.{node.attr}" for node in ast.walk(cls)
+                  if isinstance(node, ast.Attribute) and _is_own(node.value) and node.attr in runtime_names]
+        found += [f"{node.lineno}: {cls.name} defines {node.name}" for node in cls.body
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in runtime_names]
+    return found
+
+
 def test_no_actor_outside_the_cell_uses_the_runtimes_own_fields():
     # a subclass's self._mailbox or self._loop would read, or silently replace, the runtime's own state
     runtime_names = _cell_actor_private_names()
     assert {"_mailbox", "_needs_start", "_awake", "_supervisor", "_loop", "_park"} <= runtime_names
-    found = []
-    for path in _modules_outside_the_cell():
-        tree = ast.parse(path.read_text())
-        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-            if not any(isinstance(b, ast.Name) and b.id == "Actor" for b in cls.bases):
-                continue
-            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {cls.name} uses self.{node.attr}"
-                      for node in ast.walk(cls)
-                      if isinstance(node, ast.Attribute) and _is_own(node.value) and node.attr in runtime_names]
-            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {cls.name} defines {node.name}"
-                      for node in cls.body
-                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in runtime_names]
+    found = [f"{path.relative_to(ROOT)}:{where}" for path in _modules_outside_the_cell()
+             for where in runtime_fields_used(path.read_text(), runtime_names)]
     assert found == []
+    clash = "class Poller(Actor):\n    async def _loop(self):\n        self._awake = True\n        self._pending = {}\n"
+    assert runtime_fields_used(clash, runtime_names) == ["3: Poller uses self._awake", "2: Poller defines _loop"]
