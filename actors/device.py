@@ -13,6 +13,7 @@ import datetime as dt
 import logging
 import math
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -123,14 +124,15 @@ class DeviceActor(Actor):
     event_jobs = 4
     # An offline device's actor ends after this long without messages; the next message restarts it.
     idle_timeout = 300.0
+    # Read by on_start, which the runtime runs before anything else of the actor's (types, not None).
+    org_id: uuid.UUID
+    machine: cm.ConnectionMachine
 
     def __init__(self, device_id: uuid.UUID, services: "Services", hooks: DeviceHooks | None = None) -> None:
         super().__init__(("device", device_id))
         self.device_id = device_id
         self.services = services
         self.hooks = hooks or DeviceHooks()
-        self.org_id: uuid.UUID | None = None
-        self.machine: cm.ConnectionMachine | None = None
         self._pending: dict[str, Any] = {}  # command id -> Reply of the asker
         self._last_activity = 0.0
         self.delivery = DeviceDelivery(self)
@@ -162,6 +164,7 @@ class DeviceActor(Actor):
         # link table says rather than from a possibly stale database row.
         link = s.links.get(self.device_id)
         stored = cm.Conn(row["state"]) if row.get("state") in cm.Conn._value2member_map_ else cm.Conn.OFFLINE
+        state: cm.Conn
         if link is not None:
             state = stored if stored in (cm.Conn.MAINTENANCE, cm.Conn.ONLINE) else cm.Conn.ONLINE
         else:
@@ -325,11 +328,11 @@ class DeviceActor(Actor):
     def _meter_active(self) -> None:
         # Billing counts a device once per UTC day it was seen connected; one metering put per day.
         day = self.services.clock.now().astimezone(dt.timezone.utc).date()
-        if day != self._active_day and self.org_id is not None:
+        if day != self._active_day:
             self._active_day = day
             self.services.meter.device_seen(self.org_id, self.device_id, day)
 
-    def _job(self, fn, *args) -> None:
+    def _job(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Delivery work in the background. Its failure is logged, not a crash: one device's bad row
         must not restart the actor in a loop and escalate to the whole hub; the next hello retries.
         A storage outage is waited out (every job converges from storage, so it may run again)."""
@@ -342,7 +345,7 @@ class DeviceActor(Actor):
 
         self.tasks.start_soon(guarded)
 
-    async def _event_job(self, fn, *args) -> None:
+    async def _event_job(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """``_job`` for storage work a device event started, bounded by ``event_jobs`` (waits for a slot)."""
         await self._event_slots.acquire()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from device_client.shared.protocol import runs_containers, subject
 
 if TYPE_CHECKING:
     from actors.device import DeviceActor
+    from actors.services import Services
 
 log = logging.getLogger("fleethub.delivery")
 
@@ -71,7 +73,7 @@ class DeviceDelivery:
         return self._lock
 
     @property
-    def s(self):
+    def s(self) -> Services:
         return self.actor.services
 
     @property
@@ -84,10 +86,10 @@ class DeviceDelivery:
                 "sha256": f["sha256"], "source": "configuration" if f["config_id"] else "device",
                 **({"configId": str(f["config_id"])} if f["config_id"] else {})}
 
-    async def _db(self, fn, *args):
+    async def _db(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
         # While PostgreSQL is down the job waits (without a slot) and goes on when it is back: a
         # result the device already sent must reach storage, or its rollout would wait forever.
-        async def in_slot():
+        async def in_slot() -> Any:
             async with self.s.delivery_slots:
                 return await fn(*args)
 
@@ -135,6 +137,7 @@ class DeviceDelivery:
         is a protocol error and changes nothing."""
         try:
             checked = verbs.check_event("files.result", payload)
+            assert isinstance(checked, verbs.FileResults)  # the model verbs.EVENTS names for it
         except verbs.Malformed as exc:
             await self.protocol_error(str(exc))
             return
@@ -364,6 +367,7 @@ class DeviceDelivery:
         now = s.clock.now()
         try:
             checked = verbs.check_event("config.result", result)
+            assert isinstance(checked, verbs.ConfigApplyResult)  # the model verbs.EVENTS names for it
             version_id = uuid.UUID(checked.versionId)
             config_id = uuid.UUID(checked.configId)
         except (verbs.Malformed, ValueError) as exc:
@@ -410,7 +414,8 @@ def file_results(sent: list[dict], results: list[Any]) -> list[dict]:
 
 def registries_of(spec: dict) -> set[str]:
     """The registries a version's images come from."""
-    return {_registry_of(c.get("image")) for c in spec.get("containers") or [] if isinstance(c, dict)} - {None}
+    return {registry for c in spec.get("containers") or [] if isinstance(c, dict)
+            if (registry := _registry_of(c.get("image"))) is not None}
 
 
 def _registry_of(image: Any) -> str | None:

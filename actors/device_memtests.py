@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,7 @@ from device_client.shared.protocol import memtest_result, memtest_status, subjec
 
 if TYPE_CHECKING:
     from actors.device import DeviceActor
+    from actors.services import Services
 
 log = logging.getLogger("fleethub.memtest")
 
@@ -132,7 +134,7 @@ class DeviceMemtests:
         return self._save_lock_made
 
     @property
-    def s(self):
+    def s(self) -> Services:
         return self.actor.services
 
     # -- asks ---------------------------------------------------------------------------------------
@@ -173,7 +175,7 @@ class DeviceMemtests:
             status = (msg.payload or {}).get("status")
             if status:
                 self._handle(mm.Progress(status))
-        elif msg.verb == "memtest.cancel" and msg.error.code == "not_running":
+        elif msg.verb == "memtest.cancel" and msg.error is not None and msg.error.code == "not_running":
             self._handle(mm.Observed(None))
         elif msg.verb == "memtest.status" and msg.error is None:
             self._handle(mm.Observed(memtest_status((msg.payload or {}).get("status"))))
@@ -197,7 +199,8 @@ class DeviceMemtests:
             reply.fail(ActorCrashed(f"actor {self.actor.key} restarted while a memory-test command was in flight"))
         self._pending.clear()
         self._handle(mm.Reset())
-        self._working = False  # its task was cancelled with the crash (actors/runtime.py ActorTasks); what is queued goes on now
+        # its task was cancelled with the crash (actors/_runtime/background.py); what is queued goes on now
+        self._working = False
         self._save_queued = False
         if self._jobs:
             self._working = True
@@ -223,7 +226,7 @@ class DeviceMemtests:
         else:
             log.info("device %s: unknown memory-test event %s", self.actor.device_id, kind)
 
-    def _checked(self, check, *args) -> bool:
+    def _checked(self, check: Callable[..., object], *args: Any) -> bool:
         """Whether what the device sent matches its model; if not, a protocol error (counted for the
         diagnosis and told to the device, as actors/device_delivery.py does for files and configs)."""
         try:
@@ -297,7 +300,7 @@ class DeviceMemtests:
     def running(self) -> dict[str, Any] | None:
         return self.machine.running
 
-    def _in_order(self, fn, *args) -> None:
+    def _in_order(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Storage work from what the device said, done one job at a time in the order it said it:
         a health report's retired pages and the next result's verdict decide MemoryFault together,
         and trio runs spawned tasks in no promised order."""
@@ -331,7 +334,7 @@ class DeviceMemtests:
             if not self._jobs:
                 self._jobs = None  # nothing waits: let the deque go (a crash keeps what is queued)
 
-    def _spawn(self, fn, *args) -> None:
+    def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         async def guarded() -> None:
             try:
                 await fn(*args)

@@ -25,7 +25,7 @@ as ``device_rebooting`` or the device's own code), ``message`` (for people; neve
 (``hub.errors.from_actor``), so an actor never needs to know it is behind HTTP.
 
 Anything else an actor raises is a crash (the supervisor restarts it); ``storage.db.DatabaseUnavailable``
-is the one other expected condition (actors/runtime.py).
+is the one other expected condition (actors/_runtime/actor.py).
 """
 
 from __future__ import annotations

@@ -190,12 +190,14 @@ class NatsBus:
         stalled as soon as it has taken ``stall_after``."""
         came_back = trio.Event()
         answered: bool | None = True
+        loop = self._loop
+        assert loop is not None, "open the bus with open_nats_bus"
 
         async def flush() -> None:
             nonlocal answered
             try:
                 with trio.fail_after(self.probe_timeout + 1):
-                    await run_on(self._loop, self._nc.flush(timeout=self.probe_timeout))
+                    await run_on(loop, self._nc.flush(timeout=self.probe_timeout))
             except (asyncio.TimeoutError, trio.TooSlowError):  # nats.errors.TimeoutError & FlushTimeoutError too
                 answered = False
             except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 — see the docstring
@@ -384,10 +386,12 @@ class NatsBus:
     async def _subscribe_remote(self, pattern: str) -> None:
         if pattern in self._remote or pattern not in self._subs:
             return
+        token = self._token
+        assert token is not None, "open the bus with open_nats_bus"
 
         async def deliver(msg: Any) -> None:
             try:
-                self._token.run_sync_soon(self._dispatch, pattern, msg)
+                token.run_sync_soon(self._dispatch, pattern, msg)
             except trio.RunFinishedError:
                 pass
 
@@ -405,6 +409,7 @@ class NatsBus:
 
     def _dispatch(self, pattern: str, msg: Any) -> None:
         self.received += 1
+        assert self._nursery is not None  # messages arrive only once _start has run
         try:
             self._nursery.start_soon(self._handle, pattern, msg)
         except RuntimeError:

@@ -34,7 +34,7 @@ from actors.runtime import Actor
 from device_client.shared.clock import rfc3339
 from storage.db import DatabaseUnavailable
 from storage.events import new_event
-from storage.leases import LeaseLost
+from storage.leases import Fence, LeaseLost
 
 if TYPE_CHECKING:
     from actors.services import Services
@@ -61,12 +61,14 @@ class ReloadWindows:
 
 
 class RolloutActor(Actor):
+    # Made by on_start, which the runtime runs before anything else of the actor's (a type, not None).
+    machine: rm.RolloutMachine
+
     def __init__(self, rollout_id: uuid.UUID, services: "Services") -> None:
         super().__init__(("rollout", rollout_id))
         self.rollout_id = rollout_id
         self.services = services
         self.row: dict[str, Any] = {}
-        self.machine: rm.RolloutMachine | None = None
         self.windows: dict[str, UpdateWindow | None] = {}
         self._tick_now = False
         self._windows_stale = False  # a reload was asked for while storage was unreachable
@@ -74,7 +76,7 @@ class RolloutActor(Actor):
         self._bus_down = False  # the last tick could not reach the bus: it started nothing, so look again
         # In a cluster: the lease this node holds (storage/leases.py), checked by every write; once
         # another node has taken it over this actor writes nothing more and stops (``lost``).
-        self.fence = None
+        self.fence: Fence | None = None
         self.lost = False
         self._clear_unwritten()
 

@@ -4,10 +4,16 @@ The hub's ``Services`` (hub/services.py) provides them; the actor tests pass sma
 actor reaches another actor only through ``registry``/``device_actor`` and a message, and storage only
 through the repositories below. What the rest of the hub does with device events (billing) is a hook
 passed to the DeviceActor (``DeviceHooks`` in actors/device.py), not something actors import.
+
+What the hub provides from its own layer (settings, the meter, the journal, the tunnel sessions, the
+link diagnosis) is named by a Protocol of what actors use of it, since actors import nothing of the
+hub. mypy checks the actors against this port, and the tests' one stand-in (tests/actors/standin.py)
+against it too (tests/actors/test_types.py).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -19,15 +25,62 @@ if TYPE_CHECKING:
     from device_client.shared.clock import Clock
     from storage.behind import WriteBehind
     from storage.configs import Configurations
+    from storage.crypto import SecretBox
     from storage.devices import Devices
+    from storage.fleets import Fleets
+    from storage.leases import Fence
     from storage.memtests import MemoryTests
+    from storage.registry_credentials import RegistryCredentials
     from storage.rollouts import Rollouts
     from storage.secrets import SecretFiles
+    from storage.tunnels import Tunnels
     from storage.windows import UpdateWindows
 
 
 class Publisher(Protocol):
     def publish(self, topic: tuple[str, Any], event: dict[str, Any]) -> None: ...
+
+
+class Timeouts(Protocol):
+    """What actors read of the hub's settings (hub/settings.py ``Settings``)."""
+
+    @property
+    def heartbeat_timeout(self) -> float: ...
+    @property
+    def reboot_timeout(self) -> float: ...
+    @property
+    def command_timeout(self) -> float: ...
+    @property
+    def rollout_resend_after(self) -> float: ...
+
+
+class Journal(Protocol):
+    """The event log's writer (hub/eventlog.py ``Journal``): appended, then published."""
+
+    @property
+    def enabled(self) -> bool: ...
+    def record(self, org_id: uuid.UUID, event: dict[str, Any]) -> None: ...
+
+
+class DeviceMeter(Protocol):
+    """Billing's meter (hub/metering.py ``Meter``): a device active on a day."""
+
+    def device_seen(self, org_id: uuid.UUID, device_id: uuid.UUID, day: dt.date) -> None: ...
+
+
+class TunnelSessions(Protocol):
+    """The tunnel sessions (hub/tunnels/sessions.py ``TunnelService``): their rows, metering, audit."""
+
+    @property
+    def store(self) -> "Tunnels": ...
+    def meter(self, grown: dict[str, Any] | None) -> None: ...
+    def audit_end(self, row: dict[str, Any], operation: str, reason: str) -> None: ...
+
+
+class LinkDiagnosis(Protocol):
+    """The diagnosis's counts per device (hub/linkhealth.py ``LinkHealth``)."""
+
+    def protocol_error(self, device_id: uuid.UUID, what: str, now: dt.datetime) -> None: ...
 
 
 class Placement(Protocol):
@@ -43,32 +96,34 @@ class Placement(Protocol):
         """The link epoch this node claimed for the device (its presence writes carry it), or None."""
         ...
 
-    def rollout_fence(self, rollout_id: uuid.UUID) -> Any:
+    def rollout_fence(self, rollout_id: uuid.UUID) -> "Fence | None":
         """The lease this node holds on the rollout (its writes are fenced by it), or None."""
         ...
 
 
 class Services(Protocol):
-    settings: Any            # heartbeat/reboot/command timeouts (hub/settings.py)
+    settings: Timeouts       # heartbeat/reboot/command timeouts (hub/settings.py)
     clock: "Clock"
     bus: "Bus"
     registry: "Registry"
     events: Publisher        # the event hub the SSE streams read
-    journal: Any             # record(org_id, event): appended to the event log, then published (hub/eventlog.py)
+    journal: Journal         # record(org_id, event): appended to the event log, then published (hub/eventlog.py)
     presence: "WriteBehind"  # device presence rows, written behind
     links: dict[uuid.UUID, Any]  # the device links this process holds (conn_id, close())
-    meter: Any               # device_seen(org, device, day); add(org, product, quantity, day=)
+    meter: DeviceMeter       # device_seen(org, device, day)
     devices: "Devices"
+    fleets: "Fleets"         # a fleet's registry proxy mode, sent with a version that runs containers
+    registry_credentials: "RegistryCredentials"  # sealed registry logins, opened for the device's frame
     configs: "Configurations"
     secrets: "SecretFiles"
-    secret_box: Any          # opens secret-file contents right before they are sent
+    secret_box: "SecretBox"  # opens secret-file contents right before they are sent
     delivery_slots: "trio.CapacityLimiter"
     rollouts: "Rollouts"
     windows: "UpdateWindows"
     memtests: "MemoryTests"
-    tunnels: Any             # the tunnel sessions' repository, metering and audit (hub/tunnels/sessions.py)
+    tunnels: TunnelSessions  # the tunnel sessions' repository, metering and audit (hub/tunnels/sessions.py)
     topology: Placement      # tells elsewhere, link epochs, rollout fences (one process or a cluster)
     window_changes: int      # update windows changed in this process (actors/rollout.py)
-    link_health: Any         # protocol_error(device, what, now): the diagnosis's count (hub/linkhealth.py)
+    link_health: LinkDiagnosis  # protocol_error(device, what, now): the diagnosis's count (hub/linkhealth.py)
 
     async def device_actor(self, device_id: uuid.UUID) -> "Actor": ...

@@ -108,13 +108,14 @@ class _Done:
 
 class TunnelActor(Actor):
     mailbox_size = 32
+    # Made by on_start, which the runtime runs before anything else of the actor's (a type, not None).
+    machine: tm.TunnelMachine
 
     def __init__(self, sid: uuid.UUID, services: "Services") -> None:
         super().__init__(("tunnel", sid))
         self.sid = sid
         self.services = services
         self.row: dict[str, Any] = {}
-        self.machine: tm.TunnelMachine | None = None
         self.watchers: list[trio.MemorySendChannel] = []
         self._close_replies: list[Reply] = []
         self._over = False
@@ -185,6 +186,7 @@ class TunnelActor(Actor):
 
     async def _done(self, msg: _Done) -> None:
         if msg.kind == "open":
+            assert msg.reply is not None  # an open's and an ice's _Done carry their ask's reply
             if msg.error is None:
                 try:
                     await self._feed(tm.Answered())
@@ -205,6 +207,7 @@ class TunnelActor(Actor):
                 reply.set({"device_acknowledged": acknowledged})
             self._close_replies.clear()
         elif msg.kind == "ice":
+            assert msg.reply is not None
             if msg.error is None:
                 msg.reply.set(msg.payload or {})
             else:

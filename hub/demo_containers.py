@@ -189,5 +189,5 @@ async def _stop_at_exit(engine: Podman) -> None:
         await trio.sleep_forever()
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(30):
-            await trio.run_process([engine.binary, *engine._global, "stop", "--all", "-t", "2"], check=False,
+            await trio.run_process([engine.binary, *engine.global_args, "stop", "--all", "-t", "2"], check=False,
                                    capture_stdout=True, capture_stderr=True, env=engine.environment())

@@ -78,7 +78,7 @@ def rootfs(files: dict[str, bytes], busybox: str = BUSYBOX, applets: tuple[str, 
 async def run_podman(engine: Podman, args: list[str], timeout: float = 120) -> None:
     """podman with ``engine``'s store and configuration; RuntimeError with podman's last words."""
     with trio.fail_after(timeout):
-        done = await trio.run_process([engine.binary, *engine._global, *args], check=False, capture_stdout=True,
+        done = await trio.run_process([engine.binary, *engine.global_args, *args], check=False, capture_stdout=True,
                                       capture_stderr=True, env=engine.environment(), stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         said = done.stderr.decode(errors="replace").strip().splitlines()

@@ -163,8 +163,8 @@ def _refused(ref: ImageRef, credentials: tuple[str, str] | None, said: str) -> R
                          f"{credentials[0]}) for {ref.repository} ({said})")
 
 
-async def _token(client: httpx.AsyncClient, ref: ImageRef, challenge: dict[str, str],
-                 allowed: Collection[str] | None, credentials: tuple[str, str] | None) -> str:
+async def pull_token(client: httpx.AsyncClient, ref: ImageRef, challenge: dict[str, str],
+                     allowed: Collection[str] | None, credentials: tuple[str, str] | None) -> str:
     """A pull token (the distribution token protocol), with the credential when there is one."""
     realm = httpx.URL(challenge["realm"])
     if realm.scheme != "https" and not (realm.scheme == "http" and ref.plain_http):
@@ -208,7 +208,7 @@ async def _fetch_digest(ref: ImageRef, timeout: float, allowed: Collection[str] 
                     challenge = bearer_challenge(said)
                     if "Authorization" not in headers and challenge is not None:
                         await r.aclose()
-                        token = await _token(client, ref, challenge, allowed, credentials)
+                        token = await pull_token(client, ref, challenge, allowed, credentials)
                         headers["Authorization"] = f"Bearer {token}"
                         continue
                     if "Authorization" not in headers and credentials is not None and said[:6].lower() == "basic ":

@@ -76,7 +76,7 @@ class NameTaken(Exception):
 
 class DatabaseUnavailable(Exception):
     """PostgreSQL could not be reached (down, restarting, refusing connections). An expected condition,
-    not a bug: the app answers 503 database_unavailable, actors wait and retry (actors/runtime.py)."""
+    not a bug: the app answers 503 database_unavailable, actors wait and retry (actors/_runtime/actor.py)."""
 
     status = 503
     code = "database_unavailable"

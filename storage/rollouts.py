@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 import uuid
 from collections.abc import Sequence
@@ -156,13 +157,15 @@ class Rollouts:
 
         return await self.db.run(body)
 
-    async def active_ids(self) -> list[uuid.UUID]:
+    # builtins.list from here on: in this class's body ``list`` is the method above, and a type checker
+    # reads an annotation there as that method (mypy: "list?[...] is not iterable" in actors/rollout.py)
+    async def active_ids(self) -> builtins.list[uuid.UUID]:
         rows = await self.db.fetch("SELECT id FROM rollouts WHERE state = ANY($1::text[])", list(ACTIVE))
         return [r["id"] for r in rows]
 
     async def save(self, rollout_id: uuid.UUID, now: dt.datetime, *, state: str, current_batch: int,
                    reason: str | None, accepted_failures: int, accepted_batch: int,
-                   steps: list[tuple[uuid.UUID, str, str | None, dt.datetime]], fence: Fence | None = None,
+                   steps: builtins.list[tuple[uuid.UUID, str, str | None, dt.datetime]], fence: Fence | None = None,
                    events: Sequence[NewEvent] = ()) -> None:
         """The rollout's state, changed steps and the events announcing them (the event log) in one
         crossing and one transaction (in a cluster, only while ``fence`` is still the rollout's
@@ -194,7 +197,7 @@ class Rollouts:
 
         await self.db.run(body, transaction=True)
 
-    async def device_views(self, version_id: uuid.UUID, device_ids: list[uuid.UUID]) -> list[dict]:
+    async def device_views(self, version_id: uuid.UUID, device_ids: builtins.list[uuid.UUID]) -> builtins.list[dict]:
         """What the rollout needs of its devices each tick, in one statement: the configuration
         result, and the presence the DeviceActor wrote (online, state, and whether a memory test
         holds the workload: ``workloadHeld`` of its facts)."""
@@ -204,7 +207,7 @@ class Rollouts:
             "FROM devices WHERE id = ANY($1::uuid[])", device_ids)
         return [dict(r) for r in rows]
 
-    async def assign(self, device_ids: list[uuid.UUID], config_id: uuid.UUID, version_id: uuid.UUID,
+    async def assign(self, device_ids: builtins.list[uuid.UUID], config_id: uuid.UUID, version_id: uuid.UUID,
                      now: dt.datetime, fence: Fence | None = None) -> None:
         """Assign the rollout's version to many devices in one crossing (a tick starts a whole batch):
         their configuration files become pending there (or overridden by the device's own file at
@@ -225,7 +228,7 @@ class Rollouts:
             self.device_cache.evict(device_ids)
 
     async def release(self, rollout_id: uuid.UUID, version_id: uuid.UUID, now: dt.datetime,
-                      fence: Fence | None = None) -> list[uuid.UUID]:
+                      fence: Fence | None = None) -> builtins.list[uuid.UUID]:
         """A cancelled rollout gives its devices back what they run: each device it assigned its
         version to that does not run it and is not applying it now (pending, rejected, failed) is
         assigned the version it runs (or none), with that version's configuration and files, so

@@ -66,9 +66,9 @@ def podman(store: Path, **options) -> Podman:
 async def remove_everything(engine: Podman) -> None:
     """At a test's end: no container of its store keeps running, and its runroot is gone."""
     with trio.move_on_after(60):
-        await trio.run_process([engine.binary, *engine._global, "rm", "--all", "--force", "-t", "0"],
+        await trio.run_process([engine.binary, *engine.global_args, "rm", "--all", "--force", "-t", "0"],
                                check=False, capture_stdout=True, capture_stderr=True, env=engine.environment())
-    runroot = engine._global[engine._global.index("--runroot") + 1]
+    runroot = engine.global_args[engine.global_args.index("--runroot") + 1]
     await trio.to_thread.run_sync(lambda: shutil.rmtree(runroot, ignore_errors=True))
 
 

@@ -11,6 +11,7 @@ reconnects before its old socket is noticed dead, the newest connection wins and
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -270,7 +271,8 @@ class ConnectionMachine:
         return []
 
 
-_ACTIONS = {
+# Each action takes its own event type: typed by what handle() calls them with.
+_ACTIONS: dict[type, Callable[[ConnectionMachine, Any, dt.datetime, Key, Conn], list[object]]] = {
     LinkUp: ConnectionMachine._link_up, LinkDown: ConnectionMachine._link_down,
     Heartbeat: ConnectionMachine._heartbeat, Tick: ConnectionMachine._tick,
     RebootRequested: ConnectionMachine._reboot, CommandSucceeded: ConnectionMachine._command_succeeded,

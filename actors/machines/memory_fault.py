@@ -32,7 +32,9 @@ def bad_pages(result: dict[str, Any]) -> set[int]:
     for r in (result.get("kernel") or {}).get("badRanges") or []:
         if not isinstance(r, dict) or not isinstance(r.get("start"), int):
             continue
-        end = r.get("end") if isinstance(r.get("end"), int) else r["start"] + int(r.get("length") or page)
+        end = r.get("end")
+        if not isinstance(end, int):
+            end = r["start"] + int(r.get("length") or page)
         for addr in range(r["start"] // page * page, end, page):
             out.add(addr)
             if len(out) > 4 * FAULT_BYTES // page:
@@ -84,8 +86,9 @@ def diagnosis(conditions: list[dict[str, Any]], newest_result: dict[str, Any] | 
                                    "and reconnects"),
                        "since": refused.get("lastAt"), "details": dict(refused)})
     summary = (newest_result or {}).get("pageSummary")
-    if isinstance(summary, dict) and (summary.get("omittedPages") or (newest_result or {}).get("trimmed")):
-        trimmed = (newest_result or {}).get("trimmed")
+    if newest_result is not None and isinstance(summary, dict) and (summary.get("omittedPages")
+                                                                    or newest_result.get("trimmed")):
+        trimmed = newest_result.get("trimmed")
         issues.append({"severity": "info", "code": "MemoryTestPageMapSummarised",
                        "title": "Memory test page map summarised",
                        "message": (f"memory test {newest_result.get('runId')} found errors on "

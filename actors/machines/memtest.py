@@ -18,7 +18,7 @@ import datetime as dt
 from dataclasses import dataclass
 from enum import Enum
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 RATE_LIMIT = dt.timedelta(seconds=5)  # a device accepts one start every 5 seconds
 TEST_BOOT_UNSUPPORTED = "test boot is not supported by this board's bootloader yet"
@@ -195,7 +195,7 @@ _STARTS = (Start, (Start, UNSUPPORTED), (Start, TOO_SOON))
 REFUSALS: dict[tuple[RunState, Key], Callable[["MemtestMachine", Any, dt.datetime], Refused]] = {
     **{(state, key): (lambda m, e, now: Busy(m.status)) for state in (S.STARTING, S.RUNNING) for key in _STARTS},
     (S.IDLE, (Start, UNSUPPORTED)): lambda m, e, now: Unsupported(_unsupported_reason(e)),
-    (S.IDLE, (Start, TOO_SOON)): lambda m, e, now: TooSoon((m.last_accepted_at + RATE_LIMIT - now).total_seconds()),
+    (S.IDLE, (Start, TOO_SOON)): lambda m, e, now: _too_soon(m, now),
     # its start is still on the way; cancel once it answered
     (S.STARTING, Cancel): lambda m, e, now: Busy(m.status),
     (S.STARTING, (Cancel, OTHER_RUN)): lambda m, e, now: Busy(m.status),
@@ -208,6 +208,11 @@ def event_type(key: Key) -> type:
     return key[0] if isinstance(key, tuple) else key
 
 
+def _too_soon(m: MemtestMachine, now: dt.datetime) -> TooSoon:
+    assert m.last_accepted_at is not None  # key() says TOO_SOON only after an accepted start
+    return TooSoon((m.last_accepted_at + RATE_LIMIT - now).total_seconds())
+
+
 def _unsupported_reason(event: Start) -> str | None:
     """Why the device cannot run this start's mode, or None when it can."""
     caps = event.capabilities or {}
@@ -216,7 +221,7 @@ def _unsupported_reason(event: Start) -> str | None:
     return None if caps.get("online") else NO_MEMORY_TEST
 
 
-def _ended(status: dict[str, Any] | None) -> bool:
+def _ended(status: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
     return status is not None and status.get("phase") in TERMINAL_PHASES
 
 
@@ -262,7 +267,7 @@ def operation(status: dict[str, Any], result: dict[str, Any] | None = None) -> d
     return out
 
 
-_END_PHASE = {"pass": "done", "fail": "failed", "cancelled": "cancelled", "interrupted": "interrupted",
+_END_PHASE: dict[str | None, str] = {"pass": "done", "fail": "failed", "cancelled": "cancelled", "interrupted": "interrupted",
               "error": "failed"}
 
 
@@ -357,9 +362,10 @@ class MemtestMachine:
 
     def _progress(self, event: Progress, now: dt.datetime, key: Key, old: RunState) -> list[object]:
         if old is S.STARTING:
-            if event.status.get("runId") != (self.status or {}).get("runId"):
+            pending = self.status or {}  # set by _start: STARTING always has it
+            if event.status.get("runId") != pending.get("runId"):
                 return []  # another run's late report: the start's answer decides
-            self.status = {**self.status, **event.status}  # early progress of the start in flight
+            self.status = {**pending, **event.status}  # early progress of the start in flight
             return [Publish(operation(self.status))]
         if key == (Progress, STALE):
             return []
@@ -368,7 +374,7 @@ class MemtestMachine:
     def _observed(self, event: Observed, now: dt.datetime, key: Key, old: RunState) -> list[object]:
         if old is S.STARTING:
             return []
-        if key == Observed:
+        if key == Observed and event.status is not None:  # key() says Observed only with a status
             return self._adopt(event.status, publish=event.status != self.status)
         if old is S.IDLE:  # nothing runs, and nothing did: keep the device's last word on record
             if event.status is not None and _ended(event.status) and event.status != self.status:
@@ -378,9 +384,10 @@ class MemtestMachine:
         # The device says nothing runs while the hub held a running test: the device's end of that
         # run when it names it; else the run died without a word (a reboot, a crash: the spec's
         # interrupted). Never the run's last progress, which would read as testing for ever.
-        same_run = (_ended(event.status)
-                    and event.status.get("runId") == (self.status or {}).get("runId"))  # type: ignore[union-attr]
-        ended = event.status if same_run else {**(self.status or {}), "phase": "interrupted", "step": None}
+        if _ended(event.status) and event.status.get("runId") == (self.status or {}).get("runId"):
+            ended = event.status
+        else:
+            ended = {**(self.status or {}), "phase": "interrupted", "step": None}
         self.status = ended
         return [SaveStatus(ended), Publish(operation(ended))]
 
@@ -392,7 +399,7 @@ class MemtestMachine:
             return effects  # an older run's report (an interrupted test) while another starts or runs
         if ours and old is S.IDLE and _ended(self.status) and self.status.get("outcome") == result.get("outcome"):
             return effects  # the device re-sent a result the hub already ended the run with
-        ended = {**(self.status if ours else {}), "runId": result.get("runId"),
+        ended = {**((self.status or {}) if ours else {}), "runId": result.get("runId"),
                  "plan": result.get("plan") or (self.status or {}).get("plan"),
                  "phase": _END_PHASE.get(result.get("outcome"), "done"),
                  "testedBytes": result.get("testedBytes"), "coverageBytes": result.get("coverageBytes"),
@@ -419,7 +426,9 @@ class MemtestMachine:
         return effects
 
 
-_ACTIONS = {Start: MemtestMachine._start, StartAccepted: MemtestMachine._accepted,
+# Each action takes its own event type: typed by what handle() calls them with.
+_ACTIONS: dict[type, Callable[[MemtestMachine, Any, dt.datetime, Key, RunState], list[object]]] = {
+    Start: MemtestMachine._start, StartAccepted: MemtestMachine._accepted,
             StartRefused: MemtestMachine._refused, Cancel: MemtestMachine._cancel,
             Progress: MemtestMachine._progress, Observed: MemtestMachine._observed,
             Finished: MemtestMachine._finished, Reset: MemtestMachine._reset}

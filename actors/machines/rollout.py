@@ -47,6 +47,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 
 class RolloutState(Enum):
@@ -438,5 +439,7 @@ class RolloutMachine:
                     self._start_device(st, views.get(st.device_id), now, changed, effects)
 
 
-_ACTIONS = {Start: RolloutMachine._start, Pause: RolloutMachine._pause, Resume: RolloutMachine._resume,
+# Each action takes its own event type: typed by what handle() calls them with.
+_ACTIONS: dict[type, Callable[[RolloutMachine, Any, dt.datetime], tuple[Key, str | None, list[object]]]] = {
+    Start: RolloutMachine._start, Pause: RolloutMachine._pause, Resume: RolloutMachine._resume,
             Cancel: RolloutMachine._cancel, Tick: RolloutMachine._tick}

@@ -94,13 +94,13 @@ class Podman(Engine):
         self.conf = conf
         self.pull_timeout = pull_timeout
         self.scratch = scratch  # where env files live for the instant of a create; default: the system's
-        self._global: list[str] = []
+        self.global_args: list[str] = []  # before the subcommand: its storage (root, runroot, driver)
         if root is not None:
-            self._global += ["--root", str(root)]
+            self.global_args += ["--root", str(root)]
         if runroot is not None:
-            self._global += ["--runroot", str(runroot)]
+            self.global_args += ["--runroot", str(runroot)]
         if storage_driver is not None:
-            self._global += ["--storage-driver", storage_driver]
+            self.global_args += ["--storage-driver", storage_driver]
 
     def environment(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
@@ -115,7 +115,7 @@ class Podman(Engine):
         with trio.move_on_after(timeout) as scope:
             try:
                 result = await trio.run_process(
-                    [self.binary, *self._global, *args], check=False, capture_stdout=True, capture_stderr=True,
+                    [self.binary, *self.global_args, *args], check=False, capture_stdout=True, capture_stderr=True,
                     stdin=subprocess.DEVNULL, env={**self.environment(), **(env or {})}, deliver_cancel=_kill)
             except OSError as exc:
                 raise EngineError(f"{what}: podman cannot run ({exc.strerror or exc})") from None
@@ -249,7 +249,7 @@ class Podman(Engine):
             with trio.move_on_after(timeout) as scope:
                 try:
                     result = await trio.run_process(
-                        [self.binary, *self._global, *args], check=False, stdin=subprocess.DEVNULL, stdout=out,
+                        [self.binary, *self.global_args, *args], check=False, stdin=subprocess.DEVNULL, stdout=out,
                         stderr=subprocess.STDOUT, env=self.environment(), deliver_cancel=_kill)
                 except OSError as exc:
                     raise EngineError(f"podman cannot run ({exc.strerror or exc})") from None

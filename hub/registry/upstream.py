@@ -107,7 +107,7 @@ class Upstream:
                     if challenge is None:
                         raise UpstreamError(f"the registry {ref.registry} asks for credentials for {ref.repository}")
                     await r.aclose()
-                    self._tokens[key] = await images._anonymous_token(client, ref, challenge, self.allowed)
+                    self._tokens[key] = await images.pull_token(client, ref, challenge, self.allowed, None)
                     asked_token = True
                     continue
                 if r.status_code in (301, 302, 303, 307, 308):

@@ -4,21 +4,38 @@ Every attribute the port names is present. The process facts default to a single
 no fences, no epochs); every repository a test does not give is ``Missing``, which fails loudly when
 an actor touches it. So a stand-in can no longer lack an attribute and send an actor silently down
 the single-node branch (what ``getattr`` defaults did before: issue 34 item 2).
+
+``StandIn`` declares each attribute with the port's type, and mypy checks that it is a ``Services``
+(the assignment under TYPE_CHECKING below; tests/actors/test_types.py runs mypy), so the hub's own
+Settings, EventHub, Journal and LinkHealth that it holds are checked against the port's Protocols too.
 """
 
 from __future__ import annotations
 
 import uuid
-from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import trio
 
 from actors.bus import Bus
-from actors.services import Services
-from device_client.shared.clock import TestClock
-from hub.eventlog import Journal
+from actors.runtime import Actor, Registry
+from actors.services import (DeviceMeter, Journal, LinkDiagnosis, Placement, Publisher, Services, Timeouts,
+                             TunnelSessions)
+from device_client.shared.clock import Clock, TestClock
+from hub.eventlog import Journal as EventJournal
 from hub.events import EventHub
 from hub.linkhealth import LinkHealth
 from hub.settings import Settings
+from storage.behind import WriteBehind
+from storage.configs import Configurations
+from storage.crypto import SecretBox
+from storage.devices import Devices
+from storage.fleets import Fleets
+from storage.memtests import MemoryTests
+from storage.registry_credentials import RegistryCredentials
+from storage.rollouts import Rollouts
+from storage.secrets import SecretFiles
+from storage.windows import UpdateWindows
 
 
 class Missing:
@@ -51,12 +68,62 @@ def port_names() -> set[str]:
     return names
 
 
-def stand_in(**given: Any) -> SimpleNamespace:
-    s = SimpleNamespace(**{name: Missing(name) for name in port_names()})
-    s.__dict__.update(settings=Settings(), clock=TestClock(), bus=Bus(), events=EventHub(), links={},
-                      topology=Alone(), window_changes=0,
-                      link_health=LinkHealth())
-    s.__dict__.update(given)
-    if "journal" not in given:  # events published at once, as before the log (hub/eventlog.py)
-        s.journal = Journal(None, s.events, enabled=False)
+class StandIn:
+    """The port with single-node defaults; what a test gives replaces them (``stand_in``)."""
+
+    settings: Timeouts
+    clock: Clock
+    bus: Bus
+    registry: Registry
+    events: Publisher
+    journal: Journal
+    presence: WriteBehind
+    links: dict[uuid.UUID, Any]
+    meter: DeviceMeter
+    devices: Devices
+    fleets: Fleets
+    registry_credentials: RegistryCredentials
+    configs: Configurations
+    secrets: SecretFiles
+    secret_box: SecretBox
+    delivery_slots: trio.CapacityLimiter
+    rollouts: Rollouts
+    windows: UpdateWindows
+    memtests: MemoryTests
+    tunnels: TunnelSessions
+    topology: Placement
+    window_changes: int
+    link_health: LinkDiagnosis
+
+    def __init__(self) -> None:
+        for name in port_names() - {"device_actor"}:
+            setattr(self, name, Missing(name))
+        self.settings = Settings()
+        self.clock = TestClock()
+        self.bus = Bus()
+        events = EventHub()
+        self.events = events
+        self.journal = EventJournal(None, events, enabled=False)  # published at once, as before the log
+        self.links = {}
+        self.topology = Alone()
+        self.window_changes = 0
+        self.link_health = LinkHealth()
+
+    async def device_actor(self, device_id: uuid.UUID) -> Actor:
+        raise AssertionError("the actor used services.device_actor, which this test's stand-in lacks")
+
+
+if TYPE_CHECKING:
+    _: Services = StandIn()  # mypy: every attribute and method of the port, each of the port's type
+
+
+def stand_in(**given: Any) -> StandIn:
+    unknown = set(given) - port_names()
+    if unknown:
+        raise TypeError(f"not in the actors' port (actors/services.py): {sorted(unknown)}")
+    s = StandIn()
+    for name, value in given.items():
+        setattr(s, name, value)
+    if "events" in given and "journal" not in given:  # the journal publishes on the test's event hub
+        s.journal = EventJournal(None, given["events"], enabled=False)
     return s

@@ -1,4 +1,4 @@
-"""The actor's mailbox (actors/mailbox.py) keeps a trio memory channel's promises for what the runtime
+"""The actor's mailbox (actors/_runtime/mailbox.py) keeps a trio memory channel's promises for what the runtime
 uses: order, a bound, waiting for room, closing, and no message lost to a cancelled receive."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.testing
 
-from actors.mailbox import Mailbox
+from actors._runtime.mailbox import Mailbox
 
 
 async def test_order_bound_and_close():

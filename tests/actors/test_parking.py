@@ -2,7 +2,7 @@
 deadline, through the Supervisor's one timer task, starts one again, with its state kept.
 
 Tasks are counted in the test's nursery, which is the Supervisor's: an awake actor's task is named
-after ``Supervisor._keep_running``, the timer after ``ParkTimer._run_timer`` (actors/parktimer.py).
+after ``Supervisor._keep_running``, the timer after ``ParkTimer._run_timer`` (actors/_runtime/parktimer.py).
 """
 
 from __future__ import annotations

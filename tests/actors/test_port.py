@@ -23,6 +23,6 @@ def test_no_actor_reads_the_port_with_a_default():
     # getattr(services, "x", default) makes a missing attribute a silent branch (a missing fence read as
     # "not fenced"); the port is complete, so an attribute is read as itself
     pattern = re.compile(r"getattr\((self\.)?(services|s)\b")
-    found = [f"{path.name}:{n}" for path in sorted(ACTORS.glob("*.py"))
+    found = [f"{path.name}:{n}" for path in sorted(ACTORS.rglob("*.py"))
              for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert found == []

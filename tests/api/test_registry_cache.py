@@ -288,3 +288,30 @@ async def test_a_streamed_blob_that_does_not_match_its_digest_cuts_its_readers_a
         await trio.sleep(0.1)
     assert cache.entries == {} and cache.total == 0
     assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
+
+
+async def test_a_registry_that_asks_for_a_token_is_given_an_anonymous_one(tmp_path):
+    # Before: the upstream called hub/images.py's _anonymous_token, which the registry credentials had
+    # renamed, so any registry answering with a Bearer challenge failed the pull (AttributeError).
+    data = b"layer" * 1000
+    digest = sha(data)
+    token_requests = []
+
+    async def streamed(body: bytes):  # as a socket gives it (bytes content would arrive already read)
+        yield body
+
+    async def registry(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/token":
+            token_requests.append((dict(request.url.params), "authorization" in request.headers))
+            return httpx.Response(200, content=streamed(b'{"token": "pull-token"}'))
+        if request.headers.get("authorization") != "Bearer pull-token":
+            return httpx.Response(401, headers={"www-authenticate": f'Bearer realm="https://{REGISTRY}/token",'
+                                                                    'service="reg",scope="repository:app/web:pull"'})
+        return httpx.Response(200, content=streamed(data), headers={"Content-Length": str(len(data))})
+
+    cache = Cache(tmp_path / "cache", 1 << 30)
+    cache.load()
+    upstream = Upstream(allowed=(REGISTRY,), transport=httpx.MockTransport(registry))
+    with trio.fail_after(30):
+        assert await get(cache, upstream, digest) == data
+    assert token_requests == [({"scope": "repository:app/web:pull", "service": "reg"}, False)]

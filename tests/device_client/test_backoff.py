@@ -53,10 +53,12 @@ def test_a_policy_that_cannot_back_off_is_refused(initial, maximum, factor):
 
 
 def test_the_link_the_supervisor_and_the_workload_share_it():
-    import actors.runtime
+    import actors._runtime.actor
+    import actors._runtime.supervisor
     import device_client.agentlink
     import device_client.workload
 
     assert device_client.agentlink.Backoff is Backoff
-    assert actors.runtime.Backoff is Backoff
+    assert actors._runtime.actor.Backoff is Backoff  # an actor's storage backoff
+    assert actors._runtime.supervisor.Backoff is Backoff  # its restart backoff
     assert device_client.workload.Backoff is Backoff

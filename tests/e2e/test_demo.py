@@ -125,7 +125,7 @@ def test_demo_runs_stops_cleanly_and_reuses_its_data(tmp_path, procs):
     assert demo2.interrupt(timeout=30) == 0, demo2.log_tail()
     if containers:  # the demo's podman store is in tmp_path; its runroot is in /tmp (hub/demo_containers.py)
         engine = demo_engine(data / "containers" / "podman", scratch=data)
-        subprocess.run([engine.binary, *engine._global, "rm", "--all", "--force", "-t", "0"], env=engine.environment(),
-                       capture_output=True, timeout=60, check=False)
-        shutil.rmtree(engine._global[engine._global.index("--runroot") + 1], ignore_errors=True)
+        subprocess.run([engine.binary, *engine.global_args, "rm", "--all", "--force", "-t", "0"],
+                       env=engine.environment(), capture_output=True, timeout=60, check=False)
+        shutil.rmtree(engine.global_args[engine.global_args.index("--runroot") + 1], ignore_errors=True)
     wait_until(lambda: not postgres_of(data), timeout=10, what="PostgreSQL to exit")

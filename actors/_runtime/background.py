@@ -1,11 +1,11 @@
-"""An actor's background work, run without a nursery of its own (actors/runtime.py's parking).
+"""An actor's background work, run without a nursery of its own (actors/_runtime/actor.py's parking).
 
     ActorTasks   ``actor.tasks.start_soon(fn, *args)``: ``fn`` runs in the Supervisor's nursery, in a
                  cancel scope of its own, and counts as the actor's: while any runs the actor does not
                  park; its crash is the actor's crash; an actor that crashes or stops cancels it and
                  waits for it to end.
 
-Kept apart from actors/runtime.py, which holds the Actor and its Supervisor: this is the piece that
+Kept apart from actors/_runtime/actor.py, which holds the Actor: this is the piece that
 stands in for the nursery each actor had before parking (one per actor, about 2 KiB even when idle).
 """
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 if TYPE_CHECKING:
-    from actors.runtime import Actor
+    from actors._runtime.actor import Actor
 
 log = logging.getLogger("fleethub.actors")
 
@@ -78,8 +78,10 @@ class ActorTasks:
             else:
                 self._crash(exc)
         finally:
-            self._scopes.discard(scope)
-            if not self._scopes:
+            scopes = self._scopes
+            assert scopes is not None  # start_soon made it before this task
+            scopes.discard(scope)
+            if not scopes:
                 self._all_done()
 
     def _cancel_all(self) -> None:

@@ -1,4 +1,4 @@
-"""The one timer of a Supervisor's parked actors (actors/runtime.py, "Parking").
+"""The one timer of a Supervisor's parked actors (actors/_runtime/actor.py, "Parking").
 
     ParkTimer    ``schedule(actor, at)`` wakes the parked ``actor`` at trio time ``at`` through the
                  ``wake`` it was given (``Supervisor._wake``). One task for all parked actors, started
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 if TYPE_CHECKING:
-    from actors.runtime import Actor
+    from actors._runtime.actor import Actor
 
 
 class ParkTimer:

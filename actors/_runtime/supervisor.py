@@ -1,15 +1,15 @@
-"""Supervision: the Supervisor that runs actors (actors/runtime.py) and restarts them, and the
+"""Supervision: the Supervisor that runs actors (actors/_runtime/actor.py) and restarts them, and the
 Registry that finds or starts the actor for a key.
 
     Supervisor   runs actors in its nursery, one task per awake actor; restarts a crashed one after a
                  backoff; past ``max_restarts`` crashes in ``window`` seconds gives that actor up (it
                  stops, its askers hear ``ActorStopped``, the Registry forgets it, so the next message
                  for its key starts a fresh one from storage); wakes parked actors (a message, or its
-                 timer, actors/parktimer.py). One actor's crashes cost that actor, never the process:
+                 timer, actors/_runtime/parktimer.py). One actor's crashes cost that actor, never the process:
                  one device sending what crashes its actor must not take the hub's other devices down.
     Registry     the actors by key, running or parked; ``get`` starts a missing one exactly once.
 
-How an actor runs, parks and waits out a storage outage is told in actors/runtime.py.
+How an actor runs, parks and waits out a storage outage is told in actors/_runtime/actor.py.
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 import trio
+from trio import TaskStatus
 
-from actors.parktimer import ParkTimer
+from actors._runtime.parktimer import ParkTimer
+from actors.errors import ActorStopped
 from device_client.shared.backoff import Backoff
 from storage.db import DatabaseUnavailable
 
 if TYPE_CHECKING:
-    from actors.runtime import Actor
+    from actors._runtime.actor import Actor
 
 log = logging.getLogger("fleethub.actors")
 
@@ -82,7 +84,7 @@ class Supervisor:
         # not with the waker's: a request that wakes an actor must not lend it its context variables
         # (storage crossings are counted per request through one, storage/db.py).
         self._context = contextvars.copy_context()
-        # The parked actors' deadlines, woken by one task for all (actors/parktimer.py).
+        # The parked actors' deadlines, woken by one task for all (actors/_runtime/parktimer.py).
         self.timer = ParkTimer(self._spawn, self._wake)
 
     def statistics(self) -> dict[str, int]:
@@ -106,7 +108,7 @@ class Supervisor:
         self.parked -= 1
         self.wakes_total += 1
 
-    async def _keep_running(self, actor: Actor, task_status=trio.TASK_STATUS_IGNORED,
+    async def _keep_running(self, actor: Actor, task_status: TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
                             woken_for: float | None = None) -> None:
         # One task per awake period: from a start or a wake until the actor parks or stops. Restarts
         # after a crash happen in it; what counts towards escalation is kept on the actor, so that an
@@ -153,11 +155,10 @@ class Supervisor:
         """False past ``max_restarts`` crashes in ``window`` (the actor is given up); else wait out the
         backoff and say True (restart it)."""
         now = trio.current_time()
-        crashes = actor._crash_times
-        if crashes is None:
+        crashes, backoff = actor._crash_times, actor._restart_backoff
+        if crashes is None or backoff is None:  # its first crash: both are made together
             crashes = actor._crash_times = deque()
-            actor._restart_backoff = Backoff(self.backoff_initial, self.backoff_max, jitter=False)
-        backoff = actor._restart_backoff
+            backoff = actor._restart_backoff = Backoff(self.backoff_initial, self.backoff_max, jitter=False)
         if crashes and crashes[-1] < now - self.window:
             backoff.reset()  # stable for a whole window: start gently again
         crashes.append(now)
@@ -178,8 +179,6 @@ class Supervisor:
         """Stop an actor past its crash budget: what waits in its mailbox is answered (an asker hears
         ``ActorStopped``, nothing waits for a reply that will not come), the Registry forgets it, and
         ``on_given_up`` lets it undo what outlives it (a DeviceActor closes its device's link)."""
-        from actors.errors import ActorStopped
-
         self.given_up_total += 1
         for _msg, reply in actor._mailbox.take_all():
             if reply is not None:
