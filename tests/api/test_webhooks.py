@@ -65,7 +65,7 @@ async def test_an_admin_registers_an_endpoint_and_its_secret_is_shown_once(nurse
                     "http://user:pw@example.com/x"):
             assert_error(await hub.call("POST", "/v1/webhooks", json={"url": url, "event_types": ["*"]}), 400,
                          "invalid_url")
-        # the sender refuses a private address at delivery too (PinnedTransport connects to what it checked)
+        # the sender refuses a private address at delivery too (hub/webhooks/wire.py connects to what it checked)
         outcome = await sender.post(receiver.url, b"{}", {}, allow_private=False)
         assert outcome.status is None and "private" in outcome.error and receiver.requests == []
         member = await hub.new_user("member")
