@@ -28,7 +28,7 @@ import trio
 
 from actors.services import Placement
 from hub.auth.ratelimit import BurstLimiter, Decision
-from hub.auth.sessions import LoginThrottle, Reservation
+from hub.auth.sessions import Reservation
 
 if TYPE_CHECKING:
     from hub.services import Services
@@ -47,16 +47,17 @@ class Limits(Protocol):
 
 class LocalLimits:
     """The throttles of this process alone: with no await before the count, parallel guesses each take
-    a slot, so at most the limit of them reach the password check."""
+    a slot, so at most the limit of them reach the password check. The login throttle is the process's
+    (``Services.login_throttle``, which /metrics reads), looked up at each use."""
 
-    def __init__(self, login: LoginThrottle) -> None:
-        self.login = login
+    def __init__(self, s: Services) -> None:
+        self.s = s
 
     async def reserve_login(self, account: str, address: str, now: dt.datetime) -> Reservation:
-        return self.login.reserve(account, address, now)
+        return self.s.login_throttle.reserve(account, address, now)
 
     async def login_succeeded(self, attempt: Reservation) -> None:
-        self.login.succeeded(attempt)
+        self.s.login_throttle.succeeded(attempt)
 
     async def hit_burst(self, limiter: BurstLimiter, key: tuple, limit: int, now: dt.datetime) -> Decision:
         return limiter.hit(key, limit, now)
@@ -109,7 +110,7 @@ class SingleNode:
 
     def __init__(self, s: Services) -> None:
         self.s = s
-        self.limits: Limits = LocalLimits(s.login_throttle)
+        self.limits: Limits = LocalLimits(s)
 
     def tell_elsewhere(self, device_id: uuid.UUID, msg: object) -> None:
         pass  # no other process: a device not linked here is linked nowhere, and its next hello syncs
