@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from quart import current_app, g
@@ -15,8 +15,12 @@ from device_client.shared.clock import rfc3339
 from hub.auth.principals import OrgContext, Principal
 from hub.errors import BadRequest
 
+if TYPE_CHECKING:
+    from hub.services import Services
 
-def services():
+
+def services() -> Services:
+    """The process's services, for the request being served: the one accessor every view uses."""
     return current_app.config["SERVICES"]
 
 

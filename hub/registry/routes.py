@@ -22,7 +22,7 @@ import logging
 import re
 
 import trio
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Response, request
 from quart_schema import hide
 
 from device_client.shared.imageref import (
@@ -31,6 +31,7 @@ from device_client.shared.imageref import (
     parse,
     registry_of_component,
 )
+from hub.api.common import services
 from hub.auth.routes import public
 
 from .cache import Cache, Growing
@@ -89,16 +90,12 @@ async def _puller(proxy: RegistryProxy) -> Puller:
     return found
 
 
-def _services():
-    return current_app.config["SERVICES"]
-
-
 @bp.route("/v2/", methods=["GET", "HEAD"])
 @public
 @hide  # the distribution API, not the hub's REST API: docs/containers.md
 async def base():
     try:
-        await _puller(proxy_of(_services()))
+        await _puller(proxy_of(services()))
     except _Refused as refused:
         return _answer(refused)
     return Response("{}", 200, API_HEADER, content_type="application/json")
@@ -119,7 +116,7 @@ async def blob(name: str, reference: str):
 
 
 async def _serve(name: str, kind: str, reference: str) -> Response:
-    proxy = proxy_of(_services())
+    proxy = proxy_of(services())
     try:
         puller = await _puller(proxy)
         ref = _reference(name, kind, reference)
