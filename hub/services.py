@@ -338,7 +338,7 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                     await nursery.start(keep_pruned, services.event_log, services.clock,
                                         settings.event_retention_days)
                     from hub.webhooks.worker import Deliverer
-                    services.deliverer = Deliverer(services)
+                    services.deliverer = Deliverer(services, lease_seconds=settings.webhook_lease_seconds)
                     await nursery.start(services.deliverer.run)
                 await nursery.start(services.auth_cache.keep_fresh)  # credentials refreshed before expiry
                 await nursery.start(services.meter.run)

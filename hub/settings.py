@@ -103,6 +103,9 @@ class Settings:
     event_log: bool = True
     event_retention_days: float = 7.0
     webhooks_allow_private: bool = False
+    # How long a node's lease on a webhook endpoint lasts unless renewed (every third of it): a killed
+    # node's endpoints move to another node within it (hub/webhooks/worker.py).
+    webhook_lease_seconds: float = 30.0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -141,6 +144,7 @@ class Settings:
             event_retention_days=_float("FLEETHUB_EVENT_RETENTION_DAYS", 7.0),
             webhooks_allow_private=os.environ.get("FLEETHUB_WEBHOOKS_ALLOW_PRIVATE", "0").lower()
             in ("1", "true", "yes", "on"),
+            webhook_lease_seconds=_float("FLEETHUB_WEBHOOK_LEASE_SECONDS", 30.0),
             trusted_proxy_hops=int(os.environ.get("FLEETHUB_TRUSTED_PROXY_HOPS", "0")),
             certfile=Path(os.environ["FLEETHUB_CERTFILE"]) if os.environ.get("FLEETHUB_CERTFILE") else None,
             keyfile=Path(os.environ["FLEETHUB_KEYFILE"]) if os.environ.get("FLEETHUB_KEYFILE") else None,
