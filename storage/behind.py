@@ -49,7 +49,7 @@ answer leaves once the row is fsync'd there, and the journal is emptied once Pos
 it held; a process killed meanwhile has its journal replayed by the next start. Without a journal (or
 when the disk refuses it) the row is written behind like any other, and counted in ``unconfirmed``.
 
-Not here: ``Actor.until_stored`` (actors/runtime.py) waits out an outage too, but it is no buffer. Its
+Not here: ``Actor.until_stored`` (actors/_runtime/actor.py) waits out an outage too, but it is no buffer. Its
 caller awaits the result and goes on with it (device_delivery's reads, a configuration result whose
 rollout step follows), the work is a closure in the actor's order, not a row that can be batched,
 merged or halved, its bound is the actor's job slots, not a cap, a refusal is that job's failure, and

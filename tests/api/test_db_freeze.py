@@ -15,6 +15,7 @@ import trio
 
 from storage.db import Database, DatabaseUnavailable
 from storage.embedded import EmbeddedPostgres
+from tests.proctools import stopped
 from tests.hubtools import assert_error, start_hub, wait_for
 from tests.ports import free_port
 
@@ -42,11 +43,17 @@ def server_pids(data_dir: Path) -> list[int]:
 
 
 def signal_all(pids: list[int], sig: signal.Signals) -> None:
+    """A SIGSTOP returns once every process has stopped (tests/proctools.py says why)."""
     for pid in pids:
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
+    if sig == signal.SIGSTOP:
+        deadline = time.monotonic() + 5
+        while not all(stopped(pid) for pid in pids):
+            assert time.monotonic() < deadline, "the PostgreSQL processes did not stop within 5 s"
+            time.sleep(0.001)
 
 
 async def timed_get(hub, path: str) -> tuple[object, float]:

@@ -12,6 +12,7 @@ import trio
 
 from tests.cluster.test_two_nodes import two_nodes
 from tests.hubtools import assert_error, start_agent, wait_for
+from tests.proctools import sigstop
 
 
 async def test_with_nats_stopped_a_local_ping_succeeds_and_a_remote_one_fails_fast(nats_server, db_url, tmp_path):
@@ -27,7 +28,7 @@ async def test_with_nats_stopped_a_local_ping_succeeds_and_a_remote_one_fails_fa
                 await trio.sleep(0.05)
             assert r.status_code == 200, r.text  # through B, over NATS, while it runs
 
-            os.kill(nats_server.proc.pid, signal.SIGSTOP)
+            sigstop(nats_server.proc.pid)  # returns once it has stopped
             try:
                 started = trio.current_time()
                 r = await a.client.post(f"{b_url}/v1/devices/{device_id}/ping", headers=a.headers)

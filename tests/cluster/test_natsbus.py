@@ -9,6 +9,7 @@ from actors import errors as actor_errors
 from actors.bus import BusError, NoResponders, RequestTimeout, Unavailable
 from actors.natsbus import open_nats_bus
 from tests.hubtools import wait_for
+from tests.proctools import sigstop
 
 
 async def _until_held(bus, subject: str) -> None:
@@ -227,7 +228,7 @@ async def test_a_request_in_flight_when_the_server_stalls_fails_within_two_secon
 
             a.subscribe("cmd.dev.>", answer)
             await _until_held(b, "cmd.dev.ping")
-            os.kill(nats_server.proc.pid, signal.SIGSTOP)
+            sigstop(nats_server.proc.pid)  # returns once it has stopped
             try:
                 started = trio.current_time()
                 with pytest.raises(Unavailable):

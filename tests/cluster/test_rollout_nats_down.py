@@ -14,6 +14,7 @@ import trio
 from tests.api.test_rollouts import HEALTHY, config
 from tests.cluster.natstools import CuttableLink
 from tests.hubtools import open_hub, start_agent, start_hub, wait_for
+from tests.proctools import sigstop
 
 DEVICES = 4
 SETTINGS = dict(rollout_lease_seconds=1.5, heartbeat_interval=0.5, rollout_resend_after=2.0)
@@ -99,7 +100,7 @@ async def test_nats_server_stopped_mid_rollout_fails_no_device_and_the_rollout_c
                 return (await state())["counts"]["succeeded"] >= 1
 
             await wait_for(canary_done, timeout=30, interval=0.05)
-            os.kill(nats_server.proc.pid, signal.SIGSTOP)
+            sigstop(nats_server.proc.pid)  # returns once it has stopped
             try:
                 await trio.sleep(8)  # past the probe (2 s + 2 s) and several lease times
                 during = await state()

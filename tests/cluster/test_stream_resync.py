@@ -16,6 +16,7 @@ import trio
 
 from tests.cluster.test_two_nodes import two_nodes
 from tests.hubtools import start_agent, wait_for
+from tests.proctools import sigstop
 
 BOUND = 15.0  # from SIGCONT to the fresh snapshot: a reconnect (0.5 s), A's write-behind, B's row cache (2 s)
 
@@ -48,7 +49,7 @@ async def test_a_stream_on_node_b_shows_what_it_missed_when_nats_comes_back(nats
                 await wait_for(lambda: seen and seen[0]["payload"]["online"] is True, timeout=10)
                 await wait_for(lambda: ("device", uuid.UUID(device_id)) in b_services.events._remote, timeout=5)
 
-                os.kill(nats_server.proc.pid, signal.SIGSTOP)
+                sigstop(nats_server.proc.pid)  # returns once it has stopped
                 try:
                     await wait_for(lambda: not a.services.bus.connected and not b_services.bus.connected, timeout=10)
                     await agent.kill()  # the change B cannot hear: A sees the link close, the device is offline

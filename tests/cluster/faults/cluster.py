@@ -17,6 +17,7 @@ from tests.api.test_db_freeze import server_pids, signal_all
 from tests.cluster.natstools import NatsServer
 from tests.e2e.killtools import EnvProc
 from tests.ports import free_port
+from tests.proctools import sigstop
 
 # Every rollout write, with the node whose connection made it (application_name, storage/db.py) and
 # the lease's owner in that very transaction: the checker's "no write after a lease was lost".
@@ -123,7 +124,7 @@ class FaultCluster:
 
     def stop_nats(self) -> None:
         assert self.nats.proc is not None
-        os.kill(self.nats.proc.pid, signal.SIGSTOP)
+        sigstop(self.nats.proc.pid)  # returns once it has stopped
 
     def resume_nats(self) -> None:
         assert self.nats.proc is not None
