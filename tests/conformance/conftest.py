@@ -47,8 +47,16 @@ class SpecHub:
         return self.hub.headers
 
     def call(self, method: str, path: str, *, headers: dict | None = None, **kw) -> httpx.Response:
-        return self.http.request(method, self.base_url + path, headers=self.headers if headers is None else headers,
-                                 **kw)
+        try:
+            return self.http.request(method, self.base_url + path,
+                                     headers=self.headers if headers is None else headers, **kw)
+        except httpx.ConnectError:
+            # The shared hub's trio run ended (every later call of this worker fails the same way):
+            # say why, from the exception its thread kept (tests/threadhub.py), not only "refused".
+            error = self.extra.get("ready", {}).get("error")
+            if error is not None:
+                raise RuntimeError("the conformance hub stopped; its trio run ended with the error above") from error
+            raise
 
     def run(self, afn, *args):
         """``await afn(*args)`` in the hub's trio run; its result."""
@@ -157,4 +165,4 @@ def spec(pg_server_dsn, pg_template):
     with hub_in_thread(pg_server_dsn, pg_template, "conformance", setup, start_timeout=60) as ready, \
             httpx.Client(timeout=30) as http:
         yield SpecHub(ready["hub"], ready["token"], http, ready["device_id"], ready["offline_id"],
-                      {"nursery": ready["nursery"], "root": ready["root"]})
+                      {"nursery": ready["nursery"], "root": ready["root"], "ready": ready})
