@@ -236,6 +236,7 @@ class Link:
         """One link, from the connect to its end; True if it got its welcome."""
         self._link_welcomed = False
         self._link_error = None
+        opened: Any = None
         try:
             if self._limiter is not None:
                 # bounds simultaneous handshakes, so 15,000 agents (or one hub restart) do not
@@ -243,6 +244,7 @@ class Link:
                 await self._limiter.acquire_on_behalf_of(self)
                 self._limiter_held = True
             async with self._open() as ws:
+                opened = ws
                 with trio.CancelScope() as self._scope:
                     if not self._leaving:
                         await self._session(ws)
@@ -266,10 +268,15 @@ class Link:
             failure = self._link_failed(exc, refusal)
             log.log(logging.INFO if self._link_welcomed else logging.WARNING, "%s: link %s: %s",
                     self._who(), "lost" if self._link_welcomed else "failed", failure)
-            if isinstance(exc, ConnectionClosed):
-                self._closed_with, self._closed_reason = exc.reason.code, exc.reason.reason
-                if exc.reason.code != protocol.CLOSE_TOO_BIG and exc.reason.reason:
-                    log.warning("%s: the hub closed the link (%d): %s", self._who(), exc.reason.code, exc.reason.reason)
+            # The close code decides the backoff (4003: stay away the slowest). Which of the link's
+            # tasks noticed the close first is a race (a send's BrokenResourceError, the machine's
+            # LinkFailed), so the code is read from the socket, which holds the hub's close frame
+            # whatever error ended the link; CI once saw a reconnect 0.00 s after a 4003.
+            closed = exc.reason if isinstance(exc, ConnectionClosed) else getattr(opened, "closed", None)
+            if closed is not None:
+                self._closed_with, self._closed_reason = closed.code, closed.reason
+                if closed.code != protocol.CLOSE_TOO_BIG and closed.reason:
+                    log.warning("%s: the hub closed the link (%d): %s", self._who(), closed.code, closed.reason)
             if isinstance(exc, ConnectionClosed) and exc.reason.code == protocol.CLOSE_TOO_BIG:
                 if _we_refused(exc.reason.reason):
                     # our own end closed: the hub sent a frame over our limit. Nothing of ours was
@@ -280,6 +287,11 @@ class Link:
                     # the hub refused a frame as too big: trim or drop it before coming back, never resend it
                     self.frames.refused_by_hub(exc.reason.reason or "")
         finally:
+            if self._closed_with is None and opened is not None:
+                # a link that ended with no error (its session returned): the hub's close frame, if any
+                closed = getattr(opened, "closed", None)
+                if closed is not None:
+                    self._closed_with, self._closed_reason = closed.code, closed.reason
             self._leaving.clear()  # a link that failed first: what asked to leave sees it has ended
             self._release_limiter()
             self._scope = None

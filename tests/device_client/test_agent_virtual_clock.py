@@ -243,3 +243,34 @@ def test_hub_urls_take_one_a_list_or_commas_and_refuse_a_bad_one_at_start():
     for bad in ("", ",", "http://a:1,ftp://b"):
         with pytest.raises(ValueError):
             hub_urls(bad)
+
+
+async def test_a_4003_keeps_the_device_away_whichever_of_its_tasks_noticed_the_close(nursery, tmp_path,
+                                                                                      autojump_clock):
+    # The close code is read from the socket, not from the error that ended the link: a send that hit
+    # the closed link (BrokenResourceError) used to leave no code, and the device came straight back
+    # (CI's qualification kit saw a reconnect 0.00 s after close 4003).
+    from contextlib import asynccontextmanager
+
+    from trio_websocket import ConnectionClosed
+
+    hub = FakeHub(heartbeat=1000)
+    in_memory = hub.in_memory(nursery)
+
+    @asynccontextmanager
+    async def a_send_notices_first(headers):
+        async with in_memory(headers) as ws:
+            try:
+                yield ws
+            except ConnectionClosed:
+                raise trio.BrokenResourceError("a send found the link closed") from None
+
+    with trio.fail_after(600):
+        agent = Agent(AgentConfig("http://hub.test", "tok", tmp_path / "dev", connector=a_send_notices_first,
+                                  rng=Top(), backoff_initial=0.5, backoff_max=4.0))
+        nursery.start_soon(agent.run)
+        link = await hub.next_link()
+        await link.ws.aclose(4003, "the device was unpaired: its token is revoked")
+        closed_at = trio.current_time()
+        await hub.next_link()
+        assert hub.attempts[-1] - closed_at == pytest.approx(4.0)  # the slowest backoff, not 0.5
