@@ -173,8 +173,12 @@ class Actor:
 
     # -- asking and telling --------------------------------------------------------------------
     def tell(self, msg: Any) -> None:
+        self._enqueue(msg, None)
+
+    def _enqueue(self, msg: Any, reply: Reply | None) -> None:
+        """Into the mailbox without waiting (MailboxFull, ActorStopped), waking a parked actor."""
         try:
-            self._mailbox.send_nowait((msg, None))
+            self._mailbox.send_nowait((msg, reply))
         except trio.WouldBlock:
             raise MailboxFull(f"mailbox of {self.key} is full") from None
         except trio.ClosedResourceError:
@@ -194,14 +198,7 @@ class Actor:
 
     async def ask(self, msg: Any, timeout: float = 10.0) -> Any:
         reply = Reply()
-        try:
-            self._mailbox.send_nowait((msg, reply))
-        except trio.WouldBlock:
-            raise MailboxFull(f"mailbox of {self.key} is full") from None
-        except trio.ClosedResourceError:
-            raise ActorStopped(f"actor {self.key} has stopped") from None
-        if not self._awake:
-            self._wake()
+        self._enqueue(msg, reply)
         with trio.move_on_after(timeout):
             return await reply.wait()
         raise AskTimeout(f"actor {self.key} did not answer within {timeout}s")
