@@ -101,6 +101,29 @@ class Placement(Protocol):
         ...
 
 
+class Stores(Protocol):
+    """The repositories actors use, of the hub's stores (storage/stores.py ``Stores``)."""
+
+    @property
+    def devices(self) -> "Devices": ...
+    @property
+    def fleets(self) -> "Fleets": ...  # a fleet's registry proxy mode, sent with a version that runs containers
+    @property
+    def registry_credentials(self) -> "RegistryCredentials": ...  # sealed registry logins, opened for the device's frame
+    @property
+    def configs(self) -> "Configurations": ...
+    @property
+    def secrets(self) -> "SecretFiles": ...
+    @property
+    def secret_box(self) -> "SecretBox": ...  # opens secret-file contents right before they are sent
+    @property
+    def rollouts(self) -> "Rollouts": ...
+    @property
+    def windows(self) -> "UpdateWindows": ...
+    @property
+    def memtests(self) -> "MemoryTests": ...
+
+
 class Services(Protocol):
     settings: Timeouts       # heartbeat/reboot/command timeouts (hub/settings.py)
     clock: "Clock"
@@ -111,19 +134,13 @@ class Services(Protocol):
     presence: "WriteBehind"  # device presence rows, written behind
     links: dict[uuid.UUID, Any]  # the device links this process holds (conn_id, close())
     meter: DeviceMeter       # device_seen(org, device, day)
-    devices: "Devices"
-    fleets: "Fleets"         # a fleet's registry proxy mode, sent with a version that runs containers
-    registry_credentials: "RegistryCredentials"  # sealed registry logins, opened for the device's frame
-    configs: "Configurations"
-    secrets: "SecretFiles"
-    secret_box: "SecretBox"  # opens secret-file contents right before they are sent
     delivery_slots: "trio.CapacityLimiter"
-    rollouts: "Rollouts"
-    windows: "UpdateWindows"
-    memtests: "MemoryTests"
     tunnels: TunnelSessions  # the tunnel sessions' repository, metering and audit (hub/tunnels/sessions.py)
     topology: Placement      # tells elsewhere, link epochs, rollout fences (one process or a cluster)
     window_changes: int      # update windows changed in this process (actors/rollout.py)
     link_health: LinkDiagnosis  # protocol_error(device, what, now): the diagnosis's count (hub/linkhealth.py)
+
+    @property
+    def stores(self) -> Stores: ...  # the repositories (storage/stores.py)
 
     async def device_actor(self, device_id: uuid.UUID) -> "Actor": ...

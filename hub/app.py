@@ -144,6 +144,8 @@ def _build_app(services: Services) -> HubApp:
             "BearerAuth": HttpSecurityScheme(scheme="bearer", bearer_format="JWT"),
             # A 15-minute JWT with scope tunnel from POST /v1/cli/tunnel/token (hub/tunnels/tokens.py).
             "TunnelToken": HttpSecurityScheme(scheme="bearer", bearer_format="JWT"),
+            # The device's own token (shown once at POST /v1/devices): its link and page-map uploads.
+            "DeviceToken": HttpSecurityScheme(scheme="bearer"),
             # The dashboard session (POST /v1/auth/login); mutating calls also send X-CSRF-Token.
             "SessionCookie": APIKeySecurityScheme(in_="cookie", name=SESSION_COOKIE),
         },

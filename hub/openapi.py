@@ -4,7 +4,8 @@ What a client generator and a fuzzer need beside the views' own models, derived 
 document cannot drift from behaviour:
 
 - security per operation, from the route's ``RouteAuth`` (hub/auth/routes.py, hub/tunnels/auth.py):
-  ``@public`` none; ``@tunnel_token`` TunnelToken; ``@session_only`` the dashboard cookie; an
+  ``@public`` none; ``@tunnel_token`` TunnelToken; ``@device_token`` DeviceToken (hub/auth/device.py);
+  ``@session_only`` the dashboard cookie; an
   explicit ``security_scheme`` on the view (the Bearer-only tunnel usage rows); otherwise the
   spec's "Either" (ApiTokenAuth with ApiSecretAuth, or BearerAuth) and the dashboard cookie;
 - ``X-Organization-ID`` as a header parameter: required on every organisation-scoped operation,

@@ -14,7 +14,7 @@ import uuid
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -25,51 +25,64 @@ from actors.runtime import Registry, Supervisor
 from device_client.shared.clock import Clock, OffsetClock
 from device_client.shared.linkcodes import Close, draining_reason
 from hub import gc_tuning
-from hub.auth.cache import AuthCache
 from hub.billing.devices import BillingHooks
-from hub.auth.oauth import TokenSigner
-from hub.auth.signing_keys import SIGNING_KEYS_TAG, SigningKeys
-from hub.auth.ratelimit import BurstLimiter, RateLimiter
-from hub.auth.sessions import LoginThrottle
+from hub.auth.access import Access
+from hub.auth.signing_keys import SIGNING_KEYS_TAG
 from hub.events import EventHub
 from hub.eventlog import Journal, keep_pruned
 from hub.linkhealth import LinkHealth
 from hub.metrics import Metrics
 from hub.settings import Settings
-from storage.audit import Audit
 from storage.behind import WriteBehind
 from storage.db import Database
 from storage.journal import DiskJournal
 from storage.private import secure_data_dir
-from storage.devices import CHANGED_CHANNEL as DEVICES_CHANGED, Devices
-from storage.events import EventLog
-from storage.webhooks import Webhooks
-from storage.configs import Configurations
-from storage.crypto import SecretBox
-from storage.fleets import Fleets
-from storage.identity import Identity
-from storage.memtests import MemoryTests
+from storage.devices import CHANGED_CHANNEL as DEVICES_CHANGED
+from storage.stores import Stores
 from storage.migrate import migrate
-from storage.orgs import Orgs
-from storage.leases import RolloutLeases
-from storage.nodes import ClusterNodes
-from storage.rollouts import Rollouts
-from storage.rowcache import RowCache
-from storage.windows import UpdateWindows
-from storage.registry_credentials import RegistryCredentials
-from storage.secrets import SecretFiles
-from storage.tokens import Tokens
-from storage.usage import Usage
-from storage.billing import Billing
 from hub.metering import Meter
 from hub.tunnels.grants import push_hub_keys
 from hub.tunnels.sessions import TunnelService
 from hub.topology import SingleNode, Topology
-from storage.assistant import AssistantStore
+
+if TYPE_CHECKING:
+    from hub.mcp.endpoint import McpEndpoint
+    from hub.registry.proxy import RegistryProxy
+    from hub.webhooks.worker import Deliverer
+    from storage.embedded import EmbeddedPostgres
 
 log = logging.getLogger("fleethub")
 AUTH_CHANNEL = "fleethub_auth"
 SECRET_KEYS_TAG = "secret-keys"  # sent on AUTH_CHANNEL after `fleethub admin rotate-secret-key`
+
+
+class Rerun:
+    """Work run once at a time: asked again while it runs, it runs once more after, so a burst of
+    asks (NOTIFYs of key rotations) costs two runs, not a task each."""
+
+    def __init__(self, work: Callable[[], Awaitable[Any]], spawn: Callable[..., bool], name: str) -> None:
+        self._work, self._spawn, self._name = work, spawn, name
+        self._running = self._again = False
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def soon(self) -> None:
+        if self._running:
+            self._again = True
+        elif self._spawn(self._run, name=self._name):
+            self._running = True
+
+    async def _run(self) -> None:
+        try:
+            again = True
+            while again:
+                self._again = False
+                await self._work()
+                again = self._again
+        finally:
+            self._running = False
 
 
 @dataclass
@@ -90,77 +103,72 @@ class Link:
 
 @dataclass
 class Services:
+    """The composition root's product: what the app, the device link and the actors share.
+
+    Given: the process's settings, clock, database and runtime. Built here (``__post_init__``): the
+    three components (``stores``, ``access``, ``topology``), the outboxes, and the tunnel sessions and
+    billing hooks. Set later by who makes them: the app's parts and the embedded PostgreSQL.
+    """
+    # the process
     settings: Settings
     clock: Clock
     db: Database
     nursery: trio.Nursery
     supervisor: Supervisor
     registry: Registry
+    node_id: str = ""  # this process's name (in a cluster, its node's: hub/cluster/node.py)
     bus: Bus = field(default_factory=Bus)
     events: EventHub = field(default_factory=EventHub)
     metrics: Metrics = field(default_factory=Metrics)
-    links: dict[uuid.UUID, Link] = field(default_factory=dict)
     draining: bool = False  # set by drain(): /readyz answers 503 so balancers stop sending work
     stopping: bool = False  # set as open_services begins to close: spawn() starts nothing more
-    _pushing_keys: bool = field(default=False, repr=False)  # a link.keys push runs (_push_keys_soon)
-    _push_keys_again: bool = field(default=False, repr=False)
-    link_health: LinkHealth = field(default_factory=LinkHealth)  # takeovers, protocol errors (diagnosis)
-    node_id: str = ""  # this process's name (in a cluster, its node's: hub/cluster/node.py)
+    # the device links this process holds, and their diagnosis (takeovers, protocol errors)
+    links: dict[uuid.UUID, Link] = field(default_factory=dict)
+    link_health: LinkHealth = field(default_factory=LinkHealth)
     # How many update windows changed in this process: a RolloutActor still starting (not in the
     # registry, so fleet_changed cannot tell it) compares it after its start (actors/rollout.py).
     window_changes: int = 0
+    # the components
+    stores: Stores = field(init=False)      # every repository (storage/stores.py)
+    access: Access = field(init=False)      # credential cache, signing keys, throttles (hub/auth/access.py)
+    topology: Topology = field(init=False)  # one process, or a cluster node (hub/topology.py)
+    # the outboxes: writes that wait out a PostgreSQL outage (storage/behind.py)
+    presence: WriteBehind = field(init=False)
+    audit_log: WriteBehind = field(init=False)
+    meter: Meter = field(init=False)
+    journal: Journal = field(init=False)  # the event log's writer, then the event hub (hub/eventlog.py)
+    # what devices and their links use beside the actors
+    tunnels: TunnelService = field(init=False)
+    device_hooks: BillingHooks = field(init=False)  # what billing does with each device's link and events
+    # Storage work of delivery jobs (actors/device_delivery.py) never takes more than this many of the
+    # pool's connections at once; the rest stay free for API requests.
+    delivery_slots: trio.CapacityLimiter = field(init=False)
+    # set by who makes them
+    deliverer: "Deliverer | None" = None  # hub/webhooks/worker.py, while this process delivers webhooks
+    # The HTTP app's view functions by endpoint (hub/app.py sets it): authentication finds the view a
+    # request was routed to without a read through Quart's current_app proxy.
+    http_views: dict | None = None
+    mcp: "McpEndpoint | None" = None  # hub/mcp/endpoint.py, set by the app (hub/app.py)
+    registry_proxy: "RegistryProxy | None" = None  # hub/registry/, made at its first request
+    embedded_pg: "EmbeddedPostgres | None" = None  # when this process started its own PostgreSQL
+    key_push: "Rerun" = field(init=False, repr=False)  # link.keys pushes after a signing-key rotation
 
     def __post_init__(self) -> None:
-        self.orgs = Orgs(self.db)
-        self.tokens = Tokens(self.db)
-        self.devices = Devices(self.db, RowCache())
-        self.fleets = Fleets(self.db)
-        self.audit = Audit(self.db)
-        self.identity = Identity(self.db)
-        self.configs = Configurations(self.db, self.devices.cache)
-        self.secrets = SecretFiles(self.db)
-        self.registry_credentials = RegistryCredentials(self.db)
-        self.rollouts = Rollouts(self.db, self.devices.cache)
-        self.rollout_leases = RolloutLeases(self.db)
-        self.cluster_nodes = ClusterNodes(self.db)
-        self.windows = UpdateWindows(self.db)
-        self.memtests = MemoryTests(self.db, self.devices.cache)
-        self.secret_box = SecretBox.from_data_dir(self.settings.data_dir)
-        self.auth_cache = AuthCache()
-        self.rate_limiter = RateLimiter()
-        self.token_limiter = BurstLimiter(window=60)  # POST /v1/oauth/token, per address and client id
-        self.upload_limiter = BurstLimiter(window=60)  # a device's page-map uploads (hub/api/pagemaps.py)
-        # One ring for access tokens, tunnel tokens and grants: a rotation reloads all three.
-        self.signing_keys = SigningKeys.from_data_dir(self.settings.data_dir)
-        self.token_signer = TokenSigner(self.signing_keys)
-        self.login_throttle = LoginThrottle()
-        self.presence = WriteBehind(self.devices.write_presence, interval=0.5, name="presence rows")
+        self.stores = Stores.open(self.db, self.settings.data_dir)
+        self.access = Access.open(self.settings.data_dir)
+        self.presence = WriteBehind(self.stores.devices.write_presence, interval=0.5, name="presence rows")
         # audit rows PostgreSQL has not confirmed in time are fsync'd here before the answer (storage/journal.py)
-        self.audit_log = WriteBehind(self.audit.write_many, interval=1.0, name="audit events",
+        self.audit_log = WriteBehind(self.stores.audit.write_many, interval=1.0, name="audit events",
                                      journal=DiskJournal(self.settings.data_dir / "journal", "audit")
                                      if self.settings.audit_durable else None)
-        self.event_log = EventLog(self.db)
-        self.journal = Journal(self.event_log, self.events, enabled=self.settings.event_log)
-        self.webhooks = Webhooks(self.db)
-        self.deliverer: Any = None  # hub/webhooks/worker.py, while this process delivers webhooks
-        # The HTTP app's view functions by endpoint (hub/app.py sets it): authentication finds the
-        # view a request was routed to without a read through Quart's current_app proxy.
-        self.http_views: dict | None = None
-        self.registry_proxy: Any = None  # hub/registry/, made at its first request
-        self.usage = Usage(self.db)
-        self.billing = Billing(self.db)
-        # Storage work of delivery jobs (actors/device_delivery.py) never takes more than this many of the
-        # pool's connections at once; the rest stay free for API requests.
+        self.meter = Meter(self.stores.usage)
+        self.journal = Journal(self.stores.event_log, self.events, enabled=self.settings.event_log)
         self.delivery_slots = trio.CapacityLimiter(max(1, self.settings.db_pool_max - 4))
-        self.meter = Meter(self.usage)
         self.tunnels = TunnelService(self)
-        self.device_hooks = BillingHooks(self)  # what billing does with each device's link and events
-        self.assistant_store = AssistantStore(self.db)
-        self.mcp: Any = None  # hub/mcp/endpoint.py, set by the app (hub/app.py)
-        self.embedded_pg: Any = None  # storage/embedded.py, when this process started its own PostgreSQL
-        # One hub process, or one node of a cluster (hub/topology.py): open_services makes a cluster
-        # node's ClusterNode (hub/cluster/topology.py) once its bus is up.
-        self.topology: Topology = SingleNode(self)
+        self.device_hooks = BillingHooks(self)
+        # open_services makes a cluster node's ClusterNode (hub/cluster/topology.py) once its bus is up
+        self.topology = SingleNode(self)
+        self.key_push = Rerun(partial(push_hub_keys, self), self.spawn, "push hub keys")
 
     async def drain(self, timeout: float = 5.0) -> int:
         """Graceful shutdown, first step: readiness turns false and every connected device is told to
@@ -208,43 +216,25 @@ class Services:
 
     def on_notify(self, tag: str) -> None:
         if tag == SECRET_KEYS_TAG:
-            self.secret_box.reload()  # a rotation beside us: seal under the new key from now on
+            self.stores.secret_box.reload()  # a rotation beside us: seal under the new key from now on
         elif tag == SIGNING_KEYS_TAG:
-            self.signing_keys.reload()  # sign with the new key from now on, still verify the old ones
-            self._push_keys_soon()  # connected devices learn the new grant key
+            self.access.signing_keys.reload()  # sign with the new key from now on, still verify the old ones
+            self.key_push.soon()  # connected devices learn the new grant key
         else:
-            self.auth_cache.forget(tag)
-
-    def _push_keys_soon(self) -> None:
-        """One key push at a time: rotations heard while one runs are pushed once more after it, so a
-        burst of NOTIFYs costs two pushes, not a task each."""
-        if self._pushing_keys:
-            self._push_keys_again = True
-        elif self.spawn(self._push_keys, name="push hub keys"):
-            self._pushing_keys = True
-
-    async def _push_keys(self) -> None:
-        try:
-            again = True
-            while again:
-                self._push_keys_again = False
-                await push_hub_keys(self)
-                again = self._push_keys_again
-        finally:
-            self._pushing_keys = False
+            self.access.auth_cache.forget(tag)
 
     async def invalidate(self, *tags: str) -> None:
         """Make an access change take effect now: forget cached lookups with these tags here, and
         tell every other process on the database (PostgreSQL NOTIFY) to forget them too."""
         for tag in tags:
-            self.auth_cache.forget(tag)
+            self.access.auth_cache.forget(tag)
             await self.db.execute("SELECT pg_notify($1, $2)", AUTH_CHANNEL, tag)
 
     def forget_cached(self) -> None:
         """Notifications may have been missed (a LISTEN connection was re-opened): what they would
         have evicted goes now."""
-        self.auth_cache.clear()
-        self.devices.forget_all()
+        self.access.auth_cache.clear()
+        self.stores.devices.forget_all()
 
     def device_live(self, row: dict) -> dict | None:
         """The device's live state from its actor, when this process's actor is the live one: always
@@ -327,20 +317,20 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                 services.embedded_pg = pg
                 await db.listen(AUTH_CHANNEL, services.on_notify)
                 # a device deleted or moved, by any process (migration 0017's trigger)
-                await db.listen(DEVICES_CHANGED, services.devices.changed)
+                await db.listen(DEVICES_CHANGED, services.stores.devices.changed)
                 # After PostgreSQL restarts, invalidations sent meanwhile were missed: start cold.
                 await nursery.start(partial(db.keep_listening, services.forget_cached))
                 await nursery.start(services.presence.run)
-                await nursery.start(services.devices.cache.keep_purged)  # expired rows leave when idle too
+                await nursery.start(services.stores.devices.cache.keep_purged)  # expired rows leave when idle too
                 await nursery.start(services.audit_log.run)
                 await nursery.start(services.journal.run)
                 if serving and settings.event_log:
-                    await nursery.start(keep_pruned, services.event_log, services.clock,
+                    await nursery.start(keep_pruned, services.stores.event_log, services.clock,
                                         settings.event_retention_days)
                     from hub.webhooks.worker import Deliverer
                     services.deliverer = Deliverer(services, lease_seconds=settings.webhook_lease_seconds)
                     await nursery.start(services.deliverer.run)
-                await nursery.start(services.auth_cache.keep_fresh)  # credentials refreshed before expiry
+                await nursery.start(services.access.auth_cache.keep_fresh)  # credentials refreshed before expiry
                 await nursery.start(services.meter.run)
                 if serving:
                     await nursery.start(gc_tuning.run)

@@ -46,8 +46,9 @@ from hub import frames
 from hub.api.validation import responds
 from hub.asgi_websocket import AsgiWebSocket
 from hub.auth.routes import public
-from hub.auth.pat import digest
-from hub.errors import DeviceError, DeviceOffline, FleethubError, Unauthenticated, general_body
+from hub.auth.device import device_row, unauthenticated as device_unauthenticated
+from hub.auth.schemes import bearer_of
+from hub.errors import DeviceError, DeviceOffline, FleethubError, general_body
 from hub.services import Link
 
 log = logging.getLogger("fleethub.link")
@@ -116,11 +117,6 @@ def _bound_facts(s, device_id: uuid.UUID, facts: dict[str, Any]) -> None:
         what = "hello: " + "; ".join(notes)
         log.warning("device %s: %s", device_id, what)
         s.link_health.protocol_error(device_id, what, s.clock.now())
-
-
-def _device_token(ws: AsgiWebSocket) -> str | None:
-    scheme, _, value = (ws.header("Authorization") or "").partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
 @bp.get(p.LINK_PATH)
@@ -230,15 +226,14 @@ async def device_link(s, ws: AsgiWebSocket) -> None:
     One coroutine frame for the whole life of the link: this handler awaits the socket itself, with
     no helper coroutine between, because every frame that waits is memory per connected device. An
     error (the database unreachable, say) ends this link only: asgi_websocket.serve answers it."""
-    token = _device_token(ws)
-    row = await s.devices.find_by_token(digest(token)) if token else None
+    row = await device_row(s, bearer_of({"authorization": ws.header("Authorization") or ""}))
     if row is None:
         s.metrics.device_rejects += 1
-        refused = Unauthenticated("a valid device token is required")
+        refused = device_unauthenticated()
         await ws.refuse(refused.status, general_body(refused))
         return
     device_id = row["id"]
-    del row, token  # this frame lives as long as the connection: keep nothing in it we don't need
+    del row  # this frame lives as long as the connection: keep nothing in it we don't need
     await ws.accept()
     address = ws.remote_addr
     # the limits are read now, not at import: tests lower them (frames.MAX_FRAME_BYTES, HELLO_TIMEOUT)

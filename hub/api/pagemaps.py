@@ -16,18 +16,15 @@ when there are more, the device uploads the whole map here instead of in a frame
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, Field
-from quart import Blueprint, request
+from quart import Blueprint, g, request
 from quart_schema import document_response
 
 from device_client.shared import pagemap
 from hub.api.common import errors, jsonable, org, services
 from hub.api.memtests import MemtestErrorBody, _device
-from hub.auth.routes import public
-from hub.auth.pat import digest
-from hub.errors import BadRequest, NotFound, PayloadTooLarge, RateLimited, Unauthenticated
+from hub.auth.device import device_token
+from hub.errors import BadRequest, NotFound, PayloadTooLarge, RateLimited
 
 bp = Blueprint("pagemaps", __name__)
 
@@ -70,33 +67,24 @@ def _run_id(value: str) -> str:
     return value
 
 
-async def _device_from_token() -> dict[str, Any]:
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    token = token.strip()
-    row = await services().devices.find_by_token(digest(token)) if scheme.lower() == "bearer" and token else None
-    if row is None:
-        raise Unauthenticated("a valid device token is required")
-    return row
-
-
 async def _throttle(device_id) -> None:
     """Count one upload of this device, on every node of a cluster (hub/cluster/limits.py)."""
     s = services()
     key = ("page-map", str(device_id))
-    decision = await s.topology.limits.hit_burst(s.upload_limiter, key, UPLOADS_PER_MINUTE, s.clock.now())
+    decision = await s.topology.limits.hit_burst(s.access.upload_limiter, key, UPLOADS_PER_MINUTE, s.clock.now())
     if not decision.allowed:
         raise RateLimited(f"at most {UPLOADS_PER_MINUTE} page-map uploads a minute per device",
                           code="rate_limited", retry_after=decision.retry_after)
 
 
 @bp.put("/v1/device/memory-tests/<run_id>/page-map")
-@public
+@device_token
 @document_response(PageMapStoredEnvelope, 201)
 @errors(400, 401, 404, 413, 429)
 async def upload_page_map(run_id: str):
     """The device uploads a run's full page map (its own token; gzip JSON, at most 1 MiB)."""
     s = services()
-    device = await _device_from_token()
+    device = g.principal.row  # the device its token names (hub/auth/device.py)
     run_id = _run_id(run_id)
     await _throttle(device["id"])
     body = await request.get_data(as_text=False)
@@ -106,7 +94,7 @@ async def upload_page_map(run_id: str):
         doc = pagemap.parse(body, run_id)
     except pagemap.Invalid as exc:
         raise BadRequest(f"page map: {exc}", code="invalid") from None
-    if not await s.memtests.save_page_map(device["org_id"], device["id"], run_id, pages=doc["pagesWithErrors"],
+    if not await s.stores.memtests.save_page_map(device["org_id"], device["id"], run_id, pages=doc["pagesWithErrors"],
                                           complete=doc["complete"], body=body, at=s.clock.now(),
                                           keep=KEEP_PER_DEVICE):
         raise NotFound("this device has no stored result of that run", code="run_not_found")
@@ -121,7 +109,7 @@ async def read_page_map(device_id: str, run_id: str):
     """A run's full per-page error map, as the device uploaded it (404 when it did not)."""
     s = services()
     row = await _device(device_id, "viewer")
-    stored = await s.memtests.page_map(org().org_id, row["id"], _run_id(run_id))
+    stored = await s.stores.memtests.page_map(org().org_id, row["id"], _run_id(run_id))
     if stored is None:
         raise NotFound("no page map was uploaded for this run")
     doc = pagemap.parse(bytes(stored["body"]), run_id)  # checked when stored: bounded

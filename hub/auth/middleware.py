@@ -3,8 +3,8 @@
 What a route asks of its caller is its ``RouteAuth`` (hub/auth/routes.py: ``@public``, ``@no_org``,
 ``@org_of``, ``@session_only``, and what other parts declare); the credentials it may be called with
 are the credential schemes (hub/auth/schemes.py), asked in their order of precedence: PAT, service
-account's access token, PAT secret as bearer, session cookie, and those another part registers (a
-tunnel token). Mutating requests made with the session cookie also need ``X-CSRF-Token``.
+account's access token, PAT secret as bearer, session cookie, and those only some routes take (a device
+token, a tunnel token). Mutating requests made with the session cookie also need ``X-CSRF-Token``.
 
 Lookups go through the AuthCache, so a warm request costs no storage crossing for authentication.
 """
@@ -98,7 +98,7 @@ def cross_origin(req: Request) -> bool:
 def limit(services, key: object, tier: str | None, custom: int | None, ctx: Any) -> Decision:
     """Count the request against ``key``'s budget (the tier's limit) and keep the decision on ``ctx``
     for the answer's X-RateLimit-* headers; past the budget, RateLimited."""
-    decision = ctx.ratelimit = spend(services.rate_limiter, key, tier, custom, services.clock.now())
+    decision = ctx.ratelimit = spend(services.access.rate_limiter, key, tier, custom, services.clock.now())
     decision.raise_if_refused()
     return decision
 
@@ -186,10 +186,13 @@ async def authenticate(services, req: Request, ctx: Any, headers: dict[str, str]
 
 
 def _admit_bound(services, resolved: Resolved, ctx: Any) -> None:
-    """A credential that binds its organisation: the call counts there, then the scheme's refusal
-    (another organisation asked for, not a member) if it has one."""
+    """A credential that binds its organisation: the call counts there (a device's, against the
+    device), then the scheme's refusal (another organisation asked for, not a member) if it has one."""
     org_id = resolved.bound_org
-    limit(services, ("org", org_id), resolved.tier, resolved.custom, ctx)
+    if resolved.own_budget:
+        limit(services, ("principal", resolved.principal.id), None, None, ctx)
+    else:
+        limit(services, ("org", org_id), resolved.tier, resolved.custom, ctx)
     if resolved.refusal is not None:
         raise resolved.refusal
     ctx.org = OrgContext(org_id, resolved.role)
@@ -201,7 +204,7 @@ def answer_decision(services, req: Request, ctx: Any):
     budget as it stands, so no /v1 answer goes without the headers."""
     decision = getattr(ctx, "ratelimit", None)
     if decision is None and req.path.startswith("/v1/"):
-        decision = services.rate_limiter.peek(("addr", client_addr(req)), limit_for(None, None), services.clock.now())
+        decision = services.access.rate_limiter.peek(("addr", client_addr(req)), limit_for(None, None), services.clock.now())
     return decision
 
 

@@ -19,8 +19,8 @@ import trio
 
 from actors.bus import Bus
 from actors.runtime import Actor, Registry
-from actors.services import (DeviceMeter, Journal, LinkDiagnosis, Placement, Publisher, Services, Timeouts,
-                             TunnelSessions)
+from actors.services import (DeviceMeter, Journal, LinkDiagnosis, Placement, Publisher, Services, Stores,
+                             Timeouts, TunnelSessions)
 from device_client.shared.clock import Clock, TestClock
 from hub.eventlog import Journal as EventJournal
 from hub.events import EventHub
@@ -62,10 +62,33 @@ class Alone:
 
 
 def port_names() -> set[str]:
-    """What the port declares: its attributes and its methods."""
+    """What the port declares: its attributes, its properties and its methods."""
     names = set(Services.__annotations__)
-    names |= {n for n, v in vars(Services).items() if callable(v) and not n.startswith("_")}
+    names |= {n for n, v in vars(Services).items() if (callable(v) or isinstance(v, property)) and not n.startswith("_")}
     return names
+
+
+def store_names() -> set[str]:
+    """The repositories the port's ``stores`` declares."""
+    return {n for n, v in vars(Stores).items() if isinstance(v, property)}
+
+
+class StandInStores:
+    """The port's ``stores``: every repository a test does not give is ``Missing``."""
+
+    devices: Devices
+    fleets: Fleets
+    registry_credentials: RegistryCredentials
+    configs: Configurations
+    secrets: SecretFiles
+    secret_box: SecretBox
+    rollouts: Rollouts
+    windows: UpdateWindows
+    memtests: MemoryTests
+
+    def __init__(self) -> None:
+        for name in store_names():
+            setattr(self, name, Missing(f"stores.{name}"))
 
 
 class StandIn:
@@ -80,24 +103,17 @@ class StandIn:
     presence: WriteBehind
     links: dict[uuid.UUID, Any]
     meter: DeviceMeter
-    devices: Devices
-    fleets: Fleets
-    registry_credentials: RegistryCredentials
-    configs: Configurations
-    secrets: SecretFiles
-    secret_box: SecretBox
+    stores: StandInStores
     delivery_slots: trio.CapacityLimiter
-    rollouts: Rollouts
-    windows: UpdateWindows
-    memtests: MemoryTests
     tunnels: TunnelSessions
     topology: Placement
     window_changes: int
     link_health: LinkDiagnosis
 
     def __init__(self) -> None:
-        for name in port_names() - {"device_actor"}:
+        for name in port_names() - {"device_actor", "stores"}:
             setattr(self, name, Missing(name))
+        self.stores = StandInStores()
         self.settings = Settings()
         self.clock = TestClock()
         self.bus = Bus()
@@ -115,15 +131,17 @@ class StandIn:
 
 if TYPE_CHECKING:
     _: Services = StandIn()  # mypy: every attribute and method of the port, each of the port's type
+    _stores: Stores = StandInStores()  # and every repository of its stores (mypy names a missing one here)
 
 
 def stand_in(**given: Any) -> StandIn:
-    unknown = set(given) - port_names()
+    """The port with what the test gives: a repository by its name in ``stores`` (``devices=``)."""
+    unknown = set(given) - port_names() - store_names()
     if unknown:
         raise TypeError(f"not in the actors' port (actors/services.py): {sorted(unknown)}")
     s = StandIn()
     for name, value in given.items():
-        setattr(s, name, value)
+        setattr(s.stores if name in store_names() else s, name, value)
     if "events" in given and "journal" not in given:  # the journal publishes on the test's event hub
         s.journal = EventJournal(None, given["events"], enabled=False)
     return s

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from tests.astparse import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 CELL = ROOT / "actors" / "_runtime"
@@ -61,7 +62,7 @@ def _is_own(value: ast.expr) -> bool:
 
 def foreign_private_accesses(source: str) -> list[tuple[int, str]]:
     """``x._name`` where ``x`` is another object and ``_name`` is not this module's own."""
-    tree = ast.parse(source)
+    tree = parse(source)
     own = _defined_private_names(tree)
     return sorted({(node.lineno, ast.unparse(node)) for node in ast.walk(tree)
                    if isinstance(node, ast.Attribute) and _private(node.attr)
@@ -97,7 +98,7 @@ def test_the_lint_flags_what_the_cell_did_before_it_was_one():
 
 
 def _cell_actor_private_names() -> set[str]:
-    tree = ast.parse((CELL / "actor.py").read_text())
+    tree = parse((CELL / "actor.py").read_text())
     actor = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Actor")
     return _defined_private_names(actor)
 
@@ -105,7 +106,7 @@ def _cell_actor_private_names() -> set[str]:
 def runtime_fields_used(source: str, runtime_names: set[str]) -> list[str]:
     """What an Actor subclass in ``source`` does with the runtime's own private names."""
     found = []
-    for cls in (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)):
+    for cls in (n for n in ast.walk(parse(source)) if isinstance(n, ast.ClassDef)):
         if not any(isinstance(b, ast.Name) and b.id == "Actor" for b in cls.bases):
             continue
         found += [f"{node.lineno}: {cls.name} uses self.{node.attr}" for node in ast.walk(cls)

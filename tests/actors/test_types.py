@@ -35,5 +35,5 @@ def test_a_stand_in_short_of_an_attribute_of_the_port_fails_the_check(tmp_path):
     (tmp_path / "short_standin.py").write_text(source.replace("\n    fleets: Fleets\n", "\n"))
     done = mypy(tmp_path / "short_standin.py")
     assert done.returncode == 1, done.stdout[-4000:]
-    assert '"StandIn" is missing following "Services" protocol member' in done.stdout, done.stdout[-4000:]
+    assert '"StandInStores" is missing following "Stores" protocol member' in done.stdout, done.stdout[-4000:]
     assert re.search(r"note: +fleets$", done.stdout, re.M), done.stdout[-4000:]

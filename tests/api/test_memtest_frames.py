@@ -139,7 +139,12 @@ async def test_the_full_page_map_is_uploaded_stored_and_read_by_operators(nurser
 
         put = f"{hub.base_url}/v1/device/memory-tests/{run_id}/page-map"
         auth = {"Authorization": f"Bearer {token}"}
-        assert (await hub.client.put(put, content=b"x")).status_code == 401
+        assert_error(await hub.client.put(put, content=b"x"), 401, "unauthenticated")
+        # the device token is the route's one credential (hub/auth/device.py): an operator's PAT, valid
+        # anywhere else, is refused here as a missing device token, not read as a device
+        r = await hub.client.put(put, content=b"x", headers=hub.headers)
+        assert_error(r, 401, "unauthenticated")
+        assert "device token" in r.json()["message"]
         assert (await hub.client.put(put, content=b"not gzip", headers=auth)).status_code == 400
         bomb = gzip.compress(b" " * (64 << 20))  # inflates past 16 MiB
         r = await hub.client.put(put, content=bomb, headers=auth)
@@ -167,7 +172,7 @@ async def test_the_full_page_map_is_uploaded_stored_and_read_by_operators(nurser
         assert_error(r, 404, "run_not_found")
         s = hub.services
         for i in range(10):  # ten real results of the hostile device, stored as the hub stores them
-            await s.memtests.save_result(org, uuid.UUID(other_id), {"runId": f"r{i}", "outcome": "pass"},
+            await s.stores.memtests.save_result(org, uuid.UUID(other_id), {"runId": f"r{i}", "outcome": "pass"},
                                          s.clock.now())
         codes = []
         for i in range(10):
@@ -177,7 +182,7 @@ async def test_the_full_page_map_is_uploaded_stored_and_read_by_operators(nurser
         # two refusals above, four stored: then the minute's uploads are spent
         assert codes == [201] * 4 + [429] * 6, codes
         assert int(r.headers["Retry-After"]) >= 1
-        s.upload_limiter = type(s.upload_limiter)(window=60)  # the next minute
+        s.access.upload_limiter = type(s.access.upload_limiter)(window=60)  # the next minute
         for i in range(4, 10):
             r = await hub.client.put(f"{hub.base_url}/v1/device/memory-tests/r{i}/page-map",
                                      content=body_for(f"r{i}"), headers=hostile)
@@ -185,6 +190,13 @@ async def test_the_full_page_map_is_uploaded_stored_and_read_by_operators(nurser
         kept = await s.db.fetch("SELECT run_id FROM memtest_page_maps WHERE device_id = $1 ORDER BY run_id",
                                 uuid.UUID(other_id))
         assert [k["run_id"] for k in kept] == [f"r{i}" for i in range(2, 10)]  # the 8 newest
+        # the uploads are audited as the device's own calls, in its organisation, with no secret
+        await s.audit_log.flush()
+        rows = await s.db.fetch("SELECT actor_type, actor_id, credential_kind, status FROM audit_events "
+                                "WHERE org_id = $1 AND path LIKE '/v1/device/memory-tests/%'", org)
+        assert {(r["actor_type"], r["actor_id"], r["credential_kind"]) for r in rows} == {
+            ("device", dev_id, "device_token"), ("device", other_id, "device_token")}
+        assert [r["status"] for r in rows if r["actor_id"] == other_id].count(201) == 10
 
 
 async def test_a_command_too_big_for_the_link_is_never_sent_and_the_caller_hears_why(nursery, db_url, tmp_path):

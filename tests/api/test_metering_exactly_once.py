@@ -10,7 +10,8 @@ import trio
 
 from hub.metering import Meter
 from storage.usage import Usage
-from tests.hubtools import start_hub
+from device_client.shared.clock import Clock
+from tests.components import new_org, open_stores
 
 DAY = dt.date(2026, 11, 2)
 
@@ -22,14 +23,14 @@ async def stored(usage: Usage, org: uuid.UUID) -> dict:
 
 async def test_a_batch_sent_twice_counts_once(nursery, db_url, tmp_path):
     with trio.fail_after(30):
-        hub = await start_hub(nursery, db_url, tmp_path)
-        org, usage = uuid.UUID(hub.org_id), hub.services.usage
-        rows = [{"org_id": org, "day": DAY, "product": "tunnel_bytes", "key": "", "quantity": 500}]
-        batch = uuid.uuid4()
-        assert await usage.add_many(rows, batch_id=batch) is True
-        assert await usage.add_many(rows, batch_id=batch) is False  # the replay adds nothing
-        assert await usage.add_many(rows, batch_id=uuid.uuid4()) is True  # another batch does
-        assert await stored(usage, org) == {("tunnel_bytes", ""): 1000}
+        async with open_stores(db_url, tmp_path) as stores:
+            org, usage = await new_org(stores), stores.usage
+            rows = [{"org_id": org, "day": DAY, "product": "tunnel_bytes", "key": "", "quantity": 500}]
+            batch = uuid.uuid4()
+            assert await usage.add_many(rows, batch_id=batch) is True
+            assert await usage.add_many(rows, batch_id=batch) is False  # the replay adds nothing
+            assert await usage.add_many(rows, batch_id=uuid.uuid4()) is True  # another batch does
+            assert await stored(usage, org) == {("tunnel_bytes", ""): 1000}
 
 
 class CommitThenHang(Usage):
@@ -51,36 +52,35 @@ class CommitThenHang(Usage):
 
 async def test_a_flush_cancelled_after_its_commit_is_not_counted_twice(nursery, db_url, tmp_path):
     with trio.fail_after(30):
-        hub = await start_hub(nursery, db_url, tmp_path)
-        org = uuid.UUID(hub.org_id)
-        usage = CommitThenHang(hub.services.db)
-        meter = Meter(usage)
-        meter.add(org, "tunnel_minutes", 3, day=DAY)
-        with trio.CancelScope() as shutdown:
-            async with trio.open_nursery() as n:
-                n.start_soon(meter.flush)
-                await usage.committed.wait()
-                shutdown.cancel()
-        assert await stored(usage, org) == {("tunnel_minutes", ""): 3}
-        # counted meanwhile: goes in a batch of its own after the unknown one
-        meter.add(org, "tunnel_minutes", 4, day=DAY)
-        usage.hang = False
-        await meter.flush()  # what the shielded final flush does: the kept batch again, then the new
-        assert await stored(usage, org) == {("tunnel_minutes", ""): 7}
-        assert meter.pending() == 0
+        async with open_stores(db_url, tmp_path) as stores:
+            org = await new_org(stores)
+            usage = CommitThenHang(stores.usage.db)
+            meter = Meter(usage)
+            meter.add(org, "tunnel_minutes", 3, day=DAY)
+            with trio.CancelScope() as shutdown:
+                async with trio.open_nursery() as n:
+                    n.start_soon(meter.flush)
+                    await usage.committed.wait()
+                    shutdown.cancel()
+            assert await stored(usage, org) == {("tunnel_minutes", ""): 3}
+            # counted meanwhile: goes in a batch of its own after the unknown one
+            meter.add(org, "tunnel_minutes", 4, day=DAY)
+            usage.hang = False
+            await meter.flush()  # what the shielded final flush does: the kept batch again, then the new
+            assert await stored(usage, org) == {("tunnel_minutes", ""): 7}
+            assert meter.pending() == 0
 
 
 async def test_an_audit_batch_written_again_adds_each_event_once(nursery, db_url, tmp_path):
     # The write-behind puts a batch back when its write was cancelled without a known outcome
     # (storage/behind.py); written again, it must neither double the rows nor be refused whole.
     with trio.fail_after(30):
-        hub = await start_hub(nursery, db_url, tmp_path)
-        s, org = hub.services, uuid.UUID(hub.org_id)
-        at = s.clock.now()
-        events = [{"id": uuid.uuid4(), "org_id": org, "at": at, "actor_type": "system", "method": "EVENT",
-                   "path": f"/replayed/{i}", "status": 200, "request_id": f"replay-{i}", "details": {}}
-                  for i in range(3)]
-        await s.audit.write_many(events)
-        await s.audit.write_many(events)
-        count = await s.db.fetchval("SELECT count(*) FROM audit_events WHERE path LIKE '/replayed/%'")
-        assert count == 3
+        async with open_stores(db_url, tmp_path) as stores:
+            org, at = await new_org(stores), Clock().now()
+            events = [{"id": uuid.uuid4(), "org_id": org, "at": at, "actor_type": "system", "method": "EVENT",
+                       "path": f"/replayed/{i}", "status": 200, "request_id": f"replay-{i}", "details": {}}
+                      for i in range(3)]
+            await stores.audit.write_many(events)
+            await stores.audit.write_many(events)
+            count = await stores.audit.db.fetchval("SELECT count(*) FROM audit_events WHERE path LIKE '/replayed/%'")
+            assert count == 3

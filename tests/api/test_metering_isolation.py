@@ -19,7 +19,7 @@ from hub.metering import Meter
 from storage.behind import piece_id
 from storage.db import DatabaseUnavailable
 from storage.usage import Usage
-from tests.hubtools import metric_value, metrics, start_hub
+from tests.components import new_org, open_stores
 
 DAY = dt.date(2026, 11, 2)
 
@@ -49,117 +49,121 @@ class Recording(Usage):
 async def test_poisoned_rows_cost_only_themselves(nursery, db_url, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="fleethub")
     with trio.fail_after(60):
-        hub = await start_hub(nursery, db_url, tmp_path)
-        s = hub.services
-        orgs = [uuid.UUID(hub.org_id)] + [(await s.orgs.create_org(f"Org {i}", s.clock.now()))["id"]
-                                          for i in range(3)]
-        meter = s.meter
-        long_key = secrets.token_hex(8000)  # 16,000 characters that do not compress: over btree's 2,704 bytes
-        for i, org in enumerate(orgs):
-            meter.add(org, "tunnel_bytes", 100 + i, day=DAY)
-            if i == 1:
-                meter.add(org, "registry_fallback_bytes", 7, day=DAY, key="fleet\x00secret-nul")
-            if i == 2:
-                meter.add(org, "registry_fallback_bytes", 9, day=DAY, key=long_key)
-            meter.add(org, "assistant_prompt_tokens", 10 + i, day=DAY, key="user")
-            if i == 3:
-                meter.add(org, "tunnel_minutes", Decimal("1e200000"), day=DAY)  # not a count: set aside
-        meter.add(uuid.uuid4(), "tunnel_bytes", 5, day=DAY)  # an organisation that does not exist
-        await meter.flush()
+        async with open_stores(db_url, tmp_path) as stores:
+            await poisoned_rows(stores, caplog)
 
-        for i, org in enumerate(orgs):
-            assert await stored(s.usage, org) == {("tunnel_bytes", ""): 100 + i,
-                                                  ("assistant_prompt_tokens", "user"): 10 + i}, i
-        assert meter.set_aside == 4 and meter.pending() == 0
-        assert meter.written == 2 * len(orgs)
-        text = await metrics(hub)
-        assert metric_value(text, "fleethub_write_behind_set_aside_total", {"kind": "metering"}) == 4
-        assert metric_value(text, "fleethub_write_behind_rows_total", {"kind": "metering"}) == 8
-        assert metric_value(text, "fleethub_write_behind_pending", {"kind": "metering"}) == 0
-        # logged by organisation and product, never by the key's contents
-        assert str(orgs[1]) in caplog.text and "registry_fallback_bytes" in caplog.text
-        assert "secret-nul" not in caplog.text and long_key[:32] not in caplog.text
 
-        # what is counted later is written at once: nothing refused is kept in the way
-        meter.add(orgs[0], "tunnel_bytes", 1, day=DAY)
-        await meter.flush()
-        assert (await stored(s.usage, orgs[0]))[("tunnel_bytes", "")] == 101
-        assert meter.set_aside == 4
+async def poisoned_rows(stores, caplog):
+    orgs = [await new_org(stores, f"Org {i}") for i in range(4)]
+    meter = Meter(stores.usage)
+    long_key = secrets.token_hex(8000)  # 16,000 characters that do not compress: over btree's 2,704 bytes
+    for i, org in enumerate(orgs):
+        meter.add(org, "tunnel_bytes", 100 + i, day=DAY)
+        if i == 1:
+            meter.add(org, "registry_fallback_bytes", 7, day=DAY, key="fleet\x00secret-nul")
+        if i == 2:
+            meter.add(org, "registry_fallback_bytes", 9, day=DAY, key=long_key)
+        meter.add(org, "assistant_prompt_tokens", 10 + i, day=DAY, key="user")
+        if i == 3:
+            meter.add(org, "tunnel_minutes", Decimal("1e200000"), day=DAY)  # not a count: set aside
+    meter.add(uuid.uuid4(), "tunnel_bytes", 5, day=DAY)  # an organisation that does not exist
+    await meter.flush()
+
+    for i, org in enumerate(orgs):
+        assert await stored(stores.usage, org) == {("tunnel_bytes", ""): 100 + i,
+                                                   ("assistant_prompt_tokens", "user"): 10 + i}, i
+    # what /metrics reads as fleethub_write_behind_{set_aside_total,rows_total,pending}{kind="metering"}
+    assert meter.set_aside == 4 and meter.pending() == 0
+    assert meter.written == 2 * len(orgs)
+    # logged by organisation and product, never by the key's contents
+    assert str(orgs[1]) in caplog.text and "registry_fallback_bytes" in caplog.text
+    assert "secret-nul" not in caplog.text and long_key[:32] not in caplog.text
+
+    # what is counted later is written at once: nothing refused is kept in the way
+    meter.add(orgs[0], "tunnel_bytes", 1, day=DAY)
+    await meter.flush()
+    assert (await stored(stores.usage, orgs[0]))[("tunnel_bytes", "")] == 101
+    assert meter.set_aside == 4
 
 
 async def test_a_half_whose_outcome_was_lost_is_sent_again_under_its_id_and_adds_nothing_twice(
         nursery, db_url, tmp_path):
     with trio.fail_after(60):
-        hub = await start_hub(nursery, db_url, tmp_path)
-        s = hub.services
-        good = [uuid.UUID(hub.org_id), (await s.orgs.create_org("B", s.clock.now()))["id"],
-                (await s.orgs.create_org("C", s.clock.now()))["id"]]
-        usage = Recording(s.db)
-        meter = Meter(usage)
-        # [A, poison, B, C]: the whole is refused; [A, poison] is refused, [A] stored, [poison] set
-        # aside; [B, C] commits but its answer is lost (call 5).
-        meter.add(good[0], "tunnel_bytes", 10, day=DAY)
-        meter.add(uuid.uuid4(), "tunnel_bytes", 99, day=DAY)
-        meter.add(good[1], "tunnel_bytes", 20, day=DAY)
-        meter.add(good[2], "tunnel_bytes", 30, day=DAY)
-        usage.lose = {5}
-        await meter.flush()
-        first = usage.calls[0][0]
-        assert usage.calls == [(first, 4), (piece_id(first, 0), 2), (piece_id(piece_id(first, 0), 0), 1),
-                               (piece_id(piece_id(first, 0), 1), 1), (piece_id(first, 1), 2)]
-        assert meter.pending() == 2 and meter.set_aside == 1  # [B, C] kept with its id
+        async with open_stores(db_url, tmp_path) as stores:
+            await lost_outcome(stores)
 
-        meter.add(good[1], "tunnel_bytes", 1, day=DAY)  # counted meanwhile: a batch of its own
-        await meter.flush()
-        assert usage.calls[5] == (piece_id(first, 1), 2)  # the same half, under the same id
-        assert meter.pending() == 0
-        assert [await stored(usage, o) for o in good] == [
-            {("tunnel_bytes", ""): 10}, {("tunnel_bytes", ""): 21}, {("tunnel_bytes", ""): 30}]
+
+async def lost_outcome(stores):
+    good = [await new_org(stores, name) for name in "ABC"]
+    usage = Recording(stores.usage.db)
+    meter = Meter(usage)
+    # [A, poison, B, C]: the whole is refused; [A, poison] is refused, [A] stored, [poison] set
+    # aside; [B, C] commits but its answer is lost (call 5).
+    meter.add(good[0], "tunnel_bytes", 10, day=DAY)
+    meter.add(uuid.uuid4(), "tunnel_bytes", 99, day=DAY)
+    meter.add(good[1], "tunnel_bytes", 20, day=DAY)
+    meter.add(good[2], "tunnel_bytes", 30, day=DAY)
+    usage.lose = {5}
+    await meter.flush()
+    first = usage.calls[0][0]
+    assert usage.calls == [(first, 4), (piece_id(first, 0), 2), (piece_id(piece_id(first, 0), 0), 1),
+                           (piece_id(piece_id(first, 0), 1), 1), (piece_id(first, 1), 2)]
+    assert meter.pending() == 2 and meter.set_aside == 1  # [B, C] kept with its id
+
+    meter.add(good[1], "tunnel_bytes", 1, day=DAY)  # counted meanwhile: a batch of its own
+    await meter.flush()
+    assert usage.calls[5] == (piece_id(first, 1), 2)  # the same half, under the same id
+    assert meter.pending() == 0
+    assert [await stored(usage, o) for o in good] == [
+        {("tunnel_bytes", ""): 10}, {("tunnel_bytes", ""): 21}, {("tunnel_bytes", ""): 30}]
 
 
 async def test_a_half_cancelled_at_its_commit_counts_once(nursery, db_url, tmp_path):
     # A shutdown at the instant a half commits: the half stays with its id, and the final flush
     # sends it again as a no-op.
     with trio.fail_after(60):
-        hub = await start_hub(nursery, db_url, tmp_path)
-        s = hub.services
-        org = uuid.UUID(hub.org_id)
-        committed = trio.Event()
+        async with open_stores(db_url, tmp_path) as stores:
+            await cancelled_at_commit(stores)
 
-        class CommitThenHang(Recording):
-            async def add_many(self, rows, *, batch_id):
-                fresh = await super().add_many(rows, batch_id=batch_id)
-                if len(self.calls) == 2:
-                    committed.set()
-                    await trio.sleep_forever()
-                return fresh
 
-        usage = CommitThenHang(s.db)
-        meter = Meter(usage)
-        meter.add(org, "tunnel_bytes", 10, day=DAY)
-        meter.add(uuid.uuid4(), "tunnel_bytes", 99, day=DAY)
-        with trio.CancelScope() as shutdown:
-            async with trio.open_nursery() as n:
-                n.start_soon(meter.flush)
-                await committed.wait()
-                shutdown.cancel()
-        assert await stored(usage, org) == {("tunnel_bytes", ""): 10}
-        await meter.flush()
-        assert await stored(usage, org) == {("tunnel_bytes", ""): 10}
-        assert meter.pending() == 0 and meter.set_aside == 1
+async def cancelled_at_commit(stores):
+    org = await new_org(stores)
+    committed = trio.Event()
+
+    class CommitThenHang(Recording):
+        async def add_many(self, rows, *, batch_id):
+            fresh = await super().add_many(rows, batch_id=batch_id)
+            if len(self.calls) == 2:
+                committed.set()
+                await trio.sleep_forever()
+            return fresh
+
+    usage = CommitThenHang(stores.usage.db)
+    meter = Meter(usage)
+    meter.add(org, "tunnel_bytes", 10, day=DAY)
+    meter.add(uuid.uuid4(), "tunnel_bytes", 99, day=DAY)
+    with trio.CancelScope() as shutdown:
+        async with trio.open_nursery() as n:
+            n.start_soon(meter.flush)
+            await committed.wait()
+            shutdown.cancel()
+    assert await stored(usage, org) == {("tunnel_bytes", ""): 10}
+    await meter.flush()
+    assert await stored(usage, org) == {("tunnel_bytes", ""): 10}
+    assert meter.pending() == 0 and meter.set_aside == 1
 
 
 async def test_a_flush_writes_at_most_max_batch_rows_per_statement(nursery, db_url, tmp_path):
     with trio.fail_after(60):
-        hub = await start_hub(nursery, db_url, tmp_path)
-        org = uuid.UUID(hub.org_id)
-        usage = Recording(hub.services.db)
-        meter = Meter(usage, max_batch=2)
-        for i in range(5):
-            meter.add(org, "registry_fallback_bytes", i + 1, day=DAY, key=f"fleet-{i}")
-        await meter.flush()
-        assert [n for _, n in usage.calls] == [2, 2, 1] and meter.written == 5
-        assert len(await stored(usage, org)) == 5
+        async with open_stores(db_url, tmp_path) as stores:
+            org = await new_org(stores)
+            usage = Recording(stores.usage.db)
+            meter = Meter(usage, max_batch=2)
+            for i in range(5):
+                meter.add(org, "registry_fallback_bytes", i + 1, day=DAY, key=f"fleet-{i}")
+            await meter.flush()
+            assert [n for _, n in usage.calls] == [2, 2, 1] and meter.written == 5
+            assert len(await stored(usage, org)) == 5
 
 
 def test_piece_ids_are_derived_and_distinct():

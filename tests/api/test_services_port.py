@@ -8,7 +8,7 @@ import uuid
 
 import trio
 
-from tests.actors.standin import port_names
+from tests.actors.standin import port_names, store_names
 from tests.hubtools import start_hub
 
 
@@ -16,4 +16,5 @@ async def test_a_running_hub_provides_every_attribute_of_the_actors_port(nursery
     with trio.fail_after(60):
         hub = await start_hub(nursery, db_url, tmp_path / "hub")
         assert {name for name in port_names() if not hasattr(hub.services, name)} == set()
+        assert {name for name in store_names() if not hasattr(hub.services.stores, name)} == set()
         assert hub.services.bus.connected and hub.services.topology.rollout_fence(uuid.uuid4()) is None

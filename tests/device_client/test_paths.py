@@ -6,6 +6,7 @@ import pytest
 
 from device_client.shared import paths
 from device_client.shared.paths import FORBIDDEN, PLATFORM_DIR, check_mode, check_path, classify, parse_mode
+from tests.astparse import parse
 
 SYSTEM_TREES = ["/proc", "/sys", "/dev", "/boot", "/app", "/bin", "/sbin", "/lib", "/lib64", "/usr", "/run", "/tmp"]
 ACCOUNT_FILES = ["/etc/passwd", "/etc/shadow", "/etc/group", "/etc/gshadow", "/etc/sudoers", "/etc/fstab", "/etc/mtab"]
@@ -184,7 +185,7 @@ def test_the_module_has_no_dependencies():
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(paths))
+    tree = parse(inspect.getsource(paths))
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)

@@ -24,6 +24,7 @@ from actors.machines.window import (
     is_open,
     next_start_after,
 )
+from tests.astparse import parse
 
 UTC = dt.timezone.utc
 SEC = dt.timedelta(seconds=1)
@@ -49,7 +50,7 @@ def open_until(c: WindowCheck, at: dt.datetime | None) -> None:
 
 # -- the module stays pure ------------------------------------------------------------------------
 def test_module_imports_nothing_but_the_standard_time_tools():
-    tree = ast.parse(inspect.getsource(window_module))
+    tree = parse(inspect.getsource(window_module))
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

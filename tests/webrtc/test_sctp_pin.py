@@ -13,6 +13,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import aiortc.rtcsctptransport as sctp_module
+from tests.astparse import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 VERIFIED_AIORTC = "1.16.0"
@@ -24,7 +25,7 @@ HOW = ("webrtc/sctp.py patches aiortc's private RTCSctpTransport._send_sack and 
 
 
 def transport_class() -> ast.ClassDef:
-    tree = ast.parse(Path(sctp_module.__file__).read_text())
+    tree = parse(Path(sctp_module.__file__).read_text())
     return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RTCSctpTransport")
 
 
