@@ -125,21 +125,36 @@ class Stores(Protocol):
 
 
 class Services(Protocol):
-    settings: Timeouts       # heartbeat/reboot/command timeouts (hub/settings.py)
-    clock: "Clock"
-    bus: "Bus"
-    registry: "Registry"
-    events: Publisher        # the event hub the SSE streams read
-    journal: Journal         # record(org_id, event): appended to the event log, then published (hub/eventlog.py)
-    presence: "WriteBehind"  # device presence rows, written behind
-    links: dict[uuid.UUID, Any]  # the device links this process holds (conn_id, close())
-    meter: DeviceMeter       # device_seen(org, device, day)
-    delivery_slots: "trio.CapacityLimiter"
-    tunnels: TunnelSessions  # the tunnel sessions' repository, metering and audit (hub/tunnels/sessions.py)
-    topology: Placement      # tells elsewhere, link epochs, rollout fences (one process or a cluster)
-    window_changes: int      # update windows changed in this process (actors/rollout.py)
-    link_health: LinkDiagnosis  # protocol_error(device, what, now): the diagnosis's count (hub/linkhealth.py)
-
+    """What an actor may use of its process. Read-only, so that the hub's own types (its Settings,
+    EventHub, Journal...) provide them: mypy checks the hub's Services against this port too."""
+    @property
+    def settings(self) -> Timeouts: ...  # heartbeat/reboot/command timeouts (hub/settings.py)
+    @property
+    def clock(self) -> "Clock": ...
+    @property
+    def bus(self) -> "Bus": ...
+    @property
+    def registry(self) -> "Registry": ...
+    @property
+    def events(self) -> Publisher: ...  # the event hub the SSE streams read
+    @property
+    def journal(self) -> Journal: ...  # record(org_id, event): appended to the event log, then published (hub/eventlog.py)
+    @property
+    def presence(self) -> "WriteBehind": ...  # device presence rows, written behind
+    @property
+    def links(self) -> dict[uuid.UUID, Any]: ...  # the device links this process holds (conn_id, close())
+    @property
+    def meter(self) -> DeviceMeter: ...  # device_seen(org, device, day)
+    @property
+    def delivery_slots(self) -> "trio.CapacityLimiter": ...
+    @property
+    def tunnels(self) -> TunnelSessions: ...  # the tunnel sessions' repository, metering and audit (hub/tunnels/sessions.py)
+    @property
+    def topology(self) -> Placement: ...  # tells elsewhere, link epochs, rollout fences (one process or a cluster)
+    @property
+    def window_changes(self) -> int: ...  # update windows changed in this process (actors/rollout.py)
+    @property
+    def link_health(self) -> LinkDiagnosis: ...  # protocol_error(device, what, now): the diagnosis's count (hub/linkhealth.py)
     @property
     def stores(self) -> Stores: ...  # the repositories (storage/stores.py)
 

@@ -31,7 +31,7 @@ import socket
 import subprocess
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import httpx
 import trio
@@ -39,6 +39,9 @@ import trio
 from device_client.engine.podman import Podman
 from device_client.sim import load_registry, provision, run_sim, save_registry
 from hub.image_build import CONTAINERS_CONF, REGISTRY_CONF, missing_tools, push_image
+
+if TYPE_CHECKING:
+    from hub.services import Services
 
 log = logging.getLogger("fleethub.demo")
 
@@ -141,7 +144,7 @@ async def _roll_out(base_url: str, info: dict, image: str, fleet_id: str) -> str
         return f"rollout {r.json()['data']['id']} of configuration {DEMO_CONFIG}"
 
 
-async def run_container_demo(services: Any, base_url: str, nursery: trio.Nursery, *, data_dir: Path,
+async def run_container_demo(services: "Services", base_url: str, nursery: trio.Nursery, *, data_dir: Path,
                              info: dict) -> str:
     """Start the registry and the podman device, push the image, roll it out; one line saying what
     happened (or why not), for the demo's banner."""

@@ -12,6 +12,7 @@ from functools import partial
 import logging
 import uuid
 import warnings
+from pathlib import Path
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -241,7 +242,7 @@ class Services:
         in one process; in a cluster only on the node holding the link (an actor elsewhere is stale,
         and there the presence row, which the holding node writes, says it). None: no live state."""
         actor = self.registry.lookup(("device", row["id"]))
-        if actor is not None and actor.machine is not None and self.topology.actor_is_live(row["id"]):
+        if isinstance(actor, DeviceActor) and actor.machine is not None and self.topology.actor_is_live(row["id"]):
             return actor.live()
         return None
 
@@ -262,7 +263,7 @@ class Services:
         return await self.registry.get(("rollout", rollout_id), lambda: RolloutActor(rollout_id, self))
 
 
-def start_embedded(data_dir) -> Any:
+def start_embedded(data_dir: Path) -> "EmbeddedPostgres":
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on import
         from storage.embedded import EmbeddedPostgres

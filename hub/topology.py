@@ -64,7 +64,8 @@ class LocalLimits:
 
 
 class Topology(Placement, Protocol):
-    limits: Limits
+    @property
+    def limits(self) -> Limits: ...
 
     def actor_is_live(self, device_id: uuid.UUID) -> bool:
         """Whether this process's actor of the device (if it has one) holds its live state: always in

@@ -18,7 +18,7 @@ import contextvars
 import logging
 from collections import deque
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
 from trio import TaskStatus
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from actors._runtime.actor import Actor
 
 log = logging.getLogger("fleethub.actors")
+A = TypeVar("A", bound="Actor")
 
 
 class Escalation(Exception):
@@ -208,11 +209,11 @@ class Registry:
         trips; ``lookup`` says None until it has finished)."""
         return key in self._starting
 
-    async def get(self, key: Hashable, factory: Callable[[], Actor]) -> Actor:
+    async def get(self, key: Hashable, factory: Callable[[], A]) -> A:
         while True:
-            actor = self._actors.get(key)
-            if actor is not None and not actor.stopped:
-                return actor
+            known = self._actors.get(key)
+            if known is not None and not known.stopped:
+                return cast(A, known)  # a key's actor is of the kind its factory makes
             starting = self._starting.get(key)
             if starting is None:
                 break

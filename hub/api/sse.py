@@ -17,7 +17,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import trio
 from quart import make_response, request
@@ -29,6 +29,9 @@ from hub.eventlog import record_of
 from hub.events import RESYNC, Subscriber, UnsafeEventName, sse_frame
 from storage.db import DatabaseUnavailable
 from storage.events import EventLog
+
+if TYPE_CHECKING:
+    from hub.services import Services
 
 log = logging.getLogger("fleethub.sse")
 KEEPALIVE = 15.0
@@ -84,7 +87,7 @@ def _last_event_id() -> int | None:
     return int(raw)
 
 
-async def resume_point(s: Any, subscription: Subscriber, org_id: uuid.UUID, subject: str | None) -> Replay | None:
+async def resume_point(s: "Services", subscription: Subscriber, org_id: uuid.UUID, subject: str | None) -> Replay | None:
     """Where a stream opened now begins, from the request's ``Last-Event-ID``: 410 cursor_expired with
     the oldest cursor still held when retention removed events after it, 400 invalid_cursor for one
     this organisation's log never reached. None with the event log off (no ids, no replay). Call it
@@ -97,7 +100,7 @@ async def resume_point(s: Any, subscription: Subscriber, org_id: uuid.UUID, subj
         raise
 
 
-async def _resume_point(s: Any, org_id: uuid.UUID, subject: str | None) -> Replay | None:
+async def _resume_point(s: "Services", org_id: uuid.UUID, subject: str | None) -> Replay | None:
     if not s.settings.event_log:
         return None
     asked = _last_event_id()

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from hub.auth.cache import AuthCache
 from hub.auth.oauth import TokenSigner
 from hub.auth.ratelimit import BurstLimiter, RateLimiter
 from hub.auth.sessions import LoginThrottle
 from hub.auth.signing_keys import SigningKeys
+
+if TYPE_CHECKING:
+    from device_client.shared.clock import Clock
+    from storage.stores import Stores
 
 
 @dataclass(slots=True)
@@ -35,3 +40,15 @@ class Access:
     def open(cls, data_dir: Path) -> "Access":
         keys = SigningKeys.from_data_dir(data_dir)
         return cls(signing_keys=keys, token_signer=TokenSigner(keys))
+
+
+class Authenticating(Protocol):
+    """What a credential scheme reads of the process (hub/services.py ``Services`` provides it):
+    authentication knows nothing else of the hub, so it cannot reach the tunnels or the actors."""
+
+    @property
+    def access(self) -> Access: ...
+    @property
+    def stores(self) -> "Stores": ...
+    @property
+    def clock(self) -> "Clock": ...

@@ -16,11 +16,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from quart import Request
 from quart_schema import security_scheme
 
+from hub.auth.access import Authenticating
 from hub.auth.pat import digest
 from hub.auth.principals import Principal
 from hub.auth.routes import RouteAuth, declare
@@ -50,7 +50,7 @@ def unauthenticated() -> Unauthenticated:
     return Unauthenticated("a valid device token is required")
 
 
-async def device_row(services: Any, token: str | None) -> dict | None:
+async def device_row(services: Authenticating, token: str | None) -> dict | None:
     """The device whose token this is, or None (no token, or not one of ours)."""
     return await services.stores.devices.find_by_token(digest(token)) if token else None
 
@@ -63,7 +63,7 @@ class DeviceTokenScheme:
         value = bearer_of(headers)
         return Found(KIND, None, value) if value is not None and route.only == KIND else None
 
-    async def resolve(self, services: Any, found: Found, org_id: uuid.UUID | None) -> Resolved:
+    async def resolve(self, services: Authenticating, found: Found, org_id: uuid.UUID | None) -> Resolved:
         row = await device_row(services, found.secret)
         if row is None:
             raise unauthenticated()

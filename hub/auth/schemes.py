@@ -29,6 +29,7 @@ from typing import Any, NamedTuple, Protocol
 from quart import Request
 
 from hub.auth.oauth import InvalidToken, looks_like_jwt
+from hub.auth.access import Authenticating
 from hub.auth.pat import digest
 from hub.auth.principals import Credential, Principal
 from hub.auth.routes import DEFAULT, RouteAuth
@@ -70,7 +71,7 @@ class CredentialScheme(Protocol):
         """This scheme's credential in the request, or None. ``headers``: lower-case names; ``req``
         None: the headers alone (a scheme that needs more finds nothing)."""
 
-    async def resolve(self, services: Any, found: Found, org_id: uuid.UUID | None) -> Resolved:
+    async def resolve(self, services: Authenticating, found: Found, org_id: uuid.UUID | None) -> Resolved:
         """Who the credential names, or Unauthenticated."""
 
     def missing(self) -> FleethubError:
@@ -109,7 +110,7 @@ class PatScheme(_General):
         secret = headers.get("x-api-secret-key")
         return Found("pat", headers.get("x-api-token-id"), secret) if secret else None
 
-    async def resolve(self, services: Any, found: Found, org_id: uuid.UUID | None) -> Resolved:
+    async def resolve(self, services: Authenticating, found: Found, org_id: uuid.UUID | None) -> Resolved:
         principal, role, tier, custom = await pat_principal(services, found.token_id, digest(found.secret),
                                                             org_id, found.kind)
         return Resolved(principal, role, tier, custom, Credential.of(found.kind, found.token_id, found.secret))
@@ -131,7 +132,7 @@ class ServiceTokenScheme(_General):
         value = bearer_of(headers)
         return Found("jwt", None, value) if value is not None and looks_like_jwt(value) else None
 
-    async def resolve(self, services: Any, found: Found, org_id: uuid.UUID | None) -> Resolved:
+    async def resolve(self, services: Authenticating, found: Found, org_id: uuid.UUID | None) -> Resolved:
         principal, role, tier, custom = await service_principal(services, found.secret, org_id)
         return Resolved(principal, role, tier, custom, Credential.of("jwt", None, found.secret))
 
@@ -143,7 +144,7 @@ class SessionScheme(_General):
         cookie = req.cookies.get(SESSION_COOKIE) if req is not None else None
         return Found("session", None, cookie) if cookie else None
 
-    async def resolve(self, services: Any, found: Found, org_id: uuid.UUID | None) -> Resolved:
+    async def resolve(self, services: Authenticating, found: Found, org_id: uuid.UUID | None) -> Resolved:
         h = digest(found.secret)
         principal, role, tier, custom, csrf_token = await session_principal(services, h, org_id)
         return Resolved(principal, role, tier, custom, Credential.of("session", None, found.secret),
@@ -204,7 +205,7 @@ def header_credential(headers: dict[str, str]) -> tuple[CredentialScheme, Found]
     return None
 
 
-async def pat_principal(services: Any, token_id: str | None, h: bytes, org_id: uuid.UUID | None, kind: str):
+async def pat_principal(services: Authenticating, token_id: str | None, h: bytes, org_id: uuid.UUID | None, kind: str):
     """The PAT with secret digest ``h`` and its user's role in ``org_id``; also how an open stream
     re-checks it (hub/auth/streams.py), so it never reads the request."""
     if kind == "pat" and token_id is None:
@@ -226,7 +227,7 @@ async def pat_principal(services: Any, token_id: str | None, h: bytes, org_id: u
     return principal, row["role"], row["tier"], row["rate_limit"]
 
 
-async def session_principal(services: Any, h: bytes, org_id: uuid.UUID | None):
+async def session_principal(services: Authenticating, h: bytes, org_id: uuid.UUID | None):
     """The session with cookie digest ``h``, its user's role in ``org_id`` and its CSRF token."""
     row = await services.access.auth_cache.get_or_load(
         ("session", h, org_id), lambda: services.stores.identity.find_session_in_org(h, org_id),
@@ -239,7 +240,7 @@ async def session_principal(services: Any, h: bytes, org_id: uuid.UUID | None):
     return principal, row["role"], row["tier"], row["rate_limit"], row["csrf_token"]
 
 
-async def service_principal(services: Any, token: str, org_id: uuid.UUID | None):
+async def service_principal(services: Authenticating, token: str, org_id: uuid.UUID | None):
     """The service account a (verified) access token names, its role in ``org_id`` ("service" in its
     own organisation, else None) and the tier of its organisation."""
     try:
@@ -261,7 +262,7 @@ async def service_principal(services: Any, token: str, org_id: uuid.UUID | None)
     return principal, role, org["tier"] if org else None, org["rate_limit"] if org else None
 
 
-async def org_row(services: Any, org_id: uuid.UUID) -> dict | None:
+async def org_row(services: Authenticating, org_id: uuid.UUID) -> dict | None:
     async def load() -> dict:
         return await services.stores.orgs.get_org(org_id) or {}  # {}: "no such org" is cached too
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 import trio
 from quart import g
@@ -29,6 +28,7 @@ from quart import g
 from hub.auth.authz import Obj, still_holds
 from hub.auth.cache import Watch
 from hub.auth.principals import Credential, OrgContext, Principal
+from hub.auth.access import Authenticating
 from hub.auth.schemes import pat_principal, service_principal, session_principal
 from hub.errors import Unauthenticated
 
@@ -40,7 +40,7 @@ RETRY_AFTER = 1.0
 
 @dataclass
 class StreamAccess:
-    services: Any
+    services: Authenticating
     credential: Credential
     principal: Principal
     org_id: uuid.UUID

@@ -23,7 +23,7 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -33,6 +33,9 @@ from hub.auth.schemes import header_credential
 from hub.errors import (BadRequest, FleethubError, Forbidden, NotFound, RateLimited, Unauthenticated,
                         general_body)
 from hub.mcp import server
+
+if TYPE_CHECKING:
+    from hub.services import Services
 
 PATH = "/v1/mcp"
 METADATA_PATH = "/.well-known/oauth-protected-resource"
@@ -64,7 +67,7 @@ def base_url(scope: dict, headers: dict[str, str]) -> str:
 
 
 class McpEndpoint:
-    def __init__(self, services: Any, app: Any) -> None:
+    def __init__(self, services: "Services", app: Any) -> None:
         self.services = services
         self.manager = StreamableHTTPSessionManager(
             server.build(app, services, self.is_open), json_response=True, session_idle_timeout=IDLE_SECONDS, max_sessions=MAX_SESSIONS,

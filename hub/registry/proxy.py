@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -26,6 +26,9 @@ from storage.registry import RegistryAccess
 
 from .cache import Cache
 from .upstream import Upstream
+
+if TYPE_CHECKING:
+    from hub.services import Services
 
 ACCESS_TTL = 30.0
 MAX_REMEMBERED = 10_000  # answers kept at most; the oldest go first
@@ -40,7 +43,7 @@ class Puller:
 
 
 class RegistryProxy:
-    def __init__(self, services: Any) -> None:
+    def __init__(self, services: "Services") -> None:
         self.s = services
         settings = services.settings
         self.access = RegistryAccess(services.db)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jwt
 from quart import Request
@@ -25,6 +25,9 @@ from hub.auth.routes import RouteAuth, declare
 from hub.auth.schemes import SCHEMES, Found, Resolved, bearer_of, org_row
 from hub.errors import FleethubError, Forbidden, Unauthenticated
 from hub.tunnels.tokens import TUNNEL_AUDIENCE, BadTunnelToken
+
+if TYPE_CHECKING:
+    from hub.services import Services
 
 SCHEME = "TunnelToken"  # its name in /v1/openapi.json
 KIND = "tunnel"         # its kind among the credential schemes
@@ -67,7 +70,8 @@ class TunnelTokenScheme:
             return None
         return Found(KIND, None, value, headers.get("x-organization-id"))
 
-    async def resolve(self, services: Any, found: Found, org_id: uuid.UUID | None) -> Resolved:
+    async def resolve(self, services: "Services", found: Found, org_id: uuid.UUID | None) -> Resolved:
+        # the hub's whole Services, not only what authentication reads: the tunnel tokens are the tunnels'
         try:
             claims = services.tunnels.tokens.verify(found.secret, services.clock.now())
         except BadTunnelToken as exc:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -25,6 +25,9 @@ from device_client.shared.clock import rfc3339
 from hub.auth.signing_keys import SigningKeys
 from hub.errors import BadRequest, FleethubError
 from webrtc.grant import GRANT_VERSION, GrantError, sign_grant, verify_grant
+
+if TYPE_CHECKING:
+    from hub.services import Services
 
 log = logging.getLogger("fleethub.tunnels")
 
@@ -89,7 +92,7 @@ class GrantSigner:
 PUSH_CONCURRENCY = 32
 
 
-async def push_hub_keys(services: Any, *, timeout: float = 10.0, concurrency: int | None = None) -> int:
+async def push_hub_keys(services: "Services", *, timeout: float = 10.0, concurrency: int | None = None) -> int:
     """After a key rotation: tell every device connected here the keys that sign grants now
     (``link.keys``), so it accepts new grants without reconnecting, at most ``concurrency`` devices at
     a time. Returns how many acknowledged."""

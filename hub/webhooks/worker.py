@@ -23,7 +23,7 @@ import json
 import logging
 import random
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -33,6 +33,9 @@ from hub.webhooks import sender, signing
 from hub.webhooks.schedule import Schedule
 from storage.db import DatabaseUnavailable
 from storage.webhooks import Attempt, Stale, WebhookFence
+
+if TYPE_CHECKING:
+    from hub.services import Services
 
 log = logging.getLogger("fleethub.webhooks")
 
@@ -58,7 +61,7 @@ def body_of(event: dict[str, Any]) -> bytes:
     return json.dumps(event, separators=(",", ":")).encode()
 
 
-async def send(s: Any, url: str, secret: str, event: dict[str, Any], using: Any = None) -> sender.Outcome:
+async def send(s: "Services", url: str, secret: str, event: dict[str, Any], using: Any = None) -> sender.Outcome:
     """One signed POST of a CloudEvent (``webhook-id`` is the event's id: a retry repeats it)."""
     body = body_of(event)
     stamp = int(s.clock.now().timestamp())
@@ -81,7 +84,7 @@ class Disabled(Exception):
 class Deliverer:
     """This node's webhook delivery: the endpoints it holds and their tasks."""
 
-    def __init__(self, s: Any, *, schedule: Schedule | None = None, rand: random.Random | None = None,
+    def __init__(self, s: "Services", *, schedule: Schedule | None = None, rand: random.Random | None = None,
                  owner: str | None = None, lease_seconds: float = LEASE_SECONDS) -> None:
         self.s = s
         self.schedule = schedule or Schedule()
