@@ -94,7 +94,7 @@ def json_answer(body: bytes) -> bool:
     else (a batch, a body that is not JSON) is left to the SDK on its SSE default."""
     try:
         message = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: the SDK refuses it its way
         return False
     if not isinstance(message, dict) or "id" not in message:
         return False

@@ -118,7 +118,7 @@ def build(app: Any, services: Any, alive: Callable[[str], bool]) -> Server:
 
     async def answered(ctx: Any, tool: Tool, args: Any, answer: inproc.Answer) -> types.CallToolResult:
         if 200 <= answer.status < 300 and isinstance(answer.body, dict):
-            text = json.dumps(answer.body, separators=(",", ":"))
+            text = answer.text or json.dumps(answer.body, separators=(",", ":"))
             return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
                                         structured_content=answer.body)
         body = answer.body if isinstance(answer.body, dict) else {}
