@@ -23,6 +23,9 @@ FOLLOW_SECONDS = 600.0
 # full buffer, a cluster node's bus cut off), and the work must not look unfinished for that.
 POLL_SECONDS = 5.0
 ROLLOUT_ENDED = frozenset({"completed", "failed", "cancelled", "paused"})
+# The most a step of unfinished work reports: 1 is the end's own, and a later notification must be
+# above an earlier one (its message would be lost if the last device's step had already said 1).
+UNFINISHED_AT_MOST = 0.99
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,12 @@ class Step:
     progress: float | None  # 0-1, None when the event says nothing of how far the work is
     message: str
     ended: bool
+
+    def __post_init__(self) -> None:
+        if self.ended:
+            object.__setattr__(self, "progress", 1.0)
+        elif self.progress is not None:
+            object.__setattr__(self, "progress", min(float(self.progress), UNFINISHED_AT_MOST))
 
 
 def memory_test_step(event: dict[str, Any], run_id: str) -> Step | None:

@@ -7,8 +7,9 @@ import json
 import httpx
 import trio
 
+from tests.api.test_rollouts import closed_window, open_window
 from tests.hubtools import start_agent, start_hub, wait_for
-from tests.mcp.mcptools import call, followed_quick_test, http_session, pat_headers
+from tests.mcp.mcptools import HEALTHY, call, followed_quick_test, http_session, pat_headers
 
 
 async def test_a_live_quick_test_reports_progress_and_ends_with_its_result(nursery, db_url, tmp_path):
@@ -84,3 +85,35 @@ async def test_a_cancel_mid_wait_ends_the_call_and_leaves_the_session_working(nu
             assert not err and run["runId"] == started[0] and run["phase"] not in ("done", "cancelled"), status
             err, _ = await call(mcp, "cancel_memory_test", device_id=dev)
             assert not err
+
+
+async def test_a_resumed_rollout_reports_its_devices_and_returns_when_it_completes(nursery, db_url, tmp_path):
+    with trio.fail_after(120):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        fleet = (await hub.call("POST", "/v1/fleets", json={"name": "edge"})).json()["data"]["id"]
+        dev, token = await hub.provision("pump-1", fleet_id=fleet)
+        await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
+        closed = closed_window(hub)
+        await hub.call("PUT", f"/v1/fleets/{fleet}/update-window", json=closed)
+        r = await hub.call("POST", "/v1/configurations", json={"name": "app", "spec": {"workload": HEALTHY}})
+        cid = r.json()["data"]["id"]
+        r = await hub.call("POST", "/v1/rollouts", json={"fleet_ids": [fleet], "configuration_id": cid})
+        assert r.status_code == 201, r.text
+        rid = r.json()["data"]["id"]
+        async with http_session(hub.base_url, pat_headers(hub.pat, hub.org_id)) as mcp:
+            err, paused = await call(mcp, "pause_rollout", rollout_id=rid)
+            assert not err and paused["data"]["state"] == "paused"
+            await hub.call("PUT", f"/v1/fleets/{fleet}/update-window", json=open_window(closed))
+            heard: list[tuple[float, str | None]] = []
+
+            async def progress(value: float, total: float | None, message: str | None) -> None:
+                heard.append((value, message))
+
+            result = await mcp.call_tool("resume_rollout", {"rollout_id": rid}, progress_callback=progress)
+            assert not result.is_error, result
+            out = result.structured_content
+            assert out["ended"] is True and out["data"]["state"] == "completed", out
+            assert out["data"]["counts"]["succeeded"] == 1
+            values = [v for v, _ in heard]
+            assert values[0] == 0.0 and values[-1] == 1.0 and values == sorted(set(values)), heard
+            assert heard[-1][1].startswith("rollout completed"), heard
