@@ -295,10 +295,14 @@ def build(app: Any, services: Any, alive: Callable[[str], bool]) -> Server:
             scope.cancel()
         return types.EmptyResult()
 
-    return Server(NAME, version="1", instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
-                  on_list_resources=list_resources, on_list_resource_templates=list_templates,
-                  on_read_resource=read_resource, on_subscribe_resource=subscribe,
-                  on_unsubscribe_resource=unsubscribe)
+    built = Server(NAME, version="1", instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
+                   on_list_resources=list_resources, on_list_resource_templates=list_templates,
+                   on_read_resource=read_resource, on_subscribe_resource=subscribe,
+                   on_unsubscribe_resource=unsubscribe)
+    # The SDK wraps every message in an OpenTelemetry span by default. The hub installs no tracing SDK,
+    # so each span records nothing and costs every call its setup; its calls are in the audit log.
+    built.middleware = []
+    return built
 
 
 def _progress_token(ctx: Any) -> Any:
