@@ -67,7 +67,10 @@ class AnswerMode(StreamableHTTPServerTransport):
     """The SDK's transport, with its JSON-or-SSE switch read per request. Every place the SDK reads
     ``is_json_response_enabled`` for a POST runs in that POST's task, where ``_JSON_ANSWER`` holds
     this request's choice; its message router runs in the session's task and sees the SSE default,
-    so it routes a request's notifications to the request's stream instead of dropping them."""
+    so it routes a request's notifications to the request's stream instead of dropping them.
+    A JSON answer takes the first message routed to its request, so only a request that can have
+    no notification of its own is answered so: the server's handlers (hub/mcp/server.py) send one
+    only as progress, against the request's token, and ask the client nothing."""
 
     @property
     def is_json_response_enabled(self) -> bool:
