@@ -8,7 +8,11 @@ keep-alive), alternating blocks so that drift in the machine's load falls on bot
 
 - REST: ``GET /v1/devices?limit=20`` and ``POST /v1/devices/{id}/ping`` with httpx;
 - MCP: ``list_devices`` and ``ping_device`` through the SDK's own client (``mcp.ClientSession`` over
-  its Streamable HTTP transport), one session, the PAT in its bearer form.
+  its Streamable HTTP transport), one session, the PAT in its bearer form; answered as a JSON body,
+  as every call is that does not ask for progress;
+- MCP with SSE answers (the A/B): the same calls with a progressToken (the client's
+  ``progress_callback``), which the hub answers as an SSE stream (the SDK's default for every call,
+  hub/mcp/endpoint.py); these tools send no progress, so only the answer's framing differs.
 
 Latency is the client's, call made to answer parsed, ms; the aim is an MCP p50 at most 1.5x its REST
 p50. Then ``--sessions`` MCP sessions are opened (initialize, as a client does) and left idle for
@@ -48,7 +52,11 @@ async def measure(hub: HubProcess, ids: list[str], calls: int, blocks: int) -> d
     from mcp.client.streamable_http import streamable_http_client
 
     bearer = {"Authorization": f"Bearer {hub.pat_secret}", "X-Organization-ID": hub.org_id}
-    times: dict[str, list[float]] = {k: [] for k in ("rest_list", "rest_ping", "mcp_list", "mcp_ping")}
+    times: dict[str, list[float]] = {k: [] for k in ("rest_list", "rest_ping", "mcp_list", "mcp_ping",
+                                                     "sse_list", "sse_ping")}
+
+    async def no_progress(value: float, total: float | None, message: str | None) -> None:
+        raise AssertionError("these tools send no progress")
     per_block = max(1, calls // blocks)
     async with httpx.AsyncClient(headers=bearer, timeout=30) as rest, \
             httpx2.AsyncClient(headers=bearer, timeout=30) as raw, \
@@ -72,15 +80,17 @@ async def measure(hub: HubProcess, ids: list[str], calls: int, blocks: int) -> d
                 r.json()
                 times["rest_ping"].append((time.perf_counter() - t) * 1000)
                 assert r.status_code == 200, r.text
-            for i in range(per_block):
-                t = time.perf_counter()
-                res = await mcp.call_tool("list_devices", {})
-                times["mcp_list"].append((time.perf_counter() - t) * 1000)
-                assert not res.is_error, res
-                t = time.perf_counter()
-                res = await mcp.call_tool("ping_device", {"device_id": ids[i % len(ids)]})
-                times["mcp_ping"].append((time.perf_counter() - t) * 1000)
-                assert not res.is_error, res
+            for mode, progress in (("mcp", None), ("sse", no_progress)):
+                for i in range(per_block):
+                    t = time.perf_counter()
+                    res = await mcp.call_tool("list_devices", {}, progress_callback=progress)
+                    times[f"{mode}_list"].append((time.perf_counter() - t) * 1000)
+                    assert not res.is_error, res
+                    t = time.perf_counter()
+                    res = await mcp.call_tool("ping_device", {"device_id": ids[i % len(ids)]},
+                                              progress_callback=progress)
+                    times[f"{mode}_ping"].append((time.perf_counter() - t) * 1000)
+                    assert not res.is_error, res
     return {k: summary(v) for k, v in times.items()}
 
 
@@ -179,6 +189,8 @@ def main() -> int:
         if c.get(f"mcp_{tool}") and c.get(rest, {}).get("p50"):
             ratio = round(c[f"mcp_{tool}"]["p50"] / c[rest]["p50"], 2)
         results.setdefault("ratios", {})[tool] = ratio
+        if c.get(f"sse_{tool}") and c.get(rest, {}).get("p50"):
+            results["ratios"][f"sse_{tool}"] = round(c[f"sse_{tool}"]["p50"] / c[rest]["p50"], 2)
         verdicts.at_most(f"MCP {tool} p50 / REST p50", ratio, 1.5, "x")
     if not broken:
         body = render(results, facts, args) + "\n" + verdicts.markdown() + "\n"
@@ -189,18 +201,23 @@ def main() -> int:
 
 def render(r: dict, facts: dict, args: argparse.Namespace) -> str:
     c, idle = r["calls"], r["idle"]
-    names = {"rest_list": "REST GET /v1/devices?limit=20", "mcp_list": "MCP list_devices",
-             "rest_ping": "REST POST /v1/devices/{id}/ping", "mcp_ping": "MCP ping_device"}
+    names = {"rest_list": "REST GET /v1/devices?limit=20", "mcp_list": "MCP list_devices (JSON answer)",
+             "sse_list": "MCP list_devices (SSE answer)", "rest_ping": "REST POST /v1/devices/{id}/ping",
+             "mcp_ping": "MCP ping_device (JSON answer)", "sse_ping": "MCP ping_device (SSE answer)"}
     rows = [[names[k], c[k]["n"], c[k]["p50"], c[k]["p90"], c[k]["p99"]]
-            for k in ("rest_list", "mcp_list", "rest_ping", "mcp_ping")]
+            for k in ("rest_list", "mcp_list", "sse_list", "rest_ping", "mcp_ping", "sse_ping")]
     return "\n".join([
         "## MCP tool calls vs REST, and idle MCP sessions (bench/mcp_rtt.py)", "", f"`{command_line()}`", "",
         f"{facts_line(facts)}; load average at end {loadavg()}", "",
         f"{args.devices} devices connected (real agents in one load-generator process); one caller at a time, "
-        f"keep-alive, REST and MCP in {args.blocks} alternating blocks; the MCP client is the SDK's own "
+        f"keep-alive, REST, MCP with JSON answers and MCP with SSE answers (the same calls with a progressToken) in "
+        f"{args.blocks} alternating rounds; the MCP client is the SDK's own "
         "(`mcp.ClientSession`, Streamable HTTP), the REST one httpx. Client latency, ms.", "",
         md_table(["call", "n", "p50 ms", "p90 ms", "p99 ms"], rows), "",
-        f"p50 ratio MCP/REST: list_devices {r['ratios']['list']}x, ping {r['ratios']['ping']}x (aim ≤ 1.5x).", "",
+        f"p50 ratio MCP/REST with JSON answers (every call without a progressToken): list_devices "
+        f"{r['ratios']['list']}x, ping {r['ratios']['ping']}x (aim ≤ 1.5x); with SSE answers (the SDK's default "
+        f"mode, now only for calls that ask for progress): list_devices {r['ratios'].get('sse_list')}x, ping "
+        f"{r['ratios'].get('sse_ping')}x.", "",
         f"{idle['sessions']} idle MCP sessions (initialized, each with its client's open GET stream), idle "
         f"{idle['idle_seconds']} s: hub RSS {idle['rss_before_mib']} MiB before, {idle['rss_open_mib']} MiB with them "
         f"open ({idle['rss_per_session_kib']} KiB per session); hub CPU while they idle {idle['idle_cpu_percent']} %.",

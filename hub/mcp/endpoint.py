@@ -13,12 +13,19 @@ What Quart's hooks would do for it is done here, before the SDK sees the request
 - sessions: at most ``MAX_SESSIONS_PER_OWNER`` open per organisation (per caller without one), as
   SSE streams are bounded per owner, and a session answers only the credential that opened it.
 
+How a POST is answered: a request that asked for progress (a ``progressToken`` in its ``_meta``)
+gets an SSE stream, which carries its ``notifications/progress`` before its answer; any other request
+gets a single JSON body. The SDK fixes one of the two per session manager: SSE for all costs every
+call an event stream's framing and the tasks that feed it (bench/mcp_rtt.py measured both), and JSON
+for all drops a request's notifications. ``AnswerMode`` makes the choice per request.
+
 Sessions live in this process (the SDK keeps them in memory): in a cluster the balancer pins a
 session to its node by the ``Mcp-Session-Id`` header (docs/cluster.md).
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import uuid
@@ -26,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
+from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from hub.auth.ratelimit import spend
@@ -53,6 +61,80 @@ class Caller:
     ratelimit: Any            # the rate-limit decision, whose headers the answer carries
 
 
+# Set by McpEndpoint for the task that serves one POST of an open session: True when its answer is a
+# JSON body. Unset (None) elsewhere: the session's own tasks (its message router) and the opening request.
+_JSON_ANSWER: contextvars.ContextVar[bool | None] = contextvars.ContextVar("fleethub_mcp_json_answer", default=None)
+
+
+class AnswerMode(StreamableHTTPServerTransport):
+    """The SDK's transport, with its JSON-or-SSE switch read per request. Every place the SDK reads
+    ``is_json_response_enabled`` for a POST runs in that POST's task, where ``_JSON_ANSWER`` holds
+    this request's choice; its message router runs in the session's task and sees the SSE default,
+    so it routes a request's notifications to the request's stream instead of dropping them.
+    A JSON answer takes the first message routed to its request, so only a request that can have
+    no notification of its own is answered so: the server's handlers (hub/mcp/server.py) send one
+    only as progress, against the request's token, and ask the client nothing."""
+
+    @property
+    def is_json_response_enabled(self) -> bool:
+        mode = _JSON_ANSWER.get()
+        return self._json_default if mode is None else mode
+
+    @is_json_response_enabled.setter
+    def is_json_response_enabled(self, value: bool) -> None:
+        self._json_default = value
+
+
+class Manager(StreamableHTTPSessionManager):
+    def _admit_session(self, requestor: Any) -> StreamableHTTPServerTransport | None:
+        """The SDK's admission, with its transport made an ``AnswerMode`` (the class is the only change)."""
+        transport = super()._admit_session(requestor)
+        if transport is not None:
+            transport.__class__ = AnswerMode
+            transport._json_default = False  # noqa: SLF001 — SSE unless the request says otherwise
+        return transport
+
+
+def json_answer(body: bytes) -> bool:
+    """Whether one JSON-RPC request's answer can be a JSON body: it did not ask for progress. Anything
+    else (a batch, a body that is not JSON) is left to the SDK on its SSE default."""
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):  # nested past the parser's depth: the SDK refuses it its way
+        return False
+    if not isinstance(message, dict) or "id" not in message:
+        return False
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return not (isinstance(meta, dict) and "progressToken" in meta)
+
+
+async def read_body(receive: Any, limit: int) -> tuple[list[dict], bool]:
+    """The request's body messages, read until its end or past ``limit`` bytes (then the rest is
+    left on the connection for the SDK, which refuses the body as too large); True when complete."""
+    messages, size = [], 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            return messages, False
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return messages, True
+        if size > limit:
+            return messages, False
+
+
+def replaying(messages: list[dict], receive: Any) -> Any:
+    pending = list(messages)
+
+    async def replay() -> dict:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+    return replay
+
+
 def _headers(scope: dict) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, value in scope.get("headers", ()):
@@ -69,9 +151,9 @@ def base_url(scope: dict, headers: dict[str, str]) -> str:
 class McpEndpoint:
     def __init__(self, services: "Services", app: Any) -> None:
         self.services = services
-        self.manager = StreamableHTTPSessionManager(
-            server.build(app, services, self.is_open), json_response=True, session_idle_timeout=IDLE_SECONDS, max_sessions=MAX_SESSIONS,
-            max_request_body_size=MAX_BODY_BYTES)
+        self.manager = Manager(
+            server.build(app, services, self.is_open), json_response=False, session_idle_timeout=IDLE_SECONDS,
+            max_sessions=MAX_SESSIONS, max_request_body_size=MAX_BODY_BYTES)
         self.max_per_owner = MAX_SESSIONS_PER_OWNER
         self._running = False
         self._starting = trio.Lock()
@@ -113,6 +195,11 @@ class McpEndpoint:
                             self._sessions[value.decode("latin-1")] = caller
             await send(message)
 
+        if session_id is not None and scope["method"] == "POST":
+            messages, whole = await read_body(receive, MAX_BODY_BYTES)
+            if whole:
+                _JSON_ANSWER.set(json_answer(b"".join(m.get("body", b"") for m in messages)))
+            receive = replaying(messages, receive)
         try:
             await self.manager.handle_request(scope, receive, answer)
         finally:

@@ -32,6 +32,7 @@ Asgi = Callable[[dict, Callable, Callable], Awaitable[None]]
 class Answer:
     status: int
     body: object  # the JSON body, or None when there was none
+    text: str = ""  # the body as it was sent: a tool's text content, not serialised a second time
 
 
 class AnswerTooLarge(Exception):
@@ -94,9 +95,9 @@ async def call(app: Asgi, *, method: str, path: str, query: dict[str, str], body
         await app(scope, receive, send)
     finally:
         done.set()
-    text = b"".join(chunks)
+    text = b"".join(chunks).decode("utf-8", "replace")
     try:
         parsed = json.loads(text) if text else None
     except ValueError:
-        parsed = {"text": text.decode("utf-8", "replace")[:2000]}
-    return Answer(status, parsed)
+        parsed = {"text": text[:2000]}
+    return Answer(status, parsed, text)

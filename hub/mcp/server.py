@@ -24,7 +24,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from hub.errors import FleethubError
-from hub.mcp import inproc
+from hub.mcp import follow, inproc
 from hub.mcp.tools import BY_NAME, TOOLS, Tool
 
 log = logging.getLogger("fleethub.mcp")
@@ -33,7 +33,8 @@ NAME = "fleethub"
 INSTRUCTIONS = (
     "fleethub operates fleets of edge devices with your own permissions. Reads are annotated read-only. "
     "Lists are paged (page, limit). A memory test or a rollout runs on after its tool returns: poll "
-    "memory_test_status or get_rollout. A device you may not view answers not_found, like a missing one.")
+    "memory_test_status or get_rollout, or send a progressToken with start_memory_test or resume_rollout to "
+    "get progress notifications and the end. A device you may not view answers not_found, like a missing one.")
 
 _DOCS = Path(__file__).resolve().parents[2] / "docs" / "device-protocol.md"
 # uri -> (name, description, mime type, the REST path that serves it; None: the file above)
@@ -102,16 +103,22 @@ def build(app: Any, services: Any, alive: Callable[[str], bool]) -> Server:
             args = tool.args.model_validate(params.arguments or {})
         except ValidationError as exc:
             return tool_error(400, "invalid_field", _first_problem(exc))
-        method, path, query, body = tool.request(args)
         try:
-            answer = await rest(ctx, method, path, query, body, tool.name, args.organization_id)
+            if tool.follows is not None and _progress_token(ctx) is not None:
+                return await followed(ctx, tool, args)
+            answer = await rest(ctx, *tool.request(args), tool.name, args.organization_id)
         except inproc.AnswerTooLarge as exc:
             return tool_error(413, "answer_too_large", f"{exc}; ask for a smaller page")
+        except FleethubError as exc:  # the event stream cap of a followed call
+            return tool_error(exc.status, exc.code, exc.message)
         except Exception:  # noqa: BLE001 — a tool's failure is its error, never the session's end
             log.exception("MCP tool %s failed", tool.name)
             return tool_error(500, "internal_error", "internal error")
+        return await answered(ctx, tool, args, answer)
+
+    async def answered(ctx: Any, tool: Tool, args: Any, answer: inproc.Answer) -> types.CallToolResult:
         if 200 <= answer.status < 300 and isinstance(answer.body, dict):
-            text = json.dumps(answer.body, separators=(",", ":"))
+            text = answer.text or json.dumps(answer.body, separators=(",", ":"))
             return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
                                         structured_content=answer.body)
         body = answer.body if isinstance(answer.body, dict) else {}
@@ -120,6 +127,78 @@ def build(app: Any, services: Any, alive: Callable[[str], bool]) -> Server:
             if hidden is not None:
                 return hidden
         return tool_error(answer.status, str(body.get("error") or "error"), str(body.get("message") or ""))
+
+    async def followed(ctx: Any, tool: Tool, args: Any) -> types.CallToolResult:
+        """The tool's REST call, then its work followed (hub/mcp/follow.py) until it ends or
+        ``follow.FOLLOW_SECONDS`` pass; a client's cancellation ends the wait (the SDK cancels this
+        handler), never the work. Answers ``{"data": the work's state as its REST read gives it,
+        "started": the REST call's answer, "ended": whether the work ended while followed}``."""
+        org = args.organization_id or _org_header(ctx)
+        if tool.follows == "memory_test":
+            topic, read = ("device", args.device_id), f"/v1/devices/{args.device_id}/memory-test"
+        else:
+            topic, read = ("rollout", args.rollout_id), f"/v1/rollouts/{args.rollout_id}"
+        subscription = await services.events.open(topic, owner=("org", org) if org is not None else None)
+        with subscription:
+            answer = await rest(ctx, *tool.request(args), tool.name, args.organization_id)
+            if not (200 <= answer.status < 300 and isinstance(answer.body, dict)):
+                return await answered(ctx, tool, args, answer)
+            started = answer.body.get("data") if isinstance(answer.body.get("data"), dict) else {}
+            run_id = started.get("runId")
+            reported = -1.0
+            state = started.get("state")
+
+            async def report(step: follow.Step | None) -> bool:
+                nonlocal reported
+                if step is None:
+                    return False
+                # the protocol: each notification's progress is above the one before
+                if step.progress is not None and step.progress > reported:
+                    reported = step.progress
+                    await ctx.session.report_progress(step.progress, 1.0, step.message)
+                return step.ended
+
+            async def poll() -> bool:
+                now = await rest(ctx, "GET", read, {}, None, tool.name, args.organization_id)
+                if now.status != 200 or not isinstance(now.body, dict):
+                    return True  # the work can no longer be read: nothing more to follow
+                if tool.follows == "memory_test":
+                    return await report(follow.memory_test_status_step(now.body, run_id))
+                data = now.body.get("data") or {}
+                return await report(follow.rollout_counts_step(data.get("counts"), data.get("state")))
+
+            def step_of(event: dict) -> follow.Step | None:
+                nonlocal state
+                if tool.follows == "memory_test":
+                    return follow.memory_test_step(event, run_id)
+                step = follow.rollout_step(event, state)
+                if event.get("kind") == "rollout.state":
+                    state = (event.get("payload") or {}).get("state")
+                return step
+
+            await report(follow.Step(0.0, f"{tool.name}: started {run_id or tool.follows}", False))
+            ended = await poll()
+            listening = True
+            with trio.move_on_after(follow.FOLLOW_SECONDS):
+                while not ended:
+                    if not listening:
+                        await trio.sleep(follow.POLL_SECONDS)
+                        ended = await poll()
+                        continue
+                    with trio.move_on_after(follow.POLL_SECONDS) as quiet:
+                        try:
+                            event = await subscription.receive.receive()
+                        except trio.EndOfChannel:  # dropped for a full buffer: reads from here on
+                            listening = False
+                            continue
+                    ended = await poll() if quiet.cancelled_caught else await report(step_of(event))
+        final = await rest(ctx, "GET", read, {}, None, tool.name, args.organization_id)
+        body = {"data": (final.body or {}).get("data") if isinstance(final.body, dict) else None,
+                "started": started, "ended": ended}
+        if not isinstance(body["data"], dict):
+            body["data"] = {}
+        return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(body))],
+                                    structured_content=body)
 
     async def unseen(ctx: Any, tool: Tool, args: Any) -> types.CallToolResult | None:
         """The answer for a missing object, when the REST refusal was for one the caller may not even
@@ -216,10 +295,28 @@ def build(app: Any, services: Any, alive: Callable[[str], bool]) -> Server:
             scope.cancel()
         return types.EmptyResult()
 
-    return Server(NAME, version="1", instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
-                  on_list_resources=list_resources, on_list_resource_templates=list_templates,
-                  on_read_resource=read_resource, on_subscribe_resource=subscribe,
-                  on_unsubscribe_resource=unsubscribe)
+    built = Server(NAME, version="1", instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
+                   on_list_resources=list_resources, on_list_resource_templates=list_templates,
+                   on_read_resource=read_resource, on_subscribe_resource=subscribe,
+                   on_unsubscribe_resource=unsubscribe)
+    # The SDK wraps every message in an OpenTelemetry span by default. The hub installs no tracing SDK,
+    # so each span records nothing and costs every call its setup; its calls are in the audit log.
+    built.middleware = []
+    return built
+
+
+def _progress_token(ctx: Any) -> Any:
+    meta = ctx.meta or {}
+    token = meta.get("progress_token", meta.get("progressToken"))
+    return token
+
+
+def _org_header(ctx: Any) -> uuid.UUID | None:
+    raw = ctx.request.headers.get("x-organization-id") if ctx.request is not None else None
+    try:
+        return uuid.UUID(raw) if raw else None
+    except ValueError:
+        return None
 
 
 def _device_of(uri: str) -> str | None:

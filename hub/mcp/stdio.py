@@ -67,7 +67,15 @@ def bridge(remote: ClientSession) -> Server:
         return await remote.list_tools(params=params)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        return await remote.call_tool(params.name, params.arguments)
+        meta = ctx.meta or {}
+        if meta.get("progress_token", meta.get("progressToken")) is None:
+            return await remote.call_tool(params.name, params.arguments)
+
+        # the client asked for progress: the hub's notifications are passed on with its token
+        async def relay(progress: float, total: float | None, message: str | None) -> None:
+            await ctx.session.report_progress(progress, total, message)
+
+        return await remote.call_tool(params.name, params.arguments, progress_callback=relay)
 
     async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
         return await remote.list_resources(params=params)

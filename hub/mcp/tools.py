@@ -136,6 +136,7 @@ class Tool:
     paged: bool = False
     query: dict[str, str] = field(default_factory=dict)  # argument -> query parameter
     body: tuple[str, ...] = ()  # arguments sent as the JSON body
+    follows: str | None = None  # the long work it starts, followed when asked for progress (hub/mcp/follow.py)
 
     def request(self, args: Args) -> tuple[str, str, dict[str, str], dict | None]:
         """(method, path, query, body) of the REST call these arguments make."""
@@ -202,17 +203,20 @@ TOOLS: tuple[Tool, ...] = (
     Tool("reboot_device", "Reboot the device now.", DeviceRef, "POST", "/v1/devices/{device_id}/reboot",
          "editor on the device", read_only=False, destructive=True, idempotent=False),
     Tool("start_memory_test", "Start a Live (impact running) or Full online (impact stopped) memory test. "
-         "Returns at once with the run's id: poll memory_test_status for progress and the result. A test boot "
+         "Returns at once with the run's id: poll memory_test_status for progress and the result. With a "
+         "progressToken it reports progress and returns when the run ends (at most 10 minutes). A test boot "
          "(placement offline) is refused: only a person in the dashboard or at the device may start one.",
          StartTest, "POST", "/v1/devices/{device_id}/memory-test", "editor on the device", read_only=False,
-         idempotent=False, body=("impact", "placement", "quick", "passes", "timeBudgetSeconds", "maxBytes")),
+         idempotent=False, body=("impact", "placement", "quick", "passes", "timeBudgetSeconds", "maxBytes"),
+         follows="memory_test"),
     Tool("cancel_memory_test", "Cancel the device's running memory test (or the run named).", CancelTest, "POST",
          "/v1/devices/{device_id}/memory-test/cancel", "editor on the device", read_only=False, body=("runId",)),
     Tool("pause_rollout", "Pause a pending or running rollout; devices already updated keep their version.",
          RolloutRef, "POST", "/v1/rollouts/{rollout_id}/pause", "editor on every fleet it covers",
          read_only=False),
-    Tool("resume_rollout", "Resume a paused rollout.", RolloutRef, "POST", "/v1/rollouts/{rollout_id}/resume",
-         "editor on every fleet it covers", read_only=False),
+    Tool("resume_rollout", "Resume a paused rollout. With a progressToken it reports the devices' progress and "
+         "returns when the rollout ends or is paused again (at most 10 minutes).", RolloutRef, "POST",
+         "/v1/rollouts/{rollout_id}/resume", "editor on every fleet it covers", read_only=False, follows="rollout"),
     Tool("cancel_rollout", "Cancel a rollout for good; devices not yet updated are left as they are.", RolloutRef,
          "POST", "/v1/rollouts/{rollout_id}/cancel", "editor on every fleet it covers", read_only=False,
          destructive=True),

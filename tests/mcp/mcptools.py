@@ -88,3 +88,25 @@ async def operate(mcp: ClientSession, hub: Any, dev: str, fleet: str) -> None:
     err, paused = await call(mcp, "pause_rollout", rollout_id=rid)
     assert not err and paused["data"]["state"] == "paused"
 
+
+
+async def followed_quick_test(mcp: ClientSession, dev: str) -> list[tuple[float, float | None, str | None]]:
+    """A Live Quick memory test started with a progressToken: progress notifications, rising, then the
+    call's own answer once the run has ended, with the run in the device's history."""
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        heard.append((value, total, message))
+
+    result = await mcp.call_tool("start_memory_test", {"device_id": dev, "impact": "running", "quick": True,
+                                                       "maxBytes": 1 << 20}, progress_callback=progress)
+    assert not result.is_error, result
+    out = result.structured_content
+    run_id = out["started"]["runId"]
+    assert out["ended"] is True
+    assert any(r.get("runId") == run_id for r in out["data"]["history"]), out
+    values = [v for v, _, _ in heard]
+    assert len(values) >= 2 and values == sorted(set(values)), heard  # each above the one before
+    assert values[0] == 0.0 and values[-1] == 1.0 and all(t == 1.0 for _, t, _ in heard)
+    assert "memory test" in heard[-1][2]
+    return heard

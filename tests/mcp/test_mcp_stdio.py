@@ -10,7 +10,7 @@ import trio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from tests.hubtools import start_agent, start_hub
-from tests.mcp.mcptools import call, operate
+from tests.mcp.mcptools import call, followed_quick_test, operate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,6 +36,18 @@ async def test_fleethub_mcp_over_stdio(nursery, db_url, tmp_path):
                 assert "fleethub://openapi.json" in listed
                 doc = await mcp.read_resource("fleethub://device-protocol/schema.json")
                 assert '"$schema"' in doc.contents[0].text or "properties" in doc.contents[0].text
+
+
+async def test_progress_is_passed_on_over_stdio(nursery, db_url, tmp_path):
+    with trio.fail_after(120):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        dev, token = await hub.provision("pump-1")
+        await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
+        env = {"FLEETHUB_PAT_ID": hub.pat[0], "FLEETHUB_PAT_SECRET": hub.pat[1], "FLEETHUB_ORG_ID": hub.org_id}
+        async with stdio_client(fleethub_mcp(hub.base_url, env)) as (read, write):
+            async with ClientSession(read, write) as mcp:
+                await mcp.initialize()
+                await followed_quick_test(mcp, dev)
 
 
 async def test_fleethub_mcp_with_a_bearer_token_and_the_org_as_an_argument(nursery, db_url, tmp_path):
