@@ -235,7 +235,6 @@ class McpEndpoint:
 
     async def _authenticate(self, scope: dict, headers: dict[str, str]) -> Caller:
         s = self.services
-        now = s.clock.now()
         addr = ((scope.get("client") or ("unknown",))[0]) or "unknown"
         org_id = None
         raw = headers.get("x-organization-id")

@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -26,6 +26,9 @@ from pydantic import ValidationError
 from hub.errors import FleethubError
 from hub.mcp import follow, inproc
 from hub.mcp.tools import BY_NAME, TOOLS, Tool
+
+if TYPE_CHECKING:
+    from hub.services import Services
 
 log = logging.getLogger("fleethub.mcp")
 
@@ -78,7 +81,7 @@ MAX_SUBSCRIPTIONS_PER_SESSION = 32
 ALIVE_CHECK_SECONDS = 60.0
 
 
-def build(app: Any, services: Any, alive: Callable[[str], bool]) -> Server:
+def build(app: Any, services: "Services", alive: Callable[[str], bool]) -> Server:
     """The server for ``app``'s requests (``app.asgi_app`` is called in-process); ``alive(session id)``
     says whether an MCP session is still open (subscriptions end with theirs)."""
     subscriptions: dict[tuple[str, str], trio.CancelScope] = {}
