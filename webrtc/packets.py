@@ -67,6 +67,8 @@ def _scan_only_when_complete(stream_cls: Any, transport_cls: Any, scan_flags: in
         self._fleethub_scan = True
         return iter(())
 
+    add_and_note.__wrapped__ = add_chunk  # type: ignore[attr-defined]  # tests/webrtc/test_packets.py compares
+    pop_when_possible.__wrapped__ = pop_messages  # type: ignore[attr-defined]
     stream_cls.add_chunk = add_and_note
     stream_cls.pop_messages = pop_when_possible
 
@@ -82,6 +84,7 @@ def _write_ssl_only_when_pending(cls: Any) -> None:
             return  # OpenSSL wrote nothing: bio_read would raise WantReadError, and aiortc send nothing
         await write_ssl(self)
 
+    write_if_pending.__wrapped__ = write_ssl  # type: ignore[attr-defined]
     cls._write_ssl = write_if_pending
 
 
@@ -96,6 +99,7 @@ def _in_order_fast(cls: Any, uint32_gt: Any) -> None:
             self._sack_duplicates = [x for x in self._sack_duplicates if uint32_gt(x, tsn)]
         return False
 
+    mark.__wrapped__ = mark_received  # type: ignore[attr-defined]
     cls._mark_received = mark
 
 
@@ -110,4 +114,5 @@ def _dtls_straight_on() -> None:
             return
         datagram_received(self, data, addr)
 
+    receive.__wrapped__ = datagram_received  # type: ignore[attr-defined]
     StunProtocol.datagram_received = receive
