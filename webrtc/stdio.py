@@ -13,23 +13,13 @@ asyncio's read-pipe transport (stdin) and write-pipe transport (stdout):
 
 The fds are the caller's (dups of 0 and 1, taken before anything could write to fd 1): closing them
 here ends the stream for ssh.
-
-Pipes are grown to ``PIPE_BYTES`` (Linux's F_SETPIPE_SZ; 64 KiB by default, at most
-/proc/sys/fs/pipe-max-size, 1 MiB, for an unprivileged process): with 64 KiB a 32 KiB message from
-the channel often fits only in part, and the rest waits for a writable event and a second write.
-``FLEETHUB_TUNNEL_PIPE_BYTES=0`` keeps the system's size (the A/B in docs/operations.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
-import stat
 from typing import Any
-
-PIPE_BYTES = 1 << 20
-F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux; Python 3.10+ names it
 
 
 class Duplex(asyncio.Transport):
@@ -134,8 +124,6 @@ class _WriteSide(asyncio.BaseProtocol):
 async def connect_stdio(protocol: asyncio.Protocol, fd_in: int, fd_out: int) -> Duplex:
     """Attach ``protocol`` to ``fd_in``/``fd_out`` (pipes, sockets or a terminal); on the asyncio side."""
     loop = asyncio.get_running_loop()
-    for fd in (fd_in, fd_out):
-        grow_pipe(fd)
     duplex = Duplex(protocol)
     duplex._writer, _ = await loop.connect_write_pipe(lambda: _WriteSide(duplex), os.fdopen(fd_out, "wb", 0))
     # the protocol learns of its transport before the first byte of stdin can reach it
@@ -144,15 +132,3 @@ async def connect_stdio(protocol: asyncio.Protocol, fd_in: int, fd_out: int) -> 
     if duplex._reading_paused:
         duplex._reader.pause_reading()
     return duplex
-
-
-def grow_pipe(fd: int) -> None:
-    """Grow ``fd``'s pipe buffer to PIPE_BYTES where the system allows; anything else is left as is."""
-    size = int(os.environ.get("FLEETHUB_TUNNEL_PIPE_BYTES", PIPE_BYTES))
-    if size <= 0:
-        return
-    try:
-        if stat.S_ISFIFO(os.fstat(fd).st_mode):
-            fcntl.fcntl(fd, F_SETPIPE_SZ, size)
-    except OSError:
-        pass  # above pipe-max-size, or not Linux: the pipe works at its own size
