@@ -46,14 +46,14 @@ def cheaper_packets() -> None:
     from aiortc.rtcsctptransport import SCTP_DATA_LAST_FRAG, SCTP_DATA_UNORDERED, InboundStream, RTCSctpTransport
     from aiortc.utils import uint32_gt
 
-    _scan_only_when_complete(InboundStream, RTCSctpTransport, SCTP_DATA_LAST_FRAG | SCTP_DATA_UNORDERED)
+    _scan_only_when_complete(InboundStream, SCTP_DATA_LAST_FRAG | SCTP_DATA_UNORDERED)
     _write_ssl_only_when_pending(RTCDtlsTransport)
     _in_order_fast(RTCSctpTransport, uint32_gt)
     _dtls_straight_on()
     _applied = True
 
 
-def _scan_only_when_complete(stream_cls: Any, transport_cls: Any, scan_flags: int) -> None:
+def _scan_only_when_complete(stream_cls: Any, scan_flags: int) -> None:
     add_chunk, pop_messages = stream_cls.add_chunk, stream_cls.pop_messages
 
     def add_and_note(self: Any, chunk: Any) -> None:

@@ -1,4 +1,4 @@
-"""webrtc/packets.py replaces four methods of aiortc and aioice by versions that skip work finding
+"""webrtc/packets.py replaces five methods of aiortc and aioice by versions that skip work finding
 nothing to do. Each must give aiortc's own result: here the replacement and the method it wraps
 (``__wrapped__``) run side by side on the same inputs, including reordered, duplicated and
 retransmitted chunks, and the sources they were verified against are pinned."""
