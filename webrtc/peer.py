@@ -25,6 +25,7 @@ import trio
 from . import loop as loop_mod
 from .forward import Counters, Pump, bucket_for
 from .marks import Marks
+from .packets import cheaper_packets
 from .sctp import batch_sacks
 
 log = logging.getLogger("fleethub.webrtc")
@@ -66,6 +67,7 @@ class TunnelPeer:
         "dtls" and "sctp" (the control channel open) as the connection reaches them (marks.py)."""
         loop_mod.restrict_host_addresses()
         batch_sacks()
+        cheaper_packets()
         quiet_ice_logs()
         self._thread = thread or loop_mod.shared()
         self._ice_servers = list(ice_servers or [])

@@ -1,0 +1,206 @@
+"""webrtc/packets.py replaces five methods of aiortc and aioice by versions that skip work finding
+nothing to do. Each must give aiortc's own result: here the replacement and the method it wraps
+(``__wrapped__``) run side by side on the same inputs, including reordered, duplicated and
+retransmitted chunks, and the sources they were verified against are pinned."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import random
+from importlib.metadata import version
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aioice.ice import StunProtocol
+from aiortc.rtcdtlstransport import RTCDtlsTransport
+from aiortc.rtcsctptransport import (SCTP_DATA_FIRST_FRAG, SCTP_DATA_LAST_FRAG, SCTP_DATA_UNORDERED, DataChunk,
+                                     InboundStream, RTCSctpTransport)
+
+from webrtc.packets import cheaper_packets
+
+# sha256 of each replaced method's source in the versions it was verified against: another aiortc or
+# aioice fails here until the replacement is checked against the new source (packets.py's docstring)
+VERIFIED = {"aiortc": "1.16.0", "aioice": "0.13.0"}
+SOURCES = {
+    "InboundStream.add_chunk": "de934faf324b1b4bfb9ac0c25e221a5babb436944e33f9972ca8f8cee26ee8b7",
+    "InboundStream.pop_messages": "bd29de9aa7c4f8fda274a3f62feb85adb80add14f76ca79ad5b53da5cc10f3e3",
+    "RTCSctpTransport._mark_received": "2ac68b6a3934ca87cf9d9383d4dd764a8fbef83c9d06f9a0435bedde7df46499",
+    "RTCDtlsTransport._write_ssl": "6573c0237063bdf0df41ede543428ea6e669020e86b93e8484bbac9c9730a54a",
+    "StunProtocol.datagram_received": "ff4c8b910d45fb3a9e50c4391fe5cbaba33dcba669fea9e847e19a5c99b9bfbb",
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def applied() -> None:
+    cheaper_packets()
+
+
+def original(cls: Any, name: str) -> Any:
+    fn = getattr(cls, name)
+    return getattr(fn, "__wrapped__", None)
+
+
+def test_every_replacement_is_applied_and_wraps_aiortcs_own():
+    for cls, name in ((InboundStream, "add_chunk"), (InboundStream, "pop_messages"),
+                      (RTCSctpTransport, "_mark_received"), (RTCDtlsTransport, "_write_ssl"),
+                      (StunProtocol, "datagram_received")):
+        wrapped = original(cls, name)
+        assert wrapped is not None, f"{cls.__name__}.{name} is not replaced"
+        assert wrapped.__module__.split(".")[0] in ("aiortc", "aioice")
+
+
+def test_the_wrapped_sources_are_the_verified_ones():
+    assert {name: version(name) for name in VERIFIED} == VERIFIED
+    for key, digest in SOURCES.items():
+        cls_name, name = key.split(".")
+        cls = {"InboundStream": InboundStream, "RTCSctpTransport": RTCSctpTransport,
+               "RTCDtlsTransport": RTCDtlsTransport, "StunProtocol": StunProtocol}[cls_name]
+        got = hashlib.sha256(inspect.getsource(original(cls, name)).encode()).hexdigest()
+        assert got == digest, f"{key} changed in this aiortc/aioice: re-check webrtc/packets.py, then pin {got}"
+
+
+def chunks_of(messages: list[tuple[int, bytes, bool]], first_tsn: int) -> list[DataChunk]:
+    """DATA chunks of (stream_seq, payload, unordered) messages, 100 bytes of payload per chunk."""
+    out, tsn = [], first_tsn
+    for seq, payload, unordered in messages:
+        parts = [payload[i:i + 100] for i in range(0, len(payload), 100)]
+        for i, part in enumerate(parts):
+            c = DataChunk()
+            c.flags = (SCTP_DATA_FIRST_FRAG if i == 0 else 0) | (SCTP_DATA_LAST_FRAG if i == len(parts) - 1 else 0)
+            c.flags |= SCTP_DATA_UNORDERED if unordered else 0
+            c.tsn, c.stream_id, c.stream_seq, c.protocol, c.user_data = tsn % (1 << 32), 1, seq, 53, part
+            out.append(c)
+            tsn += 1
+    return out
+
+
+def deliver(arrivals: list[DataChunk], *, replaced: bool) -> list[tuple[int, int, bytes]]:
+    """What _receive_data_chunk hands up, chunk by chunk (duplicates are dropped before add_chunk)."""
+    stream, seen, got = InboundStream(), set(), []
+    add = InboundStream.add_chunk if replaced else original(InboundStream, "add_chunk")
+    pop = InboundStream.pop_messages if replaced else original(InboundStream, "pop_messages")
+    for c in arrivals:
+        if c.tsn in seen:
+            continue
+        seen.add(c.tsn)
+        add(stream, c)
+        got.extend(pop(stream))
+    return got
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_reassembly_gives_aiortcs_messages_in_aiortcs_order(seed):
+    rng = random.Random(seed)
+    seq, messages = 0, []
+    for _ in range(rng.randint(1, 12)):
+        unordered = rng.random() < 0.2
+        messages.append((0 if unordered else seq, bytes(rng.randrange(256) for _ in range(rng.randint(1, 450))),
+                         unordered))
+        seq += 0 if unordered else 1
+    chunks = chunks_of(messages, first_tsn=(1 << 32) - rng.randint(1, 20))  # across the TSN wrap too
+    arrivals = list(chunks)
+    for _ in range(rng.randint(0, 6)):  # reorder a few, and repeat a few (retransmissions)
+        i, j = rng.randrange(len(arrivals)), rng.randrange(len(arrivals))
+        arrivals[i], arrivals[j] = arrivals[j], arrivals[i]
+    arrivals += [rng.choice(chunks) for _ in range(rng.randint(0, 3))]
+    want = deliver(arrivals, replaced=False)
+    assert deliver(arrivals, replaced=True) == want
+    assert sorted(m[2] for m in want) == sorted(p for _s, p, _u in messages)
+
+
+def test_a_forward_tsn_scan_after_a_skipped_one_still_scans():
+    stream = InboundStream()
+    first, second = chunks_of([(0, b"a" * 250, False)], first_tsn=10)[:2]
+    stream.add_chunk(first)
+    assert list(stream.pop_messages()) == []  # skipped: appended, not a last fragment
+    stream.reassembly = [first]  # a FORWARD TSN calls pop_messages on its own: it must scan
+    assert list(stream.pop_messages()) == [] and stream.reassembly == [first]
+    last = chunks_of([(0, b"a" * 250, False)], first_tsn=10)[2]
+    stream.add_chunk(second)
+    list(stream.pop_messages())
+    stream.add_chunk(last)
+    assert [m[2] for m in stream.pop_messages()] == [b"a" * 250]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_marking_tsns_received_keeps_aiortcs_cumulative_tsn_gaps_and_duplicates(seed):
+    rng = random.Random(seed)
+    start = (1 << 32) - rng.randint(1, 30)
+    tsns = [(start + i) % (1 << 32) for i in range(60)]
+    arrivals = list(tsns)
+    for _ in range(rng.randint(0, 10)):
+        i, j = rng.randrange(60), rng.randrange(60)
+        arrivals[i], arrivals[j] = arrivals[j], arrivals[i]
+    arrivals += [rng.choice(tsns) for _ in range(rng.randint(0, 8))]
+    rng.shuffle(arrivals[-10:])
+
+    def state() -> SimpleNamespace:
+        return SimpleNamespace(_last_received_tsn=(start - 1) % (1 << 32), _sack_misordered=set(),
+                               _sack_duplicates=[])
+
+    ours, theirs = state(), state()
+    mark, mark_as_aiortc = RTCSctpTransport._mark_received, original(RTCSctpTransport, "_mark_received")
+    for n, tsn in enumerate(arrivals):
+        assert mark(ours, tsn) == mark_as_aiortc(theirs, tsn)
+        assert vars(ours) == vars(theirs)
+        if n % 4 == 3:  # a SACK went out: aiortc clears the duplicates it reported
+            ours._sack_duplicates.clear()
+            theirs._sack_duplicates.clear()
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+        self.requests: list[Any] = []
+
+    def data_received(self, data: bytes, component: int) -> None:
+        self.data.append(data)
+
+    def request_received(self, message: Any, addr: Any, protocol: Any) -> None:
+        self.requests.append(message)
+
+
+def test_dtls_records_go_on_as_data_and_stun_is_still_parsed():
+    from aioice import stun
+
+    receiver = Receiver()
+    proto = StunProtocol(receiver)
+    proto.local_candidate = SimpleNamespace(component=1)
+    record = bytes([23, 0xFE, 0xFD, 0, 1]) + bytes(8) + (1200).to_bytes(2, "big") + bytes(1200)
+    request = stun.Message(message_method=stun.Method.BINDING, message_class=stun.Class.REQUEST)
+    proto.datagram_received(record, ("127.0.0.1", 9))
+    proto.datagram_received(bytes(request), ("127.0.0.1", 9))
+    assert receiver.data == [record]
+    assert [m.transaction_id for m in receiver.requests] == [request.transaction_id]
+    # aioice's own path agrees on the record: its STUN parse fails and the record is data
+    as_aioice = Receiver()
+    other = StunProtocol(as_aioice)
+    other.local_candidate = SimpleNamespace(component=1)
+    original(StunProtocol, "datagram_received")(other, record, ("127.0.0.1", 9))
+    assert as_aioice.data == [record]
+
+
+def test_an_empty_dtls_write_sends_nothing_and_a_pending_one_still_goes():
+    from OpenSSL import SSL
+
+    sent: list[bytes] = []
+
+    async def send(data: bytes) -> None:
+        sent.append(data)
+
+    ctx = SSL.Context(SSL.DTLS_METHOD)
+    conn = SSL.Connection(ctx)
+    conn.set_connect_state()
+    dtls = SimpleNamespace(_ssl=conn, transport=SimpleNamespace(_send=send),
+                           _RTCDtlsTransport__tx_bytes=0, _RTCDtlsTransport__tx_packets=0)
+    asyncio.run(RTCDtlsTransport._write_ssl(dtls))
+    assert sent == []
+    try:
+        conn.do_handshake()
+    except SSL.WantReadError:
+        pass  # the ClientHello is written into the memory BIO
+    asyncio.run(RTCDtlsTransport._write_ssl(dtls))
+    assert len(sent) == 1 and sent[0][0] == 22  # a handshake record

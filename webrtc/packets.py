@@ -1,0 +1,118 @@
+"""aiortc's per-packet work, made cheaper where it does not change a byte on the wire.
+
+A tunnel's bulk copy is CPU-bound in Python on both peers (issue 35): every 1,200-byte DATA chunk is a
+DTLS record, an SCTP packet and a UDP datagram, and aiortc does some work per chunk that only matters
+in a rare case. Each replacement below keeps aiortc's result for every input and only skips work that
+would find nothing to do; each was measured A/B with two peers in one process, 32 MiB one way, CPU
+ms per MiB of both peers together (the figures in docs/operations.md and bench/RESULTS.md):
+
+- ``InboundStream.pop_messages`` rescans the stream's reassembly list from its start after every
+  chunk, looking for a complete message: for a 32 KiB message (28 chunks) that is about 400 steps,
+  most of them on chunks already seen. A chunk that arrives after every other one of its stream
+  (``add_chunk`` appended it) and is not a message's last fragment cannot complete any message (a
+  message is a run of consecutive TSNs ending in a last fragment), so the scan is skipped for it; a
+  last fragment, an unordered chunk or one that filled a gap still scans as before.
+- ``RTCDtlsTransport._write_ssl`` runs after every record received, to send what OpenSSL may have
+  to answer (a handshake retransmission, an alert). For a data record there is nothing, and
+  pyOpenSSL says so by raising WantReadError from ``bio_read``: an exception per packet. The length
+  of OpenSSL's outgoing memory BIO is asked first, and nothing is read when it is empty.
+- ``RTCSctpTransport._mark_received`` sorts and filters its sets of misordered and duplicate TSNs
+  for every chunk. A chunk that is the next TSN in order, with nothing misordered, only advances the
+  cumulative TSN (and drops duplicates it now covers): that is what the general path computes.
+- aioice's ``StunProtocol.datagram_received`` parses every datagram as STUN first and hands it on
+  as data when the parse raises ValueError: an exception per packet. RFC 7983 section 7 tells the
+  protocols apart by the first byte, and a datagram starting with 20-63 goes straight on as data.
+  A DTLS 1.0 or 1.2 record (what OpenSSL's DTLS_METHOD speaks) never parsed as STUN: its bytes 2-3,
+  read as STUN's length, are 0xfd00 or more, far past the datagram's end.
+
+Applied once per process, like sctp.py's changes, to the methods it expects to find; with another
+aiortc, check they still exist and do what the docstrings above say before trusting the figures.
+FLEETHUB_AIORTC_AS_IS=1 leaves aiortc's own (the A/B's "before").
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+_applied = False
+
+
+def cheaper_packets() -> None:
+    global _applied
+    if _applied or os.environ.get("FLEETHUB_AIORTC_AS_IS"):
+        return
+    from aiortc.rtcdtlstransport import RTCDtlsTransport
+    from aiortc.rtcsctptransport import SCTP_DATA_LAST_FRAG, SCTP_DATA_UNORDERED, InboundStream, RTCSctpTransport
+    from aiortc.utils import uint32_gt
+
+    _scan_only_when_complete(InboundStream, SCTP_DATA_LAST_FRAG | SCTP_DATA_UNORDERED)
+    _write_ssl_only_when_pending(RTCDtlsTransport)
+    _in_order_fast(RTCSctpTransport, uint32_gt)
+    _dtls_straight_on()
+    _applied = True
+
+
+def _scan_only_when_complete(stream_cls: Any, scan_flags: int) -> None:
+    add_chunk, pop_messages = stream_cls.add_chunk, stream_cls.pop_messages
+
+    def add_and_note(self: Any, chunk: Any) -> None:
+        add_chunk(self, chunk)
+        self._fleethub_scan = bool(chunk.flags & scan_flags) or self.reassembly[-1] is not chunk
+
+    def pop_when_possible(self: Any) -> Any:
+        # a FORWARD TSN (its own caller) or anything but add_chunk leaves no note: scan as before
+        if getattr(self, "_fleethub_scan", True):
+            return pop_messages(self)
+        self._fleethub_scan = True
+        return iter(())
+
+    add_and_note.__wrapped__ = add_chunk  # type: ignore[attr-defined]  # tests/webrtc/test_packets.py compares
+    pop_when_possible.__wrapped__ = pop_messages  # type: ignore[attr-defined]
+    stream_cls.add_chunk = add_and_note
+    stream_cls.pop_messages = pop_when_possible
+
+
+def _write_ssl_only_when_pending(cls: Any) -> None:
+    from OpenSSL._util import ffi, lib
+
+    write_ssl = cls._write_ssl
+
+    async def write_if_pending(self: Any) -> None:
+        bio = getattr(self._ssl, "_from_ssl", None)
+        if bio is not None and lib.BIO_get_mem_data(bio, ffi.NULL) <= 0:
+            return  # OpenSSL wrote nothing: bio_read would raise WantReadError, and aiortc send nothing
+        await write_ssl(self)
+
+    write_if_pending.__wrapped__ = write_ssl  # type: ignore[attr-defined]
+    cls._write_ssl = write_if_pending
+
+
+def _in_order_fast(cls: Any, uint32_gt: Any) -> None:
+    mark_received = cls._mark_received
+
+    def mark(self: Any, tsn: int) -> bool:
+        if self._sack_misordered or tsn != (self._last_received_tsn + 1) % (1 << 32):
+            return mark_received(self, tsn)
+        self._last_received_tsn = tsn
+        if self._sack_duplicates:
+            self._sack_duplicates = [x for x in self._sack_duplicates if uint32_gt(x, tsn)]
+        return False
+
+    mark.__wrapped__ = mark_received  # type: ignore[attr-defined]
+    cls._mark_received = mark
+
+
+def _dtls_straight_on() -> None:
+    from aioice.ice import StunProtocol
+
+    datagram_received = StunProtocol.datagram_received
+
+    def receive(self: Any, data: Any, addr: Any) -> None:
+        if data and 19 < data[0] < 64:
+            self.receiver.data_received(data, self.local_candidate.component)
+            return
+        datagram_received(self, data, addr)
+
+    receive.__wrapped__ = datagram_received  # type: ignore[attr-defined]
+    StunProtocol.datagram_received = receive
