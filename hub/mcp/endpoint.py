@@ -177,10 +177,21 @@ class McpEndpoint:
             await self._refuse(scope, headers, send, exc)
             return
         await self._start()
+        # A session being opened counts from its request's arrival until it is open (then it is one of
+        # _sessions) or refused: counted in one place at a time, never in both, or a burst of opening
+        # sessions answered as SSE (whose request lasts past the session id) reads as twice as many.
         opening = session_id is None and scope["method"] == "POST"
         if opening:
             self._opening[caller.owner] = self._opening.get(caller.owner, 0) + 1
         limit_headers = [(k.lower().encode(), v.encode()) for k, v in caller.ratelimit.headers().items()]
+
+        def opened() -> None:
+            nonlocal opening
+            if opening:
+                opening = False
+                self._opening[caller.owner] -= 1
+                if not self._opening[caller.owner]:
+                    del self._opening[caller.owner]
 
         async def answer(message: dict) -> None:
             if message["type"] == "http.response.start":
@@ -193,6 +204,7 @@ class McpEndpoint:
                     for name, value in message["headers"]:
                         if name.lower() == SESSION_HEADER.encode():
                             self._sessions[value.decode("latin-1")] = caller
+                opened()
             await send(message)
 
         if session_id is not None and scope["method"] == "POST":
@@ -203,10 +215,7 @@ class McpEndpoint:
         try:
             await self.manager.handle_request(scope, receive, answer)
         finally:
-            if opening:
-                self._opening[caller.owner] -= 1
-                if not self._opening[caller.owner]:
-                    del self._opening[caller.owner]
+            opened()  # no answer began (the request failed): it opens nothing
 
     def is_open(self, session_id: str) -> bool:
         return session_id in self.manager._server_instances  # noqa: SLF001 — as in open_sessions

@@ -147,3 +147,31 @@ async def test_sessions_are_bounded_per_organisation(nursery, db_url, tmp_path):
                                                                       "Mcp-Protocol-Version": "2025-11-25"})
             assert r.status_code == 200
             assert (await open_session()).status_code == 200
+
+
+async def test_a_burst_of_sessions_up_to_the_bound_all_open(nursery, db_url, tmp_path):
+    # A session being opened was counted twice while its answer (SSE) was still streaming: once as
+    # opening and once as open. Fifty opened at once by bench/mcp_rtt.py under a bound of 64 met 429
+    # too_many_sessions. Each now counts once: as many as the bound open together.
+    with trio.fail_after(120):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub")
+        hub.services.mcp.max_per_owner = bound = 12
+        headers = {**pat_headers(hub.pat, hub.org_id), "Accept": ACCEPT}
+        async with httpx.AsyncClient(timeout=30) as client:
+            for _ in range(3):
+                answers: list[httpx.Response] = []
+
+                async def open_session() -> None:
+                    answers.append(await client.post(hub.base_url + "/v1/mcp", json=INIT, headers=headers))
+
+                async with trio.open_nursery() as burst:
+                    for _ in range(bound):
+                        burst.start_soon(open_session)
+                assert sorted(r.status_code for r in answers) == [200] * bound, [r.text for r in answers]
+                assert hub.services.mcp.open_sessions(next(iter(hub.services.mcp._sessions.values())).owner) == bound
+                one_more = await client.post(hub.base_url + "/v1/mcp", json=INIT, headers=headers)
+                assert one_more.status_code == 429 and one_more.json()["error"] == "too_many_sessions"
+                for r in answers:
+                    closed = await client.delete(hub.base_url + "/v1/mcp", headers={
+                        **headers, "Mcp-Session-Id": r.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-11-25"})
+                    assert closed.status_code == 200
