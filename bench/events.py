@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import random
+import statistics
 import shutil
 import sys
 import time
@@ -118,39 +120,117 @@ async def _feed(s, org_id, devices: list[str], rate: float, seconds: float, sent
     return n
 
 
+class Statements:
+    """Round trips to PostgreSQL from this process, counted where asyncpg sends them: a statement
+    with arguments (``_execute``, which fetch/fetchrow/fetchval/execute use), one without (BEGIN,
+    COMMIT: ``execute`` with no arguments) and an ``executemany``. A count that load cannot blur."""
+
+    def __init__(self) -> None:
+        from asyncpg.connection import Connection
+        self.count = 0
+        self.kinds: collections.Counter[str] = collections.Counter()
+        self.Connection = Connection
+        self.saved = {name: getattr(Connection, name) for name in ("_execute", "execute", "executemany")}
+        counter = self
+
+        async def _execute(conn, query, args, *a, **kw):
+            counter.count += 1
+            counter.kinds[counter.kind(str(query))] += 1
+            return await counter.saved["_execute"](conn, query, args, *a, **kw)
+
+        async def execute(conn, query, *args, **kw):
+            if not args:
+                counter.count += 1
+                counter.kinds[counter.kind(query)] += 1
+            return await counter.saved["execute"](conn, query, *args, **kw)
+
+        async def executemany(conn, command, args, **kw):
+            counter.count += 1
+            return await counter.saved["executemany"](conn, command, args, **kw)
+
+        for name, fn in (("_execute", _execute), ("execute", execute), ("executemany", executemany)):
+            setattr(Connection, name, fn)
+
+    @staticmethod
+    def kind(query: str) -> str:
+        if "event_counters" in query or "INTO events" in query:
+            return "event log"
+        return " ".join(query.split())[:60]
+
+    def close(self) -> None:
+        for name, fn in self.saved.items():
+            setattr(self.Connection, name, fn)
+
+
+async def _cost_run(bench: Bench, args, mode: str, statements: Statements) -> dict:
+    async with trio.open_nursery() as nursery:
+        s, base, org_id, headers = await bench.hub(nursery, event_log=(mode == "on"))
+        async with httpx.AsyncClient(timeout=30) as client:
+            devices = await _devices(client, base, headers, 10)
+            done = 0
+            stop = trio.current_time() + args.seconds
+
+            async def caller(i: int) -> None:
+                nonlocal done
+                while trio.current_time() < stop:
+                    r = await client.get(f"{base}/v1/devices/{devices[i % len(devices)]}", headers=headers)
+                    r.raise_for_status()
+                    done += 1
+
+            appended0, statements0 = s.journal.appended, statements.count
+            statements.kinds.clear()
+            async with trio.open_nursery() as load:
+                load.start_soon(_feed, s, org_id, devices, args.rate, args.seconds)
+                for i in range(args.clients):
+                    load.start_soon(caller, i)
+            await s.journal.wait_written()
+            appended = s.journal.appended - appended0
+            sent = statements.count - statements0
+            kinds = dict(statements.kinds)
+        nursery.cancel_scope.cancel()
+    log_sql = kinds.get("event log", 0)
+    control = sum(n for k, n in kinds.items() if k.startswith(("BEGIN", "COMMIT", "ROLLBACK")))
+    return {"requests_per_s": round(done / args.seconds, 1), "requests": done,
+            "events_logged_per_s": round(appended / args.seconds, 1), "events_logged": appended,
+            "statements": sent, "statements_per_request": round(sent / max(1, done), 3),
+            "log_statements": log_sql, "begin_commit": control}
+
+
 async def part_cost(bench: Bench, args) -> dict:
-    """Alternating off/on runs (``--repeat`` of each), each mode's best: the machine may be shared,
-    and a run slowed by a neighbour should not be read as the log's cost."""
-    runs: dict[str, list[dict]] = {"on": [], "off": []}
-    for mode in ("off", "on") * args.repeat:
-        out = {}
-        async with trio.open_nursery() as nursery:
-            s, base, org_id, headers = await bench.hub(nursery, event_log=(mode == "on"))
-            async with httpx.AsyncClient(timeout=30) as client:
-                devices = await _devices(client, base, headers, 10)
-                done = 0
-                stop = trio.current_time() + args.seconds
+    """``--pairs`` pairs of runs, log off and on, the order alternating from pair to pair (a drift of
+    the machine's load falls on both modes alike); each pair's ratio on/off, and their median and
+    spread: the machine may be shared, and one pair says little. PostgreSQL round trips are counted
+    in both modes (``Statements``): the log's extra statements per request, which no load blurs."""
+    statements = Statements()
+    pairs = []
+    try:
+        for i in range(args.pairs):
+            pair = {}
+            for mode in (("off", "on") if i % 2 == 0 else ("on", "off")):
+                pair[mode] = await _cost_run(bench, args, mode, statements)
+                log(f"cost pair {i + 1}/{args.pairs}, log {mode}: {pair[mode]}")
+            pair["ratio"] = round(pair["on"]["requests_per_s"] / pair["off"]["requests_per_s"], 4)
+            pairs.append(pair)
+    finally:
+        statements.close()
+    ratios = sorted(p["ratio"] for p in pairs)
 
-                async def caller(i: int) -> None:
-                    nonlocal done
-                    while trio.current_time() < stop:
-                        r = await client.get(f"{base}/v1/devices/{devices[i % len(devices)]}", headers=headers)
-                        r.raise_for_status()
-                        done += 1
+    def total(mode: str, key: str) -> int:
+        return sum(p[mode][key] for p in pairs)
 
-                appended0 = s.journal.appended
-                async with trio.open_nursery() as load:
-                    load.start_soon(_feed, s, org_id, devices, args.rate, args.seconds)
-                    for i in range(args.clients):
-                        load.start_soon(caller, i)
-                await s.journal.wait_written()
-                out[mode] = {"requests_per_s": round(done / args.seconds, 1),
-                             "events_logged_per_s": round((s.journal.appended - appended0) / args.seconds, 1)}
-            nursery.cancel_scope.cancel()
-        log(f"cost, log {mode}: {out[mode]}")
-        runs[mode].append(out[mode])
-    best = {mode: max(rs, key=lambda r: r["requests_per_s"]) for mode, rs in runs.items()}
-    return {**best, "runs": runs, "ratio": round(best["on"]["requests_per_s"] / best["off"]["requests_per_s"], 3)}
+    # the log's own statements, and the BEGIN/COMMIT it adds (those of the rest are in both modes)
+    extra = total("on", "log_statements") + max(0, total("on", "begin_commit") - total("off", "begin_commit"))
+    seconds = args.seconds * len(pairs)
+    return {"pairs": pairs, "ratio_median": round(statistics.median(ratios), 4),
+            "ratio_min": ratios[0], "ratio_max": ratios[-1],
+            "ratio_iqr": [round(percentile(ratios, 25), 4), round(percentile(ratios, 75), 4)],
+            "requests_per_s_median": {m: round(statistics.median(p[m]["requests_per_s"] for p in pairs), 1)
+                                      for m in ("on", "off")},
+            "events_logged_per_s": round(statistics.median(p["on"]["events_logged_per_s"] for p in pairs), 1),
+            "statements_per_request": {m: round(total(m, "statements") / max(1, total(m, "requests")), 3)
+                                       for m in ("on", "off")},
+            "log_statements_per_1000_events": round(1000 * extra / max(1, total("on", "events_logged")), 1),
+            "log_statements_per_s": round(extra / seconds, 1)}
 
 
 async def _receiver(nursery, delay: float = 0.0):
@@ -301,6 +381,33 @@ async def part_resume(bench: Bench, args) -> dict:
             "in_order": seen == sorted(seen)}
 
 
+PARTS = ("cost", "latency", "latency-far", "outage", "resume")
+# which part an aim row of the section belongs to (by the start of its text)
+AIM_PARTS = {"| REST throughput lost": "cost", "| webhook delivery latency p99 (latency,": "latency",
+             "| webhook delivery latency p99 (latency-far,": "latency-far",
+             "| events lost to a receiver outage": "outage", "| SSE resume": "resume"}
+
+
+def _kept(parts: list[str]) -> tuple[list[list[str]], list[str], list[str]]:
+    """The rows of RESULTS.md's section for the parts this run leaves out, so that one part can be
+    measured again without losing the others: (table rows, aim rows, a note with their run's facts)."""
+    from _common import RESULTS
+    start, end = "<!-- bench:events -->", "<!-- /bench:events -->"
+    text = RESULTS.read_text() if RESULTS.exists() else ""
+    if start not in text or end not in text:
+        return [], [], []
+    section = text.split(start, 1)[1].split(end, 1)[0].splitlines()
+    left_out = set(PARTS) - set(parts)
+    rows = [[c.strip() for c in line.strip().strip("|").split("|", 2)] for line in section
+            if line.startswith("| ") and line.split("|")[1].strip() in left_out]
+    aims = [line for line in section
+            if any(line.startswith(prefix) and part in left_out for prefix, part in AIM_PARTS.items())]
+    facts = next((line for line in section if line[:4].isdigit() and " UTC · " in line), None)
+    note = [f"Rows of the parts not run this time ({', '.join(sorted({r[0] for r in rows}))}) are kept from "
+            f"the run before: {facts}", ""] if rows and facts else []
+    return rows, aims, note
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--smoke", action="store_true")
@@ -312,7 +419,7 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--receiver-delay", type=float, default=0.0,
                    help="seconds the receiver waits before each answer (latency: a receiver further away)")
-    p.add_argument("--repeat", type=int, default=2, help="runs of each mode (cost)")
+    p.add_argument("--pairs", type=int, default=8, help="pairs of runs, log off and on (cost)")
     p.add_argument("--down", type=float, default=600.0, help="seconds the receiver answers 503 (outage)")
     p.add_argument("--subjects", type=int, default=1000)
     p.add_argument("--per-subject", type=int, default=3)
@@ -322,7 +429,7 @@ def main() -> int:
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()
     if args.smoke:
-        args.rate, args.seconds, args.clients, args.repeat, args.far_rate = 100.0, 3.0, 4, 1, 50.0
+        args.rate, args.seconds, args.clients, args.pairs, args.far_rate = 100.0, 3.0, 4, 1, 50.0
         args.down, args.subjects, args.per_subject, args.catch_up = 3.0, 20, 2, 60.0
         args.drops, args.resume_rate = 5, 50.0
     parts = args.parts.split(",")
@@ -355,11 +462,19 @@ def main() -> int:
     rows = []
     if "cost" in results:
         c = results["cost"]
-        rows += [["cost", f"REST requests/s with the log on / off, {args.rate:g} events/s recorded",
-                  f"{c['on']['requests_per_s']} / {c['off']['requests_per_s']} (ratio {c['ratio']}; best of "
-                  f"{args.repeat} alternating runs each)"],
-                 ["cost", "events the log took per second", c["on"]["events_logged_per_s"]]]
-        verdicts.at_most("REST throughput lost to the event log", round((1 - c["ratio"]) * 100, 1), 5, "%")
+        sp = c["statements_per_request"]
+        rows += [["cost", f"REST requests/s with the log on / off, {args.rate:g} events/s recorded, median of "
+                  f"{args.pairs} alternating pairs",
+                  f"{c['requests_per_s_median']['on']} / {c['requests_per_s_median']['off']}; ratio on/off per pair: "
+                  f"median {c['ratio_median']}, middle half {c['ratio_iqr'][0]}–{c['ratio_iqr'][1]}, "
+                  f"range {c['ratio_min']}–{c['ratio_max']}"],
+                 ["cost", "PostgreSQL statements (round trips) per REST request, log on / off (counted in asyncpg; "
+                  "the journal's appends spread over the requests)", f"{sp['on']} / {sp['off']}"],
+                 ["cost", "statements (round trips) the log adds: per 1,000 events / per second",
+                  f"{c['log_statements_per_1000_events']} / {c['log_statements_per_s']}"],
+                 ["cost", "events the log took per second", c["events_logged_per_s"]]]
+        verdicts.at_most("REST throughput lost to the event log (median of pairs)",
+                         round((1 - c["ratio_median"]) * 100, 1), 5, "%")
     for part in ("latency", "latency-far"):
         if part in results:
             lt = results[part]
@@ -380,11 +495,13 @@ def main() -> int:
                   f"{r['distinct']}/{r['events']} seen, duplicates {r['duplicates']}, missing {r['missing']}, "
                   f"in order: {r['in_order']}"]]
         verdicts.at_most("SSE resume: events missed or seen twice", r["duplicates"] + r["missing"], 0)
+    kept_rows, kept_aims, kept_note = ([], [], []) if args.smoke else _kept(parts)
     body = "\n".join(["## The event log, SSE resume and webhooks (bench/events.py)", "", f"`{command_line()}`", "",
-                      f"{facts_line(facts)}; load average at end {loadavg()}", "",
+                      f"{facts_line(facts)}; load average at end {loadavg()}", "", *kept_note,
                       "One hub in the bench's own process (it shares the CPU with the load and the receiver); "
                       "events recorded through the hub's Journal at a fixed rate (synthetic device load).", "",
-                      md_table(["part", "what", "measured"], rows), "", verdicts.markdown(), ""])
+                      md_table(["part", "what", "measured"], rows + kept_rows), "",
+                      verdicts.markdown() + "".join("\n" + a for a in kept_aims), ""])
     print(body)
     if not args.no_write or args.smoke:
         log(f"wrote {write_section('events', body, smoke=args.smoke)}")
