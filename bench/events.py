@@ -6,9 +6,12 @@ One hub in this process (hub/server.py ``run_hub``, a fresh database of one embe
 part), events recorded through the hub's own ``Journal`` as DeviceActors record them:
 
 - cost: REST throughput (closed-loop ``GET /v1/devices/{id}``, ``--clients`` at once) while
-  ``--rate`` device events a second are recorded, with the log on and off (FLEETHUB_EVENT_LOG=0):
-  the ratio, and the events the log took per second. The device load is synthetic (the journal fed
-  at a fixed rate), not the soak bench's agents.
+  ``--rate`` device events a second are recorded, with the log on and off (FLEETHUB_EVENT_LOG=0), in
+  ``--pairs`` pairs of runs whose order alternates: the median of the pairs' ratios and their spread.
+  PostgreSQL statements are counted in asyncpg in both modes (per REST request, and the log's own per
+  1,000 events): a figure the machine's load cannot blur. The device load is synthetic (the journal
+  fed at a fixed rate), not the soak bench's agents. Run with ``--parts`` a subset, the section keeps
+  the other parts' rows from the run before (and says so).
 - latency: one webhook endpoint on a local receiver, ``--rate`` events a second for ``--seconds``;
   from the event's record to the receiver's 200 (an event's first arrival), p50 and p99.
 - latency-far: the same at ``--far-rate`` to a receiver that answers after ``--far-delay`` seconds,
@@ -16,6 +19,7 @@ part), events recorded through the hub's own ``Journal`` as DeviceActors record 
 - outage: the receiver answers 503 for ``--down`` seconds while ``--subjects`` devices each send
   ``--per-subject`` events, then 200 again: every event delivered, none lost, in order per subject
   (counted), and how long the catching up took. The hub's own retry schedule (5 s doubling to 1 h).
+  Synthetic subjects; bench/events_rollout.py does the same during a real rollout to connected devices.
 - resume: an SSE client of a device's stream drops the stream ``--drops`` times, at random points,
   while events are recorded, and reconnects with Last-Event-ID: each event seen exactly once (counted).
 """
