@@ -30,9 +30,10 @@ import argparse
 import asyncio
 import collections
 import json
+import os
 import random
-import statistics
 import shutil
+import statistics
 import sys
 import time
 import uuid
@@ -45,16 +46,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx  # noqa: E402
 import trio  # noqa: E402
 
-from _common import OUT_DIR, Verdicts, command_line, facts_line, loadavg, log, machine_facts, md_table, \
+from _common import OUT_DIR, Verdicts, command_line, cpu_seconds, facts_line, loadavg, log, machine_facts, md_table, \
     percentile, shm_tempdir, write_section  # noqa: E402
 
 
 class Bench:
     """Hubs in this trio run, each on a fresh database of one PostgreSQL server, with an admin PAT."""
 
-    def __init__(self, server_dsn: str, data_dir: Path) -> None:
-        self.server_dsn, self.data_dir = server_dsn, data_dir
+    def __init__(self, server_dsn: str, data_dir: Path, pg_dir: Path | None = None) -> None:
+        self.server_dsn, self.data_dir, self.pg_dir = server_dsn, data_dir, pg_dir
         self.count = 0
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds of this process (the hub, the REST clients, the feed: every thread) and of the
+        PostgreSQL server (the postmaster and its children, the backends)."""
+        total = time.process_time()
+        if self.pg_dir is None:
+            return total
+        root = int((self.pg_dir / "postmaster.pid").read_text().split()[0])
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                if int(entry) == root or int(stat.rsplit(")", 1)[1].split()[1]) == root:
+                    total += cpu_seconds(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+        return total
 
     async def hub(self, nursery: trio.Nursery, **settings):
         import asyncpg
@@ -183,11 +202,13 @@ async def _cost_run(bench: Bench, args, mode: str, statements: Statements) -> di
 
             appended0, statements0 = s.journal.appended, statements.count
             statements.kinds.clear()
+            cpu0 = bench.cpu_seconds()
             async with trio.open_nursery() as load:
                 load.start_soon(_feed, s, org_id, devices, args.rate, args.seconds)
                 for i in range(args.clients):
                     load.start_soon(caller, i)
             await s.journal.wait_written()
+            cpu = bench.cpu_seconds() - cpu0
             appended = s.journal.appended - appended0
             sent = statements.count - statements0
             kinds = dict(statements.kinds)
@@ -197,7 +218,8 @@ async def _cost_run(bench: Bench, args, mode: str, statements: Statements) -> di
     return {"requests_per_s": round(done / args.seconds, 1), "requests": done,
             "events_logged_per_s": round(appended / args.seconds, 1), "events_logged": appended,
             "statements": sent, "statements_per_request": round(sent / max(1, done), 3),
-            "log_statements": log_sql, "begin_commit": control}
+            "log_statements": log_sql, "begin_commit": control,
+            "cpu_ms_per_request": round(1000 * cpu / max(1, done), 3)}
 
 
 async def part_cost(bench: Bench, args) -> dict:
@@ -214,10 +236,12 @@ async def part_cost(bench: Bench, args) -> dict:
                 pair[mode] = await _cost_run(bench, args, mode, statements)
                 log(f"cost pair {i + 1}/{args.pairs}, log {mode}: {pair[mode]}")
             pair["ratio"] = round(pair["on"]["requests_per_s"] / pair["off"]["requests_per_s"], 4)
+            pair["cpu_ratio"] = round(pair["off"]["cpu_ms_per_request"] / pair["on"]["cpu_ms_per_request"], 4)
             pairs.append(pair)
     finally:
         statements.close()
     ratios = sorted(p["ratio"] for p in pairs)
+    cpu_ratios = sorted(p["cpu_ratio"] for p in pairs)
 
     def total(mode: str, key: str) -> int:
         return sum(p[mode][key] for p in pairs)
@@ -228,6 +252,11 @@ async def part_cost(bench: Bench, args) -> dict:
     return {"pairs": pairs, "ratio_median": round(statistics.median(ratios), 4),
             "ratio_min": ratios[0], "ratio_max": ratios[-1],
             "ratio_iqr": [round(percentile(ratios, 25), 4), round(percentile(ratios, 75), 4)],
+            "cpu_ratio_median": round(statistics.median(cpu_ratios), 4),
+            "cpu_ratio_iqr": [round(percentile(cpu_ratios, 25), 4), round(percentile(cpu_ratios, 75), 4)],
+            "cpu_ratio_range": [cpu_ratios[0], cpu_ratios[-1]],
+            "cpu_ms_per_request_median": {m: round(statistics.median(p[m]["cpu_ms_per_request"] for p in pairs), 3)
+                                          for m in ("on", "off")},
             "requests_per_s_median": {m: round(statistics.median(p[m]["requests_per_s"] for p in pairs), 1)
                                       for m in ("on", "off")},
             "events_logged_per_s": round(statistics.median(p["on"]["events_logged_per_s"] for p in pairs), 1),
@@ -445,7 +474,7 @@ def main() -> int:
     results: dict = {}
     broken = False
     try:
-        bench = Bench(pg.dsn, data_dir)
+        bench = Bench(pg.dsn, data_dir, data_dir / "pg")
         for name in parts:
             fn = {"cost": part_cost, "latency": part_latency, "latency-far": part_latency_far,
                   "outage": part_outage, "resume": part_resume}[name]
@@ -463,7 +492,8 @@ def main() -> int:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / f"events{'-smoke' if args.smoke else ''}.json").write_text(json.dumps(results, indent=1))
     verdicts = Verdicts("events", smoke=args.smoke)
-    rows = []
+    rows: list = []
+    notes: list[str] = []
     if "cost" in results:
         c = results["cost"]
         sp = c["statements_per_request"]
@@ -472,6 +502,11 @@ def main() -> int:
                   f"{c['requests_per_s_median']['on']} / {c['requests_per_s_median']['off']}; ratio on/off per pair: "
                   f"median {c['ratio_median']}, middle half {c['ratio_iqr'][0]}–{c['ratio_iqr'][1]}, "
                   f"range {c['ratio_min']}–{c['ratio_max']}"],
+                 ["cost", "CPU ms per REST request, log on / off (this process: hub, clients, feed; and PostgreSQL), "
+                  "median of pairs", f"{c['cpu_ms_per_request_median']['on']} / {c['cpu_ms_per_request_median']['off']}; "
+                  f"ratio off/on per pair (the throughput a CPU-bound machine keeps): median {c['cpu_ratio_median']}, "
+                  f"middle half {c['cpu_ratio_iqr'][0]}–{c['cpu_ratio_iqr'][1]}, range {c['cpu_ratio_range'][0]}–"
+                  f"{c['cpu_ratio_range'][1]}"],
                  ["cost", "PostgreSQL statements (round trips) per REST request, log on / off (counted in asyncpg; "
                   "the journal's appends spread over the requests)", f"{sp['on']} / {sp['off']}"],
                  ["cost", "statements (round trips) the log adds: per 1,000 events / per second",
@@ -479,6 +514,14 @@ def main() -> int:
                  ["cost", "events the log took per second", c["events_logged_per_s"]]]
         verdicts.at_most("REST throughput lost to the event log (median of pairs)",
                          round((1 - c["ratio_median"]) * 100, 1), 5, "%")
+        verdicts.at_most("CPU per REST request the event log adds (median of pairs)",
+                         round((1 - c["cpu_ratio_median"]) * 100, 1), 5, "%")
+        if c["ratio_iqr"][1] - c["ratio_iqr"][0] > 0.05:
+            notes.append(f"The throughput pairs' middle half ({c['ratio_iqr'][0]}–{c['ratio_iqr'][1]}) is wider "
+                         "than the aim: the machine's load moved the throughput more than the log does, and "
+                         "the throughput verdict says little. The CPU per request moves with it too (the fixed "
+                         "background work of hub and PostgreSQL is shared by fewer requests when the throughput "
+                         "drops); the statement counts are the figure no load blurs.")
     for part in ("latency", "latency-far"):
         if part in results:
             lt = results[part]
@@ -505,6 +548,7 @@ def main() -> int:
                       "One hub in the bench's own process (it shares the CPU with the load and the receiver); "
                       "events recorded through the hub's Journal at a fixed rate (synthetic device load).", "",
                       md_table(["part", "what", "measured"], rows + kept_rows), "",
+                      *[line for n in notes for line in (n, "")],
                       verdicts.markdown() + "".join("\n" + a for a in kept_aims), ""])
     print(body)
     if not args.no_write or args.smoke:

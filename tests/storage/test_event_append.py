@@ -12,7 +12,7 @@ from storage.db import Database
 from storage.events import EventLog, NewEvent, append_on
 from storage.orgs import Orgs
 
-NOW = dt.datetime(2026, 11, 28, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 11, 28, tzinfo=dt.UTC)
 
 
 class CountingConnection:
