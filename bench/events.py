@@ -1,6 +1,6 @@
 """The event log, SSE resume and webhooks (issue 33, docs/events.md): what they cost and what they keep.
 
-    python bench/events.py [--smoke] [--parts cost,latency,outage,resume] [--rate 1000] [--down 600]
+    python bench/events.py [--smoke] [--parts cost,append,latency,latency-far,outage,resume] [--rate 1000] [--down 600]
 
 One hub in this process (hub/server.py ``run_hub``, a fresh database of one embedded PostgreSQL per
 part), events recorded through the hub's own ``Journal`` as DeviceActors record them:
@@ -12,6 +12,8 @@ part), events recorded through the hub's own ``Journal`` as DeviceActors record 
   1,000 events): a figure the machine's load cannot blur. The device load is synthetic (the journal
   fed at a fixed rate), not the soak bench's agents. Run with ``--parts`` a subset, the section keeps
   the other parts' rows from the run before (and says so).
+- append: CPU per event appended (the hub's process, PostgreSQL), in batches of 50 (the journal's at
+  1,000 events a second) and 500 (its largest), with no other load.
 - latency: one webhook endpoint on a local receiver, ``--rate`` events a second for ``--seconds``;
   from the event's record to the receiver's 200 (an event's first arrival), p50 and p99.
 - latency-far: the same at ``--far-rate`` to a receiver that answers after ``--far-delay`` seconds,
@@ -266,6 +268,33 @@ async def part_cost(bench: Bench, args) -> dict:
             "log_statements_per_s": round(extra / seconds, 1)}
 
 
+async def part_append(bench: Bench, args) -> dict:
+    """What one append costs, apart from any REST load: ``--append-events`` device events written
+    through ``EventLog.append`` one batch after another, at the batch size the journal reaches at
+    1,000 events a second (50) and at its largest (500). CPU seconds (of this process, and of
+    PostgreSQL: ``Bench.cpu_seconds``) per event, which a shared machine blurs less than a rate."""
+    from storage.events import new_event
+    out = {}
+    async with trio.open_nursery() as nursery:
+        s, base, org_id, headers = await bench.hub(nursery)
+        async with httpx.AsyncClient(timeout=30) as client:
+            devices = await _devices(client, base, headers, 10)
+        for size in (50, 500):
+            count = max(2, args.append_events // size)
+            records = [[_event(s, devices[i % len(devices)], i) for i in range(size)] for _ in range(count)]
+            await s.event_log.append([new_event(org_id, e) for e in records[0]])  # the statement prepared
+            both0, mine0 = bench.cpu_seconds(), time.process_time()
+            for batch in records[1:]:
+                await s.event_log.append([new_event(org_id, e) for e in batch])
+            n = size * (count - 1)
+            mine = time.process_time() - mine0
+            out[str(size)] = {"events": n, "hub_us_per_event": round(1e6 * mine / n, 1),
+                              "postgres_us_per_event": round(1e6 * (bench.cpu_seconds() - both0 - mine) / n, 1)}
+            log(f"append, batches of {size}: {out[str(size)]}")
+        nursery.cancel_scope.cancel()
+    return out
+
+
 async def _receiver(nursery, delay: float = 0.0):
     """The local receiver; ``delay`` seconds before each answer stand for a receiver further away."""
     from tests.api.webhook_receiver import Receiver
@@ -414,16 +443,20 @@ async def part_resume(bench: Bench, args) -> dict:
             "in_order": seen == sorted(seen)}
 
 
-PARTS = ("cost", "latency", "latency-far", "outage", "resume")
-# which part an aim row of the section belongs to (by the start of its text)
-AIM_PARTS = {"| REST throughput lost": "cost", "| webhook delivery latency p99 (latency,": "latency",
+PARTS = ("cost", "append", "latency", "latency-far", "outage", "resume")
+# which part an aim row, or a note, of the section belongs to (by the start of its text)
+AIM_PARTS = {"| REST throughput lost": "cost", "| CPU per REST request": "cost",
+             "| webhook delivery latency p99 (latency,": "latency",
              "| webhook delivery latency p99 (latency-far,": "latency-far",
              "| events lost to a receiver outage": "outage", "| SSE resume": "resume"}
+NOTE_PARTS = {"The throughput pairs' middle half": "cost"}
+KEPT = "Rows of the parts not run this time are kept from the run before: "
 
 
 def _kept(parts: list[str]) -> tuple[list[list[str]], list[str], list[str]]:
     """The rows of RESULTS.md's section for the parts this run leaves out, so that one part can be
-    measured again without losing the others: (table rows, aim rows, a note with their run's facts)."""
+    measured again without losing the others: (table rows, aim rows, notes: which run each part's
+    rows come from, and that part's own notes)."""
     from _common import RESULTS
     start, end = "<!-- bench:events -->", "<!-- /bench:events -->"
     text = RESULTS.read_text() if RESULTS.exists() else ""
@@ -435,16 +468,25 @@ def _kept(parts: list[str]) -> tuple[list[list[str]], list[str], list[str]]:
             if line.startswith("| ") and line.split("|")[1].strip() in left_out]
     aims = [line for line in section
             if any(line.startswith(prefix) and part in left_out for prefix, part in AIM_PARTS.items())]
-    facts = next((line for line in section if line[:4].isdigit() and " UTC · " in line), None)
-    note = [f"Rows of the parts not run this time ({', '.join(sorted({r[0] for r in rows}))}) are kept from "
-            f"the run before: {facts}", ""] if rows and facts else []
-    return rows, aims, note
+    notes = [line for line in section
+             if any(line.startswith(prefix) and part in left_out for prefix, part in NOTE_PARTS.items())]
+    # each kept part's run: as an earlier note of this kind gave it, else the section's own run
+    facts = next((line for line in section if line[:4].isdigit() and " UTC · " in line), "")
+    when = {part: facts for part in PARTS}
+    for line in section:
+        if line.startswith("- ") and ": 20" in line and line.split(":", 1)[0][2:] in PARTS:
+            part, run = line[2:].split(": ", 1)
+            when[part] = run
+    kept = sorted({r[0] for r in rows}, key=PARTS.index)
+    runs = [f"- {part}: {when[part]}" for part in kept]
+    return rows, aims, ([KEPT, "", *runs, ""] if rows else []) + [line for n in notes for line in (n, "")]
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--smoke", action="store_true")
-    p.add_argument("--parts", default="cost,latency,latency-far,outage,resume")
+    p.add_argument("--parts", default="cost,append,latency,latency-far,outage,resume")
+    p.add_argument("--append-events", type=int, default=20000, help="events written per batch size (append)")
     p.add_argument("--far-rate", type=float, default=200.0, help="events a second (latency-far)")
     p.add_argument("--far-delay", type=float, default=0.02, help="the far receiver's answer time, seconds")
     p.add_argument("--rate", type=float, default=1000.0, help="events a second (cost, latency)")
@@ -464,7 +506,7 @@ def main() -> int:
     if args.smoke:
         args.rate, args.seconds, args.clients, args.pairs, args.far_rate = 100.0, 3.0, 4, 1, 50.0
         args.down, args.subjects, args.per_subject, args.catch_up = 3.0, 20, 2, 60.0
-        args.drops, args.resume_rate = 5, 50.0
+        args.drops, args.resume_rate, args.append_events = 5, 50.0, 1000
     parts = args.parts.split(",")
     facts = machine_facts(0)
     from storage.embedded import EmbeddedPostgres
@@ -476,7 +518,7 @@ def main() -> int:
     try:
         bench = Bench(pg.dsn, data_dir, data_dir / "pg")
         for name in parts:
-            fn = {"cost": part_cost, "latency": part_latency, "latency-far": part_latency_far,
+            fn = {"cost": part_cost, "append": part_append, "latency": part_latency, "latency-far": part_latency_far,
                   "outage": part_outage, "resume": part_resume}[name]
             started = time.monotonic()
             try:
@@ -522,6 +564,10 @@ def main() -> int:
                          "the throughput verdict says little. The CPU per request moves with it too (the fixed "
                          "background work of hub and PostgreSQL is shared by fewer requests when the throughput "
                          "drops); the statement counts are the figure no load blurs.")
+    if "append" in results:
+        for size, a in results["append"].items():
+            rows += [["append", f"CPU per event appended in batches of {size} ({a['events']} events, no other load): "
+                      "the hub's process / PostgreSQL", f"{a['hub_us_per_event']} µs / {a['postgres_us_per_event']} µs"]]
     for part in ("latency", "latency-far"):
         if part in results:
             lt = results[part]
