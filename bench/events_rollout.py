@@ -144,6 +144,8 @@ def run(args) -> dict:
         taken = list(receiver.taken)
         last_needed = max((at for at, _, _, ident in taken if ident in want), default=back)
         r["catch_up_s"] = round(last_needed - back, 1) if want <= {t[3] for t in taken} else None
+        # how much of the catch-up was the wait for the hub's next retry (its backoff after the outage)
+        r["first_taken_s"] = round(taken[0][0] - back, 1) if taken else None
         per_subject: dict[str, list[int]] = {}
         firsts: set[str] = set()
         for _, subject, seq, ident in taken:
@@ -198,7 +200,8 @@ def main() -> int:
             ["delivered", "taken by the receiver after its return", f"{r['delivered']}/{r['events']}, lost {r['lost']}, "
              f"{r['requests_after_return']} requests ({r['duplicates']} repeats)"],
             ["order", "each subject's events in sequence order (first arrivals)", r["in_order_per_subject"]],
-            ["catch-up", "from the return to the last of them taken", f"{r['catch_up_s']} s"]]
+            ["catch-up", "from the return to the last of them taken (of which the wait for the hub's next retry, "
+             "to the first taken)", f"{r['catch_up_s']} s ({r['first_taken_s']} s)"]]
     body = "\n".join(["## A webhook receiver down during a real rollout (bench/events_rollout.py)", "",
                       f"`{command_line()}`", "", f"{facts_line(facts)}; load average at end {loadavg()}", "",
                       "`fleethub serve` in its own process; the devices are Agents of one load-generator process; "
