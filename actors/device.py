@@ -156,7 +156,7 @@ class DeviceActor(Actor):
         self._pending.clear()
         self.memtests.restart()
         s = self.services
-        row = await s.devices.get_any(self.device_id)
+        row = await s.stores.devices.get_any(self.device_id)
         if row is None:
             raise DeviceOffline("unknown device")
         self.org_id = row["org_id"]
@@ -195,7 +195,7 @@ class DeviceActor(Actor):
                     # next flush cannot put older facts back, and so that an outage (one bounded try
                     # here: the mailbox does not wait it out) loses nothing. A hold that ends can wait.
                     with contextlib.suppress(DatabaseUnavailable):
-                        await self.services.devices.write_presence([row])
+                        await self.services.stores.devices.write_presence([row])
 
     def _fold_memtests(self) -> None:
         """What the memory-test half knows, in the facts others read: whether a test holds the

@@ -82,7 +82,7 @@ class DeviceDelivery:
 
     def file_payload(self, f: dict) -> dict[str, Any]:
         return {"fileId": str(f["id"]), "path": f["path"], "mode": f["mode"], "uid": f["uid"], "gid": f["gid"],
-                "contentB64": base64.b64encode(self.s.secret_box.open(f["ciphertext"])).decode(),
+                "contentB64": base64.b64encode(self.s.stores.secret_box.open(f["ciphertext"])).decode(),
                 "sha256": f["sha256"], "source": "configuration" if f["config_id"] else "device",
                 **({"configId": str(f["config_id"])} if f["config_id"] else {})}
 
@@ -141,7 +141,7 @@ class DeviceDelivery:
         except verbs.Malformed as exc:
             await self.protocol_error(str(exc))
             return
-        await self._db(self.s.secrets.record, self.device_id,
+        await self._db(self.s.stores.secrets.record, self.device_id,
                        _ours([r.model_dump() for r in checked.results]), self.s.clock.now())
 
     async def protocol_error(self, what: str) -> None:
@@ -171,10 +171,10 @@ class DeviceDelivery:
         except NotDone as exc:
             if exc.offline:
                 return
-            await self._db(s.secrets.record, self.device_id, [{"fileId": p["fileId"], "status": "failed",
+            await self._db(s.stores.secrets.record, self.device_id, [{"fileId": p["fileId"], "status": "failed",
                                                                "error": exc.reason} for p in sent], s.clock.now())
             return
-        await self._db(s.secrets.record, self.device_id, file_results(sent, put.results), s.clock.now())
+        await self._db(s.stores.secrets.record, self.device_id, file_results(sent, put.results), s.clock.now())
 
     # -- jobs -------------------------------------------------------------------------------------
     async def after_hello(self, digests: dict[str, str], applied_version: str | None) -> None:
@@ -186,7 +186,7 @@ class DeviceDelivery:
     async def sync(self) -> None:
         """After an upload or delete: push pending device files, remove what the hub no longer has."""
         async with self.lock:
-            files = await self._db(self.s.secrets.device_files_to_push, self.device_id)
+            files = await self._db(self.s.stores.secrets.device_files_to_push, self.device_id)
             if files:
                 await self._put_files(files)
 
@@ -203,7 +203,7 @@ class DeviceDelivery:
         """A registry login of the organisation, or the fleet's registry proxy, changed: the device gets
         its version's logins and its fleet's proxy mode now."""
         async with self.lock:
-            device = await self._db(self.s.devices.get_any, self.device_id)
+            device = await self._db(self.s.stores.devices.get_any, self.device_id)
             if device is not None:
                 await self._send_pull_settings(device)
 
@@ -214,26 +214,26 @@ class DeviceDelivery:
     # -- steps ------------------------------------------------------------------------------------
     async def _reconcile(self, digests: dict[str, str]) -> None:
         s = self.s
-        device = await self._db(s.devices.get_any, self.device_id)
-        expected = await self._db(s.secrets.expected_on_device, self.device_id)
+        device = await self._db(s.stores.devices.get_any, self.device_id)
+        expected = await self._db(s.stores.secrets.expected_on_device, self.device_id)
         runs_assigned = (device is not None and device["config_version_id"] is not None
                          and device["config_version_id"] == device["applied_version_id"])
         # The files of the configuration the device runs stay even when another is assigned: until
         # that one is applied, the device runs (or rolls back to) this one, and needs them. (A device
         # that runs what it is assigned, nearly every hello, has them all in ``expected`` already.)
-        keep = (await self._db(s.secrets.paths_of_version, device["applied_version_id"])
+        keep = (await self._db(s.stores.secrets.paths_of_version, device["applied_version_id"])
                 if device is not None and device["applied_version_id"] is not None and not runs_assigned else [])
         plan = reconcile(expected, digests, push_config_files=runs_assigned, keep=keep)
         now = s.clock.now()
         if plan.confirm:
             by_id = {str(f["id"]): f for f in expected}
-            await self._db(s.secrets.record, self.device_id, [{"fileId": i, "status": "on_device",
+            await self._db(s.stores.secrets.record, self.device_id, [{"fileId": i, "status": "on_device",
                                                      "sha256": by_id[i]["sha256"]} for i in plan.confirm], now)
         if plan.push:
             wanted = set(plan.push)
-            files = [f for f in await self._db(s.secrets.device_files_to_push, self.device_id) if str(f["id"]) in wanted]
+            files = [f for f in await self._db(s.stores.secrets.device_files_to_push, self.device_id) if str(f["id"]) in wanted]
             if runs_assigned:
-                files += [f for f in await self._db(s.secrets.config_files_for, self.device_id, device["config_id"])
+                files += [f for f in await self._db(s.stores.secrets.config_files_for, self.device_id, device["config_id"])
                           if str(f["id"]) in wanted]
             if files:
                 await self._put_files(files)
@@ -244,7 +244,7 @@ class DeviceDelivery:
         """Send the assigned configuration version unless the device already runs it. ``reported``
         is the version the device's hello named (None: nothing), or UNKNOWN outside a hello."""
         s = self.s
-        device = await self._db(s.devices.get_any, self.device_id)
+        device = await self._db(s.stores.devices.get_any, self.device_id)
         if device is None or device["config_version_id"] is None:
             return
         target = device["config_version_id"]
@@ -252,7 +252,7 @@ class DeviceDelivery:
             device["applied_version_id"] == target and device["config_status"] == "applied")
         if runs:
             if device["applied_version_id"] != target or device["config_status"] != "applied":
-                await self._db(s.devices.set_config_result, self.device_id, "applied", None, target, s.clock.now())
+                await self._db(s.stores.devices.set_config_result, self.device_id, "applied", None, target, s.clock.now())
             await self._send_waiting_config_files(device)
             if device.get("pull_settings_stale"):
                 await self._send_pull_settings(device)
@@ -265,43 +265,43 @@ class DeviceDelivery:
             if device.get("pull_settings_stale"):
                 await self._send_pull_settings(device)
             return
-        version = await self._db(s.configs.version, device["org_id"], target)
+        version = await self._db(s.stores.configs.version, device["org_id"], target)
         if version is None:
             return
         if version["spec"].get("containers") and not runs_containers(self.actor.facts):
             # The device would refuse it too; saying so here names the cause before anything is sent,
             # and the rejection holds until the version is assigned again (as a device's own would).
-            await self._db(s.devices.set_config_result, self.device_id, "rejected", NO_ENGINE,
+            await self._db(s.stores.devices.set_config_result, self.device_id, "rejected", NO_ENGINE,
                            device["applied_version_id"], s.clock.now())
             return
-        files = await self._db(s.secrets.config_files_for, self.device_id, device["config_id"])
+        files = await self._db(s.stores.secrets.config_files_for, self.device_id, device["config_id"])
         payload = {"configId": str(device["config_id"]), "versionId": str(target), "version": version["version"],
                    "spec": version["spec"], "files": [self.file_payload(f) for f in files]}
         if device.get("pull_settings_stale"):
             # cleared before the logins are read: a change committed after this read marks it again
-            await self._db(s.devices.set_pull_settings_stale, self.device_id, False)
+            await self._db(s.stores.devices.set_pull_settings_stale, self.device_id, False)
         auth = await self.registry_auth(device["org_id"], version["spec"])
         if auth:
             payload["registryAuth"] = auth
         if version["spec"].get("containers"):
             # the fleet's, as it is when the version goes: the device pulls this version's images by it
-            payload["registryProxy"] = await self._db(s.fleets.registry_proxy_mode, device["fleet_id"])
+            payload["registryProxy"] = await self._db(s.stores.fleets.registry_proxy_mode, device["fleet_id"])
         # "applying": the version is on its way and the device will verify it (rollouts show it).
-        await self._db(s.devices.set_config_result, self.device_id, "applying", None, device["applied_version_id"], s.clock.now())
+        await self._db(s.stores.devices.set_config_result, self.device_id, "applying", None, device["applied_version_id"], s.clock.now())
         try:
             result = await self._strict("config.apply", payload, timeout=APPLY_TIMEOUT)
         except NotDone as exc:
             if exc.offline:
                 # Never reached the device (not linked, or the bus is down): no verdict on the version.
                 # Pending again: its next hello, or the rollout's re-send, sends it (issue 38).
-                await self._db(s.devices.set_config_result, self.device_id, "pending", None,
+                await self._db(s.stores.devices.set_config_result, self.device_id, "pending", None,
                                device["applied_version_id"], s.clock.now())
                 return
             # "applying" must end: failed with the reason (the diagnosis shows it); the version is sent
             # again at the device's next link. A result the device sends later (config.result) still counts.
-            await self._db(s.devices.set_config_result, self.device_id, "failed", exc.reason,
+            await self._db(s.stores.devices.set_config_result, self.device_id, "failed", exc.reason,
                            device["applied_version_id"], s.clock.now())
-            await self._db(s.secrets.mark_config_files, self.device_id, device["config_id"], "failed",
+            await self._db(s.stores.secrets.mark_config_files, self.device_id, device["config_id"], "failed",
                            f"configuration not applied: {exc.reason}", s.clock.now())
             return
         await self.record_config_result(result.model_dump())
@@ -311,10 +311,10 @@ class DeviceDelivery:
         config.apply of that same version carrying only them (the device restarts nothing and writes
         the files; device_client/configs.py). Without it they would wait for the next version."""
         s = self.s
-        files = await self._db(s.secrets.config_files_waiting, self.device_id, device["config_id"])
+        files = await self._db(s.stores.secrets.config_files_waiting, self.device_id, device["config_id"])
         if not files:
             return
-        version = await self._db(s.configs.version, device["org_id"], device["config_version_id"])
+        version = await self._db(s.stores.configs.version, device["org_id"], device["config_version_id"])
         if version is None:
             return
         payload = {"configId": str(device["config_id"]), "versionId": str(version["id"]),
@@ -324,7 +324,7 @@ class DeviceDelivery:
             result = await self._strict("config.apply", payload, timeout=APPLY_TIMEOUT)
         except NotDone as exc:
             if not exc.offline:  # failed with the reason; the next hello or upload sends them again
-                await self._db(s.secrets.mark_config_files, self.device_id, device["config_id"], "failed",
+                await self._db(s.stores.secrets.mark_config_files, self.device_id, device["config_id"], "failed",
                                f"configuration files not applied: {exc.reason}", s.clock.now())
             return
         await self.record_config_result(result.model_dump())
@@ -335,20 +335,20 @@ class DeviceDelivery:
         file with these: a login deleted on the hub leaves it) and the fleet's registry proxy mode (for
         the pulls of a restart). Not delivered: still stale, so the next hello sends them."""
         s = self.s
-        version = (await self._db(s.configs.version, device["org_id"], device["applied_version_id"])
+        version = (await self._db(s.stores.configs.version, device["org_id"], device["applied_version_id"])
                    if device["applied_version_id"] is not None else None)
-        await self._db(s.devices.set_pull_settings_stale, self.device_id, False)
+        await self._db(s.stores.devices.set_pull_settings_stale, self.device_id, False)
         if version is None or not version["spec"].get("containers"):
             return
         payload = {"configId": str(version["config_id"]), "versionId": str(version["id"]),
                    "version": version["version"], "spec": version["spec"], "files": [],
                    "registryAuth": await self.registry_auth(device["org_id"], version["spec"]),
-                   "registryProxy": await self._db(s.fleets.registry_proxy_mode, device["fleet_id"])}
+                   "registryProxy": await self._db(s.stores.fleets.registry_proxy_mode, device["fleet_id"])}
         try:
             result = await self._strict("config.apply", payload, timeout=APPLY_TIMEOUT)
         except NotDone as exc:
             log.info("device %s: registry logins and proxy mode not delivered: %s", self.device_id, exc.reason)
-            await self._db(s.devices.set_pull_settings_stale, self.device_id, True)
+            await self._db(s.stores.devices.set_pull_settings_stale, self.device_id, True)
             return
         await self.record_config_result(result.model_dump())
 
@@ -356,8 +356,8 @@ class DeviceDelivery:
         """The organisation's credentials for the registries of the version's images, those only,
         opened for the frame (as secret files are): {registry: {username, password}}."""
         registries = registries_of(spec)
-        sealed = await self._db(self.s.registry_credentials.sealed_for, org_id, registries) if registries else {}
-        return {registry: {"username": user, "password": self.s.secret_box.open(ciphertext).decode()}
+        sealed = await self._db(self.s.stores.registry_credentials.sealed_for, org_id, registries) if registries else {}
+        return {registry: {"username": user, "password": self.s.stores.secret_box.open(ciphertext).decode()}
                 for registry, (user, ciphertext) in sealed.items()}
 
     async def record_config_result(self, result: dict) -> None:
@@ -373,25 +373,25 @@ class DeviceDelivery:
         except (verbs.Malformed, ValueError) as exc:
             what = str(exc) if isinstance(exc, verbs.Malformed) else "event config.result: versionId or configId is not an id"
             await self.protocol_error(what)
-            device = await self._db(s.devices.get_any, self.device_id)
+            device = await self._db(s.stores.devices.get_any, self.device_id)
             if device is not None and device["config_status"] == "applying":
-                await self._db(s.devices.set_config_result, self.device_id, "failed",
+                await self._db(s.stores.devices.set_config_result, self.device_id, "failed",
                                f"the device's result was malformed ({what})"[:500], device["applied_version_id"], now)
             return
         result = checked.model_dump()
-        device = await self._db(s.devices.get_any, self.device_id)
+        device = await self._db(s.stores.devices.get_any, self.device_id)
         if device is None or device["config_version_id"] != version_id:
             return  # a result for a version no longer assigned
         if result.get("status") == "applied":
-            await self._db(s.devices.set_config_result, self.device_id, "applied", None, version_id, now)
-            await self._db(s.secrets.record, self.device_id, _ours(result.get("files", [])), now)
+            await self._db(s.stores.devices.set_config_result, self.device_id, "applied", None, version_id, now)
+            await self._db(s.stores.secrets.record, self.device_id, _ours(result.get("files", [])), now)
         else:
             error = str(result.get("error") or "the device rejected the configuration")[:500]
             # the device's words, bounded by the wire schema (checked above) and storable (protocol.decode)
-            await self._db(partial(s.devices.set_config_result, check_output=result.get("checkOutput") or None,
+            await self._db(partial(s.stores.devices.set_config_result, check_output=result.get("checkOutput") or None,
                                    workload_log=result.get("workloadLog") or None),
                            self.device_id, "rejected", error, _uuid(result.get("rolledBackTo")), now)
-            await self._db(s.secrets.mark_config_files, self.device_id, config_id, "failed",
+            await self._db(s.stores.secrets.mark_config_files, self.device_id, config_id, "failed",
                                               f"configuration rejected by the device: {error}", now)
 
 

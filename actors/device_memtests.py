@@ -407,7 +407,7 @@ class DeviceMemtests:
     # -- storage ------------------------------------------------------------------------------------
     async def _save(self, status: dict[str, Any]) -> None:
         async with self._save_lock:
-            await self.s.memtests.save_status(self.actor.org_id, self.actor.device_id, status, self.s.clock.now())
+            await self.s.stores.memtests.save_status(self.actor.org_id, self.actor.device_id, status, self.s.clock.now())
 
     def _queue_save(self) -> None:
         if not self._save_queued:
@@ -419,12 +419,12 @@ class DeviceMemtests:
             self._save_queued = False  # a change from here on needs a save of its own
             if self.machine.status is not None:  # the newest when the lock frees, not an old copy
                 status = self.machine.status
-                await self.s.memtests.save_status(self.actor.org_id, self.actor.device_id, status,
+                await self.s.stores.memtests.save_status(self.actor.org_id, self.actor.device_id, status,
                                                   self.s.clock.now())
 
     async def _store_health(self, health: dict[str, Any]) -> None:
         s = self.s
-        await s.memtests.save_health(self.actor.org_id, self.actor.device_id, health, s.clock.now())
+        await s.stores.memtests.save_health(self.actor.org_id, self.actor.device_id, health, s.clock.now())
         # The device's retired list: "retired" beside a count in "retiredPages", or the list itself.
         retired = health.get("retired") if isinstance(health.get("retired"), list) else health.get("retiredPages")
         if isinstance(retired, list) and retired:
@@ -432,7 +432,7 @@ class DeviceMemtests:
 
     async def _store_result(self, result: dict[str, Any]) -> None:
         s = self.s
-        await s.memtests.save_result(self.actor.org_id, self.actor.device_id, result, s.clock.now())
+        await s.stores.memtests.save_result(self.actor.org_id, self.actor.device_id, result, s.clock.now())
         complete = result.get("outcome") in ("pass", "fail")
         retired = [p for p in result.get("retired") or [] if isinstance(p, int)]
         await self._merge(retired, sorted(mf.bad_pages(result)), result.get("verdict") if complete else None)
@@ -446,5 +446,5 @@ class DeviceMemtests:
         def rule(retired_count: int, bad_count: int, v: str | None) -> dict[str, Any] | None:
             return mf.memory_fault(retired=retired_count, bad_bytes=bad_count * mf.PAGE_SIZE, verdict=v)
 
-        await self.s.memtests.merge_memory(self.actor.org_id, self.actor.device_id, retired=retired, bad=bad,
+        await self.s.stores.memtests.merge_memory(self.actor.org_id, self.actor.device_id, retired=retired, bad=bad,
                                            verdict=verdict, rule=rule, since=rfc3339(self.s.clock.now()))

@@ -96,7 +96,7 @@ class RolloutActor(Actor):
         s = self.services
         self._clear_unwritten()  # a restart rebuilds from storage: what it holds is the truth
         self.fence = s.topology.rollout_fence(self.rollout_id)
-        found = await s.rollouts.get_any(self.rollout_id)
+        found = await s.stores.rollouts.get_any(self.rollout_id)
         if found is None:
             raise NotFound("rollout not found")
         self.row, steps = found
@@ -117,7 +117,7 @@ class RolloutActor(Actor):
         self._windows_stale = True  # until read: a tick retries it if storage is unreachable now
         self._windows_seen = self.services.window_changes
         windows: dict[str, UpdateWindow | None] = {}
-        stored = await self.services.windows.get_many(self.row["org_id"], self.row["fleet_ids"])
+        stored = await self.services.stores.windows.get_many(self.row["org_id"], self.row["fleet_ids"])
         for fleet_id, raw in stored.items():
             try:
                 windows[str(fleet_id)] = UpdateWindow.parse(raw) if raw else None
@@ -230,7 +230,7 @@ class RolloutActor(Actor):
         upto = self.machine.current_batch + 1
         ids = [uuid.UUID(d) for d, st in self.machine.steps.items()
                if st.step not in rm.TERMINAL and st.batch <= upto]
-        rows = {str(r["id"]): r for r in await s.rollouts.device_views(version, ids)} if ids else {}
+        rows = {str(r["id"]): r for r in await s.stores.rollouts.device_views(version, ids)} if ids else {}
         views = {}
         for device_id in map(str, ids):
             row = rows.get(device_id)
@@ -290,7 +290,7 @@ class RolloutActor(Actor):
         s = self.services
         now = s.clock.now()
         if self._assign:
-            await s.rollouts.assign(self._assign, self.row["config_id"], self.row["version_id"], now,
+            await s.stores.rollouts.assign(self._assign, self.row["config_id"], self.row["version_id"], now,
                                     fence=self.fence)
             self._apply += self._assign
             self._assign = []
@@ -299,7 +299,7 @@ class RolloutActor(Actor):
             actor.tell(ApplyConfig())
             self._apply.pop(0)
         if self._release:
-            released = await s.rollouts.release(self.rollout_id, self.row["version_id"], now, fence=self.fence)
+            released = await s.stores.rollouts.release(self.rollout_id, self.row["version_id"], now, fence=self.fence)
             self._steps.update({st.device_id: st for st in self.machine.released([str(d) for d in released], now)})
             self._release = False
         # The events go into the event log in the transaction that stores what they announce.
@@ -308,14 +308,14 @@ class RolloutActor(Actor):
                   for e in self._events] if s.journal.enabled else []
         if self._steps or self._save:
             m = self.machine
-            await s.rollouts.save(
+            await s.stores.rollouts.save(
                 self.rollout_id, now, state=m.state.value, current_batch=m.current_batch, reason=m.reason,
                 accepted_failures=m.accepted_failures, accepted_batch=m.accepted_batch,
                 steps=[(uuid.UUID(st.device_id), st.step.value, st.error, st.updated_at or now)
                        for st in self._steps.values()], fence=self.fence, events=logged)
             self._steps, self._save = {}, False
         elif logged:
-            await s.rollouts.record(logged, fence=self.fence)
+            await s.stores.rollouts.record(logged, fence=self.fence)
         events, self._events = self._events, []
         for event in events:
             s.events.publish(("rollout", self.rollout_id), event)

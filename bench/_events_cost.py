@@ -151,10 +151,10 @@ async def part_append(bench: Bench, args) -> dict:
         for size in (50, 500):
             count = max(2, args.append_events // size)
             records = [[_event(s, devices[i % len(devices)], i) for i in range(size)] for _ in range(count)]
-            await s.event_log.append([new_event(org_id, e) for e in records[0]])  # the statement prepared
+            await s.stores.event_log.append([new_event(org_id, e) for e in records[0]])  # the statement prepared
             both0, mine0 = bench.cpu_seconds(), time.process_time()
             for batch in records[1:]:
-                await s.event_log.append([new_event(org_id, e) for e in batch])
+                await s.stores.event_log.append([new_event(org_id, e) for e in batch])
             n = size * (count - 1)
             mine = time.process_time() - mine0
             out[str(size)] = {"events": n, "hub_us_per_event": round(1e6 * mine / n, 1),

@@ -64,14 +64,14 @@ class Bench:
         cfg = Settings(data_dir=data_dir, database_url=dsn, port=0, log_level="WARNING", **settings)
         services, base_url = await nursery.start(partial(run_hub, cfg))
         now = services.clock.now()
-        org = await services.orgs.create_org("bench", now)
+        org = await services.stores.orgs.create_org("bench", now)
         # out of the request rate limit (1,000 an hour on the standard tier), as bench/_common.py does
         await services.db.execute("UPDATE organizations SET tier = 'enterprise', rate_limit = 2000000000 "
                                   "WHERE id = $1", org["id"])
-        user = await services.orgs.create_user(f"bench-{uuid.uuid4().hex[:6]}@bench.local", now)
-        await services.orgs.add_member(org["id"], user["id"], "admin", now)
+        user = await services.stores.orgs.create_user(f"bench-{uuid.uuid4().hex[:6]}@bench.local", now)
+        await services.stores.orgs.add_member(org["id"], user["id"], "admin", now)
         pat_id, secret = new_pat()
-        await services.tokens.create_pat(pat_id, user["id"], digest(secret), now)
+        await services.stores.tokens.create_pat(pat_id, user["id"], digest(secret), now)
         headers = {"X-API-Token-ID": pat_id, "X-API-Secret-Key": secret, "X-Organization-ID": str(org["id"])}
         return services, base_url, org["id"], headers
 

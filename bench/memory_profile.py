@@ -136,11 +136,11 @@ async def main(args) -> None:
             services, base_url = await nursery.start(partial(
                 run_hub, Settings(data_dir=data, port=0, heartbeat_interval=30.0, log_level="WARNING")))
             now = services.clock.now()
-            org = await services.orgs.create_org("mem", now)
-            user = await services.orgs.create_user(f"m-{uuid.uuid4().hex[:6]}@x.local", now)
-            await services.orgs.add_member(org["id"], user["id"], "admin", now)
+            org = await services.stores.orgs.create_org("mem", now)
+            user = await services.stores.orgs.create_user(f"m-{uuid.uuid4().hex[:6]}@x.local", now)
+            await services.stores.orgs.add_member(org["id"], user["id"], "admin", now)
             pat_id, secret = new_pat()
-            await services.tokens.create_pat(pat_id, user["id"], digest(secret), now)
+            await services.stores.tokens.create_pat(pat_id, user["id"], digest(secret), now)
             dsn = services.embedded_pg.dsn
             devices = await trio.to_thread.run_sync(insert_devices, dsn, str(org["id"]), args.devices)
             worker = Worker("agent", "--hub", base_url, "--data-dir", str(sim_root), name="mem-sim")

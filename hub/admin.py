@@ -30,28 +30,28 @@ async def run_admin(settings: Settings, args: argparse.Namespace) -> dict:
     async with open_services(settings, clock, serving=False) as s:
         now = clock.now()
         if args.admin_command == "create-org":
-            org = await s.orgs.create_org(args.name, now, tier=args.tier)
+            org = await s.stores.orgs.create_org(args.name, now, tier=args.tier)
             return {"id": str(org["id"]), "name": org["name"], "tier": org["tier"]}
         if args.admin_command == "create-user":
             org_id = uuid.UUID(args.org)
-            if await s.orgs.get_org(org_id) is None:
+            if await s.stores.orgs.get_org(org_id) is None:
                 raise SystemExit(f"no organisation {org_id}")
-            user = await s.orgs.get_user_by_email(args.email)
+            user = await s.stores.orgs.get_user_by_email(args.email)
             if user is None:
                 pw = await trio.to_thread.run_sync(hash_password, args.password) if args.password else None
-                user = await s.orgs.create_user(args.email, now, name=args.name, password_hash=pw)
-            await s.orgs.add_member(org_id, user["id"], args.role, now)
+                user = await s.stores.orgs.create_user(args.email, now, name=args.name, password_hash=pw)
+            await s.stores.orgs.add_member(org_id, user["id"], args.role, now)
             # A new membership or a changed role: running hubs forget the cached one at once (a
             # cached "not a member" would otherwise refuse a restored admin until it expired).
             await s.invalidate(f"user:{user['id']}")
             return {"id": str(user["id"]), "email": user["email"], "org_id": str(org_id), "role": args.role}
         if args.admin_command == "create-pat":
-            user = await s.orgs.get_user_by_email(args.email)
+            user = await s.stores.orgs.get_user_by_email(args.email)
             if user is None:
                 raise SystemExit(f"no user {args.email}")
             expires = now + dt.timedelta(days=args.expires_in_days) if args.expires_in_days else None
             pat_id, secret = new_pat()
-            await s.tokens.create_pat(pat_id, user["id"], digest(secret), now, description=args.description,
+            await s.stores.tokens.create_pat(pat_id, user["id"], digest(secret), now, description=args.description,
                                       expires_at=expires)
             return {"id": pat_id, "secret": secret, "user": user["email"],
                     "expires_at": expires.isoformat() if expires else None}
@@ -66,7 +66,7 @@ async def run_admin(settings: Settings, args: argparse.Namespace) -> dict:
             await s.invalidate(f"org:{org_id}")  # running hubs apply the new limit at once
             return {"id": str(org_id), "tier": args.tier, "rate_limit": args.rate_limit}
         if args.admin_command == "delete-user":
-            user = await s.orgs.get_user_by_email(args.email)
+            user = await s.stores.orgs.get_user_by_email(args.email)
             if user is None:
                 raise SystemExit(f"no user {args.email}")
             # Memberships, PATs and sessions go with the user (ON DELETE CASCADE); relation tuples
@@ -86,7 +86,7 @@ async def run_admin(settings: Settings, args: argparse.Namespace) -> dict:
             from hub.services import AUTH_CHANNEL, SECRET_KEYS_TAG
             from storage.crypto import rotate
 
-            count = await rotate(settings.data_dir, s.secrets.reencrypt_all)
+            count = await rotate(settings.data_dir, s.stores.secrets.reencrypt_all)
             await s.db.execute("SELECT pg_notify($1, $2)", AUTH_CHANNEL, SECRET_KEYS_TAG)
             return {"rotated": True, "reencrypted": count}
         if args.admin_command == "rotate-signing-key":

@@ -48,25 +48,25 @@ async def bootstrap(services: Services, data_dir: Path) -> dict:
     previous = json.loads(path.read_text()) if path.exists() else {}
     now = services.clock.now()
     password = previous.get("admin", {}).get("password") or cli_safe_secret(12)
-    org, user = await services.orgs.ensure_demo(
+    org, user = await services.stores.orgs.ensure_demo(
         org_name=DEMO_ORG, email=DEMO_EMAIL, password_hash=await trio.to_thread.run_sync(hash_password, password),
         now=now)
     pat = previous.get("pat")
-    if not pat or not await services.tokens.find_pat_in_org(digest(pat["secret"]), org["id"]):
+    if not pat or not await services.stores.tokens.find_pat_in_org(digest(pat["secret"]), org["id"]):
         pat_id, secret = new_pat()
-        await services.tokens.create_pat(pat_id, user["id"], digest(secret), now, description="demo")
+        await services.stores.tokens.create_pat(pat_id, user["id"], digest(secret), now, description="demo")
         pat = {"id": pat_id, "secret": secret}
-    fleets, _ = await services.fleets.list(org["id"], offset=0, limit=100)
+    fleets, _ = await services.stores.fleets.list(org["id"], offset=0, limit=100)
     fleet = next((f for f in fleets if f["name"] == DEMO_FLEET), None)
     if fleet is None:
         # No fleet tags: a fleet's tags are what its devices must carry to be eligible for rollouts.
-        fleet = await services.fleets.create(org["id"], now, name=DEMO_FLEET,
+        fleet = await services.stores.fleets.create(org["id"], now, name=DEMO_FLEET,
                                              description="Simulated devices of the demo", architecture=None)
-    if await services.billing.profile(org["id"]) is None:
-        await services.billing.put_profile(org["id"], now, plan="demo")
-    if not await services.billing.all_prices():
+    if await services.stores.billing.profile(org["id"]) is None:
+        await services.stores.billing.put_profile(org["id"], now, plan="demo")
+    if not await services.stores.billing.all_prices():
         for product, price in DEMO_PRICES.items():
-            await services.billing.set_price(product, None, dt.date(2020, 1, 1), Decimal(price), now)
+            await services.stores.billing.set_price(product, None, dt.date(2020, 1, 1), Decimal(price), now)
     if await services.tunnels.store.entitlement(org["id"]) is None:
         await services.tunnels.store.set_entitlement(org["id"], {"enabled": True}, now)
     return {"org_id": str(org["id"]), "fleet_id": str(fleet["id"]), "pat": pat,

@@ -224,7 +224,7 @@ class _HubCollector:
                                                    (["failed"], deliverer.failed if deliverer else 0)])
         yield family(G, "fleethub_webhook_endpoints_served", "Webhook endpoints whose lease this node holds.",
                       len(deliverer.running) if deliverer else 0)
-        throttle = services.login_throttle
+        throttle = services.access.login_throttle
         yield family(G, "fleethub_login_throttle_keys", "Accounts and addresses the login throttle holds.",
                       len(throttle))
         yield family(C, "fleethub_login_throttle_dropped",

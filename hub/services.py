@@ -327,20 +327,20 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                 services.embedded_pg = pg
                 await db.listen(AUTH_CHANNEL, services.on_notify)
                 # a device deleted or moved, by any process (migration 0017's trigger)
-                await db.listen(DEVICES_CHANGED, services.devices.changed)
+                await db.listen(DEVICES_CHANGED, services.stores.devices.changed)
                 # After PostgreSQL restarts, invalidations sent meanwhile were missed: start cold.
                 await nursery.start(partial(db.keep_listening, services.forget_cached))
                 await nursery.start(services.presence.run)
-                await nursery.start(services.devices.cache.keep_purged)  # expired rows leave when idle too
+                await nursery.start(services.stores.devices.cache.keep_purged)  # expired rows leave when idle too
                 await nursery.start(services.audit_log.run)
                 await nursery.start(services.journal.run)
                 if serving and settings.event_log:
-                    await nursery.start(keep_pruned, services.event_log, services.clock,
+                    await nursery.start(keep_pruned, services.stores.event_log, services.clock,
                                         settings.event_retention_days)
                     from hub.webhooks.worker import Deliverer
                     services.deliverer = Deliverer(services, lease_seconds=settings.webhook_lease_seconds)
                     await nursery.start(services.deliverer.run)
-                await nursery.start(services.auth_cache.keep_fresh)  # credentials refreshed before expiry
+                await nursery.start(services.access.auth_cache.keep_fresh)  # credentials refreshed before expiry
                 await nursery.start(services.meter.run)
                 if serving:
                     await nursery.start(gc_tuning.run)

@@ -54,10 +54,10 @@ class LocalLimits:
         self.s = s
 
     async def reserve_login(self, account: str, address: str, now: dt.datetime) -> Reservation:
-        return self.s.login_throttle.reserve(account, address, now)
+        return self.s.access.login_throttle.reserve(account, address, now)
 
     async def login_succeeded(self, attempt: Reservation) -> None:
-        self.s.login_throttle.succeeded(attempt)
+        self.s.access.login_throttle.succeeded(attempt)
 
     async def hit_burst(self, limiter: BurstLimiter, key: tuple, limit: int, now: dt.datetime) -> Decision:
         return limiter.hit(key, limit, now)
@@ -134,7 +134,7 @@ class SingleNode:
         return None
 
     async def create_rollout(self, row: dict, steps: list) -> dict:
-        return await self.s.rollouts.create(row, steps)
+        return await self.s.stores.rollouts.create(row, steps)
 
     async def hold_rollout(self, rollout_id: uuid.UUID) -> None:
         pass
@@ -143,8 +143,8 @@ class SingleNode:
         if not serving:
             return
         s = self.s
-        await s.devices.mark_all_offline()  # this process holds no device links yet
-        for rollout_id in await s.rollouts.active_ids():  # rollouts interrupted by a stop go on
+        await s.stores.devices.mark_all_offline()  # this process holds no device links yet
+        for rollout_id in await s.stores.rollouts.active_ids():  # rollouts interrupted by a stop go on
             await s.rollout_actor(rollout_id)
         await s.tunnels.resume()  # open tunnel sessions: their actors expire them on time (or now)
 

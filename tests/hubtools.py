@@ -45,10 +45,10 @@ class Hub:
         """A user with ``role`` in the org (default: this hub's) and a PAT; returns (pat id, secret)."""
         s = self.services
         now = s.clock.now()
-        user = await s.orgs.create_user(f"{uuid.uuid4().hex[:8]}@test.local", now)
-        await s.orgs.add_member(uuid.UUID(org_id or self.org_id), user["id"], role, now)
+        user = await s.stores.orgs.create_user(f"{uuid.uuid4().hex[:8]}@test.local", now)
+        await s.stores.orgs.add_member(uuid.UUID(org_id or self.org_id), user["id"], role, now)
         pat_id, secret = new_pat()
-        await s.tokens.create_pat(pat_id, user["id"], digest(secret), now)
+        await s.stores.tokens.create_pat(pat_id, user["id"], digest(secret), now)
         return pat_id, secret
 
 
@@ -56,11 +56,11 @@ async def start_hub(nursery: trio.Nursery, db_url: str, data_dir: Path, *, clock
     cfg = Settings(data_dir=data_dir, database_url=db_url, port=0, **settings)
     services, base_url = await nursery.start(partial(run_hub, cfg, clock=clock))
     now = services.clock.now()
-    org = await services.orgs.create_org("Test Org", now)
-    user = await services.orgs.create_user(f"admin-{uuid.uuid4().hex[:6]}@test.local", now)
-    await services.orgs.add_member(org["id"], user["id"], "admin", now)
+    org = await services.stores.orgs.create_org("Test Org", now)
+    user = await services.stores.orgs.create_user(f"admin-{uuid.uuid4().hex[:6]}@test.local", now)
+    await services.stores.orgs.add_member(org["id"], user["id"], "admin", now)
     pat_id, secret = new_pat()
-    await services.tokens.create_pat(pat_id, user["id"], digest(secret), now)
+    await services.stores.tokens.create_pat(pat_id, user["id"], digest(secret), now)
     client = httpx.AsyncClient(timeout=30)
     return Hub(services, base_url, str(org["id"]), user["id"], (pat_id, secret), client)
 
@@ -84,7 +84,7 @@ async def notifications_heard(hub: "Hub", *, timeout: float = 10.0) -> None:
     from hub.services import AUTH_CHANNEL
 
     marker = f"test-marker-{uuid.uuid4().hex}"
-    with hub.services.auth_cache.watch({marker}) as heard:
+    with hub.services.access.auth_cache.watch({marker}) as heard:
         await hub.services.db.execute("SELECT pg_notify($1, $2)", AUTH_CHANNEL, marker)
         await wait_for(lambda: heard.changed, timeout=timeout)
 

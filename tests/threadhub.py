@@ -95,6 +95,6 @@ async def add_operator(hub: Any, password: str) -> str:
     s = hub.services
     email = f"operator-{uuid.uuid4().hex[:6]}@test.local"
     digest = await trio.to_thread.run_sync(hash_password, password)
-    user = await s.orgs.create_user(email, s.clock.now(), password_hash=digest)
-    await s.orgs.add_member(uuid.UUID(hub.org_id), user["id"], "admin", s.clock.now())
+    user = await s.stores.orgs.create_user(email, s.clock.now(), password_hash=digest)
+    await s.stores.orgs.add_member(uuid.UUID(hub.org_id), user["id"], "admin", s.clock.now())
     return email

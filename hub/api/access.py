@@ -125,12 +125,12 @@ async def add_member(data: MemberAdd):
     accept it (``POST /v1/invitations/{id}/accept``)."""
     await require_admin()
     s = services()
-    member = await s.identity.member_by_email(org().org_id, data.email)
+    member = await s.stores.identity.member_by_email(org().org_id, data.email)
     if member is not None:
         await _set_role(member["id"], data.role)
         return {"data": {"id": str(member["id"]), "email": member["email"], "role": data.role}}, 200
     now = s.clock.now()
-    invitation = await s.identity.invite(org().org_id, data.email, data.role, principal().user_id, now,
+    invitation = await s.stores.identity.invite(org().org_id, data.email, data.role, principal().user_id, now,
                                          now + INVITATION_LIFETIME)
     g.audit_details = {"invitationId": str(invitation["id"]), "role": data.role}
     return {"data": _invitation_json(invitation)}, 202
@@ -138,7 +138,7 @@ async def add_member(data: MemberAdd):
 
 async def _set_role(user_id: uuid.UUID, role: str) -> None:
     s = services()
-    outcome = await s.identity.set_role(org().org_id, user_id, role)
+    outcome = await s.stores.identity.set_role(org().org_id, user_id, role)
     if outcome == "last_admin":
         raise Conflict("the organisation's last admin cannot give up the role; make another admin first",
                        code="last_admin")
@@ -154,7 +154,7 @@ async def list_invitations():
     """The organisation's open invitations (admin)."""
     await require_admin()
     s = services()
-    return {"data": [_invitation_json(r) for r in await s.identity.org_invitations(org().org_id, s.clock.now())]}
+    return {"data": [_invitation_json(r) for r in await s.stores.identity.org_invitations(org().org_id, s.clock.now())]}
 
 
 @bp.delete("/invitations/<invitation_id>")
@@ -163,7 +163,7 @@ async def list_invitations():
 async def revoke_invitation(invitation_id: str):
     await require_admin()
     iid = parse_uuid(invitation_id, "invitation_id")
-    if not await services().identity.revoke_invitation(org().org_id, iid):
+    if not await services().stores.identity.revoke_invitation(org().org_id, iid):
         raise NotFound("no open invitation with this id")
     return {"data": {"id": str(iid), "deleted": True}}
 
@@ -183,7 +183,7 @@ class MyInvitation(BaseModel):
 async def my_invitations():
     """Open invitations addressed to the caller's email."""
     s = services()
-    rows = await s.identity.invitations_of(_person(), s.clock.now())
+    rows = await s.stores.identity.invitations_of(_person(), s.clock.now())
     return {"data": [jsonable({"id": r["id"], "organization": {"id": str(r["org_id"]), "name": r["org_name"]},
                                "role": r["role"], "created_at": r["created_at"], "expires_at": r["expires_at"]})
                      for r in rows]}
@@ -203,7 +203,7 @@ async def accept_invitation(invitation_id: str):
     already accepted, like a missing one."""
     s = services()
     user_id = _person()
-    row = await s.identity.accept_invitation(parse_uuid(invitation_id, "invitation_id"), user_id, s.clock.now())
+    row = await s.stores.identity.accept_invitation(parse_uuid(invitation_id, "invitation_id"), user_id, s.clock.now())
     if row is None:
         raise NotFound("no open invitation with this id for you")
     await s.invalidate(f"user:{user_id}")
@@ -250,7 +250,7 @@ async def remove_member(user_id: str):
     if uid == principal().user_id:
         raise BadRequest("you cannot remove yourself; another admin can", code="self_removal")
     # Checked under a lock: two admins removing each other at once must not leave none.
-    outcome = await s.identity.remove_member(org().org_id, uid)
+    outcome = await s.stores.identity.remove_member(org().org_id, uid)
     if outcome == "last_admin":
         raise Conflict("the organisation's last admin cannot be removed", code="last_admin")
     if outcome == "not_member":
@@ -275,10 +275,10 @@ async def _check_tuple(t: RelationTuple) -> uuid.UUID:
     if object_id is None:
         raise BadRequest("object_id: required for this object_type", code="missing_field")
     # Objects and subjects of another organisation are refused like unknown ones.
-    if not await s.identity.object_in_org(org().org_id, t.object_type, object_id):
+    if not await s.stores.identity.object_in_org(org().org_id, t.object_type, object_id):
         raise BadRequest(f"object_id: no such {t.object_type} in this organisation", code="invalid_reference")
     if t.subject_type == "user":
-        found = await s.orgs.role_of(org().org_id, t.subject_id)
+        found = await s.stores.orgs.role_of(org().org_id, t.subject_id)
     else:
         found = await s.db.fetchval("SELECT 1 FROM service_accounts WHERE org_id = $1 AND id = $2",
                                     org().org_id, t.subject_id)
@@ -302,7 +302,7 @@ class RelationOut(BaseModel):
 @errors(401, 403)
 async def list_relations():
     await require_admin()
-    rows = await services().identity.list_relations(org().org_id)
+    rows = await services().stores.identity.list_relations(org().org_id)
     return {"data": [jsonable(r) for r in rows]}
 
 
@@ -315,7 +315,7 @@ async def grant_relation(data: RelationTuple):
     await require_admin()
     s = services()
     object_id = await _check_tuple(data)
-    created = await s.identity.grant(org().org_id, data.object_type, object_id, data.relation, data.subject_type,
+    created = await s.stores.identity.grant(org().org_id, data.object_type, object_id, data.relation, data.subject_type,
                                      data.subject_id, s.clock.now())
     await s.invalidate(f"subject:{data.subject_id}")
     return {"data": {**jsonable(data.model_dump()), "object_id": str(object_id), "created": created}}, \
@@ -330,7 +330,7 @@ async def revoke_relation(data: RelationTuple):
     await require_admin()
     s = services()
     object_id = data.object_id or org().org_id
-    if not await s.identity.revoke(org().org_id, data.object_type, object_id, data.relation, data.subject_type,
+    if not await s.stores.identity.revoke(org().org_id, data.object_type, object_id, data.relation, data.subject_type,
                                    data.subject_id):
         raise NotFound("no such relation")
     await s.invalidate(f"subject:{data.subject_id}")
@@ -380,7 +380,7 @@ def _sa_json(row: dict) -> dict:
 @errors(401, 403)
 async def list_service_accounts():
     await require_admin()
-    rows = await services().identity.list_service_accounts(org().org_id)
+    rows = await services().stores.identity.list_service_accounts(org().org_id)
     return {"data": [_sa_json(r) for r in rows]}
 
 
@@ -394,12 +394,12 @@ async def create_service_account(data: ServiceAccountCreate):
     grants = []
     for policy in data.policies:
         object_id = policy.object_id or org().org_id
-        if not await s.identity.object_in_org(org().org_id, policy.object_type, object_id):
+        if not await s.stores.identity.object_in_org(org().org_id, policy.object_type, object_id):
             raise BadRequest(f"policies: no such {policy.object_type} in this organisation",
                              code="invalid_reference")
         grants.append((policy.object_type, object_id, policy.relation))
     client_id, secret = "sa_" + secrets.token_urlsafe(12), cli_safe_secret()
-    row = await s.identity.create_service_account(org().org_id, data.name, data.description, client_id,
+    row = await s.stores.identity.create_service_account(org().org_id, data.name, data.description, client_id,
                                                   digest(secret), principal().user_id, s.clock.now(), grants)
     return {"data": {**_sa_json(row), "client_secret": secret, "token_url": "/v1/oauth/token",
                      "policies": [{"object_type": t, "object_id": str(i), "relation": r} for t, i, r in grants]}}, 201
@@ -412,7 +412,7 @@ async def delete_service_account(sa_id: str):
     await require_admin()
     s = services()
     sid = parse_uuid(sa_id, "service_account_id")
-    if not await s.identity.delete_service_account(org().org_id, sid):
+    if not await s.stores.identity.delete_service_account(org().org_id, sid):
         raise NotFound("service account not found")
     await s.invalidate(f"service:{sid}", f"subject:{sid}")
     return {"data": {"id": str(sid), "deleted": True}}

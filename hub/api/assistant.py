@@ -71,7 +71,7 @@ class UsageEnvelope(BaseModel):
 
 
 def _store(s) -> AssistantStore:
-    return s.assistant_store
+    return s.stores.assistant
 
 
 def _caller() -> Caller:

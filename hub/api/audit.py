@@ -102,7 +102,7 @@ async def list_audit_events(query_args: AuditQuery):
     # Calls answered just before this one are still in the write-behind batch: flush it first so
     # the log a caller reads includes everything up to their own request.
     await s.audit_log.flush()
-    rows, total = await s.audit.query(org().org_id, offset=(q.page - 1) * q.limit, limit=q.limit, since=q.from_,
+    rows, total = await s.stores.audit.query(org().org_id, offset=(q.page - 1) * q.limit, limit=q.limit, since=q.from_,
                                       until=q.to, method=q.method, path_prefix=q.pathPrefix,
                                       actor_user_id=q.actorUserId)
     return {"data": [event_json(r) for r in rows], "pagination": pagination(q.page, q.limit, total)}

@@ -113,7 +113,7 @@ async def get_pricing():
     await require_org(s, "billing_viewer")
     profile = await billing_profile(s)
     today = _today(s)
-    book = PriceBook(await s.billing.prices(org().org_id), org().org_id)
+    book = PriceBook(await s.stores.billing.prices(org().org_id), org().org_id)
     products = []
     for p in catalogue.PRODUCTS:
         price = book.describe(p.key, today)
@@ -128,12 +128,12 @@ async def _feature_days(s, org_id: uuid.UUID, days: periods.Days, enterprise: bo
     """Paid features as products: quantity 1 on each day the feature was on at any moment — of the
     days the organisation existed up to today: a feature on by default is not billed for the days of
     the period before the organisation was created, nor for days still to come."""
-    created = (await s.orgs.get_org(org_id))["created_at"].astimezone(UTC).date()
+    created = (await s.stores.orgs.get_org(org_id))["created_at"].astimezone(UTC).date()
     lived = periods.Days(max(days.start, created), min(days.end, _today(s) + periods.DAY))
     if lived.count <= 0:
         return {f"feature_{f}": {} for f in catalogue.FEATURES}
     until = dt.datetime.combine(lived.end, dt.time(), UTC)
-    history = await s.billing.feature_history(org_id, until)
+    history = await s.stores.billing.feature_history(org_id, until)
     out = {}
     for f in catalogue.FEATURES:
         on = enabled_days(history.get(f, []), default(f, enterprise), lived)
@@ -152,9 +152,9 @@ async def get_usage(query_args: UsageQuery):
     org_id = org().org_id
     days = parse_period(periods.usage_days, query_args.from_, query_args.to, s.clock.now(), profile["anchor_day"])
     await s.meter.flush()  # counts still in the batch belong in what the caller reads
-    daily = await s.billing.usage(org_id, days.start, days.end)
+    daily = await s.stores.billing.usage(org_id, days.start, days.end)
     daily.update(await _feature_days(s, org_id, days, profile["enterprise"]))
-    book = PriceBook(await s.billing.prices(org_id), org_id)
+    book = PriceBook(await s.stores.billing.prices(org_id), org_id)
     lines, total = price_usage(daily, book)
     products = []
     for line in lines:
@@ -204,7 +204,7 @@ async def put_feature(feature: str):
         raise Conflict("this organisation has no billing profile", code="no_billing_profile")
     await state.ensure_not_locked(s, org_id)
     if current.enabled(feature) != data.enabled:
-        await s.billing.record_feature(org_id, feature, data.enabled, "self_serve", s.clock.now())
+        await s.stores.billing.record_feature(org_id, feature, data.enabled, "self_serve", s.clock.now())
         await state.changed(s, org_id)
         g.audit_details = {"feature": feature, "enabled": data.enabled}
         if feature == "telemetry":
@@ -243,7 +243,7 @@ async def get_tunnel_usage(query_args: TunnelUsageQuery):
     s = services()
     await _tunnel_checks(s)
     since, until = parse_period(periods.tunnel_window, query_args.from_, query_args.to, s.clock.now())
-    row = await s.billing.tunnel_summary(org().org_id, since, until)
+    row = await s.stores.billing.tunnel_summary(org().org_id, since, until)
     seconds = Decimal(row["duration_seconds"])
     return {"data": {"from": rfc3339(since), "to": rfc3339(until), "sessions": row["sessions"],
                      "open_sessions": row["open_sessions"], "devices": row["devices"],
@@ -284,7 +284,7 @@ async def get_tunnel_records(query_args: TunnelRecordsQuery):
     q = query_args
     since, until = parse_period(periods.tunnel_window, q.from_, q.to, s.clock.now())
     after = _decode_cursor(q.cursor) if q.cursor else None
-    rows = await s.billing.tunnel_records(org().org_id, since, until, after, q.limit + 1)
+    rows = await s.stores.billing.tunnel_records(org().org_id, since, until, after, q.limit + 1)
     more = len(rows) > q.limit
     rows = rows[:q.limit]
     cursor = _encode_cursor(rows[-1]["opened_at"], rows[-1]["id"]) if more else None
@@ -303,7 +303,7 @@ async def get_registry_fallback(query_args: RegistryQuery):
     await require_org(s, "billing_viewer")
     days = parse_period(periods.registry_days, query_args.start, query_args.end, s.clock.now())
     await s.meter.flush()
-    fleets, usage = await s.billing.registry_fallback(org().org_id, days.start, days.end)
+    fleets, usage = await s.stores.billing.registry_fallback(org().org_id, days.start, days.end)
     by_key: dict[str, int] = {}
     by_day: dict[dt.date, int] = {}
     for u in usage:

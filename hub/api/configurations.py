@@ -232,7 +232,7 @@ async def _list(lenient: bool):
     s = services()
     a = _list_args(lenient=lenient)
     everything, ids, _ = await scope_for_list(s, "viewer", "configuration")
-    rows, total = await s.configs.list(org().org_id, offset=(a["page"] - 1) * a["limit"], limit=a["limit"],
+    rows, total = await s.stores.configs.list(org().org_id, offset=(a["page"] - 1) * a["limit"], limit=a["limit"],
                                        search=a["search"], name=a["name"], status=a["status"],
                                        sort_by=a["sort_by"], sort_order=a["sort_order"],
                                        only=None if everything else ids)
@@ -258,7 +258,7 @@ async def configuration_summary():
 # -- one configuration ----------------------------------------------------------------------------
 async def _load(config_id: str, relation: str) -> tuple[dict, dict]:
     s = services()
-    found = await s.configs.get(org().org_id, parse_uuid(config_id, "configId"))
+    found = await s.stores.configs.get(org().org_id, parse_uuid(config_id, "configId"))
     if found is None:
         raise NotFound("configuration not found")
     await authorize(s, relation, Obj("configuration", found[0]["id"]))
@@ -274,10 +274,10 @@ async def create_configuration(data: ConfigCreate):
     await require_org(s, "editor")
     spec = await version_spec(data.spec)
     if data.fleetId is not None:
-        if not await s.identity.object_in_org(org().org_id, "fleet", data.fleetId):
+        if not await s.stores.identity.object_in_org(org().org_id, "fleet", data.fleetId):
             raise BadRequest("fleetId: no such fleet in this organisation", code="invalid_reference")
         await authorize(s, "editor", Obj("fleet", data.fleetId, data.fleetId))
-    config, version = await s.configs.create(org().org_id, s.clock.now(), name=data.name,
+    config, version = await s.stores.configs.create(org().org_id, s.clock.now(), name=data.name,
                                              description=data.description, tags=data.tags, spec=spec,
                                              created_by=principal().id, fleet_id=data.fleetId)
     return {"data": config_json(config, version)}, 201
@@ -305,7 +305,7 @@ async def update_configuration(configId: str, data: ConfigUpdate):
             raise BadRequest(f"{key}: cannot be null", code="invalid_field")
     if spec is None and "spec" in data.model_fields_set:
         raise BadRequest("spec: cannot be null", code="invalid_spec")
-    updated = await s.configs.update(org().org_id, config["id"], s.clock.now(), metadata=changes,
+    updated = await s.stores.configs.update(org().org_id, config["id"], s.clock.now(), metadata=changes,
                                      spec=await version_spec(spec) if spec is not None else None, created_by=principal().id)
     if updated is None:
         raise NotFound("configuration not found")
@@ -319,7 +319,7 @@ async def update_configuration(configId: str, data: ConfigUpdate):
 async def delete_configuration(configId: str):
     s = services()
     config, _ = await _load(configId, "editor")
-    deleted = await s.configs.delete(org().org_id, config["id"])
+    deleted = await s.stores.configs.delete(org().org_id, config["id"])
     if deleted is None:
         raise NotFound("configuration not found")
     files, removed = deleted
@@ -338,7 +338,7 @@ async def delete_configuration(configId: str):
 async def list_versions(config_id: str):
     s = services()
     config, _ = await _load(config_id, "viewer")
-    versions = await s.configs.versions(org().org_id, config["id"]) or []
+    versions = await s.stores.configs.versions(org().org_id, config["id"]) or []
     return {"data": [version_json(v) for v in versions]}
 
 
@@ -349,7 +349,7 @@ async def list_versions(config_id: str):
 async def create_version(config_id: str, data: VersionCreate):
     s = services()
     config, _ = await _load(config_id, "editor")
-    updated = await s.configs.update(org().org_id, config["id"], s.clock.now(), metadata={},
+    updated = await s.stores.configs.update(org().org_id, config["id"], s.clock.now(), metadata={},
                                      spec=await version_spec(data.spec), created_by=principal().id)
     if updated is None:
         raise NotFound("configuration not found")
@@ -382,24 +382,24 @@ async def assign_configuration(device_id: str, data: Assignment):
     """Assign a configuration version to one device; it is sent at once if the device is online,
     else when it next connects. The device applies it with a health check and reports the result."""
     s = services()
-    device = await s.devices.get(org().org_id, parse_uuid(device_id, "device_id"))
+    device = await s.stores.devices.get(org().org_id, parse_uuid(device_id, "device_id"))
     if device is None:
         raise NotFound("device not found")
     await authorize(s, "editor", Obj("device", device["id"], device["fleet_id"]))
-    found = await s.configs.get(org().org_id, data.configId)
+    found = await s.stores.configs.get(org().org_id, data.configId)
     if found is None:
         raise BadRequest("configId: no such configuration in this organisation", code="invalid_reference")
     await require_deploy(s, data.configId)
     config, current = found
     version = current
     if data.versionId is not None:
-        version = await s.configs.version(org().org_id, data.versionId)
+        version = await s.stores.configs.version(org().org_id, data.versionId)
         if version is None or version["config_id"] != data.configId:
             raise BadRequest("versionId: not a version of this configuration", code="invalid_reference")
     now = s.clock.now()
     if device["config_id"] != data.configId:
-        await s.secrets.assign_config(device["id"], data.configId, now)
-    updated = await s.devices.assign_config(org().org_id, device["id"], data.configId, version["id"], now)
+        await s.stores.secrets.assign_config(device["id"], data.configId, now)
+    updated = await s.stores.devices.assign_config(org().org_id, device["id"], data.configId, version["id"], now)
     actor = await s.device_actor(device["id"])
     actor.tell(ApplyConfig())
     g.audit_details = {"configId": str(data.configId), "versionId": str(version["id"])}

@@ -215,7 +215,7 @@ async def _check_fleet(fleet_id: uuid.UUID | None) -> None:
     if fleet_id is None:
         await require_org(s, "editor")
         return
-    if not await s.identity.object_in_org(org().org_id, "fleet", fleet_id):
+    if not await s.stores.identity.object_in_org(org().org_id, "fleet", fleet_id):
         raise BadRequest("fleet_id: no such fleet in this organisation", code="invalid_reference")
     await authorize(s, "editor", Obj("fleet", fleet_id, fleet_id))
 
@@ -232,7 +232,7 @@ async def create_device(data: DeviceCreate):
     s = services()
     await _check_fleet(data.fleet_id)
     token = new_device_token()
-    row = await s.devices.create(org().org_id, digest(token), s.clock.now(), name=data.name,
+    row = await s.stores.devices.create(org().org_id, digest(token), s.clock.now(), name=data.name,
                                  fleet_id=data.fleet_id, tags=data.tags)
     return {"data": {**device_json(row), "token": token}}, 201
 
@@ -244,7 +244,7 @@ async def create_device(data: DeviceCreate):
 async def list_devices(query_args: DeviceQuery):
     s = services()
     everything, ids, fleets = await scope_for_list(s, "viewer", "device")
-    rows, total = await s.devices.list(
+    rows, total = await s.stores.devices.list(
         org().org_id, offset=query_args.offset, limit=query_args.limit, fleet_id=query_args.fleet_id,
         online=query_args.online, tag=query_args.tag, firmware=query_args.firmware,
         architecture=query_args.architecture, condition=query_args.condition, updating=query_args.updating,
@@ -257,7 +257,7 @@ async def list_devices(query_args: DeviceQuery):
 async def _load(device_id: str, relation: str) -> dict:
     """The device of this organisation (else 404, like a missing one), if the caller holds ``relation``."""
     s = services()
-    row = await s.devices.get(org().org_id, parse_uuid(device_id, "device_id"))
+    row = await s.stores.devices.get(org().org_id, parse_uuid(device_id, "device_id"))
     if row is None:
         raise NotFound("device not found")
     await authorize(s, relation, device_obj(row))
@@ -269,7 +269,7 @@ async def _load_identity(device_id: str, relation: str) -> uuid.UUID:
     what this process already knows of it (storage/devices.py ``identities``: no storage read for a
     warm device), else 404 like a missing one; 403 without ``relation``."""
     s = services()
-    known = await s.devices.identity(org().org_id, parse_uuid(device_id, "device_id"))
+    known = await s.stores.devices.identity(org().org_id, parse_uuid(device_id, "device_id"))
     if known is None:
         raise NotFound("device not found")
     await authorize(s, relation, Obj("device", known[0], known[1]))
@@ -295,7 +295,7 @@ async def update_device(device_id: str, data: DeviceUpdate):
     current = await _load(device_id, "editor")
     if "fleet_id" in changes and changes["fleet_id"] != current["fleet_id"]:
         await _check_fleet(changes["fleet_id"])
-    row = await s.devices.update(org().org_id, current["id"], s.clock.now(), changes)
+    row = await s.stores.devices.update(org().org_id, current["id"], s.clock.now(), changes)
     if row is None:
         raise NotFound("device not found")
     if row["fleet_id"] != current["fleet_id"]:
@@ -311,7 +311,7 @@ async def update_device(device_id: str, data: DeviceUpdate):
 async def delete_device(device_id: str):
     s = services()
     dev_id = (await _load(device_id, "editor"))["id"]
-    if not await s.devices.delete(org().org_id, dev_id):
+    if not await s.stores.devices.delete(org().org_id, dev_id):
         raise NotFound("device not found")
     await s.invalidate(object_tag(Obj("device", dev_id)))
     link = s.links.get(dev_id)
@@ -380,8 +380,8 @@ async def factory_reset_device(device_id: str):
     s = services()
     row = await _load(device_id, "editor")
     wiped = await _wipe(row)
-    await s.secrets.forget_device(row["id"])
-    await s.devices.clear_config(row["id"], s.clock.now())
+    await s.stores.secrets.forget_device(row["id"])
+    await s.stores.devices.clear_config(row["id"], s.clock.now())
     return {"data": {"deviceId": str(row["id"]), "state": "reset", "device": wiped}}
 
 
@@ -395,7 +395,7 @@ async def unpair_device(device_id: str):
     s = services()
     row = await _load(device_id, "editor")
     wiped = await _wipe(row)
-    await s.devices.delete(org().org_id, row["id"])
+    await s.stores.devices.delete(org().org_id, row["id"])
     link = s.links.get(row["id"])
     if link is not None:
         link.close(Close.CREDENTIAL_REVOKED, "the device was unpaired: its token is revoked")

@@ -49,7 +49,7 @@ class DiagnosisEnvelope(BaseModel):
 async def device_diagnosis(device_id: str):
     s = services()
     row = await _load(device_id, "viewer")
-    newest = await s.memtests.results(org().org_id, row["id"], 1)
+    newest = await s.stores.memtests.results(org().org_id, row["id"], 1)
     refused = s.metrics.refused_frames.get(row["id"])
     issues = diagnosis(row.get("conditions") or [], newest[0] if newest else None,
                        None if refused is None else {"count": refused.count, "lastAt": refused.last_at,

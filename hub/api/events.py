@@ -80,14 +80,14 @@ async def list_events(query_args: EventsQuery):
     kinds = kinds_of(q.type)
     org_id = org().org_id
     everything, ids, fleets = await scope_for_list(s, "viewer", "device")
-    last, pruned = await s.event_log.cursors(org_id)
+    last, pruned = await s.stores.event_log.cursors(org_id)
     if q.after < pruned:
         raise Gone(f"events after cursor {q.after} are past the event log's retention; the oldest cursor "
                    f"to resume from is {pruned}", details={"oldestCursor": pruned})
     if q.after > last:
         raise BadRequest(f"cursor {q.after} is ahead of this organisation's event log (at {last})",
                          code="invalid_cursor")
-    page = await s.event_log.page(org_id, q.after, limit=q.limit, types=kinds, subject=q.subject,
+    page = await s.stores.event_log.page(org_id, q.after, limit=q.limit, types=kinds, subject=q.subject,
                                   visibility=Visibility(everything, frozenset(ids), frozenset(fleets)))
     # A full page ends at its last event. A short one holds every match up to ``last`` (read before
     # it, and an organisation's events commit in cursor order) and maybe some after it.

@@ -102,7 +102,7 @@ def fleet_json(row: dict) -> dict:
 async def _check_config(config_id: uuid.UUID | None) -> None:
     if config_id is None:
         return
-    if not await services().identity.object_in_org(org().org_id, "configuration", config_id):
+    if not await services().stores.identity.object_in_org(org().org_id, "configuration", config_id):
         raise BadRequest("config_id: no such configuration in this organisation", code="invalid_reference")
     await require_deploy(services(), config_id)
 
@@ -114,7 +114,7 @@ async def _check_config(config_id: uuid.UUID | None) -> None:
 async def list_fleets(query_args: FleetQuery):
     s = services()
     everything, ids, fleets = await scope_for_list(s, "viewer", "fleet")
-    rows, total = await s.fleets.list(org().org_id, offset=query_args.offset, limit=query_args.limit,
+    rows, total = await s.stores.fleets.list(org().org_id, offset=query_args.offset, limit=query_args.limit,
                                       only=None if everything else ids | fleets, name=query_args.name)
     return {"data": [fleet_json(r) for r in rows],
             "pagination": pagination(query_args.page, query_args.limit, total)}
@@ -128,7 +128,7 @@ async def create_fleet(data: FleetCreate):
     s = services()
     await require_org(s, "editor")
     await _check_config(data.config_id)
-    row = await s.fleets.create(org().org_id, s.clock.now(), **data.model_dump())
+    row = await s.stores.fleets.create(org().org_id, s.clock.now(), **data.model_dump())
     return {"data": fleet_json({**row, "device_count": 0})}, 201
 
 
@@ -141,7 +141,7 @@ async def get_fleet(fleet_id: str):
 
 async def _load(fleet_id: str, relation: str) -> dict:
     s = services()
-    row = await s.fleets.get(org().org_id, parse_uuid(fleet_id, "fleet_id"))
+    row = await s.stores.fleets.get(org().org_id, parse_uuid(fleet_id, "fleet_id"))
     if row is None:
         raise NotFound("fleet not found")
     await authorize(s, relation, Obj("fleet", row["id"], row["id"]))
@@ -160,12 +160,12 @@ async def update_fleet(fleet_id: str, data: FleetUpdate):
         if key in changes and changes[key] is None:
             raise BadRequest(f"{key}: cannot be null", code="invalid_field")
     await _check_config(changes.get("config_id"))
-    before = await s.fleets.registry_proxy_mode(fid)
-    row = await s.fleets.update(org().org_id, fid, s.clock.now(), changes)
+    before = await s.stores.fleets.registry_proxy_mode(fid)
+    row = await s.stores.fleets.update(org().org_id, fid, s.clock.now(), changes)
     if row is None:
         raise NotFound("fleet not found")
-    if await s.fleets.registry_proxy_mode(fid) != before:
+    if await s.stores.fleets.registry_proxy_mode(fid) != before:
         # the devices pull their images by it: those running containers get it now, not at their next version
         await send_pull_settings(s, org().org_id, fleet_id=fid)
-    full = await s.fleets.get(org().org_id, fid)
+    full = await s.stores.fleets.get(org().org_id, fid)
     return {"data": fleet_json(full)}

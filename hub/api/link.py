@@ -231,7 +231,7 @@ async def device_link(s, ws: AsgiWebSocket) -> None:
     no helper coroutine between, because every frame that waits is memory per connected device. An
     error (the database unreachable, say) ends this link only: asgi_websocket.serve answers it."""
     token = _device_token(ws)
-    row = await s.devices.find_by_token(digest(token)) if token else None
+    row = await s.stores.devices.find_by_token(digest(token)) if token else None
     if row is None:
         s.metrics.device_rejects += 1
         refused = Unauthenticated("a valid device token is required")

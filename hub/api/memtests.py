@@ -148,7 +148,7 @@ async def _json_object() -> dict[str, Any]:
 async def _device(device_id: str, relation: str) -> dict:
     s = services()
     # A malformed id is the caller's 400 bad_uuid, as on every other path (hub/api/common.parse_uuid).
-    row = await s.devices.get(org().org_id, parse_uuid(device_id, "device id"))
+    row = await s.stores.devices.get(org().org_id, parse_uuid(device_id, "device id"))
     if row is None:
         raise NotFound("device not found")
     await authorize(s, relation, device_obj(row))
@@ -244,7 +244,7 @@ async def memory_test_status(id: str):  # noqa: A002 — the spec's path paramet
             # Firmware without memory tests answers live (supported false); a device that is gone,
             # silent or failing is read from what the hub stored.
             live = {"supported": False} if exc.code == "unsupported" else None
-    stored = await s.memtests.stored(org().org_id, row["id"], HISTORY)
+    stored = await s.stores.memtests.stored(org().org_id, row["id"], HISTORY)
     if live is not None:
         history = live.get("history") if isinstance(live.get("history"), list) else stored["history"]
         data = {"source": "live", "supported": bool(live.get("supported", True)),
@@ -303,4 +303,4 @@ async def memory_test_results(id: str):  # noqa: A002 — the spec's path parame
         if not 1 <= limit <= RESULTS_MAX:
             raise invalid(f"limit: must be between 1 and {RESULTS_MAX}")
     row = await _device(device_id, "viewer")
-    return {"data": {"results": [served(r, "stored") for r in await s.memtests.results(org().org_id, row["id"], limit)]}}
+    return {"data": {"results": [served(r, "stored") for r in await s.stores.memtests.results(org().org_id, row["id"], limit)]}}

@@ -66,7 +66,7 @@ async def _throttle(key: tuple) -> object | None:
     it on every node (hub/cluster/limits.py)."""
     s = services()
     limit = {"addr": PER_ADDRESS, "client": PER_CLIENT_CEILING}.get(key[0], PER_CLIENT)
-    decision = await s.topology.limits.hit_burst(s.token_limiter, key, limit, s.clock.now())
+    decision = await s.topology.limits.hit_burst(s.access.token_limiter, key, limit, s.clock.now())
     current = getattr(g, "ratelimit", None)
     if current is None or not decision.allowed or decision.remaining < current.remaining:
         g.ratelimit = decision
@@ -151,14 +151,14 @@ async def token():
         refused = await _throttle(key)
         if refused is not None:
             return refused
-    account = await s.identity.find_client(client_id)
+    account = await s.stores.identity.find_client(client_id)
     if account is None or not hmac.compare_digest(account["secret_hash"], digest(client_secret)):
         return _oauth_error("invalid_client", "unknown client or wrong secret", 401,
                             basic_challenge=True)
     requested = form.get("scope")
     if requested not in (None, "", "api"):
         return _oauth_error("invalid_scope", "the only scope is 'api'")
-    access_token = s.token_signer.issue(account["id"], account["org_id"], s.clock.now())
+    access_token = s.access.token_signer.issue(account["id"], account["org_id"], s.clock.now())
     response = jsonify({"access_token": access_token, "token_type": "Bearer", "expires_in": TOKEN_LIFETIME,
                         "scope": "api"})
     response.headers.update(_NO_STORE)

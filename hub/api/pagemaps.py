@@ -73,7 +73,7 @@ def _run_id(value: str) -> str:
 async def _device_from_token() -> dict[str, Any]:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     token = token.strip()
-    row = await services().devices.find_by_token(digest(token)) if scheme.lower() == "bearer" and token else None
+    row = await services().stores.devices.find_by_token(digest(token)) if scheme.lower() == "bearer" and token else None
     if row is None:
         raise Unauthenticated("a valid device token is required")
     return row
@@ -83,7 +83,7 @@ async def _throttle(device_id) -> None:
     """Count one upload of this device, on every node of a cluster (hub/cluster/limits.py)."""
     s = services()
     key = ("page-map", str(device_id))
-    decision = await s.topology.limits.hit_burst(s.upload_limiter, key, UPLOADS_PER_MINUTE, s.clock.now())
+    decision = await s.topology.limits.hit_burst(s.access.upload_limiter, key, UPLOADS_PER_MINUTE, s.clock.now())
     if not decision.allowed:
         raise RateLimited(f"at most {UPLOADS_PER_MINUTE} page-map uploads a minute per device",
                           code="rate_limited", retry_after=decision.retry_after)
@@ -106,7 +106,7 @@ async def upload_page_map(run_id: str):
         doc = pagemap.parse(body, run_id)
     except pagemap.Invalid as exc:
         raise BadRequest(f"page map: {exc}", code="invalid") from None
-    if not await s.memtests.save_page_map(device["org_id"], device["id"], run_id, pages=doc["pagesWithErrors"],
+    if not await s.stores.memtests.save_page_map(device["org_id"], device["id"], run_id, pages=doc["pagesWithErrors"],
                                           complete=doc["complete"], body=body, at=s.clock.now(),
                                           keep=KEEP_PER_DEVICE):
         raise NotFound("this device has no stored result of that run", code="run_not_found")
@@ -121,7 +121,7 @@ async def read_page_map(device_id: str, run_id: str):
     """A run's full per-page error map, as the device uploaded it (404 when it did not)."""
     s = services()
     row = await _device(device_id, "viewer")
-    stored = await s.memtests.page_map(org().org_id, row["id"], _run_id(run_id))
+    stored = await s.stores.memtests.page_map(org().org_id, row["id"], _run_id(run_id))
     if stored is None:
         raise NotFound("no page map was uploaded for this run")
     doc = pagemap.parse(bytes(stored["body"]), run_id)  # checked when stored: bounded

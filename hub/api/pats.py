@@ -64,7 +64,7 @@ async def create_pat(data: PatCreate):
         if data.expires_at <= now:
             raise BadRequest("expires_at: must be in the future", code="invalid_field")
     pat_id, secret = new_pat()
-    row = await s.tokens.create_pat(pat_id, _user_id(), digest(secret), now,
+    row = await s.stores.tokens.create_pat(pat_id, _user_id(), digest(secret), now,
                                     description=data.description, expires_at=data.expires_at)
     return {"data": {**_pat_json(row), "secret": secret}}, 201
 
@@ -74,7 +74,7 @@ async def create_pat(data: PatCreate):
 @responds(PatList)
 @errors(401)
 async def list_pats():
-    rows = await services().tokens.list_pats(_user_id())
+    rows = await services().stores.tokens.list_pats(_user_id())
     return {"data": [_pat_json(r) for r in rows]}
 
 
@@ -89,7 +89,7 @@ class PatDeleted(BaseModel):
 @errors(401, 404)
 async def delete_pat(pat_id: str):
     s = services()
-    if not await s.tokens.delete_pat(pat_id, _user_id()):
+    if not await s.stores.tokens.delete_pat(pat_id, _user_id()):
         raise NotFound("token not found")
     await s.invalidate(f"pat:{pat_id}")  # revoked for the very next request, in every hub process
     return {"data": {"id": pat_id, "deleted": True}}

@@ -86,8 +86,8 @@ async def put_credential(data: CredentialIn):
     registry = check_registry(data.registry)
     _printable(data.username, "username")
     _printable(data.password, "password")
-    row, created = await s.registry_credentials.put(org().org_id, registry, data.username,
-                                                    s.secret_box.seal(data.password.encode()), s.clock.now())
+    row, created = await s.stores.registry_credentials.put(org().org_id, registry, data.username,
+                                                    s.stores.secret_box.seal(data.password.encode()), s.clock.now())
     g.audit_details = {"registry": registry, "username": data.username, "replaced": not created}
     await send_pull_settings(s, org().org_id, registry=registry)
     return {"data": _json(row)}, 201 if created else 200
@@ -100,7 +100,7 @@ async def list_credentials():
     """The organisation's registry logins: registry, username and times, never the password."""
     s = services()
     await require_org(s, "viewer")
-    return {"data": [_json(r) for r in await s.registry_credentials.list(org().org_id)]}
+    return {"data": [_json(r) for r in await s.stores.registry_credentials.list(org().org_id)]}
 
 
 @bp.delete("/registry-credentials/<credentialId>")
@@ -111,7 +111,7 @@ async def delete_credential(credentialId: str):
     devices running a version from that registry drop it. Needs editor on the organisation."""
     s = services()
     await require_org(s, "editor")
-    row = await s.registry_credentials.delete(org().org_id, parse_uuid(credentialId, "credentialId"))
+    row = await s.stores.registry_credentials.delete(org().org_id, parse_uuid(credentialId, "credentialId"))
     if row is None:
         raise NotFound("no such registry credential in this organisation")
     g.audit_details = {"registry": row["registry"], "username": row["username"]}
@@ -123,9 +123,9 @@ async def send_pull_settings(s, org_id, *, registry: str | None = None, fleet_id
     """The devices running a container version that pulls from ``registry`` (any, when None), of
     ``fleet_id`` (or the one ``device_id``) when given, get their logins and proxy mode now: linked ones
     told here, as for a configuration's secret file; the others at their next hello, by the flag."""
-    versions = [vid for vid, spec in await s.registry_credentials.running_versions(org_id)
+    versions = [vid for vid, spec in await s.stores.registry_credentials.running_versions(org_id)
                 if registry is None or registry in registries_of(spec)]
-    for device_id in await s.devices.mark_pull_settings_stale(org_id, versions, fleet_id, device_id):
+    for device_id in await s.stores.devices.mark_pull_settings_stale(org_id, versions, fleet_id, device_id):
         await tell_linked(s, device_id, SendPullSettings())
 
 
@@ -133,5 +133,5 @@ async def opened_for(org_id, registries) -> dict[str, tuple[str, str]]:
     """registry -> (username, password) for those of ``registries`` the organisation has a credential
     for; opened here, for the one use the caller makes of them."""
     s = services()
-    sealed = await s.registry_credentials.sealed_for(org_id, set(registries))
-    return {r: (user, s.secret_box.open(c).decode()) for r, (user, c) in sealed.items()}
+    sealed = await s.stores.registry_credentials.sealed_for(org_id, set(registries))
+    return {r: (user, s.stores.secret_box.open(c).decode()) for r, (user, c) in sealed.items()}

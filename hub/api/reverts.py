@@ -60,7 +60,7 @@ async def _revert_body() -> RevertIn:
 
 async def _fleet(fleet_id: uuid.UUID) -> dict:
     s = services()
-    fleet = await s.fleets.get(org().org_id, fleet_id)
+    fleet = await s.stores.fleets.get(org().org_id, fleet_id)
     if fleet is None:
         raise NotFound("fleet not found")
     await authorize(s, "editor", Obj("fleet", fleet["id"], fleet["id"]))
@@ -69,7 +69,7 @@ async def _fleet(fleet_id: uuid.UUID) -> dict:
 
 async def _version(version_id: uuid.UUID) -> dict:
     s = services()
-    version = await s.configs.version(org().org_id, version_id)
+    version = await s.stores.configs.version(org().org_id, version_id)
     if version is None:  # removed with its configuration since
         raise Conflict("the version to go back to no longer exists", code="no_earlier_version")
     await require_deploy(s, version["config_id"])  # a revert delivers too (docs/security.md)
@@ -86,14 +86,14 @@ async def revert_fleet(fleet_id: str):
     s = services()
     data = await _revert_body()
     fleet = await _fleet(parse_uuid(fleet_id, "fleet_id"))
-    newest = await s.rollouts.latest_of_fleet(org().org_id, fleet["id"])
+    newest = await s.stores.rollouts.latest_of_fleet(org().org_id, fleet["id"])
     if newest is not None and newest["state"] in ACTIVE:
         raise await active_rollout_conflict(newest["id"])
-    last = await s.rollouts.latest_of_fleet(org().org_id, fleet["id"], reverts=False)
+    last = await s.stores.rollouts.latest_of_fleet(org().org_id, fleet["id"], reverts=False)
     if last is None:
         raise Conflict("the fleet has had no rollout: there is no earlier version to go back to",
                        code="no_earlier_version")
-    before = await s.rollouts.versions_before(last["id"], fleet["id"])
+    before = await s.stores.rollouts.versions_before(last["id"], fleet["id"])
     if not before:
         raise Conflict(f"before rollout {last['id']} the fleet's devices ran no other version",
                        code="no_earlier_version")
@@ -123,7 +123,7 @@ async def revert_device(device_id: str):
     over this device alone."""
     s = services()
     data = await _revert_body()
-    device = await s.devices.get(org().org_id, parse_uuid(device_id, "device_id"))
+    device = await s.stores.devices.get(org().org_id, parse_uuid(device_id, "device_id"))
     if device is None:
         raise NotFound("device not found")
     await authorize(s, "editor", Obj("device", device["id"], device["fleet_id"]))

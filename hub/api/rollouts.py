@@ -53,7 +53,7 @@ async def _fleets(fleet_ids: list[uuid.UUID]) -> list[dict]:
     s = services()
     fleets = []
     for fid in dict.fromkeys(fleet_ids):
-        fleet = await s.fleets.get(org().org_id, fid)
+        fleet = await s.stores.fleets.get(org().org_id, fid)
         if fleet is None:
             raise BadRequest(f"fleet {fid} is not in this organisation", code="invalid_reference")
         await authorize(s, "editor", Obj("fleet", fid, fid))
@@ -81,7 +81,7 @@ async def _next_openings(fleet_ids: set[uuid.UUID]) -> dict[uuid.UUID, str | Non
     """When each fleet's update window next opens (RFC 3339), None where it is open now or there is
     none: the same computation as GET /v1/fleets/{id}/update-window/check."""
     s = services()
-    stored = await s.windows.get_many(org().org_id, list(fleet_ids)) if fleet_ids else {}
+    stored = await s.stores.windows.get_many(org().org_id, list(fleet_ids)) if fleet_ids else {}
     now = s.clock.now()
     return {fid: rfc3339(check(_window({"update_window": raw}), now).next_window_at) for fid, raw in stored.items()}
 
@@ -113,7 +113,7 @@ def _eligibility(device: dict, fleet: dict, live: dict | None, version: dict) ->
 
 async def _fleet_devices(fleet: dict) -> list[tuple[dict, dict | None]]:
     s = services()
-    rows, _ = await s.devices.list(org().org_id, offset=0, limit=100_000, fleet_id=fleet["id"])
+    rows, _ = await s.stores.devices.list(org().org_id, offset=0, limit=100_000, fleet_id=fleet["id"])
     out = []
     for row in rows:
         # None: not live here (offline; in a cluster, held by another node, whose presence row says it)
@@ -185,7 +185,7 @@ async def _selected(data: RolloutSelection, *, authorize_config: bool) -> tuple[
     config_id, version_id = data.configuration(), data.version()
     named = "target_version_id" if data.target_version_id is not None else "version_id"
     if config_id is not None:
-        found = await s.configs.get(org().org_id, config_id)
+        found = await s.stores.configs.get(org().org_id, config_id)
         if found is None:
             raise BadRequest("configuration not in this organisation", code="invalid_reference")
         version = found[1]
@@ -193,7 +193,7 @@ async def _selected(data: RolloutSelection, *, authorize_config: bool) -> tuple[
         raise BadRequest(f"target_version_id: give a version, or {ONE_CONFIG} (its current version)",
                          code="missing_field")
     if version_id is not None:
-        version = await s.configs.version(org().org_id, version_id)
+        version = await s.stores.configs.version(org().org_id, version_id)
         if version is None:
             raise BadRequest(f"{named}: no such configuration version in this organisation",
                              code="invalid_reference")
@@ -313,7 +313,7 @@ async def start_rollout(fleets: list[dict], config_id: uuid.UUID, version: dict,
 
 async def _rollout_json(rollout_id: uuid.UUID) -> dict:
     s = services()
-    found = await s.rollouts.get(org().org_id, rollout_id)
+    found = await s.stores.rollouts.get(org().org_id, rollout_id)
     if found is None:
         raise NotFound("rollout not found")
     row, steps = found
@@ -374,7 +374,7 @@ async def list_rollouts(query_args: RolloutQuery):
     s = services()
     # As GET /v1/rollouts/{id}: a rollout is listed only to a caller with viewer on each of its fleets.
     everything, ids, fleets = await scope_for_list(s, "viewer", "fleet")
-    rows, total = await s.rollouts.list(org().org_id, offset=query_args.offset, limit=query_args.limit,
+    rows, total = await s.stores.rollouts.list(org().org_id, offset=query_args.offset, limit=query_args.limit,
                                         state=query_args.state, only_fleets=None if everything else ids | fleets)
     openings = await _next_openings({fid for r in rows for fid in r["queued_by_fleet"]})
     return {"data": [jsonable({**{k: r[k] for k in ("id", "state", "reason", "fleet_ids", "config_id", "version_id",
@@ -389,7 +389,7 @@ async def active_rollout_conflict(rollout_id: uuid.UUID) -> Conflict:
     """409 rollout_active, naming the active rollout only to a caller who may view it (viewer on
     every one of its fleets): another's id would be a handle on something they get 403 for."""
     s = services()
-    found = await s.rollouts.get(org().org_id, rollout_id)
+    found = await s.stores.rollouts.get(org().org_id, rollout_id)
     visible = found is not None
     for fid in found[0]["fleet_ids"] if found is not None else ():
         try:
@@ -406,7 +406,7 @@ async def active_rollout_conflict(rollout_id: uuid.UUID) -> Conflict:
 
 async def _load(rollout_id: str, relation: str) -> dict:
     s = services()
-    found = await s.rollouts.get(org().org_id, parse_uuid(rollout_id, "rollout_id"))
+    found = await s.stores.rollouts.get(org().org_id, parse_uuid(rollout_id, "rollout_id"))
     if found is None:
         raise NotFound("rollout not found")
     for fid in found[0]["fleet_ids"]:
@@ -415,7 +415,7 @@ async def _load(rollout_id: str, relation: str) -> dict:
 
 
 async def _rollout_org(services, rollout_id: str) -> uuid.UUID | None:
-    return await services.rollouts.org_of(parse_uuid(rollout_id, "rollout_id"))
+    return await services.stores.rollouts.org_of(parse_uuid(rollout_id, "rollout_id"))
 
 
 @bp.get("/<rollout_id>")

@@ -92,12 +92,12 @@ async def secret_file_owner(kind: str, raw_id: str, relation: str) -> Owner:
     ``relation`` on it; 404 when it is not in the organisation."""
     s = services()
     if kind == "config":
-        found = await s.configs.get(org().org_id, parse_uuid(raw_id, "configId"))
+        found = await s.stores.configs.get(org().org_id, parse_uuid(raw_id, "configId"))
         if found is None:
             raise NotFound("configuration not found")
         await authorize(s, relation, Obj("configuration", found[0]["id"]))
         return Owner("config", found[0]["id"])
-    device = await s.devices.get(org().org_id, parse_uuid(raw_id, "deviceId"))
+    device = await s.stores.devices.get(org().org_id, parse_uuid(raw_id, "deviceId"))
     if device is None:
         raise NotFound("device not found")
     await authorize(s, relation, Obj("device", device["id"], device["fleet_id"]))
@@ -105,7 +105,7 @@ async def secret_file_owner(kind: str, raw_id: str, relation: str) -> Owner:
 
 
 async def _list(owner: Owner):
-    files = await services().secrets.list(org().org_id, owner)
+    files = await services().stores.secrets.list(org().org_id, owner)
     if files is None:
         raise NotFound("not found")
     return {"data": [file_json(f) for f in files]}
@@ -117,8 +117,8 @@ async def _upload(owner: Owner, data: Upload):
     sha = hashlib.sha256(content).hexdigest()
     now = s.clock.now()
     try:
-        row = await s.secrets.upsert(org().org_id, owner, now, path=data.path, mode=mode, uid=data.uid, gid=data.gid,
-                                     ciphertext=s.secret_box.seal(content), size=len(content), sha256=sha)
+        row = await s.stores.secrets.upsert(org().org_id, owner, now, path=data.path, mode=mode, uid=data.uid, gid=data.gid,
+                                     ciphertext=s.stores.secret_box.seal(content), size=len(content), sha256=sha)
     except OwnerMissing:
         raise NotFound("not found") from None
     except LimitExceeded as exc:
@@ -134,9 +134,9 @@ async def _upload(owner: Owner, data: Upload):
         # with their next version or at their next hello (actors/device_delivery.py). Whether a device
         # is linked is asked of the live actors, never of the presence row: that row is written behind,
         # and a device whose hello fell inside the gap would have got the file neither way.
-        for device_id in await s.secrets.devices_running_config_waiting(row["id"]):
+        for device_id in await s.stores.secrets.devices_running_config_waiting(row["id"]):
             await tell_linked(s, device_id, ApplyConfig())
-    files = await s.secrets.list(org().org_id, owner) or []
+    files = await s.stores.secrets.list(org().org_id, owner) or []
     saved = next(f for f in files if f["id"] == row["id"])
     created = row["created_at"] == row["updated_at"]
     return {"data": file_json(saved)}, 201 if created else 200
@@ -144,7 +144,7 @@ async def _upload(owner: Owner, data: Upload):
 
 async def _delete(owner: Owner, file_id: str):
     s = services()
-    result = await s.secrets.delete(org().org_id, owner, parse_uuid(file_id, "fileId"), s.clock.now())
+    result = await s.stores.secrets.delete(org().org_id, owner, parse_uuid(file_id, "fileId"), s.clock.now())
     if result is None:
         raise NotFound("secret file not found")
     path, devices = result

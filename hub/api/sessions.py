@@ -60,7 +60,7 @@ async def login(data: Login):
     attempt = await s.topology.limits.reserve_login(data.email, addr, now)  # a cluster's: on every node
     if not attempt.allowed:
         raise RateLimited("too many failed sign-in attempts; try again later", retry_after=attempt.wait)
-    user = await s.orgs.get_user_by_email(data.email)
+    user = await s.stores.orgs.get_user_by_email(data.email)
     # Hash even for an unknown account so timing does not tell which accounts exist.
     stored = user["password_hash"] if user else None
     ok = await trio.to_thread.run_sync(verify_password, stored or _dummy_hash(), data.password)
@@ -69,7 +69,7 @@ async def login(data: Login):
     await s.topology.limits.login_succeeded(attempt)
     session_id, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(24)
     expires = now + SESSION_LIFETIME
-    await s.identity.create_session(digest(session_id), user["id"], csrf, now, expires, addr)
+    await s.stores.identity.create_session(digest(session_id), user["id"], csrf, now, expires, addr)
     response = jsonify({"data": jsonable({"userId": user["id"], "email": user["email"], "csrfToken": csrf,
                                           "expiresAt": expires})})
     response.set_cookie(SESSION_COOKIE, session_id, max_age=int(SESSION_LIFETIME.total_seconds()), path="/",
@@ -90,7 +90,7 @@ async def logout():
     if principal().via != "session":
         raise BadRequest("logout ends a dashboard session; API tokens are deleted instead", code="not_a_session")
     h = g.session_hash
-    await s.identity.delete_session(h)
+    await s.stores.identity.delete_session(h)
     await s.invalidate(f"session:{h.hex()}")
     response = jsonify({"data": {"signedOut": True}})
     response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="Strict")

@@ -101,16 +101,16 @@ async def _resume_point(s: Any, org_id: uuid.UUID, subject: str | None) -> Repla
     if not s.settings.event_log:
         return None
     asked = _last_event_id()
-    last, pruned = await s.event_log.cursors(org_id)
+    last, pruned = await s.stores.event_log.cursors(org_id)
     if asked is None:
-        return Replay(s.event_log, org_id, subject, last, snapshot=True)
+        return Replay(s.stores.event_log, org_id, subject, last, snapshot=True)
     if asked < pruned:
         raise Gone(f"events after cursor {asked} are past the event log's retention; the oldest cursor "
                    f"to resume from is {pruned}", details={"oldestCursor": pruned})
     if asked > last:
         raise BadRequest(f"cursor {asked} is ahead of this organisation's event log (at {last})",
                          code="invalid_cursor")
-    return Replay(s.event_log, org_id, subject, asked, snapshot=False)
+    return Replay(s.stores.event_log, org_id, subject, asked, snapshot=False)
 
 
 async def stream_response(subscription: Subscriber, first: dict, dropped: dict,

@@ -140,13 +140,13 @@ async def _fleets(fleet_ids: list[uuid.UUID] | None) -> list[uuid.UUID] | None:
         return None
     s = services()
     for fid in fleet_ids:
-        if await s.fleets.get(org().org_id, fid) is None:
+        if await s.stores.fleets.get(org().org_id, fid) is None:
             raise BadRequest(f"fleet {fid} is not in this organisation", code="unknown_fleet")
     return list(dict.fromkeys(fleet_ids))
 
 
 async def _endpoint(webhook_id: str) -> dict:
-    row = await services().webhooks.get(org().org_id, parse_uuid(webhook_id, "webhook_id"))
+    row = await services().stores.webhooks.get(org().org_id, parse_uuid(webhook_id, "webhook_id"))
     if row is None:
         raise NotFound("no such webhook endpoint in this organisation")
     return row
@@ -169,7 +169,7 @@ async def create_webhook(data: WebhookIn):
     fleets = await _fleets(data.fleet_ids)
     url = await _url(data.url)  # last: it may ask DNS
     secret = signing.new_secret()
-    row = await s.webhooks.create(org().org_id, url, types, fleets, s.secret_box.seal(secret.encode()),
+    row = await s.stores.webhooks.create(org().org_id, url, types, fleets, s.stores.secret_box.seal(secret.encode()),
                                   s.clock.now())
     g.audit_details = {"webhookId": str(row["id"]), "eventTypes": types}
     if (deliverer := _deliverer()) is not None:
@@ -183,7 +183,7 @@ async def create_webhook(data: WebhookIn):
 async def list_webhooks():
     """The organisation's webhook endpoints with their health (organisation admins)."""
     await require_admin()
-    return {"data": [_json(r) for r in await services().webhooks.list(org().org_id)]}
+    return {"data": [_json(r) for r in await services().stores.webhooks.list(org().org_id)]}
 
 
 @bp.get("/webhooks/<webhook_id>")
@@ -208,7 +208,7 @@ async def update_webhook(webhook_id: str, data: WebhookPatch):
     types = _types(data.event_types) if data.event_types is not None else None
     clear = "fleet_ids" in data.model_fields_set and data.fleet_ids is None
     fleets = await _fleets(data.fleet_ids)
-    row = await s.webhooks.update(org().org_id, row["id"], s.clock.now(), url=url, event_types=types,
+    row = await s.stores.webhooks.update(org().org_id, row["id"], s.clock.now(), url=url, event_types=types,
                                   fleet_ids=fleets, clear_fleets=clear, enabled=data.enabled)
     if row is None:
         raise NotFound("no such webhook endpoint in this organisation")
@@ -226,7 +226,7 @@ async def delete_webhook(webhook_id: str):
     s = services()
     await require_admin()
     row = await _endpoint(webhook_id)
-    if not await s.webhooks.delete(org().org_id, row["id"]):
+    if not await s.stores.webhooks.delete(org().org_id, row["id"]):
         raise NotFound("no such webhook endpoint in this organisation")
     g.audit_details = {"webhookId": str(row["id"])}
     if (deliverer := _deliverer()) is not None:
@@ -242,16 +242,16 @@ async def list_deliveries(webhook_id: str, query_args: DeliveriesQuery):
     """The endpoint's delivery log, newest first: each attempt's status, latency and answer excerpt."""
     await require_admin()
     row = await _endpoint(webhook_id)
-    rows = await services().webhooks.deliveries(row["id"], limit=query_args.limit, before=query_args.before)
+    rows = await services().stores.webhooks.deliveries(row["id"], limit=query_args.limit, before=query_args.before)
     return {"data": [_delivery_json(r) for r in rows]}
 
 
 async def _send_logged(row: dict, event: dict) -> dict:
     s = services()
-    secret = s.secret_box.open(await s.webhooks.secret(row["id"])).decode()
+    secret = s.stores.secret_box.open(await s.stores.webhooks.secret(row["id"])).decode()
     outcome = await send(s, row["url"], secret, event)
     attempt = attempt_of(event, outcome, 1, s.clock.now(), manual=True)
-    logged = await s.webhooks.log_manual(row["id"], attempt)
+    logged = await s.stores.webhooks.log_manual(row["id"], attempt)
     return _delivery_json({"id": logged, "org_seq": attempt.org_seq, "event_id": attempt.event_id, "type": attempt.type,
                            "attempt": 1, "status": attempt.status, "ok": attempt.ok,
                            "latency_ms": attempt.latency_ms, "excerpt": attempt.excerpt, "error": attempt.error,
@@ -288,7 +288,7 @@ async def redeliver(webhook_id: str, data: RedeliverIn):
     last = data.to if data.to is not None else data.from_
     if last < data.from_:
         raise BadRequest("to must not be before from", code="invalid_range")
-    events = await s.event_log.page(org().org_id, data.from_ - 1, limit=MAX_REDELIVER + 1,
+    events = await s.stores.event_log.page(org().org_id, data.from_ - 1, limit=MAX_REDELIVER + 1,
                                     types=kinds(list(row["event_types"])), fleets_any=row["fleet_ids"], upto=last)
     if len(events) > MAX_REDELIVER:
         raise BadRequest(f"at most {MAX_REDELIVER} events are redelivered at once: narrow the range",

@@ -116,7 +116,7 @@ class WindowCheckEnvelope(BaseModel):
 
 
 def _windows() -> UpdateWindows:
-    return services().windows
+    return services().stores.windows
 
 
 def _parsed(fields: dict[str, Any]) -> UpdateWindow:

@@ -104,10 +104,10 @@ async def _find_device(services, scope: _Scope, ref: Any) -> dict | None:
         return None
     org_id = scope.caller.org_id
     try:
-        row = await services.devices.get(org_id, uuid.UUID(ref.strip()))
+        row = await services.stores.devices.get(org_id, uuid.UUID(ref.strip()))
     except ValueError:
         everything, ids, fleets = scope.listing("device")
-        rows, _ = await services.devices.list(org_id, offset=0, limit=500,
+        rows, _ = await services.stores.devices.list(org_id, offset=0, limit=500,
                                               only=None if everything else (ids, fleets))
         row = next((r for r in rows if r["name"] == ref.strip()), None)
     if row is None or not scope.may("viewer", Obj("device", row["id"], row["fleet_id"])):
@@ -120,7 +120,7 @@ _NOT_VISIBLE = {"error": "not_found", "message": "no such device is visible to y
 
 async def list_fleets(services, scope: _Scope, args: dict) -> dict:
     everything, ids, fleets = scope.listing("fleet")
-    rows, total = await services.fleets.list(scope.caller.org_id, offset=0, limit=MAX_ROWS,
+    rows, total = await services.stores.fleets.list(scope.caller.org_id, offset=0, limit=MAX_ROWS,
                                              only=None if everything else ids | fleets)
     return {"fleets": [{k: v for k, v in fleet_json(r).items() if k in ("id", "name", "device_count")}
                        for r in rows], "total": total}
@@ -135,7 +135,7 @@ async def list_devices(services, scope: _Scope, args: dict) -> dict:
         except ValueError:
             return {"error": "invalid", "message": "fleet_id is not a valid id"}
     online = args.get("online") if isinstance(args.get("online"), bool) else None
-    rows, total = await services.devices.list(scope.caller.org_id, offset=0, limit=MAX_ROWS, fleet_id=fleet_id,
+    rows, total = await services.stores.devices.list(scope.caller.org_id, offset=0, limit=MAX_ROWS, fleet_id=fleet_id,
                                               only=None if everything else (ids, fleets))
     devices = [_device_summary(services, r) for r in rows]
     if online is not None:
@@ -194,7 +194,7 @@ async def memory_test_status(services, scope: _Scope, args: dict) -> dict:
 
 async def list_rollouts(services, scope: _Scope, args: dict) -> dict:
     state = args.get("state") if isinstance(args.get("state"), str) else None
-    rows, _ = await services.rollouts.list(scope.caller.org_id, offset=0, limit=200, state=state)
+    rows, _ = await services.stores.rollouts.list(scope.caller.org_id, offset=0, limit=200, state=state)
     # As GET /v1/rollouts/{id}: a rollout is visible with viewer on every fleet it covers.
     mine = [r for r in rows if all(scope.may("viewer", Obj("fleet", f, f)) for f in r["fleet_ids"])]
     return {"rollouts": [jsonable({k: r[k] for k in ("id", "state", "reason", "fleet_ids", "config_id",
@@ -205,7 +205,7 @@ async def list_rollouts(services, scope: _Scope, args: dict) -> dict:
 async def list_configurations(services, scope: _Scope, args: dict) -> dict:
     everything, ids, _ = scope.listing("configuration")
     search = args.get("search") if isinstance(args.get("search"), str) else None
-    rows, total = await services.configs.list(scope.caller.org_id, offset=0, limit=MAX_ROWS, search=search or None,
+    rows, total = await services.stores.configs.list(scope.caller.org_id, offset=0, limit=MAX_ROWS, search=search or None,
                                               status=None, sort_by="name", sort_order="asc",
                                               only=None if everything else ids)
     return {"configurations": [{k: v for k, v in config_json(r).items()

@@ -65,9 +65,9 @@ def visible(tuples: frozenset, relation: str, object_type: str, org_id: uuid.UUI
 
 async def tuples_of(services, org_id: uuid.UUID, subject_type: str, subject_id: uuid.UUID) -> frozenset:
     async def load() -> frozenset:
-        return frozenset(await services.identity.relations_of(org_id, subject_type, subject_id))
+        return frozenset(await services.stores.identity.relations_of(org_id, subject_type, subject_id))
 
-    return await services.auth_cache.get_or_load(("relations", org_id, subject_type, subject_id), load,
+    return await services.access.auth_cache.get_or_load(("relations", org_id, subject_type, subject_id), load,
                                                  lambda _: (f"relations:{org_id}", f"subject:{subject_id}"))
 
 

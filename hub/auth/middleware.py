@@ -98,7 +98,7 @@ def cross_origin(req: Request) -> bool:
 def limit(services, key: object, tier: str | None, custom: int | None, ctx: Any) -> Decision:
     """Count the request against ``key``'s budget (the tier's limit) and keep the decision on ``ctx``
     for the answer's X-RateLimit-* headers; past the budget, RateLimited."""
-    decision = ctx.ratelimit = spend(services.rate_limiter, key, tier, custom, services.clock.now())
+    decision = ctx.ratelimit = spend(services.access.rate_limiter, key, tier, custom, services.clock.now())
     decision.raise_if_refused()
     return decision
 
@@ -201,7 +201,7 @@ def answer_decision(services, req: Request, ctx: Any):
     budget as it stands, so no /v1 answer goes without the headers."""
     decision = getattr(ctx, "ratelimit", None)
     if decision is None and req.path.startswith("/v1/"):
-        decision = services.rate_limiter.peek(("addr", client_addr(req)), limit_for(None, None), services.clock.now())
+        decision = services.access.rate_limiter.peek(("addr", client_addr(req)), limit_for(None, None), services.clock.now())
     return decision
 
 

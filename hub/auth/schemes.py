@@ -209,8 +209,8 @@ async def pat_principal(services: Any, token_id: str | None, h: bytes, org_id: u
         # The spec's PAT credential is the pair: a secret alone in X-API-Secret-Key is not one
         # (the secret alone is accepted only in its documented form, Authorization: Bearer).
         raise Unauthenticated("X-API-Secret-Key needs X-API-Token-ID beside it")
-    row = await services.auth_cache.get_or_load(
-        ("pat", h, org_id), lambda: services.tokens.find_pat_in_org(h, org_id),
+    row = await services.access.auth_cache.get_or_load(
+        ("pat", h, org_id), lambda: services.stores.tokens.find_pat_in_org(h, org_id),
         lambda r: (f"pat:{r['id']}", f"user:{r['user_id']}", f"org:{org_id}"))
     if row is None:
         raise Unauthenticated("invalid API token")
@@ -226,8 +226,8 @@ async def pat_principal(services: Any, token_id: str | None, h: bytes, org_id: u
 
 async def session_principal(services: Any, h: bytes, org_id: uuid.UUID | None):
     """The session with cookie digest ``h``, its user's role in ``org_id`` and its CSRF token."""
-    row = await services.auth_cache.get_or_load(
-        ("session", h, org_id), lambda: services.identity.find_session_in_org(h, org_id),
+    row = await services.access.auth_cache.get_or_load(
+        ("session", h, org_id), lambda: services.stores.identity.find_session_in_org(h, org_id),
         lambda r: (f"session:{h.hex()}", f"user:{r['user_id']}", f"org:{org_id}"))
     if row is None:
         raise Unauthenticated("the session ended; sign in again")
@@ -241,13 +241,13 @@ async def service_principal(services: Any, token: str, org_id: uuid.UUID | None)
     """The service account a (verified) access token names, its role in ``org_id`` ("service" in its
     own organisation, else None) and the tier of its organisation."""
     try:
-        claims = services.token_signer.verify(token, services.clock.now())
+        claims = services.access.token_signer.verify(token, services.clock.now())
     except InvalidToken as exc:
         raise Unauthenticated(str(exc)) from None
     if "api" not in claims.scope.split():
         raise Unauthenticated("the access token's scope does not cover the API")
-    home = await services.auth_cache.get_or_load(
-        ("service-org", claims.service_id), lambda: services.identity.service_account_org(claims.service_id),
+    home = await services.access.auth_cache.get_or_load(
+        ("service-org", claims.service_id), lambda: services.stores.identity.service_account_org(claims.service_id),
         lambda _: (f"service:{claims.service_id}",))
     if home is None:
         raise Unauthenticated("the service account was deleted")
@@ -261,7 +261,7 @@ async def service_principal(services: Any, token: str, org_id: uuid.UUID | None)
 
 async def org_row(services: Any, org_id: uuid.UUID) -> dict | None:
     async def load() -> dict:
-        return await services.orgs.get_org(org_id) or {}  # {}: "no such org" is cached too
+        return await services.stores.orgs.get_org(org_id) or {}  # {}: "no such org" is cached too
 
-    row = await services.auth_cache.get_or_load(("orgrow", org_id), load, lambda _: (f"org:{org_id}",))
+    row = await services.access.auth_cache.get_or_load(("orgrow", org_id), load, lambda _: (f"org:{org_id}",))
     return row or None

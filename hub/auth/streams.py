@@ -67,7 +67,7 @@ class StreamAccess:
         return frozenset(tags)
 
     def watch(self) -> Watch:
-        return self.services.auth_cache.watch(self.tags())
+        return self.services.access.auth_cache.watch(self.tags())
 
     async def check(self) -> str | None:
         """None while the caller still holds the access; else why not. Sets ``recheck_at``."""
@@ -100,7 +100,7 @@ class StreamAccess:
         was in when the stream opened (a move to a fleet the caller cannot see ends the stream)."""
         if obj.type != "device":
             return obj
-        row = await self.services.devices.get(self.org_id, obj.id)
+        row = await self.services.stores.devices.get(self.org_id, obj.id)
         return None if row is None else Obj("device", row["id"], row["fleet_id"])
 
 

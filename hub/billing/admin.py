@@ -65,12 +65,12 @@ async def run(s, args: argparse.Namespace, now: dt.datetime) -> dict:
     cmd = args.admin_command
     if cmd == "billing-profile":
         org_id = _org(args.org)
-        if await s.orgs.get_org(org_id) is None:
+        if await s.stores.orgs.get_org(org_id) is None:
             raise SystemExit(f"no organisation {org_id}")
         if args.anchor_day is not None and not 1 <= args.anchor_day <= 28:
             raise SystemExit("--anchor-day must be 1 to 28 (every month has the day)")
         try:
-            profile = await s.billing.put_profile(org_id, now, plan=args.plan, enterprise=args.enterprise,
+            profile = await s.stores.billing.put_profile(org_id, now, plan=args.plan, enterprise=args.enterprise,
                                                   anchor_day=args.anchor_day, locked=args.locked,
                                                   log_events=s.settings.event_log)
         except ValueError as exc:
@@ -78,7 +78,7 @@ async def run(s, args: argparse.Namespace, now: dt.datetime) -> dict:
         await state.changed(s, org_id)
         return _profile_json(profile)
     if cmd == "billing-profiles":
-        return {"profiles": [_profile_json(p) for p in await s.billing.profiles()]}
+        return {"profiles": [_profile_json(p) for p in await s.stores.billing.profiles()]}
     if cmd == "price":
         try:
             amount = Decimal(args.amount)
@@ -87,27 +87,27 @@ async def run(s, args: argparse.Namespace, now: dt.datetime) -> dict:
         if not amount.is_finite() or amount < 0:
             raise SystemExit("the amount must be a non-negative number")
         org_id = _org(args.org) if args.org else None
-        if org_id is not None and await s.orgs.get_org(org_id) is None:
+        if org_id is not None and await s.stores.orgs.get_org(org_id) is None:
             raise SystemExit(f"no organisation {org_id}")
         try:
             day = dt.date.fromisoformat(args.effective_from) if args.effective_from else now.date()
         except ValueError:
             raise SystemExit("--from must be YYYY-MM-DD") from None
-        row = await s.billing.set_price(args.product, org_id, day, amount, now)
+        row = await s.stores.billing.set_price(args.product, org_id, day, amount, now)
         return {"product": row["product"], "org_id": str(org_id) if org_id else None,
                 "effective_from": day.isoformat(), "unit_price": str(row["unit_price"]),
                 "unit": BY_KEY[args.product].unit}
     if cmd == "prices":
         org_id = _org(args.org) if args.org else None
-        rows = await (s.billing.prices(org_id) if org_id else s.billing.all_prices())
+        rows = await (s.stores.billing.prices(org_id) if org_id else s.stores.billing.all_prices())
         return {"prices": [{"product": r["product"], "org_id": str(r["org_id"]) if r["org_id"] else None,
                             "effective_from": r["effective_from"].isoformat(), "unit_price": str(r["unit_price"])}
                            for r in rows]}
     if cmd == "feature":
         org_id = _org(args.org)
-        if await s.orgs.get_org(org_id) is None:
+        if await s.stores.orgs.get_org(org_id) is None:
             raise SystemExit(f"no organisation {org_id}")
-        await s.billing.record_feature(org_id, args.feature, args.enabled, "operator", now)
+        await s.stores.billing.record_feature(org_id, args.feature, args.enabled, "operator", now)
         await state.changed(s, org_id)
         view = (await state.org_billing(s, org_id)).view()
         return {"org_id": str(org_id), "feature": args.feature, **view[args.feature]}

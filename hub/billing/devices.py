@@ -65,7 +65,7 @@ async def on_link(s, org_id: uuid.UUID, device_id: uuid.UUID, facts: dict) -> No
 
 async def push_telemetry(s, org_id: uuid.UUID, enabled: bool) -> int:
     """Tell every connected device of the organisation; returns how many acknowledged."""
-    ids = [d for d in await s.billing.device_ids(org_id) if d in s.links]
+    ids = [d for d in await s.stores.billing.device_ids(org_id) if d in s.links]
     limiter = trio.CapacityLimiter(PUSH_CONCURRENCY)
     done = 0
 

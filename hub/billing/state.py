@@ -41,9 +41,9 @@ async def org_billing(s, org_id: uuid.UUID) -> OrgBilling:
     # after a restart all ask for their organisation's telemetry setting, and must not each cross into
     # storage. A change announced while it loads is not kept.
     async def load() -> OrgBilling:
-        return OrgBilling(await s.billing.profile(org_id), await s.billing.latest_features(org_id))
+        return OrgBilling(await s.stores.billing.profile(org_id), await s.stores.billing.latest_features(org_id))
 
-    return await s.auth_cache.get_or_load(("billing", org_id), load, lambda _: (tag(org_id),))
+    return await s.access.auth_cache.get_or_load(("billing", org_id), load, lambda _: (tag(org_id),))
 
 
 async def changed(s, org_id: uuid.UUID) -> None:

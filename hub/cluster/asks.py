@@ -112,7 +112,7 @@ async def control_rollout(s: Services, rollout_id: uuid.UUID, event: object) -> 
     try:
         actor = await s.rollout_actor(rollout_id)
     except HeldElsewhere:
-        owner = await s.rollout_leases.owner(rollout_id)
+        owner = await s.stores.rollout_leases.owner(rollout_id)
         if not owner or owner == s.node_id:
             raise
         payload = {"rollout": str(rollout_id), "event": type(event).__name__, "reason": getattr(event, "reason", None)}

@@ -137,17 +137,17 @@ async def keep(c: ClusterNode, task_status: Any = trio.TASK_STATUS_IGNORED) -> N
     pruned_at = trio.current_time()
     while True:
         try:
-            window, mine = s.rate_limiter.changes(s.clock.now())
+            window, mine = s.access.rate_limiter.changes(s.clock.now())
             try:
                 others = await shared.store.sync_counts(s.node_id, window, mine)
             except BaseException:
-                s.rate_limiter.not_sent()
+                s.access.rate_limiter.not_sent()
                 raise
-            s.rate_limiter.learn(window, others)
+            s.access.rate_limiter.learn(window, others)
             await shared.flush_closed_streams()
             if trio.current_time() - pruned_at >= PRUNE_EVERY:
                 pruned_at = trio.current_time()
-                horizon = max(s.login_throttle.window, dt.timedelta(seconds=s.token_limiter.window))
+                horizon = max(s.access.login_throttle.window, dt.timedelta(seconds=s.access.token_limiter.window))
                 await shared.store.prune_attempts(s.clock.now() - horizon)
         except DatabaseUnavailable:
             shared.sync_failures += 1

@@ -99,14 +99,14 @@ async def keep(c: ClusterNode, task_status: Any = trio.TASK_STATUS_IGNORED) -> N
         task_status.started()
         while True:
             try:
-                silent_since = contact.renewed(await s.cluster_nodes.renew(s.node_id))
-                marked = {} if silent_since is None else await s.cluster_nodes.reap(
+                silent_since = contact.renewed(await s.stores.cluster_nodes.renew(s.node_id))
+                marked = {} if silent_since is None else await s.stores.cluster_nodes.reap(
                     s.node_id, silent_since, heard.alive(trio.current_time()))
             except DatabaseUnavailable:
                 log.info("cluster nodes: the database is unreachable; trying again next round")
             else:
                 for node, devices in marked.items():
-                    s.devices.cache.clear()  # rows read before it say online
+                    s.stores.devices.cache.clear()  # rows read before it say online
                     s.metrics.cluster_dead_nodes += 1
                     log.warning("cluster node %s silent on the database and the bus for more than %.0f s: %d "
                                 "devices whose link it held are offline now", node, lease, devices)

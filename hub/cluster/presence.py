@@ -54,6 +54,6 @@ def taken_over(c: ClusterNode, device_id: uuid.UUID, epoch: int, node: str) -> b
 
 async def claim(c: ClusterNode, device_id: uuid.UUID) -> None:
     """Before a device's link is registered here (the link handler, through Topology.link_up)."""
-    epoch = await c.s.devices.claim_link(device_id, c.node_id)
+    epoch = await c.s.stores.devices.claim_link(device_id, c.node_id)
     c.link_epochs[device_id] = epoch
     c.bus.publish(f"cluster.takeover.{device_id}", {"node": c.node_id, "epoch": epoch})

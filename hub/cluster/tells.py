@@ -101,7 +101,7 @@ class Tells:
                 self.delivered += 1
                 return True
             try:
-                node = await s.devices.last_link_node(device_id)
+                node = await s.stores.devices.last_link_node(device_id)
                 if node is None or node == s.node_id:
                     return True  # linked nowhere, or it left this node: its next hello syncs
                 await s.bus.request(f"cluster.node.{node}.tell", payload, timeout=ANSWER_TIMEOUT)

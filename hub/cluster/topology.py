@@ -29,7 +29,7 @@ class ClusterNode:
         self.bus = bus
         s.bus = bus  # commands reach devices held by other nodes
         self.lease_seconds = s.settings.rollout_lease_seconds
-        self.registry, self.rollouts, self.rollout_leases = s.registry, s.rollouts, s.rollout_leases
+        self.registry, self.rollouts, self.rollout_leases = s.registry, s.stores.rollouts, s.stores.rollout_leases
         # device -> the link epoch this node last claimed for it (presence.py)
         self.link_epochs: dict[uuid.UUID, int] = {}
         # rollout -> the lease this node holds on it, and when (trio time) it lapses unless renewed (leases.py)
@@ -37,7 +37,7 @@ class ClusterNode:
         self.lease_expiries: dict[uuid.UUID, float] = {}
         # One take at a time on this node: a rollout's creation and keep()'s round may find it together.
         self.lease_lock = trio.Lock()
-        self.limits = SharedLimits(ClusterLimits(s.db), self.node_id, s.login_throttle)
+        self.limits = SharedLimits(ClusterLimits(s.db), self.node_id, s.access.login_throttle)
         # SSE streams hear every node's events; their cap counts every node's streams
         s.events = LimitedClusterEventHub(bus, self.node_id, self.limits, s.clock)
         s.journal.hub = s.events
@@ -72,7 +72,7 @@ class ClusterNode:
     async def holder(self, device_id: uuid.UUID) -> str | None:
         if device_id in self.s.links:
             return None
-        node = await self.s.devices.link_node(device_id)
+        node = await self.s.stores.devices.link_node(device_id)
         return node if node and node != self.node_id else None
 
     async def create_rollout(self, row: dict, steps: list) -> dict:
@@ -87,7 +87,7 @@ class ClusterNode:
         s = self.s
         # a node restarted under its id (killed before): what it held is offline now; the other nodes
         # hold theirs, and link epochs settle who is online
-        await s.devices.mark_node_offline(self.node_id)
+        await s.stores.devices.mark_node_offline(self.node_id)
         await nursery.start(leases.keep, self)  # each node runs the rollouts whose lease it holds
         await nursery.start(nodes.keep, self)  # a dead node's devices go offline
         await nursery.start(limits.keep, self)  # rate limits and stream caps, cluster-wide

@@ -35,7 +35,7 @@ class DeliveryQuery(BaseModel):
 @errors(400, 401, 403, 404)
 async def file_deliveries(configId: str, fileId: str, query_args: DeliveryQuery):
     owner = await secret_file_owner("config", configId, "viewer")
-    found = await services().secrets.deliveries(owner, parse_uuid(fileId, "fileId"), query_args.status,
+    found = await services().stores.secrets.deliveries(owner, parse_uuid(fileId, "fileId"), query_args.status,
                                                 (query_args.page - 1) * query_args.limit, query_args.limit)
     if found is None:
         raise NotFound("secret file not found")

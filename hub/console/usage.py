@@ -45,7 +45,7 @@ async def usage_daily(query_args: UsageQuery):
         from_, to = (today - dt.timedelta(days=DEFAULT_DAYS - 1)).isoformat(), today.isoformat()
     days = parse_period(periods.usage_days, from_, to, now)
     await s.meter.flush()  # counts still in the batch belong in what the caller reads
-    daily = await s.billing.usage(org().org_id, days.start, days.end)
+    daily = await s.stores.billing.usage(org().org_id, days.start, days.end)
     dates = [days.start + dt.timedelta(days=i) for i in range((days.end - days.start).days)]
     series = []
     for key in CHARTED:

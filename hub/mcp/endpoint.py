@@ -175,7 +175,7 @@ class McpEndpoint:
         return Caller(owner, fingerprint, decision)
 
     def _spend(self, key: tuple[str, Any], tier: str | None, custom: int | None):
-        decision = spend(self.services.rate_limiter, key, tier, custom, self.services.clock.now())
+        decision = spend(self.services.access.rate_limiter, key, tier, custom, self.services.clock.now())
         decision.raise_if_refused()
         return decision
 

@@ -53,7 +53,7 @@ async def run(s, args: argparse.Namespace, now: dt.datetime) -> dict:
         org_id = uuid.UUID(args.org)
     except ValueError:
         raise SystemExit(f"not an organisation id: {args.org!r}") from None
-    if await s.orgs.get_org(org_id) is None:
+    if await s.stores.orgs.get_org(org_id) is None:
         raise SystemExit(f"no organisation {org_id}")
     changes = {name: getattr(args, name) for name in ("enabled", "relay_allowed", *DEFAULTS)
                if getattr(args, name) is not None}

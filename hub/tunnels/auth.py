@@ -74,14 +74,14 @@ class TunnelTokenScheme:
             raise Unauthenticated(str(exc)) from None
         bound = claims.org_id
         if claims.kind == "user":
-            role = await services.auth_cache.get_or_load(
+            role = await services.access.auth_cache.get_or_load(
                 ("member", bound, claims.subject_id), lambda: _role(services, bound, claims.subject_id),
                 lambda _: (f"user:{claims.subject_id}", f"org:{bound}"))
             principal = TunnelPrincipal(kind="user", id=claims.credential or claims.principal,
                                         user_id=claims.subject_id, via="tunnel")
         else:
-            alive = await services.auth_cache.get_or_load(
-                ("service", claims.subject_id), lambda: services.identity.service_account_exists(claims.subject_id),
+            alive = await services.access.auth_cache.get_or_load(
+                ("service", claims.subject_id), lambda: services.stores.identity.service_account_exists(claims.subject_id),
                 lambda _: (f"service:{claims.subject_id}",))
             if not alive:
                 raise Unauthenticated("the service account was deleted")
@@ -123,4 +123,4 @@ SCHEMES.register(TunnelTokenScheme(), before="jwt")
 
 
 async def _role(services, org_id, user_id) -> str:
-    return await services.orgs.role_of(org_id, user_id) or ""  # "": "no role" is cached too
+    return await services.stores.orgs.role_of(org_id, user_id) or ""  # "": "no role" is cached too

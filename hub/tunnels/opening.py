@@ -80,7 +80,7 @@ async def entitled(s, org_id: uuid.UUID) -> Entitlement:
 
 
 async def check(s, org_id: uuid.UUID, device_id: uuid.UUID, target: str) -> Checked:
-    row = await s.devices.get(org_id, device_id)
+    row = await s.stores.devices.get(org_id, device_id)
     if row is not None:
         await authorize(s, "tunnel_access", Obj("device", row["id"], row.get("fleet_id")))
     ent = await entitled(s, org_id)

@@ -45,8 +45,8 @@ class TunnelService:
 
     def __init__(self, services: "Services") -> None:
         self.services = services
-        self.grants = GrantSigner(services.signing_keys)  # the ring Services reloads after a rotation
-        self.tokens = TunnelTokens(services.signing_keys)
+        self.grants = GrantSigner(services.access.signing_keys)  # the ring Services reloads after a rotation
+        self.tokens = TunnelTokens(services.access.signing_keys)
         self.store = Tunnels(services.db)
         # tunnel.usage reports that arrived while storage was unreachable, newest totals per
         # (session, device), with the instant they arrived; one task records them when it is back.

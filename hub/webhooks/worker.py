@@ -111,10 +111,10 @@ class Deliverer:
         async with trio.open_nursery() as nursery:
             while True:
                 try:
-                    for endpoint_id in await self.s.webhooks.enabled_ids():
+                    for endpoint_id in await self.s.stores.webhooks.enabled_ids():
                         if endpoint_id in self.running:
                             continue
-                        fence = await self.s.webhooks.acquire(endpoint_id, self.owner, self.lease_seconds)
+                        fence = await self.s.stores.webhooks.acquire(endpoint_id, self.owner, self.lease_seconds)
                         if fence is not None:
                             scope = self.running[endpoint_id] = trio.CancelScope()
                             nursery.start_soon(self._serve, fence, scope)
@@ -139,16 +139,16 @@ class Deliverer:
                 del self.running[fence.endpoint_id]
             with trio.move_on_after(2, shield=True):
                 try:
-                    await self.s.webhooks.release(fence)  # the next holder need not wait out the lease
+                    await self.s.stores.webhooks.release(fence)  # the next holder need not wait out the lease
                 except DatabaseUnavailable:
                     pass
 
     async def _deliver(self, fence: WebhookFence) -> None:
         s = self.s
         ttl = self.lease_seconds
-        row = await s.webhooks.renew(fence, ttl)
+        row = await s.stores.webhooks.renew(fence, ttl)
         renew_at = trio.current_time() + ttl / 3
-        secret = s.secret_box.open(await s.webhooks.secret(fence.endpoint_id)).decode()
+        secret = s.stores.secret_box.open(await s.stores.webhooks.secret(fence.endpoint_id)).decode()
         subscription = s.events.subscribe(("org", row["org_id"]))
         done: list[Attempt] = []  # taken by the receiver, not yet written
         answer_ms = [0.0]  # the receiver's answer time, smoothed: lanes or one at a time
@@ -160,7 +160,7 @@ class Deliverer:
                     # task too (DatabaseUnavailable): past the lease's own expiry this node must send
                     # nothing more, since another may have taken the endpoint over.
                     asked = trio.current_time()
-                    row = await s.webhooks.renew(fence, ttl)
+                    row = await s.stores.webhooks.renew(fence, ttl)
                     renew_at = asked + ttl / 3
                 due = row["next_attempt_at"]
                 if due is not None and due > s.clock.now():
@@ -169,12 +169,12 @@ class Deliverer:
                 if subscription.dropped:  # it fell behind and was closed: the log has what it missed
                     subscription = s.events.subscribe(("org", row["org_id"]))
                 _drain(subscription)
-                last, _ = await s.event_log.cursors(row["org_id"])
-                page = await s.event_log.page(row["org_id"], row["cursor"], limit=PAGE, types=kinds(row["event_types"]),
+                last, _ = await s.stores.event_log.cursors(row["org_id"])
+                page = await s.stores.event_log.page(row["org_id"], row["cursor"], limit=PAGE, types=kinds(row["event_types"]),
                                               fleets_any=row["fleet_ids"])
                 if not page:
                     if last > row["cursor"]:
-                        await s.webhooks.skip_to(fence, last)
+                        await s.stores.webhooks.skip_to(fence, last)
                         row["cursor"] = last
                     with trio.move_on_at(min(renew_at, trio.current_time() + IDLE_POLL)):
                         try:
@@ -202,7 +202,7 @@ class Deliverer:
         node killed before it sends them again (at least once)."""
         taken = list(done)
         done.clear()
-        await self.s.webhooks.delivered(fence, taken, row["cursor"])
+        await self.s.stores.webhooks.delivered(fence, taken, row["cursor"])
 
     async def _lanes(self, fence: WebhookFence, row: dict, secret: str, page: list, http: Any,
                      done: list[Attempt], stop_at: float, answer_ms: list[float]) -> None:
@@ -284,7 +284,7 @@ class Deliverer:
         if self.schedule.exhausted(failing_since, now):
             reason = (f"every delivery failed since {rfc3339(failing_since)}; last: "
                       f"{outcome.error or outcome.status}")
-            await s.webhooks.failed(fence, attempt, None, disable_reason=reason)
+            await s.stores.webhooks.failed(fence, attempt, None, disable_reason=reason)
             log.warning("webhook endpoint %s disabled after failing since %s", fence.endpoint_id,
                         rfc3339(failing_since))
             s.journal.record(row["org_id"], {
@@ -293,7 +293,7 @@ class Deliverer:
                             "stoppedAtSequence": attempt.org_seq}})
             raise Disabled(fence.endpoint_id)
         retry = now + dt.timedelta(seconds=self.schedule.delay(number, self.rand))
-        await s.webhooks.failed(fence, attempt, retry)
+        await s.stores.webhooks.failed(fence, attempt, retry)
         row.update(attempts=number, failing_since=failing_since, next_attempt_at=retry)
 
 

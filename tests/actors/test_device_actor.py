@@ -99,8 +99,8 @@ async def hub(settings: Settings = SETTINGS, actor_class: type[DeviceActor] = De
     devices = FakeDevices()
     s = stand_in(settings=settings, clock=TestClock(), devices=devices,
                  presence=WriteBehind(devices.write_presence, interval=0.5, name="presence rows"))
-    s.usage = FakeUsage()
-    s.meter = Meter(s.usage, interval=1.0)
+    s.stores.usage = FakeUsage()
+    s.meter = Meter(s.stores.usage, interval=1.0)
     async with trio.open_nursery() as nursery:
         await nursery.start(s.presence.run)
         await nursery.start(s.meter.run)
@@ -153,7 +153,7 @@ async def test_link_up_is_online_and_writes_the_presence_row_with_facts(autojump
                 "connectedAt": at(1.2), "facts": FACTS}
             await trio.sleep(1)
             # written behind at the next flush (every 0.5 s from t=0), once
-            assert s.devices.flushes == [(1.5, [{
+            assert s.stores.devices.flushes == [(1.5, [{
                 "id": DEV, "online": True, "state": "online", "boot_reason": "power_on",
                 "last_seen_at": at(1.2), "connected_at": at(1.2), "firmware": "1.2.3",
                 "architecture": "arm64", "tunnel_public_key": "pk-base64", "facts": FACTS}])]
@@ -207,8 +207,8 @@ async def test_heartbeat_silence_is_offline_exactly_at_last_seen_plus_timeout(au
             live = await actor.ask(GetLive(), timeout=1)
             assert (live["state"], live["lastSeenAt"]) == ("offline", at(3.5))
             await trio.sleep(1)
-            assert s.devices.flushes[-1][1][0]["online"] is False
-            assert s.devices.rows[DEV]["last_seen_at"] == at(3.5)
+            assert s.stores.devices.flushes[-1][1][0]["online"] is False
+            assert s.stores.devices.rows[DEV]["last_seen_at"] == at(3.5)
 
 
 async def test_drop_link_leaves_a_newer_link_alone(autojump_clock):
@@ -430,7 +430,7 @@ async def test_restarted_actor_rebuilds_from_storage_and_the_link_table(autojump
             await trio.sleep(1)  # presence flushed to "storage" at 0.5
             actor.tell(object())  # not a message it knows: a crash
             await trio.sleep(2)
-            assert actor.restarts == 1 and s.devices.reads == 2
+            assert actor.restarts == 1 and s.stores.devices.reads == 2
             live = await actor.ask(GetLive(), timeout=1)
             # the link is still registered, so it is online; seen at the restart (1 + backoff 1)
             assert (live["state"], live["bootReason"], live["lastSeenAt"]) == ("online", "watchdog", at(2))
@@ -445,7 +445,7 @@ async def test_restarted_actor_of_a_maintenance_device_stays_in_maintenance(auto
             actor = await s.actor()
             connect(s, actor, boot_reason="memtest", maintenance=True)
             await trio.sleep(1)
-            assert s.devices.rows[DEV]["state"] == "maintenance"  # flushed to "storage"
+            assert s.stores.devices.rows[DEV]["state"] == "maintenance"  # flushed to "storage"
             actor.tell(object())  # a crash
             await trio.sleep(2)
             assert actor.restarts == 1
@@ -464,7 +464,7 @@ async def test_idle_offline_actor_passivates_after_idle_timeout(autojump_clock):
             assert s.registry.forgotten == [(("device", DEV), 10 + DeviceActor.idle_timeout)]
             assert first.stopped and s.registry.lookup(("device", DEV)) is None
             second = await s.actor()
-            assert second is not first and s.devices.reads == 2
+            assert second is not first and s.stores.devices.reads == 2
             assert (await second.ask(GetLive(), timeout=1))["state"] == "offline"
 
 
@@ -493,15 +493,15 @@ async def test_a_connected_device_is_metered_active_once_per_utc_day(autojump_cl
                 actor.tell(Heartbeat("c1"))
             await trio.sleep(2)
             day1 = EPOCH.date()
-            assert s.usage.active == [(ORG, day1, DEV)]
+            assert s.stores.usage.active == [(ORG, day1, DEV)]
             # EPOCH is 12:00 UTC: hourly heartbeats; the twelfth falls after midnight
             for hour in range(12):
                 await trio.sleep(3600)
                 actor.tell(Heartbeat("c1"))
                 await trio.sleep(2)
                 if hour < 11:
-                    assert len(s.usage.active) == 1
-            assert s.usage.active == [(ORG, day1, DEV), (ORG, day1 + dt.timedelta(days=1), DEV)]
+                    assert len(s.stores.usage.active) == 1
+            assert s.stores.usage.active == [(ORG, day1, DEV), (ORG, day1 + dt.timedelta(days=1), DEV)]
 
 
 # -- system facts (issue 37 item 9) -------------------------------------------------------------
@@ -531,4 +531,4 @@ async def test_a_telemetry_sample_replaces_the_system_facts_and_a_cut_is_a_proto
             assert said == ["telemetry: system.ipAddresses: 2 of 3 are not addresses or repeat one, left out; "
                             "system.cpuPercent: out of bounds or of the wrong type, left out"]
             # written behind with the presence row: storage holds what GET device shows
-            assert s.devices.flushes[-1][1][0]["facts"] == facts
+            assert s.stores.devices.flushes[-1][1][0]["facts"] == facts

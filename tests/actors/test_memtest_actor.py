@@ -106,7 +106,7 @@ class Device:
 async def hub():
     s = stand_in(settings=SETTINGS, clock=TestClock(), devices=FakeDevices(), memtests=FakeMemoryTests(),
                  meter=SimpleNamespace(device_seen=lambda *a: None))
-    s.presence = WriteBehind(s.devices.write_presence, interval=0.5)
+    s.presence = WriteBehind(s.stores.devices.write_presence, interval=0.5)
     async with trio.open_nursery() as nursery:
         await nursery.start(s.presence.run)
         s.supervisor = Supervisor(nursery)
@@ -131,7 +131,7 @@ async def test_start_is_stored_before_it_is_answered_and_rate_limited_for_exactl
             answer = await start(s, "r1")
             assert trio.current_time() == 10.25  # the device's answer, after stopping its workload
             assert answer["runId"] == "r1" and answer["status"]["phase"] == "testing"
-            assert s.memtests.statuses[0][0] == 10.25 and s.memtests.statuses[0][1]["runId"] == "r1"
+            assert s.stores.memtests.statuses[0][0] == 10.25 and s.stores.memtests.statuses[0][1]["runId"] == "r1"
             s.actor.tell(DeviceEvent("memtest.result", {"result": {"runId": "r1", "outcome": "pass",
                                                                    "verdict": "ok"}}))
             s.device.running = None
@@ -142,7 +142,7 @@ async def test_start_is_stored_before_it_is_answered_and_rate_limited_for_exactl
             await trio.sleep_until(15.25)
             assert (await start(s, "r2"))["runId"] == "r2"
             assert [c[2]["runId"] for c in s.device.calls if c[1] == "memtest.start"] == ["r1", "r2"]
-            assert s.device.acked == ["r1"] and s.memtests.results["r1"]["outcome"] == "pass"
+            assert s.device.acked == ["r1"] and s.stores.memtests.results["r1"]["outcome"] == "pass"
 
 
 async def test_concurrent_starts_one_wins_the_other_is_busy_with_its_status(autojump_clock):
@@ -173,12 +173,12 @@ async def test_a_held_workload_reaches_the_presence_row_a_rollout_reads(autojump
         async with hub() as s:
             await start(s, "r1", FULL)
             await trio.sleep(1)  # the presence rows are written behind (0.5 s)
-            assert s.devices.presence[-1]["facts"]["workloadHeld"] is True
-            assert s.devices.presence[-1]["facts"]["memoryTestRunning"]["runId"] == "r1"
+            assert s.stores.devices.presence[-1]["facts"]["workloadHeld"] is True
+            assert s.stores.devices.presence[-1]["facts"]["memoryTestRunning"]["runId"] == "r1"
             await s.actor.ask(CancelTest(None), timeout=10)
             await trio.sleep(1)
-            assert s.devices.presence[-1]["facts"]["workloadHeld"] is False
-            assert s.devices.presence[-1]["state"] == "online"
+            assert s.stores.devices.presence[-1]["facts"]["workloadHeld"] is False
+            assert s.stores.devices.presence[-1]["state"] == "online"
 
 
 async def test_progress_is_published_cancel_ends_it_and_the_workload_is_released(autojump_clock):
@@ -216,11 +216,11 @@ async def test_status_read_and_link_loss_keep_the_last_status_on_record(autojump
             live = await s.actor.ask(ReadStatus(), timeout=10)
             assert live["status"]["runId"] == "r1"
             s.actor.tell(DeviceEvent("memtest.progress", {"runId": "r1", "plan": LIVE, "phase": "confirming"}))
-            before = len(s.memtests.statuses)
+            before = len(s.stores.memtests.statuses)
             s.actor.tell(LinkDown("c1"))
             await trio.sleep(1)
-            assert len(s.memtests.statuses) == before + 1
-            assert s.memtests.statuses[-1][1]["phase"] == "confirming"
+            assert len(s.stores.memtests.statuses) == before + 1
+            assert s.stores.memtests.statuses[-1][1]["phase"] == "confirming"
 
 
 async def test_a_flood_of_progress_and_health_costs_bounded_tasks_and_keeps_the_newest(autojump_clock):
@@ -231,8 +231,8 @@ async def test_a_flood_of_progress_and_health_costs_bounded_tasks_and_keeps_the_
     with trio.fail_after(600):
         async with hub() as s:
             await start(s, "r1", FULL)
-            saves_before = len(s.memtests.statuses)
-            slow = s.memtests.save_status
+            saves_before = len(s.stores.memtests.statuses)
+            slow = s.stores.memtests.save_status
 
             async def slow_save(org_id, device_id, status, at):
                 await trio.sleep(1)
@@ -244,7 +244,7 @@ async def test_a_flood_of_progress_and_health_costs_bounded_tasks_and_keeps_the_
                 await trio.sleep(1)
                 health_saved.append(health)
 
-            s.memtests.save_status, s.memtests.save_health = slow_save, slow_health
+            s.stores.memtests.save_status, s.stores.memtests.save_health = slow_save, slow_health
             tasks, waiting = [], []
             for n in range(2000):
                 await s.actor.post(DeviceEvent("memtest.progress", {"runId": "r1", "plan": FULL, "phase": "testing",
@@ -265,5 +265,5 @@ async def test_a_flood_of_progress_and_health_costs_bounded_tasks_and_keeps_the_
             dropped = s.actor.memtests.health_dropped
             assert dropped > 0, dropped
             assert len(health_saved) + dropped == 2000, (len(health_saved), dropped)
-            assert s.memtests.statuses[-1][1]["phase"] == "testing"  # the newest status is on record
-            assert len(s.memtests.statuses) - saves_before < 20  # coalesced, not one write per event
+            assert s.stores.memtests.statuses[-1][1]["phase"] == "testing"  # the newest status is on record
+            assert len(s.stores.memtests.statuses) - saves_before < 20  # coalesced, not one write per event

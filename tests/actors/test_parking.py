@@ -301,5 +301,5 @@ async def test_an_online_device_between_heartbeats_has_no_task_and_the_timer_mar
             assert offline == state_event("offline", 6 + SETTINGS.heartbeat_timeout)
             assert trio.current_time() == 9 and link.closed_at == 9
             assert (await actor.ask(GetLive(), timeout=1))["state"] == "offline"
-            assert s.devices.reads == 1  # on_start once: every wake found its state in memory
+            assert s.stores.devices.reads == 1  # on_start once: every wake found its state in memory
             assert actor.restarts == 0 and s.supervisor.statistics()["wakes"] >= 4

@@ -37,8 +37,8 @@ class Browser:
 async def sign_in(hub, role: str = "admin", *, staff: bool = False, org_id: str | None = None) -> Browser:
     s = hub.services
     email = f"{uuid.uuid4().hex[:8]}@dash.test"
-    user = await s.orgs.create_user(email, s.clock.now(), password_hash=hash_password(PASSWORD), is_staff=staff)
-    await s.orgs.add_member(uuid.UUID(org_id or hub.org_id), user["id"], role, s.clock.now())
+    user = await s.stores.orgs.create_user(email, s.clock.now(), password_hash=hash_password(PASSWORD), is_staff=staff)
+    await s.stores.orgs.add_member(uuid.UUID(org_id or hub.org_id), user["id"], role, s.clock.now())
     client = httpx.AsyncClient(base_url=hub.base_url, timeout=30)
     r = await client.post("/v1/auth/login", json={"email": email, "password": PASSWORD})
     assert r.status_code == 200, r.text

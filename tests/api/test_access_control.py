@@ -23,8 +23,8 @@ LOGIN = "/v1/auth/login"
 async def _user_with_password(hub, email: str, password: str, role: str = "admin") -> dict:
     s = hub.services
     pw = await trio.to_thread.run_sync(hash_password, password)
-    user = await s.orgs.create_user(email, s.clock.now(), password_hash=pw)
-    await s.orgs.add_member(uuid.UUID(hub.org_id), user["id"], role, s.clock.now())
+    user = await s.stores.orgs.create_user(email, s.clock.now(), password_hash=pw)
+    await s.stores.orgs.add_member(uuid.UUID(hub.org_id), user["id"], role, s.clock.now())
     return user
 
 
@@ -57,7 +57,7 @@ async def test_a_right_password_gives_its_attempt_back(nursery, db_url, tmp_path
         for _ in range(8):  # more than the per-account limit, all right: none of them counts
             r = await hub.client.post(url, json={"email": "ok@example.test", "password": "right"})
             assert r.status_code == 200, r.text
-        assert len(hub.services.login_throttle) == 0
+        assert len(hub.services.access.login_throttle) == 0
 
 
 def test_the_login_throttle_is_bounded_and_counts_what_it_drops():
@@ -80,7 +80,7 @@ def test_the_login_throttle_is_bounded_and_counts_what_it_drops():
 async def test_login_throttle_size_and_drops_are_in_metrics(nursery, db_url, tmp_path):
     with trio.fail_after(60):
         hub = await start_hub(nursery, db_url, tmp_path)
-        hub.services.login_throttle = LoginThrottle(max_keys=3)
+        hub.services.access.login_throttle = LoginThrottle(max_keys=3)
         for i in range(4):
             r = await hub.client.post(hub.base_url + LOGIN, json={"email": f"nobody{i}@example.test",
                                                                   "password": "x"})
@@ -174,24 +174,24 @@ async def test_service_tokens_need_the_api_scope_nbf_passed_and_their_own_organi
         s = hub.services
         sa = await _service_account(hub, [{"relation": "viewer"}])
         sa_id, org_id, now = uuid.UUID(sa["id"]), uuid.UUID(hub.org_id), s.clock.now()
-        other = await s.orgs.create_org("Other", now)
+        other = await s.stores.orgs.create_org("Other", now)
 
         async def status(token: str, org: uuid.UUID = org_id) -> int:
             r = await hub.client.get(hub.base_url + "/v1/devices",
                                      headers={"X-Organization-ID": str(org), "Authorization": f"Bearer {token}"})
             return r.status_code
 
-        assert await status(s.token_signer.issue(sa_id, org_id, now)) == 200
+        assert await status(s.access.token_signer.issue(sa_id, org_id, now)) == 200
         # a token of another scope, signed by the hub with the API audience, is not an API token
-        assert await status(s.token_signer.issue(sa_id, org_id, now, scope="tunnel")) == 401
+        assert await status(s.access.token_signer.issue(sa_id, org_id, now, scope="tunnel")) == 401
         # not valid before its nbf
         claims = {"iss": "fleethub", "aud": "fleethub-api", "sub": str(sa_id), "org": str(org_id), "scope": "api",
                   "iat": int(now.timestamp()), "exp": int(now.timestamp()) + 3600,
                   "nbf": int(now.timestamp()) + 600}
-        assert await status(s.signing_keys.sign_jwt(claims)) == 401
-        assert await status(s.signing_keys.sign_jwt({**claims, "nbf": int(now.timestamp()) - 5})) == 200
+        assert await status(s.access.signing_keys.sign_jwt(claims)) == 401
+        assert await status(s.access.signing_keys.sign_jwt({**claims, "nbf": int(now.timestamp()) - 5})) == 200
         # a token naming an organisation the account does not belong to opens nothing there
-        assert await status(s.token_signer.issue(sa_id, other["id"], now), other["id"]) == 401
+        assert await status(s.access.token_signer.issue(sa_id, other["id"], now), other["id"]) == 401
 
 
 # -- listing rollouts ----------------------------------------------------------------------------------
@@ -251,7 +251,7 @@ async def test_adding_a_member_by_email_is_an_invitation_that_tells_nothing_abou
         hub = await start_hub(nursery, db_url, tmp_path)
         s = hub.services
         # someone registered in another organisation, and an email nobody has
-        other = await s.orgs.create_org("Elsewhere", s.clock.now())
+        other = await s.stores.orgs.create_org("Elsewhere", s.clock.now())
         outsider = await hub.new_user("admin", org_id=str(other["id"]))
         outsider_me = (await hub.call("GET", "/v1/me", headers=_creds(outsider, str(other["id"])))).json()["data"]
         email = (await s.db.fetchval("SELECT email FROM users WHERE id = $1", uuid.UUID(outsider_me["userId"])))
@@ -304,7 +304,7 @@ async def test_the_last_admin_cannot_demote_themselves(nursery, db_url, tmp_path
         me = await s.db.fetchval("SELECT email FROM users WHERE id = $1", hub.user_id)
         r = await hub.call("POST", "/v1/members", json={"email": me, "role": "member"})
         assert r.status_code == 409 and r.json()["error"] == "last_admin"
-        assert await s.orgs.role_of(uuid.UUID(hub.org_id), hub.user_id) == "admin"
+        assert await s.stores.orgs.role_of(uuid.UUID(hub.org_id), hub.user_id) == "admin"
         assert (await hub.call("GET", "/v1/members")).status_code == 200  # still admin
         # with a second admin, stepping down is allowed; then the other is the last one
         second = await hub.new_user("admin")

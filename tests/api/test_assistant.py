@@ -33,7 +33,7 @@ async def _hub_with_model(nursery, db_url, tmp_path, model: FakeModel | None = N
 async def _usage_rows(hub) -> dict:
     await hub.services.meter.flush()
     today = hub.services.clock.now().date()
-    rows = await hub.services.usage.daily(uuid.UUID(hub.org_id), today, today + dt.timedelta(days=1))
+    rows = await hub.services.stores.usage.daily(uuid.UUID(hub.org_id), today, today + dt.timedelta(days=1))
     return {(r["product"], r["key"]): int(r["quantity"]) for r in rows if r["product"].startswith("assistant_")}
 
 
@@ -71,7 +71,7 @@ async def _member_with_one_fleet(hub):
     dev_ok, _ = await hub.provision("robot-visible", fleet_id=fleets["fleet-visible"])
     dev_hidden, _ = await hub.provision("robot-hidden", fleet_id=fleets["fleet-hidden"])
     member = await sign_in(hub, "member")
-    await hub.services.identity.grant(uuid.UUID(hub.org_id), "fleet", uuid.UUID(fleets["fleet-visible"]), "viewer",
+    await hub.services.stores.identity.grant(uuid.UUID(hub.org_id), "fleet", uuid.UUID(fleets["fleet-visible"]), "viewer",
                                       "user", member.user_id, hub.services.clock.now())
     await hub.services.invalidate(f"relations:{hub.org_id}")
     return member, dev_ok, dev_hidden

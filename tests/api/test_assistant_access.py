@@ -68,7 +68,7 @@ async def test_only_signed_in_dashboard_sessions_may_chat(nursery, db_url, tmp_p
                                       headers={"X-Organization-ID": hub.org_id})
         assert_error(r, 403, "csrf_required")
         # The session of a member of another organisation.
-        other = await hub.services.orgs.create_org("Other", hub.services.clock.now())
+        other = await hub.services.stores.orgs.create_org("Other", hub.services.clock.now())
         outsider = await sign_in(hub, org_id=str(other["id"]))
         assert_error(await outsider.chat(question="hi"), 403)
         r = await browser.chat(question="hi")

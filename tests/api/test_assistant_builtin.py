@@ -99,7 +99,7 @@ async def test_builtin_responder_answers_about_the_demo_fleet(nursery, db_url, t
         assert answer.startswith(PREAMBLE) and f"{first}: online test " in answer and "no stored results" in answer
         # A stored result (as the memory-test feature writes it) is what the next answer reports.
         first_id = next(d for d in (await _devices(hub, info)) if d["name"] == first)["id"]
-        await hub.services.memtests.save_result(uuid.UUID(info["org_id"]), uuid.UUID(first_id), {
+        await hub.services.stores.memtests.save_result(uuid.UUID(info["org_id"]), uuid.UUID(first_id), {
             "runId": "run-1", "outcome": "passed", "verdict": "healthy", "errors": []}, hub.services.clock.now())
         r = await client.post("/v1/assistant/chat/completions", headers=headers,
                               json=_ask(f"memory test status of {first}?"))

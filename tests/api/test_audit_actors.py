@@ -21,10 +21,10 @@ async def hub(nursery, db_url, tmp_path):
 async def _user(hub, description: str = "") -> tuple[dict, tuple[str, str], dict]:
     """A member with a PAT described ``description``: (user row, PAT, its request headers)."""
     s = hub.services
-    user = await s.orgs.create_user(f"{uuid.uuid4().hex[:8]}@test.local", s.clock.now())
-    await s.orgs.add_member(uuid.UUID(hub.org_id), user["id"], "member", s.clock.now())
+    user = await s.stores.orgs.create_user(f"{uuid.uuid4().hex[:8]}@test.local", s.clock.now())
+    await s.stores.orgs.add_member(uuid.UUID(hub.org_id), user["id"], "member", s.clock.now())
     pat_id, secret = new_pat()
-    await s.tokens.create_pat(pat_id, user["id"], digest(secret), s.clock.now(), description=description)
+    await s.stores.tokens.create_pat(pat_id, user["id"], digest(secret), s.clock.now(), description=description)
     return user, (pat_id, secret), {"X-API-Token-ID": pat_id, "X-API-Secret-Key": secret,
                                     "X-Organization-ID": hub.org_id}
 
@@ -54,7 +54,7 @@ async def test_actors_show_as_emails_token_descriptions_and_service_account_name
         r = await hub.call("POST", "/v1/service-accounts", json={"name": "nightly", "policies": []})
         assert r.status_code == 201, r.text
         sa = r.json()["data"]
-        sa_token = s.token_signer.issue(uuid.UUID(sa["id"]), uuid.UUID(hub.org_id), s.clock.now())
+        sa_token = s.access.token_signer.issue(uuid.UUID(sa["id"]), uuid.UUID(hub.org_id), s.clock.now())
 
         paths = {
             "admin": await _called(hub, hub.headers),  # a PAT without a description: its id

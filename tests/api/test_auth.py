@@ -78,7 +78,7 @@ async def test_organisation_header(hub):
             r = await hub.call("GET", "/v1/devices", headers=creds(hub.pat, bad))
             assert_error(r, 400)
         # an org that exists but the user is not a member of, and one that does not exist
-        other = await hub.services.orgs.create_org("Other Org", hub.services.clock.now())
+        other = await hub.services.stores.orgs.create_org("Other Org", hub.services.clock.now())
         for org_id in (str(other["id"]), str(uuid.uuid4())):
             r = await hub.call("GET", "/v1/devices", headers=creds(hub.pat, org_id))
             assert_error(r, 403, "forbidden")
@@ -227,7 +227,7 @@ async def test_member_reads_but_cannot_mutate(hub):
 async def test_tenancy_other_orgs_resources_are_404_like_missing_ones(hub):
     with trio.fail_after(30):
         s = hub.services
-        other_org = await s.orgs.create_org("Rival", s.clock.now())
+        other_org = await s.stores.orgs.create_org("Rival", s.clock.now())
         rival = creds(await hub.new_user("admin", str(other_org["id"])), str(other_org["id"]))
         r = await hub.call("POST", "/v1/devices", json={"name": "theirs"}, headers=rival)
         assert r.status_code == 201

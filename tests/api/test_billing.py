@@ -46,7 +46,7 @@ async def test_pricing_shows_the_price_in_effect_now_or_null(nursery, db_url, tm
         await admin(hub, tmp_path, "price", "tunnel_minutes", "0.07", "--org", hub.org_id, "--from", "2021-01-01")
         await admin(hub, tmp_path, "price", "tunnel_minutes", "9.99", "--from", "2999-01-01")  # not yet
         await admin(hub, tmp_path, "price", "active_device", "3", "--from", "2020-01-01")
-        other = await hub.services.orgs.create_org("Other", hub.services.clock.now())
+        other = await hub.services.stores.orgs.create_org("Other", hub.services.clock.now())
         await admin(hub, tmp_path, "price", "active_device", "1", "--org", str(other["id"]), "--from", "2020-01-01")
         r = await hub.call("GET", "/v1/billing/pricing")
         assert r.status_code == 200, r.text

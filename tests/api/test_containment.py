@@ -31,7 +31,7 @@ async def test_a_nul_in_a_path_is_audited_escaped_and_other_tenants_rows_are_wri
     with trio.fail_after(60):
         hub = await start_hub(nursery, db_url, tmp_path / "hub")
         s = hub.services
-        other = await s.orgs.create_org("Other Org", s.clock.now())
+        other = await s.stores.orgs.create_org("Other Org", s.clock.now())
         other_pat = await hub.new_user("admin", str(other["id"]))
         other_headers = {"X-API-Token-ID": other_pat[0], "X-API-Secret-Key": other_pat[1],
                          "X-Organization-ID": str(other["id"])}
@@ -45,8 +45,8 @@ async def test_a_nul_in_a_path_is_audited_escaped_and_other_tenants_rows_are_wri
         await s.audit_log.flush()
         assert s.audit_log.set_aside == 0
 
-        mine, _ = await s.audit.query(uuid.UUID(hub.org_id), offset=0, limit=100)
-        theirs, _ = await s.audit.query(other["id"], offset=0, limit=100)
+        mine, _ = await s.stores.audit.query(uuid.UUID(hub.org_id), offset=0, limit=100)
+        theirs, _ = await s.stores.audit.query(other["id"], offset=0, limit=100)
         assert [e["path"] for e in mine] == ["/v1/devices"]
         assert [e["path"] for e in theirs] == ["/v1/fleets"]
         row = await s.db.fetchrow("SELECT path, query, status FROM audit_events WHERE actor_type = 'anonymous'"
@@ -71,11 +71,11 @@ async def test_a_hello_with_a_nul_is_closed_4400_and_other_devices_presence_is_w
         assert code == CLOSE_BAD_FRAME and "bootReason" in reason, (code, reason)
 
         async def good_stored() -> bool:
-            row = await hub.services.devices.get_any(uuid.UUID(good_id))
+            row = await hub.services.stores.devices.get_any(uuid.UUID(good_id))
             return row["online"] and row["firmware"] == "good-fw 1"
         await wait_for(good_stored, timeout=10)
         assert good.agent.connected
-        bad = await hub.services.devices.get_any(uuid.UUID(bad_id))
+        bad = await hub.services.stores.devices.get_any(uuid.UUID(bad_id))
         assert not bad["online"] and bad["boot_reason"] != "power\x00on"
         assert hub.services.presence.set_aside == 0  # refused at the link, never reached storage
 
@@ -171,7 +171,7 @@ async def test_a_row_the_database_refuses_costs_only_itself_and_is_counted(nurse
                             "method": "EVENT", "path": "/v1/secret-\x00-text", "status": 200, "details": None})
         assert (await hub.call("GET", "/v1/fleets")).status_code == 200
         await s.audit_log.flush()
-        mine, _ = await s.audit.query(uuid.UUID(hub.org_id), offset=0, limit=100)
+        mine, _ = await s.stores.audit.query(uuid.UUID(hub.org_id), offset=0, limit=100)
         assert sorted(e["path"] for e in mine) == ["/v1/devices", "/v1/fleets"]
         text = await metrics(hub)
         assert metric_value(text, "fleethub_write_behind_set_aside_total", {"kind": "audit"}) == 1

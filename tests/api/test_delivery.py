@@ -137,7 +137,7 @@ async def test_configuration_files_arrive_with_the_version_and_a_device_file_ove
         # second after a hello, whose own sync ran before the file existed (a CI failure, 2026-11)
         async with hub.services.presence.held():
             await hub.services.db.execute("UPDATE devices SET online = false WHERE id = $1", uuid.UUID(dev))
-            hub.services.devices.cache.evict([uuid.UUID(dev)])
+            hub.services.stores.devices.cache.evict([uuid.UUID(dev)])
             r = await hub.call("POST", curl, json={"path": "/etc/app/added", "content_base64": b64(b"added")})
             assert r.status_code == 201
             await wait_for(lambda: status_is(hub, curl, "/etc/app/added", "on_device"), timeout=10)

@@ -46,7 +46,7 @@ async def test_a_real_agents_facts_arrive_and_telemetry_refreshes_them(nursery, 
                 await trio.sleep(0.05)
         # and stored: the presence row written behind carries them, for when the actor is gone
         with trio.fail_after(10):
-            while (((await hub.services.devices.get_any(uuid.UUID(dev_id)))["facts"] or {}).get("system") or {}).get(
+            while (((await hub.services.stores.devices.get_any(uuid.UUID(dev_id)))["facts"] or {}).get("system") or {}).get(
                     "at", "") <= first_at:
                 await trio.sleep(0.1)
 

@@ -35,7 +35,7 @@ async def test_filters_and_search(hub):
                            json.dumps([{"type": "MemoryFault", "reason": "x"}]), "applying")
         await s.db.execute(set_row, uuid.UUID(ids["robot-b"]), "os 2", "x86_64", "[]", "applied")
         await s.db.execute(set_row, uuid.UUID(ids["kiosk_1"]), "os 1", "x86_64", "[]", "pending")
-        s.devices.cache.evict([uuid.UUID(i) for i in ids.values()])
+        s.stores.devices.cache.evict([uuid.UUID(i) for i in ids.values()])
 
         assert await _names(hub, "firmware=os%201") == ["kiosk_1", "robot-a"]
         assert await _names(hub, "architecture=x86_64") == ["kiosk_1", "robot-b"]

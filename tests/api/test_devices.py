@@ -137,7 +137,7 @@ async def test_get_shows_live_facts_of_a_connected_agent(hub, nursery, tmp_path)
         assert isinstance(d["conditions"], list)
         # the tunnel identity stored (written behind the live state) is the agent's own public key
         async def stored_key():
-            row = await hub.services.devices.get_any(uuid.UUID(dev_id))
+            row = await hub.services.stores.devices.get_any(uuid.UUID(dev_id))
             return row["tunnel_public_key"] == running.agent.public_key_b64
 
         await wait_for(stored_key, timeout=5)

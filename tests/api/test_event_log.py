@@ -92,7 +92,7 @@ async def test_a_member_reads_only_the_events_of_fleets_they_may_view(nursery, d
         both = new_event(uuid.UUID(hub.org_id), {"kind": "rollout.state", "rolloutId": str(uuid.uuid4()),
                                                  "at": rfc3339(s.clock.now()), "payload": {}},
                          (uuid.UUID(fleets["a"]), uuid.UUID(fleets["b"])))
-        await s.rollouts.record([both])
+        await s.stores.rollouts.record([both])
         seen = await _events(hub, headers=_creds(member, hub.org_id))
         assert {e["subject"] for e in seen["data"]} == {f"devices/{mine}"}
         everything = await _events(hub)
@@ -108,7 +108,7 @@ async def test_rollout_events_are_written_only_under_the_rollouts_lease(nursery,
         event = new_event(uuid.UUID(hub.org_id), {"kind": "rollout.state", "rolloutId": str(uuid.uuid4()),
                                                   "at": rfc3339(s.clock.now()), "payload": {}}, ())
         try:
-            await s.rollouts.record([event], fence=Fence(uuid.uuid4(), "another-node", 1))
+            await s.stores.rollouts.record([event], fence=Fence(uuid.uuid4(), "another-node", 1))
         except LeaseLost:
             pass
         else:
@@ -172,7 +172,7 @@ async def test_a_cursor_past_retention_answers_410_with_the_oldest_cursor(nurser
         s = hub.services
         device_id, _ = await hub.provision("old")
         await _record(hub, device_id, 3)
-        removed = await s.event_log.prune(s.clock.now() + dt.timedelta(seconds=1), batch=2)
+        removed = await s.stores.event_log.prune(s.clock.now() + dt.timedelta(seconds=1), batch=2)
         assert removed == 2  # one batch; the next call takes the rest
         body = assert_error(await hub.call("GET", "/v1/events", params={"after": 1}), 410, "cursor_expired")
         assert body["details"] == {"oldestCursor": 2}
@@ -180,8 +180,8 @@ async def test_a_cursor_past_retention_answers_410_with_the_oldest_cursor(nurser
         assert [e["sequence"] for e in page["data"]] == ["3"] and page["oldestCursor"] == 2
         r = await hub.call("GET", f"/v1/devices/{device_id}/events", headers={**hub.headers, "Last-Event-ID": "0"})
         assert assert_error(r, 410, "cursor_expired")["details"] == {"oldestCursor": 2}
-        assert await s.event_log.prune(s.clock.now() + dt.timedelta(seconds=1), batch=2) == 1
-        assert await s.event_log.prune(s.clock.now() + dt.timedelta(seconds=1), batch=2) == 0
+        assert await s.stores.event_log.prune(s.clock.now() + dt.timedelta(seconds=1), batch=2) == 1
+        assert await s.stores.event_log.prune(s.clock.now() + dt.timedelta(seconds=1), batch=2) == 0
 
 
 async def test_with_the_log_off_streams_carry_events_live_without_ids(nursery, db_url, tmp_path):
@@ -196,7 +196,7 @@ async def test_with_the_log_off_streams_carry_events_live_without_ids(nursery, d
             await _record(hub, device_id, 1)
             [(event_id, name, data)] = await _sse(lines, 1)
         assert snap_id is None and event_id is None and name == "device.event.probe" and data["payload"] == {"n": 0}
-        assert await hub.services.event_log.cursors(uuid.UUID(hub.org_id)) == (0, 0)  # nothing written
+        assert await hub.services.stores.event_log.cursors(uuid.UUID(hub.org_id)) == (0, 0)  # nothing written
 
 
 class _FlakyLog:

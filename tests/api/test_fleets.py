@@ -79,7 +79,7 @@ async def test_duplicate_name_is_409_per_org(hub):
         assert r.json()["data"]["name"] == "other"
         # another organisation may use the same name
         s = hub.services
-        org2 = await s.orgs.create_org("Second", s.clock.now())
+        org2 = await s.stores.orgs.create_org("Second", s.clock.now())
         pat = await hub.new_user("admin", str(org2["id"]))
         headers = {"X-API-Token-ID": pat[0], "X-API-Secret-Key": pat[1], "X-Organization-ID": str(org2["id"])}
         r = await hub.call("POST", "/v1/fleets", json={"name": "dup"}, headers=headers)
@@ -89,7 +89,7 @@ async def test_duplicate_name_is_409_per_org(hub):
 async def test_unknown_or_foreign_config_is_400(hub):
     with trio.fail_after(20):
         s = hub.services
-        org2 = await s.orgs.create_org("Second", s.clock.now())
+        org2 = await s.stores.orgs.create_org("Second", s.clock.now())
         foreign = await make_config(hub, str(org2["id"]), "theirs")
         for config_id in (foreign, str(uuid.uuid4())):
             r = await hub.call("POST", "/v1/fleets", json={"name": "f", "config_id": config_id})

@@ -189,7 +189,7 @@ async def test_the_reproduced_500s_are_4xx_with_their_codes(nursery, db_url, tmp
         # credentials: a token signed with the hub's own key but an exp of 1e30; a header nested
         # too deep; a non-ASCII token id or CSRF token (hmac.compare_digest refuses such str)
         now = int(s.clock.now().timestamp())
-        forged = s.token_signer.keys.sign_jwt({"iss": ISSUER, "aud": "fleethub-api", "sub": str(uuid.uuid4()),
+        forged = s.access.token_signer.keys.sign_jwt({"iss": ISSUER, "aud": "fleethub-api", "sub": str(uuid.uuid4()),
                                                "org": hub.org_id, "scope": "api", "iat": now, "exp": 1e30})
         for token in (forged, _deep_header_token()):
             r = await hub.call("GET", "/v1/fleets", headers={"Authorization": f"Bearer {token}",

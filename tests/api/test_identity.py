@@ -106,7 +106,7 @@ async def test_bearer_tokens_are_checked_for_signature_expiry_audience_and_accou
         body = base64.urlsafe_b64decode(payload + "==").replace(b'"scope":"api"', b'"scope":"all"')
         forged = base64.urlsafe_b64encode(body).rstrip(b"=").decode()
         assert (await get(f"{head}.{forged}.{sig}")).status_code == 401
-        signer = hub.services.token_signer
+        signer = hub.services.access.token_signer
         sa_id, org_id = uuid.UUID(sa["id"]), uuid.UUID(hub.org_id)
         expired = signer.issue(sa_id, org_id, hub.services.clock.now() - dt.timedelta(hours=2))
         assert (await get(expired)).status_code == 401
@@ -146,8 +146,8 @@ async def _user_with_password(hub, email, password, role="admin"):
     from hub.auth.passwords import hash_password
 
     s = hub.services
-    user = await s.orgs.create_user(email, s.clock.now(), password_hash=hash_password(password))
-    await s.orgs.add_member(uuid.UUID(hub.org_id), user["id"], role, s.clock.now())
+    user = await s.stores.orgs.create_user(email, s.clock.now(), password_hash=hash_password(password))
+    await s.stores.orgs.add_member(uuid.UUID(hub.org_id), user["id"], role, s.clock.now())
     return user
 
 
@@ -266,7 +266,7 @@ async def test_member_sees_only_permitted_fleets_and_relations_apply_at_once(nur
         assert r.status_code == 200
         assert (await hub.call("GET", f"/v1/devices/{da}", headers=mh)).status_code == 403
         # a relation on another organisation's object is refused like an unknown one
-        other = await hub.services.orgs.create_org("Other", hub.services.clock.now())
+        other = await hub.services.stores.orgs.create_org("Other", hub.services.clock.now())
         r = await hub.call("POST", "/v1/relations", json={**grant, "object_type": "organization",
                                                           "object_id": str(other["id"])})
         assert r.status_code == 400
@@ -304,7 +304,7 @@ async def test_rate_limit_headers_and_429(nursery, db_url, tmp_path):
         await s.db.execute("UPDATE organizations SET tier = 'enterprise', rate_limit = 3 WHERE id = $1",
                            uuid.UUID(hub.org_id))
         await s.invalidate(f"org:{hub.org_id}")
-        s.rate_limiter._counts.clear()
+        s.access.rate_limiter._counts.clear()
         statuses = [(await hub.call("GET", "/v1/devices")).status_code for _ in range(4)]
         assert statuses == [200, 200, 200, 429]
         r = await hub.call("GET", "/v1/devices")

@@ -58,7 +58,7 @@ async def test_rotation_beside_a_running_hub(nursery, db_url, tmp_path):
         assert after != before and _opens_with(new_key, after) and not _opens_with(old_key, after)
 
         # the running hub follows: an upload now is sealed under the new key ...
-        await wait_for(lambda: _opens_with(new_key, s.secret_box.seal(b"x")), timeout=5)
+        await wait_for(lambda: _opens_with(new_key, s.stores.secret_box.seal(b"x")), timeout=5)
         r = await hub.call("POST", f"/v1/devices/{device_id}/secret-files",
                            json={"path": "/etc/app/after", "content_base64": b64(b"second")})
         assert r.status_code == 201, r.text
@@ -101,6 +101,6 @@ async def test_a_rotation_that_fails_half_way_loses_nothing(nursery, db_url, tmp
         ring = SecretBox.from_data_dir(data)
         assert [ring.open(c) for c in before] == [PLAINTEXT + bytes([i]) for i in range(3)]
         # the next rotation completes and everything still opens
-        assert await rotate(data, s.secrets.reencrypt_all) == 3
+        assert await rotate(data, s.stores.secrets.reencrypt_all) == 3
         fresh = SecretBox.from_data_dir(data)
         assert [fresh.open(c) for c in await _ciphertexts(s)] == [PLAINTEXT + bytes([i]) for i in range(3)]

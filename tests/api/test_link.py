@@ -77,11 +77,11 @@ async def test_agent_connects_and_its_hello_facts_are_stored(hub, nursery, tmp_p
         assert await is_online(hub, dev_id)
 
         async def stored() -> bool:
-            row = await hub.services.devices.get_any(uuid.UUID(dev_id))
+            row = await hub.services.stores.devices.get_any(uuid.UUID(dev_id))
             return row["online"] and row["firmware"] is not None
 
         await wait_for(stored, timeout=10)  # presence is written behind
-        row = await hub.services.devices.get_any(uuid.UUID(dev_id))
+        row = await hub.services.stores.devices.get_any(uuid.UUID(dev_id))
         assert row["firmware"] == FACTS["firmware"] and row["architecture"] == FACTS["architecture"]
         assert row["boot_reason"] == "power_on" and row["state"] == "online"
         assert row["tunnel_public_key"] == agent.public_key_b64
@@ -293,7 +293,7 @@ async def test_reboot_is_a_real_round_trip(hub, nursery, tmp_path):
         assert await gauge(hub, "fleethub_connected_devices") == 1
 
         async def row_says_reboot() -> bool:
-            row = await hub.services.devices.get_any(uuid.UUID(dev_id))
+            row = await hub.services.stores.devices.get_any(uuid.UUID(dev_id))
             return row["boot_reason"] == "reboot" and row["online"]
 
         await wait_for(row_says_reboot, timeout=5)
@@ -390,11 +390,11 @@ async def test_a_ping_to_a_warm_device_costs_no_storage_crossing_and_a_fleet_mov
 
         # The record's own cache keeps rows 2 s (storage/rowcache.py): long gone between two pings to
         # a device in a real fleet. The ping must not need it; a GET does, and is counted.
-        hub.services.devices.cache.clear()
+        hub.services.stores.devices.cache.clear()
         assert (await hub.call("GET", f"/v1/devices/{dev_id}", headers=member)).status_code == 200
         get_route = {"route": "GET /v1/devices/<device_id>"}
         assert metric_value(await metrics(hub), "fleethub_http_request_storage_crossings_sum", get_route) >= 1
-        hub.services.devices.cache.clear()
+        hub.services.stores.devices.cache.clear()
         text = await metrics(hub)
         count0 = metric_value(text, "fleethub_http_request_storage_crossings_count", PING_ROUTE)
         sum0 = metric_value(text, "fleethub_http_request_storage_crossings_sum", PING_ROUTE)

@@ -265,7 +265,7 @@ async def test_a_partial_hello_leaves_what_it_omits_unchanged(hub, nursery):
         await wait_for(lambda: _boot(hub, dev_id, "reboot"), timeout=5)
         assert await _facts(hub, dev_id, ("fw-7", "aarch64"))
         await trio.sleep(1)  # the presence row is written behind: still there once written
-        row = await hub.services.devices.get_any(uuid.UUID(dev_id))
+        row = await hub.services.stores.devices.get_any(uuid.UUID(dev_id))
         assert (row["firmware"], row["architecture"]) == ("fw-7", "aarch64")
 
 

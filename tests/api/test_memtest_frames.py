@@ -167,7 +167,7 @@ async def test_the_full_page_map_is_uploaded_stored_and_read_by_operators(nurser
         assert_error(r, 404, "run_not_found")
         s = hub.services
         for i in range(10):  # ten real results of the hostile device, stored as the hub stores them
-            await s.memtests.save_result(org, uuid.UUID(other_id), {"runId": f"r{i}", "outcome": "pass"},
+            await s.stores.memtests.save_result(org, uuid.UUID(other_id), {"runId": f"r{i}", "outcome": "pass"},
                                          s.clock.now())
         codes = []
         for i in range(10):
@@ -177,7 +177,7 @@ async def test_the_full_page_map_is_uploaded_stored_and_read_by_operators(nurser
         # two refusals above, four stored: then the minute's uploads are spent
         assert codes == [201] * 4 + [429] * 6, codes
         assert int(r.headers["Retry-After"]) >= 1
-        s.upload_limiter = type(s.upload_limiter)(window=60)  # the next minute
+        s.access.upload_limiter = type(s.access.upload_limiter)(window=60)  # the next minute
         for i in range(4, 10):
             r = await hub.client.put(f"{hub.base_url}/v1/device/memory-tests/r{i}/page-map",
                                      content=body_for(f"r{i}"), headers=hostile)

@@ -324,8 +324,8 @@ def _refuse(code: str, message: str = ""):
 async def _login(hub, role: str = "admin") -> tuple[httpx.AsyncClient, dict]:
     s = hub.services
     email = f"op-{uuid.uuid4().hex[:6]}@example.test"
-    user = await s.orgs.create_user(email, s.clock.now(), password_hash=hash_password("correct horse"))
-    await s.orgs.add_member(uuid.UUID(hub.org_id), user["id"], role, s.clock.now())
+    user = await s.stores.orgs.create_user(email, s.clock.now(), password_hash=hash_password("correct horse"))
+    await s.stores.orgs.add_member(uuid.UUID(hub.org_id), user["id"], role, s.clock.now())
     browser = httpx.AsyncClient(base_url=hub.base_url, timeout=30)
     r = await browser.post("/v1/auth/login", json={"email": email, "password": "correct horse"})
     assert r.status_code == 200, r.text

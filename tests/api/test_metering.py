@@ -25,7 +25,7 @@ async def test_meter_sums_and_flushes_in_one_batch(nursery, db_url, tmp_path):
         assert s.meter.pending() == 0
         s.meter.add(org, "tunnel_bytes", 7, day=day)
         await s.meter.flush()
-        rows = await s.usage.daily(org, day, day + dt.timedelta(days=1))
+        rows = await s.stores.usage.daily(org, day, day + dt.timedelta(days=1))
         got = {(r["product"], r["key"]): int(r["quantity"]) for r in rows}
         assert got == {("tunnel_bytes", ""): 100_007, ("registry_fallback_bytes", "fleet-a"): 5}
 
@@ -52,7 +52,7 @@ async def test_a_connected_device_counts_as_active_once_per_day(nursery, db_url,
 
         async def counted():
             await s.meter.flush()
-            rows = await s.usage.active_devices_daily(uuid.UUID(hub.org_id), today, today + dt.timedelta(days=1))
+            rows = await s.stores.usage.active_devices_daily(uuid.UUID(hub.org_id), today, today + dt.timedelta(days=1))
             return rows == [{"day": today, "devices": 1}]
 
         deadline = trio.current_time() + 5

@@ -23,7 +23,7 @@ async def stored(usage: Usage, org: uuid.UUID) -> dict:
 async def test_a_batch_sent_twice_counts_once(nursery, db_url, tmp_path):
     with trio.fail_after(30):
         hub = await start_hub(nursery, db_url, tmp_path)
-        org, usage = uuid.UUID(hub.org_id), hub.services.usage
+        org, usage = uuid.UUID(hub.org_id), hub.services.stores.usage
         rows = [{"org_id": org, "day": DAY, "product": "tunnel_bytes", "key": "", "quantity": 500}]
         batch = uuid.uuid4()
         assert await usage.add_many(rows, batch_id=batch) is True
@@ -80,7 +80,7 @@ async def test_an_audit_batch_written_again_adds_each_event_once(nursery, db_url
         events = [{"id": uuid.uuid4(), "org_id": org, "at": at, "actor_type": "system", "method": "EVENT",
                    "path": f"/replayed/{i}", "status": 200, "request_id": f"replay-{i}", "details": {}}
                   for i in range(3)]
-        await s.audit.write_many(events)
-        await s.audit.write_many(events)
+        await s.stores.audit.write_many(events)
+        await s.stores.audit.write_many(events)
         count = await s.db.fetchval("SELECT count(*) FROM audit_events WHERE path LIKE '/replayed/%'")
         assert count == 3

@@ -51,7 +51,7 @@ async def test_poisoned_rows_cost_only_themselves(nursery, db_url, tmp_path, cap
     with trio.fail_after(60):
         hub = await start_hub(nursery, db_url, tmp_path)
         s = hub.services
-        orgs = [uuid.UUID(hub.org_id)] + [(await s.orgs.create_org(f"Org {i}", s.clock.now()))["id"]
+        orgs = [uuid.UUID(hub.org_id)] + [(await s.stores.orgs.create_org(f"Org {i}", s.clock.now()))["id"]
                                           for i in range(3)]
         meter = s.meter
         long_key = secrets.token_hex(8000)  # 16,000 characters that do not compress: over btree's 2,704 bytes
@@ -68,7 +68,7 @@ async def test_poisoned_rows_cost_only_themselves(nursery, db_url, tmp_path, cap
         await meter.flush()
 
         for i, org in enumerate(orgs):
-            assert await stored(s.usage, org) == {("tunnel_bytes", ""): 100 + i,
+            assert await stored(s.stores.usage, org) == {("tunnel_bytes", ""): 100 + i,
                                                   ("assistant_prompt_tokens", "user"): 10 + i}, i
         assert meter.set_aside == 4 and meter.pending() == 0
         assert meter.written == 2 * len(orgs)
@@ -83,7 +83,7 @@ async def test_poisoned_rows_cost_only_themselves(nursery, db_url, tmp_path, cap
         # what is counted later is written at once: nothing refused is kept in the way
         meter.add(orgs[0], "tunnel_bytes", 1, day=DAY)
         await meter.flush()
-        assert (await stored(s.usage, orgs[0]))[("tunnel_bytes", "")] == 101
+        assert (await stored(s.stores.usage, orgs[0]))[("tunnel_bytes", "")] == 101
         assert meter.set_aside == 4
 
 
@@ -92,8 +92,8 @@ async def test_a_half_whose_outcome_was_lost_is_sent_again_under_its_id_and_adds
     with trio.fail_after(60):
         hub = await start_hub(nursery, db_url, tmp_path)
         s = hub.services
-        good = [uuid.UUID(hub.org_id), (await s.orgs.create_org("B", s.clock.now()))["id"],
-                (await s.orgs.create_org("C", s.clock.now()))["id"]]
+        good = [uuid.UUID(hub.org_id), (await s.stores.orgs.create_org("B", s.clock.now()))["id"],
+                (await s.stores.orgs.create_org("C", s.clock.now()))["id"]]
         usage = Recording(s.db)
         meter = Meter(usage)
         # [A, poison, B, C]: the whole is refused; [A, poison] is refused, [A] stored, [poison] set

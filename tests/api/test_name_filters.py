@@ -91,7 +91,7 @@ async def test_a_name_reveals_nothing_outside_the_callers_organisation_or_visibl
 
         # another organisation's admin finds none of this organisation's names
         s = hub.services
-        other = await s.orgs.create_org("Other Org", s.clock.now())
+        other = await s.stores.orgs.create_org("Other Org", s.clock.now())
         oh = _creds(await hub.new_user("admin", str(other["id"])), str(other["id"]))
         for path, name in (("/v1/devices", "cam"), ("/v1/fleets", "seen"), ("/v1/configurations", "secret-config")):
             assert await _found(hub, path, name, oh) == ([], 0)

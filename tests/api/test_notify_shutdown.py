@@ -48,10 +48,10 @@ async def test_a_key_rotation_notify_after_the_services_nursery_closed_is_handle
     caplog.set_level(logging.INFO)
     with trio.fail_after(30):
         async with open_services(Settings(data_dir=tmp_path, database_url=db_url), serving=False) as s:
-            before = s.signing_keys.kid
+            before = s.access.signing_keys.kid
             rotate(tmp_path)
         assert s.db.heard.is_set() and s.stopping
-        assert s.signing_keys.kid != before  # the reload is done; only the push to devices is not
+        assert s.access.signing_keys.kid != before  # the reload is done; only the push to devices is not
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 

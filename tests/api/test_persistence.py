@@ -95,7 +95,7 @@ async def test_presence_written_behind_is_flushed_on_shutdown(nursery, db_url, t
         await hub.client.aclose()
 
         services, base_url = await open_hub(nursery, db_url, tmp_path / "hub2")
-        row = await services.devices.get_any(uuid.UUID(dev_id))
+        row = await services.stores.devices.get_any(uuid.UUID(dev_id))
         assert (row["firmware"], row["architecture"]) == (FACTS["firmware"], FACTS["architecture"])
         assert row["last_seen_at"] is not None and row["boot_reason"] == "power_on"
         assert row["online"] is False

@@ -130,10 +130,10 @@ async def test_a_key_rotation_reseals_registry_passwords(nursery, db_url, tmp_pa
         assert r.status_code == 201, r.text
         before = (await s.db.fetchrow("SELECT ciphertext FROM registry_credentials"))["ciphertext"]
         assert PASSWORD.encode() not in before
-        assert await rotate(s.settings.data_dir, s.secrets.reencrypt_all) == 1
-        s.secret_box.reload()
+        assert await rotate(s.settings.data_dir, s.stores.secrets.reencrypt_all) == 1
+        s.stores.secret_box.reload()
         after = (await s.db.fetchrow("SELECT ciphertext FROM registry_credentials"))["ciphertext"]
-        assert after != before and s.secret_box.open(after).decode() == PASSWORD
+        assert after != before and s.stores.secret_box.open(after).decode() == PASSWORD
 
 
 async def test_a_login_rotated_or_deleted_reaches_the_devices_running_a_version_from_its_registry(

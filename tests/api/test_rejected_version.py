@@ -173,42 +173,42 @@ async def test_release_gives_back_what_each_device_runs_and_nothing_else(nursery
         dev = {n: uuid.UUID((await hub.provision(n, fleet_id=fid))[0]) for n in names}
         now = s.clock.now()
         for n in names[:-2] + ["applied_it"]:  # each ran v1 of c1
-            await s.secrets.assign_config(dev[n], c1, now)
-            await s.devices.assign_config(org, dev[n], c1, v1, now)
-            await s.devices.set_config_result(dev[n], "applied", None, v1, now)
+            await s.stores.secrets.assign_config(dev[n], c1, now)
+            await s.stores.devices.assign_config(org, dev[n], c1, v1, now)
+            await s.stores.devices.set_config_result(dev[n], "applied", None, v1, now)
         rid = uuid.uuid4()
-        await s.rollouts.create(
+        await s.stores.rollouts.create(
             {"id": rid, "org_id": org, "fleet_ids": [uuid.UUID(fid)], "config_id": c2, "version_id": v2,
              "force": True, "batch_size": None, "success_threshold": 0.9, "failure_threshold": 0.1,
              "state": "cancelled", "created_by": "test", "created_by_user": None, "created_at": now, "updated_at": now},
             [(dev[n], uuid.UUID(fid), 0, "failed" if n == "rejected" else "updating", None) for n in names])
-        await s.rollouts.assign(list(dev.values()), c2, v2, now)
-        await s.devices.set_config_result(dev["rejected"], "rejected", "health check failed", v1, now)
-        await s.devices.set_config_result(dev["applying"], "applying", None, v1, now)
-        await s.devices.assign_config(org, dev["reassigned"], c1, v1, now)  # an operator's assignment since
-        await s.devices.set_config_result(dev["applied_it"], "applied", None, v2, now)
+        await s.stores.rollouts.assign(list(dev.values()), c2, v2, now)
+        await s.stores.devices.set_config_result(dev["rejected"], "rejected", "health check failed", v1, now)
+        await s.stores.devices.set_config_result(dev["applying"], "applying", None, v1, now)
+        await s.stores.devices.assign_config(org, dev["reassigned"], c1, v1, now)  # an operator's assignment since
+        await s.stores.devices.set_config_result(dev["applied_it"], "applied", None, v2, now)
 
-        released = await s.rollouts.release(rid, v2, now)
+        released = await s.stores.rollouts.release(rid, v2, now)
         assert sorted(released) == sorted([dev["rejected"], dev["never_sent"], dev["ran_none"]])
-        rows = {n: await s.devices.get_any(dev[n]) for n in names}
+        rows = {n: await s.stores.devices.get_any(dev[n]) for n in names}
         for n in ("rejected", "never_sent"):
             r = rows[n]
             assert (r["config_id"], r["config_version_id"], r["applied_version_id"], r["config_status"],
                     r["config_error"]) == (c1, v1, v1, "applied", None), n
-            paths = {f["path"] for f in await s.secrets.expected_on_device(dev[n])}
+            paths = {f["path"] for f in await s.stores.secrets.expected_on_device(dev[n])}
             assert paths == {"/etc/app/run-token"}, n  # the configuration it runs, not the cancelled one's
         assert (rows["ran_none"]["config_id"], rows["ran_none"]["config_version_id"],
                 rows["ran_none"]["config_status"]) == (None, None, None)
-        assert await s.secrets.expected_on_device(dev["ran_none"]) == []
+        assert await s.stores.secrets.expected_on_device(dev["ran_none"]) == []
         assert (rows["applying"]["config_version_id"], rows["applying"]["config_status"]) == (v2, "applying")
         assert (rows["reassigned"]["config_version_id"], rows["reassigned"]["config_status"]) == (v1, "pending")
         assert (rows["applied_it"]["config_version_id"], rows["applied_it"]["config_status"]) == (v2, "applied")
-        steps = {st["device_id"]: st["step"] for st in (await s.rollouts.get_any(rid))[1]}
+        steps = {st["device_id"]: st["step"] for st in (await s.stores.rollouts.get_any(rid))[1]}
         assert {n: steps[dev[n]] for n in names} == {
             "rejected": "failed",  # its result stays the rollout's record
             "never_sent": "pending", "ran_none": "pending",  # never updated
             "applying": "updating", "reassigned": "updating", "applied_it": "updating"}  # not released
-        assert await s.rollouts.release(rid, v2, now) == []
+        assert await s.stores.rollouts.release(rid, v2, now) == []
 
 
 SLOW_FAILING = {"command": HEALTHY["command"],

@@ -183,7 +183,7 @@ async def test_delivering_a_configuration_needs_editor_on_it(nursery, db_url, tm
         for r in refused:
             assert r.status_code == 403, (r.request.url, r.text)
             assert "s3cret" not in r.text and b64(b"s3cret") not in r.text
-        row = await hub.services.devices.get(uuid.UUID(hub.org_id), uuid.UUID(dev))
+        row = await hub.services.stores.devices.get(uuid.UUID(hub.org_id), uuid.UUID(dev))
         assert row["config_id"] is None
         # editor on the configuration: the same member may deliver it
         await grant("configuration", cid, "editor")

@@ -195,7 +195,7 @@ async def test_tokens_issued_before_a_rotation_by_run_admin_stay_valid(nursery, 
         sa = await make_service_account(hub, [{"relation": "viewer"}])
         old_access = await _access_token(hub, sa)
         old_tunnel = await tunnel_token(hub)
-        old_kid = s.signing_keys.kid
+        old_kid = s.access.signing_keys.kid
         assert header_kid(old_access) == header_kid(old_tunnel) == old_kid
         old_pem = (data / KEY_FILE).read_bytes()
 
@@ -212,7 +212,7 @@ async def test_tokens_issued_before_a_rotation_by_run_admin_stay_valid(nursery, 
         assert result == {"rotated": True, "kids": [new_kid, old_kid]}
         assert (data / PREVIOUS_FILES[0]).read_bytes() == old_pem
         assert oct((data / KEY_FILE).stat().st_mode & 0o777) == "0o600"
-        await wait_for(lambda: s.signing_keys.kid == new_kid, timeout=5)  # NOTIFY reached the hub
+        await wait_for(lambda: s.access.signing_keys.kid == new_kid, timeout=5)  # NOTIFY reached the hub
 
         assert (await devices(old_access)).status_code == 200
         assert (await tunnel_call(old_tunnel)).status_code == 404
@@ -228,7 +228,7 @@ async def test_tokens_issued_before_a_rotation_by_run_admin_stay_valid(nursery, 
         # two more rotations: the first key leaves the ring, and what it signed with it
         await run_admin(s.settings, ROTATE)
         result = await run_admin(s.settings, ROTATE)
-        await wait_for(lambda: s.signing_keys.kids == result["kids"], timeout=5)
+        await wait_for(lambda: s.access.signing_keys.kids == result["kids"], timeout=5)
         assert old_kid not in result["kids"] and new_kid in result["kids"]
         assert (await devices(old_access)).status_code == 401
         assert (await tunnel_call(old_tunnel)).status_code == 401
@@ -246,7 +246,7 @@ async def test_a_connected_agent_takes_grants_of_the_new_key_without_reconnectin
         config = TunnelConfig(targets={"echo": ("127.0.0.1", 9)}, allowed_ports=frozenset(), ssh=False)
         running = await start_agent(nursery, hub.base_url, token, tmp_path / "agent", tunnel=config)
         agent = running.agent
-        old_kid = s.signing_keys.kid
+        old_kid = s.access.signing_keys.kid
         assert list(agent.hub_keys) == [old_kid]
         ttoken = await tunnel_token(hub)
         peers = []

@@ -67,17 +67,17 @@ def _setup(box) -> dict:
         now = s.clock.now()
         out = {}
         for name in ("A", "B"):
-            org = await s.orgs.create_org(f"Org {name}", now, tier="enterprise")
+            org = await s.stores.orgs.create_org(f"Org {name}", now, tier="enterprise")
             await s.db.execute("UPDATE organizations SET rate_limit = 10000000 WHERE id = $1", org["id"])
-            admin = await s.orgs.create_user(f"admin-{name}-{uuid.uuid4().hex[:6]}@t.local", now)
-            await s.orgs.add_member(org["id"], admin["id"], "admin", now)
+            admin = await s.stores.orgs.create_user(f"admin-{name}-{uuid.uuid4().hex[:6]}@t.local", now)
+            await s.stores.orgs.add_member(org["id"], admin["id"], "admin", now)
             pid, secret = new_pat()
-            await s.tokens.create_pat(pid, admin["id"], digest(secret), now)
+            await s.stores.tokens.create_pat(pid, admin["id"], digest(secret), now)
             out[name] = {"org": str(org["id"]), "pat": (pid, secret)}
-        member = await s.orgs.create_user(f"member-{uuid.uuid4().hex[:6]}@t.local", now)
-        await s.orgs.add_member(uuid.UUID(out["A"]["org"]), member["id"], "member", now)
+        member = await s.stores.orgs.create_user(f"member-{uuid.uuid4().hex[:6]}@t.local", now)
+        await s.stores.orgs.add_member(uuid.UUID(out["A"]["org"]), member["id"], "member", now)
         pid, secret = new_pat()
-        await s.tokens.create_pat(pid, member["id"], digest(secret), now)
+        await s.stores.tokens.create_pat(pid, member["id"], digest(secret), now)
         out["M"] = {"org": out["A"]["org"], "pat": pid and (pid, secret), "user": str(member["id"])}
         return out
     return _on_hub(box, make)

@@ -62,11 +62,11 @@ async def test_another_organisation_sees_and_touches_nothing(nursery, db_url, tm
 
         # Organisation B: its own admin with a PAT.
         now = s.clock.now()
-        org_b = await s.orgs.create_org("Org B", now)
-        user_b = await s.orgs.create_user("b-admin@test.local", now)
-        await s.orgs.add_member(org_b["id"], user_b["id"], "admin", now)
+        org_b = await s.stores.orgs.create_org("Org B", now)
+        user_b = await s.stores.orgs.create_user("b-admin@test.local", now)
+        await s.stores.orgs.add_member(org_b["id"], user_b["id"], "admin", now)
         pat_id, secret = new_pat()
-        await s.tokens.create_pat(pat_id, user_b["id"], digest(secret), now)
+        await s.stores.tokens.create_pat(pat_id, user_b["id"], digest(secret), now)
         headers_b = {"X-API-Token-ID": pat_id, "X-API-Secret-Key": secret, "X-Organization-ID": str(org_b["id"])}
 
         fill = {"device_id": device_a, "fleet_id": fleet_a, "sa_id": sa_a, "user_id": user_a, "pat_id": hub.pat[0],
@@ -133,7 +133,7 @@ async def test_another_organisation_sees_and_touches_nothing(nursery, db_url, tm
         assert [f["path"] for f in r.json()["data"]] == ["/etc/app/a-device-key"]
         r = await hub.call("GET", "/v1/service-accounts")
         assert [x["id"] for x in r.json()["data"]] == [sa_a]
-        rows = await s.identity.list_relations(uuid.UUID(hub.org_id))
+        rows = await s.stores.identity.list_relations(uuid.UUID(hub.org_id))
         assert len(rows) == 2  # the service account's org-wide viewer and the member's device viewer
 
 

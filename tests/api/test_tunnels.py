@@ -177,10 +177,10 @@ async def test_checks_run_in_the_spec_order(hub, nursery):
         await entitle(hub)
         # Billing-locked account.
         s = hub.services
-        await s.billing.put_profile(uuid.UUID(hub.org_id), s.clock.now(), plan="standard", locked=True)
+        await s.stores.billing.put_profile(uuid.UUID(hub.org_id), s.clock.now(), plan="standard", locked=True)
         await s.invalidate(f"billing:{hub.org_id}")
         tunnel_error(await open_session(hub, token, dev_id), 403, "account_locked")
-        await s.billing.put_profile(uuid.UUID(hub.org_id), s.clock.now(), locked=False)
+        await s.stores.billing.put_profile(uuid.UUID(hub.org_id), s.clock.now(), locked=False)
         await s.invalidate(f"billing:{hub.org_id}")
         # No such device / no tunnel identity.
         tunnel_error(await open_session(hub, token, str(uuid.uuid4())), 404, "no_device_identity")
@@ -247,7 +247,7 @@ async def test_device_refusals(hub, nursery, code, status, expected):
         body = tunnel_error(r, status, expected)
         if expected == "device_rejected":
             assert body["reason"] == f"the device says {code}"
-        [row] = [x for x in await hub.services.billing.tunnel_records(
+        [row] = [x for x in await hub.services.stores.billing.tunnel_records(
             uuid.UUID(hub.org_id), dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc),
             dt.datetime(2100, 1, 1, tzinfo=dt.timezone.utc), None, 10)]
         assert row["state"] == "failed" and row["close_reason"] == expected
@@ -286,7 +286,7 @@ async def test_another_organisation_cannot_reach_sessions_or_devices(hub, nurser
         data = (await open_session(hub, await tunnel_token(hub), dev_id)).json()["data"]
         sid = data["session_id"]
         s = hub.services
-        org_b = await s.orgs.create_org("Org B", s.clock.now())
+        org_b = await s.stores.orgs.create_org("Org B", s.clock.now())
         b = await hub.new_user("admin", str(org_b["id"]))
         await entitle(hub, str(org_b["id"]))
         b_token = await tunnel_token(hub, {"X-API-Token-ID": b[0], "X-API-Secret-Key": b[1],

@@ -230,24 +230,24 @@ async def test_a_write_under_a_lease_taken_over_is_refused(nursery, db_url, tmp_
         endpoint_id = uuid.UUID(created["id"])
         await wait_for(lambda: endpoint_id in s.deliverer.running, timeout=30)
         now = s.clock.now()
-        assert await s.webhooks.acquire(endpoint_id, "node-b", 30) is None  # held by this node
+        assert await s.stores.webhooks.acquire(endpoint_id, "node-b", 30) is None  # held by this node
         # node-b takes the endpoint over once this node's lease has lapsed (as a killed node's does): the
         # row's expiry is set in the past, and re-set after any renewal of this node's running meanwhile
         lapse = "UPDATE webhook_endpoints SET lease_expires_at = clock_timestamp() - interval '1 hour' WHERE id = $1"
         taken = None
         while taken is None:
             await s.db.execute(lapse, endpoint_id)
-            taken = await s.webhooks.acquire(endpoint_id, "node-b", 30)
+            taken = await s.stores.webhooks.acquire(endpoint_id, "node-b", 30)
         attempt = Attempt(event_id=uuid.uuid4(), type="io.fleethub.device.event.probe", org_seq=99, attempt=1,
                           status=200, ok=True, latency_ms=1.0, excerpt="", error=None, manual=False, at=now)
         stale = type(taken)(endpoint_id, s.deliverer.owner, taken.epoch - 1)
         try:
-            await s.webhooks.delivered(stale, [attempt])
+            await s.stores.webhooks.delivered(stale, [attempt])
         except Stale:
             pass
         else:
             raise AssertionError("a write under a lease taken over was accepted")
-        row = await s.webhooks.get(uuid.UUID(hub.org_id), endpoint_id)
+        row = await s.stores.webhooks.get(uuid.UUID(hub.org_id), endpoint_id)
         assert row["cursor"] == created["cursor"] and row["lease_owner"] == "node-b"
 
 
@@ -295,11 +295,11 @@ async def test_a_key_rotation_reseals_the_signing_secrets(nursery, db_url, tmp_p
         hub, receiver = await _setup(nursery, db_url, tmp_path)
         s = hub.services
         created = await _endpoint(hub, receiver)
-        before = await s.webhooks.secret(uuid.UUID(created["id"]))
-        await rotate(s.settings.data_dir, s.secrets.reencrypt_all)
-        after = await s.webhooks.secret(uuid.UUID(created["id"]))
+        before = await s.stores.webhooks.secret(uuid.UUID(created["id"]))
+        await rotate(s.settings.data_dir, s.stores.secrets.reencrypt_all)
+        after = await s.stores.webhooks.secret(uuid.UUID(created["id"]))
         assert after != before
-        s.secret_box.reload()
+        s.stores.secret_box.reload()
         assert SecretBox.from_data_dir(s.settings.data_dir).open(after).decode() == created["secret"]
         r = await hub.call("POST", f"/v1/webhooks/{created['id']}/test")
         assert r.json()["data"]["ok"] is True
@@ -387,6 +387,6 @@ async def test_subjects_go_in_parallel_and_a_failure_of_one_keeps_every_subject_
         beyond = [e for e, _ in requests[failed_at + 1:retried_at]
                   if int(e["sequence"]) > int(requests[failed_at][0]["sequence"])]
         assert beyond and {e["subject"] for e in beyond} <= {f"devices/{devices[0]}", f"devices/{devices[2]}"}
-        row = await s.webhooks.get(uuid.UUID(hub.org_id), uuid.UUID(created["id"]))
-        last = (await s.event_log.cursors(uuid.UUID(hub.org_id)))[0]
+        row = await s.stores.webhooks.get(uuid.UUID(hub.org_id), uuid.UUID(created["id"]))
+        last = (await s.stores.event_log.cursors(uuid.UUID(hub.org_id)))[0]
         assert row["cursor"] == last and row["attempts"] == 0

@@ -194,7 +194,7 @@ async def test_validation_names_the_field_and_stores_nothing(hub):
 async def test_unknown_and_other_organisations_fleets_are_404(hub):
     with trio.fail_after(30):
         s = hub.services
-        org2 = await s.orgs.create_org("Second", s.clock.now())
+        org2 = await s.stores.orgs.create_org("Second", s.clock.now())
         other_admin = headers_for(await hub.new_user("admin", str(org2["id"])), str(org2["id"]))
         theirs = await make_fleet(hub, "theirs", headers=other_admin)
         r = await hub.call("PUT", f"/v1/fleets/{theirs}/update-window", json=BERLIN_NIGHTS, headers=other_admin)

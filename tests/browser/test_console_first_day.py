@@ -33,10 +33,10 @@ def _person(console, *, org: bool) -> str:
         s = console.hub.services
         email = f"person-{uuid.uuid4().hex[:6]}@test.local"
         digest = await trio.to_thread.run_sync(hash_password, PASSWORD)
-        user = await s.orgs.create_user(email, s.clock.now(), password_hash=digest)
+        user = await s.stores.orgs.create_user(email, s.clock.now(), password_hash=digest)
         if org:
-            new = await s.orgs.create_org(f"Empty {email[:13]}", s.clock.now())
-            await s.orgs.add_member(new["id"], user["id"], "admin", s.clock.now())
+            new = await s.stores.orgs.create_org(f"Empty {email[:13]}", s.clock.now())
+            await s.stores.orgs.add_member(new["id"], user["id"], "admin", s.clock.now())
         return email
 
     return console.run(make)

@@ -139,7 +139,7 @@ def test_billing_shows_each_quantity_in_the_unit_it_counts(page, console, screen
 
     async def with_usage() -> None:
         s = hub.services
-        await s.billing.put_profile(org, s.clock.now(), plan="standard")
+        await s.stores.billing.put_profile(org, s.clock.now(), plan="standard")
         s.meter.add(org, "tunnel_bytes", 5_034_686, day=s.clock.now().date())
         await state.changed(s, org)
 

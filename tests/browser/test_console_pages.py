@@ -189,10 +189,10 @@ def test_access_names_the_relations_objects_and_subjects(page, console):
 def test_audit_log_names_its_actors(page, console):
     async def user() -> tuple[str, str, dict]:
         s = console.hub.services
-        u = await s.orgs.create_user(f"auditor-{uuid.uuid4().hex[:6]}@test.local", s.clock.now())
-        await s.orgs.add_member(uuid.UUID(console.org_id), u["id"], "member", s.clock.now())
+        u = await s.stores.orgs.create_user(f"auditor-{uuid.uuid4().hex[:6]}@test.local", s.clock.now())
+        await s.stores.orgs.add_member(uuid.UUID(console.org_id), u["id"], "member", s.clock.now())
         pat_id, secret = new_pat()
-        await s.tokens.create_pat(pat_id, u["id"], digest(secret), s.clock.now(), description="nightly <b>job</b>")
+        await s.stores.tokens.create_pat(pat_id, u["id"], digest(secret), s.clock.now(), description="nightly <b>job</b>")
         return u["email"], str(u["id"]), {"X-API-Token-ID": pat_id, "X-API-Secret-Key": secret,
                                           "X-Organization-ID": console.org_id}
 
@@ -243,7 +243,7 @@ def test_billing_page_charts_usage_over_time(page, console):
 
     async def with_usage() -> None:
         s = hub.services
-        await s.billing.put_profile(org, s.clock.now(), plan="standard")
+        await s.stores.billing.put_profile(org, s.clock.now(), plan="standard")
         s.meter.add(org, "tunnel_minutes", 12, day=today)
         s.meter.add(org, "tunnel_bytes", 3 * 1024 * 1024, day=today)
         await state.changed(s, org)

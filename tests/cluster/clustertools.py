@@ -42,10 +42,10 @@ async def seed(db_url: str, data_dir: Path) -> tuple[str, dict[str, str]]:
     admin`` would): returns the org id and the API headers."""
     async with open_services(Settings(data_dir=data_dir, database_url=db_url), serving=False) as s:
         now = s.clock.now()
-        org = await s.orgs.create_org("Cluster Org", now)
-        user = await s.orgs.create_user(f"admin-{uuid.uuid4().hex[:6]}@test.local", now)
-        await s.orgs.add_member(org["id"], user["id"], "admin", now)
+        org = await s.stores.orgs.create_org("Cluster Org", now)
+        user = await s.stores.orgs.create_user(f"admin-{uuid.uuid4().hex[:6]}@test.local", now)
+        await s.stores.orgs.add_member(org["id"], user["id"], "admin", now)
         pat_id, secret = new_pat()
-        await s.tokens.create_pat(pat_id, user["id"], digest(secret), now)
+        await s.stores.tokens.create_pat(pat_id, user["id"], digest(secret), now)
     return str(org["id"]), {"X-API-Token-ID": pat_id, "X-API-Secret-Key": secret,
                             "X-Organization-ID": str(org["id"])}

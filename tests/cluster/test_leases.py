@@ -37,27 +37,27 @@ async def test_an_expired_lease_moves_and_the_old_epoch_writes_nothing(nursery, 
         now = s.clock.now()
 
         # leases are timed on PostgreSQL's clock: a short one, then real time passes
-        old = await s.rollout_leases.acquire(rid, "a", 0.5)
+        old = await s.stores.rollout_leases.acquire(rid, "a", 0.5)
         assert old is not None and old.epoch == 1
-        assert await s.rollout_leases.acquire(rid, "b", 10) is None  # still A's
-        assert await s.rollout_leases.renew(old, 0.5)
-        assert await s.rollout_leases.owner(rid) == "a"
+        assert await s.stores.rollout_leases.acquire(rid, "b", 10) is None  # still A's
+        assert await s.stores.rollout_leases.renew(old, 0.5)
+        assert await s.stores.rollout_leases.owner(rid) == "a"
         await trio.sleep(0.7)  # lapsed
-        assert await s.rollout_leases.owner(rid) is None
-        new = await s.rollout_leases.acquire(rid, "b", 10)  # expired: B's
+        assert await s.stores.rollout_leases.owner(rid) is None
+        new = await s.stores.rollout_leases.acquire(rid, "b", 10)  # expired: B's
         assert new is not None and (new.owner, new.epoch) == ("b", 2)
-        assert not await s.rollout_leases.renew(old, 10)
+        assert not await s.stores.rollout_leases.renew(old, 10)
 
         step = [(uuid.UUID(dev), "failed", "written by a node that lost its lease", now)]
         with pytest.raises(LeaseLost):
-            await s.rollouts.save(rid, now, state="paused", current_batch=0, reason="stale", accepted_failures=0,
+            await s.stores.rollouts.save(rid, now, state="paused", current_batch=0, reason="stale", accepted_failures=0,
                                   accepted_batch=0, steps=step, fence=old)
         with pytest.raises(LeaseLost):
-            await s.rollouts.assign([uuid.UUID(dev)], uuid.UUID(cid), uuid.uuid4(), now, fence=old)
+            await s.stores.rollouts.assign([uuid.UUID(dev)], uuid.UUID(cid), uuid.uuid4(), now, fence=old)
         row = await s.db.fetchrow("SELECT state, reason FROM rollouts WHERE id = $1", rid)
         assert row["reason"] != "stale"
         assert await s.db.fetchval("SELECT step FROM rollout_devices WHERE rollout_id = $1", rid) == "succeeded"
-        await s.rollouts.save(rid, now, state="paused", current_batch=0, reason="by b", accepted_failures=0,
+        await s.stores.rollouts.save(rid, now, state="paused", current_batch=0, reason="by b", accepted_failures=0,
                               accepted_batch=0, steps=[], fence=new)
         assert await s.db.fetchval("SELECT reason FROM rollouts WHERE id = $1", rid) == "by b"
 
@@ -66,7 +66,7 @@ def _node_view(s, **over) -> SimpleNamespace:
     """What hub/cluster/leases.py reads of a ClusterNode (hub/cluster/topology.py), as node "a"."""
     return SimpleNamespace(**{"registry": s.registry, "fences": {}, "lease_expiries": {}, "lease_lock": trio.Lock(),
                               "bus": SimpleNamespace(connected=True), "lease_seconds": 10.0,
-                              "rollout_leases": s.rollout_leases, "rollouts": s.rollouts, "node_id": "a", **over})
+                              "rollout_leases": s.stores.rollout_leases, "rollouts": s.stores.rollouts, "node_id": "a", **over})
 
 
 async def _two_holds_at_once_take_one_epoch(s, rid: uuid.UUID) -> None:
@@ -115,7 +115,7 @@ async def _a_new_rollout_is_born_with_its_creators_lease(s, settled: uuid.UUID) 
     leased = await s.db.fetchrow("SELECT owner, epoch, xmin::text AS xmin FROM rollout_leases WHERE rollout_id = $1",
                                  row["id"])
     assert (leased["owner"], leased["epoch"], leased["xmin"]) == ("a", 1, made)
-    assert await s.rollout_leases.acquire(row["id"], "b", 10) is None  # B's round cannot take it
+    assert await s.stores.rollout_leases.acquire(row["id"], "b", 10) is None  # B's round cannot take it
     await leases.hold(node, row["id"])  # A's own round: already held, no second take
     assert await s.db.fetchval("SELECT epoch FROM rollout_leases WHERE rollout_id = $1", row["id"]) == 1
     await s.db.execute("DELETE FROM rollout_leases WHERE rollout_id = $1", row["id"])

@@ -56,7 +56,7 @@ async def test_the_api_rate_limit_counts_requests_on_every_node(nats_server, db_
             key = ("org", uuid.UUID(a.org_id))
 
             def left(s) -> int:  # what a node's limiter leaves of the hour's 10, counting what it learnt
-                return s.rate_limiter.peek(key, 10, s.clock.now()).remaining
+                return s.access.rate_limiter.peek(key, 10, s.clock.now()).remaining
 
             # 6 on node A, then (once A wrote its count and B read it: a sync round of each, ~1 s apiece,
             # longer on a loaded machine) 4 on node B use the hour's 10 between them
@@ -83,8 +83,8 @@ async def test_sign_in_failures_are_counted_on_every_node(nats_server, db_url, t
             a, b, b_url = await two_nodes(nursery, db_url, tmp_path / "hub", nats_server.url)
             s = a.services
             pw = await trio.to_thread.run_sync(hash_password, "right")
-            user = await s.orgs.create_user("target@example.test", s.clock.now(), password_hash=pw)
-            await s.orgs.add_member(uuid.UUID(a.org_id), user["id"], "admin", s.clock.now())
+            user = await s.stores.orgs.create_user("target@example.test", s.clock.now(), password_hash=pw)
+            await s.stores.orgs.add_member(uuid.UUID(a.org_id), user["id"], "admin", s.clock.now())
             statuses = []
             for i in range(6):  # the account's limit is 5 failures in 15 minutes, whichever node they reach
                 base = (a.base_url, b_url)[i % 2]
@@ -95,7 +95,7 @@ async def test_sign_in_failures_are_counted_on_every_node(nats_server, db_url, t
             r = await a.client.post(a.base_url + "/v1/auth/login",
                                     json={"email": "target@example.test", "password": "right"})
             assert_error(r, 429, "rate_limited")  # refused unchecked: even the right password waits
-            assert len(s.login_throttle) == 0 and len(b.login_throttle) == 0  # not counted per node
+            assert len(s.access.login_throttle) == 0 and len(b.login_throttle) == 0  # not counted per node
             nursery.cancel_scope.cancel()
 
 

@@ -320,7 +320,7 @@ async def test_a_key_rotation_reaches_every_node(nats_server, db_url, tmp_path, 
             old = await token_from(b_url)
             result = await run_admin(a.services.settings, argparse.Namespace(admin_command="rotate-signing-key"))
             new_kid = result["kids"][0]
-            await wait_for(lambda: a.services.signing_keys.kid == new_kid == b.signing_keys.kid, timeout=5)
+            await wait_for(lambda: a.services.access.signing_keys.kid == new_kid == b.signing_keys.kid, timeout=5)
             new = await token_from(b_url)
             assert new != old
             for base in (a.base_url, b_url):

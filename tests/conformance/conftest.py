@@ -70,7 +70,7 @@ class SpecHub:
         """A second organisation, with an admin's PAT headers for it."""
         async def make() -> str:
             s = self.hub.services
-            org = await s.orgs.create_org(f"org-{uuid.uuid4().hex[:6]}", s.clock.now())
+            org = await s.stores.orgs.create_org(f"org-{uuid.uuid4().hex[:6]}", s.clock.now())
             await s.db.execute("UPDATE organizations SET tier = $2, rate_limit = $3 WHERE id = $1",
                                org["id"], tier, rate_limit)
             await s.invalidate(f"org:{org['id']}")
@@ -126,8 +126,8 @@ class SpecHub:
 
         async def make() -> None:
             s = self.hub.services
-            user = await s.orgs.create_user(email, s.clock.now(), password_hash=hash_password("correct horse"))
-            await s.orgs.add_member(uuid.UUID(self.org_id), user["id"], role, s.clock.now())
+            user = await s.stores.orgs.create_user(email, s.clock.now(), password_hash=hash_password("correct horse"))
+            await s.stores.orgs.add_member(uuid.UUID(self.org_id), user["id"], role, s.clock.now())
 
         self.run(make)
         browser = httpx.Client(base_url=self.base_url, timeout=30)

@@ -15,8 +15,8 @@ def _billing_profile(spec) -> None:
 
     async def make() -> None:
         s = spec.hub.services
-        if await s.billing.profile(uuid.UUID(spec.org_id)) is None:
-            await s.billing.put_profile(uuid.UUID(spec.org_id), s.clock.now(), plan="pro")
+        if await s.stores.billing.profile(uuid.UUID(spec.org_id)) is None:
+            await s.stores.billing.put_profile(uuid.UUID(spec.org_id), s.clock.now(), plan="pro")
             await state.changed(s, uuid.UUID(spec.org_id))
 
     spec.run(make)
@@ -101,7 +101,7 @@ def test_billing_locked_pricing_and_usage_readable_features_refused_409(spec):
 
     async def lock() -> None:
         s = spec.hub.services
-        await s.billing.put_profile(org_id, s.clock.now(), plan="pro", locked=True)
+        await s.stores.billing.put_profile(org_id, s.clock.now(), plan="pro", locked=True)
         await state.changed(s, org_id)
 
     spec.run(lock)

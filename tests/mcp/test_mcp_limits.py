@@ -107,7 +107,7 @@ async def test_mcp_requests_spend_the_organisations_rate_limit(nursery, db_url, 
         await s.db.execute("UPDATE organizations SET tier = 'enterprise', rate_limit = 6 WHERE id = $1",
                            uuid.UUID(hub.org_id))
         await s.invalidate(f"org:{hub.org_id}")
-        s.rate_limiter._counts.clear()
+        s.access.rate_limiter._counts.clear()
         refused = None
         async with http_session(hub.base_url, pat_headers(hub.pat, hub.org_id)) as mcp:
             for _ in range(8):
