@@ -1,14 +1,19 @@
 """The event log, SSE resume and webhooks (issue 33, docs/events.md): what they cost and what they keep.
 
-    python bench/events.py [--smoke] [--parts cost,latency,outage,resume] [--rate 1000] [--down 600]
+    python bench/events.py [--smoke] [--parts cost,append,latency,latency-far,outage,resume] [--rate 1000] [--down 600]
 
 One hub in this process (hub/server.py ``run_hub``, a fresh database of one embedded PostgreSQL per
 part), events recorded through the hub's own ``Journal`` as DeviceActors record them:
 
 - cost: REST throughput (closed-loop ``GET /v1/devices/{id}``, ``--clients`` at once) while
-  ``--rate`` device events a second are recorded, with the log on and off (FLEETHUB_EVENT_LOG=0):
-  the ratio, and the events the log took per second. The device load is synthetic (the journal fed
-  at a fixed rate), not the soak bench's agents.
+  ``--rate`` device events a second are recorded, with the log on and off (FLEETHUB_EVENT_LOG=0), in
+  ``--pairs`` pairs of runs whose order alternates: the median of the pairs' ratios and their spread.
+  PostgreSQL statements are counted in asyncpg in both modes (per REST request, and the log's own per
+  1,000 events): a figure the machine's load cannot blur. The device load is synthetic (the journal
+  fed at a fixed rate), not the soak bench's agents. Run with ``--parts`` a subset, the section keeps
+  the other parts' rows from the run before (and says so).
+- append: CPU per event appended (the hub's process, PostgreSQL), in batches of 50 (the journal's at
+  1,000 events a second) and 500 (its largest), with no other load.
 - latency: one webhook endpoint on a local receiver, ``--rate`` events a second for ``--seconds``;
   from the event's record to the receiver's 200 (an event's first arrival), p50 and p99.
 - latency-far: the same at ``--far-rate`` to a receiver that answers after ``--far-delay`` seconds,
@@ -16,6 +21,7 @@ part), events recorded through the hub's own ``Journal`` as DeviceActors record 
 - outage: the receiver answers 503 for ``--down`` seconds while ``--subjects`` devices each send
   ``--per-subject`` events, then 200 again: every event delivered, none lost, in order per subject
   (counted), and how long the catching up took. The hub's own retry schedule (5 s doubling to 1 h).
+  Synthetic subjects; bench/events_rollout.py does the same during a real rollout to connected devices.
 - resume: an SSE client of a device's stream drops the stream ``--drops`` times, at random points,
   while events are recorded, and reconnects with Last-Event-ID: each event seen exactly once (counted).
 """
@@ -23,14 +29,11 @@ part), events recorded through the hub's own ``Journal`` as DeviceActors record 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import shutil
 import sys
 import time
-import uuid
-from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,116 +44,8 @@ import trio  # noqa: E402
 
 from _common import OUT_DIR, Verdicts, command_line, facts_line, loadavg, log, machine_facts, md_table, \
     percentile, shm_tempdir, write_section  # noqa: E402
-
-
-class Bench:
-    """Hubs in this trio run, each on a fresh database of one PostgreSQL server, with an admin PAT."""
-
-    def __init__(self, server_dsn: str, data_dir: Path) -> None:
-        self.server_dsn, self.data_dir = server_dsn, data_dir
-        self.count = 0
-
-    async def hub(self, nursery: trio.Nursery, **settings):
-        import asyncpg
-
-        from hub.auth.pat import digest, new_pat
-        from hub.server import run_hub
-        from hub.settings import Settings
-
-        self.count += 1
-        name = f"bench_events_{self.count}_{uuid.uuid4().hex[:6]}"
-        async def create() -> None:  # asyncpg on its own loop in a thread: this run is trio's
-            c = await asyncpg.connect(self.server_dsn)
-            try:
-                await c.execute(f"CREATE DATABASE {name}")
-            finally:
-                await c.close()
-
-        await trio.to_thread.run_sync(lambda: asyncio.run(create()))
-        dsn = self.server_dsn.rsplit("/", 1)[0] + "/" + name
-        data_dir = self.data_dir / name
-        data_dir.mkdir(parents=True)
-        cfg = Settings(data_dir=data_dir, database_url=dsn, port=0, log_level="WARNING", **settings)
-        services, base_url = await nursery.start(partial(run_hub, cfg))
-        now = services.clock.now()
-        org = await services.stores.orgs.create_org("bench", now)
-        # out of the request rate limit (1,000 an hour on the standard tier), as bench/_common.py does
-        await services.db.execute("UPDATE organizations SET tier = 'enterprise', rate_limit = 2000000000 "
-                                  "WHERE id = $1", org["id"])
-        user = await services.stores.orgs.create_user(f"bench-{uuid.uuid4().hex[:6]}@bench.local", now)
-        await services.stores.orgs.add_member(org["id"], user["id"], "admin", now)
-        pat_id, secret = new_pat()
-        await services.stores.tokens.create_pat(pat_id, user["id"], digest(secret), now)
-        headers = {"X-API-Token-ID": pat_id, "X-API-Secret-Key": secret, "X-Organization-ID": str(org["id"])}
-        return services, base_url, org["id"], headers
-
-
-async def _devices(client: httpx.AsyncClient, base: str, headers: dict, n: int) -> list[str]:
-    out = []
-    for i in range(n):
-        r = await client.post(base + "/v1/devices", json={"name": f"d{i}"}, headers=headers)
-        r.raise_for_status()
-        out.append(r.json()["data"]["id"])
-    return out
-
-
-def _event(s, device_id: str, n: int) -> dict:
-    from device_client.shared.clock import rfc3339
-    return {"kind": "device.event.telemetry", "deviceId": device_id, "at": rfc3339(s.clock.now()),
-            "payload": {"n": n}}
-
-
-async def _feed(s, org_id, devices: list[str], rate: float, seconds: float, sent: dict | None = None,
-                limit: int | None = None) -> int:
-    """``rate`` events a second (at most ``limit``), in ticks of 10 ms, round robin over ``devices``;
-    returns how many."""
-    n, started = 0, trio.current_time()
-    while trio.current_time() - started < seconds and (limit is None or n < limit):
-        due = int((trio.current_time() - started) * rate)
-        if limit is not None:
-            due = min(due, limit)
-        while n < due:
-            if sent is not None:
-                sent[n] = trio.current_time()
-            s.journal.record(org_id, _event(s, devices[n % len(devices)], n))
-            n += 1
-        await trio.sleep(0.01)
-    return n
-
-
-async def part_cost(bench: Bench, args) -> dict:
-    """Alternating off/on runs (``--repeat`` of each), each mode's best: the machine may be shared,
-    and a run slowed by a neighbour should not be read as the log's cost."""
-    runs: dict[str, list[dict]] = {"on": [], "off": []}
-    for mode in ("off", "on") * args.repeat:
-        out = {}
-        async with trio.open_nursery() as nursery:
-            s, base, org_id, headers = await bench.hub(nursery, event_log=(mode == "on"))
-            async with httpx.AsyncClient(timeout=30) as client:
-                devices = await _devices(client, base, headers, 10)
-                done = 0
-                stop = trio.current_time() + args.seconds
-
-                async def caller(i: int) -> None:
-                    nonlocal done
-                    while trio.current_time() < stop:
-                        r = await client.get(f"{base}/v1/devices/{devices[i % len(devices)]}", headers=headers)
-                        r.raise_for_status()
-                        done += 1
-
-                appended0 = s.journal.appended
-                async with trio.open_nursery() as load:
-                    load.start_soon(_feed, s, org_id, devices, args.rate, args.seconds)
-                    for i in range(args.clients):
-                        load.start_soon(caller, i)
-                await s.journal.wait_written()
-                out[mode] = {"requests_per_s": round(done / args.seconds, 1),
-                             "events_logged_per_s": round((s.journal.appended - appended0) / args.seconds, 1)}
-            nursery.cancel_scope.cancel()
-        log(f"cost, log {mode}: {out[mode]}")
-        runs[mode].append(out[mode])
-    best = {mode: max(rs, key=lambda r: r["requests_per_s"]) for mode, rs in runs.items()}
-    return {**best, "runs": runs, "ratio": round(best["on"]["requests_per_s"] / best["off"]["requests_per_s"], 3)}
+from _events_cost import part_append, part_cost  # noqa: E402
+from _events_harness import Bench, _devices, _event, _feed  # noqa: E402
 
 
 async def _receiver(nursery, delay: float = 0.0):
@@ -301,10 +196,50 @@ async def part_resume(bench: Bench, args) -> dict:
             "in_order": seen == sorted(seen)}
 
 
+PARTS = ("cost", "append", "latency", "latency-far", "outage", "resume")
+# which part an aim row, or a note, of the section belongs to (by the start of its text)
+AIM_PARTS = {"| REST throughput lost": "cost", "| CPU per REST request": "cost",
+             "| webhook delivery latency p99 (latency,": "latency",
+             "| webhook delivery latency p99 (latency-far,": "latency-far",
+             "| events lost to a receiver outage": "outage", "| SSE resume": "resume"}
+NOTE_PARTS = {"The throughput pairs' middle half": "cost"}
+KEPT = "Rows of the parts not run this time are kept from the run before: "
+
+
+def _kept(parts: list[str]) -> tuple[list[list[str]], list[str], list[str]]:
+    """The rows of RESULTS.md's section for the parts this run leaves out, so that one part can be
+    measured again without losing the others: (table rows, aim rows, notes: which run each part's
+    rows come from, and that part's own notes)."""
+    from _common import RESULTS
+    start, end = "<!-- bench:events -->", "<!-- /bench:events -->"
+    text = RESULTS.read_text() if RESULTS.exists() else ""
+    if start not in text or end not in text:
+        return [], [], []
+    section = text.split(start, 1)[1].split(end, 1)[0].splitlines()
+    left_out = set(PARTS) - set(parts)
+    rows = [[c.strip() for c in line.strip().strip("|").split("|", 2)] for line in section
+            if line.startswith("| ") and line.split("|")[1].strip() in left_out]
+    aims = [line for line in section
+            if any(line.startswith(prefix) and part in left_out for prefix, part in AIM_PARTS.items())]
+    notes = [line for line in section
+             if any(line.startswith(prefix) and part in left_out for prefix, part in NOTE_PARTS.items())]
+    # each kept part's run: as an earlier note of this kind gave it, else the section's own run
+    facts = next((line for line in section if line[:4].isdigit() and " UTC · " in line), "")
+    when = {part: facts for part in PARTS}
+    for line in section:
+        if line.startswith("- ") and ": 20" in line and line.split(":", 1)[0][2:] in PARTS:
+            part, run = line[2:].split(": ", 1)
+            when[part] = run
+    kept = sorted({r[0] for r in rows}, key=PARTS.index)
+    runs = [f"- {part}: {when[part]}" for part in kept]
+    return rows, aims, ([KEPT, "", *runs, ""] if rows else []) + [line for n in notes for line in (n, "")]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--smoke", action="store_true")
-    p.add_argument("--parts", default="cost,latency,latency-far,outage,resume")
+    p.add_argument("--parts", default="cost,append,latency,latency-far,outage,resume")
+    p.add_argument("--append-events", type=int, default=20000, help="events written per batch size (append)")
     p.add_argument("--far-rate", type=float, default=200.0, help="events a second (latency-far)")
     p.add_argument("--far-delay", type=float, default=0.02, help="the far receiver's answer time, seconds")
     p.add_argument("--rate", type=float, default=1000.0, help="events a second (cost, latency)")
@@ -312,7 +247,7 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--receiver-delay", type=float, default=0.0,
                    help="seconds the receiver waits before each answer (latency: a receiver further away)")
-    p.add_argument("--repeat", type=int, default=2, help="runs of each mode (cost)")
+    p.add_argument("--pairs", type=int, default=8, help="pairs of runs, log off and on (cost)")
     p.add_argument("--down", type=float, default=600.0, help="seconds the receiver answers 503 (outage)")
     p.add_argument("--subjects", type=int, default=1000)
     p.add_argument("--per-subject", type=int, default=3)
@@ -322,9 +257,9 @@ def main() -> int:
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()
     if args.smoke:
-        args.rate, args.seconds, args.clients, args.repeat, args.far_rate = 100.0, 3.0, 4, 1, 50.0
+        args.rate, args.seconds, args.clients, args.pairs, args.far_rate = 100.0, 3.0, 4, 1, 50.0
         args.down, args.subjects, args.per_subject, args.catch_up = 3.0, 20, 2, 60.0
-        args.drops, args.resume_rate = 5, 50.0
+        args.drops, args.resume_rate, args.append_events = 5, 50.0, 1000
     parts = args.parts.split(",")
     facts = machine_facts(0)
     from storage.embedded import EmbeddedPostgres
@@ -334,9 +269,9 @@ def main() -> int:
     results: dict = {}
     broken = False
     try:
-        bench = Bench(pg.dsn, data_dir)
+        bench = Bench(pg.dsn, data_dir, data_dir / "pg")
         for name in parts:
-            fn = {"cost": part_cost, "latency": part_latency, "latency-far": part_latency_far,
+            fn = {"cost": part_cost, "append": part_append, "latency": part_latency, "latency-far": part_latency_far,
                   "outage": part_outage, "resume": part_resume}[name]
             started = time.monotonic()
             try:
@@ -352,14 +287,40 @@ def main() -> int:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / f"events{'-smoke' if args.smoke else ''}.json").write_text(json.dumps(results, indent=1))
     verdicts = Verdicts("events", smoke=args.smoke)
-    rows = []
+    rows: list = []
+    notes: list[str] = []
     if "cost" in results:
         c = results["cost"]
-        rows += [["cost", f"REST requests/s with the log on / off, {args.rate:g} events/s recorded",
-                  f"{c['on']['requests_per_s']} / {c['off']['requests_per_s']} (ratio {c['ratio']}; best of "
-                  f"{args.repeat} alternating runs each)"],
-                 ["cost", "events the log took per second", c["on"]["events_logged_per_s"]]]
-        verdicts.at_most("REST throughput lost to the event log", round((1 - c["ratio"]) * 100, 1), 5, "%")
+        sp = c["statements_per_request"]
+        rows += [["cost", f"REST requests/s with the log on / off, {args.rate:g} events/s recorded, median of "
+                  f"{args.pairs} alternating pairs",
+                  f"{c['requests_per_s_median']['on']} / {c['requests_per_s_median']['off']}; ratio on/off per pair: "
+                  f"median {c['ratio_median']}, middle half {c['ratio_iqr'][0]}–{c['ratio_iqr'][1]}, "
+                  f"range {c['ratio_min']}–{c['ratio_max']}"],
+                 ["cost", "CPU ms per REST request, log on / off (this process: hub, clients, feed; and PostgreSQL), "
+                  "median of pairs", f"{c['cpu_ms_per_request_median']['on']} / {c['cpu_ms_per_request_median']['off']}; "
+                  f"ratio off/on per pair (the throughput a CPU-bound machine keeps): median {c['cpu_ratio_median']}, "
+                  f"middle half {c['cpu_ratio_iqr'][0]}–{c['cpu_ratio_iqr'][1]}, range {c['cpu_ratio_range'][0]}–"
+                  f"{c['cpu_ratio_range'][1]}"],
+                 ["cost", "PostgreSQL statements (round trips) per REST request, log on / off (counted in asyncpg; "
+                  "the journal's appends spread over the requests)", f"{sp['on']} / {sp['off']}"],
+                 ["cost", "statements (round trips) the log adds: per 1,000 events / per second",
+                  f"{c['log_statements_per_1000_events']} / {c['log_statements_per_s']}"],
+                 ["cost", "events the log took per second", c["events_logged_per_s"]]]
+        verdicts.at_most("REST throughput lost to the event log (median of pairs)",
+                         round((1 - c["ratio_median"]) * 100, 1), 5, "%")
+        verdicts.at_most("CPU per REST request the event log adds (median of pairs)",
+                         round((1 - c["cpu_ratio_median"]) * 100, 1), 5, "%")
+        if c["ratio_iqr"][1] - c["ratio_iqr"][0] > 0.05:
+            notes.append(f"The throughput pairs' middle half ({c['ratio_iqr'][0]}–{c['ratio_iqr'][1]}) is wider "
+                         "than the aim: the machine's load moved the throughput more than the log does, and "
+                         "the throughput verdict says little. The CPU per request moves with it too (the fixed "
+                         "background work of hub and PostgreSQL is shared by fewer requests when the throughput "
+                         "drops); the statement counts are the figure no load blurs.")
+    if "append" in results:
+        for size, a in results["append"].items():
+            rows += [["append", f"CPU per event appended in batches of {size} ({a['events']} events, no other load): "
+                      "the hub's process / PostgreSQL", f"{a['hub_us_per_event']} µs / {a['postgres_us_per_event']} µs"]]
     for part in ("latency", "latency-far"):
         if part in results:
             lt = results[part]
@@ -380,11 +341,14 @@ def main() -> int:
                   f"{r['distinct']}/{r['events']} seen, duplicates {r['duplicates']}, missing {r['missing']}, "
                   f"in order: {r['in_order']}"]]
         verdicts.at_most("SSE resume: events missed or seen twice", r["duplicates"] + r["missing"], 0)
+    kept_rows, kept_aims, kept_note = ([], [], []) if args.smoke else _kept(parts)
     body = "\n".join(["## The event log, SSE resume and webhooks (bench/events.py)", "", f"`{command_line()}`", "",
-                      f"{facts_line(facts)}; load average at end {loadavg()}", "",
+                      f"{facts_line(facts)}; load average at end {loadavg()}", "", *kept_note,
                       "One hub in the bench's own process (it shares the CPU with the load and the receiver); "
                       "events recorded through the hub's Journal at a fixed rate (synthetic device load).", "",
-                      md_table(["part", "what", "measured"], rows), "", verdicts.markdown(), ""])
+                      md_table(["part", "what", "measured"], rows + kept_rows), "",
+                      *[line for n in notes for line in (n, "")],
+                      verdicts.markdown() + "".join("\n" + a for a in kept_aims), ""])
     print(body)
     if not args.no_write or args.smoke:
         log(f"wrote {write_section('events', body, smoke=args.smoke)}")

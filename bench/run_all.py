@@ -28,7 +28,7 @@ SCRIPTS = ["bridge.py", "http_ratio.py", "app_cost.py", "command_rtt.py", "mcp_r
            "rollout.py", "tunnel.py", "tunnel_interactive.py", "tunnel_scp.py", "tunnel_product.py", "memtest_engine.py", "memtest_faults.py", "memtest_live.py", "storm.py",
            "soak.py", "console.py",
            "terminal_echo.py", "cluster.py", "presence_writes.py", "agent_footprint.py", "registry_proxy.py",
-           "container_rollout.py", "audit_durability.py", "fault_suite.py", "events.py"]
+           "container_rollout.py", "audit_durability.py", "fault_suite.py", "events.py", "events_rollout.py"]
 
 
 def verdict_file(name: str, smoke: bool) -> Path:

@@ -1,8 +1,8 @@
 """The event log (migration 0026): every event the SSE streams carry, in order per organisation.
 
-``append`` writes events of any organisations in one transaction; a caller with a transaction of its
-own (a rollout's save) passes its connection to ``append_on`` so the events commit with the change
-they describe. Each organisation's counter row is updated before its events are inserted, and that
+``append`` writes events of any organisations in one statement (one round trip, atomic on its own);
+a caller with a transaction of its own (a rollout's save) passes its connection to ``append_on`` so
+the events commit with the change they describe. Each organisation's counter row is updated before its events are inserted, and that
 row stays locked until the commit: two appends of one organisation commit one after the other, in
 sequence order, so a reader that sees ``org_seq`` N sees every event before it (no gap for a reader
 that resumes after N).
@@ -100,39 +100,50 @@ def _event(row: asyncpg.Record) -> Event:
                  data=json.loads(row["data"]))
 
 
+# One statement (so one round trip, and atomic without a transaction of its own): the counters of the
+# batch's organisations are moved on, in org_id order (one lock order for every writer: no deadlock
+# between two batches), and the events inserted with the sequence numbers that frees, in the order given.
+_APPEND = """
+WITH r AS (
+    SELECT r.*, n.ord FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS n(rec, ord),
+         jsonb_to_record(n.rec) AS r(org_id uuid, id uuid, type text, subject text, time timestamptz,
+                                     device_id uuid, rollout_id uuid, fleet_ids uuid[], data jsonb)),
+counts AS (SELECT org_id, count(*) AS n FROM r GROUP BY org_id),
+c AS (
+    INSERT INTO event_counters AS c (org_id, last) SELECT org_id, n FROM counts ORDER BY org_id
+    ON CONFLICT (org_id) DO UPDATE SET last = c.last + EXCLUDED.last RETURNING c.org_id, c.last),
+ins AS (
+    INSERT INTO events (org_id, org_seq, id, type, subject, time, device_id, rollout_id, fleet_ids, data)
+    SELECT r.org_id, c.last - counts.n + row_number() OVER (PARTITION BY r.org_id ORDER BY r.ord),
+           r.id, r.type, r.subject, r.time, r.device_id, r.rollout_id,
+           COALESCE(r.fleet_ids, (SELECT ARRAY[d.fleet_id] FROM devices d
+                                  WHERE d.id = r.device_id AND d.fleet_id IS NOT NULL), '{}'),
+           r.data
+    FROM r JOIN c ON c.org_id = r.org_id JOIN counts ON counts.org_id = r.org_id)
+SELECT org_id, last FROM c"""
+
+
 async def append_on(conn: asyncpg.Connection, events: Sequence[NewEvent]) -> list[int]:
-    """Append ``events`` inside the caller's transaction; their org_seq, in the order given."""
+    """Append ``events`` on ``conn`` (inside the caller's transaction, if it has one); their org_seq,
+    in the order given."""
     if not events:
         return []
     counts: dict[uuid.UUID, int] = {}
+    rows = []
     for e in events:
         counts[e.org_id] = counts.get(e.org_id, 0) + 1
-    next_seq: dict[uuid.UUID, int] = {}
-    for org_id in sorted(counts):  # one lock order for every writer: no deadlock between two batches
-        last = await conn.fetchval(
-            """INSERT INTO event_counters AS c (org_id, last) VALUES ($1, $2)
-               ON CONFLICT (org_id) DO UPDATE SET last = c.last + $2 RETURNING last""", org_id, counts[org_id])
-        next_seq[org_id] = last - counts[org_id] + 1
-    rows, seqs = [], []
-    for e in events:
-        seq = next_seq[e.org_id]
-        next_seq[e.org_id] = seq + 1
-        seqs.append(seq)
-        rows.append({"id": str(e.id or uuid.uuid4()), "org_id": str(e.org_id), "org_seq": seq, "type": e.kind,
+        rows.append({"org_id": str(e.org_id), "id": str(e.id or uuid.uuid4()), "type": e.kind,
                      "subject": e.subject, "time": e.time.isoformat(),
                      "device_id": str(e.device_id) if e.device_id else None,
                      "rollout_id": str(e.rollout_id) if e.rollout_id else None,
                      "fleet_ids": None if e.fleet_ids is None else [str(f) for f in e.fleet_ids],
                      "data": e.data})
-    await conn.execute(
-        """INSERT INTO events (org_id, org_seq, id, type, subject, time, device_id, rollout_id, fleet_ids, data)
-           SELECT r.org_id, r.org_seq, r.id, r.type, r.subject, r.time, r.device_id, r.rollout_id,
-                  COALESCE(r.fleet_ids, (SELECT ARRAY[d.fleet_id] FROM devices d
-                                         WHERE d.id = r.device_id AND d.fleet_id IS NOT NULL), '{}'),
-                  r.data
-           FROM jsonb_to_recordset($1::jsonb) AS r(org_id uuid, org_seq bigint, id uuid, type text,
-                subject text, time timestamptz, device_id uuid, rollout_id uuid, fleet_ids uuid[], data jsonb)""",
-        json.dumps(rows, separators=(",", ":")))
+    lasts = await conn.fetch(_APPEND, json.dumps(rows, separators=(",", ":")))
+    next_seq = {r["org_id"]: r["last"] - counts[r["org_id"]] + 1 for r in lasts}
+    seqs = []
+    for e in events:
+        seqs.append(next_seq[e.org_id])
+        next_seq[e.org_id] += 1
     return seqs
 
 
@@ -166,7 +177,7 @@ class EventLog:
         self.db = db
 
     async def append(self, events: Sequence[NewEvent]) -> list[int]:
-        return await self.db.run(append_on, events, transaction=True)
+        return await self.db.run(append_on, events)  # one statement: atomic on its own
 
     async def page(self, org_id: uuid.UUID, after: int, *, limit: int = 100, types: Sequence[str] = (),
                    subject: str | None = None, visibility: Visibility = Visibility(True),

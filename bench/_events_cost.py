@@ -1,0 +1,164 @@
+"""bench/events.py's parts on what the event log costs: REST throughput and CPU per request with the
+log on and off in alternating pairs, PostgreSQL statements counted in asyncpg, and CPU per event appended."""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import time
+
+import httpx
+import trio
+
+from _common import log, percentile
+from _events_harness import Bench, _devices, _event, _feed
+
+
+class Statements:
+    """Round trips to PostgreSQL from this process, counted where asyncpg sends them: a statement
+    with arguments (``_execute``, which fetch/fetchrow/fetchval/execute use), one without (BEGIN,
+    COMMIT: ``execute`` with no arguments) and an ``executemany``. A count that load cannot blur."""
+
+    def __init__(self) -> None:
+        from asyncpg.connection import Connection
+        self.count = 0
+        self.kinds: collections.Counter[str] = collections.Counter()
+        self.Connection = Connection
+        self.saved = {name: getattr(Connection, name) for name in ("_execute", "execute", "executemany")}
+        counter = self
+
+        async def _execute(conn, query, args, *a, **kw):
+            counter.count += 1
+            counter.kinds[counter.kind(str(query))] += 1
+            return await counter.saved["_execute"](conn, query, args, *a, **kw)
+
+        async def execute(conn, query, *args, **kw):
+            if not args:
+                counter.count += 1
+                counter.kinds[counter.kind(query)] += 1
+            return await counter.saved["execute"](conn, query, *args, **kw)
+
+        async def executemany(conn, command, args, **kw):
+            counter.count += 1
+            return await counter.saved["executemany"](conn, command, args, **kw)
+
+        for name, fn in (("_execute", _execute), ("execute", execute), ("executemany", executemany)):
+            setattr(Connection, name, fn)
+
+    @staticmethod
+    def kind(query: str) -> str:
+        if "event_counters" in query or "INTO events" in query:
+            return "event log"
+        return " ".join(query.split())[:60]
+
+    def close(self) -> None:
+        for name, fn in self.saved.items():
+            setattr(self.Connection, name, fn)
+
+
+async def _cost_run(bench: Bench, args, mode: str, statements: Statements) -> dict:
+    async with trio.open_nursery() as nursery:
+        s, base, org_id, headers = await bench.hub(nursery, event_log=(mode == "on"))
+        async with httpx.AsyncClient(timeout=30) as client:
+            devices = await _devices(client, base, headers, 10)
+            done = 0
+            stop = trio.current_time() + args.seconds
+
+            async def caller(i: int) -> None:
+                nonlocal done
+                while trio.current_time() < stop:
+                    r = await client.get(f"{base}/v1/devices/{devices[i % len(devices)]}", headers=headers)
+                    r.raise_for_status()
+                    done += 1
+
+            appended0, statements0 = s.journal.appended, statements.count
+            statements.kinds.clear()
+            cpu0 = bench.cpu_seconds()
+            async with trio.open_nursery() as load:
+                load.start_soon(_feed, s, org_id, devices, args.rate, args.seconds)
+                for i in range(args.clients):
+                    load.start_soon(caller, i)
+            await s.journal.wait_written()
+            cpu = bench.cpu_seconds() - cpu0
+            appended = s.journal.appended - appended0
+            sent = statements.count - statements0
+            kinds = dict(statements.kinds)
+        nursery.cancel_scope.cancel()
+    log_sql = kinds.get("event log", 0)
+    control = sum(n for k, n in kinds.items() if k.startswith(("BEGIN", "COMMIT", "ROLLBACK")))
+    return {"requests_per_s": round(done / args.seconds, 1), "requests": done,
+            "events_logged_per_s": round(appended / args.seconds, 1), "events_logged": appended,
+            "statements": sent, "statements_per_request": round(sent / max(1, done), 3),
+            "log_statements": log_sql, "begin_commit": control,
+            "cpu_ms_per_request": round(1000 * cpu / max(1, done), 3)}
+
+
+async def part_cost(bench: Bench, args) -> dict:
+    """``--pairs`` pairs of runs, log off and on, the order alternating from pair to pair (a drift of
+    the machine's load falls on both modes alike); each pair's ratio on/off, and their median and
+    spread: the machine may be shared, and one pair says little. PostgreSQL round trips are counted
+    in both modes (``Statements``): the log's extra statements per request, which no load blurs."""
+    statements = Statements()
+    pairs = []
+    try:
+        for i in range(args.pairs):
+            pair = {}
+            for mode in (("off", "on") if i % 2 == 0 else ("on", "off")):
+                pair[mode] = await _cost_run(bench, args, mode, statements)
+                log(f"cost pair {i + 1}/{args.pairs}, log {mode}: {pair[mode]}")
+            pair["ratio"] = round(pair["on"]["requests_per_s"] / pair["off"]["requests_per_s"], 4)
+            pair["cpu_ratio"] = round(pair["off"]["cpu_ms_per_request"] / pair["on"]["cpu_ms_per_request"], 4)
+            pairs.append(pair)
+    finally:
+        statements.close()
+    ratios = sorted(p["ratio"] for p in pairs)
+    cpu_ratios = sorted(p["cpu_ratio"] for p in pairs)
+
+    def total(mode: str, key: str) -> int:
+        return sum(p[mode][key] for p in pairs)
+
+    # the log's own statements, and the BEGIN/COMMIT it adds (those of the rest are in both modes)
+    extra = total("on", "log_statements") + max(0, total("on", "begin_commit") - total("off", "begin_commit"))
+    seconds = args.seconds * len(pairs)
+    return {"pairs": pairs, "ratio_median": round(statistics.median(ratios), 4),
+            "ratio_min": ratios[0], "ratio_max": ratios[-1],
+            "ratio_iqr": [round(percentile(ratios, 25), 4), round(percentile(ratios, 75), 4)],
+            "cpu_ratio_median": round(statistics.median(cpu_ratios), 4),
+            "cpu_ratio_iqr": [round(percentile(cpu_ratios, 25), 4), round(percentile(cpu_ratios, 75), 4)],
+            "cpu_ratio_range": [cpu_ratios[0], cpu_ratios[-1]],
+            "cpu_ms_per_request_median": {m: round(statistics.median(p[m]["cpu_ms_per_request"] for p in pairs), 3)
+                                          for m in ("on", "off")},
+            "requests_per_s_median": {m: round(statistics.median(p[m]["requests_per_s"] for p in pairs), 1)
+                                      for m in ("on", "off")},
+            "events_logged_per_s": round(statistics.median(p["on"]["events_logged_per_s"] for p in pairs), 1),
+            "statements_per_request": {m: round(total(m, "statements") / max(1, total(m, "requests")), 3)
+                                       for m in ("on", "off")},
+            "log_statements_per_1000_events": round(1000 * extra / max(1, total("on", "events_logged")), 1),
+            "log_statements_per_s": round(extra / seconds, 1)}
+
+
+async def part_append(bench: Bench, args) -> dict:
+    """What one append costs, apart from any REST load: ``--append-events`` device events written
+    through ``EventLog.append`` one batch after another, at the batch size the journal reaches at
+    1,000 events a second (50) and at its largest (500). CPU seconds (of this process, and of
+    PostgreSQL: ``Bench.cpu_seconds``) per event, which a shared machine blurs less than a rate."""
+    from storage.events import new_event
+    out = {}
+    async with trio.open_nursery() as nursery:
+        s, base, org_id, headers = await bench.hub(nursery)
+        async with httpx.AsyncClient(timeout=30) as client:
+            devices = await _devices(client, base, headers, 10)
+        for size in (50, 500):
+            count = max(2, args.append_events // size)
+            records = [[_event(s, devices[i % len(devices)], i) for i in range(size)] for _ in range(count)]
+            await s.stores.event_log.append([new_event(org_id, e) for e in records[0]])  # the statement prepared
+            both0, mine0 = bench.cpu_seconds(), time.process_time()
+            for batch in records[1:]:
+                await s.stores.event_log.append([new_event(org_id, e) for e in batch])
+            n = size * (count - 1)
+            mine = time.process_time() - mine0
+            out[str(size)] = {"events": n, "hub_us_per_event": round(1e6 * mine / n, 1),
+                              "postgres_us_per_event": round(1e6 * (bench.cpu_seconds() - both0 - mine) / n, 1)}
+            log(f"append, batches of {size}: {out[str(size)]}")
+        nursery.cancel_scope.cancel()
+    return out
