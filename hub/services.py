@@ -27,6 +27,7 @@ from device_client.shared.clock import Clock, OffsetClock
 from device_client.shared.linkcodes import Close, draining_reason
 from hub import gc_tuning
 from hub.billing.devices import BillingHooks
+from hub.billing.state import org_billing
 from hub.auth.access import Access
 from hub.auth.signing_keys import SIGNING_KEYS_TAG
 from hub.events import EventHub
@@ -166,7 +167,7 @@ class Services:
         self.journal = Journal(self.stores.event_log, self.events, enabled=self.settings.event_log)
         self.delivery_slots = trio.CapacityLimiter(max(1, self.settings.db_pool_max - 4))
         self.tunnels = TunnelService(self)
-        self.device_hooks = BillingHooks(self)
+        self.device_hooks = BillingHooks(self.bus, self.settings.command_timeout, partial(org_billing, self))
         # open_services makes a cluster node's ClusterNode (hub/cluster/topology.py) once its bus is up
         self.topology = SingleNode(self)
         self.key_push = Rerun(partial(push_hub_keys, self), self.spawn, "push hub keys")
@@ -310,8 +311,11 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
                 log.info("applied migrations: %s", ", ".join(applied))
             async with trio.open_nursery() as nursery:
                 supervisor = Supervisor(nursery)
+                # a cluster node's bus is NATS from the start: what is built with the bus (the billing
+                # hooks' telemetry.set) reaches a device on any node
                 services = Services(settings=settings, clock=clock, db=db, nursery=nursery,
-                                    supervisor=supervisor, registry=Registry(supervisor), node_id=node)
+                                    supervisor=supervisor, registry=Registry(supervisor), node_id=node,
+                                    **({} if bus is None else {"bus": bus}))
                 if bus is not None:
                     from hub.cluster.topology import ClusterNode
                     services.topology = ClusterNode(services, bus)

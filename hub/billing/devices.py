@@ -19,13 +19,14 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 import trio
 
-from actors.bus import BusError
+from actors.bus import Bus, BusError
 from actors.device import DeviceHooks
 from device_client.shared.protocol import subject
-from hub.billing.state import org_billing
+from hub.billing.state import OrgBilling
 from hub.errors import FleethubError
 
 log = logging.getLogger("fleethub.billing")
@@ -40,27 +41,13 @@ def telemetry_counts(s) -> Counter:
     return s.device_hooks.telemetry_events
 
 
-async def on_event(s, org_id: uuid.UUID, device_id: uuid.UUID, kind: str, payload: dict) -> None:
-    if kind == TELEMETRY:
-        telemetry_counts(s)[org_id] += 1
-
-
-async def send_telemetry(s, device_id: uuid.UUID, enabled: bool) -> bool:
+async def send_telemetry(bus: Bus, timeout: float, device_id: uuid.UUID, enabled: bool) -> bool:
     try:
-        await s.bus.request(subject(str(device_id), "telemetry.set"), {"enabled": enabled},
-                            timeout=s.settings.command_timeout)
+        await bus.request(subject(str(device_id), "telemetry.set"), {"enabled": enabled}, timeout=timeout)
     except (BusError, FleethubError) as exc:  # offline, timed out, refused: the next link sets it
         log.info("device %s: telemetry.set %s not delivered: %r", device_id, enabled, exc)
         return False
     return True
-
-
-async def on_link(s, org_id: uuid.UUID, device_id: uuid.UUID, facts: dict) -> None:
-    if facts.get("telemetry") is None:
-        return  # an agent without the telemetry part: it would not know the command
-    wanted = (await org_billing(s, org_id)).enabled("telemetry")
-    if facts.get("telemetry") is not wanted:
-        await send_telemetry(s, device_id, wanted)
 
 
 async def push_telemetry(s, org_id: uuid.UUID, enabled: bool) -> int:
@@ -72,7 +59,7 @@ async def push_telemetry(s, org_id: uuid.UUID, enabled: bool) -> int:
     async def one(device_id: uuid.UUID) -> None:
         nonlocal done
         async with limiter:
-            done += await send_telemetry(s, device_id, enabled)
+            done += await send_telemetry(s.bus, s.settings.command_timeout, device_id, enabled)
 
     async with trio.open_nursery() as nursery:
         for device_id in ids:
@@ -95,12 +82,19 @@ class BillingHooks(DeviceHooks):
 
     event_kinds = EVENT_KINDS
 
-    def __init__(self, services) -> None:
-        self.services = services
+    def __init__(self, bus: Bus, command_timeout: float,
+                 billing_of: Callable[[uuid.UUID], Awaitable[OrgBilling]]) -> None:
+        self.bus, self.command_timeout = bus, command_timeout  # telemetry.set to the device
+        self.billing_of = billing_of  # the organisation's entitlements (hub/billing/state.py org_billing)
         self.telemetry_events: Counter = Counter()  # per organisation, since the hub started
 
     async def on_link(self, org_id: uuid.UUID, device_id: uuid.UUID, facts: dict) -> None:
-        await on_link(self.services, org_id, device_id, facts)
+        if facts.get("telemetry") is None:
+            return  # an agent without the telemetry part: it would not know the command
+        wanted = (await self.billing_of(org_id)).enabled("telemetry")
+        if facts.get("telemetry") is not wanted:
+            await send_telemetry(self.bus, self.command_timeout, device_id, wanted)
 
     async def on_event(self, org_id: uuid.UUID, device_id: uuid.UUID, kind: str, payload: dict) -> None:
-        await on_event(self.services, org_id, device_id, kind, payload)
+        if kind == TELEMETRY:
+            self.telemetry_events[org_id] += 1
