@@ -48,9 +48,12 @@ from hub.tunnels.sessions import TunnelService
 from hub.topology import SingleNode, Topology
 
 if TYPE_CHECKING:
+    from hub.auth.access import Authenticating
     from hub.mcp.endpoint import McpEndpoint
-    from hub.registry.proxy import RegistryProxy
-    from hub.webhooks.worker import Deliverer
+    from hub.mcp.server import McpHost
+    from hub.registry.proxy import ProxyHost, RegistryProxy
+    from hub.tunnels.sessions import TunnelHost
+    from hub.webhooks.worker import Deliverer, Delivering
     from storage.embedded import EmbeddedPostgres
 
 log = logging.getLogger("fleethub")
@@ -353,3 +356,11 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
         if pg is not None:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(pg.stop)
+
+
+if TYPE_CHECKING:
+    def _provides_every_port(s: Services) -> None:
+        """mypy (tests/actors/test_types.py): the composition root's product is each consumer's port, so
+        a consumer typed by what it uses is still given it (the actors' port: ``device_actor`` above)."""
+        ports: tuple[Authenticating, Delivering, TunnelHost, ProxyHost, McpHost] = (s, s, s, s, s)
+        del ports

@@ -43,7 +43,7 @@ from hub.errors import (BadRequest, FleethubError, Forbidden, NotFound, RateLimi
 from hub.mcp import server
 
 if TYPE_CHECKING:
-    from hub.services import Services
+    from hub.mcp.server import McpHost
 
 PATH = "/v1/mcp"
 METADATA_PATH = "/.well-known/oauth-protected-resource"
@@ -149,7 +149,7 @@ def base_url(scope: dict, headers: dict[str, str]) -> str:
 
 
 class McpEndpoint:
-    def __init__(self, services: "Services", app: Any) -> None:
+    def __init__(self, services: "McpHost", app: Any) -> None:
         self.services = services
         self.manager = Manager(
             server.build(app, services, self.is_open), json_response=False, session_idle_timeout=IDLE_SECONDS,

@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 import anyio
@@ -28,7 +28,28 @@ from hub.mcp import follow, inproc
 from hub.mcp.tools import BY_NAME, TOOLS, Tool
 
 if TYPE_CHECKING:
-    from hub.services import Services
+    from device_client.shared.clock import Clock
+    from hub.auth.access import Access
+    from hub.events import EventHub
+    from storage.stores import Stores
+
+
+class McpHost(Protocol):
+    """What the MCP server uses of the process (hub/services.py ``Services`` provides it): credentials
+    are checked as the API checks them (hub/auth/access.py ``Authenticating``: access, stores, clock),
+    live state comes from the event hub, and forwarding tasks run in the services' nursery."""
+
+    @property
+    def access(self) -> "Access": ...
+    @property
+    def stores(self) -> "Stores": ...
+    @property
+    def clock(self) -> "Clock": ...
+    @property
+    def events(self) -> "EventHub": ...
+    @property
+    def nursery(self) -> trio.Nursery: ...
+
 
 log = logging.getLogger("fleethub.mcp")
 
@@ -81,7 +102,7 @@ MAX_SUBSCRIPTIONS_PER_SESSION = 32
 ALIVE_CHECK_SECONDS = 60.0
 
 
-def build(app: Any, services: "Services", alive: Callable[[str], bool]) -> Server:
+def build(app: Any, services: McpHost, alive: Callable[[str], bool]) -> Server:
     """The server for ``app``'s requests (``app.asgi_app`` is called in-process); ``alive(session id)``
     says whether an MCP session is still open (subscriptions end with theirs)."""
     subscriptions: dict[tuple[str, str], trio.CancelScope] = {}

@@ -17,7 +17,8 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -28,7 +29,24 @@ from .cache import Cache
 from .upstream import Upstream
 
 if TYPE_CHECKING:
-    from hub.services import Services
+    from device_client.shared.clock import Clock
+    from hub.metering import Meter
+    from hub.settings import Settings
+    from storage.db import Database
+
+
+class ProxyHost(Protocol):
+    """What the registry proxy uses of the process (hub/services.py ``Services`` provides it)."""
+
+    @property
+    def db(self) -> "Database": ...
+    @property
+    def settings(self) -> "Settings": ...
+    @property
+    def clock(self) -> "Clock": ...
+    @property
+    def meter(self) -> "Meter": ...  # the bytes it serves, billed
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> bool: ...
 
 ACCESS_TTL = 30.0
 MAX_REMEMBERED = 10_000  # answers kept at most; the oldest go first
@@ -43,7 +61,7 @@ class Puller:
 
 
 class RegistryProxy:
-    def __init__(self, services: "Services") -> None:
+    def __init__(self, services: ProxyHost) -> None:
         self.s = services
         settings = services.settings
         self.access = RegistryAccess(services.db)

@@ -15,7 +15,8 @@ import logging
 import uuid
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -28,8 +29,24 @@ from storage.behind import WriteBehind
 from storage.db import DatabaseUnavailable
 from storage.tunnels import Tunnels
 
+from actors.services import Services as ActorServices
+
 if TYPE_CHECKING:
-    from hub.services import Services
+    from hub.auth.access import Access
+    from storage.db import Database
+
+
+class TunnelHost(ActorServices, Protocol):
+    """What the tunnel sessions use of the process: the actors' port (each session is an actor given
+    it), and beside it the signing keys, the database, the audit outbox and background work."""
+
+    @property
+    def access(self) -> "Access": ...
+    @property
+    def db(self) -> "Database": ...
+    @property
+    def audit_log(self) -> WriteBehind: ...
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> bool: ...
 
 log = logging.getLogger("fleethub.tunnels")
 
@@ -43,7 +60,7 @@ class TunnelService:
     """Built once in Services: the signing key's two uses (grants, tunnel JWTs), the repository,
     the session actors, and what the device link routes here (tunnel.usage events)."""
 
-    def __init__(self, services: "Services") -> None:
+    def __init__(self, services: TunnelHost) -> None:
         self.services = services
         self.grants = GrantSigner(services.access.signing_keys)  # the ring Services reloads after a rotation
         self.tokens = TunnelTokens(services.access.signing_keys)

@@ -23,7 +23,7 @@ import json
 import logging
 import random
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -35,7 +35,29 @@ from storage.db import DatabaseUnavailable
 from storage.webhooks import Attempt, Stale, WebhookFence
 
 if TYPE_CHECKING:
-    from hub.services import Services
+    from device_client.shared.clock import Clock
+    from hub.eventlog import Journal
+    from hub.events import EventHub
+    from hub.settings import Settings
+    from storage.stores import Stores
+
+
+class Delivering(Protocol):
+    """What webhook delivery uses of the process (hub/services.py ``Services`` provides it; mypy checks
+    that it does): read at each use, since a cluster node's event hub is made after the Deliverer."""
+
+    @property
+    def stores(self) -> "Stores": ...  # webhooks, the secret box that opens their secrets, the event log
+    @property
+    def events(self) -> "EventHub": ...
+    @property
+    def journal(self) -> "Journal": ...
+    @property
+    def settings(self) -> "Settings": ...
+    @property
+    def clock(self) -> "Clock": ...
+    @property
+    def node_id(self) -> str: ...
 
 log = logging.getLogger("fleethub.webhooks")
 
@@ -61,7 +83,7 @@ def body_of(event: dict[str, Any]) -> bytes:
     return json.dumps(event, separators=(",", ":")).encode()
 
 
-async def send(s: "Services", url: str, secret: str, event: dict[str, Any], using: Any = None) -> sender.Outcome:
+async def send(s: Delivering, url: str, secret: str, event: dict[str, Any], using: Any = None) -> sender.Outcome:
     """One signed POST of a CloudEvent (``webhook-id`` is the event's id: a retry repeats it)."""
     body = body_of(event)
     stamp = int(s.clock.now().timestamp())
@@ -84,7 +106,7 @@ class Disabled(Exception):
 class Deliverer:
     """This node's webhook delivery: the endpoints it holds and their tasks."""
 
-    def __init__(self, s: "Services", *, schedule: Schedule | None = None, rand: random.Random | None = None,
+    def __init__(self, s: Delivering, *, schedule: Schedule | None = None, rand: random.Random | None = None,
                  owner: str | None = None, lease_seconds: float = LEASE_SECONDS) -> None:
         self.s = s
         self.schedule = schedule or Schedule()
