@@ -427,3 +427,30 @@ async def test_a_device_that_breaks_one_new_rule_fails_exactly_it(nursery, tmp_p
         failed = {k: v.evidence for k, v in verdicts.items() if not v.passed}
         assert set(failed) == {rule}, (failed, verdicts[rule].checks)
         assert evidence in failed[rule], failed[rule]
+
+
+class _SlowToClose:
+    """A server WebSocket whose closing handshake never completes (the device's answer not processed)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, str]] = []
+
+    async def aclose(self, code: int, reason: str) -> None:
+        self.sent.append((code, reason))
+        await trio.sleep_forever()
+
+
+async def test_a_close_is_timed_from_its_frame_not_from_the_end_of_its_handshake(autojump_clock):
+    # CI saw X5 fail ("the next handshake came 0.00 s after close 4003") while the agent's own log said
+    # it stayed away 30 s: the kit timed the close after ws.aclose returned, which waited out the
+    # closing handshake until the device's next handshake. The close is now timed when its frame goes
+    # out, and a handshake that never ends stops holding the kit after 5 s.
+    from device_client.qualify.link import Conn
+
+    ws = _SlowToClose()
+    conn = Conn(ws=ws, authorization=None, opened_at=0.0, device_id=DEFAULT_DEVICE_ID)
+    start = trio.current_time()
+    with trio.fail_after(60):  # virtual seconds (autojump_clock): the old close waited for ever here
+        sent_at = await conn.close(4003, "the device's token was revoked")
+    assert sent_at == start and ws.sent == [(4003, "the device's token was revoked")]
+    assert trio.current_time() - start <= 10.0  # bounded, not the device's next handshake

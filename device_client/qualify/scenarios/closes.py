@@ -54,9 +54,8 @@ async def heartbeat_timeout_close(q: Run, conn: Conn) -> Conn | None:
     # hello is in, before any welcome (a device may reset its backoff after a welcome, never
     # before). A device that comes straight back each time adds up to almost nothing.
     reason = "heartbeat timeout: no heartbeat for 3 intervals"
-    await conn.close(linkcodes.Close.HEARTBEAT_TIMEOUT, reason)
+    closed_at, gaps = await conn.close(linkcodes.Close.HEARTBEAT_TIMEOUT, reason), []
     conn.done.set()
-    closed_at, gaps = trio.current_time(), []
     for _ in range(q.o.backoff_probes):
         probe = await q.listener.next_conn(q.o.reconnect_timeout)
         if probe is None:
@@ -65,9 +64,8 @@ async def heartbeat_timeout_close(q: Run, conn: Conn) -> Conn | None:
             return None
         gaps.append(probe.opened_at - closed_at)
         await probe.next(lambda r: True, q.o.hello_timeout)  # its hello, unanswered
-        await probe.close(linkcodes.Close.HEARTBEAT_TIMEOUT, reason)
+        closed_at = await probe.close(linkcodes.Close.HEARTBEAT_TIMEOUT, reason)
         probe.done.set()
-        closed_at = trio.current_time()
     nxt = await q.listener.next_conn(q.o.reconnect_timeout)
     if nxt is None:
         q.check("X1", False, f"no reconnect within {q.o.reconnect_timeout:.0f} s of close 4002")
@@ -82,8 +80,7 @@ async def heartbeat_timeout_close(q: Run, conn: Conn) -> Conn | None:
 
 async def draining_close(q: Run, conn: Conn) -> Conn | None:
     window = q.o.drain_window
-    await conn.close(linkcodes.Close.DRAINING, f"the hub is shutting down; reconnect within {window:g} s")
-    closed_at = trio.current_time()
+    closed_at = await conn.close(linkcodes.Close.DRAINING, f"the hub is shutting down; reconnect within {window:g} s")
     nxt = await q.next_link(conn)
     if nxt is None:
         q.check("X3", False, f"no reconnect within {q.o.reconnect_timeout:.0f} s of close 4004")
@@ -109,8 +106,7 @@ async def hello_timeout_close(q: Run, conn: Conn) -> Conn | None:
     return nxt if await q.handshake(nxt) is not None else None
 
 async def superseded_close(q: Run, conn: Conn) -> Conn | None:
-    await conn.close(linkcodes.Close.SUPERSEDED, "qualification: superseded")
-    closed_at = trio.current_time()
+    closed_at = await conn.close(linkcodes.Close.SUPERSEDED, "qualification: superseded")
     nxt = await q.next_link(conn, 2 * q.o.superseded_wait + q.o.reconnect_timeout)
     if nxt is None:
         q.check("X2", False, "no reconnect after close 4001")

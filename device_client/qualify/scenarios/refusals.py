@@ -24,9 +24,8 @@ async def revoked(q: Run, conn: Conn) -> Conn | None:
     # hub does for a revoked token, and accepts the one after (the operator gave the token back).
     slowest = q.o.slowest_backoff
     q.listener.refuse_next = 1
-    await conn.close(linkcodes.Close.CREDENTIAL_REVOKED, "the device's token was revoked")
+    closed_at = await conn.close(linkcodes.Close.CREDENTIAL_REVOKED, "the device's token was revoked")
     conn.done.set()
-    closed_at = trio.current_time()
     refused_at = await q.listener.next_refusal(_away_limit(q))
     if refused_at is None:
         q.listener.refuse_next = 0
@@ -74,9 +73,8 @@ async def unknown_version(q: Run, conn: Conn) -> Conn | None:
     version = conn.hello.protocol if conn.hello is not None else 1
     spoken = version + 1
     reason = f"hello.protocol: version {version} is not supported; this hub speaks {spoken}"
-    await conn.close(linkcodes.Close.UNKNOWN_VERSION, reason)
+    closed_at = await conn.close(linkcodes.Close.UNKNOWN_VERSION, reason)
     conn.done.set()
-    closed_at = trio.current_time()
     nxt = await q.listener.next_conn(_away_limit(q))
     if nxt is None:
         q.check("X7", False, f"no reconnect within {_away_limit(q):.0f} s of close 4426")
