@@ -23,28 +23,20 @@ from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from hub.auth.access import Authenticating
 from hub.errors import FleethubError
 from hub.mcp import follow, inproc
 from hub.mcp.tools import BY_NAME, TOOLS, Tool
 
 if TYPE_CHECKING:
-    from device_client.shared.clock import Clock
-    from hub.auth.access import Access
     from hub.events import EventHub
-    from storage.stores import Stores
 
 
-class McpHost(Protocol):
-    """What the MCP server uses of the process (hub/services.py ``Services`` provides it): credentials
-    are checked as the API checks them (hub/auth/access.py ``Authenticating``: access, stores, clock),
-    live state comes from the event hub, and forwarding tasks run in the services' nursery."""
+class McpHost(Authenticating, Protocol):
+    """What the MCP server uses of the process (hub/services.py ``Services`` provides it): what
+    authentication reads, as the API checks credentials, then the event hub its live state comes from
+    and the services' nursery its forwarding tasks run in."""
 
-    @property
-    def access(self) -> "Access": ...
-    @property
-    def stores(self) -> "Stores": ...
-    @property
-    def clock(self) -> "Clock": ...
     @property
     def events(self) -> "EventHub": ...
     @property
