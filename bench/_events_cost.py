@@ -140,7 +140,7 @@ async def part_cost(bench: Bench, args) -> dict:
 async def part_append(bench: Bench, args) -> dict:
     """What one append costs, apart from any REST load: ``--append-events`` device events written
     through ``EventLog.append`` one batch after another, at the batch size the journal reaches at
-    1,000 events a second (50) and at its largest (500). CPU seconds (of this process, and of
+    1,000 events a second (100: one batch per ``PACE``) and at its largest (500). CPU seconds (of this process, and of
     PostgreSQL: ``Bench.cpu_seconds``) per event, which a shared machine blurs less than a rate."""
     from storage.events import new_event
     out = {}
@@ -148,7 +148,7 @@ async def part_append(bench: Bench, args) -> dict:
         s, base, org_id, headers = await bench.hub(nursery)
         async with httpx.AsyncClient(timeout=30) as client:
             devices = await _devices(client, base, headers, 10)
-        for size in (50, 500):
+        for size in (100, 500):
             count = max(2, args.append_events // size)
             records = [[_event(s, devices[i % len(devices)], i) for i in range(size)] for _ in range(count)]
             await s.stores.event_log.append([new_event(org_id, e) for e in records[0]])  # the statement prepared

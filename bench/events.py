@@ -12,7 +12,7 @@ part), events recorded through the hub's own ``Journal`` as DeviceActors record 
   1,000 events): a figure the machine's load cannot blur. The device load is synthetic (the journal
   fed at a fixed rate), not the soak bench's agents. Run with ``--parts`` a subset, the section keeps
   the other parts' rows from the run before (and says so).
-- append: CPU per event appended (the hub's process, PostgreSQL), in batches of 50 (the journal's at
+- append: CPU per event appended (the hub's process, PostgreSQL), in batches of 100 (the journal's at
   1,000 events a second) and 500 (its largest), with no other load.
 - latency: one webhook endpoint on a local receiver, ``--rate`` events a second for ``--seconds``;
   from the event's record to the receiver's 200 (an event's first arrival), p50 and p99.

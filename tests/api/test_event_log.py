@@ -251,3 +251,48 @@ async def test_the_journal_sets_aside_a_refused_event_and_writes_nothing_twice_a
             except trio.WouldBlock:
                 break
         assert published == [0, 1, 2, 3, 4, 6, 7]  # in order, once each, the refused one never
+
+
+async def test_the_journal_writes_a_lone_event_at_once_and_paces_a_steady_stream(autojump_clock):
+    """On trio's virtual clock: an event that finds the writer idle is written without waiting; a steady
+    stream of 100 events a second is written at most once per PACE (also what arrives while a batch is
+    being written waits for the next), and no event waits past PACE."""
+    from hub.eventlog import PACE, Journal
+    from hub.events import EventHub
+
+    class Timed(_FlakyLog):
+        def __init__(self) -> None:
+            super().__init__()
+            self.at: dict[int, float] = {}
+
+        async def append(self, events) -> list[int]:
+            for e in events:
+                self.at[e.data["n"]] = trio.current_time()
+            await trio.sleep(0.03)  # a write's round trip: events go on arriving meanwhile
+            return await super().append(events)
+
+    log, org, device = Timed(), uuid.uuid4(), str(uuid.uuid4())
+    journal = Journal(log, EventHub())
+    at = "2026-11-27T19:00:00.000Z"
+    recorded: dict[int, float] = {}
+
+    def record(n: int) -> None:
+        recorded[n] = trio.current_time()
+        journal.record(org, {"kind": "device.event.x", "deviceId": device, "at": at, "payload": {"n": n}})
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            await trio.sleep(5)
+            record(0)
+            await journal.wait_written()
+            assert log.at[0] == recorded[0]  # idle for 5 s: written at once
+            calls = log.calls
+            for n in range(1, 201):  # 2 s at 100 events a second
+                record(n)
+                await trio.sleep(0.01)
+            await journal.wait_written()
+            nursery.cancel_scope.cancel()
+    assert sorted(log.written) == list(range(201))
+    assert log.calls - calls <= 2 / PACE + 2
+    assert max(log.at[n] - recorded[n] for n in range(1, 201)) <= PACE + 1e-9
