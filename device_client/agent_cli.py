@@ -66,7 +66,7 @@ def build_agent(args: argparse.Namespace, tunnel_engine: Callable[..., Any]):
     if not token:
         raise SystemExit("fleethub agent needs --token, --token-file or FLEETHUB_DEVICE_TOKEN")
     from device_client.memtest import agent_config
-    from device_client.workload import configured_user
+    from device_client.workload_account import configured_user
 
     try:
         workload_user = configured_user(args.workload_user)  # the device operator's choice; default: ours

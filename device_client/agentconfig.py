@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # types only: the config module loads none of the parts
     from .context import DeviceContext
     from .memtest.tester import MemtestConfig
     from .tunnel import TunnelConfig
-    from .workload import RunAs
+    from .workload_account import RunAs
     from .engine.base import Engine
 
 # (the device's context, its TunnelConfig or None) -> the tunnel part; webrtc/device_tunnel.py ``attach``

@@ -44,7 +44,7 @@ from .shared.paths import PLATFORM_DIR
 from .devroot import DeviceRoot
 from .tlsprobe import tls_refusal
 from .tunnel import TunnelConfig
-from .workload import configured_user
+from .workload_account import configured_user
 
 TOKEN_ENV = "FLEETHUB_DEVICE_TOKEN"
 HUB_TIMEOUT = 10.0  # seconds to connect and finish the upgrade, per hub URL

@@ -43,7 +43,8 @@ from .files import SecretFileStore
 from .pullroute import MODES as PROXY_MODES
 from .shared import imageref
 from .state import write_json_atomic
-from .workload import Health, Workload, WorkloadSpec, parse_spec
+from .workload import Workload
+from .workload_spec import Health, WorkloadSpec, parse_spec
 
 if TYPE_CHECKING:
     from .context import DeviceContext

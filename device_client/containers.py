@@ -50,7 +50,7 @@ from .engine.base import ContainerInfo, Engine, EngineError, Mount, RunSpec
 from .pullroute import PullRoute
 from .shared import imageref, protocol
 from .shared.paths import SECRETS_DIR, VOLUMES_DIR
-from .workload import Health
+from .workload_spec import Health
 
 log = logging.getLogger("fleethub.agent.containers")
 

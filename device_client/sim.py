@@ -12,7 +12,7 @@ access token, or handed in already provisioned with ``devices=[(id, token), ...]
 
 The simulator usually shares a host with the hub, and configuration workloads are commands chosen by
 the hub's tenants: when it runs as root, every simulated workload runs as one unprivileged account
-(FLEETHUB_WORKLOAD_USER, default ``nobody``; device_client/workload.py), which owns every file
+(FLEETHUB_WORKLOAD_USER, default ``nobody``; device_client/workload_account.py), which owns every file
 delivered to a simulated device. Not root: they run as the simulator's own user (no other choice).
 
 With ``fake_containers`` (``fleethub sim``'s default) every device has its own in-memory container
@@ -39,7 +39,7 @@ from .shared.clock import Clock
 from .memtest import sim_config
 from .names import NameLookupError, resolve
 from .state import write_json_atomic
-from .workload import RunAs, simulator_user
+from .workload_account import RunAs, simulator_user
 
 log = logging.getLogger("fleethub.agent.sim")
 

@@ -1,29 +1,11 @@
 """The device's workload: the command a configuration asks the device to run, as a real subprocess.
 
-``spec.workload`` of a configuration version::
-
-    {"command": [argv...], "env": {NAME: value},
-     "healthCheck": {"command": [argv...] | null, "timeoutSeconds": 10, "graceSeconds": 1}}
-
-No ``workload`` in the spec means there is nothing to run, and the device is always healthy. When
-``spec.workload.healthCheck`` is absent, a top-level ``spec.healthCheck`` object is read (leniently:
-fields of other shapes are ignored, since that key may mean something else to other tools).
-
-Healthy means: the process has stayed up for ``graceSeconds`` and the health-check command, if any,
-exits 0 within ``timeoutSeconds``. The process runs in its own session, so stopping it (SIGTERM, then
-SIGKILL after ``stop_grace``) also stops whatever it started. Its stdout and stderr go to
-``<data_dir>/workload.log``. The environment is deliberately small (PATH, locale, HOME, TZ, the
-spec's env and the platform's FLEETHUB_* variables) so the agent's own secrets, such as
+What it runs is ``spec.workload`` (device_client/workload_spec.py: the format, and what healthy means),
+as the account device_client/workload_account.py names. The process runs in its own session, so
+stopping it (SIGTERM, then SIGKILL after ``stop_grace``) also stops whatever it started. Its stdout and
+stderr go to ``<data_dir>/workload.log``. The environment is deliberately small (PATH, locale, HOME, TZ,
+the spec's env and the platform's FLEETHUB_* variables) so the agent's own secrets, such as
 FLEETHUB_DEVICE_TOKEN, never reach the workload.
-
-The account (``run_as``): by default the workload runs as the agent's own user; a real device's
-operator chooses (``fleethub agent --workload-user`` or FLEETHUB_WORKLOAD_USER). Simulated devices
-(``device_client/sim.py``) run in the hub's host, so when the simulator is root their workloads run
-as an unprivileged account (``simulator_user``: FLEETHUB_WORKLOAD_USER, default ``nobody``), never
-root. Without root nothing else is possible: the workload runs as the simulator's own user. For
-another account the agent makes the path to the device root traversable (execute only: nothing is
-listed, and the agent's files stay 0600) and gives the account the volumes directory; secret files
-keep the mode and owner they were delivered with.
 
 Supervision (when ``nursery`` is set, or inside ``run()``): a workload that exits on its own is
 reported through ``on_health`` and restarted with backoff. The agent stops the workload when it
@@ -34,13 +16,10 @@ a crash.
 from __future__ import annotations
 
 import logging
-import math
 import os
-import pwd
 import signal
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
 
@@ -50,141 +29,15 @@ from . import logtail
 from .shared.backoff import Backoff
 from .devroot import DeviceRoot, Refused
 from .shared.paths import PLATFORM_DIR, SECRETS_DIR, VOLUMES_DIR
+from .workload_account import RunAs, make_traversable
+from .workload_spec import Health, WorkloadSpec
 
 log = logging.getLogger("fleethub.agent.workload")
 
-DEFAULT_HEALTH_TIMEOUT = 10.0
-DEFAULT_GRACE = 1.0
-MAX_HEALTH_TIMEOUT = 600.0
 LOG_ROTATE_BYTES = 1 << 20
 _PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "HOME")
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _KEEP: Any = object()
-WORKLOAD_USER_ENV = "FLEETHUB_WORKLOAD_USER"
-SIMULATOR_DEFAULT_USER = "nobody"
-
-
-@dataclass(frozen=True)
-class RunAs:
-    """The account a workload runs as when it is not the agent's own."""
-
-    name: str
-    uid: int
-    gid: int
-    home: str
-
-    @classmethod
-    def lookup(cls, name: str) -> RunAs:
-        """``name`` is a user name or a numeric uid; ValueError when the system has no such user."""
-        try:
-            entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
-        except (KeyError, ValueError):
-            raise ValueError(f"no user {name!r} on this system (workload user)") from None
-        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
-
-    def is_other(self) -> bool:
-        return self.uid != os.geteuid()
-
-
-def configured_user(name: str | None = None) -> RunAs | None:
-    """A real agent's workload account: ``name``, else FLEETHUB_WORKLOAD_USER, else the agent's own."""
-    name = name or os.environ.get(WORKLOAD_USER_ENV)
-    return RunAs.lookup(name) if name else None
-
-
-def simulator_user(name: str | None = None) -> RunAs | None:
-    """Simulated devices' workload account: unprivileged when the simulator is root (configuration
-    commands come from the hub's tenants, and this host holds the hub's keys); None when not root,
-    where switching is impossible and the workload runs as the simulator's own user."""
-    if os.geteuid() != 0:
-        return None
-    user = RunAs.lookup(name or os.environ.get(WORKLOAD_USER_ENV) or SIMULATOR_DEFAULT_USER)
-    if user.uid == 0:
-        raise ValueError(f"simulated workloads must not run as root ({user.name!r} has uid 0)")
-    return user
-
-
-def _make_traversable(path: Path) -> None:
-    """Execute (not read) for others on ``path`` and its parents, so another account can reach a
-    known path below without listing anything on the way."""
-    for parent in [path, *path.parents]:
-        mode = parent.stat().st_mode
-        if mode & 0o001 != 0o001:
-            parent.chmod(mode | 0o001)
-
-
-@dataclass(frozen=True)
-class WorkloadSpec:
-    command: tuple[str, ...]
-    env: dict[str, str] = field(default_factory=dict, hash=False)
-    health_command: tuple[str, ...] | None = None
-    timeout: float = DEFAULT_HEALTH_TIMEOUT
-    grace: float = DEFAULT_GRACE
-
-
-@dataclass(frozen=True)
-class Health:
-    healthy: bool
-    detail: str
-    #: the end of what the failing health check printed (logtail.visible), None when it printed nothing
-    output: str | None = field(default=None, compare=False)
-
-    def event(self) -> dict[str, Any]:
-        return {"healthy": self.healthy, "detail": self.detail}
-
-
-def _argv(value: Any, what: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value) or not value[0]:
-        raise ValueError(f"{what} must be a non-empty list of strings")
-    if any("\0" in a for a in value):
-        raise ValueError(f"{what} must not contain NUL characters")
-    return tuple(value)
-
-
-def _seconds(value: Any, default: float, what: str, low: float, strict: bool) -> float:
-    if value is None:
-        return default
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and low <= value <= MAX_HEALTH_TIMEOUT:
-        return float(value)
-    if strict:
-        raise ValueError(f"{what} must be a number from {low:g} to {MAX_HEALTH_TIMEOUT:g}")
-    return default
-
-
-def parse_spec(spec: Mapping[str, Any] | None) -> WorkloadSpec | None:
-    """The workload of a configuration spec; None when it has none. ValueError says what is wrong."""
-    workload = (spec or {}).get("workload")
-    if workload is None:
-        return None
-    if not isinstance(workload, dict):
-        raise ValueError("workload must be an object")
-    command = _argv(workload.get("command"), "workload.command")
-    env = workload.get("env") or {}
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise ValueError("workload.env must map names to strings")
-    if any(not k or "=" in k or "\0" in k or "\0" in v for k, v in env.items()):
-        raise ValueError("workload.env has an invalid name or value")
-    check, strict = workload.get("healthCheck"), True
-    if check is None:
-        check, strict = (spec or {}).get("healthCheck"), False
-    if check is None or (not strict and not isinstance(check, dict)):
-        check = {}
-    if not isinstance(check, dict):
-        raise ValueError("workload.healthCheck must be an object")
-    health_command = check.get("command")
-    if health_command is not None:
-        try:
-            health_command = _argv(health_command, "workload.healthCheck.command")
-        except ValueError:
-            if strict:
-                raise
-            health_command = None
-    return WorkloadSpec(command=command, env=dict(env), health_command=health_command,
-                        timeout=_seconds(check.get("timeoutSeconds"), DEFAULT_HEALTH_TIMEOUT,
-                                         "healthCheck.timeoutSeconds", 0.001, strict),
-                        grace=_seconds(check.get("graceSeconds"), DEFAULT_GRACE,
-                                       "healthCheck.graceSeconds", 0.0, strict))
 
 
 def _describe_exit(code: int | None) -> str:
@@ -268,7 +121,7 @@ class Workload:
     def _prepare_for_account(self) -> None:
         if self.run_as is None:
             return
-        _make_traversable(self.root)  # again at every start: a parent may have been tightened since
+        make_traversable(self.root)  # again at every start: a parent may have been tightened since
         # the workload's own persistent data; opened by descriptor like every path under the root
         # (devroot.py), though only the platform directory, which is root's, holds it
         name = VOLUMES_DIR.rsplit("/", 1)[1]

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from device_client.workload import RunAs
+from device_client.workload_account import RunAs
 from tests.hubtools import start_hub, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from device_fakehub import FakeHub
 from device_client.shared import protocol, verbs
 from device_client.agent import Agent, AgentConfig
 from device_client.memtest import MemtestConfig
-from device_client.workload import parse_spec
+from device_client.workload_spec import parse_spec
 
 FAST = {"backoff_initial": 0.01, "backoff_max": 0.04}
 SMALL = 256 << 10

@@ -9,7 +9,8 @@ import sys
 import pytest
 import trio
 
-from device_client.workload import Health, Workload, WorkloadSpec, parse_spec
+from device_client.workload import Workload
+from device_client.workload_spec import Health, WorkloadSpec, parse_spec
 
 PY = sys.executable
 

@@ -20,7 +20,9 @@ import pytest
 import trio
 
 from device_client.sim import run_sim
-from device_client.workload import RunAs, Workload, parse_spec, simulator_user
+from device_client.workload import Workload
+from device_client.workload_account import RunAs, simulator_user
+from device_client.workload_spec import parse_spec
 from tests.hubtools import FAST_BACKOFF, start_hub, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching to another account needs root")
