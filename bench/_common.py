@@ -110,6 +110,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds of ``root`` and its direct children: a PostgreSQL postmaster and its backends."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            if int(entry) == root or int(stat.rsplit(")", 1)[1].split()[1]) == root:
+                total += cpu_seconds(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue  # a backend that ended meanwhile
+    return total
+
+
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 

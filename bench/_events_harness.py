@@ -4,7 +4,6 @@ server, and the synthetic device load (events recorded through the hub's Journal
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from functools import partial
@@ -13,7 +12,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from _common import cpu_seconds
+from _common import tree_cpu_seconds
 
 
 class Bench:
@@ -29,17 +28,7 @@ class Bench:
         total = time.process_time()
         if self.pg_dir is None:
             return total
-        root = int((self.pg_dir / "postmaster.pid").read_text().split()[0])
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                if int(entry) == root or int(stat.rsplit(")", 1)[1].split()[1]) == root:
-                    total += cpu_seconds(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue
-        return total
+        return total + tree_cpu_seconds(int((self.pg_dir / "postmaster.pid").read_text().split()[0]))
 
     async def hub(self, nursery: trio.Nursery, **settings):
         import asyncpg

@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (OUT_DIR, PY, REPO, Verdicts, Worker, command_line, facts_line, fleethub_cmd,  # noqa: E402
+from _common import (OUT_DIR, REPO, Verdicts, Worker, command_line, facts_line, fleethub_cmd,  # noqa: E402
                      http_get, http_json, insert_devices, loadavg, log, machine_facts, md_table, rss_kib,
                      shm_tempdir, write_section)
 from command_rtt import load  # noqa: E402

@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (OUT_DIR, REPO, HubProcess, PySpy, Worker, command_line, cpu_seconds, facts_line,  # noqa: E402
                      insert_devices, loadavg, log, machine_facts, md_table, percentile, shm_tempdir,
-                     wait_quiet, write_section)
+                     tree_cpu_seconds, wait_quiet, write_section)
 
 UTC = dt.timezone.utc
 DEVICE_FILE = "/var/lib/fleethub/secrets/bench/device-token"
@@ -191,20 +191,7 @@ def crossing_delta(before: dict, after: dict, devices: int) -> dict:
 def pg_cpu_seconds(hub: HubProcess) -> float:
     """CPU seconds of the hub's PostgreSQL: the postmaster and every backend (its children)."""
     root = hub.pg_pid()
-    if root is None:
-        return 0.0
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if int(entry) == root or ppid == root:
-                total += cpu_seconds(int(entry))
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
+    return 0.0 if root is None else tree_cpu_seconds(root)
 
 
 # -- a hub with a fleet of connected simulated devices -----------------------------------------------

@@ -19,7 +19,6 @@ import json
 import random
 import shutil
 import sys
-import time
 import uuid
 from pathlib import Path
 
