@@ -35,6 +35,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .receive import receive_inline
+
 _applied = False
 
 
@@ -50,6 +52,7 @@ def cheaper_packets() -> None:
     _write_ssl_only_when_pending(RTCDtlsTransport)
     _in_order_fast(RTCSctpTransport, uint32_gt)
     _dtls_straight_on()
+    receive_inline()
     _applied = True
 
 
