@@ -59,8 +59,8 @@ def receive_inline() -> None:
     def set_state_and_attach(self: Any, state: Any) -> None:
         set_state(self, state)
         connection = getattr(self.transport, "_connection", None)
-        if connection is not None and state.name == "CONNECTED":
-            connection._fleethub_inline = Inline(self, connection)
+        if connection is not None:  # a closed transport's datagrams go to aiortc's queue, as before
+            connection._fleethub_inline = Inline(self, connection) if state.name == "CONNECTED" else None
 
     set_state_and_attach.__wrapped__ = set_state  # type: ignore[attr-defined]
     RTCDtlsTransport._set_state = set_state_and_attach
@@ -78,6 +78,7 @@ class Inline:
         self.connection = connection
         self.backlog: deque[bytes] = deque()
         self.busy = False  # a datagram's handler is waiting; later ones queue behind it
+        self.handled = 0  # datagrams taken here (tests/webrtc/test_receive.py)
         self._connected = State.CONNECTED
         self._ssl_errors = SSL.ZeroReturnError, SSL.Error
 
@@ -88,13 +89,16 @@ class Inline:
             return True
         dtls, queue = self.dtls, self.connection._queue
         if (not data or not 19 < data[0] < 64 or dtls._state is not self._connected
-                or not dtls._RTCDtlsTransport__handshake_done or queue.qsize()
+                or not dtls._RTCDtlsTransport__handshake_done
+                # the task waits on the queue: it holds nothing (each put wakes a waiter, taking it
+                # off _getters), so this datagram overtakes none
                 or not any(not getter.done() for getter in queue._getters)):
             return False
         self._run(data)
         return True
 
     def _run(self, data: bytes) -> None:
+        self.handled += 1
         coro = self._handle(data)
         try:
             waiting = coro.send(None)
