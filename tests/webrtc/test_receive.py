@@ -99,7 +99,13 @@ def run(coro: Any) -> Any:
     async def bounded() -> Any:
         return await asyncio.wait_for(coro, 10)
 
-    return asyncio.run(bounded())
+    # not asyncio.run: it leaves the main thread's loop unset for good, which aioice's StunProtocol()
+    # in a later test (test_packets.py) asks for
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(bounded())
+    finally:
+        loop.close()
 
 
 def test_inline_only_while_the_transport_task_waits_on_an_empty_queue():
