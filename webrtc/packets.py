@@ -36,6 +36,7 @@ import os
 from typing import Any
 
 from .receive import receive_inline
+from .send import send_batched
 
 _applied = False
 
@@ -53,6 +54,7 @@ def cheaper_packets() -> None:
     _in_order_fast(RTCSctpTransport, uint32_gt)
     _dtls_straight_on()
     receive_inline()
+    send_batched()
     _applied = True
 
 

@@ -52,7 +52,7 @@ def receive_inline() -> None:
             data_received(self, data, component)
 
     receive.__wrapped__ = data_received  # type: ignore[attr-defined]
-    Connection.data_received = receive
+    Connection.data_received = receive  # type: ignore[method-assign]
 
     set_state = RTCDtlsTransport._set_state
 
@@ -63,7 +63,7 @@ def receive_inline() -> None:
             connection._fleethub_inline = Inline(self, connection) if state.name == "CONNECTED" else None
 
     set_state_and_attach.__wrapped__ = set_state  # type: ignore[attr-defined]
-    RTCDtlsTransport._set_state = set_state_and_attach
+    RTCDtlsTransport._set_state = set_state_and_attach  # type: ignore[method-assign]
     _applied = True
 
 
