@@ -29,10 +29,11 @@ Two more, each in its own module and applied from here (the same switch turns th
 receive.py handles a DTLS datagram of an established association in aioice's datagram callback
 (no queue, no task wake per datagram); send.py sends the DTLS records of a loop turn in one
 ``sendmsg`` with UDP_SEGMENT, the kernel cutting the same datagrams. Measured A/B with two peers in
-one process on one association, the change toggled between interleaved 8 MiB copies (8 rounds,
-2026-11-28 04:45 UTC, load average 0.9; CPU ms per MiB of both peers and the test's TCP ends,
-median): 62.4 with this module's changes alone, 59.9 with receive.py (paired median -2.5), 56.6
-with send.py (-5.9), 56.3 with both (-6.2, about 10 %).
+one process on one association, the change switched between interleaved 8 MiB copies
+(bench/tunnel_ab.py, 8 rounds, 2026-11-28 04:45 UTC at load average 0.9; CPU ms per MiB of both
+peers and the TCP ends, median): 62.4 with this module's changes alone, 59.9 with receive.py
+(paired median -2.5), 56.6 with send.py (-5.9), 56.3 with both (-6.2, about 10 %); at 05:03 UTC,
+load 1-3, 69.7 / 65.1 / 66.5 / 64.5 (both: -4.9).
 
 Applied once per process, like sctp.py's changes, to the methods it expects to find; with another
 aiortc, check they still exist and do what the docstrings above say before trusting the figures.

@@ -141,13 +141,15 @@ def test_a_refusal_or_a_full_buffer_falls_back_to_one_sendto_each_in_order():
         sender, receiver, sink = await udp_pair()
         addr = receiver.get_extra_info("sockname")
         real = sender._sock
-        sender._sock = Refusing(real, errno.ENETUNREACH)  # the network's error: reported, segmentation kept
-        send_runs(sender, addr, records[:5])
-        assert send_mod._gso
-        sender._sock = Refusing(real, errno.EIO)  # a card that cannot segment: off for the process
-        send_runs(sender, addr, records[5:])
-        assert not send_mod._gso
-        sender._sock = real
+        try:
+            sender._sock = Refusing(real, errno.ENETUNREACH)  # the network's error: reported, segmentation kept
+            send_runs(sender, addr, records[:5])
+            assert send_mod._gso
+            sender._sock = Refusing(real, errno.EIO)  # a card that cannot segment: off for the process
+            send_runs(sender, addr, records[5:])
+            assert not send_mod._gso
+        finally:
+            sender._sock = real
         await wait_count(sink, len(records))
         assert sink.got == records
 
