@@ -19,6 +19,11 @@ Order and aiortc's semantics are kept:
 Before the handshake is done (its retransmission timer lives in the task), and for anything but a
 DTLS record, the queue is used.
 
+Tried and not kept: reading up to 4 or 64 datagrams per readiness of the socket instead of asyncio's
+one (a poll and a loop turn fewer each). With two peers in separate processes (bench/tunnel_scp.py,
+48 MiB, 2026-11-28 04:27 UTC) scp fell from 11.6 to 5.0-5.4 MB/s and CPU per MiB rose from 34-40 to
+49-61 ms in each peer; with two peers in one process MB/s halved as well. Why was not found.
+
 FLEETHUB_AIORTC_AS_IS=1 leaves aiortc's own (packets.py's switch). Measured A/B with two peers in
 one process (docs/operations.md, packets.py's docstring).
 """
