@@ -1,0 +1,140 @@
+"""CPU per MiB of the tunnel peers with webrtc/receive.py and webrtc/send.py each on or off, A/B in one run.
+
+    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write]
+
+Two peers (webrtc/peer.py, as the CLI and the agent run them) in this one process, one association on
+loopback, a TCP sender and sink at its ends (tests/webrtc/peers.py). Between copies of ``--mb`` MiB,
+the inline receive (receive.py: the connection's ``Inline``) and the segmented send (send.py: the
+replaced ``_send_data``) are switched on or off, so every variant runs on the same association, in
+interleaved rounds (the order reversed every other round, the first round a warm-up). Reported: the
+process's CPU per MiB (both peers and the TCP ends) per variant, and each variant's difference from
+the one with both off, paired by round. The machine is shared: a paired difference says more than
+the figures themselves. webrtc/packets.py's other changes are on throughout (FLEETHUB_AIORTC_AS_IS
+would turn off everything, and is not for this script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from statistics import median
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import trio
+from _common import (
+    Verdicts,
+    command_line,
+    facts_line,
+    loadavg,
+    log,
+    machine_facts,
+    md_table,
+    write_section,
+)
+
+VARIANTS = ("neither", "receive.py", "send.py", "both")
+
+
+async def measure(mb: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
+    from aiortc.rtcdtlstransport import RTCDtlsTransport
+
+    from tests.webrtc.peers import connect_pair
+
+    received, want, arrived = 0, 0, trio.Event()
+
+    async def sink(stream: trio.SocketStream) -> None:
+        nonlocal received
+        async with stream:
+            while data := await stream.receive_some(1 << 20):
+                received += len(data)
+                if received >= want:
+                    arrived.set()
+
+    results: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, sink, 0, host="127.0.0.1"))
+        pair = await connect_pair(listeners[0].socket.getsockname()[1])
+        connections = [peer._pc.sctp.transport.transport._connection for peer in (pair.client, pair.device)]
+        inlines = [c._fleethub_inline for c in connections]
+        batched = RTCDtlsTransport._send_data
+        if any(i is None for i in inlines) or not hasattr(batched, "__wrapped__"):
+            raise SystemExit("receive.py or send.py is not applied (FLEETHUB_AIORTC_AS_IS set, or not Linux?)")
+
+        async def switch(variant: str) -> None:
+            for connection, inline in zip(connections, inlines, strict=True):
+                connection._fleethub_inline = inline if variant in ("receive.py", "both") else None
+            RTCDtlsTransport._send_data = batched if variant in ("send.py", "both") else batched.__wrapped__
+
+        stream = await trio.open_tcp_stream("127.0.0.1", pair.listen_port)
+        block = os.urandom(1 << 20)
+        try:
+            for r in range(rounds + 1):
+                for variant in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                    await pair.client._thread.run(switch(variant))
+                    await trio.sleep(0.2)  # what the last copy left in flight is acknowledged
+                    arrived, want = trio.Event(), received + (mb << 20)
+                    cpu, wall = time.process_time(), time.perf_counter()
+                    with trio.fail_after(300):
+                        for _ in range(mb):
+                            await stream.send_all(block)
+                        await arrived.wait()
+                    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+                    if r:
+                        results[variant].append((cpu / mb * 1000, mb * (1 << 20) / wall / 1e6))
+                if r:
+                    log(f"round {r}: " + ", ".join(f"{v} {results[v][-1][0]:.1f}" for v in VARIANTS))
+        finally:
+            await pair.client._thread.run(switch("both"))
+            await stream.aclose()
+            await pair.client.close()
+            await pair.device.close()
+            nursery.cancel_scope.cancel()
+    return results
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--mb", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--no-write", action="store_true")
+    p.add_argument("--quiet-wait", type=float, default=30.0)
+    args = p.parse_args()
+    if args.smoke:
+        args.mb, args.rounds = 1, 1
+    facts = machine_facts(0 if args.smoke else args.quiet_wait)
+    results = trio.run(measure, args.mb, args.rounds)
+
+    def cpu(v: str) -> list[float]:
+        return [x[0] for x in results[v]]
+
+    diffs = {v: [b - a for a, b in zip(cpu("neither"), cpu(v), strict=True)] for v in VARIANTS[1:]}
+    rows = [[v, f"{median(cpu(v)):.1f}", " ".join(f"{x:.0f}" for x in cpu(v)),
+             "" if v == "neither" else f"{median(diffs[v]):+.1f}",
+             f"{median(x[1] for x in results[v]):.1f}"] for v in VARIANTS]
+    body = "\n\n".join([
+        "## Tunnel peers: receive.py and send.py on and off in one run (bench/tunnel_ab.py)", f"`{command_line()}`",
+        facts_line(facts) + f"; load average at end {loadavg()}",
+        (f"Two peers in one process, one association on loopback; copies of {args.mb} MiB one way, the two "
+         f"changes switched between copies, {args.rounds} interleaved round(s) after a warm-up. CPU per MiB "
+         "is the whole process's (both peers and the TCP ends)."),
+        md_table(["variant", "CPU ms/MiB (median)", "per round", "paired difference from neither (median)",
+                  "MB/s (median)"], rows),
+    ])
+    verdicts = Verdicts("tunnel_ab", smoke=args.smoke)
+    verdicts.at_least("CPU per MiB saved by both (paired median)", round(-median(diffs["both"]), 1), 0, " ms")
+    body += "\n\n" + verdicts.markdown() + "\n"
+    print(body)
+    if not args.no_write:
+        print(f"wrote {write_section('tunnel_ab', body, smoke=args.smoke)}")
+    return verdicts.exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""A datagram of an established DTLS association is handled in the callback that received it.
+
+aiortc receives through a queue: aioice's ``Connection.data_received`` puts each datagram on an
+``asyncio.Queue`` and the DTLS transport's own task takes it off (``_recv_next``), decrypts it and
+awaits SCTP's ``_handle_data``. Each datagram so costs a future, a task wake-up and a loop turn on
+top of its own work, and a bulk copy has about 874 DATA packets per MiB (one 1,200-byte chunk each)
+and a SACK for every few. Once the handshake is done, nothing in that path waits for anything (SCTP
+and DTLS only ever send, and a send is a ``sendto``), so ``Inline`` does the same work straight from
+the datagram callback: decrypt, flush what OpenSSL has to send, hand the plaintext to SCTP.
+
+Order and aiortc's semantics are kept:
+- a datagram goes inline only when the transport's task is idle (waiting on an empty queue), so it
+  never overtakes one queued before it; otherwise it is queued as before;
+- the handler is run as a coroutine stepped by hand; should it ever wait (a path not seen in a
+  tunnel), the rest runs as a task and the datagrams arriving meanwhile wait in order behind it;
+- a peer's close_notify, or an error the transport's task would have ended on, ends that task the
+  same way (aioice's "connection lost" sentinel on the queue): the state goes to closed and the
+  receivers are told, as aiortc does.
+Before the handshake is done (its retransmission timer lives in the task), and for anything but a
+DTLS record, the queue is used.
+
+Tried and not kept: reading up to 4 or 64 datagrams per readiness of the socket instead of asyncio's
+one (a poll and a loop turn fewer each). With two peers in separate processes (bench/tunnel_scp.py,
+48 MiB, 2026-11-28 04:27 UTC) scp fell from 11.6 to 5.0-5.4 MB/s and CPU per MiB rose from 34-40 to
+49-61 ms in each peer; with two peers in one process MB/s halved as well. Why was not found.
+
+FLEETHUB_AIORTC_AS_IS=1 leaves aiortc's own (packets.py's switch). Measured A/B with two peers in
+one process (docs/operations.md, packets.py's docstring).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import deque
+from typing import Any
+
+log = logging.getLogger("fleethub.webrtc")
+
+_applied = False
+
+
+def receive_inline() -> None:
+    global _applied
+    # FLEETHUB_RECEIVE_QUEUED=1 leaves this one out (the A/B's "before" for it alone)
+    if _applied or os.environ.get("FLEETHUB_AIORTC_AS_IS") or os.environ.get("FLEETHUB_RECEIVE_QUEUED"):
+        return
+    from aioice.ice import Connection
+    from aiortc.rtcdtlstransport import RTCDtlsTransport
+
+    data_received = Connection.data_received
+
+    def receive(self: Any, data: bytes, component: int) -> None:
+        inline = getattr(self, "_fleethub_inline", None)
+        if inline is None or not inline.take(data):
+            data_received(self, data, component)
+
+    receive.__wrapped__ = data_received  # type: ignore[attr-defined]
+    Connection.data_received = receive  # type: ignore[method-assign]
+
+    set_state = RTCDtlsTransport._set_state
+
+    def set_state_and_attach(self: Any, state: Any) -> None:
+        set_state(self, state)
+        connection = getattr(self.transport, "_connection", None)
+        if connection is not None:  # a closed transport's datagrams go to aiortc's queue, as before
+            connection._fleethub_inline = Inline(self, connection) if state.name == "CONNECTED" else None
+
+    set_state_and_attach.__wrapped__ = set_state  # type: ignore[attr-defined]
+    RTCDtlsTransport._set_state = set_state_and_attach  # type: ignore[method-assign]
+    _applied = True
+
+
+class Inline:
+    """One DTLS transport's receive path, run from aioice's datagram callback."""
+
+    def __init__(self, dtls: Any, connection: Any) -> None:
+        from aiortc.rtcdtlstransport import State
+        from OpenSSL import SSL
+
+        self.dtls = dtls
+        self.connection = connection
+        self.backlog: deque[bytes] = deque()
+        self.busy = False  # a datagram's handler is waiting; later ones queue behind it
+        self.handled = 0  # datagrams taken here (tests/webrtc/test_receive.py)
+        self._connected = State.CONNECTED
+        self._ssl_errors = SSL.ZeroReturnError, SSL.Error
+
+    def take(self, data: bytes) -> bool:
+        """Handle ``data`` here (True) or leave it to aiortc's queue (False)."""
+        if self.busy:
+            self.backlog.append(data)
+            return True
+        dtls, queue = self.dtls, self.connection._queue
+        if (not data or not 19 < data[0] < 64 or dtls._state is not self._connected
+                or not dtls._RTCDtlsTransport__handshake_done
+                # the task waits on the queue: it holds nothing (each put wakes a waiter, taking it
+                # off _getters), so this datagram overtakes none
+                or not any(not getter.done() for getter in queue._getters)):
+            return False
+        self._run(data)
+        return True
+
+    def _run(self, data: bytes) -> None:
+        self.handled += 1
+        coro = self._handle(data)
+        try:
+            waiting = coro.send(None)
+        except StopIteration:
+            return
+        except BaseException as exc:  # noqa: BLE001 — the transport's task would have ended on it
+            self._end(exc)
+            return
+        self.busy = True
+        task = asyncio.ensure_future(_Rest(coro, waiting).run())
+        task.add_done_callback(self._rest_done)
+
+    def _rest_done(self, task: asyncio.Task[None]) -> None:
+        self.busy = False
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            self._end(exc)
+            return
+        while self.backlog and not self.busy:
+            if self.dtls._state is not self._connected:
+                self.backlog.clear()
+                return
+            self._run(self.backlog.popleft())
+
+    def _end(self, exc: BaseException) -> None:
+        self.backlog.clear()
+        if not isinstance(exc, ConnectionError):
+            log.warning("DTLS receive failed: %r", exc)
+        self.connection._queue.put_nowait(None)
+
+    async def _handle(self, data: bytes) -> None:
+        # aiortc's _recv_next for a DTLS record, after its queue
+        dtls = self.dtls
+        dtls._RTCDtlsTransport__rx_bytes += len(data)
+        dtls._RTCDtlsTransport__rx_packets += 1
+        dtls._ssl.bio_write(data)
+        plain: bytes | None
+        try:
+            plain = dtls._ssl.recv(1500)
+        except self._ssl_errors[0]:
+            plain = None
+        except self._ssl_errors[1]:
+            plain = b""
+        await dtls._write_ssl()
+        if plain is None:
+            raise ConnectionError("DTLS shutdown by remote party")
+        if plain and dtls._data_receiver:
+            await dtls._data_receiver._handle_data(plain)
+
+
+class _Rest:
+    """The rest of a coroutine that was stepped by hand and waits: awaiting this resumes it where it
+    stopped, with the future it was waiting on handed to the task that now runs it."""
+
+    def __init__(self, coro: Any, waiting: Any) -> None:
+        self.coro, self.waiting = coro, waiting
+
+    async def run(self) -> None:
+        await self
+
+    def __await__(self) -> Any:
+        coro, value = self.coro, self.waiting
+        while True:
+            try:
+                sent = yield value
+            except BaseException as exc:  # noqa: BLE001 — a cancellation or error goes into the coroutine
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+                continue
+            try:
+                value = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
