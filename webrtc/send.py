@@ -86,7 +86,28 @@ def send_batched() -> None:
 
     send.__wrapped__ = send_data  # type: ignore[attr-defined]
     RTCDtlsTransport._send_data = send  # type: ignore[method-assign]
+    RTCDtlsTransport._write_ssl = flushing_first(RTCDtlsTransport._write_ssl)  # type: ignore[method-assign]
     _applied = True
+
+
+def flushing_first(write_ssl: Any) -> Any:
+    """``_write_ssl`` sends at once what OpenSSL wrote outside ``send`` (an alert such as the
+    close_notify of ``stop()``, a handshake retransmission): the records this loop turn queued go
+    first, or a close made in the same turn as the last data would overtake it and the peer, closed
+    by it, would drop the data that follows. The outbox is flushed only when OpenSSL has something
+    to send: a record received (which calls this every time) leaves the turn's batch whole."""
+    from OpenSSL._util import ffi, lib
+
+    async def write_ssl_after_outbox(self: Any) -> None:
+        outbox = getattr(self, "_fleethub_outbox", None)
+        if outbox is not None and outbox.records:
+            bio = getattr(self._ssl, "_from_ssl", None)
+            if bio is None or lib.BIO_get_mem_data(bio, ffi.NULL) > 0:
+                outbox.flush()
+        await write_ssl(self)
+
+    write_ssl_after_outbox.__wrapped__ = write_ssl  # type: ignore[attr-defined]
+    return write_ssl_after_outbox
 
 
 class Outbox:
@@ -147,7 +168,6 @@ def send_runs(transport: Any, addr: Any, records: list[bytes], outbox: Outbox | 
                 _gso = False
                 log.info("UDP segmentation offload refused (%s): one sendto per datagram", exc)
             for record in batch:  # and asyncio reports any other error as it would have
-
                 transport.sendto(record, addr)
         else:
             if outbox is not None:

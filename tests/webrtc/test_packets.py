@@ -39,8 +39,9 @@ def applied() -> None:
 
 
 def original(cls: Any, name: str) -> Any:
+    """aiortc's own method under the replacements (send.py wraps packets.py's ``_write_ssl`` again)."""
     fn = getattr(cls, name)
-    return getattr(fn, "__wrapped__", None)
+    return inspect.unwrap(fn) if hasattr(fn, "__wrapped__") else None
 
 
 def test_every_replacement_is_applied_and_wraps_aiortcs_own():

@@ -187,3 +187,41 @@ async def test_real_peers_carry_a_copy_whole_with_records_segmented():
                 await pair.client.close()
                 await pair.device.close()
             nursery.cancel_scope.cancel()
+
+
+def test_an_alert_written_outside_the_batch_never_overtakes_the_records_queued_before_it():
+    """A close_notify (``stop()`` calls ``_write_ssl``) made in the loop turn that queued the last
+    data records goes out after them, not before: the peer drops what arrives after it."""
+    from webrtc.send import flushing_first
+
+    class Transport:
+        def __init__(self) -> None:
+            self.sent: list[bytes] = []
+
+        def sendto(self, data: bytes, addr: Any) -> None:
+            self.sent.append(data)
+
+        def is_closing(self) -> bool:
+            return False
+
+        def get_write_buffer_size(self) -> int:
+            return 0
+
+    wire = Transport()
+    pair = type("Pair", (), {"protocol": type("Protocol", (), {"transport": wire})(), "remote_addr": ("127.0.0.1", 9)})()
+    connection = type("Connection", (), {"_nominated": {1: pair}})()
+
+    class Dtls:
+        _ssl = object()  # no memory BIO to ask: treated as having output
+
+        def __init__(self) -> None:
+            self._fleethub_outbox = Outbox(connection)
+            self._fleethub_outbox.records = [b"\x17data-1", b"\x17data-2"]
+
+    async def write_ssl(self: Any) -> None:  # what aiortc's does: the alert straight to the wire
+        wire.sendto(b"\x15close_notify", None)
+
+    dtls = Dtls()
+    trio.run(flushing_first(write_ssl), dtls)
+    assert wire.sent == [b"\x17data-1", b"\x17data-2", b"\x15close_notify"]
+    assert dtls._fleethub_outbox.records == []
