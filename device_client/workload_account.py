@@ -1,6 +1,6 @@
 """The account a device's workload runs as (``run_as``), and how the agent lets it reach its files.
 
-The account (``run_as``): by default the workload runs as the agent's own user; a real device's
+By default the workload runs as the agent's own user; a real device's
 operator chooses (``fleethub agent --workload-user`` or FLEETHUB_WORKLOAD_USER). Simulated devices
 (``device_client/sim.py``) run in the hub's host, so when the simulator is root their workloads run
 as an unprivileged account (``simulator_user``: FLEETHUB_WORKLOAD_USER, default ``nobody``), never

@@ -11,11 +11,7 @@ No ``workload`` in the spec means there is nothing to run, and the device is alw
 fields of other shapes are ignored, since that key may mean something else to other tools).
 
 Healthy means: the process has stayed up for ``graceSeconds`` and the health-check command, if any,
-exits 0 within ``timeoutSeconds``. The process runs in its own session, so stopping it (SIGTERM, then
-SIGKILL after ``stop_grace``) also stops whatever it started. Its stdout and stderr go to
-``<data_dir>/workload.log``. The environment is deliberately small (PATH, locale, HOME, TZ, the
-spec's env and the platform's FLEETHUB_* variables) so the agent's own secrets, such as
-FLEETHUB_DEVICE_TOKEN, never reach the workload.
+exits 0 within ``timeoutSeconds``.
 """
 
 from __future__ import annotations
