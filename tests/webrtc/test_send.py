@@ -79,6 +79,15 @@ def run(coro: Any) -> Any:
         loop.close()
 
 
+def run_keeping_gso(coro: Any) -> Any:
+    """``run``, with the process's segmentation switch put back after (a test may turn it off)."""
+    saved = send_mod._gso
+    try:
+        return run(coro)
+    finally:
+        send_mod._gso = saved
+
+
 class Sink(asyncio.DatagramProtocol):
     def __init__(self) -> None:
         self.got: list[bytes] = []
@@ -115,11 +124,7 @@ def test_a_batch_arrives_as_the_same_datagrams_in_order():
         sender.close()
         receiver.close()
 
-    saved = send_mod._gso
-    try:
-        run(main())
-    finally:
-        send_mod._gso = saved
+    run_keeping_gso(main())
 
 
 class Refusing:
@@ -165,11 +170,7 @@ def test_a_refusal_or_a_full_buffer_falls_back_to_one_sendto_each_in_order():
         sender.close()
         receiver.close()
 
-    saved = send_mod._gso
-    try:
-        run(main())
-    finally:
-        send_mod._gso = saved
+    run_keeping_gso(main())
 
 
 async def test_real_peers_carry_a_copy_whole_with_records_segmented():
