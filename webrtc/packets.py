@@ -46,7 +46,7 @@ import os
 from typing import Any
 
 from .receive import receive_inline
-from .send import send_batched
+from .send import has_output, send_batched
 
 _applied = False
 
@@ -89,13 +89,10 @@ def _scan_only_when_complete(stream_cls: Any, scan_flags: int) -> None:
 
 
 def _write_ssl_only_when_pending(cls: Any) -> None:
-    from OpenSSL._util import ffi, lib
-
     write_ssl = cls._write_ssl
 
     async def write_if_pending(self: Any) -> None:
-        bio = getattr(self._ssl, "_from_ssl", None)
-        if bio is not None and lib.BIO_get_mem_data(bio, ffi.NULL) <= 0:
+        if not has_output(self._ssl):
             return  # OpenSSL wrote nothing: bio_read would raise WantReadError, and aiortc send nothing
         await write_ssl(self)
 

@@ -90,20 +90,25 @@ def send_batched() -> None:
     _applied = True
 
 
+def has_output(ssl: Any) -> bool:
+    """Whether OpenSSL has written a record to send: its outgoing memory BIO holds bytes (asked
+    without reading, which raises WantReadError when it is empty). True when the BIO cannot be asked."""
+    from OpenSSL._util import ffi, lib
+
+    bio = getattr(ssl, "_from_ssl", None)
+    return bio is None or lib.BIO_get_mem_data(bio, ffi.NULL) > 0
+
+
 def flushing_first(write_ssl: Any) -> Any:
     """``_write_ssl`` sends at once what OpenSSL wrote outside ``send`` (an alert such as the
     close_notify of ``stop()``, a handshake retransmission): the records this loop turn queued go
     first, or a close made in the same turn as the last data would overtake it and the peer, closed
     by it, would drop the data that follows. The outbox is flushed only when OpenSSL has something
     to send: a record received (which calls this every time) leaves the turn's batch whole."""
-    from OpenSSL._util import ffi, lib
-
     async def write_ssl_after_outbox(self: Any) -> None:
         outbox = getattr(self, "_fleethub_outbox", None)
-        if outbox is not None and outbox.records:
-            bio = getattr(self._ssl, "_from_ssl", None)
-            if bio is None or lib.BIO_get_mem_data(bio, ffi.NULL) > 0:
-                outbox.flush()
+        if outbox is not None and outbox.records and has_output(self._ssl):
+            outbox.flush()
         await write_ssl(self)
 
     write_ssl_after_outbox.__wrapped__ = write_ssl  # type: ignore[attr-defined]
