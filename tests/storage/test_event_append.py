@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
+import pytest
 import trio
 
 from storage.db import Database
@@ -84,5 +85,27 @@ async def test_appends_that_race_leave_no_gap_and_no_duplicate(db_url):
             assert sorted(s for seqs in got for s in (seqs[0], seqs[2])) == list(range(1, 41))
             assert sorted(seqs[1] for seqs in got) == list(range(1, 21))
             assert [e.org_seq for e in await log.page(a, 0)] == list(range(1, 41))
+        finally:
+            await db.close()
+
+
+async def test_an_unknown_organisations_event_is_refused_whole_and_ids_are_given_by_postgresql(db_url):
+    """events.org_id has no foreign key (migration 0027): the organisation is checked once per append,
+    by the counters row the same statement moves on. A batch naming one that does not exist writes
+    nothing, not even its other organisation's events; an event appended without an id gets one."""
+    import asyncpg
+
+    db = Database(db_url)
+    with trio.fail_after(30):
+        await db.open()
+        try:
+            (a,) = await _orgs(db, 1)
+            log = EventLog(db)
+            with pytest.raises(asyncpg.ForeignKeyViolationError):
+                await log.append([_event(a, 0), _event(uuid.uuid4(), 1)])
+            assert await log.page(a, 0) == [] and await log.cursors(a) == (0, 0)
+            await log.append([_event(a, 2), _event(a, 3)])
+            ids = [e.id for e in await log.page(a, 0)]
+            assert len(set(ids)) == 2 and all(isinstance(i, uuid.UUID) for i in ids)
         finally:
             await db.close()
