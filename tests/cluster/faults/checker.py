@@ -15,6 +15,8 @@ Records (each a dict with ``t``, seconds since the run began, and ``kind``):
 - ``presence``: ``device``, ``link`` (the agent holds a welcomed link), ``node`` (where), ``online``
   (what the device's row said).
 - ``rollout``: ``rollout``, ``state``, ``reason``, ``counts``: the state each rollout ended the run in.
+- ``unsettled``: ``rollout``, ``lease``, ``devices``: for a rollout that did not end, its lease and each
+  device not settled as PostgreSQL held them at the end (only said in a violation's message).
 
 ``check`` returns one Violation per broken invariant instance; an empty list is a run that held.
 """
@@ -136,6 +138,7 @@ def rollouts_end(records: list[dict], expected_failures: set[str]) -> list[Viola
     for r in records:
         if r["kind"] == "step" and r["step"] == "failed":
             failed[r["rollout"]].add(r["device"])
+    waiting = {r["rollout"]: r for r in records if r["kind"] == "unsettled"}
     out = []
     for r in records:
         if r["kind"] != "rollout":
@@ -148,6 +151,9 @@ def rollouts_end(records: list[dict], expected_failures: set[str]) -> list[Viola
             continue
         if state == "paused" and (rid in paused_by_call or (failed[rid] and not false)):
             continue
+        seen = waiting.get(rid, {})
         out.append(Violation("rollouts_end", f"rollout {rid} ended the run {state} "
-                                             f"(reason: {r.get('reason')!r}), neither ended nor truly paused"))
+                                             f"(reason: {r.get('reason')!r}), neither ended nor truly paused; "
+                                             f"steps {r.get('counts')}, lease {seen.get('lease')}, "
+                                             f"waiting on {seen.get('devices')}"))
     return out
