@@ -152,8 +152,18 @@ def rollouts_end(records: list[dict], expected_failures: set[str]) -> list[Viola
         if state == "paused" and (rid in paused_by_call or (failed[rid] and not false)):
             continue
         seen = waiting.get(rid, {})
+        pings = {d["device_id"]: last_pings(records, d["device_id"]) for d in seen.get("devices") or ()}
         out.append(Violation("rollouts_end", f"rollout {rid} ended the run {state} "
                                              f"(reason: {r.get('reason')!r}), neither ended nor truly paused; "
                                              f"steps {r.get('counts')}, lease {seen.get('lease')}, "
-                                             f"waiting on {seen.get('devices')}"))
+                                             f"waiting on {seen.get('devices')}, their last pings {pings}"))
     return out
+
+
+def last_pings(records: list[dict], device: str, each: int = 3) -> dict[str, list]:
+    """The statuses of the last pings to ``device`` through each node (None: no answer)."""
+    by_node: dict[str, list] = defaultdict(list)
+    for r in records:
+        if r["kind"] == "call" and r["path"] == f"/v1/devices/{device}/ping":
+            by_node[r["node"]].append(r["status"])
+    return {node: statuses[-each:] for node, statuses in sorted(by_node.items())}

@@ -336,7 +336,7 @@ class Run:
         lease = await db.fetchrow("SELECT owner, epoch, expires_at < now() AS expired FROM rollout_leases "
                                   "WHERE rollout_id = $1", rollout_id)
         devices = await db.fetch(
-            """SELECT rd.device_id, rd.step, rd.batch, round(extract(epoch FROM now() - rd.updated_at)) AS step_age,
+            """SELECT rd.device_id, rd.step, rd.batch, round(extract(epoch FROM now() - rd.updated_at))::int AS step_age,
                       d.online, d.link_node, d.config_status, d.config_error,
                       d.config_version_id = r.version_id AS assigned, d.applied_version_id = r.version_id AS runs
                FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id JOIN devices d ON d.id = rd.device_id
