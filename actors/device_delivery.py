@@ -203,7 +203,7 @@ class DeviceDelivery:
         """A registry login of the organisation, or the fleet's registry proxy, changed: the device gets
         its version's logins and its fleet's proxy mode now."""
         async with self.lock:
-            device = await self._db(self.s.stores.devices.get_any, self.device_id)
+            device = await self._db(self.s.stores.devices.current, self.device_id)
             if device is not None:
                 await self._send_pull_settings(device)
 
@@ -214,7 +214,7 @@ class DeviceDelivery:
     # -- steps ------------------------------------------------------------------------------------
     async def _reconcile(self, digests: dict[str, str]) -> None:
         s = self.s
-        device = await self._db(s.stores.devices.get_any, self.device_id)
+        device = await self._db(s.stores.devices.current, self.device_id)
         expected = await self._db(s.stores.secrets.expected_on_device, self.device_id)
         runs_assigned = (device is not None and device["config_version_id"] is not None
                          and device["config_version_id"] == device["applied_version_id"])
@@ -244,7 +244,7 @@ class DeviceDelivery:
         """Send the assigned configuration version unless the device already runs it. ``reported``
         is the version the device's hello named (None: nothing), or UNKNOWN outside a hello."""
         s = self.s
-        device = await self._db(s.stores.devices.get_any, self.device_id)
+        device = await self._db(s.stores.devices.current, self.device_id)
         if device is None or device["config_version_id"] is None:
             return
         target = device["config_version_id"]
@@ -373,13 +373,13 @@ class DeviceDelivery:
         except (verbs.Malformed, ValueError) as exc:
             what = str(exc) if isinstance(exc, verbs.Malformed) else "event config.result: versionId or configId is not an id"
             await self.protocol_error(what)
-            device = await self._db(s.stores.devices.get_any, self.device_id)
+            device = await self._db(s.stores.devices.current, self.device_id)
             if device is not None and device["config_status"] == "applying":
                 await self._db(s.stores.devices.set_config_result, self.device_id, "failed",
                                f"the device's result was malformed ({what})"[:500], device["applied_version_id"], now)
             return
         result = checked.model_dump()
-        device = await self._db(s.stores.devices.get_any, self.device_id)
+        device = await self._db(s.stores.devices.current, self.device_id)
         if device is None or device["config_version_id"] != version_id:
             return  # a result for a version no longer assigned
         if result.get("status") == "applied":

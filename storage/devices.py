@@ -84,19 +84,28 @@ class Devices:
             uuid.uuid4(), org_id, fleet_id, name, tags or [], token_hash, now)
         return _device(row)
 
-    async def get(self, org_id: uuid.UUID, device_id: uuid.UUID) -> dict | None:
-        row = await self.get_any(device_id)
+    async def get(self, org_id: uuid.UUID, device_id: uuid.UUID, *, current: bool = False) -> dict | None:
+        """``current``: past the cache (``current``), for a request that decides a write by the row."""
+        row = await (self.current if current else self.get_any)(device_id)
         return row if row is not None and row["org_id"] == org_id else None
 
     async def get_any(self, device_id: uuid.UUID) -> dict | None:
         """Lookup without tenancy (actors rebuilding their state; ``get`` checks the org)."""
         row = self.cache.get(device_id)
-        if row is None:
-            seen, seen_identity = self.cache.generation, self.identities.generation
-            row = _device(await self.db.fetchrow(f"SELECT {DEVICE_COLUMNS} FROM devices WHERE id = $1", device_id))
-            if row is not None:
-                self.cache.put(device_id, row, seen=seen)
-                self.identities.put(device_id, (row["org_id"], row["fleet_id"]), seen=seen_identity)
+        return row if row is not None else await self.current(device_id)
+
+    async def current(self, device_id: uuid.UUID) -> dict | None:
+        """The row as PostgreSQL holds it now, past the cache, which is then refreshed with it. For
+        reads that decide a write (which configuration version a device is sent, whether its result
+        still counts): in a cluster another node's write reaches this node's cache only when the
+        entry expires, and a decision on the row before it sent a device the wrong version or
+        dropped its result, leaving its rollout waiting for good (the fault suite, a node killed
+        mid-rollout)."""
+        seen, seen_identity = self.cache.generation, self.identities.generation
+        row = _device(await self.db.fetchrow(f"SELECT {DEVICE_COLUMNS} FROM devices WHERE id = $1", device_id))
+        if row is not None:
+            self.cache.put(device_id, row, seen=seen)
+            self.identities.put(device_id, (row["org_id"], row["fleet_id"]), seen=seen_identity)
         return row
 
     async def find_by_token(self, token_hash: bytes) -> dict | None:

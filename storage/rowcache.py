@@ -3,7 +3,8 @@
 Every write that goes through a repository evicts the rows it touches in this process before it
 returns, so a reader here sees its own writes at once. Another hub process's write is seen within
 ``ttl`` seconds (trio time): reads of a device record are allowed to be that stale across processes,
-its live state (online, last seen) comes from the device's actor anyway. A cache that must not be
+its live state (online, last seen) comes from the device's actor anyway. A read that decides a write
+(what configuration version a device is sent) goes past the cache (storage/devices.py ``current``). A cache that must not be
 stale at all (``ttl=math.inf``, storage/devices.py's identities) is evicted by the database's own
 notifications instead (a trigger's NOTIFY reaches every process).
 

@@ -382,7 +382,8 @@ async def assign_configuration(device_id: str, data: Assignment):
     """Assign a configuration version to one device; it is sent at once if the device is online,
     else when it next connects. The device applies it with a health check and reports the result."""
     s = services()
-    device = await s.stores.devices.get(org().org_id, parse_uuid(device_id, "device_id"))
+    # its configuration as PostgreSQL says (another node may have just changed it): whether files move
+    device = await s.stores.devices.get(org().org_id, parse_uuid(device_id, "device_id"), current=True)
     if device is None:
         raise NotFound("device not found")
     await authorize(s, "editor", Obj("device", device["id"], device["fleet_id"]))

@@ -123,7 +123,8 @@ async def revert_device(device_id: str):
     over this device alone."""
     s = services()
     data = await _revert_body()
-    device = await s.stores.devices.get(org().org_id, parse_uuid(device_id, "device_id"))
+    # the version it ran before the one it runs now, as PostgreSQL says (another node may have just moved it)
+    device = await s.stores.devices.get(org().org_id, parse_uuid(device_id, "device_id"), current=True)
     if device is None:
         raise NotFound("device not found")
     await authorize(s, "editor", Obj("device", device["id"], device["fleet_id"]))
