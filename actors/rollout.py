@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.device import ApplyConfig
+from actors.device_delivery import APPLY_TIMEOUT
 from actors.errors import Conflict, NotFound
 from actors.machines import rollout as rm
 from actors.machines.window import UpdateWindow, WindowError, is_open, next_start_after
@@ -108,7 +109,8 @@ class RolloutActor(Actor):
             success_threshold=self.row["success_threshold"], failure_threshold=self.row["failure_threshold"],
             state=rm.RolloutState(self.row["state"]), current_batch=self.row["current_batch"], reason=self.row["reason"],
             accepted_failures=self.row["accepted_failures"], accepted_batch=self.row["accepted_batch"],
-            resend_after=dt.timedelta(seconds=s.settings.rollout_resend_after))
+            resend_after=dt.timedelta(seconds=s.settings.rollout_resend_after),
+            applying_after=dt.timedelta(seconds=APPLY_TIMEOUT + s.settings.rollout_resend_after))
         if self.machine.state is rm.RolloutState.PENDING:
             await self._carry_out(self.machine.handle(rm.Start(), s.clock.now()))
         self._tick_now = True  # look at the devices at once after a (re)start

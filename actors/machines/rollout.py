@@ -30,7 +30,8 @@ Pause stops devices from starting; devices already updating finish.
 Partial failure (issue 38): the version reaches a device by a tell (the DeviceActor, maybe on another
 node over NATS), and a tell may be lost. So a device whose step sits in ``updating`` past
 ``resend_after`` while it is online and neither applying nor answered is sent its assignment again
-(``Resend``; the DeviceActor works from storage and the same version id, so a second send is harmless).
+(``Resend``; the DeviceActor works from storage and the same version id, so a second send is harmless),
+and so is one whose "applying" outlived ``applying_after`` (the apply that said so was lost with its node).
 A device that is offline or unreachable is not failed: it waits (its next hello sends the version).
 And while the owner cannot reach the bus (``Tick.bus_up`` false) no device starts and no batch begins:
 what it would send could be lost, and a device it cannot reach is no verdict on the version.
@@ -80,6 +81,11 @@ CANARY_SHARE = 0.05
 # An assignment unanswered this long is sent again: longer than a tell takes to reach a device and the
 # device to say "applying" (well under a second, a few under a forced rollout's storage queue).
 RESEND_AFTER = dt.timedelta(seconds=15)
+# A device whose row has said "applying" this long is sent its assignment again too: past the hub's own
+# bound on an apply (actors/device_delivery.py APPLY_TIMEOUT, 120 s) a live apply has ended in a
+# verdict, so the one that said "applying" is gone (its node died) and its result with it. The device
+# answers a second send of the version it runs at once, and one it still applies after the first.
+APPLYING_AFTER = dt.timedelta(seconds=120) + RESEND_AFTER
 
 # A device's configuration result for the rollout's version -> its step, with the error shown when the
 # device gave none. "failed" is the hub's own verdict (the apply went unanswered past its time or the
@@ -228,7 +234,8 @@ class RolloutMachine:
                  next_window: Callable[[str, dt.datetime], dt.datetime | None],
                  success_threshold: float = 0.9, failure_threshold: float = 0.1,
                  state: RolloutState = RolloutState.PENDING, current_batch: int = 0, reason: str | None = None,
-                 accepted_failures: int = 0, accepted_batch: int = -1, resend_after: dt.timedelta = RESEND_AFTER):
+                 accepted_failures: int = 0, accepted_batch: int = -1, resend_after: dt.timedelta = RESEND_AFTER,
+                 applying_after: dt.timedelta = APPLYING_AFTER):
         self.steps = {s.device_id: s for s in steps}
         self.force = force
         self.window_open = window_open      # (fleet_id, instant) -> bool: the fleet's update window
@@ -244,6 +251,7 @@ class RolloutMachine:
         self.accepted_failures = accepted_failures
         self.accepted_batch = accepted_batch
         self.resend_after = resend_after
+        self.applying_after = applying_after
 
     # -- queries -----------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
@@ -369,13 +377,15 @@ class RolloutMachine:
 
     def _resend_stuck(self, views: dict[str, DeviceView], now: dt.datetime, changed: list[DeviceStep],
                       effects: list[object]) -> None:
-        """In-flight devices whose assignment got no sign of life within ``resend_after``: sent again.
-        A device back to "not applying" after it was verifying (its apply never reached it) is
-        updating again. Offline ones wait for their hello, which sends the version anyway."""
+        """In-flight devices whose assignment got no sign of life within ``resend_after``, or whose
+        "applying" outlived ``applying_after``: sent again. A device back to "not applying" after it
+        was verifying (its apply never reached it) is updating again. Offline ones wait for their
+        hello, which sends the version anyway."""
         for st in self.steps.values():
             view = views.get(st.device_id)
-            if (st.step not in IN_FLIGHT or view is None or not view.online or view.applying
-                    or view.result is not None or st.updated_at is None or now - st.updated_at < self.resend_after):
+            if (st.step not in IN_FLIGHT or view is None or not view.online or view.result is not None
+                    or st.updated_at is None
+                    or now - st.updated_at < (self.applying_after if view.applying else self.resend_after)):
                 continue
             st.step, st.error, st.updated_at = Step.UPDATING, None, now  # the bound counts from this send
             changed.append(st)

@@ -394,6 +394,22 @@ def test_no_resend_to_a_device_applying_answered_or_offline():
     assert m.steps["d000"].step is rm.Step.VERIFYING and m.steps["d001"].step is rm.Step.UPDATING
 
 
+def test_a_device_applying_past_the_hubs_own_bound_is_sent_its_assignment_again():
+    # The apply that said "applying" was lost with its node: no verdict will ever come from it.
+    m = machine(1, resend_after=dt.timedelta(seconds=15), applying_after=dt.timedelta(seconds=135))
+    m.handle(rm.Tick(views(m)), T0)
+    applying = {"d000": rm.DeviceView(online=True, applying=True)}
+    m.handle(rm.Tick(applying), T0 + dt.timedelta(seconds=1))
+    assert m.steps["d000"].step is rm.Step.VERIFYING
+    assert resends(m.handle(rm.Tick(applying), T0 + dt.timedelta(seconds=135))) == []
+    effects = m.handle(rm.Tick(applying), T0 + dt.timedelta(seconds=136))
+    assert resends(effects) == ["d000"] and m.steps["d000"].step is rm.Step.UPDATING
+    # the bound counts again from the re-send; the device's answer ends it
+    assert resends(m.handle(rm.Tick(applying), T0 + dt.timedelta(seconds=137))) == []
+    m.handle(rm.Tick(applied(m, ["d000"])), T0 + dt.timedelta(seconds=138))
+    assert m.state is rm.RolloutState.COMPLETED and m.counts()["failed"] == 0
+
+
 def test_a_verifying_device_whose_apply_never_reached_it_is_updating_again_and_resent():
     # The apply did not reach the device (the bus was down): storage says pending again, not failed.
     m = machine(1, resend_after=dt.timedelta(seconds=15))
