@@ -161,4 +161,35 @@ async def part_append(bench: Bench, args) -> dict:
                               "postgres_us_per_event": round(1e6 * (bench.cpu_seconds() - both0 - mine) / n, 1)}
             log(f"append, batches of {size}: {out[str(size)]}")
         nursery.cancel_scope.cancel()
+    runs: dict[str, list[float]] = {"on": [], "off": []}
+    for i in range(2):
+        for mode in (("off", "on") if i % 2 == 0 else ("on", "off")):
+            runs[mode].append(await _recorded(bench, args, mode))
+    on, off = statistics.median(runs["on"]), statistics.median(runs["off"])
+    out["recorded"] = {"on_us_per_event": round(on, 1), "off_us_per_event": round(off, 1),
+                       "log_us_per_event": round(on - off, 1), "runs": runs}
+    log(f"append, recorded in a running hub: {out['recorded']}")
     return out
+
+
+async def _recorded(bench: Bench, args, mode: str) -> float:
+    """CPU per event (this process and PostgreSQL, above what they spend idle) while ``--rate`` device
+    events a second are recorded through a running hub's Journal with the log on or off, and nothing
+    else runs: what recording costs where it happens, its pacing, publishing and the append with it.
+    On minus off is what the log adds per event."""
+    seconds = max(2.0, args.seconds / 4)
+    async with trio.open_nursery() as nursery:
+        s, base, org_id, headers = await bench.hub(nursery, event_log=(mode == "on"))
+        async with httpx.AsyncClient(timeout=30) as client:
+            devices = await _devices(client, base, headers, 10)
+        await trio.sleep(1.0)  # what the start left behind settles
+        idle0 = bench.cpu_seconds()
+        await trio.sleep(seconds)
+        idle = (bench.cpu_seconds() - idle0) / seconds
+        cpu0 = bench.cpu_seconds()
+        started = trio.current_time()
+        fed = await _feed(s, org_id, devices, args.rate, seconds)
+        await s.journal.wait_written()
+        cpu = bench.cpu_seconds() - cpu0 - idle * (trio.current_time() - started)
+        nursery.cancel_scope.cancel()
+    return 1e6 * cpu / max(1, fed)

@@ -13,7 +13,8 @@ part), events recorded through the hub's own ``Journal`` as DeviceActors record 
   fed at a fixed rate), not the soak bench's agents. Run with ``--parts`` a subset, the section keeps
   the other parts' rows from the run before (and says so).
 - append: CPU per event appended (the hub's process, PostgreSQL), in batches of 100 (the journal's at
-  1,000 events a second) and 500 (its largest), with no other load.
+  1,000 events a second) and 500 (its largest), with no other load; and what the log adds per event
+  recorded in a running hub (``--rate`` events a second through its Journal, log on minus off).
 - latency: one webhook endpoint on a local receiver, ``--rate`` events a second for ``--seconds``;
   from the event's record to the receiver's 200 (an event's first arrival), p50 and p99.
 - latency-far: the same at ``--far-rate`` to a receiver that answers after ``--far-delay`` seconds,
@@ -319,6 +320,12 @@ def main() -> int:
                          "drops); the statement counts are the figure no load blurs.")
     if "append" in results:
         for size, a in results["append"].items():
+            if size == "recorded":
+                rows += [["append", f"CPU the log adds per event recorded in a running hub ({args.rate:g} device events/s "
+                          "through its Journal, no other load; this process and PostgreSQL, above idle): log on − "
+                          "off, medians of 2 runs each", f"{a['log_us_per_event']} µs ({a['on_us_per_event']} − "
+                          f"{a['off_us_per_event']} µs)"]]
+                continue
             rows += [["append", f"CPU per event appended in batches of {size} ({a['events']} events, no other load): "
                       "the hub's process / PostgreSQL", f"{a['hub_us_per_event']} µs / {a['postgres_us_per_event']} µs"]]
     for part in ("latency", "latency-far"):
