@@ -86,11 +86,73 @@ async def _cost_run(bench: Bench, args, mode: str, statements: Statements) -> di
         nursery.cancel_scope.cancel()
     log_sql = kinds.get("event log", 0)
     control = sum(n for k, n in kinds.items() if k.startswith(("BEGIN", "COMMIT", "ROLLBACK")))
-    return {"requests_per_s": round(done / args.seconds, 1), "requests": done,
+    return {"seconds": args.seconds, "requests_per_s": round(done / args.seconds, 1), "requests": done,
             "events_logged_per_s": round(appended / args.seconds, 1), "events_logged": appended,
             "statements": sent, "statements_per_request": round(sent / max(1, done), 3),
             "log_statements": log_sql, "begin_commit": control,
             "cpu_ms_per_request": round(1000 * cpu / max(1, done), 3)}
+
+
+async def _sliced_run(bench: Bench, args, statements: Statements) -> dict:
+    """One hub, the REST load and the event feed running throughout, the log switched on and off
+    every ``--slice`` seconds in the order off, on, on, off, ... (``Journal.enabled``; at each switch to
+    off what the log holds is written first, outside both modes' counts). A change of the shared
+    host's speed within the run falls on both modes alike, which separate runs of 20 s do not give:
+    runs of the same mode moved by a quarter between them on a busy host. Per mode: as ``_cost_run``."""
+    async with trio.open_nursery() as nursery:
+        s, base, org_id, headers = await bench.hub(nursery, event_log=True)
+        async with httpx.AsyncClient(timeout=30) as client:
+            devices = await _devices(client, base, headers, 10)
+            done = 0
+            totals = {m: collections.Counter() for m in ("on", "off")}
+            kinds: dict[str, collections.Counter] = {m: collections.Counter() for m in ("on", "off")}
+            slices = max(2, round(args.seconds / args.slice))
+            slices += slices % 2
+            running = True
+
+            async def caller(i: int) -> None:
+                nonlocal done
+                while running:
+                    r = await client.get(f"{base}/v1/devices/{devices[i % len(devices)]}", headers=headers)
+                    r.raise_for_status()
+                    done += 1
+
+            async with trio.open_nursery() as load:
+                load.start_soon(_feed, s, org_id, devices, args.rate, args.seconds * 2 + 60)
+                for i in range(args.clients):
+                    load.start_soon(caller, i)
+                await trio.sleep(args.slice)  # the callers' connections made, the feed under way
+                for k in range(slices):
+                    mode = "on" if k % 4 in (1, 2) else "off"
+                    s.journal.enabled = mode == "on"
+                    if mode == "off":
+                        await s.journal.wait_written()  # the last on-slice's events, counted in neither
+                    started, done0, cpu0 = trio.current_time(), done, bench.cpu_seconds()
+                    appended0, statements0, kinds0 = s.journal.appended, statements.count, collections.Counter(statements.kinds)
+                    await trio.sleep(args.slice)
+                    t = totals[mode]
+                    t["seconds"] += trio.current_time() - started
+                    t["requests"] += done - done0
+                    t["cpu"] += bench.cpu_seconds() - cpu0
+                    t["events_logged"] += s.journal.appended - appended0
+                    t["statements"] += statements.count - statements0
+                    kinds[mode].update(collections.Counter(statements.kinds) - kinds0)
+                running = False
+                load.cancel_scope.cancel()
+        s.journal.enabled = True
+        nursery.cancel_scope.cancel()
+    out = {}
+    for mode, t in totals.items():
+        k = kinds[mode]
+        out[mode] = {"seconds": round(t["seconds"], 3), "requests_per_s": round(t["requests"] / t["seconds"], 1),
+                     "requests": t["requests"],
+                     "events_logged_per_s": round(t["events_logged"] / t["seconds"], 1),
+                     "events_logged": t["events_logged"], "statements": t["statements"],
+                     "statements_per_request": round(t["statements"] / max(1, t["requests"]), 3),
+                     "log_statements": k.get("event log", 0),
+                     "begin_commit": sum(n for q, n in k.items() if q.startswith(("BEGIN", "COMMIT", "ROLLBACK"))),
+                     "cpu_ms_per_request": round(1000 * t["cpu"] / max(1, t["requests"]), 3)}
+    return out
 
 
 async def part_cost(bench: Bench, args) -> dict:
@@ -103,9 +165,13 @@ async def part_cost(bench: Bench, args) -> dict:
     try:
         for i in range(args.pairs):
             pair = {}
-            for mode in (("off", "on") if i % 2 == 0 else ("on", "off")):
-                pair[mode] = await _cost_run(bench, args, mode, statements)
-                log(f"cost pair {i + 1}/{args.pairs}, log {mode}: {pair[mode]}")
+            if args.slice:
+                pair.update(await _sliced_run(bench, args, statements))
+                log(f"cost pair {i + 1}/{args.pairs}, one hub, the log switched every {args.slice:g} s: {pair}")
+            else:
+                for mode in (("off", "on") if i % 2 == 0 else ("on", "off")):
+                    pair[mode] = await _cost_run(bench, args, mode, statements)
+                    log(f"cost pair {i + 1}/{args.pairs}, log {mode}: {pair[mode]}")
             pair["ratio"] = round(pair["on"]["requests_per_s"] / pair["off"]["requests_per_s"], 4)
             pair["cpu_ratio"] = round(pair["off"]["cpu_ms_per_request"] / pair["on"]["cpu_ms_per_request"], 4)
             pairs.append(pair)
@@ -119,7 +185,7 @@ async def part_cost(bench: Bench, args) -> dict:
 
     # the log's own statements, and the BEGIN/COMMIT it adds (those of the rest are in both modes)
     extra = total("on", "log_statements") + max(0, total("on", "begin_commit") - total("off", "begin_commit"))
-    seconds = args.seconds * len(pairs)
+    seconds = total("on", "seconds")  # the log's own time: half of each run when it is switched
     return {"pairs": pairs, "ratio_median": round(statistics.median(ratios), 4),
             "ratio_min": ratios[0], "ratio_max": ratios[-1],
             "ratio_iqr": [round(percentile(ratios, 25), 4), round(percentile(ratios, 75), 4)],

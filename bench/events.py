@@ -6,8 +6,11 @@ One hub in this process (hub/server.py ``run_hub``, a fresh database of one embe
 part), events recorded through the hub's own ``Journal`` as DeviceActors record them:
 
 - cost: REST throughput (closed-loop ``GET /v1/devices/{id}``, ``--clients`` at once) while
-  ``--rate`` device events a second are recorded, with the log on and off (FLEETHUB_EVENT_LOG=0), in
-  ``--pairs`` pairs of runs whose order alternates: the median of the pairs' ratios and their spread.
+  ``--rate`` device events a second are recorded, with the log on and off, in ``--pairs`` pairs: the
+  median of the pairs' ratios and their spread. A pair is one hub whose log is switched on and off
+  every ``--slice`` seconds (off, on, on, off, ...) for ``--seconds``, so that a change of the shared
+  host's speed falls on both modes alike; ``--slice 0`` makes a pair two fresh hubs run one after the
+  other (FLEETHUB_EVENT_LOG=0 for the one off), as before.
   PostgreSQL statements are counted in asyncpg in both modes (per REST request, and the log's own per
   1,000 events): a figure the machine's load cannot blur. The device load is synthetic (the journal
   fed at a fixed rate), not the soak bench's agents. Run with ``--parts`` a subset, the section keeps
@@ -249,6 +252,9 @@ def main() -> int:
     p.add_argument("--receiver-delay", type=float, default=0.0,
                    help="seconds the receiver waits before each answer (latency: a receiver further away)")
     p.add_argument("--pairs", type=int, default=8, help="pairs of runs, log off and on (cost)")
+    p.add_argument("--slice", type=float, default=1.0,
+                   help="cost: seconds between switches of the log in one hub (a pair is one hub run of "
+                        "--seconds); 0: a pair is two fresh hubs, one with the log off and one on")
     p.add_argument("--down", type=float, default=600.0, help="seconds the receiver answers 503 (outage)")
     p.add_argument("--subjects", type=int, default=1000)
     p.add_argument("--per-subject", type=int, default=3)
@@ -293,8 +299,10 @@ def main() -> int:
     if "cost" in results:
         c = results["cost"]
         sp = c["statements_per_request"]
+        how = (f"{args.pairs} hub runs, the log switched every {args.slice:g} s in each" if args.slice
+               else f"{args.pairs} alternating pairs of hub runs")
         rows += [["cost", f"REST requests/s with the log on / off, {args.rate:g} events/s recorded, median of "
-                  f"{args.pairs} alternating pairs",
+                  f"{how}",
                   f"{c['requests_per_s_median']['on']} / {c['requests_per_s_median']['off']}; ratio on/off per pair: "
                   f"median {c['ratio_median']}, middle half {c['ratio_iqr'][0]}–{c['ratio_iqr'][1]}, "
                   f"range {c['ratio_min']}–{c['ratio_max']}"],
