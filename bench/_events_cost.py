@@ -1,5 +1,6 @@
 """bench/events.py's parts on what the event log costs: REST throughput and CPU per request with the
-log on and off in alternating pairs, PostgreSQL statements counted in asyncpg, and CPU per event appended."""
+log on and off (switched inside one hub, or in alternating pairs of hubs), PostgreSQL statements
+counted in asyncpg, and CPU per event appended."""
 
 from __future__ import annotations
 
@@ -128,7 +129,8 @@ async def _sliced_run(bench: Bench, args, statements: Statements) -> dict:
                     if mode == "off":
                         await s.journal.wait_written()  # the last on-slice's events, counted in neither
                     started, done0, cpu0 = trio.current_time(), done, bench.cpu_seconds()
-                    appended0, statements0, kinds0 = s.journal.appended, statements.count, collections.Counter(statements.kinds)
+                    appended0, statements0 = s.journal.appended, statements.count
+                    kinds0 = collections.Counter(statements.kinds)
                     await trio.sleep(args.slice)
                     t = totals[mode]
                     t["seconds"] += trio.current_time() - started
@@ -156,9 +158,10 @@ async def _sliced_run(bench: Bench, args, statements: Statements) -> dict:
 
 
 async def part_cost(bench: Bench, args) -> dict:
-    """``--pairs`` pairs of runs, log off and on, the order alternating from pair to pair (a drift of
-    the machine's load falls on both modes alike); each pair's ratio on/off, and their median and
-    spread: the machine may be shared, and one pair says little. PostgreSQL round trips are counted
+    """``--pairs`` pairs, each one hub whose log is switched every ``--slice`` seconds
+    (``_sliced_run``), or with ``--slice 0`` two fresh hubs, log off and on, the order alternating from
+    pair to pair (a drift of the machine's load falls on both modes alike); each pair's ratio on/off,
+    and their median and spread: the machine may be shared, and one pair says little. PostgreSQL round trips are counted
     in both modes (``Statements``): the log's extra statements per request, which no load blurs."""
     statements = Statements()
     pairs = []
