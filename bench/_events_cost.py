@@ -85,13 +85,18 @@ async def _cost_run(bench: Bench, args, mode: str, statements: Statements) -> di
             sent = statements.count - statements0
             kinds = dict(statements.kinds)
         nursery.cancel_scope.cancel()
-    log_sql = kinds.get("event log", 0)
-    control = sum(n for k, n in kinds.items() if k.startswith(("BEGIN", "COMMIT", "ROLLBACK")))
-    return {"seconds": args.seconds, "requests_per_s": round(done / args.seconds, 1), "requests": done,
-            "events_logged_per_s": round(appended / args.seconds, 1), "events_logged": appended,
-            "statements": sent, "statements_per_request": round(sent / max(1, done), 3),
-            "log_statements": log_sql, "begin_commit": control,
-            "cpu_ms_per_request": round(1000 * cpu / max(1, done), 3)}
+    return _figures(args.seconds, done, cpu, appended, sent, kinds)
+
+
+def _figures(seconds: float, requests: int, cpu: float, appended: int, sent: int, kinds: dict[str, int]) -> dict:
+    """One mode's figures over ``seconds`` of it: rates, statements (the log's own, and the BEGIN and
+    COMMIT of transactions) and CPU per request."""
+    return {"seconds": round(seconds, 3), "requests_per_s": round(requests / seconds, 1), "requests": requests,
+            "events_logged_per_s": round(appended / seconds, 1), "events_logged": appended,
+            "statements": sent, "statements_per_request": round(sent / max(1, requests), 3),
+            "log_statements": kinds.get("event log", 0),
+            "begin_commit": sum(n for k, n in kinds.items() if k.startswith(("BEGIN", "COMMIT", "ROLLBACK"))),
+            "cpu_ms_per_request": round(1000 * cpu / max(1, requests), 3)}
 
 
 async def _sliced_run(bench: Bench, args, statements: Statements) -> dict:
@@ -143,18 +148,8 @@ async def _sliced_run(bench: Bench, args, statements: Statements) -> dict:
                 load.cancel_scope.cancel()
         s.journal.enabled = True
         nursery.cancel_scope.cancel()
-    out = {}
-    for mode, t in totals.items():
-        k = kinds[mode]
-        out[mode] = {"seconds": round(t["seconds"], 3), "requests_per_s": round(t["requests"] / t["seconds"], 1),
-                     "requests": t["requests"],
-                     "events_logged_per_s": round(t["events_logged"] / t["seconds"], 1),
-                     "events_logged": t["events_logged"], "statements": t["statements"],
-                     "statements_per_request": round(t["statements"] / max(1, t["requests"]), 3),
-                     "log_statements": k.get("event log", 0),
-                     "begin_commit": sum(n for q, n in k.items() if q.startswith(("BEGIN", "COMMIT", "ROLLBACK"))),
-                     "cpu_ms_per_request": round(1000 * t["cpu"] / max(1, t["requests"]), 3)}
-    return out
+    return {mode: _figures(t["seconds"], t["requests"], t["cpu"], t["events_logged"], t["statements"], kinds[mode])
+            for mode, t in totals.items()}
 
 
 async def part_cost(bench: Bench, args) -> dict:
