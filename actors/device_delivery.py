@@ -214,7 +214,10 @@ class DeviceDelivery:
     # -- steps ------------------------------------------------------------------------------------
     async def _reconcile(self, digests: dict[str, str]) -> None:
         s = self.s
-        device = await self._db(s.stores.devices.current, self.device_id)
+        # Right after _apply_config under the same lock: the row it read from PostgreSQL is what the cache
+        # holds, unless a write evicted it since (then this reads it again), so a hello usually costs
+        # one crossing for the row, not two.
+        device = await self._db(s.stores.devices.get_any, self.device_id)
         expected = await self._db(s.stores.secrets.expected_on_device, self.device_id)
         runs_assigned = (device is not None and device["config_version_id"] is not None
                          and device["config_version_id"] == device["applied_version_id"])
