@@ -28,23 +28,20 @@ async def _config_row(a, device_id: str) -> dict:
 async def test_a_version_assigned_on_node_b_is_sent_at_the_devices_next_link_to_node_a(nats_server, db_url, tmp_path):
     with trio.fail_after(90):
         async with trio.open_nursery() as nursery:
-            a, b_services, b_url = await two_nodes(nursery, db_url, tmp_path / "hub", nats_server.url)
+            a, b_services, _ = await two_nodes(nursery, db_url, tmp_path / "hub", nats_server.url)
             device_id, token = await a.provision("edge-1")
             agent = await start_agent(nursery, a.base_url, token, tmp_path / "agent")
             await wait_for(lambda: _online_at(a.services, device_id, "a"), timeout=20)
 
-            async def call(node: str, method: str, path: str, **kw):
-                return await a.client.request(method, f"{node}{path}", headers=a.headers, **kw)
-
             versions = []
             for name in ("first", "second"):
-                r = await call(a.base_url, "POST", "/v1/configurations", json={"name": name, "spec": {"workload": HEALTHY}})
+                r = await a.call("POST", "/v1/configurations", json={"name": name, "spec": {"workload": HEALTHY}})
                 assert r.status_code == 201, r.text
                 cid = r.json()["data"]["id"]
                 vid = await a.services.db.fetchval("SELECT id FROM configuration_versions WHERE config_id = $1",
                                                    uuid.UUID(cid))
                 versions.append((cid, str(vid)))
-            r = await call(a.base_url, "PUT", f"/v1/devices/{device_id}/configuration", json={"configId": versions[0][0]})
+            r = await a.call("PUT", f"/v1/devices/{device_id}/configuration", json={"configId": versions[0][0]})
             assert r.status_code == 202, r.text
 
             async def runs(version_id: str) -> bool:
@@ -56,7 +53,7 @@ async def test_a_version_assigned_on_node_b_is_sent_at_the_devices_next_link_to_
             # Node A has the row cached (a read through its API), for longer than any test step takes:
             # what matters is that a decision never goes by it, not how soon it expires.
             a.services.stores.devices.cache.ttl = 600.0
-            assert (await call(a.base_url, "GET", f"/v1/devices/{device_id}")).status_code == 200
+            assert (await a.call("GET", f"/v1/devices/{device_id}")).status_code == 200
             # Node B assigns the second version in storage only, as a node does whose tell to the
             # device was lost (killed right after its write): the device's next hello must send it.
             await b_services.stores.devices.assign_config(
