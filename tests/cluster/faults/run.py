@@ -21,6 +21,7 @@ import httpx
 import trio
 
 from tests.cluster.clustertools import seed
+from tests.cluster.faults.checker import ENDED
 from tests.cluster.faults.cluster import FaultCluster, FaultNode
 from tests.cluster.faults.history import History
 from tests.hubtools import start_agent
@@ -320,14 +321,13 @@ class Run:
                                    r["id"])
             self.h.add("rollout", rollout=str(r["id"]), state=r["state"], reason=r["reason"],
                        counts={s["step"]: s["n"] for s in steps})
-            if r["state"] not in ("completed", "cancelled"):
+            if r["state"] not in ENDED:
                 await self.unsettled(r["id"])
         for r in await db.fetch("SELECT request_id FROM audit_events WHERE request_id LIKE 'fault-%'"):
             self.h.add("audit", request_id=r["request_id"])
         for r in await db.fetch("SELECT at, rollout_id, writer, owner FROM fault_writes ORDER BY at"):
             self.h.add("write", rollout=str(r["rollout_id"]), writer=r["writer"].removeprefix("fleethub "),
                        owner=r["owner"], at=r["at"].isoformat())
-
 
     async def unsettled(self, rollout_id: uuid.UUID) -> None:
         """What a rollout that did not end was waiting on, for the checker's message: each device not
@@ -341,9 +341,9 @@ class Run:
                       d.config_version_id = r.version_id AS assigned, d.applied_version_id = r.version_id AS runs
                FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id JOIN devices d ON d.id = rd.device_id
                WHERE rd.rollout_id = $1 AND rd.step NOT IN ('succeeded', 'failed', 'ineligible')""", rollout_id)
+        # ids go into the history as text (History writes what JSON has no type for with str)
         self.h.add("unsettled", rollout=str(rollout_id), lease=dict(lease) if lease else None,
-                   devices=[{k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in dict(d).items()}
-                            for d in devices])
+                   devices=[dict(d) for d in devices])
 
 
 async def run(plan: Plan, root: Path) -> Path:
