@@ -19,6 +19,11 @@ gets a single JSON body. The SDK fixes one of the two per session manager: SSE f
 call an event stream's framing and the tasks that feed it (bench/mcp_rtt.py measured both), and JSON
 for all drops a request's notifications. ``AnswerMode`` makes the choice per request.
 
+A request of the stateless revision (2026-07-28: no handshake, no session; the SDK's ``mcp.Client``
+negotiates it by default) is told apart as the SDK tells it, by a protocol-version header that no
+handshake revision has. It is authenticated and counted the same way, opens no session, and is
+bounded per organisation while in flight (``_stateless``).
+
 Sessions live in this process (the SDK keeps them in memory): in a cluster the balancer pins a
 session to its node by the ``Mcp-Session-Id`` header (docs/cluster.md).
 """
@@ -35,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from hub.auth.ratelimit import spend
 from hub.auth.schemes import header_credential
@@ -52,6 +58,7 @@ MAX_SESSIONS = 4096
 IDLE_SECONDS = 15 * 60
 MAX_BODY_BYTES = 256 * 1024  # a JSON-RPC message; tool arguments are far smaller (hub/mcp/tools.py)
 SESSION_HEADER = "mcp-session-id"
+VERSION_HEADER = "mcp-protocol-version"
 
 
 @dataclass(frozen=True)
@@ -159,9 +166,14 @@ class McpEndpoint:
         self._starting = trio.Lock()
         self._sessions: dict[str, Caller] = {}
         self._opening: dict[tuple[str, Any], int] = {}
+        self._exchanges: dict[tuple[str, Any], int] = {}  # stateless requests in flight, per owner
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         headers = _headers(scope)
+        version = headers.get(VERSION_HEADER)
+        if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            await self._stateless(scope, headers, receive, send)
+            return
         try:
             caller = await self._authenticate(scope, headers)
             session_id = headers.get(SESSION_HEADER)
@@ -216,6 +228,36 @@ class McpEndpoint:
             await self.manager.handle_request(scope, receive, answer)
         finally:
             opened()  # no answer began (the request failed): it opens nothing
+
+    async def _stateless(self, scope: dict, headers: dict[str, str], receive: Any, send: Any) -> None:
+        """A request of the stateless revision (2026-07-28, what the SDK's ``mcp.Client`` negotiates by
+        default): one self-contained POST, no session. The SDK routes it by its protocol-version header
+        as here. It opens nothing, so it counts against no session bound: its exchanges in flight are
+        bounded per organisation instead (the same number), as SSE streams are, since one that asks for
+        progress holds its answer open while the work it follows runs."""
+        try:
+            caller = await self._authenticate(scope, headers)
+            if self._exchanges.get(caller.owner, 0) >= self.max_per_owner:
+                raise RateLimited(f"at most {self.max_per_owner} stateless MCP requests in flight per "
+                                  "organisation", code="too_many_requests", retry_after=5)
+        except FleethubError as exc:
+            await self._refuse(scope, headers, send, exc)
+            return
+        await self._start()
+        limit_headers = [(k.lower().encode(), v.encode()) for k, v in caller.ratelimit.headers().items()]
+
+        async def answer(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *limit_headers]}
+            await send(message)
+
+        self._exchanges[caller.owner] = self._exchanges.get(caller.owner, 0) + 1
+        try:
+            await self.manager.handle_request(scope, receive, answer)
+        finally:
+            self._exchanges[caller.owner] -= 1
+            if not self._exchanges[caller.owner]:
+                del self._exchanges[caller.owner]
 
     def is_open(self, session_id: str) -> bool:
         return session_id in self.manager._server_instances  # noqa: SLF001 — as in open_sessions

@@ -21,6 +21,7 @@ import mcp_types as types
 import trio
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from hub.auth.access import Authenticating
@@ -139,7 +140,12 @@ def build(app: Any, services: McpHost, alive: Callable[[str], bool]) -> Server:
             # against the protocol's model before it sends it (serialize_server_result), and a model
             # would first be built (a validation) and dumped to this same dict, two more walks of a
             # page of devices (166 -> 113 us for a page of 20 devices; docs/mcp.md, Measured).
-            return {"content": [{"type": "text", "text": text}], "structuredContent": answer.body, "isError": False}
+            result = {"content": [{"type": "text", "text": text}], "structuredContent": answer.body, "isError": False}
+            if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                # The stateless revision (2026-07-28, the SDK client's default) requires every result to
+                # say it is complete; a model would say so itself, a wire-form dict must.
+                result["resultType"] = "complete"
+            return result
         body = answer.body if isinstance(answer.body, dict) else {}
         if answer.status == 403 and body.get("error") == "missing_relation":
             hidden = await unseen(ctx, tool, args)

@@ -32,7 +32,18 @@ async def http_session(base_url: str, headers: dict[str, str], **session: Any):
                 yield mcp
 
 
-async def call(session: ClientSession, name: str, **arguments: Any) -> tuple[bool, dict]:
+@asynccontextmanager
+async def stateless_client(base_url: str, headers: dict[str, str]):
+    """The SDK's high-level client as a new user writes it: ``mcp.Client(url transport)`` in its default
+    mode, which probes ``server/discover`` and speaks the stateless revision (2026-07-28) when the
+    server answers it, as this hub does."""
+    from mcp import Client
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as client:
+        async with Client(streamable_http_client(base_url + "/v1/mcp", http_client=client)) as mcp:
+            yield mcp
+
+
+async def call(session: Any, name: str, **arguments: Any) -> tuple[bool, dict]:
     """(is_error, the structured answer) of one tool call."""
     result = await session.call_tool(name, arguments)
     if result.structured_content is not None:
@@ -44,7 +55,7 @@ HEALTHY = {"command": [sys.executable, "-c", "import time\nwhile True: time.slee
            "healthCheck": {"timeoutSeconds": 2, "graceSeconds": 0.2}}
 
 
-async def operate(mcp: ClientSession, hub: Any, dev: str, fleet: str) -> None:
+async def operate(mcp: Any, hub: Any, dev: str, fleet: str) -> None:
     """What the issue asks of either transport: list tools and devices, ping, a Live Quick memory test
     and its result, operator_required for a test boot, a rollout paused."""
     tools = {t.name: t for t in (await mcp.list_tools()).tools}
@@ -90,7 +101,7 @@ async def operate(mcp: ClientSession, hub: Any, dev: str, fleet: str) -> None:
 
 
 
-async def followed_quick_test(mcp: ClientSession, dev: str) -> list[tuple[float, float | None, str | None]]:
+async def followed_quick_test(mcp: Any, dev: str) -> list[tuple[float, float | None, str | None]]:
     """A Live Quick memory test started with a progressToken: progress notifications, rising, then the
     call's own answer once the run has ended, with the run in the device's history."""
     heard: list[tuple[float, float | None, str | None]] = []

@@ -61,3 +61,19 @@ async def test_fleethub_mcp_with_a_bearer_token_and_the_org_as_an_argument(nurse
                 assert err and page["error"] == "missing_organization"
                 err, page = await call(mcp, "list_devices", organization_id=hub.org_id)
                 assert not err and [d["id"] for d in page["data"]] == [dev]
+
+
+async def test_the_sdks_default_client_over_stdio(nursery, db_url, tmp_path):
+    """``mcp.Client`` in its default mode, as a new user writes it: it probes ``server/discover`` over stdio
+    over stdio and speaks the stateless revision with the bridge, which speaks a session's revision with the
+    hub: the tools work across the two."""
+    from mcp import Client
+    with trio.fail_after(150):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        fleet = (await hub.call("POST", "/v1/fleets", json={"name": "edge"})).json()["data"]["id"]
+        dev, token = await hub.provision("pump-1", fleet_id=fleet)
+        await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
+        env = {"FLEETHUB_PAT_ID": hub.pat[0], "FLEETHUB_PAT_SECRET": hub.pat[1], "FLEETHUB_ORG_ID": hub.org_id}
+        async with Client(fleethub_mcp(hub.base_url, env)) as mcp:
+            assert mcp.session.protocol_version == "2026-07-28"
+            await operate(mcp, hub, dev, fleet)

@@ -1,0 +1,69 @@
+"""The stateless revision (2026-07-28), which the SDK's ``mcp.Client`` negotiates by default, against a real
+hub and a real agent: the same tools, answers, limits and audit as a session of the handshake revisions.
+
+Why: a tool's result handed to the SDK in wire form lacked the ``resultType`` this revision requires, and
+every tool call of a default ``mcp.Client`` failed with "Handler returned an invalid result" while the
+tests, all on the handshake revision, passed."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import trio
+
+from hub.mcp.endpoint import McpEndpoint
+from tests.hubtools import start_agent, start_hub
+from tests.mcp.mcptools import call, followed_quick_test, operate, pat_headers, stateless_client
+
+STATELESS = "2026-07-28"
+
+
+async def test_the_sdks_default_client_operates_the_fleet(nursery, db_url, tmp_path):
+    with trio.fail_after(150):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        fleet = (await hub.call("POST", "/v1/fleets", json={"name": "edge"})).json()["data"]["id"]
+        dev, token = await hub.provision("pump-1", fleet_id=fleet)
+        await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
+        async with stateless_client(hub.base_url, pat_headers(hub.pat, hub.org_id)) as mcp:
+            assert mcp.session.protocol_version == STATELESS
+            await operate(mcp, hub, dev, fleet)
+            other, token2 = await hub.provision("pump-2")  # a memory test per device per 5 s
+            await start_agent(nursery, hub.base_url, token2, tmp_path / "dev2")
+            await followed_quick_test(mcp, other)  # progress notifications on the request's own answer
+            err, missing = await call(mcp, "get_device", device_id="00000000-0000-4000-8000-000000000000")
+            assert err and missing["status"] == 404 and missing["error"] == "not_found"
+        endpoint = _endpoint(hub)
+        assert not endpoint._sessions and not endpoint._exchanges  # noqa: SLF001 — it opened no session
+
+        await hub.services.audit_log.flush()
+        r = await hub.call("GET", "/v1/audit-events", params={"pathPrefix": f"/v1/devices/{dev}/ping", "limit": 10})
+        rows = r.json()["data"]
+        assert rows and {(row["details"].get("channel"), row["details"].get("tool")) for row in rows} == {
+            ("mcp", "ping_device")}
+
+
+async def test_stateless_requests_in_flight_are_bounded_per_organisation(nursery, db_url, tmp_path):
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub")
+        endpoint = _endpoint(hub)
+        endpoint.max_per_owner = 1
+        head = {**pat_headers(hub.pat, hub.org_id), "Accept": "application/json, text/event-stream",
+                "Mcp-Protocol-Version": STATELESS, "Mcp-Method": "tools/call", "Mcp-Name": "list_fleets"}
+        meta = {"io.modelcontextprotocol/protocolVersion": STATELESS,
+                "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+                "io.modelcontextprotocol/clientCapabilities": {}}
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "list_fleets", "arguments": {}, "_meta": meta}}
+        async with httpx.AsyncClient(headers=head, timeout=30) as client:
+            r = await client.post(hub.base_url + "/v1/mcp", json=body)
+            assert r.status_code == 200, r.text
+            assert r.json()["result"]["resultType"] == "complete" and not r.json()["result"]["isError"]
+            endpoint._exchanges[("org", uuid.UUID(hub.org_id))] = 1  # noqa: SLF001 — one held open
+            r = await client.post(hub.base_url + "/v1/mcp", json=body)
+            assert r.status_code == 429 and r.json()["error"] == "too_many_requests", r.text
+            assert "in flight" in r.json()["message"]
+
+
+def _endpoint(hub) -> McpEndpoint:
+    return hub.services.mcp
