@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server._streamable_http_modern import handle_modern_request
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from hub.auth.ratelimit import spend
@@ -118,7 +119,8 @@ def json_answer(body: bytes) -> bool:
 
 async def read_body(receive: Any, limit: int) -> tuple[list[dict], bool]:
     """The request's body messages, read until its end or past ``limit`` bytes (then the rest is
-    left on the connection for the SDK, which refuses the body as too large); True when complete."""
+    left on the connection for the SDK, which refuses the body as too large); True when complete
+    and within ``limit``."""
     messages, size = [], 0
     while True:
         message = await receive()
@@ -126,10 +128,10 @@ async def read_body(receive: Any, limit: int) -> tuple[list[dict], bool]:
         if message["type"] != "http.request":
             return messages, False
         size += len(message.get("body", b""))
-        if not message.get("more_body", False):
-            return messages, True
         if size > limit:
             return messages, False
+        if not message.get("more_body", False):
+            return messages, True
 
 
 def replaying(messages: list[dict], receive: Any) -> Any:
@@ -253,6 +255,18 @@ class McpEndpoint:
 
         self._exchanges[caller.owner] = self._exchanges.get(caller.owner, 0) + 1
         try:
+            if scope["method"] == "POST":
+                messages, whole = await read_body(receive, MAX_BODY_BYTES)
+                receive = replaying(messages, receive)
+                if whole and json_answer(b"".join(m.get("body", b"") for m in messages)):
+                    # A call that asked for no progress is answered as JSON, in this task: the SDK's own
+                    # single-exchange path in its JSON mode, which its manager takes only when every
+                    # request of the server is answered so (ours answers SSE to a call that asks for
+                    # progress). Its body is whole and within the bound the manager's middleware keeps.
+                    m = self.manager
+                    await handle_modern_request(m.app, m.security_settings, True,
+                                                m._lifespan_state, scope, receive, answer)  # noqa: SLF001
+                    return
             await self.manager.handle_request(scope, receive, answer)
         finally:
             self._exchanges[caller.owner] -= 1

@@ -7,13 +7,14 @@ tests, all on the handshake revision, passed."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import httpx
 import trio
 
 from hub.mcp.endpoint import McpEndpoint
-from tests.hubtools import start_agent, start_hub
+from tests.hubtools import start_agent, start_hub, wait_for
 from tests.mcp.mcptools import call, followed_quick_test, operate, pat_headers, stateless_client
 
 STATELESS = "2026-07-28"
@@ -59,6 +60,7 @@ async def test_stateless_requests_in_flight_are_bounded_per_organisation(nursery
             r = await client.post(hub.base_url + "/v1/mcp", json=body)
             assert r.status_code == 200, r.text
             assert r.json()["result"]["resultType"] == "complete" and not r.json()["result"]["isError"]
+            await wait_for(lambda: not endpoint._exchanges, timeout=5)  # noqa: SLF001 — the first has ended
             endpoint._exchanges[("org", uuid.UUID(hub.org_id))] = 1  # noqa: SLF001 — one held open
             r = await client.post(hub.base_url + "/v1/mcp", json=body)
             assert r.status_code == 429 and r.json()["error"] == "too_many_requests", r.text
@@ -67,3 +69,34 @@ async def test_stateless_requests_in_flight_are_bounded_per_organisation(nursery
 
 def _endpoint(hub) -> McpEndpoint:
     return hub.services.mcp
+
+
+async def test_hostile_stateless_bodies_get_errors_and_leave_the_hub_serving(nursery, db_url, tmp_path):
+    """The JSON path reads the body itself (hub/mcp/endpoint.py ``_stateless``): its bounds must be the SDK's."""
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub")
+        head = {**pat_headers(hub.pat, hub.org_id), "Accept": "application/json, text/event-stream",
+                "Content-Type": "application/json", "Mcp-Protocol-Version": STATELESS,
+                "Mcp-Method": "tools/call", "Mcp-Name": "get_device"}
+        meta = {"io.modelcontextprotocol/protocolVersion": STATELESS,
+                "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+                "io.modelcontextprotocol/clientCapabilities": {}}
+
+        def body(arguments) -> dict:
+            return {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                    "params": {"name": "get_device", "arguments": arguments, "_meta": meta}}
+        url = hub.base_url + "/v1/mcp"
+        async with httpx.AsyncClient(headers=head, timeout=30) as client:
+            r = await client.post(url, content=json.dumps(body({"device_id": "x" * (300 * 1024)})))
+            assert r.status_code == 413, r.text  # past the body bound, in one chunk or many
+            nested = "[" * 5000 + '"x"' + "]" * 5000  # past any parser's depth
+            r = await client.post(url, content='{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": '
+                                               '{"name": "get_device", "arguments": {"device_id": ' + nested + "}}}")
+            assert r.status_code < 500, r.text
+            r = await client.post(url, content=json.dumps(body({"device_id": "pump\u0000"})))
+            assert r.status_code == 200 and r.json()["result"]["isError"], r.text
+            assert r.json()["result"]["structuredContent"]["status"] == 400
+            r = await client.post(url, content=b"{not json")
+            assert r.status_code == 400 and r.json()["error"]["code"] == -32700, r.text
+            r = await client.post(url, content=json.dumps(body({})))  # and the hub still answers
+            assert r.status_code == 200 and r.json()["result"]["isError"], r.text
