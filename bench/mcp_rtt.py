@@ -10,6 +10,10 @@ keep-alive), alternating blocks so that drift in the machine's load falls on bot
 - MCP: ``list_devices`` and ``ping_device`` through the SDK's own client (``mcp.ClientSession`` over
   its Streamable HTTP transport), one session, the PAT in its bearer form; answered as a JSON body,
   as every call is that does not ask for progress;
+- MCP through the SDK's high-level ``mcp.Client`` in its default mode, which negotiates the stateless
+  2026-07-28 revision with this hub (no session; one self-contained POST per call);
+- the same calls on a session written by hand with httpx, REST's own client: what the protocol costs
+  in the hub with the client held the same;
 - MCP with SSE answers (the A/B): the same calls with a progressToken (the client's
   ``progress_callback``), which the hub answers as an SSE stream (the SDK's default for every call,
   hub/mcp/endpoint.py); these tools send no progress, so only the answer's framing differs.
@@ -51,9 +55,13 @@ async def measure(hub: HubProcess, ids: list[str], calls: int, blocks: int) -> d
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
+    from mcp import Client
+
     bearer = {"Authorization": f"Bearer {hub.pat_secret}", "X-Organization-ID": hub.org_id}
     times: dict[str, list[float]] = {k: [] for k in ("rest_list", "rest_ping", "mcp_list", "mcp_ping",
-                                                     "sse_list", "sse_ping")}
+                                                     "sse_list", "sse_ping", "new_list", "new_ping",
+                                                     "raw_list", "raw_ping")}
+    cpu: dict[str, float] = {k: 0.0 for k in ("rest", "mcp", "sse", "new", "raw")}
 
     async def no_progress(value: float, total: float | None, message: str | None) -> None:
         raise AssertionError("these tools send no progress")
@@ -61,14 +69,38 @@ async def measure(hub: HubProcess, ids: list[str], calls: int, blocks: int) -> d
     async with httpx.AsyncClient(headers=bearer, timeout=30) as rest, \
             httpx2.AsyncClient(headers=bearer, timeout=30) as raw, \
             streamable_http_client(hub.base_url + "/v1/mcp", http_client=raw) as streams, \
-            ClientSession(streams[0], streams[1]) as mcp:
-        await mcp.initialize()
-        for i in range(3):  # warm both paths: the output schemas, the auth cache, the actors
+            ClientSession(streams[0], streams[1]) as mcp, \
+            httpx2.AsyncClient(headers=bearer, timeout=30) as raw_new, \
+            Client(streamable_http_client(hub.base_url + "/v1/mcp", http_client=raw_new)) as new:
+        init = await mcp.initialize()
+        assert new.session.protocol_version == "2026-07-28", new.session.protocol_version
+        # a session of the same revision written by hand with the REST side's own client (httpx): the
+        # protocol's cost in the hub apart from the SDK client's own
+        url = hub.base_url + "/v1/mcp"
+        head = {"Accept": "application/json, text/event-stream"}
+        r = await rest.post(url, headers=head, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": init.protocol_version, "capabilities": {},
+            "clientInfo": {"name": "bench", "version": "1"}}})
+        head = {**head, "Mcp-Session-Id": r.headers["mcp-session-id"], "Mcp-Protocol-Version": init.protocol_version}
+        r = await rest.post(url, headers=head, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert r.status_code == 202, r.text
+        next_id = iter(range(10_000, 10**9))
+
+        async def raw_call(name: str, arguments: dict) -> None:
+            r = await rest.post(url, headers=head, json={"jsonrpc": "2.0", "id": next(next_id), "method": "tools/call",
+                                                         "params": {"name": name, "arguments": arguments}})
+            assert r.status_code == 200 and not r.json()["result"]["isError"], r.text
+
+        for i in range(3):  # warm every path: the output schemas, the auth cache, the actors
             await rest.get(hub.base_url + "/v1/devices", params={"limit": 20})
             await mcp.call_tool("list_devices", {})
+            await new.call_tool("list_devices", {})
+            await raw_call("list_devices", {})
             await rest.post(f"{hub.base_url}/v1/devices/{ids[i % len(ids)]}/ping")
             await mcp.call_tool("ping_device", {"device_id": ids[i % len(ids)]})
+            await new.call_tool("ping_device", {"device_id": ids[i % len(ids)]})
         for _ in range(blocks):
+            c0 = time.process_time()
             for i in range(per_block):
                 t = time.perf_counter()
                 r = await rest.get(hub.base_url + "/v1/devices", params={"limit": 20})
@@ -80,7 +112,29 @@ async def measure(hub: HubProcess, ids: list[str], calls: int, blocks: int) -> d
                 r.json()
                 times["rest_ping"].append((time.perf_counter() - t) * 1000)
                 assert r.status_code == 200, r.text
+            cpu["rest"] += time.process_time() - c0
+            c0 = time.process_time()
+            for i in range(per_block):
+                t = time.perf_counter()
+                res = await new.call_tool("list_devices", {})
+                times["new_list"].append((time.perf_counter() - t) * 1000)
+                assert not res.is_error, res
+                t = time.perf_counter()
+                res = await new.call_tool("ping_device", {"device_id": ids[i % len(ids)]})
+                times["new_ping"].append((time.perf_counter() - t) * 1000)
+                assert not res.is_error, res
+            cpu["new"] += time.process_time() - c0
+            c0 = time.process_time()
+            for i in range(per_block):
+                t = time.perf_counter()
+                await raw_call("list_devices", {})
+                times["raw_list"].append((time.perf_counter() - t) * 1000)
+                t = time.perf_counter()
+                await raw_call("ping_device", {"device_id": ids[i % len(ids)]})
+                times["raw_ping"].append((time.perf_counter() - t) * 1000)
+            cpu["raw"] += time.process_time() - c0
             for mode, progress in (("mcp", None), ("sse", no_progress)):
+                c0 = time.process_time()
                 for i in range(per_block):
                     t = time.perf_counter()
                     res = await mcp.call_tool("list_devices", {}, progress_callback=progress)
@@ -91,7 +145,12 @@ async def measure(hub: HubProcess, ids: list[str], calls: int, blocks: int) -> d
                                               progress_callback=progress)
                     times[f"{mode}_ping"].append((time.perf_counter() - t) * 1000)
                     assert not res.is_error, res
-    return {k: summary(v) for k, v in times.items()}
+                cpu[mode] += time.process_time() - c0
+    out: dict = {k: summary(v) for k, v in times.items()}
+    # the client's own CPU per call (this process: one list and one ping per pair)
+    out["client_cpu_ms"] = {k: round(1000 * v / (2 * per_block * blocks), 3) for k, v in cpu.items()}
+    return out
+
 
 
 async def idle_sessions(hub: HubProcess, n: int, idle: float) -> dict:
@@ -185,13 +244,16 @@ def main() -> int:
     verdicts = Verdicts("mcp_rtt", smoke=args.smoke)
     c = results.get("calls", {})
     for tool, rest in (("list", "rest_list"), ("ping", "rest_ping")):
-        ratio = None
-        if c.get(f"mcp_{tool}") and c.get(rest, {}).get("p50"):
-            ratio = round(c[f"mcp_{tool}"]["p50"] / c[rest]["p50"], 2)
-        results.setdefault("ratios", {})[tool] = ratio
-        if c.get(f"sse_{tool}") and c.get(rest, {}).get("p50"):
-            results["ratios"][f"sse_{tool}"] = round(c[f"sse_{tool}"]["p50"] / c[rest]["p50"], 2)
-        verdicts.at_most(f"MCP {tool} p50 / REST p50", ratio, 1.5, "x")
+        ratios = results.setdefault("ratios", {})
+        for mode in ("new", "mcp", "sse", "raw"):
+            if c.get(f"{mode}_{tool}") and c.get(rest, {}).get("p50"):
+                ratios[f"{mode}_{tool}"] = round(c[f"{mode}_{tool}"]["p50"] / c[rest]["p50"], 2)
+        verdicts.at_most(f"MCP {tool} p50 / REST p50, the SDK's mcp.Client (2026-07-28)",
+                         ratios.get(f"new_{tool}"), 1.5, "x")
+        verdicts.at_most(f"MCP {tool} p50 / REST p50, the SDK's ClientSession (2025-11-25 session)",
+                         ratios.get(f"mcp_{tool}"), 1.5, "x")
+        verdicts.at_most(f"MCP {tool} p50 / REST p50, the same HTTP client as REST (httpx, a 2025-11-25 session)",
+                         ratios.get(f"raw_{tool}"), 1.5, "x")
     if not broken:
         body = render(results, facts, args) + "\n" + verdicts.markdown() + "\n"
         print(body)
@@ -200,24 +262,32 @@ def main() -> int:
 
 
 def render(r: dict, facts: dict, args: argparse.Namespace) -> str:
-    c, idle = r["calls"], r["idle"]
-    names = {"rest_list": "REST GET /v1/devices?limit=20", "mcp_list": "MCP list_devices (JSON answer)",
-             "sse_list": "MCP list_devices (SSE answer)", "rest_ping": "REST POST /v1/devices/{id}/ping",
-             "mcp_ping": "MCP ping_device (JSON answer)", "sse_ping": "MCP ping_device (SSE answer)"}
-    rows = [[names[k], c[k]["n"], c[k]["p50"], c[k]["p90"], c[k]["p99"]]
-            for k in ("rest_list", "mcp_list", "sse_list", "rest_ping", "mcp_ping", "sse_ping")]
+    c, idle, q, cpu = r["calls"], r["idle"], r["ratios"], r["calls"].get("client_cpu_ms", {})
+    names = {"rest": ("REST", "GET /v1/devices?limit=20", "POST /v1/devices/{id}/ping", "httpx"),
+             "new": ("MCP, the SDK's `mcp.Client` (its default: the stateless 2026-07-28 revision)",
+                     "list_devices", "ping_device", "mcp.Client"),
+             "mcp": ("MCP, the SDK's `ClientSession` (a 2025-11-25 session), JSON answers",
+                     "list_devices", "ping_device", "ClientSession"),
+             "sse": ("MCP, the same session, SSE answers (a progressToken)", "list_devices", "ping_device",
+                     "ClientSession"),
+             "raw": ("MCP, a 2025-11-25 session written by hand with httpx, REST's own client", "list_devices",
+                     "ping_device", "httpx")}
+    rows = []
+    for tool in ("list", "ping"):
+        for mode, (label, lname, pname, _) in names.items():
+            k = f"{mode}_{tool}"
+            rows.append([f"{label}: {lname if tool == 'list' else pname}", c[k]["n"], c[k]["p50"], c[k]["p90"],
+                         c[k]["p99"], "" if mode == "rest" else f"{q.get(k)}x", cpu.get(mode, "")])
     return "\n".join([
         "## MCP tool calls vs REST, and idle MCP sessions (bench/mcp_rtt.py)", "", f"`{command_line()}`", "",
         f"{facts_line(facts)}; load average at end {loadavg()}", "",
         f"{args.devices} devices connected (real agents in one load-generator process); one caller at a time, "
-        f"keep-alive, REST, MCP with JSON answers and MCP with SSE answers (the same calls with a progressToken) in "
-        f"{args.blocks} alternating rounds; the MCP client is the SDK's own "
-        "(`mcp.ClientSession`, Streamable HTTP), the REST one httpx. Client latency, ms.", "",
-        md_table(["call", "n", "p50 ms", "p90 ms", "p99 ms"], rows), "",
-        f"p50 ratio MCP/REST with JSON answers (every call without a progressToken): list_devices "
-        f"{r['ratios']['list']}x, ping {r['ratios']['ping']}x (aim ≤ 1.5x); with SSE answers (the SDK's default "
-        f"mode, now only for calls that ask for progress): list_devices {r['ratios'].get('sse_list')}x, ping "
-        f"{r['ratios'].get('sse_ping')}x.", "",
+        f"keep-alive, each client in turn in {args.blocks} alternating rounds. Client latency in ms (call made to "
+        "answer parsed), the p50 over REST's, and the client's own CPU per call (this process, ms; one list and "
+        "one ping).", "",
+        md_table(["call", "n", "p50 ms", "p90 ms", "p99 ms", "p50 / REST", "client CPU ms per call"], rows), "",
+        "The rows written with httpx are the protocol's cost in the hub, the client held the same as REST's; the "
+        "SDK's clients add their own CPU per call on top (the last column).", "",
         f"{idle['sessions']} idle MCP sessions (initialized, each with its client's open GET stream), idle "
         f"{idle['idle_seconds']} s: hub RSS {idle['rss_before_mib']} MiB before, {idle['rss_open_mib']} MiB with them "
         f"open ({idle['rss_per_session_kib']} KiB per session); hub CPU while they idle {idle['idle_cpu_percent']} %.",

@@ -109,8 +109,15 @@ def build(app: Any, services: McpHost, alive: Callable[[str], bool]) -> Server:
                                  headers=inproc.headers_from(request.headers.items(), org_id),
                                  client=request.scope.get("client"), tool=tool)
 
+    # The tools never change in a process: their definitions (JSON Schemas built from the argument
+    # models) are made once. The stateless revision checks a call's Mcp-Param headers against its
+    # tool's input schema before each call, from the tools/list handler unless told the schema here:
+    # that was a whole listing per call with arguments (a ping took 16 ms of the hub against 7).
+    definitions = [tool_definition(t) for t in TOOLS]
+    input_schemas = {d.name: d.input_schema for d in definitions}
+
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[tool_definition(t) for t in TOOLS])
+        return types.ListToolsResult(tools=definitions)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult | dict:
         tool = BY_NAME.get(params.name)
@@ -323,7 +330,7 @@ def build(app: Any, services: McpHost, alive: Callable[[str], bool]) -> Server:
     built = Server(NAME, version="1", instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
                    on_list_resources=list_resources, on_list_resource_templates=list_templates,
                    on_read_resource=read_resource, on_subscribe_resource=subscribe,
-                   on_unsubscribe_resource=unsubscribe)
+                   on_unsubscribe_resource=unsubscribe, get_tool_input_schema=input_schemas.get)
     # The SDK wraps every message in an OpenTelemetry span by default. The hub installs no tracing SDK,
     # so each span records nothing and costs every call its setup; its calls are in the audit log.
     built.middleware = []
