@@ -30,7 +30,7 @@ from .shared.backoff import Backoff
 from .devroot import DeviceRoot, Refused
 from .shared.paths import PLATFORM_DIR, SECRETS_DIR, VOLUMES_DIR
 from .workload_account import RunAs, make_traversable
-from .workload_spec import Health, WorkloadSpec
+from .workload_spec import UNSEEN_CHECK_SLACK, Health, WorkloadSpec
 
 log = logging.getLogger("fleethub.agent.workload")
 
@@ -214,6 +214,14 @@ class Workload:
                 if last.healthy or not self.running or self.held:
                     return last
                 await trio.sleep(0.1)
+        if last is None and self.spec is not None:
+            # No verdict without a check that completed (as containers.py's _wait_healthy): a loaded
+            # device can take longer than the deadline to start the health command; it runs once more to
+            # its end, bounded by its own timeout and the slowness of starting a process.
+            with trio.move_on_after(self.spec.timeout + UNSEEN_CHECK_SLACK):
+                last = await self.check_health()
+                if last.healthy:
+                    return last
         reason = f": {last.detail}" if last else ""
         return Health(False, f"not healthy within {deadline:g}s{reason}", last.output if last else None)
 

@@ -22,6 +22,9 @@ from typing import Any, Mapping
 
 DEFAULT_HEALTH_TIMEOUT = 10.0
 DEFAULT_GRACE = 1.0
+# How much longer than its own timeout a health check may take when no check completed before the
+# deadline: the engine or the system starting it on a loaded device (containers.py, workload.py).
+UNSEEN_CHECK_SLACK = 15.0
 MAX_HEALTH_TIMEOUT = 600.0
 
 

@@ -44,6 +44,7 @@ class _Container:
 class FakeEngine(Engine):
     image_size: int = 8 << 20
     pull_seconds: float = 0.0
+    exec_seconds: float = 0.0  # how long an exec takes to start: a loaded device's engine
     fail_pull: dict[str, str] = field(default_factory=dict)
     unhealthy: dict[str, str] = field(default_factory=dict)
     exits: dict[str, int] = field(default_factory=dict)
@@ -125,6 +126,8 @@ class FakeEngine(Engine):
         c = self._get(name, "exec")
         if not c.running:
             raise EngineError(f"exec {name}: the container is not running")
+        if self.exec_seconds:
+            await trio.sleep(self.exec_seconds)
         said = self.unhealthy.get(self._digest(c.spec.image))
         return (1, said) if said is not None else (0, "")
 

@@ -72,6 +72,21 @@ async def test_an_exec_check_that_fails_reports_its_output(tmp_path, autojump_cl
     assert "not healthy within 2s" in health.detail and await running(engine) == {}
 
 
+async def test_a_check_the_engine_is_slower_to_start_than_the_deadline_still_gives_the_verdict(tmp_path,
+                                                                                               autojump_clock):
+    """Why: under a full test suite `podman exec` took longer than a 2.2 s deadline, and the version was
+    rolled back as "not healthy within 2.2s" with no check completed. A verdict needs a check that ran."""
+    engine = FakeEngine(unhealthy={D1: "not ready"}, exec_seconds=3)
+    cs = ContainerSet(engine, tmp_path / "root")
+    check = {"command": ["/bin/check"], "timeoutSeconds": 2, "graceSeconds": 0.2}
+    health, _ = await cs.apply("v1", spec({"name": "app", "image": image(D1), "healthCheck": check}))
+    assert not health.healthy and health.output == "not ready", health
+    assert "not healthy within 2.2s" in health.detail and "exited with code 1" in health.detail
+    health, _ = await cs.apply("v2", spec({"name": "app", "image": image(D2), "healthCheck": check}))
+    assert health.healthy, health  # a slow engine does not fail a good version
+    assert await running(engine) == {engine_name("v2", "app"): True}
+
+
 async def test_boot_keeps_only_the_wanted_version_and_starts_it(tmp_path, autojump_clock):
     """A power loss mid-apply leaves both versions' containers; the record rolled back to v1 decides."""
     engine = FakeEngine()

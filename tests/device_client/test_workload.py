@@ -251,6 +251,19 @@ async def test_wait_healthy_retries_until_the_deadline(workload, tmp_path):
         assert trio.current_time() - t0 < 4  # the exit ends the wait, not the 5 s grace
 
 
+async def test_a_deadline_before_any_check_completed_still_gives_the_checks_verdict(workload):
+    """Why: on a loaded device starting the health command can take longer than the deadline; the verdict
+    then named no check at all. A check that has not completed once is run to its end."""
+    check = [PY, "-c", "import sys, time; time.sleep(0.4); print('not ready'); sys.exit(3)"]
+    with trio.fail_after(15):
+        await workload.start(parse_spec({"workload": {"command": [PY, "-c", "import time; time.sleep(300)"],
+                                                      "healthCheck": {"command": check, "graceSeconds": 0,
+                                                                      "timeoutSeconds": 5}}}))
+        health = await workload.wait_healthy(0.1)  # shorter than one check
+        assert not health.healthy and health.detail.startswith("not healthy within 0.1s: "), health
+        assert "3" in health.detail and "not ready" in (health.output or ""), health
+
+
 async def test_the_workload_stops_when_its_supervisor_stops(tmp_path):
     out = tmp_path / "seen.json"
     w = Workload(tmp_path / "dev", tmp_path / "dev" / "root", stop_grace=0.5)
