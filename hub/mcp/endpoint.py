@@ -40,7 +40,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server._streamable_http_modern import handle_modern_request
+try:  # the SDK's single-exchange entry (private to it): without it, the manager's own routing serves
+    from mcp.server._streamable_http_modern import handle_modern_request
+except ImportError:  # pragma: no cover — another SDK version
+    handle_modern_request = None
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from hub.auth.ratelimit import spend
@@ -134,6 +137,14 @@ async def read_body(receive: Any, limit: int) -> tuple[list[dict], bool]:
             return messages, True
 
 
+def with_headers(start: dict, extra: list[tuple[bytes, bytes]]) -> dict:
+    """An answer's start with the rate-limit headers; a 413 also closes the connection: it was
+    refused before its body was read, and the rest of the body is still on the connection."""
+    if start["status"] == 413:
+        extra = [*extra, (b"connection", b"close")]
+    return {**start, "headers": [*start.get("headers", ()), *extra]}
+
+
 def replaying(messages: list[dict], receive: Any) -> Any:
     pending = list(messages)
 
@@ -209,11 +220,7 @@ class McpEndpoint:
 
         async def answer(message: dict) -> None:
             if message["type"] == "http.response.start":
-                extra = limit_headers
-                if message["status"] == 413:
-                    # refused before its body was read: the rest of it is still on the connection
-                    extra = [*extra, (b"connection", b"close")]
-                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+                message = with_headers(message, limit_headers)
                 if opening and message["status"] < 400:
                     for name, value in message["headers"]:
                         if name.lower() == SESSION_HEADER.encode():
@@ -250,7 +257,7 @@ class McpEndpoint:
 
         async def answer(message: dict) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), *limit_headers]}
+                message = with_headers(message, limit_headers)
             await send(message)
 
         self._exchanges[caller.owner] = self._exchanges.get(caller.owner, 0) + 1
@@ -258,14 +265,16 @@ class McpEndpoint:
             if scope["method"] == "POST":
                 messages, whole = await read_body(receive, MAX_BODY_BYTES)
                 receive = replaying(messages, receive)
-                if whole and json_answer(b"".join(m.get("body", b"") for m in messages)):
+                if (whole and handle_modern_request is not None
+                        and json_answer(b"".join(m.get("body", b"") for m in messages))):
                     # A call that asked for no progress is answered as JSON, in this task: the SDK's own
                     # single-exchange path in its JSON mode, which its manager takes only when every
                     # request of the server is answered so (ours answers SSE to a call that asks for
                     # progress). Its body is whole and within the bound the manager's middleware keeps.
-                    m = self.manager
-                    await handle_modern_request(m.app, m.security_settings, True,
-                                                m._lifespan_state, scope, receive, answer)  # noqa: SLF001
+                    manager = self.manager
+                    await handle_modern_request(manager.app, manager.security_settings, True,
+                                                self.manager._lifespan_state,  # noqa: SLF001
+                                                scope, receive, answer)
                     return
             await self.manager.handle_request(scope, receive, answer)
         finally:

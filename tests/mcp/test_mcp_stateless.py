@@ -89,6 +89,7 @@ async def test_hostile_stateless_bodies_get_errors_and_leave_the_hub_serving(nur
         async with httpx.AsyncClient(headers=head, timeout=30) as client:
             r = await client.post(url, content=json.dumps(body({"device_id": "x" * (300 * 1024)})))
             assert r.status_code == 413, r.text  # past the body bound, in one chunk or many
+            assert r.headers["connection"] == "close"  # the rest of the body is still on the connection
             nested = "[" * 5000 + '"x"' + "]" * 5000  # past any parser's depth
             r = await client.post(url, content='{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": '
                                                '{"name": "get_device", "arguments": {"device_id": ' + nested + "}}}")
