@@ -18,9 +18,9 @@ PY = sys.executable
 SLEEPER = """
 import json, os, sys, time
 out = sys.argv[1]
+print("workload up", flush=True)  # before the file the test waits for: it may stop the workload at once
 json.dump({"pid": os.getpid(), "env": dict(os.environ)}, open(out + ".tmp", "w"))
 os.replace(out + ".tmp", out)
-print("workload up", flush=True)
 while True:
     time.sleep(1)
 """
