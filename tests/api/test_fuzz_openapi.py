@@ -24,6 +24,9 @@ CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,re
 EXCLUDE = r"/events$|/progress$|/stream$|/device/link$|/signal$"
 
 
+CPYTHON_AST_RACE = "AST constructor recursion depth mismatch"
+
+
 def st_exe() -> str:
     exe = Path(sys.executable).parent / "st"
     found = str(exe) if exe.exists() else shutil.which("st")
@@ -50,7 +53,7 @@ async def fuzz(hub, tmp_path, *, examples: int = EXAMPLES, max_time: int = MAX_T
 
 
 async def test_every_operation_keeps_its_documented_contract(nursery, db_url, tmp_path):
-    with trio.fail_after(MAX_TIME + 120):
+    with trio.fail_after(2 * MAX_TIME + 120):  # room for the one rerun below
         hub = await start_hub(nursery, db_url, tmp_path / "hub")
         r = await hub.call("POST", "/v1/fleets", json={"name": "fuzz-fleet"})
         fleet_id = r.json()["data"]["id"]
@@ -59,5 +62,11 @@ async def test_every_operation_keeps_its_documented_contract(nursery, db_url, tm
         await hub.call("POST", "/v1/configurations", json={"name": "fuzz-config", "spec": {"a": 1}})
         result = await fuzz(hub, tmp_path)
         out = result.stdout.decode(errors="replace")
+        if result.returncode != 0 and CPYTHON_AST_RACE in out:
+            # CPython gh-106905 (tests/astparse.py) inside schemathesis: hypothesis parses a lambda's
+            # source to describe it while st's other worker thread compiles, and the run stops with a
+            # runtime error, not a finding (CI25: 6,296 cases generated, 6,296 passed). Run it again.
+            result = await fuzz(hub, tmp_path)
+            out = result.stdout.decode(errors="replace")
         assert result.returncode == 0, out[-12000:] + result.stderr.decode(errors="replace")[-2000:]
         assert "Tested:" in out, out[-3000:]
