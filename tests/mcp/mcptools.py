@@ -12,7 +12,21 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.api.test_rollouts import closed_window
-from tests.hubtools import wait_for
+from tests.hubtools import start_agent, start_hub, wait_for
+
+
+async def fleet_with_agent(nursery: Any, db_url: str, tmp_path: Any) -> tuple[Any, str, str]:
+    """(hub, device id, fleet id): a hub with one fleet and one device in it, its agent connected."""
+    hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+    fleet = (await hub.call("POST", "/v1/fleets", json={"name": "edge"})).json()["data"]["id"]
+    dev, token = await hub.provision("pump-1", fleet_id=fleet)
+    await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
+    return hub, dev, fleet
+
+
+def pat_env(hub: Any) -> dict[str, str]:
+    """The environment ``fleethub mcp`` authenticates from: the hub's PAT and organisation."""
+    return {"FLEETHUB_PAT_ID": hub.pat[0], "FLEETHUB_PAT_SECRET": hub.pat[1], "FLEETHUB_ORG_ID": hub.org_id}
 
 
 def pat_headers(pat: tuple[str, str], org_id: str | None) -> dict[str, str]:

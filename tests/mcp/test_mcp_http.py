@@ -11,14 +11,11 @@ import trio
 from mcp.shared.exceptions import MCPError
 
 from tests.hubtools import start_agent, start_hub, wait_for
-from tests.mcp.mcptools import call, http_session, operate, pat_headers
+from tests.mcp.mcptools import call, fleet_with_agent, http_session, operate, pat_headers
 
 async def test_tools_over_streamable_http(nursery, db_url, tmp_path):
     with trio.fail_after(120):
-        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
-        fleet = (await hub.call("POST", "/v1/fleets", json={"name": "edge"})).json()["data"]["id"]
-        dev, token = await hub.provision("pump-1", fleet_id=fleet)
-        await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
+        hub, dev, fleet = await fleet_with_agent(nursery, db_url, tmp_path)
         async with http_session(hub.base_url, pat_headers(hub.pat, hub.org_id)) as mcp:
             await operate(mcp, hub, dev, fleet)
 

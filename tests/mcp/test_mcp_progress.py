@@ -9,7 +9,7 @@ import trio
 
 from tests.api.test_rollouts import closed_window, open_window
 from tests.hubtools import start_agent, start_hub, wait_for
-from tests.mcp.mcptools import HEALTHY, call, followed_quick_test, http_session, pat_headers
+from tests.mcp.mcptools import HEALTHY, call, fleet_with_agent, followed_quick_test, http_session, pat_headers
 
 
 async def test_a_live_quick_test_reports_progress_and_ends_with_its_result(nursery, db_url, tmp_path):
@@ -89,10 +89,7 @@ async def test_a_cancel_mid_wait_ends_the_call_and_leaves_the_session_working(nu
 
 async def test_a_resumed_rollout_reports_its_devices_and_returns_when_it_completes(nursery, db_url, tmp_path):
     with trio.fail_after(120):
-        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
-        fleet = (await hub.call("POST", "/v1/fleets", json={"name": "edge"})).json()["data"]["id"]
-        dev, token = await hub.provision("pump-1", fleet_id=fleet)
-        await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
+        hub, dev, fleet = await fleet_with_agent(nursery, db_url, tmp_path)
         closed = closed_window(hub)
         await hub.call("PUT", f"/v1/fleets/{fleet}/update-window", json=closed)
         r = await hub.call("POST", "/v1/configurations", json={"name": "app", "spec": {"workload": HEALTHY}})

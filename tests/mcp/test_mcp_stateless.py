@@ -15,17 +15,14 @@ import trio
 
 from hub.mcp.endpoint import McpEndpoint
 from tests.hubtools import start_agent, start_hub, wait_for
-from tests.mcp.mcptools import call, followed_quick_test, operate, pat_headers, stateless_client
+from tests.mcp.mcptools import call, fleet_with_agent, followed_quick_test, operate, pat_headers, stateless_client
 
 STATELESS = "2026-07-28"
 
 
 async def test_the_sdks_default_client_operates_the_fleet(nursery, db_url, tmp_path):
     with trio.fail_after(150):
-        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
-        fleet = (await hub.call("POST", "/v1/fleets", json={"name": "edge"})).json()["data"]["id"]
-        dev, token = await hub.provision("pump-1", fleet_id=fleet)
-        await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
+        hub, dev, fleet = await fleet_with_agent(nursery, db_url, tmp_path)
         async with stateless_client(hub.base_url, pat_headers(hub.pat, hub.org_id)) as mcp:
             assert mcp.session.protocol_version == STATELESS
             await operate(mcp, hub, dev, fleet)

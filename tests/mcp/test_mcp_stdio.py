@@ -10,7 +10,7 @@ import trio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from tests.hubtools import start_agent, start_hub
-from tests.mcp.mcptools import call, followed_quick_test, operate
+from tests.mcp.mcptools import call, fleet_with_agent, followed_quick_test, operate, pat_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,11 +22,8 @@ def fleethub_mcp(hub_url: str, env: dict[str, str]) -> StdioServerParameters:
 
 async def test_fleethub_mcp_over_stdio(nursery, db_url, tmp_path):
     with trio.fail_after(150):
-        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
-        fleet = (await hub.call("POST", "/v1/fleets", json={"name": "edge"})).json()["data"]["id"]
-        dev, token = await hub.provision("pump-1", fleet_id=fleet)
-        await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
-        env = {"FLEETHUB_PAT_ID": hub.pat[0], "FLEETHUB_PAT_SECRET": hub.pat[1], "FLEETHUB_ORG_ID": hub.org_id}
+        hub, dev, fleet = await fleet_with_agent(nursery, db_url, tmp_path)
+        env = pat_env(hub)
         async with stdio_client(fleethub_mcp(hub.base_url, env)) as (read, write):
             async with ClientSession(read, write) as mcp:
                 init = await mcp.initialize()
@@ -43,7 +40,7 @@ async def test_progress_is_passed_on_over_stdio(nursery, db_url, tmp_path):
         hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
         dev, token = await hub.provision("pump-1")
         await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
-        env = {"FLEETHUB_PAT_ID": hub.pat[0], "FLEETHUB_PAT_SECRET": hub.pat[1], "FLEETHUB_ORG_ID": hub.org_id}
+        env = pat_env(hub)
         async with stdio_client(fleethub_mcp(hub.base_url, env)) as (read, write):
             async with ClientSession(read, write) as mcp:
                 await mcp.initialize()
@@ -65,15 +62,12 @@ async def test_fleethub_mcp_with_a_bearer_token_and_the_org_as_an_argument(nurse
 
 async def test_the_sdks_default_client_over_stdio(nursery, db_url, tmp_path):
     """``mcp.Client`` in its default mode, as a new user writes it: it probes ``server/discover`` over stdio
-    over stdio and speaks the stateless revision with the bridge, which speaks a session's revision with the
+    and speaks the stateless revision with the bridge, which speaks a session's revision with the
     hub: the tools work across the two."""
     from mcp import Client
     with trio.fail_after(150):
-        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
-        fleet = (await hub.call("POST", "/v1/fleets", json={"name": "edge"})).json()["data"]["id"]
-        dev, token = await hub.provision("pump-1", fleet_id=fleet)
-        await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
-        env = {"FLEETHUB_PAT_ID": hub.pat[0], "FLEETHUB_PAT_SECRET": hub.pat[1], "FLEETHUB_ORG_ID": hub.org_id}
+        hub, dev, fleet = await fleet_with_agent(nursery, db_url, tmp_path)
+        env = pat_env(hub)
         async with Client(fleethub_mcp(hub.base_url, env)) as mcp:
             assert mcp.session.protocol_version == "2026-07-28"
             await operate(mcp, hub, dev, fleet)
