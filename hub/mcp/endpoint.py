@@ -273,8 +273,7 @@ class McpEndpoint:
                     # progress). Its body is whole and within the bound the manager's middleware keeps.
                     manager = self.manager
                     await handle_modern_request(manager.app, manager.security_settings, True,
-                                                self.manager._lifespan_state,  # noqa: SLF001
-                                                scope, receive, answer)
+                                                manager._lifespan_state, scope, receive, answer)  # noqa: SLF001
                     return
             await self.manager.handle_request(scope, receive, answer)
         finally:

@@ -28,7 +28,7 @@ KNOWN = {
     ("hub/auth/middleware.py", "request._get_current_object"): "werkzeug's LocalProxy, documented",
     ("hub/auth/middleware.py", "g._get_current_object"): "werkzeug's LocalProxy, documented",
     ("hub/mcp/endpoint.py", "self.manager._server_instances"): "the MCP SDK's one record of open sessions",
-    ("hub/mcp/endpoint.py", "self.manager._lifespan_state"): "what the MCP SDK's manager passes its "
+    ("hub/mcp/endpoint.py", "manager._lifespan_state"): "what the MCP SDK's manager passes its "
                                                              "single-exchange entry, which the endpoint calls",
 }
 
