@@ -195,8 +195,11 @@ def answer_writer(sdk_write: Any) -> Any:
     return write
 
 
-if single_exchange is not None and not hasattr(single_exchange._write, "sdk_write"):  # noqa: SLF001
-    single_exchange._write = answer_writer(single_exchange._write)  # noqa: SLF001 — see answer_writer
+# Installed once, on import, where the entry calls it (a module-level function it looks up at each call);
+# an SDK without it keeps its own writer.
+_sdk_write = getattr(single_exchange, "_write", None)
+if _sdk_write is not None and not hasattr(_sdk_write, "sdk_write"):
+    single_exchange._write = answer_writer(_sdk_write)  # noqa: SLF001 — see answer_writer
 
 
 def replaying(messages: list[dict], receive: Any) -> Any:
