@@ -112,6 +112,17 @@ class AnswerMode(StreamableHTTPServerTransport):
             out[SESSION_HEADER] = self.mcp_session_id
         return Response(body, status_code=200, headers=out)
 
+    def _create_event_data(self, event_message: Any) -> Any:
+        """The SDK's SSE event for a message, with a result's data written by ``result_body`` (an answer
+        to a call that asked for progress); a notification or an error as the SDK writes it."""
+        body = result_body(event_message.message)
+        if body is None:
+            return super()._create_event_data(event_message)
+        event = {"event": "message", "data": body.decode()}
+        if event_message.event_id:
+            event["id"] = event_message.event_id
+        return event
+
 
 class Manager(StreamableHTTPSessionManager):
     def _admit_session(self, requestor: Any) -> StreamableHTTPServerTransport | None:
@@ -195,11 +206,26 @@ def answer_writer(sdk_write: Any) -> Any:
     return write
 
 
-# Installed once, on import, where the entry calls it (a module-level function it looks up at each call);
-# an SDK without it keeps its own writer.
-_sdk_write = getattr(single_exchange, "_write", None)
-if _sdk_write is not None and not hasattr(_sdk_write, "sdk_write"):
-    single_exchange._write = answer_writer(_sdk_write)  # noqa: SLF001 — see answer_writer
+def event_framer(sdk_event: Any) -> Any:
+    """The single-exchange entry's SSE frame of a message (an answer to a call that asked for progress,
+    after its notifications), with a result written by ``result_body`` in the SDK's framing; a
+    notification or an error framed by the SDK's."""
+    def frame(msg: Any) -> bytes:
+        body = result_body(msg)
+        if body is None:
+            return sdk_event(msg)
+        return b"event: message\r\ndata: " + body + b"\r\n\r\n"
+    frame.sdk_write = sdk_event
+    return frame
+
+
+# Installed once, on import, where the entry calls them (module-level functions it looks up at each
+# call); an SDK without them keeps its own.
+if hasattr(single_exchange, "_write") and hasattr(single_exchange, "_sse_event"):
+    if not hasattr(single_exchange._write, "sdk_write"):  # noqa: SLF001
+        single_exchange._write = answer_writer(single_exchange._write)  # noqa: SLF001
+    if not hasattr(single_exchange._sse_event, "sdk_write"):  # noqa: SLF001
+        single_exchange._sse_event = event_framer(single_exchange._sse_event)  # noqa: SLF001
 
 
 def replaying(messages: list[dict], receive: Any) -> Any:

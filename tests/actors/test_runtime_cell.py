@@ -32,6 +32,8 @@ KNOWN = {
                                                              "single-exchange entry, which the endpoint calls",
     ("hub/mcp/endpoint.py", "single_exchange._write"): "the MCP SDK's single-exchange JSON writer, "
                                                         "wrapped to write results with orjson (answer_writer)",
+    ("hub/mcp/endpoint.py", "single_exchange._sse_event"): "the MCP SDK's single-exchange SSE framer, "
+                                                            "wrapped to write results with orjson (event_framer)",
 }
 
 

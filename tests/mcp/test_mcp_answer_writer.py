@@ -1,5 +1,5 @@
-"""The JSON answers written with orjson (hub/mcp/endpoint.py ``result_body``), on the stateless entry
-(``answer_writer``) and a session's transport (``AnswerMode``): a result is the answer the SDK's own
+"""The answers written with orjson (hub/mcp/endpoint.py ``result_body``), as JSON and as SSE events, on the
+stateless entry (``answer_writer``, ``event_framer``) and a session's transport (``AnswerMode``): a result is the answer the SDK's own
 writer gives, the same once parsed, with the same status and headers; what orjson cannot write, and
 every error, is still written by the SDK's writer. No hub, no IO."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 
-from mcp.server.streamable_http import StreamableHTTPServerTransport
-from mcp_types import METHOD_NOT_FOUND, ErrorData, JSONRPCError, JSONRPCResponse
+from mcp.server.streamable_http import EventMessage, StreamableHTTPServerTransport
+from mcp_types import METHOD_NOT_FOUND, ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCResponse
 
 from hub.mcp import endpoint
 
@@ -105,3 +105,30 @@ async def test_a_sessions_json_answer_is_the_one_the_sdks_transport_gives(monkey
     ours._create_json_response(result)  # noqa: SLF001
     ours._create_json_response(error)  # noqa: SLF001
     assert written_by_sdk == [error]
+
+
+def sse_data(frame: bytes) -> object:
+    """The JSON of one SSE ``message`` event, its framing checked."""
+    text = frame.decode()
+    assert text.startswith("event: message\r\ndata: ") and text.endswith("\r\n\r\n")
+    return json.loads(text[len("event: message\r\ndata: "):-4])
+
+
+async def test_an_sse_answer_is_the_event_the_sdk_gives():
+    """A call that asked for progress gets its answer as an SSE event after its notifications."""
+    sdk = endpoint.single_exchange._sse_event.sdk_write  # noqa: SLF001
+    ours = endpoint.single_exchange._sse_event  # noqa: SLF001
+    result = JSONRPCResponse(jsonrpc="2.0", id=5, result=page())
+    progress = JSONRPCNotification(jsonrpc="2.0", method="notifications/progress",
+                                   params={"progressToken": 1, "progress": 0.5})
+    error = JSONRPCError(jsonrpc="2.0", id=5, error=ErrorData(code=METHOD_NOT_FOUND, message="no such method"))
+    for msg in (result, progress, error):
+        assert sse_data(ours(msg)) == sse_data(sdk(msg))
+    assert ours(progress) == sdk(progress) and ours(error) == sdk(error)  # framed by the SDK's, byte for byte
+
+    session, plain = endpoint.AnswerMode("s", is_json_response_enabled=False), StreamableHTTPServerTransport("s")
+    for msg in (result, progress, error):
+        for event_id in (None, "7"):
+            mine = session._create_event_data(EventMessage(msg, event_id))  # noqa: SLF001
+            theirs = plain._create_event_data(EventMessage(msg, event_id))  # noqa: SLF001
+            assert {**mine, "data": json.loads(mine["data"])} == {**theirs, "data": json.loads(theirs["data"])}
