@@ -202,7 +202,7 @@ def answer_writer(sdk_write: Any) -> Any:
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-length", str(len(body)).encode()), (b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": body})
-    write.sdk_write = sdk_write
+    write.sdk_own = sdk_write
     return write
 
 
@@ -215,16 +215,16 @@ def event_framer(sdk_event: Any) -> Any:
         if body is None:
             return sdk_event(msg)
         return b"event: message\r\ndata: " + body + b"\r\n\r\n"
-    frame.sdk_write = sdk_event
+    frame.sdk_own = sdk_event
     return frame
 
 
 # Installed once, on import, where the entry calls them (module-level functions it looks up at each
 # call); an SDK without them keeps its own.
 if hasattr(single_exchange, "_write") and hasattr(single_exchange, "_sse_event"):
-    if not hasattr(single_exchange._write, "sdk_write"):  # noqa: SLF001
+    if not hasattr(single_exchange._write, "sdk_own"):  # noqa: SLF001
         single_exchange._write = answer_writer(single_exchange._write)  # noqa: SLF001
-    if not hasattr(single_exchange._sse_event, "sdk_write"):  # noqa: SLF001
+    if not hasattr(single_exchange._sse_event, "sdk_own"):  # noqa: SLF001
         single_exchange._sse_event = event_framer(single_exchange._sse_event)  # noqa: SLF001
 
 

@@ -43,13 +43,15 @@ def page() -> dict:
             "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "fleethub", "version": "1"}}}
 
 
-async def test_the_module_writer_is_the_wrapped_one():
+async def test_the_entrys_writers_are_wrapped_once():
     assert endpoint.single_exchange is not None  # the SDK this project pins has the entry
-    assert endpoint.single_exchange._write.sdk_write is not None  # noqa: SLF001 — installed once, on import
+    # installed once, on import: wrapping the wrapped would write nothing twice but cost a call
+    for wrapped in (endpoint.single_exchange._write, endpoint.single_exchange._sse_event):  # noqa: SLF001
+        assert not hasattr(wrapped.sdk_own, "sdk_own")
 
 
 async def test_a_result_is_the_answer_the_sdks_writer_gives():
-    sdk = endpoint.single_exchange._write.sdk_write  # noqa: SLF001
+    sdk = endpoint.single_exchange._write.sdk_own  # noqa: SLF001
     ours = endpoint.answer_writer(sdk)
     for request_id in (7, "req-α"):
         msg = JSONRPCResponse(jsonrpc="2.0", id=request_id, result=page())
@@ -58,7 +60,7 @@ async def test_a_result_is_the_answer_the_sdks_writer_gives():
 
 async def test_errors_and_what_orjson_refuses_go_to_the_sdks_writer():
     calls: list[object] = []
-    sdk = endpoint.single_exchange._write.sdk_write  # noqa: SLF001
+    sdk = endpoint.single_exchange._write.sdk_own  # noqa: SLF001
 
     async def counting(msg, scope, receive, send):
         calls.append(msg)
@@ -116,7 +118,7 @@ def sse_data(frame: bytes) -> object:
 
 async def test_an_sse_answer_is_the_event_the_sdk_gives():
     """A call that asked for progress gets its answer as an SSE event after its notifications."""
-    sdk = endpoint.single_exchange._sse_event.sdk_write  # noqa: SLF001
+    sdk = endpoint.single_exchange._sse_event.sdk_own  # noqa: SLF001
     ours = endpoint.single_exchange._sse_event  # noqa: SLF001
     result = JSONRPCResponse(jsonrpc="2.0", id=5, result=page())
     progress = JSONRPCNotification(jsonrpc="2.0", method="notifications/progress",
