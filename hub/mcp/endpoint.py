@@ -19,6 +19,10 @@ gets a single JSON body. The SDK fixes one of the two per session manager: SSE f
 call an event stream's framing and the tasks that feed it (bench/mcp_rtt.py measured both), and JSON
 for all drops a request's notifications. ``AnswerMode`` makes the choice per request.
 
+A session's ``tools/call`` that is answered as JSON runs in its own POST's task (hub/mcp/session_call.py),
+not through the session's tasks, when the session would answer it the same way (``_session_message``
+says when); everything else goes the SDK's way.
+
 A request of the stateless revision (2026-07-28: no handshake, no session; the SDK's ``mcp.Client``
 negotiates it by default) is told apart as the SDK tells it, by a protocol-version header that no
 handshake revision has. It is authenticated and counted the same way, opens no session, and is
@@ -40,14 +44,15 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import trio
-from mcp.server.streamable_http import StreamableHTTPServerTransport
+from pydantic import ValidationError
+from mcp.server.streamable_http import StreamableHTTPServerTransport, check_accept_headers
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 try:  # the SDK's single-exchange entry (private to it): without it, the manager's own routing serves
     from mcp.server import _streamable_http_modern as single_exchange
     from mcp.server._streamable_http_modern import handle_modern_request
 except ImportError:  # pragma: no cover — another SDK version
     single_exchange = handle_modern_request = None
-from mcp_types import JSONRPCResponse
+from mcp_types import INTERNAL_ERROR, JSONRPCRequest, JSONRPCResponse
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.responses import Response
 
@@ -56,6 +61,7 @@ from hub.auth.schemes import header_credential
 from hub.errors import (BadRequest, FleethubError, Forbidden, NotFound, RateLimited, Unauthenticated,
                         general_body)
 from hub.mcp import server
+from hub.mcp.session_call import Calls, Handshake
 
 if TYPE_CHECKING:
     from hub.mcp.server import McpHost
@@ -82,6 +88,27 @@ class Caller:
 _JSON_ANSWER: contextvars.ContextVar[bool | None] = contextvars.ContextVar("fleethub_mcp_json_answer", default=None)
 
 
+
+@dataclass(frozen=True)
+class SessionCall:
+    """A session's ``tools/call`` that its POST's task may answer itself (hub/mcp/session_call.py), as the
+    endpoint found it; ``serve(request)`` gives the answer, or None to leave the call to the SDK."""
+    endpoint: "McpEndpoint"
+    session_id: str
+    handshake: Handshake
+    message: dict
+
+    async def serve(self, request: Any) -> Any:
+        manager = self.endpoint.manager
+        return await self.endpoint.calls.serve(manager.app, manager._lifespan_state, self.session_id,  # noqa: SLF001
+                                               self.handshake, self.message, request)
+
+
+# Set by McpEndpoint for the task that serves a POST carrying such a call; None elsewhere.
+_SESSION_CALL: contextvars.ContextVar[SessionCall | None] = contextvars.ContextVar("fleethub_mcp_session_call",
+                                                                                   default=None)
+
+
 class AnswerMode(StreamableHTTPServerTransport):
     """The SDK's transport, with its JSON-or-SSE switch read per request. Every place the SDK reads
     ``is_json_response_enabled`` for a POST runs in that POST's task, where ``_JSON_ANSWER`` holds
@@ -91,6 +118,8 @@ class AnswerMode(StreamableHTTPServerTransport):
     no notification of its own is answered so: the server's handlers (hub/mcp/server.py) send one
     only as progress, against the request's token, and ask the client nothing."""
 
+    calls: Calls | None = None  # set by Manager._admit_session
+
     @property
     def is_json_response_enabled(self) -> bool:
         mode = _JSON_ANSWER.get()
@@ -99,6 +128,36 @@ class AnswerMode(StreamableHTTPServerTransport):
     @is_json_response_enabled.setter
     def is_json_response_enabled(self, value: bool) -> None:
         self._json_default = value
+
+    async def _handle_post_request(self, scope: dict, request: Any, receive: Any, send: Any) -> None:
+        """A session's ``tools/call`` that the endpoint chose (``SessionCall``) is answered here, in the
+        POST's task; anything else, or a request the SDK would refuse (its accept, content type or
+        session header), goes to the SDK's handling unchanged. Its answer is a JSON body, or 500 when the
+        session ended while it ran, as the SDK answers then."""
+        call = _SESSION_CALL.get()
+        if (call is None or self._terminated or request.headers.get(SESSION_HEADER) != self.mcp_session_id
+                or not check_accept_headers(request)[0] or not self._check_content_type(request)):
+            await super()._handle_post_request(scope, request, receive, send)
+            return
+        answer = await call.serve(request)
+        if answer is None:  # a call of the same id is in flight: the SDK's dispatcher answers the client's error
+            await super()._handle_post_request(scope, request, receive, send)
+            return
+        if self._terminated:
+            response = self._create_error_response("Session terminated before the request completed",
+                                                   HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR)
+        else:
+            response = self._create_json_response(answer)
+        await response(scope, receive, send)
+
+    async def terminate(self) -> None:
+        """The SDK's end of the session, and of its calls answered in their POSTs' tasks (``calls``, given
+        by the manager), which the SDK's end cannot reach: they run outside the session's task."""
+        try:
+            await super().terminate()
+        finally:
+            if self.mcp_session_id is not None and self.calls is not None:
+                self.calls.end_session(self.mcp_session_id)
 
     def _create_json_response(self, response_message: Any, status_code: HTTPStatus = HTTPStatus.OK,
                               headers: dict[str, str] | None = None) -> Response:
@@ -125,23 +184,47 @@ class AnswerMode(StreamableHTTPServerTransport):
 
 
 class Manager(StreamableHTTPSessionManager):
+    calls: Calls | None = None  # the endpoint's session calls answered in their POSTs' tasks
+
     def _admit_session(self, requestor: Any) -> StreamableHTTPServerTransport | None:
         """The SDK's admission, with its transport made an ``AnswerMode`` (the class is the only change)."""
         transport = super()._admit_session(requestor)
         if transport is not None:
             transport.__class__ = AnswerMode
             transport._json_default = False  # noqa: SLF001 — SSE unless the request says otherwise
+            transport.calls = self.calls
         return transport
 
 
-def json_answer(body: bytes) -> bool:
-    """Whether one JSON-RPC request's answer can be a JSON body: it did not ask for progress. Anything
-    else (a batch, a body that is not JSON) is left to the SDK on its SSE default."""
+def parsed(body: bytes) -> dict | None:
+    """One JSON-RPC message's object, or None (a batch, a body that is not JSON: the SDK refuses it its way)."""
     try:
-        message = json.loads(body)
-    except (ValueError, RecursionError):  # nested past the parser's depth: the SDK refuses it its way
-        return False
-    if not isinstance(message, dict) or "id" not in message:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:  # nested past its depth, or what only json reads (an integer past 64 bits)
+        try:
+            message = json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+    return message if isinstance(message, dict) else None
+
+
+def handshake_of(message: dict | None) -> Handshake | None:
+    """A session's handshake from its ``initialize`` request: the version it asked for, which the server
+    takes when it knows it (otherwise its calls are all left to the SDK), and the client's info and
+    capabilities as sent."""
+    if message is None or message.get("method") != "initialize" or not isinstance(message.get("params"), dict):
+        return None
+    params = message["params"]
+    version = params.get("protocolVersion")
+    if not isinstance(version, str) or version not in HANDSHAKE_PROTOCOL_VERSIONS:
+        return None
+    return Handshake(version, params.get("clientInfo"), params.get("capabilities"))
+
+
+def json_answer(message: dict | None) -> bool:
+    """Whether a JSON-RPC request's answer can be a JSON body: it did not ask for progress. Anything
+    else (a notification, a batch, a body that is not JSON) is left to the SDK on its SSE default."""
+    if message is None or "id" not in message:
         return False
     params = message.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
@@ -263,6 +346,9 @@ class McpEndpoint:
         self._sessions: dict[str, Caller] = {}
         self._opening: dict[tuple[str, Any], int] = {}
         self._exchanges: dict[tuple[str, Any], int] = {}  # stateless requests in flight, per owner
+        self._handshakes: dict[str, Handshake] = {}  # per session: what its initialize said
+        self._initialized: set[str] = set()  # sessions whose notifications/initialized the SDK took
+        self.calls = self.manager.calls = Calls()  # session calls answered in their POSTs' tasks
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         headers = _headers(scope)
@@ -301,6 +387,9 @@ class McpEndpoint:
                 if not self._opening[caller.owner]:
                     del self._opening[caller.owner]
 
+        handshake: Handshake | None = None
+        initialized = False  # this POST is the session's notifications/initialized
+
         async def answer(message: dict) -> None:
             if message["type"] == "http.response.start":
                 message = with_headers(message, limit_headers)
@@ -308,13 +397,21 @@ class McpEndpoint:
                     for name, value in message["headers"]:
                         if name.lower() == SESSION_HEADER.encode():
                             self._sessions[value.decode("latin-1")] = caller
+                            if handshake is not None:
+                                self._handshakes[value.decode("latin-1")] = handshake
+                elif initialized and message["status"] == 202:  # the SDK took it: the session is initialized
+                    self._initialized.add(session_id)
                 opened()
             await send(message)
 
-        if session_id is not None and scope["method"] == "POST":
+        if scope["method"] == "POST" and (opening or session_id is not None):
             messages, whole = await read_body(receive, MAX_BODY_BYTES)
-            if whole:
-                _JSON_ANSWER.set(json_answer(b"".join(m.get("body", b"") for m in messages)))
+            message = parsed(b"".join(m.get("body", b"") for m in messages)) if whole else None
+            if opening:
+                handshake = handshake_of(message)
+            elif whole:
+                _JSON_ANSWER.set(json_answer(message))
+                initialized = self._session_message(session_id, headers, message)
             receive = replaying(messages, receive)
         try:
             await self.manager.handle_request(scope, receive, answer)
@@ -349,7 +446,7 @@ class McpEndpoint:
                 messages, whole = await read_body(receive, MAX_BODY_BYTES)
                 receive = replaying(messages, receive)
                 if (whole and handle_modern_request is not None
-                        and json_answer(b"".join(m.get("body", b"") for m in messages))):
+                        and json_answer(parsed(b"".join(m.get("body", b"") for m in messages)))):
                     # A call that asked for no progress is answered as JSON, in this task: the SDK's own
                     # single-exchange path in its JSON mode, which its manager takes only when every
                     # request of the server is answered so (ours answers SSE to a call that asks for
@@ -364,6 +461,33 @@ class McpEndpoint:
             if not self._exchanges[caller.owner]:
                 del self._exchanges[caller.owner]
 
+    def _session_message(self, session_id: str, headers: dict[str, str], message: dict | None) -> bool:
+        """What a session's POST means to the endpoint, before the SDK sees it: a cancellation reaches a
+        call answered in its POST's task (the SDK's dispatcher is told too, and ignores a call it does not
+        hold); a ``tools/call`` the session would answer as one JSON body is marked to be answered so
+        (``SessionCall``). True for the session's ``notifications/initialized``."""
+        if message is None:
+            return False
+        method = message.get("method")
+        if "id" not in message:
+            params = message.get("params")
+            if method == "notifications/cancelled" and isinstance(params, dict):
+                request_id = params.get("requestId")
+                if isinstance(request_id, (str, int)) and not isinstance(request_id, bool):
+                    self.calls.cancel(session_id, request_id)
+            return method == "notifications/initialized"
+        handshake = self._handshakes.get(session_id)
+        if (method != "tools/call" or not json_answer(message) or session_id not in self._initialized
+                or handshake is None or headers.get(VERSION_HEADER) != handshake.version
+                or self._sessions.get(session_id) is None):
+            return False
+        try:
+            JSONRPCRequest.model_validate(message)
+        except ValidationError:
+            return False  # the SDK answers what is wrong with it
+        _SESSION_CALL.set(SessionCall(self, session_id, handshake, message))
+        return False
+
     def is_open(self, session_id: str) -> bool:
         return session_id in self.manager._server_instances  # noqa: SLF001 — as in open_sessions
 
@@ -373,6 +497,8 @@ class McpEndpoint:
         live = self.manager._server_instances  # noqa: SLF001 — the SDK's one record of open sessions
         for gone in [sid for sid in self._sessions if sid not in live]:
             del self._sessions[gone]
+            self._handshakes.pop(gone, None)
+            self._initialized.discard(gone)
         return sum(1 for c in self._sessions.values() if c.owner == owner) + self._opening.get(owner, 0)
 
     async def _start(self) -> None:

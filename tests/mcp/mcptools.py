@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 from mcp import ClientSession
@@ -13,6 +13,9 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.api.test_rollouts import closed_window
 from tests.hubtools import start_agent, start_hub, wait_for
+
+if TYPE_CHECKING:
+    from hub.mcp.endpoint import McpEndpoint
 
 
 async def fleet_with_agent(nursery: Any, db_url: str, tmp_path: Any) -> tuple[Any, str, str]:
@@ -27,6 +30,11 @@ async def fleet_with_agent(nursery: Any, db_url: str, tmp_path: Any) -> tuple[An
 def pat_env(hub: Any) -> dict[str, str]:
     """The environment ``fleethub mcp`` authenticates from: the hub's PAT and organisation."""
     return {"FLEETHUB_PAT_ID": hub.pat[0], "FLEETHUB_PAT_SECRET": hub.pat[1], "FLEETHUB_ORG_ID": hub.org_id}
+
+
+def endpoint_of(hub: Any) -> "McpEndpoint":
+    """The hub's ``/v1/mcp`` endpoint (hub/mcp/endpoint.py), whose bookkeeping the tests read."""
+    return hub.services.mcp
 
 
 def pat_headers(pat: tuple[str, str], org_id: str | None) -> dict[str, str]:

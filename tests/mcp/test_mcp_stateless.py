@@ -13,9 +13,9 @@ import uuid
 import httpx
 import trio
 
-from hub.mcp.endpoint import McpEndpoint
 from tests.hubtools import start_agent, start_hub, wait_for
-from tests.mcp.mcptools import call, fleet_with_agent, followed_quick_test, operate, pat_headers, stateless_client
+from tests.mcp.mcptools import (call, endpoint_of, fleet_with_agent, followed_quick_test, operate, pat_headers,
+                                stateless_client)
 
 STATELESS = "2026-07-28"
 
@@ -31,7 +31,7 @@ async def test_the_sdks_default_client_operates_the_fleet(nursery, db_url, tmp_p
             await followed_quick_test(mcp, other)  # progress notifications on the request's own answer
             err, missing = await call(mcp, "get_device", device_id="00000000-0000-4000-8000-000000000000")
             assert err and missing["status"] == 404 and missing["error"] == "not_found"
-        endpoint = _endpoint(hub)
+        endpoint = endpoint_of(hub)
         assert not endpoint._sessions and not endpoint._exchanges  # noqa: SLF001 — it opened no session
 
         await hub.services.audit_log.flush()
@@ -44,7 +44,7 @@ async def test_the_sdks_default_client_operates_the_fleet(nursery, db_url, tmp_p
 async def test_stateless_requests_in_flight_are_bounded_per_organisation(nursery, db_url, tmp_path):
     with trio.fail_after(60):
         hub = await start_hub(nursery, db_url, tmp_path / "hub")
-        endpoint = _endpoint(hub)
+        endpoint = endpoint_of(hub)
         endpoint.max_per_owner = 1
         head = {**pat_headers(hub.pat, hub.org_id), "Accept": "application/json, text/event-stream",
                 "Mcp-Protocol-Version": STATELESS, "Mcp-Method": "tools/call", "Mcp-Name": "list_fleets"}
@@ -63,9 +63,6 @@ async def test_stateless_requests_in_flight_are_bounded_per_organisation(nursery
             assert r.status_code == 429 and r.json()["error"] == "too_many_requests", r.text
             assert "in flight" in r.json()["message"]
 
-
-def _endpoint(hub) -> McpEndpoint:
-    return hub.services.mcp
 
 
 async def test_hostile_stateless_bodies_get_errors_and_leave_the_hub_serving(nursery, db_url, tmp_path):
