@@ -88,7 +88,6 @@ class Caller:
 _JSON_ANSWER: contextvars.ContextVar[bool | None] = contextvars.ContextVar("fleethub_mcp_json_answer", default=None)
 
 
-
 @dataclass(frozen=True)
 class SessionCall:
     """A session's ``tools/call`` that its POST's task may answer itself (hub/mcp/session_call.py), as the
