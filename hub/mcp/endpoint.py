@@ -42,26 +42,26 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import trio
 from pydantic import ValidationError
 from mcp.server.streamable_http import StreamableHTTPServerTransport, check_accept_headers
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 try:  # the SDK's single-exchange entry (private to it): without it, the manager's own routing serves
-    from mcp.server import _streamable_http_modern as single_exchange
     from mcp.server._streamable_http_modern import handle_modern_request
 except ImportError:  # pragma: no cover — another SDK version
-    single_exchange = handle_modern_request = None
-from mcp_types import INTERNAL_ERROR, JSONRPCRequest, JSONRPCResponse
+    handle_modern_request = None
+from mcp_types import INTERNAL_ERROR, JSONRPCRequest
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.responses import Response
 
 from hub.auth.ratelimit import spend
 from hub.auth.schemes import header_credential
-from hub.errors import (BadRequest, FleethubError, Forbidden, NotFound, RateLimited, Unauthenticated,
+from hub.errors import (BadRequest, Conflict, FleethubError, Forbidden, NotFound, RateLimited, Unauthenticated,
                         general_body)
 from hub.mcp import server
-from hub.mcp.session_call import Calls, Handshake
+from hub.mcp.answers import result_body
+from hub.mcp.bodies import json_answer, parsed, read_body, replaying, request_key
+from hub.mcp.session_call import Calls, Handshake, handshake_of
 
 if TYPE_CHECKING:
     from hub.mcp.server import McpHost
@@ -91,7 +91,7 @@ _JSON_ANSWER: contextvars.ContextVar[bool | None] = contextvars.ContextVar("flee
 @dataclass(frozen=True)
 class SessionCall:
     """A session's ``tools/call`` that its POST's task may answer itself (hub/mcp/session_call.py), as the
-    endpoint found it; ``serve(request)`` gives the answer, or None to leave the call to the SDK."""
+    endpoint found it; ``serve(request)`` gives the answer."""
     endpoint: "McpEndpoint"
     session_id: str
     handshake: Handshake
@@ -139,9 +139,6 @@ class AnswerMode(StreamableHTTPServerTransport):
             await super()._handle_post_request(scope, request, receive, send)
             return
         answer = await call.serve(request)
-        if answer is None:  # a call of the same id is in flight: the SDK's dispatcher answers the client's error
-            await super()._handle_post_request(scope, request, receive, send)
-            return
         if self._terminated:
             response = self._create_error_response("Session terminated before the request completed",
                                                    HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR)
@@ -195,129 +192,12 @@ class Manager(StreamableHTTPSessionManager):
         return transport
 
 
-def parsed(body: bytes) -> dict | None:
-    """One JSON-RPC message's object, or None (a batch, a body that is not JSON: the SDK refuses it its way)."""
-    try:
-        message = orjson.loads(body)
-    except orjson.JSONDecodeError:  # nested past its depth, or what only json reads (an integer past 64 bits)
-        try:
-            message = json.loads(body)
-        except (ValueError, RecursionError):
-            return None
-    return message if isinstance(message, dict) else None
-
-
-def handshake_of(message: dict | None) -> Handshake | None:
-    """A session's handshake from its ``initialize`` request: the version it asked for, which the server
-    takes when it knows it (otherwise its calls are all left to the SDK), and the client's info and
-    capabilities as sent."""
-    if message is None or message.get("method") != "initialize" or not isinstance(message.get("params"), dict):
-        return None
-    params = message["params"]
-    version = params.get("protocolVersion")
-    if not isinstance(version, str) or version not in HANDSHAKE_PROTOCOL_VERSIONS:
-        return None
-    return Handshake(version, params.get("clientInfo"), params.get("capabilities"))
-
-
-def json_answer(message: dict | None) -> bool:
-    """Whether a JSON-RPC request's answer can be a JSON body: it did not ask for progress. Anything
-    else (a notification, a batch, a body that is not JSON) is left to the SDK on its SSE default."""
-    if message is None or "id" not in message:
-        return False
-    params = message.get("params")
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    return not (isinstance(meta, dict) and "progressToken" in meta)
-
-
-async def read_body(receive: Any, limit: int) -> tuple[list[dict], bool]:
-    """The request's body messages, read until its end or past ``limit`` bytes (then the rest is
-    left on the connection for the SDK, which refuses the body as too large); True when complete
-    and within ``limit``."""
-    messages, size = [], 0
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request":
-            return messages, False
-        size += len(message.get("body", b""))
-        if size > limit:
-            return messages, False
-        if not message.get("more_body", False):
-            return messages, True
-
-
 def with_headers(start: dict, extra: list[tuple[bytes, bytes]]) -> dict:
     """An answer's start with the rate-limit headers; a 413 also closes the connection: it was
     refused before its body was read, and the rest of the body is still on the connection."""
     if start["status"] == 413:
         extra = [*extra, (b"connection", b"close")]
     return {**start, "headers": [*start.get("headers", ()), *extra]}
-
-
-def result_body(msg: Any) -> bytes | None:
-    """A successful JSON-RPC answer's body written by orjson, or None for anything else: an error (whose
-    status and body the SDK's tables give) or a result orjson refuses (a key that is not a string, an
-    integer past 64 bits), which the SDK's own writer then writes.
-
-    Why: the SDK writes an answer by dumping its reply model (a walk of the whole result) and, on the
-    stateless path, then that dump with the json module (a second walk). A result is in its wire form
-    when it gets here (the SDK's runner serialised it), and for a page of devices, whose text content is
-    the page's JSON once more, those walks cost a stateless list 0.45 ms of the hub's 8.5 (py-spy, the
-    list of bench/mcp_rtt.py); orjson writes the same JSON in one pass (docs/mcp.md, Measured)."""
-    if not isinstance(msg, JSONRPCResponse):
-        return None
-    try:
-        return orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "result": msg.result})
-    except TypeError:
-        return None
-
-
-def answer_writer(sdk_write: Any) -> Any:
-    """The single-exchange entry's writer of a JSON answer, with a result written by ``result_body`` and
-    the status (200) and headers the SDK's writer gives; the rest written by the SDK's."""
-    async def write(msg: Any, scope: dict, receive: Any, send: Any) -> None:
-        body = result_body(msg)
-        if body is None:
-            await sdk_write(msg, scope, receive, send)
-            return
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-length", str(len(body)).encode()), (b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": body})
-    write.sdk_own = sdk_write
-    return write
-
-
-def event_framer(sdk_event: Any) -> Any:
-    """The single-exchange entry's SSE frame of a message (an answer to a call that asked for progress,
-    after its notifications), with a result written by ``result_body`` in the SDK's framing; a
-    notification or an error framed by the SDK's."""
-    def frame(msg: Any) -> bytes:
-        body = result_body(msg)
-        if body is None:
-            return sdk_event(msg)
-        return b"event: message\r\ndata: " + body + b"\r\n\r\n"
-    frame.sdk_own = sdk_event
-    return frame
-
-
-# Installed once, on import, where the entry calls them (module-level functions it looks up at each
-# call); an SDK without them keeps its own.
-if hasattr(single_exchange, "_write") and hasattr(single_exchange, "_sse_event"):
-    if not hasattr(single_exchange._write, "sdk_own"):  # noqa: SLF001
-        single_exchange._write = answer_writer(single_exchange._write)  # noqa: SLF001
-    if not hasattr(single_exchange._sse_event, "sdk_own"):  # noqa: SLF001
-        single_exchange._sse_event = event_framer(single_exchange._sse_event)  # noqa: SLF001
-
-
-def replaying(messages: list[dict], receive: Any) -> Any:
-    pending = list(messages)
-
-    async def replay() -> dict:
-        if pending:
-            return pending.pop(0)
-        return await receive()
-    return replay
 
 
 def _headers(scope: dict) -> dict[str, str]:
@@ -348,6 +228,7 @@ class McpEndpoint:
         self._handshakes: dict[str, Handshake] = {}  # per session: what its initialize said
         self._initialized: set[str] = set()  # sessions whose notifications/initialized the SDK took
         self.calls = self.manager.calls = Calls()  # session calls answered in their POSTs' tasks
+        self._in_flight: set[tuple[str, int | str]] = set()  # (session, request id) of session POSTs
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         headers = _headers(scope)
@@ -403,19 +284,32 @@ class McpEndpoint:
                 opened()
             await send(message)
 
+        in_flight = None  # (session, request id) of a request this POST carries
         if scope["method"] == "POST" and (opening or session_id is not None):
             messages, whole = await read_body(receive, MAX_BODY_BYTES)
             message = parsed(b"".join(m.get("body", b"") for m in messages)) if whole else None
             if opening:
                 handshake = handshake_of(message)
             elif whole:
-                _JSON_ANSWER.set(json_answer(message))
-                initialized = self._session_message(session_id, headers, message)
+                in_flight = request_key(session_id, message)
+                if in_flight in self._in_flight:
+                    # The SDK keeps one answer stream per request id: a second request of the same id
+                    # overwrote the first's and neither was answered, the POSTs held open for good.
+                    await self._refuse(scope, headers, send, Conflict(
+                        "a request with this id is already in flight on this MCP session",
+                        code="duplicate_request_id"))
+                    return
+                as_json = json_answer(message)
+                _JSON_ANSWER.set(as_json)
+                initialized = self._session_message(session_id, headers, message, as_json)
             receive = replaying(messages, receive)
+        if in_flight is not None:
+            self._in_flight.add(in_flight)
         try:
             await self.manager.handle_request(scope, receive, answer)
         finally:
             opened()  # no answer began (the request failed): it opens nothing
+            self._in_flight.discard(in_flight)
 
     async def _stateless(self, scope: dict, headers: dict[str, str], receive: Any, send: Any) -> None:
         """A request of the stateless revision (2026-07-28, what the SDK's ``mcp.Client`` negotiates by
@@ -460,11 +354,13 @@ class McpEndpoint:
             if not self._exchanges[caller.owner]:
                 del self._exchanges[caller.owner]
 
-    def _session_message(self, session_id: str, headers: dict[str, str], message: dict | None) -> bool:
+    def _session_message(self, session_id: str, headers: dict[str, str], message: dict | None,
+                         as_json: bool) -> bool:
         """What a session's POST means to the endpoint, before the SDK sees it: a cancellation reaches a
         call answered in its POST's task (the SDK's dispatcher is told too, and ignores a call it does not
         hold); a ``tools/call`` the session would answer as one JSON body is marked to be answered so
-        (``SessionCall``). True for the session's ``notifications/initialized``."""
+        (``SessionCall``; ``as_json``: its answer is one JSON body). True for the session's
+        ``notifications/initialized``."""
         if message is None:
             return False
         method = message.get("method")
@@ -476,7 +372,7 @@ class McpEndpoint:
                     self.calls.cancel(session_id, request_id)
             return method == "notifications/initialized"
         handshake = self._handshakes.get(session_id)
-        if (method != "tools/call" or not json_answer(message) or session_id not in self._initialized
+        if (method != "tools/call" or not as_json or session_id not in self._initialized
                 or handshake is None or headers.get(VERSION_HEADER) != handshake.version
                 or self._sessions.get(session_id) is None):
             return False

@@ -36,6 +36,7 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp.shared.transport_context import TransportContext
 from mcp.server.streamable_http import REQUEST_CANCELLED
 from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCResponse
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 log = logging.getLogger("fleethub.mcp")
 
@@ -48,6 +49,19 @@ class Handshake:
     version: str              # the protocol version negotiated (the client's, which the server took)
     client_info: Any
     capabilities: Any
+
+
+def handshake_of(message: dict | None) -> Handshake | None:
+    """A session's handshake from its ``initialize`` request: the version it asked for, which the server
+    takes when it knows it (otherwise its calls are all left to the SDK), and the client's info and
+    capabilities as sent."""
+    if message is None or message.get("method") != "initialize" or not isinstance(message.get("params"), dict):
+        return None
+    params = message["params"]
+    version = params.get("protocolVersion")
+    if not isinstance(version, str) or version not in HANDSHAKE_PROTOCOL_VERSIONS:
+        return None
+    return Handshake(version, params.get("clientInfo"), params.get("capabilities"))
 
 
 @dataclass
@@ -97,14 +111,11 @@ class Calls:
         return True
 
     async def serve(self, server: Any, lifespan_state: Any, session_id: str, handshake: Handshake,
-                    message: Mapping[str, Any], request: Any) -> JSONRPCResponse | JSONRPCError | None:
+                    message: Mapping[str, Any], request: Any) -> JSONRPCResponse | JSONRPCError:
         """The call's JSON-RPC answer: its result, its error as the session's dispatcher maps it, or
-        ``REQUEST_CANCELLED`` when cancelled; None, with nothing done, when a call of the same id is in
-        flight on the session (checked and registered before the first await: no other task runs between)."""
+        ``REQUEST_CANCELLED`` when cancelled."""
         request_id = message["id"]
-        key = (session_id, request_id)
-        if key in self._running:  # the same id twice at once: the client's error, left to the SDK's dispatcher
-            return None
+        key = (session_id, request_id)  # one at a time per id: the endpoint refuses a second in flight
         connection = Connection.from_envelope(handshake.version, handshake.client_info, handshake.capabilities)
         dctx = OneCall(transport=TransportContext(kind="streamable-http", can_send_request=False,
                                                   headers=request.headers),

@@ -30,9 +30,9 @@ KNOWN = {
     ("hub/mcp/endpoint.py", "self.manager._server_instances"): "the MCP SDK's one record of open sessions",
     ("hub/mcp/endpoint.py", "manager._lifespan_state"): "what the MCP SDK's manager passes its "
                                                              "single-exchange entry, which the endpoint calls",
-    ("hub/mcp/endpoint.py", "single_exchange._write"): "the MCP SDK's single-exchange JSON writer, "
+    ("hub/mcp/answers.py", "single_exchange._write"): "the MCP SDK's single-exchange JSON writer, "
                                                         "wrapped to write results with orjson (answer_writer)",
-    ("hub/mcp/endpoint.py", "single_exchange._sse_event"): "the MCP SDK's single-exchange SSE framer, "
+    ("hub/mcp/answers.py", "single_exchange._sse_event"): "the MCP SDK's single-exchange SSE framer, "
                                                             "wrapped to write results with orjson (event_framer)",
 }
 

@@ -1,7 +1,8 @@
-"""The answers written with orjson (hub/mcp/endpoint.py ``result_body``), as JSON and as SSE events, on the
-stateless entry (``answer_writer``, ``event_framer``) and a session's transport (``AnswerMode``): a result is the answer the SDK's own
-writer gives, the same once parsed, with the same status and headers; what orjson cannot write, and
-every error, is still written by the SDK's writer. No hub, no IO."""
+"""The answers written with orjson (hub/mcp/answers.py ``result_body``), as JSON and as SSE events, on
+the stateless entry (``answer_writer``, ``event_framer``) and a session's transport (hub/mcp/endpoint.py
+``AnswerMode``): a result is the answer the SDK's own writer gives, the same once parsed, with the same
+status and headers; what orjson cannot write, and every error, is still written by the SDK's writer.
+No hub, no IO."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 from mcp.server.streamable_http import EventMessage, StreamableHTTPServerTransport
 from mcp_types import METHOD_NOT_FOUND, ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCResponse
 
-from hub.mcp import endpoint
+from hub.mcp import answers, endpoint
 
 SCOPE = {"type": "http", "method": "POST", "path": "/v1/mcp", "headers": []}
 
@@ -44,15 +45,15 @@ def page() -> dict:
 
 
 async def test_the_entrys_writers_are_wrapped_once():
-    assert endpoint.single_exchange is not None  # the SDK this project pins has the entry
+    assert answers.single_exchange is not None  # the SDK this project pins has the entry
     # installed once, on import: wrapping the wrapped would write nothing twice but cost a call
-    for wrapped in (endpoint.single_exchange._write, endpoint.single_exchange._sse_event):  # noqa: SLF001
+    for wrapped in (answers.single_exchange._write, answers.single_exchange._sse_event):  # noqa: SLF001
         assert not hasattr(wrapped.sdk_own, "sdk_own")
 
 
 async def test_a_result_is_the_answer_the_sdks_writer_gives():
-    sdk = endpoint.single_exchange._write.sdk_own  # noqa: SLF001
-    ours = endpoint.answer_writer(sdk)
+    sdk = answers.single_exchange._write.sdk_own  # noqa: SLF001
+    ours = answers.answer_writer(sdk)
     for request_id in (7, "req-α"):
         msg = JSONRPCResponse(jsonrpc="2.0", id=request_id, result=page())
         assert await written(ours, msg) == await written(sdk, msg)
@@ -60,12 +61,12 @@ async def test_a_result_is_the_answer_the_sdks_writer_gives():
 
 async def test_errors_and_what_orjson_refuses_go_to_the_sdks_writer():
     calls: list[object] = []
-    sdk = endpoint.single_exchange._write.sdk_own  # noqa: SLF001
+    sdk = answers.single_exchange._write.sdk_own  # noqa: SLF001
 
     async def counting(msg, scope, receive, send):
         calls.append(msg)
         await sdk(msg, scope, receive, send)
-    ours = endpoint.answer_writer(counting)
+    ours = answers.answer_writer(counting)
     error = JSONRPCError(jsonrpc="2.0", id=3, error=ErrorData(code=METHOD_NOT_FOUND, message="no such method"))
     status, _, body = await written(ours, error)
     assert calls == [error] and status == (await written(sdk, error))[0] and body["error"]["code"] == METHOD_NOT_FOUND
@@ -118,8 +119,8 @@ def sse_data(frame: bytes) -> object:
 
 async def test_an_sse_answer_is_the_event_the_sdk_gives():
     """A call that asked for progress gets its answer as an SSE event after its notifications."""
-    sdk = endpoint.single_exchange._sse_event.sdk_own  # noqa: SLF001
-    ours = endpoint.single_exchange._sse_event  # noqa: SLF001
+    sdk = answers.single_exchange._sse_event.sdk_own  # noqa: SLF001
+    ours = answers.single_exchange._sse_event  # noqa: SLF001
     result = JSONRPCResponse(jsonrpc="2.0", id=5, result=page())
     progress = JSONRPCNotification(jsonrpc="2.0", method="notifications/progress",
                                    params={"progressToken": 1, "progress": 0.5})

@@ -121,3 +121,51 @@ async def test_a_call_is_cancelled_by_notifications_cancelled_and_ended_by_delet
             head = await open_session(client, hub.base_url)
             await post(9)
             assert answers[9].status_code == 200 and not answers[9].json()["result"]["isError"]
+
+
+async def test_hostile_session_calls_get_errors_and_cost_no_one_else(nursery, db_url, tmp_path):
+    """Through the path a session's calls take now: a body nested 100,000 deep, NaN and a value past its
+    limit, NUL, the same call 30 times at once and 30 calls at once. Each gets an error or its answer,
+    and another session of the organisation is answered all along."""
+    with trio.fail_after(120):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub")
+        dev, _ = await hub.provision("pump")
+        calls = endpoint_of(hub).calls
+        async with httpx.AsyncClient(headers=pat_headers(hub.pat, hub.org_id), timeout=60) as client:
+            head = await open_session(client, hub.base_url)
+            other = await open_session(client, hub.base_url)
+            url = hub.base_url + URL
+
+            deep = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"list_fleets","arguments":' \
+                + b'{"a":' * 100_000 + b'1' + b'}' * 100_000 + b'}}'
+            r = await client.post(url, headers={**head, "Content-Type": "application/json"}, content=deep)
+            assert 400 <= r.status_code < 500, r.text[:300]
+
+            for body in (b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"list_devices",'
+                         b'"arguments":{"limit":NaN}}}',
+                         b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"list_devices",'
+                         b'"arguments":{"limit":101}}}',
+                         b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"get_device",'
+                         b'"arguments":{"device_id":"a\\u0000b"}}}'):
+                r = await client.post(url, headers={**head, "Content-Type": "application/json"}, content=body)
+                assert r.status_code == 200 and r.json()["result"]["isError"], r.text[:300]
+                assert r.json()["result"]["structuredContent"]["status"] == 400, r.text[:300]
+            r = await client.post(url, headers=head, json=tool_call(5, "list_devices", limit=100))
+            assert r.status_code == 200 and not r.json()["result"]["isError"], r.text[:300]
+
+            answers: list[httpx.Response] = []
+
+            async def post(request_id: int) -> None:
+                answers.append(await client.post(url, headers=head, json=tool_call(request_id, "list_devices")))
+            for ids in ([6] * 30, list(range(100, 130))):
+                answers.clear()
+                async with trio.open_nursery() as n:
+                    for request_id in ids:
+                        n.start_soon(post, request_id)
+                    r = await client.post(url, headers=other, json=tool_call(1, "ping_device", device_id=dev))
+                    assert r.status_code == 200 and "result" in r.json(), r.text[:300]
+                assert len(answers) == 30 and all(a.status_code < 500 for a in answers)
+                assert sum(1 for a in answers if "result" in a.json() and not a.json()["result"]["isError"]) >= 1
+            assert not len(calls)
+            r = await client.post(url, headers=head, json=tool_call(200, "list_devices"))
+            assert r.status_code == 200 and [d["id"] for d in r.json()["result"]["structuredContent"]["data"]] == [dev]
