@@ -12,10 +12,15 @@ from hypercorn.trio import serve
 from device_client.shared.clock import Clock
 from hub.frames import HARD_CAP
 from hub.app import create_app
+from hub.errors import ServerError
 from hub.services import Services, open_services
 from hub.settings import Settings
 
 log = logging.getLogger("fleethub")
+
+
+class ServerStopped(ServerError):
+    """The hub's HTTP server returned while nobody had asked the hub to stop."""
 
 
 def hypercorn_config(host: str, port: int, settings: Settings | None = None) -> Config:
@@ -73,6 +78,13 @@ async def run_hub(settings: Settings, *, clock: Clock | None = None, on_ready=No
                                     task_status=task_status)
                 finally:
                     http_done.set()
+                if not http_stop.is_set():
+                    # hypercorn returns, without an error, when its worker is told to terminate or a
+                    # KeyboardInterrupt reaches its tasks: without this the hub would close its storage
+                    # and return as if asked to stop (`fleethub serve` exiting 0, a supervisor that
+                    # restarts on failure leaving it down)
+                    log.error("the HTTP server stopped without being asked to; stopping the hub")
+                    raise ServerStopped("the HTTP server stopped without being asked to")
 
             base_url = await nursery.start(serve_http)
             log.info("fleethub listening on %s", base_url)
@@ -89,3 +101,8 @@ async def run_hub(settings: Settings, *, clock: Clock | None = None, on_ready=No
                 await http_done.wait()
                 log.info("drained; stopping")
                 nursery.cancel_scope.cancel()
+    if stopping is None or not stopping.is_set():
+        # Only ``stopping`` ends the hub with a return; a cancellation from outside does not get here.
+        # A scope inside (the services' nursery) cancelled by mistake would: say so, do not exit 0.
+        log.error("the hub's services stopped without being asked to")
+        raise ServerStopped("the hub's services stopped without being asked to")

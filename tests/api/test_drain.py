@@ -8,7 +8,7 @@ import uuid
 
 import trio
 
-from hub.server import run_hub
+from hub.server import ServerStopped, run_hub
 from hub.settings import Settings
 from tests.hubtools import start_agent, start_hub, wait_for
 
@@ -60,3 +60,50 @@ async def test_drain_payload_is_checked_by_the_agent(nursery, db_url, tmp_path):
             else:
                 raise AssertionError(f"{bad} was accepted")
         assert running.agent.connected and running.agent.statistics().links == 1
+
+
+async def _outcome_of_run_hub(nursery, settings):
+    """Start ``run_hub`` (no ``stopping``); the list its outcome lands in once it ends."""
+    ended: list[BaseException | None] = []
+
+    async def hub(task_status=trio.TASK_STATUS_IGNORED):
+        try:
+            await run_hub(settings, task_status=task_status)
+        except Exception as exc:  # noqa: BLE001 — what the test looks at (trio's nurseries group it)
+            while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]
+            ended.append(exc)
+        else:
+            ended.append(None)
+
+    services, _ = await nursery.start(hub)
+    return services, ended
+
+
+async def test_a_hub_whose_services_stop_unasked_raises_instead_of_returning(nursery, db_url, tmp_path):
+    """Only ``stopping`` ends run_hub with a return (`fleethub serve` exiting 0). A scope inside it
+    cancelled by mistake is an error a supervisor sees, not a quiet stop."""
+    with trio.fail_after(30):
+        services, ended = await _outcome_of_run_hub(
+            nursery, Settings(data_dir=tmp_path / "hub", database_url=db_url, port=0))
+        services.nursery.cancel_scope.cancel()
+        await wait_for(lambda: ended, timeout=10)
+    assert isinstance(ended[0], ServerStopped), ended
+    assert "services stopped without being asked to" in str(ended[0])
+
+
+async def test_a_hub_whose_http_server_returns_unasked_raises(nursery, db_url, tmp_path, monkeypatch):
+    """hypercorn returns without an error when its worker is told to terminate or a KeyboardInterrupt
+    reaches its tasks; the hub then stops with an error, not as if asked to."""
+    import hub.server
+
+    async def serve_then_return(app, config, *, shutdown_trigger=None, task_status=trio.TASK_STATUS_IGNORED):
+        task_status.started(["http://127.0.0.1:1"])
+        await trio.sleep(0.2)
+
+    monkeypatch.setattr(hub.server, "serve", serve_then_return)
+    with trio.fail_after(30):
+        _, ended = await _outcome_of_run_hub(nursery, Settings(data_dir=tmp_path / "hub", database_url=db_url, port=0))
+        await wait_for(lambda: ended, timeout=10)
+    assert isinstance(ended[0], ServerStopped), ended
+    assert "HTTP server stopped without being asked to" in str(ended[0])

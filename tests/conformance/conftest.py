@@ -51,16 +51,23 @@ class SpecHub:
             return self.http.request(method, self.base_url + path,
                                      headers=self.headers if headers is None else headers, **kw)
         except httpx.ConnectError:
-            # The shared hub's trio run ended (every later call of this worker fails the same way):
-            # say why, from the exception its thread kept (tests/threadhub.py), not only "refused".
-            error = self.extra.get("ready", {}).get("error")
-            if error is not None:
-                raise RuntimeError("the conformance hub stopped; its trio run ended with the error above") from error
+            self._say_why_stopped()
             raise
 
     def run(self, afn, *args):
         """``await afn(*args)`` in the hub's trio run; its result."""
-        return trio.from_thread.run(afn, *args, trio_token=self.token)
+        try:
+            return trio.from_thread.run(afn, *args, trio_token=self.token)
+        except trio.RunFinishedError:
+            self._say_why_stopped()
+            raise
+
+    def _say_why_stopped(self) -> None:
+        # The shared hub's trio run ended (every later call of this worker fails the same way): say
+        # why, from the exception its thread kept (tests/threadhub.py), not only "refused".
+        error = self.extra.get("ready", {}).get("error")
+        if error is not None:
+            raise RuntimeError("the conformance hub stopped; its trio run ended with the error above") from error
 
     def new_user(self, role: str, org_id: str | None = None) -> dict[str, str]:
         pat_id, secret = self.run(self.hub.new_user, role, org_id)
