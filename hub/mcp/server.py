@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from hub.auth.access import Authenticating
 from hub.errors import FleethubError
 from hub.mcp import follow, inproc
+from hub.mcp.listen import listen_handler
 from hub.mcp.tools import BY_NAME, TOOLS, Tool
 
 if TYPE_CHECKING:
@@ -327,10 +328,16 @@ def build(app: Any, services: McpHost, alive: Callable[[str], bool]) -> Server:
             scope.cancel()
         return types.EmptyResult()
 
+    async def visible(ctx: Any, device_id: str) -> bool:
+        return (await rest(ctx, "GET", f"/v1/devices/{device_id}", {}, None, "resource")).status == 200
+
+    # the 2026-07-28 revision's way to follow a device (hub/mcp/listen.py); a session's is subscribe above
+    listen = listen_handler(services.events, frozenset(RESOURCES), _device_of, visible, _org_header)
     built = Server(NAME, version="1", instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
                    on_list_resources=list_resources, on_list_resource_templates=list_templates,
                    on_read_resource=read_resource, on_subscribe_resource=subscribe,
-                   on_unsubscribe_resource=unsubscribe, get_tool_input_schema=input_schemas.get)
+                   on_unsubscribe_resource=unsubscribe, on_subscriptions_listen=listen,
+                   get_tool_input_schema=input_schemas.get)
     # The SDK wraps every message in an OpenTelemetry span by default. The hub installs no tracing SDK,
     # so each span records nothing and costs every call its setup; its calls are in the audit log.
     built.middleware = []

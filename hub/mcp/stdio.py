@@ -13,19 +13,28 @@ sent as a bearer token), with FLEETHUB_ORG_ID as X-Organization-ID.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx2
 import mcp_types as types
+import trio
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 
 from hub.mcp.endpoint import PATH
+from hub.mcp.listen import MAX_URIS
 from hub.mcp.server import INSTRUCTIONS, NAME
+
+log = logging.getLogger("fleethub.mcp")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,8 +69,56 @@ def hub_url(args: argparse.Namespace) -> str:
     return hub.rstrip("/")
 
 
-def bridge(remote: ClientSession) -> Server:
-    """A server whose every handler is the same request on ``remote``."""
+Deliver = Callable[[str], Awaitable[None]]
+
+
+class Relay:
+    """A device's state followed over stdio: one ``resources/subscribe`` on the hub per URI, however many
+    stdio subscriptions and listen streams hold it, and each of the hub's updates for it passed to them
+    all. ``on_message`` is the hub session's message handler."""
+
+    def __init__(self) -> None:
+        self.remote: ClientSession | None = None
+        self.holders: dict[str, list[Deliver]] = {}
+        self._lock = trio.Lock()
+
+    async def hold(self, uri: str, deliver: Deliver) -> None:
+        """Follow ``uri``; the hub's refusal (a device the caller may not view, a URI that is not a
+        device's state) is raised as it gave it."""
+        assert self.remote is not None
+        async with self._lock:
+            if uri not in self.holders:
+                await self.remote.subscribe_resource(uri)
+                self.holders[uri] = []
+            self.holders[uri].append(deliver)
+
+    async def release(self, uri: str, deliver: Deliver) -> None:
+        assert self.remote is not None
+        with trio.CancelScope(shield=True):
+            async with self._lock:
+                held = self.holders.get(uri)
+                if held is None or deliver not in held:
+                    return
+                held.remove(deliver)
+                if not held:
+                    del self.holders[uri]
+                    with trio.move_on_after(10), contextlib.suppress(Exception):
+                        await self.remote.unsubscribe_resource(uri)  # the session may be gone: nothing to undo
+
+    async def on_message(self, message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            uri = str(message.params.uri)
+            for deliver in list(self.holders.get(uri, ())):
+                try:
+                    await deliver(uri)
+                except Exception:  # noqa: BLE001 — a closed stdio session must not end the others' updates
+                    log.debug("an update for %s was not passed on", uri, exc_info=True)
+
+
+def bridge(remote: ClientSession, relay: Relay | None = None) -> Server:
+    """A server whose every handler is the same request on ``remote``; with ``relay`` (the hub
+    session's message handler) it also follows device states, as subscriptions (2025-11-25) and as
+    listen streams (2026-07-28)."""
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return await remote.list_tools(params=params)
@@ -86,18 +143,88 @@ def bridge(remote: ClientSession) -> Server:
     async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         return await remote.read_resource(params.uri)
 
+    if relay is None:
+        return Server(NAME, version="1", instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
+                      on_list_resources=list_resources, on_list_resource_templates=list_templates,
+                      on_read_resource=read_resource)
+    subscribed: dict[tuple[int, str], Deliver] = {}  # (stdio session, uri): its deliverer
+
+    async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        uri, session = str(params.uri), ctx.session
+        if (id(session), uri) not in subscribed:
+            async def deliver(updated: str) -> None:
+                await session.send_resource_updated(updated)
+
+            await relay.hold(uri, deliver)
+            subscribed[(id(session), uri)] = deliver
+        return types.EmptyResult()
+
+    async def unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        uri = str(params.uri)
+        deliver = subscribed.pop((id(ctx.session), uri), None)
+        if deliver is not None:
+            await relay.release(uri, deliver)
+        return types.EmptyResult()
+
+    async def listen(ctx: Any, params: types.SubscriptionsListenRequestParams) -> types.SubscriptionsListenResult:
+        """As the hub's own listen (hub/mcp/listen.py): the URIs the hub lets this caller follow are
+        acknowledged, the others left out; updates are coalesced per URI."""
+        subscription_id = ctx.request_id
+        if subscription_id is None:
+            raise MCPError(code=types.INVALID_REQUEST, message="subscriptions/listen needs a request id")
+        asked = params.notifications
+        uris = list(dict.fromkeys(asked.resource_subscriptions or ()))
+        if len(uris) > MAX_URIS:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"at most {MAX_URIS} resources per listen")
+        pending: dict[str, None] = {}
+        wake = [trio.Event()]
+
+        async def deliver(updated: str) -> None:
+            pending[updated] = None
+            wake[0].set()
+
+        honored: list[str] = []
+        meta = {SUBSCRIPTION_ID_META_KEY: subscription_id}
+        try:
+            for uri in uris:
+                try:
+                    await relay.hold(uri, deliver)
+                except MCPError:
+                    continue  # the hub refused it: left out, as the hub's own listen leaves it out
+                honored.append(uri)
+            await ctx.session.send_notification(types.SubscriptionsAcknowledgedNotification(
+                params=types.SubscriptionsAcknowledgedNotificationParams(notifications=types.SubscriptionFilter(
+                    tools_list_changed=True if asked.tools_list_changed else None,
+                    resources_list_changed=True if asked.resources_list_changed else None,
+                    resource_subscriptions=honored or None), _meta=meta)), related_request_id=subscription_id)
+            while True:
+                await wake[0].wait()
+                wake[0] = trio.Event()
+                while pending:
+                    uri = next(iter(pending))
+                    del pending[uri]
+                    await ctx.session.send_notification(types.ResourceUpdatedNotification(
+                        params=types.ResourceUpdatedNotificationParams(uri=uri, _meta=meta)),
+                        related_request_id=subscription_id)
+        finally:
+            for uri in honored:
+                await relay.release(uri, deliver)
+
     return Server(NAME, version="1", instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
                   on_list_resources=list_resources, on_list_resource_templates=list_templates,
-                  on_read_resource=read_resource)
+                  on_read_resource=read_resource, on_subscribe_resource=subscribe,
+                  on_unsubscribe_resource=unsubscribe, on_subscriptions_listen=listen)
 
 
 async def run(args: argparse.Namespace) -> None:
     url, headers = hub_url(args) + PATH, headers_from(args)
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300)) as client:
         async with streamable_http_client(url, http_client=client) as streams:
-            async with ClientSession(streams[0], streams[1]) as remote:
+            relay = Relay()
+            async with ClientSession(streams[0], streams[1], message_handler=relay.on_message) as remote:
                 await remote.initialize()
+                relay.remote = remote
                 print(f"fleethub mcp: connected to {url}", file=sys.stderr, flush=True)
-                server = bridge(remote)
+                server = bridge(remote, relay)
                 async with stdio_server() as (read, write):
                     await server.run(read, write, server.create_initialization_options())

@@ -11,7 +11,13 @@ import json
 import uuid
 
 import httpx
+import mcp_types as types
+import pytest
 import trio
+from mcp.shared.exceptions import MCPError
+
+from hub.events import MAX_STREAMS_PER_OWNER
+from hub.mcp.listen import MAX_URIS
 
 from tests.hubtools import start_agent, start_hub, wait_for
 from tests.mcp.mcptools import (call, endpoint_of, fleet_with_agent, followed_quick_test, operate, pat_headers,
@@ -95,3 +101,59 @@ async def test_hostile_stateless_bodies_get_errors_and_leave_the_hub_serving(nur
             assert r.status_code == 400 and r.json()["error"]["code"] == -32700, r.text
             r = await client.post(url, content=json.dumps(body({})))  # and the hub still answers
             assert r.status_code == 200 and r.json()["result"]["isError"], r.text
+
+
+async def test_the_default_client_follows_a_devices_state_with_listen(nursery, db_url, tmp_path):
+    """The 2026-07-28 revision has no resources/subscribe: ``Client.listen`` is how the SDK's default
+    client follows a device. Its state is acknowledged only when the caller may view it (a device in
+    another organisation is left out exactly like a missing one), an update arrives when the device's
+    SSE stream has an event, and the stream holds slots of the organisation's event-stream cap only
+    while it is open."""
+    from mcp.shared.subscriptions import ResourceUpdated
+
+    with trio.fail_after(120):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        dev, token = await hub.provision("pump-1")
+        agent = await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
+        other_org = str((await hub.services.stores.orgs.create_org("Other", hub.services.clock.now()))["id"])
+        theirs = await hub.new_user("admin", other_org)
+        r = await hub.call("POST", "/v1/devices", json={"name": "theirs"}, headers=pat_headers(theirs, other_org))
+        assert r.status_code == 201, r.text
+        hidden = r.json()["data"]["id"]
+        uri, hidden_uri = f"fleethub://devices/{dev}/state", f"fleethub://devices/{hidden}/state"
+        missing_uri = "fleethub://devices/00000000-0000-4000-8000-000000000000/state"
+        events = hub.services.events
+        before = events.subscriber_count()
+        async with stateless_client(hub.base_url, pat_headers(hub.pat, hub.org_id)) as mcp:
+            assert mcp.session.protocol_version == STATELESS
+            caps = mcp.session.server_capabilities
+            assert caps is not None and caps.resources is not None and caps.resources.subscribe is True
+            async with mcp.listen(resource_subscriptions=[uri, hidden_uri, missing_uri, "fleethub://openapi.json",
+                                                          "https://elsewhere.example/x"]) as sub:
+                assert sub.honored.resource_subscriptions == [uri, "fleethub://openapi.json"]
+                assert events.subscriber_count() == before + 2  # the stream's slot and the device's feed
+                await agent.kill()  # the device goes offline: an event on its stream
+                with trio.fail_after(30):
+                    event = await sub.__anext__()
+                assert event == ResourceUpdated(uri=uri)
+            # the client closed the stream: the hub let go of both slots
+            await wait_for(lambda: events.subscriber_count() == before, timeout=10)
+            state = await mcp.read_resource(uri)
+            assert json.loads(state.contents[0].text)["data"]["online"] is False
+            # bounded before the acknowledgement, and the hub holds nothing for a refused listen
+            too_many = [f"fleethub://devices/{uuid.uuid4()}/state" for _ in range(MAX_URIS + 1)]
+            with pytest.raises(MCPError) as refused:
+                async with mcp.listen(resource_subscriptions=too_many):
+                    pass
+            assert refused.value.error.code == types.INVALID_PARAMS and str(MAX_URIS) in refused.value.error.message
+            assert events.subscriber_count() == before
+            # the organisation's stream cap: the stream's own slot fits, the device's feed does not
+            events.max_per_owner = 1
+            try:
+                with pytest.raises(MCPError) as capped:
+                    async with mcp.listen(resource_subscriptions=[uri]):
+                        pass
+            finally:
+                events.max_per_owner = MAX_STREAMS_PER_OWNER
+            assert capped.value.error.code == types.INVALID_REQUEST and "event streams" in capped.value.error.message
+            assert events.subscriber_count() == before

@@ -71,3 +71,47 @@ async def test_the_sdks_default_client_over_stdio(nursery, db_url, tmp_path):
         async with Client(fleethub_mcp(hub.base_url, env)) as mcp:
             assert mcp.session.protocol_version == "2026-07-28"
             await operate(mcp, hub, dev, fleet)
+
+
+async def test_a_devices_state_is_followed_over_stdio_by_either_revision(nursery, db_url, tmp_path):
+    """The bridge passes a device's updates on: to a session's subscription (2025-11-25, the SDK's
+    ClientSession) and to a listen stream (2026-07-28, the SDK's default ``mcp.Client``), each bridge
+    process from its own subscription on the hub; a device the hub would not show is refused or left
+    out."""
+    import mcp_types as types
+    import pytest
+    from mcp import Client
+    from mcp.shared.exceptions import MCPError
+    from mcp.shared.subscriptions import ResourceUpdated
+
+    from tests.hubtools import wait_for
+
+    with trio.fail_after(150):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub", heartbeat_interval=0.5)
+        dev, token = await hub.provision("pump-1")
+        agent = await start_agent(nursery, hub.base_url, token, tmp_path / "dev")
+        uri = f"fleethub://devices/{dev}/state"
+        missing = "fleethub://devices/00000000-0000-4000-8000-000000000000/state"
+        env = pat_env(hub)
+        updated: list[str] = []
+
+        async def heard(message) -> None:
+            if isinstance(message, types.ResourceUpdatedNotification):
+                updated.append(str(message.params.uri))
+
+        async with stdio_client(fleethub_mcp(hub.base_url, env)) as (read, write), \
+                ClientSession(read, write, message_handler=heard) as session, \
+                Client(fleethub_mcp(hub.base_url, env)) as new:
+            init = await session.initialize()
+            assert init.capabilities.resources is not None and init.capabilities.resources.subscribe is True
+            await session.subscribe_resource(uri)
+            with pytest.raises(MCPError):
+                await session.subscribe_resource(missing)
+            assert new.session.protocol_version == "2026-07-28"
+            async with new.listen(resource_subscriptions=[uri, missing]) as sub:
+                assert sub.honored.resource_subscriptions == [uri]
+                await agent.kill()  # the device goes offline: an event on its stream
+                with trio.fail_after(30):
+                    assert await sub.__anext__() == ResourceUpdated(uri=uri)
+                await wait_for(lambda: uri in updated, timeout=30)
+            await session.unsubscribe_resource(uri)
