@@ -32,7 +32,7 @@ from device_client.shared.clock import rfc3339
 from device_client.commands import CommandError
 from device_client.tunnel import ShellTarget, TunnelConfig
 
-from .sdp import fingerprints
+from .sdp import data_channels_only, fingerprints, media_kinds
 
 if TYPE_CHECKING:
     from device_client.context import DeviceContext
@@ -188,7 +188,7 @@ class TunnelService:
                 self.unsent_finals.pop(0)
 
     async def open(self, payload: dict[str, Any]) -> dict[str, Any]:
-        # aiortc (av, cryptography) and pyjwt load on the first tunnel, not at every agent start: an idle
+        # aiortc (cryptography; not av, mediafree.py) and pyjwt load on the first tunnel, not at every agent start: an idle
         # agent with targets configured holds none of them (bench/agent_footprint.py)
         from .grant import GrantError, check_for_device, parse_grant
         from .peer import TunnelPeer
@@ -196,6 +196,9 @@ class TunnelService:
         token, offer = payload.get("grant"), payload.get("offer")
         if not isinstance(offer, dict) or not isinstance(offer.get("sdp"), str) or offer.get("type") != "offer":
             raise CommandError("rejected", "the payload has no SDP offer")
+        if not data_channels_only(offer["sdp"]):
+            raise CommandError("rejected", "a tunnel's offer carries data channels only (m=application); "
+                                           f"this one has {media_kinds(offer['sdp'])[:8]}")
         device = self.device
         try:
             grant = parse_grant(token, device.hub_keys, now=device.clock.now())

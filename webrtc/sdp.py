@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 _LINE = re.compile(r"^a=fingerprint:(\S+)\s+([0-9A-Fa-f:]+)\s*$", re.MULTILINE)
+_MEDIA = re.compile(r"^m=(\S*)", re.MULTILINE)
 
 
 def normalise_fingerprint(text: str) -> str:
@@ -34,3 +35,16 @@ def fingerprint(sdp: str) -> str:
     if not found:
         raise ValueError("the SDP has no DTLS fingerprint")
     return next((f for f in found if f.startswith("sha-256 ")), found[0])
+
+
+def media_kinds(sdp: str) -> list[str]:
+    """The kind of every ``m=`` section of ``sdp``, in order (``application`` for data channels)."""
+    return _MEDIA.findall(sdp or "")
+
+
+def data_channels_only(sdp: str) -> bool:
+    """Whether ``sdp`` asks for data channels and nothing else: what a tunnel's offer is. A device
+    answers nothing else: it would otherwise decode audio and video a caller sends it (and runs aiortc
+    without PyAV, webrtc/mediafree.py)."""
+    kinds = media_kinds(sdp)
+    return bool(kinds) and all(kind == "application" for kind in kinds)

@@ -238,3 +238,16 @@ async def test_an_agent_without_the_tunnel_engine_has_no_tunnels(nursery, tmp_pa
         assert link.hello.capabilities.tunnel is False and link.hello.tunnelTargets is None
         reply = await link.command("tunnel.open", {"grant": "x", "offer": {"sdp": "", "type": "offer"}})
         assert not reply.ok and reply.error.code == "unknown_command"  # the hub: 409 device_unsupported
+
+
+async def test_an_offer_with_audio_or_video_is_refused_before_its_grant_is_read(rig):
+    """A tunnel carries data channels only: an offer that also asks for media would have the device
+    decode what the caller sends (and aiortc runs without PyAV here, webrtc/mediafree.py)."""
+    with trio.fail_after(30):
+        peer, offer = await rig.client()
+        sdp = offer["sdp"] + "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=rtpmap:111 opus/48000/2\r\n"
+        reply = await rig.link.command("tunnel.open", {"grant": rig.grant(offer), "offer": {**offer, "sdp": sdp}})
+        assert not reply.ok and reply.error.code == "rejected"
+        assert "data channels only" in reply.error.message and "'audio'" in reply.error.message
+        assert rig.agent.tunnel.sessions == {}
+        await peer.close()
