@@ -1,6 +1,9 @@
 """CPU per MiB of the tunnel peers with webrtc/receive.py and webrtc/send.py each on or off, A/B in one run.
 
-    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write]
+    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write] [--records]
+
+With ``--records``: webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods
+(``records.DIRECT``), receive.py and send.py on in both.
 
 Two peers (webrtc/peer.py, as the CLI and the agent run them) in this one process, one association on
 loopback, a TCP sender and sink at its ends (tests/webrtc/peers.py). Between copies of ``--mb`` MiB,
@@ -39,9 +42,10 @@ from _common import (
 )
 
 VARIANTS = ("neither", "receive.py", "send.py", "both")
+RECORD_VARIANTS = ("pyopenssl", "records.py")  # --records
 
 
-async def measure(mb: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
+async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) -> dict[str, list[tuple[float, float]]]:
     from aiortc.rtcdtlstransport import RTCDtlsTransport
 
     from tests.webrtc.peers import connect_pair
@@ -56,7 +60,9 @@ async def measure(mb: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
                 if received >= want:
                     arrived.set()
 
-    results: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
+    from webrtc import records
+
+    results: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, sink, 0, host="127.0.0.1"))
         pair = await connect_pair(listeners[0].socket.getsockname()[1])
@@ -67,15 +73,17 @@ async def measure(mb: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
             raise SystemExit("receive.py or send.py is not applied (FLEETHUB_AIORTC_AS_IS set, or not Linux?)")
 
         async def switch(variant: str) -> None:
+            both = variant in ("both",) + RECORD_VARIANTS
             for connection, inline in zip(connections, inlines, strict=True):
-                connection._fleethub_inline = inline if variant in ("receive.py", "both") else None
-            RTCDtlsTransport._send_data = batched if variant in ("send.py", "both") else batched.__wrapped__
+                connection._fleethub_inline = inline if both or variant == "receive.py" else None
+            RTCDtlsTransport._send_data = batched if both or variant == "send.py" else batched.__wrapped__
+            records.DIRECT = variant != "pyopenssl"
 
         stream = await trio.open_tcp_stream("127.0.0.1", pair.listen_port)
         block = os.urandom(1 << 20)
         try:
             for r in range(rounds + 1):
-                for variant in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                for variant in variants if r % 2 == 0 else variants[::-1]:
                     await pair.client._thread.run(switch(variant))
                     await trio.sleep(0.2)  # what the last copy left in flight is acknowledged
                     arrived, want = trio.Event(), received + (mb << 20)
@@ -88,7 +96,7 @@ async def measure(mb: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
                     if r:
                         results[variant].append((cpu / mb * 1000, mb * (1 << 20) / wall / 1e6))
                 if r:
-                    log(f"round {r}: " + ", ".join(f"{v} {results[v][-1][0]:.1f}" for v in VARIANTS))
+                    log(f"round {r}: " + ", ".join(f"{v} {results[v][-1][0]:.1f}" for v in variants))
         finally:
             await pair.client._thread.run(switch("both"))
             await stream.aclose()
@@ -105,34 +113,42 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--quiet-wait", type=float, default=30.0)
+    p.add_argument("--records", action="store_true", help="A/B records.py's direct OpenSSL calls instead")
     args = p.parse_args()
     if args.smoke:
         args.mb, args.rounds = 1, 1
+    variants = RECORD_VARIANTS if args.records else VARIANTS
+    base = variants[0]
     facts = machine_facts(0 if args.smoke else args.quiet_wait)
-    results = trio.run(measure, args.mb, args.rounds)
+    results = trio.run(measure, args.mb, args.rounds, variants)
 
     def cpu(v: str) -> list[float]:
         return [x[0] for x in results[v]]
 
-    diffs = {v: [b - a for a, b in zip(cpu("neither"), cpu(v), strict=True)] for v in VARIANTS[1:]}
+    diffs = {v: [b - a for a, b in zip(cpu(base), cpu(v), strict=True)] for v in variants[1:]}
     rows = [[v, f"{median(cpu(v)):.1f}", " ".join(f"{x:.0f}" for x in cpu(v)),
-             "" if v == "neither" else f"{median(diffs[v]):+.1f}",
-             f"{median(x[1] for x in results[v]):.1f}"] for v in VARIANTS]
+             "" if v == base else f"{median(diffs[v]):+.1f}",
+             f"{median(x[1] for x in results[v]):.1f}"] for v in variants]
+    what = ("webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods" if args.records
+            else "receive.py and send.py on and off")
     body = "\n\n".join([
-        "## Tunnel peers: receive.py and send.py on and off in one run (bench/tunnel_ab.py)", f"`{command_line()}`",
+        f"## Tunnel peers: {what} in one run (bench/tunnel_ab.py)", f"`{command_line()}`",
         facts_line(facts) + f"; load average at end {loadavg()}",
-        (f"Two peers in one process, one association on loopback; copies of {args.mb} MiB one way, the two "
-         f"changes switched between copies, {args.rounds} interleaved round(s) after a warm-up. CPU per MiB "
+        (f"Two peers in one process, one association on loopback; copies of {args.mb} MiB one way, the "
+         f"variants switched between copies, {args.rounds} interleaved round(s) after a warm-up. CPU per MiB "
          "is the whole process's (both peers and the TCP ends)."),
-        md_table(["variant", "CPU ms/MiB (median)", "per round", "paired difference from neither (median)",
+        md_table(["variant", "CPU ms/MiB (median)", "per round", f"paired difference from {base} (median)",
                   "MB/s (median)"], rows),
     ])
-    verdicts = Verdicts("tunnel_ab", smoke=args.smoke)
-    verdicts.at_least("CPU per MiB saved by both (paired median)", round(-median(diffs["both"]), 1), 0, " ms")
+    section = "tunnel_ab_records" if args.records else "tunnel_ab"
+    verdicts = Verdicts(section, smoke=args.smoke)
+    saved = diffs[variants[-1]]
+    verdicts.at_least(f"CPU per MiB saved by {variants[-1] if args.records else 'both'} (paired median)",
+                      round(-median(saved), 1), 0, " ms")
     body += "\n\n" + verdicts.markdown() + "\n"
     print(body)
     if not args.no_write:
-        print(f"wrote {write_section('tunnel_ab', body, smoke=args.smoke)}")
+        print(f"wrote {write_section(section, body, smoke=args.smoke)}")
     return verdicts.exit_code()
 
 

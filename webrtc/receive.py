@@ -36,6 +36,8 @@ import os
 from collections import deque
 from typing import Any
 
+from .records import open_record
+
 log = logging.getLogger("fleethub.webrtc")
 
 _applied = False
@@ -139,10 +141,9 @@ class Inline:
         dtls = self.dtls
         dtls._RTCDtlsTransport__rx_bytes += len(data)
         dtls._RTCDtlsTransport__rx_packets += 1
-        dtls._ssl.bio_write(data)
         plain: bytes | None
         try:
-            plain = dtls._ssl.recv(1500)
+            plain = open_record(dtls._ssl, data)  # records.py: raises what bio_write and recv raise
         except self._ssl_errors[0]:
             plain = None
         except self._ssl_errors[1]:

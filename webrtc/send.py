@@ -34,6 +34,8 @@ import struct
 import sys
 from typing import Any
 
+from .records import bindings, seal
+
 log = logging.getLogger("fleethub.webrtc")
 
 UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)  # linux/udp.h
@@ -57,7 +59,6 @@ def send_batched() -> None:
 
     from aioice.ice import StunProtocol
     from aiortc.rtcdtlstransport import RTCDtlsTransport, State
-    from OpenSSL import SSL
 
     send_data = RTCDtlsTransport._send_data
     connected = State.CONNECTED
@@ -70,12 +71,9 @@ def send_batched() -> None:
                 or type(getattr(pair.protocol, "transport", None)) is not _SelectorDatagramTransport):
             await send_data(self, data)  # aiortc's own, with its errors
             return
-        # aiortc's _send_data and _write_ssl, the record kept instead of sent
-        self._ssl.send(data)
-        try:
-            record = self._ssl.bio_read(1500)
-        except SSL.Error:
-            return
+        # aiortc's _send_data and _write_ssl, the record kept instead of sent (records.py: OpenSSL's
+        # calls without pyOpenSSL's wrapping; an encryption error raised as Connection.send raises it)
+        record = seal(self._ssl, data)
         if record:
             self._RTCDtlsTransport__tx_bytes += len(record)
             self._RTCDtlsTransport__tx_packets += 1
@@ -90,20 +88,16 @@ def send_batched() -> None:
     _applied = True
 
 
-_cffi: tuple[Any, Any] | None = None  # pyOpenSSL's (ffi, lib), found at the first call
-
-
 def has_output(ssl: Any) -> bool:
     """Whether OpenSSL has written a record to send: its outgoing memory BIO holds bytes (asked
     without reading, which raises WantReadError when it is empty). True when the BIO cannot be asked.
-    Asked after every record received: pyOpenSSL's bindings are looked up once, not imported at each
-    call (1.05 -> 0.20 us a call)."""
-    global _cffi
-    if _cffi is None:
-        from OpenSSL._util import ffi, lib
-        _cffi = (ffi, lib)
+    Asked after every record received: pyOpenSSL's bindings are looked up once (records.py), not
+    imported at each call (1.05 -> 0.20 us a call)."""
     bio = getattr(ssl, "_from_ssl", None)
-    return bio is None or _cffi[1].BIO_get_mem_data(bio, _cffi[0].NULL) > 0
+    if bio is None:
+        return True
+    ffi, lib = bindings()
+    return lib.BIO_get_mem_data(bio, ffi.NULL) > 0
 
 
 def flushing_first(write_ssl: Any) -> Any:
