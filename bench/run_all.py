@@ -25,7 +25,7 @@ sys.path.insert(0, str(BENCH))
 from _common import VERDICTS_DIR, md_table, write_section  # noqa: E402
 
 SCRIPTS = ["bridge.py", "http_ratio.py", "app_cost.py", "command_rtt.py", "mcp_rtt.py", "capacity.py", "auth_overhead.py", "delivery.py",
-           "rollout.py", "tunnel.py", "tunnel_interactive.py", "tunnel_scp.py", "tunnel_product.py", "tunnel_ab.py", "memtest_engine.py", "memtest_faults.py", "memtest_live.py", "storm.py",
+           "rollout.py", "tunnel.py", "tunnel_interactive.py", "tunnel_scp.py", "tunnel_product.py", "tunnel_ab.py", "dtls_records.py", "memtest_engine.py", "memtest_faults.py", "memtest_live.py", "storm.py",
            "soak.py", "console.py",
            "terminal_echo.py", "cluster.py", "presence_writes.py", "agent_footprint.py", "registry_proxy.py",
            "container_rollout.py", "audit_durability.py", "fault_suite.py", "events.py", "events_rollout.py"]

@@ -3,55 +3,13 @@ methods give, bytes and errors alike (two real DTLS connections on memory BIOs, 
 
 from __future__ import annotations
 
-import datetime
 import os
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from OpenSSL import SSL
 
+from tests.webrtc.dtls import dtls_pair
 from webrtc import records
-
-
-def _context() -> SSL.Context:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "peer")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
-            .sign(key, hashes.SHA256()))
-    context = SSL.Context(SSL.DTLS_METHOD)
-    context.use_privatekey(key)
-    context.use_certificate(cert)
-    context.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, lambda *a: True)
-    return context
-
-
-def _pair() -> tuple[SSL.Connection, SSL.Connection]:
-    """A client and a server connection, handshake done, as aiortc's DTLS transport holds them."""
-    a, b = SSL.Connection(_context()), SSL.Connection(_context())
-    a.set_connect_state()
-    b.set_accept_state()
-
-    def pump(src: SSL.Connection, dst: SSL.Connection) -> None:
-        try:
-            while True:
-                dst.bio_write(src.bio_read(1500))
-        except SSL.WantReadError:
-            pass
-
-    for _ in range(10):
-        for conn in (a, b):
-            try:
-                conn.do_handshake()
-            except SSL.WantReadError:
-                pass
-        pump(a, b)
-        pump(b, a)
-    return a, b
 
 
 @pytest.fixture(params=[True, False], ids=["direct", "pyopenssl"])
@@ -61,7 +19,7 @@ def direct(request, monkeypatch):
 
 
 def test_a_chunk_sealed_on_one_side_opens_on_the_other(direct):
-    a, b = _pair()
+    a, b = dtls_pair()
     for size in (1, 1200, 1400):
         data = os.urandom(size)
         record = records.seal(a, data)
@@ -71,7 +29,7 @@ def test_a_chunk_sealed_on_one_side_opens_on_the_other(direct):
 
 
 def test_a_record_that_does_not_decrypt_raises_what_recv_raises(direct):
-    a, b = _pair()
+    a, b = dtls_pair()
     record = bytearray(records.seal(a, b"x" * 1200))
     record[-1] ^= 0xFF  # the tag no longer matches: DTLS drops the record silently, nothing to read
     with pytest.raises(SSL.WantReadError):
@@ -80,14 +38,14 @@ def test_a_record_that_does_not_decrypt_raises_what_recv_raises(direct):
 
 
 def test_the_peers_close_notify_raises_zero_return(direct):
-    a, b = _pair()
+    a, b = dtls_pair()
     b.shutdown()
     with pytest.raises(SSL.ZeroReturnError):
         records.open_record(a, b.bio_read(1500))
 
 
 def test_sealing_on_a_closed_connection_raises_what_send_raises(direct):
-    a, _ = _pair()
+    a, _ = dtls_pair()
     a.shutdown()
     a.bio_read(1500)
     with pytest.raises(SSL.Error):
@@ -95,7 +53,7 @@ def test_sealing_on_a_closed_connection_raises_what_send_raises(direct):
 
 
 def test_direct_and_pyopenssl_give_the_same_record_sizes():
-    a, b = _pair()
+    a, b = dtls_pair()
     data = os.urandom(1200)
     records.DIRECT = True
     try:
