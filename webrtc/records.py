@@ -49,10 +49,12 @@ def seal(conn: Any, data: bytes) -> bytes | None:
     as ``conn.send(data)`` then ``conn.bio_read(1500)``; errors raised as ``send`` raises them."""
     raw = getattr(conn, "_ssl", None)  # None: not pyOpenSSL's Connection (a test's stand-in)
     if not DIRECT or raw is None:
+        from OpenSSL import SSL
+
         conn.send(data)
         try:
             return conn.bio_read(_RECORD) or None
-        except conn_errors():
+        except SSL.Error:  # the BIO is empty (WantReadError): no record
             return None
     ffi, lib = bindings()
     written = lib.SSL_write(raw, ffi.from_buffer(data), len(data))
@@ -80,9 +82,3 @@ def open_record(conn: Any, data: bytes) -> bytes:
         conn._raise_ssl_error(raw, got)  # raises what Connection.recv would
         return b""  # not reached: OpenSSL reports a failed read as an error
     return ffi.buffer(buf, got)[:]
-
-
-def conn_errors() -> type[BaseException]:
-    from OpenSSL import SSL
-
-    return SSL.Error

@@ -44,28 +44,77 @@ MAX_URIS = 32  # as resources/subscribe's MAX_SUBSCRIPTIONS_PER_SESSION
 Visible = Callable[[Any, str], Awaitable[bool]]  # (ctx, device id) -> may the caller view it
 
 
+def listen_request(ctx: Any, params: types.SubscriptionsListenRequestParams) -> tuple[list[str], dict[str, Any]]:
+    """A listen's URIs (each once) and the ``_meta`` every frame of its stream carries; refused as the
+    protocol says (no request id, more than ``MAX_URIS``) before anything is held. Also stdio.py's."""
+    if ctx.request_id is None:
+        raise MCPError(code=types.INVALID_REQUEST, message="subscriptions/listen needs a request id")
+    uris = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
+    if len(uris) > MAX_URIS:
+        raise MCPError(code=types.INVALID_PARAMS, message=f"at most {MAX_URIS} resources per listen")
+    return uris, {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
+
+
+async def acknowledge(ctx: Any, params: types.SubscriptionsListenRequestParams, honored: list[str],
+                      meta: dict[str, Any]) -> None:
+    """The stream's first frame: what it will deliver. The list-changed kinds are honoured as asked (a
+    hub's tools and resources are fixed for its process: they never fire); of the URIs, ``honored``."""
+    asked = params.notifications
+    await ctx.session.send_notification(types.SubscriptionsAcknowledgedNotification(
+        params=types.SubscriptionsAcknowledgedNotificationParams(notifications=types.SubscriptionFilter(
+            tools_list_changed=True if asked.tools_list_changed else None,
+            resources_list_changed=True if asked.resources_list_changed else None,
+            resource_subscriptions=honored or None), _meta=meta)), related_request_id=ctx.request_id)
+
+
+class Updates:
+    """The URIs a listen stream has yet to announce, each once however often it changed meanwhile, and
+    the loop that announces them. Also stdio.py's."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, None] = {}  # ordered
+        self._wake = trio.Event()
+        self._ended = False
+
+    def changed(self, uri: str) -> None:
+        self._pending[uri] = None
+        self._wake.set()
+
+    def end(self) -> None:
+        """Nothing more will change: ``send`` returns once what is pending is out."""
+        self._ended = True
+        self._wake.set()
+
+    async def send(self, ctx: Any, meta: dict[str, Any]) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            while self._pending:
+                uri = next(iter(self._pending))
+                del self._pending[uri]
+                await ctx.session.send_notification(types.ResourceUpdatedNotification(
+                    params=types.ResourceUpdatedNotificationParams(uri=uri, _meta=meta)),
+                    related_request_id=ctx.request_id)
+            if self._ended:
+                return
+
+
 def listen_handler(events: "EventHub", fixed_uris: frozenset[str], device_of: Callable[[str], str | None],
                    visible: Visible, org_of: Callable[[Any], uuid.UUID | None]):
     """The ``subscriptions/listen`` handler for the lowlevel Server (``on_subscriptions_listen``)."""
 
     async def listen(ctx: Any, params: types.SubscriptionsListenRequestParams) -> types.SubscriptionsListenResult:
-        subscription_id = ctx.request_id
-        if subscription_id is None:
-            raise MCPError(code=types.INVALID_REQUEST, message="subscriptions/listen needs a request id")
-        asked = params.notifications
-        uris = list(dict.fromkeys(asked.resource_subscriptions or ()))
-        if len(uris) > MAX_URIS:
-            raise MCPError(code=types.INVALID_PARAMS, message=f"at most {MAX_URIS} resources per listen")
+        uris, meta = listen_request(ctx, params)
         org = org_of(ctx)
         if org is None:
             raise MCPError(code=types.INVALID_PARAMS, message="X-Organization-ID is required to listen")
         feeds: list[tuple[str, Subscriber]] = []
-        owned: list[Subscriber] = []
+        honored: list[str] = []
+        stream: Subscriber | None = None
         try:
             try:
                 # the stream's own slot first: a listen of nothing still counts against the cap
-                owned.append(await events.open(("mcp-listen", uuid.uuid4()), owner=("org", org)))
-                honored: list[str] = []
+                stream = await events.open(("mcp-listen", uuid.uuid4()), owner=("org", org))
                 for uri in uris:
                     device_id = device_of(uri)
                     if device_id is None:
@@ -74,61 +123,40 @@ def listen_handler(events: "EventHub", fixed_uris: frozenset[str], device_of: Ca
                         continue
                     if not await visible(ctx, device_id):
                         continue  # not viewable answers like missing: left out of the filter
-                    feed = await events.open(("device", uuid.UUID(device_id)), owner=("org", org))
-                    owned.append(feed)
-                    feeds.append((uri, feed))
+                    feeds.append((uri, await events.open(("device", uuid.UUID(device_id)), owner=("org", org))))
                     honored.append(uri)
             except FleethubError as exc:  # the organisation's stream cap
                 raise MCPError(code=types.INVALID_REQUEST, message=exc.message) from None
-            meta = {SUBSCRIPTION_ID_META_KEY: subscription_id}
-            acknowledged = types.SubscriptionFilter(
-                tools_list_changed=True if asked.tools_list_changed else None,
-                resources_list_changed=True if asked.resources_list_changed else None,
-                resource_subscriptions=honored or None)
-            await ctx.session.send_notification(
-                types.SubscriptionsAcknowledgedNotification(
-                    params=types.SubscriptionsAcknowledgedNotificationParams(notifications=acknowledged, _meta=meta)),
-                related_request_id=subscription_id)
+            await acknowledge(ctx, params, honored, meta)
             if feeds:
-                await _forward(ctx, feeds, meta, subscription_id)
+                await _forward(ctx, feeds, meta)
             else:
                 await trio.sleep_forever()  # nothing here ever changes; the client ends it
         finally:
-            for feed in owned:
+            for feed in [f for _, f in feeds] + ([stream] if stream is not None else []):
                 feed.close()
         return types.SubscriptionsListenResult(_meta=meta)
 
     return listen
 
 
-async def _forward(ctx: Any, feeds: list[tuple[str, "Subscriber"]], meta: dict[str, Any], subscription_id: Any) -> None:
-    """Send an update for each URI whose feed has events, coalesced, until every feed has ended."""
-    pending: dict[str, None] = {}  # ordered: URIs waiting to be sent, each at most once
-    wake = trio.Event()
+async def _forward(ctx: Any, feeds: list[tuple[str, "Subscriber"]], meta: dict[str, Any]) -> None:
+    """Announce each URI whose feed has events, coalesced, until every feed has ended."""
+    updates = Updates()
     open_feeds = len(feeds)
 
     async def watch(uri: str, feed: "Subscriber") -> None:
-        nonlocal wake, open_feeds
+        nonlocal open_feeds
         try:
             async for _event in feed.receive:
-                pending[uri] = None
-                wake.set()
+                updates.changed(uri)
         finally:
             open_feeds -= 1
-            wake.set()
+            if open_feeds == 0:
+                updates.end()
 
     async with trio.open_nursery() as nursery:
         for uri, feed in feeds:
             nursery.start_soon(watch, uri, feed)
-        while True:
-            await wake.wait()
-            wake = trio.Event()
-            while pending:
-                uri = next(iter(pending))
-                del pending[uri]
-                await ctx.session.send_notification(
-                    types.ResourceUpdatedNotification(params=types.ResourceUpdatedNotificationParams(uri=uri, _meta=meta)),
-                    related_request_id=subscription_id)
-            if open_feeds == 0:
-                nursery.cancel_scope.cancel()
-                return
+        await updates.send(ctx, meta)
+        nursery.cancel_scope.cancel()

@@ -28,10 +28,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
-from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 
 from hub.mcp.endpoint import PATH
-from hub.mcp.listen import MAX_URIS
+from hub.mcp.listen import Updates, acknowledge, listen_request
 from hub.mcp.server import INSTRUCTIONS, NAME
 
 log = logging.getLogger("fleethub.mcp")
@@ -167,24 +166,15 @@ def bridge(remote: ClientSession, relay: Relay | None = None) -> Server:
         return types.EmptyResult()
 
     async def listen(ctx: Any, params: types.SubscriptionsListenRequestParams) -> types.SubscriptionsListenResult:
-        """As the hub's own listen (hub/mcp/listen.py): the URIs the hub lets this caller follow are
-        acknowledged, the others left out; updates are coalesced per URI."""
-        subscription_id = ctx.request_id
-        if subscription_id is None:
-            raise MCPError(code=types.INVALID_REQUEST, message="subscriptions/listen needs a request id")
-        asked = params.notifications
-        uris = list(dict.fromkeys(asked.resource_subscriptions or ()))
-        if len(uris) > MAX_URIS:
-            raise MCPError(code=types.INVALID_PARAMS, message=f"at most {MAX_URIS} resources per listen")
-        pending: dict[str, None] = {}
-        wake = [trio.Event()]
+        """As the hub's own listen (hub/mcp/listen.py, whose pieces these are): the URIs the hub lets this
+        caller follow are acknowledged, the others left out; updates are coalesced per URI."""
+        uris, meta = listen_request(ctx, params)
+        updates = Updates()
 
         async def deliver(updated: str) -> None:
-            pending[updated] = None
-            wake[0].set()
+            updates.changed(updated)
 
         honored: list[str] = []
-        meta = {SUBSCRIPTION_ID_META_KEY: subscription_id}
         try:
             for uri in uris:
                 try:
@@ -192,23 +182,12 @@ def bridge(remote: ClientSession, relay: Relay | None = None) -> Server:
                 except MCPError:
                     continue  # the hub refused it: left out, as the hub's own listen leaves it out
                 honored.append(uri)
-            await ctx.session.send_notification(types.SubscriptionsAcknowledgedNotification(
-                params=types.SubscriptionsAcknowledgedNotificationParams(notifications=types.SubscriptionFilter(
-                    tools_list_changed=True if asked.tools_list_changed else None,
-                    resources_list_changed=True if asked.resources_list_changed else None,
-                    resource_subscriptions=honored or None), _meta=meta)), related_request_id=subscription_id)
-            while True:
-                await wake[0].wait()
-                wake[0] = trio.Event()
-                while pending:
-                    uri = next(iter(pending))
-                    del pending[uri]
-                    await ctx.session.send_notification(types.ResourceUpdatedNotification(
-                        params=types.ResourceUpdatedNotificationParams(uri=uri, _meta=meta)),
-                        related_request_id=subscription_id)
+            await acknowledge(ctx, params, honored, meta)
+            await updates.send(ctx, meta)  # until the client ends the stream
         finally:
             for uri in honored:
                 await relay.release(uri, deliver)
+        return types.SubscriptionsListenResult(_meta=meta)  # not reached: nothing here ends it
 
     return Server(NAME, version="1", instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
                   on_list_resources=list_resources, on_list_resource_templates=list_templates,

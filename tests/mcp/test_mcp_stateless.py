@@ -157,3 +157,21 @@ async def test_the_default_client_follows_a_devices_state_with_listen(nursery, d
                 events.max_per_owner = MAX_STREAMS_PER_OWNER
             assert capped.value.error.code == types.INVALID_REQUEST and "event streams" in capped.value.error.message
             assert events.subscriber_count() == before
+
+
+async def test_hostile_listen_uris_are_left_out_and_hold_nothing(nursery, db_url, tmp_path):
+    """A NUL byte, a 10,000-character URI, a device id that is no UUID and the same URI twice: none is
+    acknowledged, none is an error of the hub, and the stream holds only its own slot while open."""
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub")
+        events = hub.services.events
+        before = events.subscriber_count()
+        hostile = ["fleethub://devices/\x00/state", "fleethub://devices/" + "x" * 10_000 + "/state",
+                   "fleethub://devices/" + "9" * 100 + "/state", "fleethub://devices/\x00/state"]
+        async with stateless_client(hub.base_url, pat_headers(hub.pat, hub.org_id)) as mcp:
+            async with mcp.listen(resource_subscriptions=hostile) as sub:
+                assert not sub.honored.resource_subscriptions
+                assert events.subscriber_count() == before + 1
+            await wait_for(lambda: events.subscriber_count() == before, timeout=10)
+            err, page = await call(mcp, "list_devices")  # the hub serves on
+            assert not err and page["data"] == []
