@@ -268,7 +268,6 @@ def measure_hold(cluster: LocalCluster, args) -> dict:
                           "--connect-concurrency", "200", name=f"cluster-hold-{node}-{i}")
                    for i in range(args.hold_procs)]
             workers += new
-            t0 = time.monotonic()
             for i, (w, chunk) in enumerate(zip(new, [mine[k::len(new)] for k in range(len(new))])):
                 f = root / f"{node}-w{i}.json"
                 f.write_text(json.dumps(chunk))

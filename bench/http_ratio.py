@@ -182,7 +182,6 @@ def main() -> int:
 
     hub_rps = fmean(r["rps"] for r in results["hub"])
     bare_rps = fmean(r["rps"] for r in results["bare"])
-    floor_rps = fmean(r["rps"] for r in results["floor"])
     # The verdict is the median of each round's own ratio, the three targets measured within half a
     # minute of each other: on this shared machine one target's rate moves by a fifth between two
     # runs a minute apart with nothing changed (the hub alone, 6 runs of 8 s: 457 to 654 req/s), and a

@@ -16,7 +16,6 @@ candidates, which are gathered with the ICE servers the hub gave it.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import socket
 from dataclasses import dataclass

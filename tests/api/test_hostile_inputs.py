@@ -10,7 +10,6 @@ import datetime as dt
 import json
 import uuid
 
-import httpx
 import pytest
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey

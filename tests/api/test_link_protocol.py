@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import pytest
 import trio

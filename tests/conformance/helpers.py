@@ -5,8 +5,13 @@ from __future__ import annotations
 import base64
 import uuid
 
+from typing import TYPE_CHECKING
+
 import httpx
 import trio
+
+if TYPE_CHECKING:
+    from tests.conformance.conftest import SpecHub
 
 
 def error_code(r: httpx.Response, status: int, field: str = "error") -> str:

@@ -13,7 +13,6 @@ from tests.conformance.helpers import error_code, wait_until
 from tests.conformance.spec import (
     MEMTEST_ERROR_FIELDS,
     MEMTEST_ERRORS_KEPT,
-    MEMTEST_OUTCOMES,
     MEMTEST_PHASES,
     MEMTEST_RESULT_MEMBERS,
     MEMTEST_RUN_MEMBERS,

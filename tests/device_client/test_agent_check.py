@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
