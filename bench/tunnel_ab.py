@@ -1,9 +1,10 @@
 """CPU per MiB of the tunnel peers with webrtc/receive.py and webrtc/send.py each on or off, A/B in one run.
 
-    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write] [--records]
+    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write] [--records | --pmtu]
 
 With ``--records``: webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods
-(``records.DIRECT``), receive.py and send.py on in both.
+(``records.DIRECT``), receive.py and send.py on in both. With ``--pmtu``: the DATA chunk size the path
+probe confirmed (webrtc/pmtu.py) against aiortc's 1,160 bytes, everything else on in both.
 
 Two peers (webrtc/peer.py, as the CLI and the agent run them) in this one process, one association on
 loopback, a TCP sender and sink at its ends (tests/webrtc/peers.py). Between copies of ``--mb`` MiB,
@@ -43,6 +44,7 @@ from _common import (
 
 VARIANTS = ("neither", "receive.py", "send.py", "both")
 RECORD_VARIANTS = ("pyopenssl", "records.py")  # --records
+PMTU_VARIANTS = ("1160-byte chunks", "pmtu.py")  # --pmtu
 
 
 async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) -> dict[str, list[tuple[float, float]]]:
@@ -71,9 +73,17 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
         batched = RTCDtlsTransport._send_data
         if any(i is None for i in inlines) or not hasattr(batched, "__wrapped__"):
             raise SystemExit("receive.py or send.py is not applied (FLEETHUB_AIORTC_AS_IS set, or not Linux?)")
+        associations = [peer._pc.sctp for peer in (pair.client, pair.device)]
+        with trio.move_on_after(5):  # the probes started as the association was established: a round trip
+            while None in (probed := [getattr(a, "_fleethub_chunk", None) for a in associations]):
+                await trio.sleep(0.01)
+        if variants == PMTU_VARIANTS and None in probed:
+            raise SystemExit(f"the path probe confirmed no larger chunk ({probed}; FLEETHUB_TUNNEL_PMTU=0 set?)")
 
         async def switch(variant: str) -> None:
-            both = variant in ("both",) + RECORD_VARIANTS
+            both = variant in ("both",) + RECORD_VARIANTS + PMTU_VARIANTS
+            for association, chunk in zip(associations, probed, strict=True):
+                association._fleethub_chunk = None if variant == PMTU_VARIANTS[0] else chunk
             for connection, inline in zip(connections, inlines, strict=True):
                 connection._fleethub_inline = inline if both or variant == "receive.py" else None
             RTCDtlsTransport._send_data = batched if both or variant == "send.py" else batched.__wrapped__
@@ -113,11 +123,14 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--quiet-wait", type=float, default=30.0)
-    p.add_argument("--records", action="store_true", help="A/B records.py's direct OpenSSL calls instead")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--records", action="store_true", help="A/B records.py's direct OpenSSL calls instead")
+    which.add_argument("--pmtu", action="store_true", help="A/B pmtu.py's probed chunk size instead")
     args = p.parse_args()
     if args.smoke:
         args.mb, args.rounds = 1, 1
-    variants = RECORD_VARIANTS if args.records else VARIANTS
+    variants = RECORD_VARIANTS if args.records else PMTU_VARIANTS if args.pmtu else VARIANTS
+    single = args.records or args.pmtu  # one change against its absence
     base = variants[0]
     facts = machine_facts(0 if args.smoke else args.quiet_wait)
     results = trio.run(measure, args.mb, args.rounds, variants)
@@ -130,6 +143,7 @@ def main() -> int:
              "" if v == base else f"{median(diffs[v]):+.1f}",
              f"{median(x[1] for x in results[v]):.1f}"] for v in variants]
     what = ("webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods" if args.records
+            else "webrtc/pmtu.py's probed DATA chunks against aiortc's 1,160 bytes" if args.pmtu
             else "receive.py and send.py on and off")
     body = "\n\n".join([
         f"## Tunnel peers: {what} in one run (bench/tunnel_ab.py)", f"`{command_line()}`",
@@ -140,10 +154,10 @@ def main() -> int:
         md_table(["variant", "CPU ms/MiB (median)", "per round", f"paired difference from {base} (median)",
                   "MB/s (median)"], rows),
     ])
-    section = "tunnel_ab_records" if args.records else "tunnel_ab"
+    section = "tunnel_ab_records" if args.records else "tunnel_ab_pmtu" if args.pmtu else "tunnel_ab"
     verdicts = Verdicts(section, smoke=args.smoke)
     saved = diffs[variants[-1]]
-    verdicts.at_least(f"CPU per MiB saved by {variants[-1] if args.records else 'both'} (paired median)",
+    verdicts.at_least(f"CPU per MiB saved by {variants[-1] if single else 'both'} (paired median)",
                       round(-median(saved), 1), 0, " ms")
     body += "\n\n" + verdicts.markdown() + "\n"
     print(body)

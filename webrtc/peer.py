@@ -26,6 +26,7 @@ from . import loop as loop_mod
 from .forward import Counters, Pump, bucket_for
 from .marks import Marks
 from .packets import cheaper_packets
+from .pmtu import probe_on_establish
 from .sctp import batch_sacks
 
 log = logging.getLogger("fleethub.webrtc")
@@ -67,6 +68,7 @@ class TunnelPeer:
         "dtls" and "sctp" (the control channel open) as the connection reaches them (marks.py)."""
         loop_mod.restrict_host_addresses()
         batch_sacks()
+        probe_on_establish()
         cheaper_packets()
         quiet_ice_logs()
         self._thread = thread or loop_mod.shared()
