@@ -31,6 +31,7 @@ from tests.browser.conftest import (
 from tests.hubtools import start_agent, start_hub
 from tests.threadhub import add_operator, hub_in_thread
 from tests.turntools import running_coturn
+from webrtc import pmtu
 from webrtc.loop import restrict_host_addresses
 
 BROWSER_ARGS = [*CHROMIUM_ARGS, "--disable-features=WebRtcHideLocalIpsWithMdns",
@@ -136,9 +137,17 @@ def sessions(hub, device: str) -> list[dict]:
     return hub.run(rows)
 
 
-def test_echo_ctrl_c_resize_and_closing_the_tab_ends_the_session(tpage, terminal_hub, screenshots):
+def test_echo_ctrl_c_resize_and_closing_the_tab_ends_the_session(tpage, terminal_hub, screenshots, monkeypatch):
     page, hub = tpage, terminal_hub
     before = len(sessions(hub, "term-on"))
+    probed = []  # what the agent's path probe (webrtc/pmtu.py) confirmed with Chromium's SCTP
+    probe = pmtu.probe
+
+    async def record(sctp):
+        probed.append(await probe(sctp))
+        return probed[-1]
+
+    monkeypatch.setattr(pmtu, "probe", record)
     open_terminal(page, hub, "term-on")
     page.wait_for_selector("#terminal-state[data-state=connected]")
     # echo through the PTY: the shell expands $RANDOM, so the output is the device's, not our echo
@@ -166,6 +175,14 @@ def test_echo_ctrl_c_resize_and_closing_the_tab_ends_the_session(tpage, terminal
     assert re.search(rf"^{rows} {cols}$", screen_text(page), re.MULTILINE), screen_text(page)
     page.keyboard.type("echo hello-$RANDOM; uname -s\n")
     wait_screen(page, r"^Linux$")
+    # bulk output: the PTY's reads queue up into 32 KiB messages, cut in the chunks the agent's path
+    # probe left it with. Chromium's SCTP takes no packet over its own size (a 1,192-byte probe went
+    # unanswered, a 1,100-byte one was echoed, 2026-11-28), so the agent keeps aiortc's 1,160 bytes
+    # for a browser; either way the output arrives whole
+    page.keyboard.type("clear; seq 1 60000; echo end-$((60000+2))\n")
+    wait_screen(page, r"^end-60002$", timeout=30_000)
+    assert re.search(r"^59999\n60000\nend-60002$", screen_text(page), re.MULTILINE), screen_text(page)[-300:]
+    assert len(probed) == 1 and probed[0] in (None, 1404), probed  # one probe per association
     page.locator("#terminal").screenshot(path=str(screenshots / "console-terminal.png"))
 
     opened = sessions(hub, "term-on")[before:]
