@@ -10,9 +10,9 @@ MiB at 1,160 bytes, 115 at 1,404 (4 pairs, 21:45 UTC, scratch; bench/tunnel_ab.p
 What is done here, after packetization-layer path MTU discovery (RFC 8899, section 6.2.1 for SCTP):
 once the association is established, each end sends a HEARTBEAT whose info is padded so that the SCTP
 packet is as large as a full DATA packet of the bigger size would be. Its peer echoes the info in a
-HEARTBEAT-ACK of the same size (RFC 9260, section 8.3; aiortc does, and so does Chromium for a packet
-no larger than its own, 1,191 bytes: a 1,192-byte probe went unanswered, so a browser keeps 1,160-byte
-chunks). The ack proves that a datagram of that size went both ways through the path that carries the data,
+HEARTBEAT-ACK of the same size (RFC 9260, section 8.3). aiortc does; Chromium echoed a 1,100-byte probe
+and left a 1,192-byte one unanswered (2026-11-28), so a browser keeps aiortc's 1,160-byte chunks. The
+ack proves that a datagram of that size went both ways through the path that carries the data,
 and that the peer's stack took it whole. Only then does this end cut new messages in bigger chunks
 (``_fleethub_chunk``). No ack after ``ATTEMPTS`` probes (a path with a smaller MTU, a relay's framing
 on top, a peer that drops large packets): it stays at aiortc's size, and nothing else has changed.
