@@ -4,29 +4,34 @@ aiortc cuts every message into DATA chunks of at most 1,160 bytes (``USERDATA_MA
 1,189-byte SCTP packet). That is WebRTC's usual size, chosen to fit any path: a TURN relay's
 framing, a VPN's, IPv6's 1,280-byte minimum. Almost all of a bulk copy's CPU is per packet (a DTLS
 record sealed and opened, a datagram sent and received, a chunk parsed, acknowledged and reassembled
-in Python), so the packet size sets CPU per MiB. Two peers in one process moving 24 MiB: 140 ms per
-MiB at 1,160 bytes, 115 at 1,404 (4 pairs, 21:45 UTC, scratch; bench/tunnel_ab.py ``--pmtu``).
+in Python), so the packet size sets CPU per MiB. ``python bench/tunnel_ab.py --pmtu`` (two peers in
+one process, the size switched between copies on one association, 2026-11-28 21:22 UTC): 117.2 ms per
+MiB at 1,160 bytes, 103.7 at 1,404, paired by round -20.8 ms.
 
 What is done here, after packetization-layer path MTU discovery (RFC 8899, section 6.2.1 for SCTP):
 once the association is established, each end sends a HEARTBEAT whose info is padded so that the SCTP
-packet is as large as a full DATA packet of the bigger size would be. Its peer echoes the info in a
-HEARTBEAT-ACK of the same size (RFC 9260, section 8.3). aiortc does; Chromium echoed a 1,100-byte probe
-and left a 1,192-byte one unanswered (2026-11-28), so a browser keeps aiortc's 1,160-byte chunks. The
-ack proves that a datagram of that size went both ways through the path that carries the data,
-and that the peer's stack took it whole. Only then does this end cut new messages in bigger chunks
-(``_fleethub_chunk``). No ack after ``ATTEMPTS`` probes (a path with a smaller MTU, a relay's framing
-on top, a peer that drops large packets): it stays at aiortc's size, and nothing else has changed.
+packet is as large as a full DATA packet of the bigger size would be, with the Don't Fragment bit set
+and the kernel's own path MTU ignored (``DontFragment``: a probe cut into IP fragments would prove
+nothing). Its peer echoes the info in a HEARTBEAT-ACK (RFC 9260, section 8.3). aiortc does; Chromium
+echoed a 1,100-byte probe and left a 1,192-byte one unanswered (2026-11-28), so a browser keeps
+aiortc's 1,160-byte chunks. The echo proves that a datagram of that size went whole through the path
+that carries this end's data and that the peer's stack took it. Only then does this end cut new
+messages in bigger chunks (``_fleethub_chunk``). No echo after ``ATTEMPTS`` probes (a smaller MTU on
+the way, a peer that takes no larger packet): it stays at aiortc's size, and nothing else has changed.
+A session through a TURN relay is not probed: the relay frames each datagram again on a leg this end
+cannot probe. Linux only (the socket options).
 
 How large: what a 1,500-byte path carries (Ethernet, and most of the internet), less the IP and UDP
-headers of the pair's address family and the DTLS record overhead of the negotiated cipher. Not more,
-even on loopback (which would carry 64 KiB): a bench figure must be what an operator's network
+headers of the socket's address family and the DTLS record overhead of the negotiated cipher. Not
+more, even on loopback (which would carry 64 KiB): a bench figure must be what an operator's network
 gives. IPv4 with AES-GCM: a 1,432-byte SCTP packet, 1,404 bytes of data per chunk.
 
 Not handled: a path whose MTU falls in the middle of a session. A chunk already cut cannot be cut
-again (SCTP has no re-fragmentation), so it relies on the kernel: an ICMP "fragmentation needed"
-makes Linux fragment later retransmissions of that size (IPv4; IP_PMTUDISC_WANT, the UDP default).
-Where ICMP is filtered as well, such a session stalls like a TCP connection in a PMTU black hole.
-``FLEETHUB_TUNNEL_PMTU=0`` keeps aiortc's size for every session (docs/operations.md).
+again (SCTP has no re-fragmentation), so it relies on the kernel: the socket's mode is put back after
+the probe, and on an ICMP "fragmentation needed" Linux fragments later datagrams of that size (IPv4,
+IP_PMTUDISC_WANT, the UDP default). Where ICMP is filtered as well, such a session stalls like a TCP
+connection in a PMTU black hole. ``FLEETHUB_TUNNEL_PMTU=0`` keeps aiortc's size for every session
+(docs/operations.md).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
+import sys
 from typing import Any
 
 from .loop import closed_send
@@ -54,7 +61,8 @@ _applied = False
 
 
 def enabled() -> bool:
-    return os.environ.get("FLEETHUB_TUNNEL_PMTU", "1") != "0"
+    # Linux only: elsewhere the probe could not be sent with the Don't Fragment bit (DontFragment)
+    return sys.platform == "linux" and os.environ.get("FLEETHUB_TUNNEL_PMTU", "1") != "0"
 
 
 def record_overhead(cipher: str | None) -> int:
@@ -115,29 +123,72 @@ def probe_on_establish() -> None:
     _applied = True
 
 
-def _path(sctp: Any) -> tuple[int, int] | None:
-    """(address family, DTLS record overhead) of the association's path; None when it has none."""
+def _path(sctp: Any) -> tuple[int, int, Any] | None:
+    """(address family, DTLS record overhead, UDP socket) of the association's path; None when it has
+    none, or when a TURN server is on it: a relay frames each datagram again (4 or 36 bytes more, on a
+    leg this end cannot probe with the Don't Fragment bit), so a relayed session keeps aiortc's size."""
     dtls = sctp.transport
     try:
         pair = dtls.transport._connection._nominated.get(1)
         cipher = dtls._ssl.get_cipher_name()
+        if pair is None or "relay" in (pair.local_candidate.type, pair.remote_candidate.type):
+            return None
+        sock = pair.protocol.transport.get_extra_info("socket")
     except AttributeError:
         return None
-    if pair is None:
+    if sock is None:
         return None
-    return (6 if ":" in pair.remote_addr[0] else 4), record_overhead(cipher)
+    return (6 if sock.family == socket.AF_INET6 else 4), record_overhead(cipher), sock
+
+
+# Linux's socket options for the Don't Fragment bit (not in Python's socket module): PROBE sets DF and
+# ignores the path MTU the kernel learnt, so a probe is never cut into IP fragments, here or later
+MTU_DISCOVER = {4: (socket.IPPROTO_IP, 10), 6: (socket.IPPROTO_IPV6, 23)}  # IP(V6)_MTU_DISCOVER
+PMTUDISC_PROBE = 3
+
+
+class DontFragment:
+    """The socket's MTU discovery mode set to PROBE while the probe runs, then put back as it was (so
+    that later, should the path's MTU fall, the kernel may fragment what SCTP retransmits)."""
+
+    def __init__(self, sock: Any, family: int) -> None:
+        self.sock, (self.level, self.option) = sock, MTU_DISCOVER[family]
+        self.before: int | None = None
+
+    def __enter__(self) -> bool:
+        try:
+            self.before = self.sock.getsockopt(self.level, self.option)
+            self.sock.setsockopt(self.level, self.option, PMTUDISC_PROBE)
+        except OSError:
+            self.before = None
+        return self.before is not None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.before is not None:
+            try:
+                self.sock.setsockopt(self.level, self.option, self.before)
+            except OSError:  # the socket closed meanwhile
+                pass
 
 
 async def probe(sctp: Any) -> int | None:
     """Probe the path of an established association; on an echo, set its chunk size and return it."""
-    from aiortc.rtcsctptransport import HeartbeatAckChunk, HeartbeatChunk
-
     path = _path(sctp)
     if path is None:
         return None
-    packet = probe_packet(*path)
+    family, overhead, sock = path
+    packet = probe_packet(family, overhead)
     if packet <= BASE_PACKET:
         return None
+    with DontFragment(sock, family) as truthful:
+        if not truthful:
+            return None  # a probe the kernel might fragment proves nothing
+        return await _probe(sctp, packet)
+
+
+async def _probe(sctp: Any, packet: int) -> int | None:
+    from aiortc.rtcsctptransport import HeartbeatAckChunk, HeartbeatChunk
+
     token = os.urandom(TOKEN_BYTES)
     echoed = asyncio.Event()
     receive_chunk = sctp._receive_chunk

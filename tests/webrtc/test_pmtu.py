@@ -79,6 +79,21 @@ def test_only_a_whole_echo_of_the_token_counts():
     assert not pmtu.is_echo([], token, packet)
 
 
+@pytest.mark.parametrize("family", [4, 6])
+def test_a_probe_goes_with_the_dont_fragment_bit_and_the_socket_is_put_back(family):
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if family == 6 else socket.AF_INET, socket.SOCK_DGRAM)
+    with sock:
+        level, option = pmtu.MTU_DISCOVER[family]
+        before = sock.getsockopt(level, option)
+        with pmtu.DontFragment(sock, family) as truthful:
+            assert truthful and sock.getsockopt(level, option) == pmtu.PMTUDISC_PROBE
+        assert sock.getsockopt(level, option) == before != pmtu.PMTUDISC_PROBE
+    with pmtu.DontFragment(sock, family) as truthful:  # closed: nothing can be promised, nothing probed
+        assert not truthful
+
+
 def fresh_association(chunk: int | None = None) -> SimpleNamespace:
     sent = []
 
@@ -146,6 +161,10 @@ async def test_peers_on_loopback_confirm_bigger_chunks_and_a_copy_arrives_whole(
         pair = await connect_pair(await start_echo(nursery))
         try:
             assert await wait_probes(pair, want=1404) == [1404, 1404]  # IPv4, AES-GCM: a 1,500-byte path
+            for peer in (pair.client, pair.device):  # the ICE socket's mode put back after the probe
+                pair_ = peer._pc.sctp.transport.transport._connection._nominated[1]
+                sock = pair_.protocol.transport.get_extra_info("socket")
+                assert sock.getsockopt(*pmtu.MTU_DISCOVER[4]) != pmtu.PMTUDISC_PROBE
             data_sizes.clear()  # the control channel's messages before
             assert await exchange(pair.listen_port, payload) == payload
             # there and back: every byte in chunks of at most 1,404 bytes, most of them full (a 32 KiB
