@@ -17,6 +17,7 @@ import hashlib
 import inspect
 import os
 from collections import deque
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -136,6 +137,19 @@ def test_with_a_confirmed_size_a_message_is_cut_in_chunks_of_that_size():
     assert len({c.stream_seq for c in chunks}) == 1 and state._outbound_stream_seq == {1: 1}
 
 
+@asynccontextmanager
+async def echo_pair():
+    """Two real peers on loopback, the device's target a TCP echo server; closed after."""
+    async with trio.open_nursery() as nursery:
+        pair = await connect_pair(await start_echo(nursery))
+        try:
+            yield pair
+        finally:
+            await pair.client.close()
+            await pair.device.close()
+        nursery.cancel_scope.cancel()
+
+
 async def wait_probes(pair, *, want, within: float = 5.0):
     associations = [peer._pc.sctp for peer in (pair.client, pair.device)]
     with trio.move_on_after(within):
@@ -157,24 +171,18 @@ async def test_peers_on_loopback_confirm_bigger_chunks_and_a_copy_arrives_whole(
 
     monkeypatch.setattr(RTCSctpTransport, "_send_chunk", watch)
     payload = os.urandom(3 << 20)
-    async with trio.open_nursery() as nursery:
-        pair = await connect_pair(await start_echo(nursery))
-        try:
-            assert await wait_probes(pair, want=1404) == [1404, 1404]  # IPv4, AES-GCM: a 1,500-byte path
-            for peer in (pair.client, pair.device):  # the ICE socket's mode put back after the probe
-                pair_ = peer._pc.sctp.transport.transport._connection._nominated[1]
-                sock = pair_.protocol.transport.get_extra_info("socket")
-                assert sock.getsockopt(*pmtu.MTU_DISCOVER[4]) != pmtu.PMTUDISC_PROBE
-            data_sizes.clear()  # the control channel's messages before
-            assert await exchange(pair.listen_port, payload) == payload
-            # there and back: every byte in chunks of at most 1,404 bytes, most of them full (a 32 KiB
-            # message is 23 of them and a remainder); at aiortc's size it would take 5,424 or more
-            assert max(data_sizes) == 1404 and sum(data_sizes) >= 2 * len(payload), (max(data_sizes), sum(data_sizes))
-            assert len(data_sizes) < 2 * len(payload) / 1300, len(data_sizes)
-        finally:
-            await pair.client.close()
-            await pair.device.close()
-        nursery.cancel_scope.cancel()
+    async with echo_pair() as pair:
+        assert await wait_probes(pair, want=1404) == [1404, 1404]  # IPv4, AES-GCM: a 1,500-byte path
+        for peer in (pair.client, pair.device):  # the ICE socket's mode put back after the probe
+            pair_ = peer._pc.sctp.transport.transport._connection._nominated[1]
+            sock = pair_.protocol.transport.get_extra_info("socket")
+            assert sock.getsockopt(*pmtu.MTU_DISCOVER[4]) != pmtu.PMTUDISC_PROBE
+        data_sizes.clear()  # the control channel's messages before
+        assert await exchange(pair.listen_port, payload) == payload
+        # there and back: every byte in chunks of at most 1,404 bytes, most of them full (a 32 KiB
+        # message is 23 of them and a remainder); at aiortc's size it would take 5,424 or more
+        assert max(data_sizes) == 1404 and sum(data_sizes) >= 2 * len(payload), (max(data_sizes), sum(data_sizes))
+        assert len(data_sizes) < 2 * len(payload) / 1300, len(data_sizes)
 
 
 @pytest.mark.trio
@@ -193,18 +201,12 @@ async def test_a_path_that_drops_large_datagrams_keeps_aiortcs_size_and_still_ca
 
     monkeypatch.setattr(RTCDtlsTransport, "_send_data", narrow_path)
     payload = os.urandom(1 << 20)
-    async with trio.open_nursery() as nursery:
-        pair = await connect_pair(await start_echo(nursery))
-        try:
-            await trio.sleep(pmtu.ATTEMPTS * pmtu.WAIT + 0.5)
-            assert await wait_probes(pair, want=None, within=0) == [None, None]
-            assert len(dropped) == 2 * pmtu.ATTEMPTS and set(dropped) == {1432}, dropped  # each end's probes
-            assert await exchange(pair.listen_port, payload) == payload
-            assert len(dropped) == 2 * pmtu.ATTEMPTS  # no DATA packet was over the path's size
-        finally:
-            await pair.client.close()
-            await pair.device.close()
-        nursery.cancel_scope.cancel()
+    async with echo_pair() as pair:
+        await trio.sleep(pmtu.ATTEMPTS * pmtu.WAIT + 0.5)
+        assert await wait_probes(pair, want=None, within=0) == [None, None]
+        assert len(dropped) == 2 * pmtu.ATTEMPTS and set(dropped) == {1432}, dropped  # each end's probes
+        assert await exchange(pair.listen_port, payload) == payload
+        assert len(dropped) == 2 * pmtu.ATTEMPTS  # no DATA packet was over the path's size
 
 
 @pytest.mark.trio
@@ -219,14 +221,8 @@ async def test_the_switch_off_sends_no_probe(monkeypatch):
         await send_chunk(self, chunk)
 
     monkeypatch.setattr(RTCSctpTransport, "_send_chunk", watch)
-    async with trio.open_nursery() as nursery:
-        pair = await connect_pair(await start_echo(nursery))
-        try:
-            await trio.sleep(0.5)
-            assert await wait_probes(pair, want=None, within=0) == [None, None]
-            assert probes == []
-            assert await exchange(pair.listen_port, b"still a tunnel") == b"still a tunnel"
-        finally:
-            await pair.client.close()
-            await pair.device.close()
-        nursery.cancel_scope.cancel()
+    async with echo_pair() as pair:
+        await trio.sleep(0.5)
+        assert await wait_probes(pair, want=None, within=0) == [None, None]
+        assert probes == []
+        assert await exchange(pair.listen_port, b"still a tunnel") == b"still a tunnel"
