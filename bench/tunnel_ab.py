@@ -1,10 +1,12 @@
 """CPU per MiB of the tunnel peers with webrtc/receive.py and webrtc/send.py each on or off, A/B in one run.
 
-    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write] [--records | --pmtu]
+    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write] [--records | --pmtu | --message]
 
 With ``--records``: webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods
 (``records.DIRECT``), receive.py and send.py on in both. With ``--pmtu``: the DATA chunk size the path
-probe confirmed (webrtc/pmtu.py) against aiortc's 1,160 bytes, everything else on in both.
+probe confirmed (webrtc/pmtu.py) against aiortc's 1,160 bytes, everything else on in both. With
+``--message``: messages cut to whole DATA chunks (webrtc/forward.py's ``message_size``) against 32 KiB
+whole, the probed chunk size in both.
 
 Two peers (webrtc/peer.py, as the CLI and the agent run them) in this one process, one association on
 loopback, a TCP sender and sink at its ends (tests/webrtc/peers.py). Between copies of ``--mb`` MiB,
@@ -45,6 +47,7 @@ from _common import (
 VARIANTS = ("neither", "receive.py", "send.py", "both")
 RECORD_VARIANTS = ("pyopenssl", "records.py")  # --records
 PMTU_VARIANTS = ("1160-byte chunks", "pmtu.py")  # --pmtu
+MESSAGE_VARIANTS = ("32 KiB messages", "whole chunks")  # --message
 
 
 async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) -> dict[str, list[tuple[float, float]]]:
@@ -62,7 +65,7 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
                 if received >= want:
                     arrived.set()
 
-    from webrtc import records
+    from webrtc import forward, records
 
     results: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     async with trio.open_nursery() as nursery:
@@ -77,11 +80,12 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
         with trio.move_on_after(5):  # the probes started as the association was established: a round trip
             while None in (probed := [getattr(a, "_fleethub_chunk", None) for a in associations]):
                 await trio.sleep(0.01)
-        if variants == PMTU_VARIANTS and None in probed:
+        if variants in (PMTU_VARIANTS, MESSAGE_VARIANTS) and None in probed:
             raise SystemExit(f"the path probe confirmed no larger chunk ({probed}; FLEETHUB_TUNNEL_PMTU=0 set?)")
 
         async def switch(variant: str) -> None:
-            both = variant in ("both",) + RECORD_VARIANTS + PMTU_VARIANTS
+            both = variant in ("both",) + RECORD_VARIANTS + PMTU_VARIANTS + MESSAGE_VARIANTS
+            forward.FIT_MESSAGES = variant != MESSAGE_VARIANTS[0]
             for association, chunk in zip(associations, probed, strict=True):
                 association._fleethub_chunk = None if variant == PMTU_VARIANTS[0] else chunk
             for connection, inline in zip(connections, inlines, strict=True):
@@ -126,11 +130,14 @@ def main() -> int:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--records", action="store_true", help="A/B records.py's direct OpenSSL calls instead")
     which.add_argument("--pmtu", action="store_true", help="A/B pmtu.py's probed chunk size instead")
+    which.add_argument("--message", action="store_true",
+                       help="A/B messages cut to whole DATA chunks (forward.message_size) against 32 KiB whole")
     args = p.parse_args()
     if args.smoke:
         args.mb, args.rounds = 1, 1
-    variants = RECORD_VARIANTS if args.records else PMTU_VARIANTS if args.pmtu else VARIANTS
-    single = args.records or args.pmtu  # one change against its absence
+    variants = (RECORD_VARIANTS if args.records else PMTU_VARIANTS if args.pmtu
+                else MESSAGE_VARIANTS if args.message else VARIANTS)
+    single = args.records or args.pmtu or args.message  # one change against its absence
     base = variants[0]
     facts = machine_facts(0 if args.smoke else args.quiet_wait)
     results = trio.run(measure, args.mb, args.rounds, variants)
@@ -144,6 +151,7 @@ def main() -> int:
              f"{median(x[1] for x in results[v]):.1f}"] for v in variants]
     what = ("webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods" if args.records
             else "webrtc/pmtu.py's probed DATA chunks against aiortc's 1,160 bytes" if args.pmtu
+            else "messages of whole DATA chunks (forward.message_size) against 32 KiB" if args.message
             else "receive.py and send.py on and off")
     body = "\n\n".join([
         f"## Tunnel peers: {what} in one run (bench/tunnel_ab.py)", f"`{command_line()}`",
@@ -154,7 +162,8 @@ def main() -> int:
         md_table(["variant", "CPU ms/MiB (median)", "per round", f"paired difference from {base} (median)",
                   "MB/s (median)"], rows),
     ])
-    section = "tunnel_ab_records" if args.records else "tunnel_ab_pmtu" if args.pmtu else "tunnel_ab"
+    section = ("tunnel_ab_records" if args.records else "tunnel_ab_pmtu" if args.pmtu
+               else "tunnel_ab_message" if args.message else "tunnel_ab")
     verdicts = Verdicts(section, smoke=args.smoke)
     saved = diffs[variants[-1]]
     verdicts.at_least(f"CPU per MiB saved by {variants[-1] if single else 'both'} (paired median)",

@@ -191,7 +191,7 @@ async def test_a_bulk_copy_is_acknowledged_a_batch_of_packets_at_a_time(nursery)
             assert await exchange(pair.listen_port, payload) == payload
             tsn1, sacks1 = await pair.device._thread.run(counts())
             packets = (tsn1 - tsn0) % (1 << 32)  # aiortc sends one DATA chunk per packet
-            assert packets > 3000, packets
+            assert packets >= len(payload) / 1404, packets  # at least one per chunk of the probed size
             # SACK_EVERY packets per SACK under load (a lone packet gets its own after SACK_DELAY);
             # aiortc sends one per packet
             assert sacks1 - sacks0 <= packets / 3, (sacks1 - sacks0, packets)

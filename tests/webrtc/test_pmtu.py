@@ -27,7 +27,7 @@ from aiortc.rtcsctptransport import (USERDATA_MAX_LENGTH, DataChunk, HeartbeatCh
                                      serialize_packet)
 
 from tests.webrtc.peers import connect_pair, exchange, start_echo
-from webrtc import pmtu
+from webrtc import forward, pmtu
 
 # sha256 of aiortc 1.16.0's RTCSctpTransport._send, which pmtu._send_in_chunks mirrors with another size
 VERIFIED_SEND = "f0f8aff63a9a87439230618a25e4e7db919f5001459f06281b4c08724ec395a6"
@@ -137,6 +137,16 @@ def test_with_a_confirmed_size_a_message_is_cut_in_chunks_of_that_size():
     assert len({c.stream_seq for c in chunks}) == 1 and state._outbound_stream_seq == {1: 1}
 
 
+@pytest.mark.parametrize("chunk, size", [(1404, 23 * 1404), (None, 28 * 1160), (1160, 28 * 1160),
+                                         (1, 32 * 1024), (40_000, 32 * 1024)])
+def test_a_message_is_whole_chunks_of_its_association(chunk, size, monkeypatch):
+    channel = SimpleNamespace(transport=SimpleNamespace(_fleethub_chunk=chunk))
+    assert forward.message_size(channel) == size <= forward.MESSAGE
+    assert forward.AIORTC_CHUNK == USERDATA_MAX_LENGTH  # forward.py does not import aiortc for it
+    monkeypatch.setattr(forward, "FIT_MESSAGES", False)  # the A/B's "before"
+    assert forward.message_size(channel) == forward.MESSAGE
+
+
 @asynccontextmanager
 async def echo_pair():
     """Two real peers on loopback, the device's target a TCP echo server; closed after."""
@@ -179,10 +189,15 @@ async def test_peers_on_loopback_confirm_bigger_chunks_and_a_copy_arrives_whole(
             assert sock.getsockopt(*pmtu.MTU_DISCOVER[4]) != pmtu.PMTUDISC_PROBE
         data_sizes.clear()  # the control channel's messages before
         assert await exchange(pair.listen_port, payload) == payload
-        # there and back: every byte in chunks of at most 1,404 bytes, most of them full (a 32 KiB
-        # message is 23 of them and a remainder); at aiortc's size it would take 5,424 or more
+        # there and back: every byte in chunks of at most 1,404 bytes; at aiortc's size it would take
+        # 5,424 or more
         assert max(data_sizes) == 1404 and sum(data_sizes) >= 2 * len(payload), (max(data_sizes), sum(data_sizes))
         assert len(data_sizes) < 2 * len(payload) / 1300, len(data_sizes)
+        # a message is whole chunks (forward.message_size: 23 of them, not 32 KiB's 23 and a third):
+        # a short chunk ends only a message that took all the bytes there were (18 of 4,498 here;
+        # with 32 KiB messages 1 in 24 is short, and 2.8 % more chunks carry the same bytes)
+        short = [n for n in data_sizes if n < 1404]
+        assert len(short) < len(data_sizes) / 40, (len(short), len(data_sizes))
 
 
 @pytest.mark.trio
