@@ -6,6 +6,11 @@ of simulated devices fsyncing at start do not stall the event loop.
 A state file survives power loss at any instant: a write goes to a temporary file in the same
 directory, is fsynced, renamed over the old file, and the directory is fsynced so the rename itself
 is durable. A reader therefore sees either the old or the new content, never a torn mix.
+
+Paths here are opened by name, not walked by descriptor as under the device root (devroot.py): they
+all lie in the agent's data directory, which ``DeviceStore.boot`` sets to 0700 (a workload's account
+is given execute on it at most, workload_account.make_traversable), so no other account can put a
+link or a file where these names are resolved.
 """
 
 from __future__ import annotations
