@@ -162,6 +162,23 @@ def wait_quiet(max_wait: float, threshold: float = 25.0) -> float:
 
 
 # -- machine facts and RESULTS.md -------------------------------------------------------------------
+def python_speed(rounds: int = 3, adds: int = 1_000_000) -> float:
+    """CPU milliseconds a fixed Python loop of a million additions takes, the best of ``rounds``.
+
+    The shared host these benches run on has changed speed by about two times between a morning and
+    an evening, with no load, steal time or clock change visible inside the machine (tunnel peers:
+    56 against 104-151 ms of CPU per MiB). This figure, taken at each run's start, says which kind
+    of machine a run's MB/s and milliseconds came from: compare it between runs. CPU per MiB moves
+    with it too; ratios within one run much less."""
+    best = float("inf")
+    for _ in range(rounds):
+        t0, total = time.process_time(), 0
+        for i in range(adds):
+            total += i
+        best = min(best, time.process_time() - t0)
+    return best * 1000 * 1_000_000 / adds
+
+
 def machine_facts(quiet_wait: float = 0.0) -> dict[str, str]:
     """Machine facts for the results; with ``quiet_wait`` > 0 first waits (bounded) for a quiet machine."""
     busy = wait_quiet(quiet_wait) if quiet_wait > 0 else machine_busy()
@@ -191,6 +208,7 @@ def machine_facts(quiet_wait: float = 0.0) -> dict[str, str]:
         "nofile": f"{soft}/{hard}",
         "loadavg_at_start": loadavg(),
         "busy_at_start": f"{busy:.0f}%",
+        "python_speed": f"{python_speed():.0f} ms",
     }
 
 
@@ -198,7 +216,8 @@ def facts_line(facts: dict[str, str]) -> str:
     return (f"{facts['date']} · nproc {facts['nproc']} ({facts['cpu'] or 'cpu ?'}) · {facts['memory']} · "
             f"Python {facts['python']} · Linux {facts['kernel']} · ulimit -n {facts['nofile']} · "
             f"load average at start {facts['loadavg_at_start']}, CPU busy just before start "
-            f"{facts['busy_at_start']} (the machine may be shared)")
+            f"{facts['busy_at_start']} (the machine may be shared), a million Python additions "
+            f"{facts.get('python_speed', '?')} of CPU (compare between runs: the host's speed varies)")
 
 
 def command_line() -> str:
