@@ -162,21 +162,27 @@ def wait_quiet(max_wait: float, threshold: float = 25.0) -> float:
 
 
 # -- machine facts and RESULTS.md -------------------------------------------------------------------
-def python_speed(rounds: int = 3, adds: int = 1_000_000) -> float:
-    """CPU milliseconds a fixed Python loop of a million additions takes, the best of ``rounds``.
+def python_speed(rounds: int = 3) -> float:
+    """CPU milliseconds of a fixed piece of Python work shaped like a tunnel's per-packet work (a
+    1,400-byte buffer made and sliced, a dict written and read), the best of ``rounds``.
 
     The shared host these benches run on has changed speed by about two times between a morning and
     an evening, with no load, steal time or clock change visible inside the machine (tunnel peers:
-    56 against 104-151 ms of CPU per MiB). This figure, taken at each run's start, says which kind
-    of machine a run's MB/s and milliseconds came from: compare it between runs. CPU per MiB moves
-    with it too; ratios within one run much less."""
+    56 against 104-151 ms of CPU per MiB). This figure, taken at each run's start, says which kind of
+    machine a run's MB/s and milliseconds came from: compare it between runs. A loop of additions on
+    local variables does not show it (it ran faster while the tunnel ran slower, 2026-11-29); this
+    mix moved with the tunnel's CPU per MiB."""
     best = float("inf")
     for _ in range(rounds):
-        t0, total = time.process_time(), 0
-        for i in range(adds):
-            total += i
+        t0, kept, table = time.process_time(), [], {}
+        for i in range(100_000):
+            kept.append(bytes(1400)[:700])
+            if len(kept) > 1000:
+                kept.clear()
+            table[i * 7919 % 100_003] = i
+            table.get(i)
         best = min(best, time.process_time() - t0)
-    return best * 1000 * 1_000_000 / adds
+    return best * 1000
 
 
 def machine_facts(quiet_wait: float = 0.0) -> dict[str, str]:
@@ -216,7 +222,7 @@ def facts_line(facts: dict[str, str]) -> str:
     return (f"{facts['date']} · nproc {facts['nproc']} ({facts['cpu'] or 'cpu ?'}) · {facts['memory']} · "
             f"Python {facts['python']} · Linux {facts['kernel']} · ulimit -n {facts['nofile']} · "
             f"load average at start {facts['loadavg_at_start']}, CPU busy just before start "
-            f"{facts['busy_at_start']} (the machine may be shared), a million Python additions "
+            f"{facts['busy_at_start']} (the machine may be shared), a fixed piece of Python work "
             f"{facts.get('python_speed', '?')} of CPU (compare between runs: the host's speed varies)")
 
 
