@@ -1,12 +1,13 @@
 """CPU per MiB of the tunnel peers with webrtc/receive.py and webrtc/send.py each on or off, A/B in one run.
 
-    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write] [--records | --pmtu | --message]
+    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write] [--records | --pmtu | --message | --sack]
 
 With ``--records``: webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods
 (``records.DIRECT``), receive.py and send.py on in both. With ``--pmtu``: the DATA chunk size the path
 probe confirmed (webrtc/pmtu.py) against aiortc's 1,160 bytes, everything else on in both. With
 ``--message``: messages cut to whole DATA chunks (webrtc/forward.py's ``message_size``) against 32 KiB
-whole, the probed chunk size in both.
+whole, the probed chunk size in both. With ``--sack``: a SACK every 8 packets and a burst of 8 per
+SACK (webrtc/sctp.py) against a SACK every 4 (whose burst of 4 packets is about aiortc's 4 x 1,160 bytes).
 
 Two peers (webrtc/peer.py, as the CLI and the agent run them) in this one process, one association on
 loopback, a TCP sender and sink at its ends (tests/webrtc/peers.py). Between copies of ``--mb`` MiB,
@@ -48,6 +49,7 @@ VARIANTS = ("neither", "receive.py", "send.py", "both")
 RECORD_VARIANTS = ("pyopenssl", "records.py")  # --records
 PMTU_VARIANTS = ("1160-byte chunks", "pmtu.py")  # --pmtu
 MESSAGE_VARIANTS = ("32 KiB messages", "whole chunks")  # --message
+SACK_VARIANTS = ("a SACK every 4 packets", "every 8")  # --sack
 
 
 async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) -> dict[str, list[tuple[float, float]]]:
@@ -65,7 +67,7 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
                 if received >= want:
                     arrived.set()
 
-    from webrtc import forward, records
+    from webrtc import forward, records, sctp
 
     results: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     async with trio.open_nursery() as nursery:
@@ -80,12 +82,15 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
         with trio.move_on_after(5):  # the probes started as the association was established: a round trip
             while None in (probed := [getattr(a, "_fleethub_chunk", None) for a in associations]):
                 await trio.sleep(0.01)
-        if variants in (PMTU_VARIANTS, MESSAGE_VARIANTS) and None in probed:
+        if variants in (PMTU_VARIANTS, MESSAGE_VARIANTS, SACK_VARIANTS) and None in probed:
             raise SystemExit(f"the path probe confirmed no larger chunk ({probed}; FLEETHUB_TUNNEL_PMTU=0 set?)")
 
+        sack_every = sctp.SACK_EVERY
+
         async def switch(variant: str) -> None:
-            both = variant in ("both",) + RECORD_VARIANTS + PMTU_VARIANTS + MESSAGE_VARIANTS
+            both = variant in ("both",) + RECORD_VARIANTS + PMTU_VARIANTS + MESSAGE_VARIANTS + SACK_VARIANTS
             forward.FIT_MESSAGES = variant != MESSAGE_VARIANTS[0]
+            sctp.SACK_EVERY = 4 if variant == SACK_VARIANTS[0] else sack_every
             for association, chunk in zip(associations, probed, strict=True):
                 association._fleethub_chunk = None if variant == PMTU_VARIANTS[0] else chunk
             for connection, inline in zip(connections, inlines, strict=True):
@@ -132,12 +137,14 @@ def main() -> int:
     which.add_argument("--pmtu", action="store_true", help="A/B pmtu.py's probed chunk size instead")
     which.add_argument("--message", action="store_true",
                        help="A/B messages cut to whole DATA chunks (forward.message_size) against 32 KiB whole")
+    which.add_argument("--sack", action="store_true",
+                       help="A/B a SACK every 8 packets and a burst of 8 per SACK (sctp.py) against every 4")
     args = p.parse_args()
     if args.smoke:
         args.mb, args.rounds = 1, 1
     variants = (RECORD_VARIANTS if args.records else PMTU_VARIANTS if args.pmtu
-                else MESSAGE_VARIANTS if args.message else VARIANTS)
-    single = args.records or args.pmtu or args.message  # one change against its absence
+                else MESSAGE_VARIANTS if args.message else SACK_VARIANTS if args.sack else VARIANTS)
+    single = args.records or args.pmtu or args.message or args.sack  # one change against its absence
     base = variants[0]
     facts = machine_facts(0 if args.smoke else args.quiet_wait)
     results = trio.run(measure, args.mb, args.rounds, variants)
@@ -152,6 +159,7 @@ def main() -> int:
     what = ("webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods" if args.records
             else "webrtc/pmtu.py's probed DATA chunks against aiortc's 1,160 bytes" if args.pmtu
             else "messages of whole DATA chunks (forward.message_size) against 32 KiB" if args.message
+            else "a SACK every 8 packets and a burst of 8 per SACK against every 4" if args.sack
             else "receive.py and send.py on and off")
     body = "\n\n".join([
         f"## Tunnel peers: {what} in one run (bench/tunnel_ab.py)", f"`{command_line()}`",
@@ -163,7 +171,7 @@ def main() -> int:
                   "MB/s (median)"], rows),
     ])
     section = ("tunnel_ab_records" if args.records else "tunnel_ab_pmtu" if args.pmtu
-               else "tunnel_ab_message" if args.message else "tunnel_ab")
+               else "tunnel_ab_message" if args.message else "tunnel_ab_sack" if args.sack else "tunnel_ab")
     verdicts = Verdicts(section, smoke=args.smoke)
     saved = diffs[variants[-1]]
     verdicts.at_least(f"CPU per MiB saved by {variants[-1] if single else 'both'} (paired median)",

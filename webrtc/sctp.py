@@ -10,6 +10,9 @@ carries the latest cumulative TSN. Acknowledging once the loop was idle (the fir
 sent a SACK per 1.9 packets (tests/webrtc/test_fairness.py), as aiortc's receive path hands the
 packets over one loop turn at a time; a SACK per 4 packets took the two peers' CPU per MiB from about 101 to 82 ms (5 alternating
 32 MiB streams, 19:45 UTC) with keystroke round trips unchanged (bench/tunnel_interactive.py).
+A SACK per 8 packets (2026-11-29) took a further 16 % (bench/tunnel_ab.py --sack); more than 4 had
+lost throughput before only because aiortc lets each SACK release at most 4 x 1,160 bytes
+(``_burst_a_sacks_worth`` below). FLEETHUB_SCTP_SACK_EVERY sets it (docs/operations.md).
 
 bench/tunnel.py measures the effect side by side, the two peers in separate processes: about 25 %
 less CPU per MiB forwarded in the two peers (87-98 ms instead of 119-122 ms per MiB on the 2-core
@@ -35,6 +38,7 @@ instead; each channel's own order is kept.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections import deque
 from dataclasses import dataclass
@@ -42,9 +46,14 @@ from typing import Any
 
 from .loop import closed_send
 
+log = logging.getLogger("fleethub.webrtc")
+
 _applied = False
 
-SACK_EVERY = 4  # packets with DATA per SACK under load
+DEFAULT_SACK_EVERY = 8
+SACK_EVERY = DEFAULT_SACK_EVERY  # packets with DATA per SACK under load (FLEETHUB_SCTP_SACK_EVERY when applied)
+FLOOR_PACKETS = 4  # the delay-based window never holds fewer packets in flight than this
+BURST_PER_SACK = True  # a SACK's worth per burst, not aiortc's 4 x 1,160 bytes (_burst_a_sacks_worth)
 SACK_DELAY = 0.002  # seconds a packet alone waits for its SACK (RFC 4960 allows 200 ms)
 QUEUE_TARGET = 0.004  # seconds of queueing the association may add to a round trip
 MIN_RTT_EPOCH = 256  # round-trip samples per epoch; the smallest is taken over this and the last one
@@ -108,6 +117,22 @@ class DelayWindow:
         return max(self.floor, cwnd // 2, min(cwnd, int(cwnd * allowed / rtt)))
 
 
+def sack_every(value: str | None) -> int:
+    """FLEETHUB_SCTP_SACK_EVERY: packets per SACK, 1 to 64; unset, DEFAULT_SACK_EVERY; anything else
+    is said in the log and the default used."""
+    if not value:
+        return DEFAULT_SACK_EVERY
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 64:
+        log.warning("FLEETHUB_SCTP_SACK_EVERY=%r is not a number from 1 to 64: a SACK every %d packets",
+                    value, DEFAULT_SACK_EVERY)
+        return DEFAULT_SACK_EVERY
+    return n
+
+
 def batch_sacks() -> None:
     global _applied
     # FLEETHUB_SCTP_SACK_EVERY_PACKET=1 keeps aiortc's behaviour: bench/tunnel.py compares the two
@@ -150,7 +175,10 @@ def batch_sacks() -> None:
         else:
             self._fleethub_sack_handle = loop.call_later(SACK_DELAY, fire)
 
+    global SACK_EVERY
+    SACK_EVERY = sack_every(os.environ.get("FLEETHUB_SCTP_SACK_EVERY"))
     RTCSctpTransport._send_sack = send_later
+    _burst_a_sacks_worth(RTCSctpTransport)
     if not os.environ.get("FLEETHUB_SCTP_LOSS_BASED_ONLY"):  # bench/tunnel_interactive.py compares
         _hold_queueing_delay(RTCSctpTransport)
     if not os.environ.get("FLEETHUB_SCTP_FIFO"):  # bench/tunnel_interactive.py compares
@@ -168,6 +196,9 @@ def _hold_queueing_delay(cls: Any) -> None:
         window = getattr(self, "_fleethub_delay", None)
         if window is None:
             window = self._fleethub_delay = DelayWindow(floor=4 * USERDATA_MAX_LENGTH)
+        # never below a SACK's worth of packets: with less in flight the receiver waits SACK_DELAY
+        # for the packets that would make up its SACK, every round trip
+        window.floor = FLOOR_PACKETS * (getattr(self, "_fleethub_chunk", None) or USERDATA_MAX_LENGTH)
         cwnd = window.sample(rtt, self._cwnd)
         # once per window of data, as for a loss: the samples of the packets already in flight
         # still carry the queue the last reduction is draining
@@ -181,6 +212,32 @@ def _hold_queueing_delay(cls: Any) -> None:
 
     cls._update_rto = update_rto_and_window
 
+
+
+def _burst_a_sacks_worth(cls: Any) -> None:
+    from aiortc.rtcsctptransport import USERDATA_MAX_LENGTH
+
+    transmit = cls._transmit
+
+    async def transmit_a_sacks_worth(self: Any) -> None:
+        # aiortc sends at most 4 x 1,160 bytes per call (RFC 9260's Max.Burst of 4 packets, at its
+        # chunk size): with one SACK per SACK_EVERY packets, each SACK would let fewer packets go than
+        # it acknowledged, the flight would shrink to less than a SACK's worth and every round trip
+        # would wait SACK_DELAY. So after aiortc's call, more calls while there is data, room in the
+        # window and less than a SACK's worth sent; in fast recovery aiortc's smaller burst stands.
+        before = self._flight_size
+        await transmit(self)
+        if not BURST_PER_SACK or self._fast_recovery_exit is not None:
+            return
+        burst = max(4, SACK_EVERY) * (getattr(self, "_fleethub_chunk", None) or USERDATA_MAX_LENGTH)
+        while self._outbound_queue and self._flight_size < self._cwnd and self._flight_size - before < burst:
+            flight = self._flight_size
+            await transmit(self)
+            if self._flight_size == flight:
+                return
+
+    transmit_a_sacks_worth.__wrapped__ = transmit  # type: ignore[attr-defined]
+    cls._transmit = transmit_a_sacks_worth
 
 
 def _serve_channels_in_turn(cls: Any) -> None:
