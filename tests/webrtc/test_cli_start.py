@@ -21,6 +21,7 @@ PROBE = """
 import json, sys
 from hub.cli import build_parser
 args = build_parser().parse_args(["tunnel", "--stdio", "--device", "d", "--target", "ssh"])
+assert "importlib.metadata" not in sys.modules  # --version's lookup, only when asked (hub/cli.py)
 from webrtc import cli_tunnel, client, failures, peer  # what command() imports before the hub is asked
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in
                         ("device_client", "jwt", "numpy", "hub", "aiortc", "webrtc"))))
