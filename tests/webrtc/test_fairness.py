@@ -261,3 +261,45 @@ def test_packets_per_sack_from_the_environment(caplog):
         caplog.clear()
         assert sack_every(bad) == DEFAULT_SACK_EVERY
         assert bad in caplog.records[0].getMessage()
+
+
+async def test_a_lost_packet_is_reported_by_the_next_sack_not_a_batch_later(nursery, monkeypatch):
+    """RFC 9260 6.7: a gap is reported at once. With a SACK per 8 packets held back, the sender would
+    see the three SACKs that make it retransmit only 24 packets after the loss."""
+    from aiortc.rtcdtlstransport import RTCDtlsTransport
+    from aiortc.rtcsctptransport import RTCSctpTransport, SackChunk
+
+    with trio.fail_after(60):
+        pair = await connect_pair(await start_echo(nursery))
+        try:
+            client_dtls = pair.client._pc.sctp.transport
+            device_sctp = pair.device._pc.sctp
+            lose = {300, 900, 1500}  # the client's n-th DATA packet (chunk type 0 after the 12-byte header)
+            seen, lost, gap_sacks = [0], [], []
+            send_data, send_chunk = RTCDtlsTransport._send_data, RTCSctpTransport._send_chunk
+
+            async def lossy(self, data: bytes) -> None:
+                if self is client_dtls and len(data) > 12 and data[12] == 0:
+                    seen[0] += 1
+                    if seen[0] in lose:
+                        lost.append(seen[0])
+                        return
+                await send_data(self, data)
+
+            async def watch(self, chunk) -> None:
+                if self is device_sctp and isinstance(chunk, SackChunk) and chunk.gaps:
+                    # TSNs received above the gap when the SACK went: at once, one or two
+                    gap_sacks.append(sum(end - start + 1 for start, end in chunk.gaps))
+                await send_chunk(self, chunk)
+
+            monkeypatch.setattr(RTCDtlsTransport, "_send_data", lossy)
+            monkeypatch.setattr(RTCSctpTransport, "_send_chunk", watch)
+            payload = os.urandom(3 << 20)
+            assert await exchange(pair.listen_port, payload) == payload
+            assert sorted(lost) == sorted(lose), (lost, seen)
+            # each loss: the first SACK after it carries a gap of one or two packets received beyond it
+            firsts = [n for i, n in enumerate(gap_sacks) if i == 0 or n <= gap_sacks[i - 1]]
+            assert len(firsts) >= len(lose) and max(firsts) <= 2, gap_sacks
+        finally:
+            await pair.client.close()
+            await pair.device.close()
