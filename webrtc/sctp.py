@@ -14,7 +14,8 @@ A SACK per 8 packets (2026-11-29) took a further 16 % (bench/tunnel_ab.py --sack
 lost throughput before only because aiortc lets each SACK release at most 4 x 1,160 bytes
 (``_burst_a_sacks_worth`` below). FLEETHUB_SCTP_SACK_EVERY sets it (docs/operations.md). A packet
 that leaves a gap, or a duplicate, is acknowledged at once (RFC 9260 6.7), so a loss is reported by
-the next packet's SACK, not a batch later.
+the next packet's SACK, not a batch later. Against a sender that lets fewer packets go per SACK (an
+older fleethub, a browser) the count comes down to what it sends (``SackPace``).
 
 bench/tunnel.py measures the effect side by side, the two peers in separate processes: about 25 %
 less CPU per MiB forwarded in the two peers (87-98 ms instead of 119-122 ms per MiB on the 2-core
@@ -119,6 +120,37 @@ class DelayWindow:
         return max(self.floor, cwnd // 2, min(cwnd, int(cwnd * allowed / rtt)))
 
 
+RAISE_AFTER = 16  # SACKs in a row at the full count before a receiver waits for one packet more
+
+
+@dataclass
+class SackPace:
+    """How many packets one association's receiver waits for before it sends a SACK. Pure.
+
+    A sender that lets fewer packets go per SACK than this receiver waits for (a fleethub before
+    2026-11-29 or aiortc as it is: 4 x 1,160 bytes; a browser's stack) would stop each round trip
+    until SACK_DELAY runs out, and a copy would fall to about 2 MB/s. So when the delay runs out
+    with two or more packets waiting, fewer than the count, the count becomes what arrived; after
+    RAISE_AFTER SACKs in a row at the count it grows by one, up to SACK_EVERY. Against such a sender
+    that costs one SACK_DELAY per RAISE_AFTER round trips; a pause in a copy from a sender of today's
+    lowers the count for the next few hundred packets, which costs SACKs, not throughput."""
+
+    every: int
+    full: int = 0
+    stalls: int = 0  # times the delay ran out with packets waiting (tests/webrtc/test_fairness.py)
+
+    def timed_out(self, waiting: int) -> None:
+        if 2 <= waiting < self.every:
+            self.every, self.full = waiting, 0
+            self.stalls += 1
+
+    def counted(self, most: int) -> None:
+        self.full += 1
+        if self.full >= RAISE_AFTER:
+            self.full = 0
+            self.every = min(most, self.every + 1)
+
+
 def sack_every(value: str | None) -> int:
     """FLEETHUB_SCTP_SACK_EVERY: packets per SACK, 1 to 64; unset, DEFAULT_SACK_EVERY; anything else
     is said in the log and the default used."""
@@ -160,25 +192,34 @@ def batch_sacks() -> None:
         self._fleethub_unacked = getattr(self, "_fleethub_unacked", 0) + 1
         handle = getattr(self, "_fleethub_sack_handle", None)
         soon = getattr(self, "_fleethub_sack_soon", False)
+        pace = getattr(self, "_fleethub_pace", None)
+        if pace is None:
+            pace = self._fleethub_pace = SackPace(SACK_EVERY)
         # a gap or a duplicate is reported at once (RFC 9260 6.7): the sender retransmits a lost
         # chunk after three SACKs that miss it, and should not wait 3 x SACK_EVERY packets for them
-        due = self._fleethub_unacked >= SACK_EVERY or self._sack_misordered or self._sack_duplicates
+        counted = self._fleethub_unacked >= min(pace.every, SACK_EVERY)
+        due = counted or self._sack_misordered or self._sack_duplicates
         if soon or (handle is not None and not due):
             return
         if handle is not None:
             handle.cancel()
         loop = asyncio.get_running_loop()
 
-        def fire() -> None:
+        def fire(timed: bool) -> None:
+            waiting = self._fleethub_unacked
             self._fleethub_sack_handle, self._fleethub_sack_soon, self._fleethub_unacked = None, False, 0
+            if timed:
+                pace.timed_out(waiting)
+            elif waiting >= pace.every:
+                pace.counted(SACK_EVERY)
             if self._sack_needed:
                 asyncio.ensure_future(send_or_drop(self))
 
         if due:
             self._fleethub_sack_soon = True
-            self._fleethub_sack_handle = loop.call_soon(fire)
+            self._fleethub_sack_handle = loop.call_soon(fire, False)
         else:
-            self._fleethub_sack_handle = loop.call_later(SACK_DELAY, fire)
+            self._fleethub_sack_handle = loop.call_later(SACK_DELAY, fire, True)
 
     global SACK_EVERY
     SACK_EVERY = sack_every(os.environ.get("FLEETHUB_SCTP_SACK_EVERY"))
