@@ -10,7 +10,7 @@ carries the latest cumulative TSN. Acknowledging once the loop was idle (the fir
 sent a SACK per 1.9 packets (tests/webrtc/test_fairness.py), as aiortc's receive path hands the
 packets over one loop turn at a time; a SACK per 4 packets took the two peers' CPU per MiB from about 101 to 82 ms (5 alternating
 32 MiB streams, 19:45 UTC) with keystroke round trips unchanged (bench/tunnel_interactive.py).
-A SACK per 8 packets (2026-11-29) took a further 16 % (bench/tunnel_ab.py --sack); more than 4 had
+A SACK per 8 packets (2026-11-29) took a further 14-16 % (bench/tunnel_ab.py --sack); more than 4 had
 lost throughput before only because aiortc lets each SACK release at most 4 x 1,160 bytes
 (``_burst_a_sacks_worth`` below). FLEETHUB_SCTP_SACK_EVERY sets it (docs/operations.md). A packet
 that leaves a gap, or a duplicate, is acknowledged at once (RFC 9260 6.7), so a loss is reported by
