@@ -242,8 +242,8 @@ def _hold_queueing_delay(cls: Any) -> None:
         window = getattr(self, "_fleethub_delay", None)
         if window is None:
             window = self._fleethub_delay = DelayWindow(floor=4 * USERDATA_MAX_LENGTH)
-        # never below a SACK's worth of packets: with less in flight the receiver waits SACK_DELAY
-        # for the packets that would make up its SACK, every round trip
+        # never below FLOOR_PACKETS packets of the association's chunk size (the probed one once
+        # known); a receiver that waits for more per SACK comes down to what it gets (SackPace)
         window.floor = FLOOR_PACKETS * (getattr(self, "_fleethub_chunk", None) or USERDATA_MAX_LENGTH)
         cwnd = window.sample(rtt, self._cwnd)
         # once per window of data, as for a loss: the samples of the packets already in flight
@@ -257,7 +257,6 @@ def _hold_queueing_delay(cls: Any) -> None:
         self._fleethub_delay_until = tsn_minus_one(self._local_tsn)
 
     cls._update_rto = update_rto_and_window
-
 
 
 def _burst_a_sacks_worth(cls: Any) -> None:
