@@ -50,6 +50,17 @@ RECORD_VARIANTS = ("pyopenssl", "records.py")  # --records
 PMTU_VARIANTS = ("1160-byte chunks", "pmtu.py")  # --pmtu
 MESSAGE_VARIANTS = ("32 KiB messages", "whole chunks")  # --message
 SACK_VARIANTS = ("a SACK every 4 packets", "every 8")  # --sack
+# one change against its absence: option -> (variants, what is compared, help); its section tunnel_ab_OPTION
+SINGLE = {
+    "records": (RECORD_VARIANTS, "webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods",
+                "A/B records.py's direct OpenSSL calls instead"),
+    "pmtu": (PMTU_VARIANTS, "webrtc/pmtu.py's probed DATA chunks against aiortc's 1,160 bytes",
+             "A/B pmtu.py's probed chunk size instead"),
+    "message": (MESSAGE_VARIANTS, "messages of whole DATA chunks (forward.message_size) against 32 KiB",
+                "A/B messages cut to whole DATA chunks (forward.message_size) against 32 KiB whole"),
+    "sack": (SACK_VARIANTS, "a SACK every 8 packets and a burst of 8 per SACK against every 4",
+             "A/B a SACK every 8 packets and a burst of 8 per SACK (sctp.py) against every 4"),
+}
 
 
 async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) -> dict[str, list[tuple[float, float]]]:
@@ -82,7 +93,7 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
         with trio.move_on_after(5):  # the probes started as the association was established: a round trip
             while None in (probed := [getattr(a, "_fleethub_chunk", None) for a in associations]):
                 await trio.sleep(0.01)
-        if variants in (PMTU_VARIANTS, MESSAGE_VARIANTS, SACK_VARIANTS) and None in probed:
+        if variants not in (VARIANTS, RECORD_VARIANTS) and None in probed:  # they need the probed size
             raise SystemExit(f"the path probe confirmed no larger chunk ({probed}; FLEETHUB_TUNNEL_PMTU=0 set?)")
 
         sack_every = sctp.SACK_EVERY
@@ -133,18 +144,14 @@ def main() -> int:
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--quiet-wait", type=float, default=30.0)
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--records", action="store_true", help="A/B records.py's direct OpenSSL calls instead")
-    which.add_argument("--pmtu", action="store_true", help="A/B pmtu.py's probed chunk size instead")
-    which.add_argument("--message", action="store_true",
-                       help="A/B messages cut to whole DATA chunks (forward.message_size) against 32 KiB whole")
-    which.add_argument("--sack", action="store_true",
-                       help="A/B a SACK every 8 packets and a burst of 8 per SACK (sctp.py) against every 4")
+    for option, (_variants, _what, help_) in SINGLE.items():
+        which.add_argument(f"--{option}", action="store_true", help=help_)
     args = p.parse_args()
     if args.smoke:
         args.mb, args.rounds = 1, 1
-    variants = (RECORD_VARIANTS if args.records else PMTU_VARIANTS if args.pmtu
-                else MESSAGE_VARIANTS if args.message else SACK_VARIANTS if args.sack else VARIANTS)
-    single = args.records or args.pmtu or args.message or args.sack  # one change against its absence
+    single = next((option for option in SINGLE if getattr(args, option)), None)
+    variants, what = SINGLE[single][:2] if single else (VARIANTS, "receive.py and send.py on and off")
+    section = f"tunnel_ab_{single}" if single else "tunnel_ab"
     base = variants[0]
     facts = machine_facts(0 if args.smoke else args.quiet_wait)
     results = trio.run(measure, args.mb, args.rounds, variants)
@@ -156,11 +163,6 @@ def main() -> int:
     rows = [[v, f"{median(cpu(v)):.1f}", " ".join(f"{x:.0f}" for x in cpu(v)),
              "" if v == base else f"{median(diffs[v]):+.1f}",
              f"{median(x[1] for x in results[v]):.1f}"] for v in variants]
-    what = ("webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods" if args.records
-            else "webrtc/pmtu.py's probed DATA chunks against aiortc's 1,160 bytes" if args.pmtu
-            else "messages of whole DATA chunks (forward.message_size) against 32 KiB" if args.message
-            else "a SACK every 8 packets and a burst of 8 per SACK against every 4" if args.sack
-            else "receive.py and send.py on and off")
     body = "\n\n".join([
         f"## Tunnel peers: {what} in one run (bench/tunnel_ab.py)", f"`{command_line()}`",
         facts_line(facts) + f"; load average at end {loadavg()}",
@@ -170,8 +172,6 @@ def main() -> int:
         md_table(["variant", "CPU ms/MiB (median)", "per round", f"paired difference from {base} (median)",
                   "MB/s (median)"], rows),
     ])
-    section = ("tunnel_ab_records" if args.records else "tunnel_ab_pmtu" if args.pmtu
-               else "tunnel_ab_message" if args.message else "tunnel_ab_sack" if args.sack else "tunnel_ab")
     verdicts = Verdicts(section, smoke=args.smoke)
     saved = diffs[variants[-1]]
     verdicts.at_least(f"CPU per MiB saved by {variants[-1] if single else 'both'} (paired median)",

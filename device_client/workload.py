@@ -321,7 +321,7 @@ class Workload:
             self.last_error = f"the workload could not be given its account: {exc.strerror or exc}"
             log.warning("%s", self.last_error)
             return
-        try:
+        try:  # by name: the log is in the agent's 0700 data directory, not the workload's (state.py)
             if self.log_path.stat().st_size > LOG_ROTATE_BYTES:
                 os.replace(self.log_path, self.log_path.with_name("workload.log.1"))
         except FileNotFoundError:

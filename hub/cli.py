@@ -55,15 +55,6 @@ DESCRIPTION = ("fleethub: a hub for fleets of edge devices (serve, demo, cluster
                "(agent, sim, tunnel, device-test). `fleethub COMMAND --help` tells more.")
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("fleethub")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown (not installed)"
-
-
 class _VersionAction(argparse.Action):
     """``--version``, looked up only when asked: importlib.metadata costs every command 8-20 ms of its
     start (a ProxyCommand's share of ``ssh host true``)."""
@@ -73,7 +64,13 @@ class _VersionAction(argparse.Action):
                          help="show the installed version and exit")
 
     def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
-        print(f"fleethub {_version()}")  # on stdout, as argparse's own version action
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("fleethub")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            installed = "unknown (not installed)"
+        print(f"fleethub {installed}")  # on stdout, as argparse's own version action
         parser.exit()
 
 

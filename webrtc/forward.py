@@ -44,8 +44,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .pmtu import AIORTC_CHUNK, chunk_of  # noqa: F401 — AIORTC_CHUNK: tests/webrtc/test_pmtu.py
+
 MESSAGE = 32 * 1024  # bytes per data-channel message, at most (message_size)
-AIORTC_CHUNK = 1160  # aiortc's USERDATA_MAX_LENGTH: DATA chunk bytes before pmtu.py confirms more
 FIT_MESSAGES = True  # False: MESSAGE whole (bench/tunnel_ab.py --message switches it)
 LOW_WATER = 0  # write to a channel only while its bufferedAmount is at most this (see above)
 WINDOW = 2 * 1024 * 1024  # credit each receiver grants; also bounds what it may have to buffer
@@ -59,7 +60,7 @@ def message_size(channel: Any) -> int:
     at the size pmtu.py confirmed (``_fleethub_chunk``, which may arrive after the channel opened)."""
     if not FIT_MESSAGES:
         return MESSAGE
-    chunk = getattr(getattr(channel, "transport", None), "_fleethub_chunk", None) or AIORTC_CHUNK
+    chunk = chunk_of(getattr(channel, "transport", None))
     return MESSAGE - MESSAGE % chunk if chunk < MESSAGE else MESSAGE
 
 

@@ -56,8 +56,16 @@ BASE_PACKET = 1189  # aiortc's SCTP_MAX_PACKET_LENGTH
 ATTEMPTS = 3  # probes sent before giving up; one may be lost to congestion, three in a row are the path
 WAIT = 0.5  # seconds each probe waits for its echo: far above a usable tunnel's round trip
 TOKEN_BYTES = 16
+AIORTC_CHUNK = 1160  # aiortc's USERDATA_MAX_LENGTH (tests/webrtc/test_pmtu.py checks), not imported for it
 
 _applied = False
+
+
+def chunk_of(sctp: Any) -> int:
+    """DATA chunk bytes of an association: the size its probe confirmed, aiortc's otherwise. What
+    messages are cut into (here), what a message is a multiple of (forward.py), what the window's floor
+    and a burst are counted in (sctp.py)."""
+    return getattr(sctp, "_fleethub_chunk", None) or AIORTC_CHUNK
 
 
 def enabled() -> bool:
@@ -236,9 +244,9 @@ async def _send_in_chunks(self: Any, stream_id: int, pp_id: int, user_data: byte
     TSN per fragment, the stream sequence number shared by a message's fragments, the counters each
     chunk carries, then ``_transmit``."""
     from aiortc.rtcsctptransport import (SCTP_DATA_FIRST_FRAG, SCTP_DATA_LAST_FRAG, SCTP_DATA_UNORDERED,
-                                         USERDATA_MAX_LENGTH, DataChunk, tsn_plus_one, uint16_add)
+                                         DataChunk, tsn_plus_one, uint16_add)
 
-    size = getattr(self, "_fleethub_chunk", None) or USERDATA_MAX_LENGTH
+    size = chunk_of(self)
     stream_seq = self._outbound_stream_seq.get(stream_id, 0) if ordered else 0
     fragments = -(-len(user_data) // size)  # math.ceil, as aiortc
     for fragment in range(fragments):

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .loop import closed_send
+from .pmtu import chunk_of
 
 log = logging.getLogger("fleethub.webrtc")
 
@@ -233,7 +234,7 @@ def batch_sacks() -> None:
 
 
 def _hold_queueing_delay(cls: Any) -> None:
-    from aiortc.rtcsctptransport import USERDATA_MAX_LENGTH, tsn_minus_one, uint32_gte
+    from aiortc.rtcsctptransport import tsn_minus_one, uint32_gte
 
     update_rto = cls._update_rto
 
@@ -241,10 +242,11 @@ def _hold_queueing_delay(cls: Any) -> None:
         update_rto(self, rtt)
         window = getattr(self, "_fleethub_delay", None)
         if window is None:
-            window = self._fleethub_delay = DelayWindow(floor=4 * USERDATA_MAX_LENGTH)
+            window = self._fleethub_delay = DelayWindow(floor=0)
         # never below FLOOR_PACKETS packets of the association's chunk size (the probed one once
-        # known); a receiver that waits for more per SACK comes down to what it gets (SackPace)
-        window.floor = FLOOR_PACKETS * (getattr(self, "_fleethub_chunk", None) or USERDATA_MAX_LENGTH)
+        # known, which may be after the first sample); a receiver that waits for more per SACK comes
+        # down to what it gets (SackPace)
+        window.floor = FLOOR_PACKETS * chunk_of(self)
         cwnd = window.sample(rtt, self._cwnd)
         # once per window of data, as for a loss: the samples of the packets already in flight
         # still carry the queue the last reduction is draining
@@ -260,8 +262,6 @@ def _hold_queueing_delay(cls: Any) -> None:
 
 
 def _burst_a_sacks_worth(cls: Any) -> None:
-    from aiortc.rtcsctptransport import USERDATA_MAX_LENGTH
-
     transmit = cls._transmit
 
     async def transmit_a_sacks_worth(self: Any) -> None:
@@ -274,7 +274,7 @@ def _burst_a_sacks_worth(cls: Any) -> None:
         await transmit(self)
         if not BURST_PER_SACK or self._fast_recovery_exit is not None:
             return
-        burst = max(4, SACK_EVERY) * (getattr(self, "_fleethub_chunk", None) or USERDATA_MAX_LENGTH)
+        burst = max(4, SACK_EVERY) * chunk_of(self)
         while self._outbound_queue and self._flight_size < self._cwnd and self._flight_size - before < burst:
             flight = self._flight_size
             await transmit(self)
