@@ -181,7 +181,6 @@ def batch_sacks() -> None:
         # a SACK scheduled just before the association or DTLS closed has nobody to go to; nobody
         # awaits this task, so an exception here would be "Task exception was never retrieved"
         try:
-            self._fleethub_sacks = getattr(self, "_fleethub_sacks", 0) + 1  # tests/webrtc/test_fairness.py
             await send_now(self)
         except Exception as exc:  # noqa: BLE001 — see loop.closed_send
             if not closed_send(exc):

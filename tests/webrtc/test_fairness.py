@@ -180,24 +180,37 @@ def test_the_base_round_trip_follows_a_path_that_got_longer():
     assert window.sample(0.050, 100_000) is None
 
 
-async def test_a_bulk_copy_is_acknowledged_a_batch_of_packets_at_a_time(nursery):
+async def test_a_bulk_copy_is_acknowledged_a_batch_of_packets_at_a_time(nursery, monkeypatch):
+    from aiortc.rtcsctptransport import RTCSctpTransport, SackChunk
+
     with trio.fail_after(60):
         pair = await connect_pair(await start_echo(nursery))
         try:
-            async def counts() -> tuple[int, int]:
-                sctp = pair.device._pc.sctp
-                return sctp._last_received_tsn, getattr(sctp, "_fleethub_sacks", 0)
+            device_sctp = pair.device._pc.sctp
+            sacks, send_chunk = [0], RTCSctpTransport._send_chunk
 
-            tsn0, sacks0 = await pair.device._thread.run(counts())
+            async def watch(self, chunk) -> None:  # SACKs counted on their way out, whoever sent them
+                if self is device_sctp and isinstance(chunk, SackChunk):
+                    sacks[0] += 1
+                await send_chunk(self, chunk)
+
+            async def received() -> int:
+                return device_sctp._last_received_tsn
+
+            monkeypatch.setattr(RTCSctpTransport, "_send_chunk", watch)
+            tsn0, sacks0 = await pair.device._thread.run(received()), sacks[0]
             payload = os.urandom(4 * 1024 * 1024)
             assert await exchange(pair.listen_port, payload) == payload
-            tsn1, sacks1 = await pair.device._thread.run(counts())
+            tsn1, sacks1 = await pair.device._thread.run(received()), sacks[0]
             packets = (tsn1 - tsn0) % (1 << 32)  # aiortc sends one DATA chunk per packet
             assert packets >= len(payload) / 1404, packets  # at least one per chunk of the probed size
-            # up to SACK_EVERY (8) packets per SACK under load; fewer where the sender's window held
-            # fewer (sctp.SackPace; both ways at once here: 1 SACK in 3.7 packets seen); a lone
-            # packet gets its own after SACK_DELAY; aiortc sends one per packet
-            assert sacks1 - sacks0 <= packets / 3, (sacks1 - sacks0, packets)
+            # aiortc sends a SACK per packet (FLEETHUB_SCTP_SACK_EVERY_PACKET=1 makes this fail). Ours:
+            # up to SACK_EVERY (8) packets per SACK, fewer where the sender's window held fewer or its
+            # thread was not scheduled within SACK_DELAY (sctp.SackPace, never under 2); a lone packet
+            # gets its own after SACK_DELAY. How many stalls a run sees depends on the host's
+            # scheduling: 1 SACK in 3.7 packets here, 1 in 2.5 on the CI host under `-n 4` (CI of
+            # 2026-11-29). So the bound is the pace's floor with room for lone packets.
+            assert sacks1 - sacks0 <= packets * 0.55, (sacks1 - sacks0, packets)
         finally:
             await pair.client.close()
             await pair.device.close()
