@@ -367,8 +367,10 @@ async def test_a_sender_that_bursts_4_packets_per_sack_is_not_held_each_round_tr
                 return pace.every, pace.stalls, device_sctp._last_received_tsn
 
             every, stalls, _ = await pair.device._thread.run(state())
-            # 4 MiB there in about 3,600 packets: a stall per RAISE_AFTER SACKs at most, not one per SACK
-            assert every <= 5 and stalls <= 3_600 / 4 / 16 + 20, (every, stalls)
+            # 4 MiB there in about 3,600 packets. Without the pace, a stall per SACK (about 900); with
+            # it, one per RAISE_AFTER SACKs and what the host's scheduling adds: 28-32 alone, 63-64
+            # with 8 busy processes on 2 cores. The count came down from SACK_EVERY (3-5 seen).
+            assert every < 8 and stalls <= 3_600 / 4 / 4, (every, stalls)
         finally:
             await pair.client.close()
             await pair.device.close()
