@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import shutil
 import tempfile
@@ -34,6 +35,22 @@ from tests.ports import free_port
 TEMPLATE = "fleethub_template" + (f"_{os.environ['PYTEST_XDIST_WORKER']}"
                                   if os.environ.get("PYTEST_XDIST_WORKER") else "")
 _counter = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _process_logging_put_back():
+    """A test that runs `fleethub …` in this process (hub.cli.main) configures the process's logging:
+    a handler on the stderr pytest captured for that test, and the level asked (DEBUG in
+    tests/test_cli_errors.py). Left in place, a later test's agent thread logged trio-websocket's DEBUG
+    lines into that closed capture ("--- Logging error ---" in CI's output). pytest's own handlers
+    come and go with each phase and are left to it."""
+    root = logging.getLogger()
+    level, before = root.level, set(root.handlers)
+    yield
+    root.setLevel(level)
+    for handler in root.handlers[:]:
+        if handler not in before and type(handler).__module__ != "_pytest.logging":
+            root.removeHandler(handler)
 
 
 @pytest.fixture(scope="session")
