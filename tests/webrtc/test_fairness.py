@@ -266,6 +266,52 @@ def test_a_sack_lets_as_many_packets_go_as_it_acknowledges():
     assert state.sent == [] and state._flight_size == 0
 
 
+def test_a_receiver_sends_a_sack_per_sack_every_packets_and_one_for_a_lone_packet():
+    """The receiving side's wiring, on aiortc's own _send_sack with a recorded association: packets
+    handled one loop turn apart, as aiortc's _receive handles them; a gap is reported at once."""
+    from aiortc.rtcsctptransport import RTCSctpTransport, SackChunk
+
+    from webrtc import sctp
+
+    batch_sacks()
+    state = SimpleNamespace(_sack_needed=False, _sack_misordered=set(), _sack_duplicates=[],
+                            _last_received_tsn=0, _advertised_rwnd=1 << 20, sent=[])
+
+    async def send_chunk(chunk) -> None:
+        assert isinstance(chunk, SackChunk)
+        state.sent.append((chunk.cumulative_tsn, chunk.gaps))
+
+    state._send_chunk = send_chunk
+
+    async def packet(tsn: int) -> None:  # what aiortc's _receive ends with for a packet with DATA
+        if tsn == state._last_received_tsn + 1:
+            state._last_received_tsn = tsn
+        else:
+            state._sack_misordered.add(tsn)
+        state._sack_needed = True
+        await RTCSctpTransport._send_sack(state)
+        await asyncio.sleep(0)
+
+    async def run() -> None:
+        every = sctp.SACK_EVERY
+        for tsn in range(1, 2 * every + 1):
+            await packet(tsn)
+        await asyncio.sleep(0)
+        # a SACK each SACK_EVERY packets, not one per packet (the first is built a turn later, so it
+        # acknowledges what arrived by then)
+        assert len(state.sent) == 2 and state.sent[0][0] >= every and state.sent[1] == (2 * every, []), state.sent
+        await packet(2 * every + 1)  # alone: its SACK after SACK_DELAY, not before
+        await asyncio.sleep(sctp.SACK_DELAY / 4)
+        assert len(state.sent) == 2
+        await asyncio.sleep(sctp.SACK_DELAY * 2)
+        assert state.sent[2:] == [(2 * every + 1, [])]
+        await packet(2 * every + 3)  # one lost before it: reported by this packet's SACK
+        await asyncio.sleep(0)
+        assert state.sent[3:] == [(2 * every + 1, [(2, 2)])]
+
+    asyncio.run(run())
+
+
 def test_packets_per_sack_from_the_environment(caplog):
     from webrtc.sctp import DEFAULT_SACK_EVERY, sack_every
 
