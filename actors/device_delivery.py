@@ -255,7 +255,8 @@ class DeviceDelivery:
             device["applied_version_id"] == target and device["config_status"] == "applied")
         if runs:
             if device["applied_version_id"] != target or device["config_status"] != "applied":
-                await self._db(s.stores.devices.set_config_result, self.device_id, "applied", None, target, s.clock.now())
+                await self._db(partial(s.stores.devices.set_config_result, assigned=target),
+                               self.device_id, "applied", None, target, s.clock.now())
             await self._send_waiting_config_files(device)
             if device.get("pull_settings_stale"):
                 await self._send_pull_settings(device)
@@ -274,7 +275,7 @@ class DeviceDelivery:
         if version["spec"].get("containers") and not runs_containers(self.actor.facts):
             # The device would refuse it too; saying so here names the cause before anything is sent,
             # and the rejection holds until the version is assigned again (as a device's own would).
-            await self._db(s.stores.devices.set_config_result, self.device_id, "rejected", NO_ENGINE,
+            await self._db(partial(s.stores.devices.set_config_result, assigned=target), self.device_id, "rejected", NO_ENGINE,
                            device["applied_version_id"], s.clock.now())
             return
         files = await self._db(s.stores.secrets.config_files_for, self.device_id, device["config_id"])
@@ -289,23 +290,28 @@ class DeviceDelivery:
         if version["spec"].get("containers"):
             # the fleet's, as it is when the version goes: the device pulls this version's images by it
             payload["registryProxy"] = await self._db(s.stores.fleets.registry_proxy_mode, device["fleet_id"])
-        # "applying": the version is on its way and the device will verify it (rollouts show it).
-        await self._db(s.stores.devices.set_config_result, self.device_id, "applying", None, device["applied_version_id"], s.clock.now())
+        # "applying": the version is on its way and the device will verify it (rollouts show it). Only
+        # if it is still the one assigned: a cancelled rollout gives back what the device runs to
+        # devices not applying, so whichever of the two comes first stands, and nothing is sent after
+        # the version was taken back.
+        if not await self._db(partial(s.stores.devices.set_config_result, assigned=target), self.device_id,
+                              "applying", None, device["applied_version_id"], s.clock.now()):
+            return
         try:
             result = await self._strict("config.apply", payload, timeout=APPLY_TIMEOUT)
         except NotDone as exc:
             if exc.offline:
                 # Never reached the device (not linked, or the bus is down): no verdict on the version.
                 # Pending again: its next hello, or the rollout's re-send, sends it (issue 38).
-                await self._db(s.stores.devices.set_config_result, self.device_id, "pending", None,
-                               device["applied_version_id"], s.clock.now())
+                await self._db(partial(s.stores.devices.set_config_result, assigned=target), self.device_id, "pending",
+                               None, device["applied_version_id"], s.clock.now())
                 return
             # "applying" must end: failed with the reason (the diagnosis shows it); the version is sent
             # again at the device's next link. A result the device sends later (config.result) still counts.
-            await self._db(s.stores.devices.set_config_result, self.device_id, "failed", exc.reason,
-                           device["applied_version_id"], s.clock.now())
-            await self._db(s.stores.secrets.mark_config_files, self.device_id, device["config_id"], "failed",
-                           f"configuration not applied: {exc.reason}", s.clock.now())
+            if await self._db(partial(s.stores.devices.set_config_result, assigned=target), self.device_id, "failed",
+                              exc.reason, device["applied_version_id"], s.clock.now()):
+                await self._db(s.stores.secrets.mark_config_files, self.device_id, device["config_id"], "failed",
+                               f"configuration not applied: {exc.reason}", s.clock.now())
             return
         await self.record_config_result(result.model_dump())
 
@@ -378,24 +384,30 @@ class DeviceDelivery:
             await self.protocol_error(what)
             device = await self._db(s.stores.devices.current, self.device_id)
             if device is not None and device["config_status"] == "applying":
-                await self._db(s.stores.devices.set_config_result, self.device_id, "failed",
-                               f"the device's result was malformed ({what})"[:500], device["applied_version_id"], now)
+                await self._db(partial(s.stores.devices.set_config_result, assigned=device["config_version_id"]),
+                               self.device_id, "failed", f"the device's result was malformed ({what})"[:500],
+                               device["applied_version_id"], now)
             return
         result = checked.model_dump()
         device = await self._db(s.stores.devices.current, self.device_id)
         if device is None or device["config_version_id"] != version_id:
             return  # a result for a version no longer assigned
+        # The row read above decides nothing by itself: the reply and the config.result event of one
+        # apply are recorded in separate tasks, and a cancelled rollout may give the device back what
+        # it runs between a read and a write. So each write names the version it is for.
         if result.get("status") == "applied":
-            await self._db(s.stores.devices.set_config_result, self.device_id, "applied", None, version_id, now)
-            await self._db(s.stores.secrets.record, self.device_id, _ours(result.get("files", [])), now)
+            if await self._db(partial(s.stores.devices.set_config_result, assigned=version_id),
+                              self.device_id, "applied", None, version_id, now):
+                await self._db(s.stores.secrets.record, self.device_id, _ours(result.get("files", [])), now)
         else:
             error = str(result.get("error") or "the device rejected the configuration")[:500]
             # the device's words, bounded by the wire schema (checked above) and storable (protocol.decode)
-            await self._db(partial(s.stores.devices.set_config_result, check_output=result.get("checkOutput") or None,
-                                   workload_log=result.get("workloadLog") or None),
-                           self.device_id, "rejected", error, _uuid(result.get("rolledBackTo")), now)
-            await self._db(s.stores.secrets.mark_config_files, self.device_id, config_id, "failed",
-                                              f"configuration rejected by the device: {error}", now)
+            if await self._db(partial(s.stores.devices.set_config_result, assigned=version_id,
+                                      check_output=result.get("checkOutput") or None,
+                                      workload_log=result.get("workloadLog") or None),
+                              self.device_id, "rejected", error, _uuid(result.get("rolledBackTo")), now):
+                await self._db(s.stores.secrets.mark_config_files, self.device_id, config_id, "failed",
+                               f"configuration rejected by the device: {error}", now)
 
 
 def file_results(sent: list[dict], results: list[Any]) -> list[dict]:

@@ -193,14 +193,24 @@ class Devices:
 
     async def set_config_result(self, device_id: uuid.UUID, status: str, error: str | None,
                                 applied_version_id: uuid.UUID | None, now: dt.datetime, *,
-                                check_output: str | None = None, workload_log: str | None = None) -> None:
-        """``check_output`` and ``workload_log``: what a rejecting device sent (migration 0020); every
-        other result clears them, so they always belong to the rejection shown."""
-        await self.db.execute(
+                                assigned: uuid.UUID | None = None, check_output: str | None = None,
+                                workload_log: str | None = None) -> bool:
+        """The configuration status of the version the device is assigned; whether it was written.
+
+        ``assigned``: written only while the device is still assigned that version, checked in the
+        same statement. A result decided on a row read earlier (the reply to config.apply and the
+        config.result event are recorded in separate tasks) must not land on the version a cancelled
+        rollout gave back in between (``Rollouts.release``), or on one an operator assigned:
+        the device would show a rejection of the version it runs. ``check_output`` and
+        ``workload_log``: what a rejecting device sent (migration 0020); every other result clears
+        them, so they always belong to the rejection shown."""
+        done = await self.db.execute(
             "UPDATE devices SET config_status = $2, config_error = $3, applied_version_id = $4, updated_at = $5, "
-            "config_check_output = $6, config_workload_log = $7 WHERE id = $1",
-            device_id, status, error, applied_version_id, now, check_output, workload_log)
+            "config_check_output = $6, config_workload_log = $7 "
+            "WHERE id = $1 AND ($8::uuid IS NULL OR config_version_id = $8)",
+            device_id, status, error, applied_version_id, now, check_output, workload_log, assigned)
         self.cache.evict([device_id])
+        return done != "UPDATE 0"
 
     def _evicted(self, device_id: uuid.UUID, row: asyncpg.Record | None) -> dict | None:
         """After a write: the cached copy is stale (evicted after the write, so a read racing it

@@ -248,3 +248,48 @@ async def test_a_device_applying_at_the_cancel_finishes_and_is_then_left_on_what
         await reboot(nursery, hub, agents, canary, tmp_path, agents[canary].agent.config.data_dir.name)
         assert applies_of(caplog, v2) == 1, "the cancelled version was sent again after the reconnect"
         assert agents[canary].agent.configs.version_applied() == v1
+
+
+async def test_a_result_that_raced_a_cancel_does_not_land_on_the_version_given_back(nursery, db_url, tmp_path, monkeypatch):
+    """The device answers a config.apply twice, by the reply and by a config.result event, and the hub
+    records the two in separate tasks. Seen in CI (2026-11-29): one recorded "rejected"; the cancelled
+    rollout then gave the device back v1; the other, which had read the row before that, wrote
+    "rejected" over v1's "applied", and the device showed a rejection of the version it runs. A result
+    lands only while its version is still the one assigned (storage checks it in the same statement)."""
+    with trio.fail_after(60):
+        hub = await start_hub(nursery, db_url, tmp_path / "hub")
+        s = hub.services
+        org = uuid.UUID(hub.org_id)
+        fid = (await hub.call("POST", "/v1/fleets", json={"name": "race"})).json()["data"]["id"]
+        c1, v1 = (uuid.UUID(x) for x in await config(hub, "runs", HEALTHY))
+        c2, v2 = (uuid.UUID(x) for x in await config(hub, "next", FAILING))
+        dev = uuid.UUID((await hub.provision("racer", fleet_id=fid))[0])
+        now = s.clock.now()
+        await s.stores.devices.assign_config(org, dev, c1, v1, now)
+        await s.stores.devices.set_config_result(dev, "applied", None, v1, now)
+        rid = uuid.uuid4()
+        await s.stores.rollouts.create(
+            {"id": rid, "org_id": org, "fleet_ids": [uuid.UUID(fid)], "config_id": c2, "version_id": v2,
+             "force": True, "batch_size": None, "success_threshold": 0.9, "failure_threshold": 0.1,
+             "state": "cancelled", "created_by": "test", "created_by_user": None, "created_at": now, "updated_at": now},
+            [(dev, uuid.UUID(fid), 0, "updating", None)])
+        await s.stores.rollouts.assign([dev], c2, v2, now)
+        await s.stores.devices.set_config_result(dev, "rejected", "health check failed", v1, now)  # the first answer
+
+        actor = await s.device_actor(dev)
+        read_row, released = s.stores.devices.current, []
+
+        async def read_then_released(device_id):  # the second answer's read, then the cancel's release
+            row = await read_row(device_id)
+            if not released:
+                released.extend(await s.stores.rollouts.release(rid, v2, s.clock.now()))
+            return row
+
+        monkeypatch.setattr(s.stores.devices, "current", read_then_released)
+        await actor.delivery.record_config_result({
+            "status": "rejected", "configId": str(c2), "versionId": str(v2), "error": "health check failed",
+            "rolledBackTo": str(v1), "files": []})
+        assert released == [dev]
+        row = await read_row(dev)
+        assert (row["config_version_id"], row["applied_version_id"], row["config_status"], row["config_error"]) == (
+            v1, v1, "applied", None), row
