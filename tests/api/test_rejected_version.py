@@ -156,15 +156,33 @@ async def test_a_directly_assigned_version_the_device_rejected_is_not_resent(nur
         await wait_for(tried_again, timeout=30, interval=0.2)
 
 
+async def two_versions(nursery, db_url, tmp_path, fleet: str):
+    """A hub, a fleet, and v1 of a healthy configuration beside v2 of a failing one (storage's tests
+    below set each device's row by hand: no agents)."""
+    hub = await start_hub(nursery, db_url, tmp_path / "hub")
+    fid = (await hub.call("POST", "/v1/fleets", json={"name": fleet})).json()["data"]["id"]
+    c1, v1 = (uuid.UUID(x) for x in await config(hub, "runs", HEALTHY))
+    c2, v2 = (uuid.UUID(x) for x in await config(hub, "next", FAILING))
+    return hub, uuid.UUID(hub.org_id), fid, c1, v1, c2, v2
+
+
+async def cancelled_rollout(s, org, fid: str, c2, v2, steps: list, now) -> uuid.UUID:
+    """A rollout of v2 stored as cancelled, with ``steps`` of (device, step), v2 assigned to each."""
+    rid = uuid.uuid4()
+    await s.stores.rollouts.create(
+        {"id": rid, "org_id": org, "fleet_ids": [uuid.UUID(fid)], "config_id": c2, "version_id": v2,
+         "force": True, "batch_size": None, "success_threshold": 0.9, "failure_threshold": 0.1,
+         "state": "cancelled", "created_by": "test", "created_by_user": None, "created_at": now, "updated_at": now},
+        [(device_id, uuid.UUID(fid), 0, step, None) for device_id, step in steps])
+    await s.stores.rollouts.assign([device_id for device_id, _ in steps], c2, v2, now)
+    return rid
+
+
 async def test_release_gives_back_what_each_device_runs_and_nothing_else(nursery, db_url, tmp_path):
     """Storage's half of a cancel, device by device (no agents: the rows are set as each case leaves them)."""
     with trio.fail_after(60):
-        hub = await start_hub(nursery, db_url, tmp_path / "hub")
+        hub, org, fid, c1, v1, c2, v2 = await two_versions(nursery, db_url, tmp_path, "rel")
         s = hub.services
-        org = uuid.UUID(hub.org_id)
-        fid = (await hub.call("POST", "/v1/fleets", json={"name": "rel"})).json()["data"]["id"]
-        c1, v1 = (uuid.UUID(x) for x in await config(hub, "runs", HEALTHY))
-        c2, v2 = (uuid.UUID(x) for x in await config(hub, "next", FAILING))
         for cid, path in ((c1, "/etc/app/run-token"), (c2, "/etc/app/next-token")):
             r = await hub.call("POST", f"/v1/configurations/{cid}/secret-files",
                                json={"path": path, "content_base64": base64.b64encode(b"x").decode()})
@@ -176,13 +194,8 @@ async def test_release_gives_back_what_each_device_runs_and_nothing_else(nursery
             await s.stores.secrets.assign_config(dev[n], c1, now)
             await s.stores.devices.assign_config(org, dev[n], c1, v1, now)
             await s.stores.devices.set_config_result(dev[n], "applied", None, v1, now)
-        rid = uuid.uuid4()
-        await s.stores.rollouts.create(
-            {"id": rid, "org_id": org, "fleet_ids": [uuid.UUID(fid)], "config_id": c2, "version_id": v2,
-             "force": True, "batch_size": None, "success_threshold": 0.9, "failure_threshold": 0.1,
-             "state": "cancelled", "created_by": "test", "created_by_user": None, "created_at": now, "updated_at": now},
-            [(dev[n], uuid.UUID(fid), 0, "failed" if n == "rejected" else "updating", None) for n in names])
-        await s.stores.rollouts.assign(list(dev.values()), c2, v2, now)
+        rid = await cancelled_rollout(s, org, fid, c2, v2,
+                                      [(dev[n], "failed" if n == "rejected" else "updating") for n in names], now)
         await s.stores.devices.set_config_result(dev["rejected"], "rejected", "health check failed", v1, now)
         await s.stores.devices.set_config_result(dev["applying"], "applying", None, v1, now)
         await s.stores.devices.assign_config(org, dev["reassigned"], c1, v1, now)  # an operator's assignment since
@@ -257,23 +270,13 @@ async def test_a_result_that_raced_a_cancel_does_not_land_on_the_version_given_b
     "rejected" over v1's "applied", and the device showed a rejection of the version it runs. A result
     lands only while its version is still the one assigned (storage checks it in the same statement)."""
     with trio.fail_after(60):
-        hub = await start_hub(nursery, db_url, tmp_path / "hub")
+        hub, org, fid, c1, v1, c2, v2 = await two_versions(nursery, db_url, tmp_path, "race")
         s = hub.services
-        org = uuid.UUID(hub.org_id)
-        fid = (await hub.call("POST", "/v1/fleets", json={"name": "race"})).json()["data"]["id"]
-        c1, v1 = (uuid.UUID(x) for x in await config(hub, "runs", HEALTHY))
-        c2, v2 = (uuid.UUID(x) for x in await config(hub, "next", FAILING))
         dev = uuid.UUID((await hub.provision("racer", fleet_id=fid))[0])
         now = s.clock.now()
         await s.stores.devices.assign_config(org, dev, c1, v1, now)
         await s.stores.devices.set_config_result(dev, "applied", None, v1, now)
-        rid = uuid.uuid4()
-        await s.stores.rollouts.create(
-            {"id": rid, "org_id": org, "fleet_ids": [uuid.UUID(fid)], "config_id": c2, "version_id": v2,
-             "force": True, "batch_size": None, "success_threshold": 0.9, "failure_threshold": 0.1,
-             "state": "cancelled", "created_by": "test", "created_by_user": None, "created_at": now, "updated_at": now},
-            [(dev, uuid.UUID(fid), 0, "updating", None)])
-        await s.stores.rollouts.assign([dev], c2, v2, now)
+        rid = await cancelled_rollout(s, org, fid, c2, v2, [(dev, "updating")], now)
         await s.stores.devices.set_config_result(dev, "rejected", "health check failed", v1, now)  # the first answer
 
         actor = await s.device_actor(dev)
