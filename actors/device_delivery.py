@@ -96,6 +96,16 @@ class DeviceDelivery:
         in_slot.__name__ = getattr(fn, "__name__", "storage call")
         return await self.actor.until_stored(in_slot)
 
+    async def _config_status(self, assigned: uuid.UUID, status: str, error: str | None,
+                             applied_version_id: uuid.UUID | None, *, check_output: str | None = None,
+                             workload_log: str | None = None) -> bool:
+        """The device's configuration status, written only while ``assigned`` is still its version
+        (``Devices.set_config_result``): each caller decided on a row read earlier, and the reply to
+        config.apply, the config.result event and a cancel's release may each come in between."""
+        return await self._db(partial(self.s.stores.devices.set_config_result, assigned=assigned,
+                                      check_output=check_output, workload_log=workload_log),
+                              self.device_id, status, error, applied_version_id, self.s.clock.now())
+
     async def _request(self, verb: str, payload: dict, timeout: float | None = None) -> dict | None:
         try:
             return await self.s.bus.request(subject(str(self.device_id), verb), payload,
@@ -255,8 +265,7 @@ class DeviceDelivery:
             device["applied_version_id"] == target and device["config_status"] == "applied")
         if runs:
             if device["applied_version_id"] != target or device["config_status"] != "applied":
-                await self._db(partial(s.stores.devices.set_config_result, assigned=target),
-                               self.device_id, "applied", None, target, s.clock.now())
+                await self._config_status(target, "applied", None, target)
             await self._send_waiting_config_files(device)
             if device.get("pull_settings_stale"):
                 await self._send_pull_settings(device)
@@ -275,8 +284,7 @@ class DeviceDelivery:
         if version["spec"].get("containers") and not runs_containers(self.actor.facts):
             # The device would refuse it too; saying so here names the cause before anything is sent,
             # and the rejection holds until the version is assigned again (as a device's own would).
-            await self._db(partial(s.stores.devices.set_config_result, assigned=target), self.device_id, "rejected", NO_ENGINE,
-                           device["applied_version_id"], s.clock.now())
+            await self._config_status(target, "rejected", NO_ENGINE, device["applied_version_id"])
             return
         files = await self._db(s.stores.secrets.config_files_for, self.device_id, device["config_id"])
         payload = {"configId": str(device["config_id"]), "versionId": str(target), "version": version["version"],
@@ -294,8 +302,7 @@ class DeviceDelivery:
         # if it is still the one assigned: a cancelled rollout gives back what the device runs to
         # devices not applying, so whichever of the two comes first stands, and nothing is sent after
         # the version was taken back.
-        if not await self._db(partial(s.stores.devices.set_config_result, assigned=target), self.device_id,
-                              "applying", None, device["applied_version_id"], s.clock.now()):
+        if not await self._config_status(target, "applying", None, device["applied_version_id"]):
             return
         try:
             result = await self._strict("config.apply", payload, timeout=APPLY_TIMEOUT)
@@ -303,13 +310,11 @@ class DeviceDelivery:
             if exc.offline:
                 # Never reached the device (not linked, or the bus is down): no verdict on the version.
                 # Pending again: its next hello, or the rollout's re-send, sends it (issue 38).
-                await self._db(partial(s.stores.devices.set_config_result, assigned=target), self.device_id, "pending",
-                               None, device["applied_version_id"], s.clock.now())
+                await self._config_status(target, "pending", None, device["applied_version_id"])
                 return
             # "applying" must end: failed with the reason (the diagnosis shows it); the version is sent
             # again at the device's next link. A result the device sends later (config.result) still counts.
-            if await self._db(partial(s.stores.devices.set_config_result, assigned=target), self.device_id, "failed",
-                              exc.reason, device["applied_version_id"], s.clock.now()):
+            if await self._config_status(target, "failed", exc.reason, device["applied_version_id"]):
                 await self._db(s.stores.secrets.mark_config_files, self.device_id, device["config_id"], "failed",
                                f"configuration not applied: {exc.reason}", s.clock.now())
             return
@@ -384,9 +389,8 @@ class DeviceDelivery:
             await self.protocol_error(what)
             device = await self._db(s.stores.devices.current, self.device_id)
             if device is not None and device["config_status"] == "applying":
-                await self._db(partial(s.stores.devices.set_config_result, assigned=device["config_version_id"]),
-                               self.device_id, "failed", f"the device's result was malformed ({what})"[:500],
-                               device["applied_version_id"], now)
+                await self._config_status(device["config_version_id"], "failed",
+                                          f"the device's result was malformed ({what})"[:500], device["applied_version_id"])
             return
         result = checked.model_dump()
         device = await self._db(s.stores.devices.current, self.device_id)
@@ -396,16 +400,14 @@ class DeviceDelivery:
         # apply are recorded in separate tasks, and a cancelled rollout may give the device back what
         # it runs between a read and a write. So each write names the version it is for.
         if result.get("status") == "applied":
-            if await self._db(partial(s.stores.devices.set_config_result, assigned=version_id),
-                              self.device_id, "applied", None, version_id, now):
+            if await self._config_status(version_id, "applied", None, version_id):
                 await self._db(s.stores.secrets.record, self.device_id, _ours(result.get("files", [])), now)
         else:
             error = str(result.get("error") or "the device rejected the configuration")[:500]
             # the device's words, bounded by the wire schema (checked above) and storable (protocol.decode)
-            if await self._db(partial(s.stores.devices.set_config_result, assigned=version_id,
-                                      check_output=result.get("checkOutput") or None,
-                                      workload_log=result.get("workloadLog") or None),
-                              self.device_id, "rejected", error, _uuid(result.get("rolledBackTo")), now):
+            if await self._config_status(version_id, "rejected", error, _uuid(result.get("rolledBackTo")),
+                                         check_output=result.get("checkOutput") or None,
+                                         workload_log=result.get("workloadLog") or None):
                 await self._db(s.stores.secrets.mark_config_files, self.device_id, config_id, "failed",
                                f"configuration rejected by the device: {error}", now)
 
