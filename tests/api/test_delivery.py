@@ -95,8 +95,13 @@ async def test_device_file_reaches_disk_fails_cleanly_and_is_deleted(nursery, db
 
 
 def _workload(healthy: bool) -> dict:
-    script = "import time\nwhile True: time.sleep(1)" if healthy else "import sys; sys.exit(3)"
-    return {"command": [sys.executable, "-c", script], "healthCheck": {"timeoutSeconds": 2, "graceSeconds": 0.3}}
+    if healthy:
+        return {"command": [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"],
+                "healthCheck": {"timeoutSeconds": 2, "graceSeconds": 0.3}}
+    # the failing one must have exited by the end of its grace whatever the host's load (as FAILING in
+    # test_rollouts.py): the grace ends early when the process exits
+    return {"command": [sys.executable, "-c", "import sys; sys.exit(3)"],
+            "healthCheck": {"timeoutSeconds": 2, "graceSeconds": 20}}
 
 
 async def test_configuration_files_arrive_with_the_version_and_a_device_file_overrides(nursery, db_url, tmp_path):

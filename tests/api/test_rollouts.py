@@ -12,8 +12,12 @@ from tests.hubtools import open_hub, start_agent, start_hub, start_stoppable, wa
 
 HEALTHY = {"command": [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"],
            "healthCheck": {"timeoutSeconds": 2, "graceSeconds": 0.2}}
+# Without a health command a workload is healthy when it is still running at the end of its grace. A
+# grace as short as HEALTHY's let a loaded host (CI, 2026-11-29) start this Python after 0.2 s had
+# passed: the version was applied, then crash-looped. The grace is waited only until the process exits,
+# so a long one costs nothing and the rejection no longer depends on how fast a process starts.
 FAILING = {"command": [sys.executable, "-c", "import sys; sys.exit(3)"],
-           "healthCheck": {"timeoutSeconds": 1, "graceSeconds": 0.2}}
+           "healthCheck": {"timeoutSeconds": 1, "graceSeconds": 20}}
 
 
 async def fleet_with_agents(hub, nursery, tmp_path, n, name="f", **fleet):
