@@ -38,7 +38,7 @@ import os
 import signal
 import socket
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 log = logging.getLogger("fleethub.tunnel")
 
@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=command)
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """The one line a failure prints, and exit 2 (the session never opened)."""
     print(f"fleethub tunnel: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
@@ -81,24 +81,16 @@ def parse_listen(text: str) -> tuple[str, int]:
 def bind_listener(host: str, port: int) -> socket.socket:
     """The listening socket, bound now (before any session exists); a failure is one line."""
     from .failures import one_line
+    from .listener import listening_socket
 
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        return listening_socket(host, port)
     except socket.gaierror as exc:
         fail(one_line(f"--listen {host}:{port}: {exc.strerror}", "address_refused"))
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's create_server does
-        sock.bind(address)
-        sock.listen(100)
     except OSError as exc:
-        sock.close()
         code = "address_in_use" if exc.errno == errno.EADDRINUSE else "address_refused"
         what = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc.strerror})"
         fail(one_line(f"--listen {host}:{port} {what}", code))
-    sock.setblocking(False)
-    return sock
 
 
 def take_stdio() -> tuple[int, int]:

@@ -24,6 +24,7 @@ import trio
 
 from . import loop as loop_mod
 from .forward import Counters, Pump, bucket_for
+from .listener import Listener, listening_socket
 from .marks import Marks
 from .packets import cheaper_packets
 from .pmtu import probe_on_establish
@@ -85,7 +86,7 @@ class TunnelPeer:
         self._pc: Any = None
         self._control: Any = None
         self._pumps: set[Pump] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self._listener: Listener | None = None
         self._target: tuple[str, int] | Callable[[Pump], Any] | None = None
         self._limit_out = self._limit_in = None
         self._bandwidth: int | None = None
@@ -244,13 +245,8 @@ class TunnelPeer:
                 return _Refuse()  # the peer connection is gone: a channel would never open
             return self._pump(self._pc.createDataChannel("tcp"))
 
-        loop = asyncio.get_running_loop()
-        if sock is not None:
-            self._server = await loop.create_server(accept, sock=sock)
-        else:
-            self._server = await loop.create_server(accept, host, port)
-        address = self._server.sockets[0].getsockname()
-        return address[0], address[1]
+        self._listener = Listener(sock if sock is not None else listening_socket(host, port), accept)
+        return self._listener.address
 
     async def _stdio(self, fd_in: int, fd_out: int, on_closed: Callable[[], None]) -> None:
         from .stdio import connect_stdio
@@ -283,8 +279,9 @@ class TunnelPeer:
         return self._pair
 
     async def _close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._listener is not None:
+            # before the pumps are closed below: no connection is taken after that
+            await self._listener.close()
         if self._pc is None:
             return
         sctp = self._pc.sctp

@@ -6,6 +6,7 @@ Real sockets and a real asyncio thread: these run on trio's real clock with shor
 from __future__ import annotations
 
 import os
+import time
 from functools import partial
 
 import trio
@@ -110,6 +111,31 @@ async def test_bytes_sent_just_before_a_full_close_still_arrive(nursery):
             await stream.aclose()  # no half-close, no reading: gone
             await finished.wait()
             assert bytes(received) == payload
+        finally:
+            await pair.client.close()
+            await pair.device.close()
+
+
+async def test_a_connection_accepted_as_the_session_closes_is_closed_not_left_waiting(nursery):
+    """A local connection that arrives just as the session closes must be closed. With asyncio's
+    create_server it was not: the server, closed between accepting the socket and making its transport,
+    failed that on an assertion asyncio swallows, and the socket stayed open, its client waiting for
+    ever (the mid-transfer test below hung so, 4 rounds in 152 on a loaded host). The asyncio thread is
+    kept busy here so that the accept and the close are both waiting when it wakes, the accept first."""
+    with trio.fail_after(30):
+        pair = await connect_pair(await start_echo(nursery))
+        try:
+            pair.client._thread.call_soon(time.sleep, 0.5)
+            stream = await trio.open_tcp_stream("127.0.0.1", pair.listen_port)  # the kernel's handshake
+            await pair.client.close()
+            async with stream:
+                with trio.move_on_after(10) as waited:
+                    try:
+                        while await stream.receive_some(65536):
+                            pass
+                    except trio.BrokenResourceError:
+                        pass  # reset rather than closed: as good
+                assert not waited.cancelled_caught, "the local connection was left open after the session closed"
         finally:
             await pair.client.close()
             await pair.device.close()
