@@ -193,12 +193,12 @@ class Devices:
 
     async def set_config_result(self, device_id: uuid.UUID, status: str, error: str | None,
                                 applied_version_id: uuid.UUID | None, now: dt.datetime, *,
-                                assigned: uuid.UUID | None = None, check_output: str | None = None,
+                                assigned: uuid.UUID, check_output: str | None = None,
                                 workload_log: str | None = None) -> bool:
         """The configuration status of the version the device is assigned; whether it was written.
 
         ``assigned``: written only while the device is still assigned that version, checked in the
-        same statement. A result decided on a row read earlier (the reply to config.apply and the
+        same statement (required: every result is about one version, so none may land unchecked). A result decided on a row read earlier (the reply to config.apply and the
         config.result event are recorded in separate tasks) must not land on the version a cancelled
         rollout gave back in between (``Rollouts.release``), or on one an operator assigned:
         the device would show a rejection of the version it runs. ``check_output`` and
@@ -207,7 +207,7 @@ class Devices:
         done = await self.db.execute(
             "UPDATE devices SET config_status = $2, config_error = $3, applied_version_id = $4, updated_at = $5, "
             "config_check_output = $6, config_workload_log = $7 "
-            "WHERE id = $1 AND ($8::uuid IS NULL OR config_version_id = $8)",
+            "WHERE id = $1 AND config_version_id = $8",
             device_id, status, error, applied_version_id, now, check_output, workload_log, assigned)
         self.cache.evict([device_id])
         return done != "UPDATE 0"

@@ -193,13 +193,14 @@ async def test_release_gives_back_what_each_device_runs_and_nothing_else(nursery
         for n in names[:-2] + ["applied_it"]:  # each ran v1 of c1
             await s.stores.secrets.assign_config(dev[n], c1, now)
             await s.stores.devices.assign_config(org, dev[n], c1, v1, now)
-            await s.stores.devices.set_config_result(dev[n], "applied", None, v1, now)
+            await s.stores.devices.set_config_result(dev[n], "applied", None, v1, now, assigned=v1)
         rid = await cancelled_rollout(s, org, fid, c2, v2,
                                       [(dev[n], "failed" if n == "rejected" else "updating") for n in names], now)
-        await s.stores.devices.set_config_result(dev["rejected"], "rejected", "health check failed", v1, now)
-        await s.stores.devices.set_config_result(dev["applying"], "applying", None, v1, now)
+        await s.stores.devices.set_config_result(dev["rejected"], "rejected", "health check failed", v1, now,
+                                                assigned=v2)
+        await s.stores.devices.set_config_result(dev["applying"], "applying", None, v1, now, assigned=v2)
         await s.stores.devices.assign_config(org, dev["reassigned"], c1, v1, now)  # an operator's assignment since
-        await s.stores.devices.set_config_result(dev["applied_it"], "applied", None, v2, now)
+        await s.stores.devices.set_config_result(dev["applied_it"], "applied", None, v2, now, assigned=v2)
 
         released = await s.stores.rollouts.release(rid, v2, now)
         assert sorted(released) == sorted([dev["rejected"], dev["never_sent"], dev["ran_none"]])
@@ -275,9 +276,10 @@ async def test_a_result_that_raced_a_cancel_does_not_land_on_the_version_given_b
         dev = uuid.UUID((await hub.provision("racer", fleet_id=fid))[0])
         now = s.clock.now()
         await s.stores.devices.assign_config(org, dev, c1, v1, now)
-        await s.stores.devices.set_config_result(dev, "applied", None, v1, now)
+        await s.stores.devices.set_config_result(dev, "applied", None, v1, now, assigned=v1)
         rid = await cancelled_rollout(s, org, fid, c2, v2, [(dev, "updating")], now)
-        await s.stores.devices.set_config_result(dev, "rejected", "health check failed", v1, now)  # the first answer
+        await s.stores.devices.set_config_result(dev, "rejected", "health check failed", v1, now,
+                                                assigned=v2)  # the first answer
 
         actor = await s.device_actor(dev)
         read_row, released = s.stores.devices.current, []

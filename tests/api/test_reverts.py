@@ -160,7 +160,8 @@ async def test_device_revert_takes_one_device_back_and_only_once(nursery, db_url
             dev = uuid.UUID((await hub.provision(name, **({"fleet_id": fleet} if fleet else {})))[0])
             for vid in (v1, v2):
                 await s.stores.devices.assign_config(org, dev, uuid.UUID(cid), uuid.UUID(vid), now)
-                await s.stores.devices.set_config_result(dev, "applied", None, uuid.UUID(vid), now)
+                await s.stores.devices.set_config_result(dev, "applied", None, uuid.UUID(vid), now,
+                                                        assigned=uuid.UUID(vid))
             assert (await device(hub, str(dev)))["configuration"]["previous_version_id"] == v1
             code = "device_ineligible" if fleet else "device_not_in_fleet"
             body = assert_error(await hub.call("POST", f"/v1/devices/{dev}/revert"), 409, code)
