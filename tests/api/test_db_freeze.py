@@ -15,9 +15,9 @@ import trio
 
 from storage.db import Database, DatabaseUnavailable
 from storage.embedded import EmbeddedPostgres
-from tests.proctools import stopped
 from tests.hubtools import assert_error, start_hub, wait_for
 from tests.ports import free_port
+from tests.proctools import wait_stopped
 
 # What the test holds the hub to, with the default settings (db_call_timeout 4.5 s).
 REQUEST_BOUND = 5.0
@@ -50,10 +50,7 @@ def signal_all(pids: list[int], sig: signal.Signals) -> None:
         except ProcessLookupError:
             pass
     if sig == signal.SIGSTOP:
-        deadline = time.monotonic() + 5
-        while not all(stopped(pid) for pid in pids):
-            assert time.monotonic() < deadline, "the PostgreSQL processes did not stop within 5 s"
-            time.sleep(0.001)
+        wait_stopped(pids)
 
 
 async def timed_get(hub, path: str) -> tuple[object, float]:

@@ -47,6 +47,7 @@ from tests.e2e.killtools import (
     temp_files,
     workload_starts,
 )
+from tests.proctools import sigstop
 
 FLEET_SIZE = 4
 RACERS = 8
@@ -255,7 +256,7 @@ def test_sigkill_mid_rollout_upload_memory_test_and_tunnel(tmp_path, kill_procs,
             c.close()
 
     # the tunnel's client is frozen across the kill, so nobody renews the grant from here on
-    cli.popen.send_signal(signal.SIGSTOP)
+    sigstop(cli.popen.pid)  # returns once it has stopped
     racers = [threading.Thread(target=upload_racing, args=(race, c, i * RACE_SPACING))
               for i, (race, c) in enumerate(zip(races, clients))]
     for racer in racers:

@@ -20,6 +20,7 @@ import trio
 
 from tests.e2e.clitools import clean_env, fleethub_exe, free_port
 from tests.hubtools import device, start_hub, wait_for
+from tests.proctools import sigstop
 
 GRANT_SECONDS = 6.0
 
@@ -171,7 +172,7 @@ async def test_a_session_the_cli_does_not_renew_is_closed_by_the_device(nursery,
             await wait_for(lambda: "tunnel ready" in cli.log() or cli.popen.poll() is not None, timeout=60)
             assert "tunnel ready" in cli.log(), cli.log() + agent.log()
             assert await roundtrip(listen_port, b"ping") == b"ping"
-            cli.popen.send_signal(signal.SIGSTOP)
+            sigstop(cli.popen.pid)  # returns once it has stopped
             sid = await s.db.fetchval("SELECT id FROM tunnel_sessions WHERE device_id = $1", uuid.UUID(dev_id))
 
             async def closed_by_device() -> bool:

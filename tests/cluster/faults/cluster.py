@@ -53,7 +53,10 @@ class FaultNode:
 
     def signal(self, sig: signal.Signals) -> None:
         if self.proc is not None and self.proc.popen.poll() is None:
-            os.kill(self.proc.popen.pid, sig)
+            if sig == signal.SIGSTOP:
+                sigstop(self.proc.popen.pid)  # returns once it has stopped
+            else:
+                os.kill(self.proc.popen.pid, sig)
 
     async def kill(self) -> None:
         self.signal(signal.SIGCONT)  # a stopped process dies on SIGKILL too; this only makes it prompt
