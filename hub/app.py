@@ -32,7 +32,7 @@ from hub.auth import middleware
 from hub.auth.schemes import SESSION_COOKIE
 from hub.mcp.endpoint import PATH as MCP_PATH, McpEndpoint
 from hub.ids import fast_uuid4
-from hub.openapi import EITHER, FleethubOpenAPI
+from hub.openapi import EITHER, CachedDocument, FleethubOpenAPI
 from actors.errors import AskError
 from hub.errors import (Conflict, FleethubError, database_unavailable, from_actor, general_body, memtest_body,
                         tunnel_body)
@@ -152,6 +152,9 @@ def _build_app(services: Services) -> HubApp:
         security=EITHER,  # hub/openapi.py sets each operation's own
         openapi_provider_class=FleethubOpenAPI,
     )
+    # built once, off the loop (hub/openapi.py says why), in place of quart-schema's per-request build
+    app.view_functions["openapi"] = CachedDocument(app.extensions["QUART_SCHEMA"].openapi_provider,
+                                                   partial(app.json.dumps, separators=(",", ":"))).view()
     answers.set_up(app)
     for module in (health, pats, sessions, oauth, access, audit, devices, fleets, configurations, secret_files,
                    rollouts, reverts, link, windows, memtests, pagemaps, diagnosis, tunnels, billing, assistant,

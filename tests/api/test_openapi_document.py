@@ -63,6 +63,38 @@ async def test_an_independent_validator_accepts_the_document(hub):
         validate(doc)  # raises with the first problem it finds
 
 
+async def test_the_document_is_built_once_off_the_loop_and_a_client_holding_it_gets_a_304(hub, monkeypatch):
+    """quart-schema built the document on every request, on the event loop (0.6 s of CPU on the bench
+    machine): a public path that held the whole process. Built once now, in a worker thread, and the
+    same bytes after; what it holds is what quart-schema builds."""
+    import threading
+
+    provider = hub.services.http_views["openapi"].document.provider
+    built, schema = [], provider.schema
+
+    def counted():
+        built.append(threading.current_thread() is threading.main_thread())
+        return schema()
+    monkeypatch.setattr(provider, "schema", counted)
+    with trio.fail_after(60):
+        url = hub.base_url + "/v1/openapi.json"
+        async with trio.open_nursery() as nursery:  # requests meanwhile wait for the one build
+            for _ in range(3):
+                nursery.start_soon(hub.client.get, url)
+        first = await hub.client.get(url)
+        again = await hub.client.get(url)
+        assert first.status_code == again.status_code == 200
+        assert first.content == again.content and first.headers["content-type"] == "application/json"
+        assert json.loads(first.content) == json.loads(json.dumps(schema()))
+        etag = first.headers["etag"]
+        assert etag == again.headers["etag"] and etag.startswith('"')
+        unchanged = await hub.client.get(url, headers={"If-None-Match": etag})
+        assert (unchanged.status_code, unchanged.content, unchanged.headers["etag"]) == (304, b"", etag)
+        stale = await hub.client.get(url, headers={"If-None-Match": '"something-else"'})
+        assert stale.status_code == 200 and stale.content == first.content
+    assert built == [False], built  # once, and not on the loop's thread
+
+
 async def test_the_document_says_what_the_spec_says(hub):
     with trio.fail_after(30):
         doc = await _document(hub)
