@@ -141,8 +141,9 @@ async def _drain(stream, into: list[bytes] | None = None) -> None:
             into.append(chunk)
 
 
-async def _first_match(nursery, stream, pattern: bytes) -> re.Match:
-    """Read ``stream`` until ``pattern`` matches what it said; the rest is drained in the background."""
+async def _first_match(nursery, stream, pattern: bytes, *others: tuple[str, list[bytes]]) -> re.Match:
+    """Read ``stream`` until ``pattern`` matches what it said; the rest is drained in the background.
+    ``others``: (name, what that process said so far), shown when the pattern never comes."""
     seen = b""
     async for chunk in stream:
         seen += chunk
@@ -150,7 +151,9 @@ async def _first_match(nursery, stream, pattern: bytes) -> re.Match:
         if found:
             nursery.start_soon(_drain, stream)
             return found
-    raise AssertionError(f"never said {pattern!r}: {seen.decode(errors='replace')}")
+    await trio.sleep(0.2)  # the last of the others' output
+    said = "".join(f"\n--- {name}:\n{b''.join(out).decode(errors='replace')[-4000:]}" for name, out in others)
+    raise AssertionError(f"never said {pattern!r}: {seen.decode(errors='replace')}{said}")
 
 
 async def _fleethub(bin_dir: Path, *argv: str, env: dict[str, str] | None = None, cwd: Path) -> trio.Process:
@@ -159,11 +162,13 @@ async def _fleethub(bin_dir: Path, *argv: str, env: dict[str, str] | None = None
                                             cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-async def _agent(nursery, bin_dir: Path, hub_url: str, token: str, data_dir: Path, *flags: str) -> trio.Process:
+async def _agent(nursery, bin_dir: Path, hub_url: str, token: str, data_dir: Path, *flags: str,
+                 output: list[bytes] | None = None) -> trio.Process:
+    """``output``: where what the agent says is kept (its log is on stderr)."""
     proc = await _fleethub(bin_dir, "agent", "--hub", hub_url, "--data-dir", str(data_dir), *flags,
                            env={"FLEETHUB_DEVICE_TOKEN": token}, cwd=data_dir.parent)
-    nursery.start_soon(_drain, proc.stdout)
-    nursery.start_soon(_drain, proc.stderr)
+    nursery.start_soon(_drain, proc.stdout, output)
+    nursery.start_soon(_drain, proc.stderr, output)
     return proc
 
 
@@ -217,8 +222,9 @@ async def test_the_device_install_alone_links_to_a_hub_and_passes_the_kit(nurser
             echo_port = (await nursery.start(partial(trio.serve_tcp, _echo, 0, host="127.0.0.1")))[0] \
                 .socket.getsockname()[1]
             device_id, token = await hub.provision("clean-venv")
+            agent_out: list[bytes] = []
             agent = await _agent(nursery, bin_dir, hub.base_url, token, tmp_path / "device",
-                                 "--tunnel-target", f"echo=127.0.0.1:{echo_port}")
+                                 "--tunnel-target", f"echo=127.0.0.1:{echo_port}", output=agent_out)
             processes.append(agent)
 
             async def online() -> bool:
@@ -231,7 +237,8 @@ async def test_the_device_install_alone_links_to_a_hub_and_passes_the_kit(nurser
             processes.append(cli)
             cli_err: list[bytes] = []
             nursery.start_soon(_drain, cli.stderr, cli_err)
-            ready = await _first_match(nursery, cli.stdout, rb"tunnel ready: 127\.0\.0\.1:(\d+)")
+            ready = await _first_match(nursery, cli.stdout, rb"tunnel ready: 127\.0\.0\.1:(\d+)",
+                                       ("the CLI's stderr", cli_err), ("the agent", agent_out))
             assert await _roundtrip(int(ready.group(1)), b"through the device install") == b"through the device install"
             cli.send_signal(signal.SIGINT)
             assert await cli.wait() == 0, b"".join(cli_err).decode(errors="replace")
