@@ -332,27 +332,25 @@ class CachedDocument:
     def __init__(self, provider: OpenAPIProvider, dumps: Any) -> None:
         self.provider, self._dumps = provider, dumps
         self._lock = trio.Lock()
-        self._body: bytes | None = None
-        self.etag = ""
+        self._built: tuple[bytes, str] | None = None  # the body and its ETag, set together
 
-    def _build(self) -> bytes:
-        return (self._dumps(self.provider.schema()) + "\n").encode()  # as quart's JSON answers end
+    def _build(self) -> tuple[bytes, str]:
+        body = (self._dumps(self.provider.schema()) + "\n").encode()  # as quart's JSON answers end
+        return body, hashlib.sha256(body).hexdigest()[:32]
 
-    async def body(self) -> bytes:
-        if self._body is None:
+    async def built(self) -> tuple[bytes, str]:
+        if self._built is None:
             async with self._lock:
-                if self._body is None:
-                    body = await trio.to_thread.run_sync(self._build)
-                    self.etag = hashlib.sha256(body).hexdigest()[:32]
-                    self._body = body
-        return self._body
+                if self._built is None:
+                    self._built = await trio.to_thread.run_sync(self._build)
+        return self._built
 
     def view(self) -> Any:
         @hide
         async def openapi() -> Response:
-            body = await self.body()
-            headers = {"ETag": f'"{self.etag}"', "Cache-Control": "no-cache"}
-            if request.if_none_match.contains(self.etag):
+            body, etag = await self.built()
+            headers = {"ETag": f'"{etag}"', "Cache-Control": "no-cache"}
+            if request.if_none_match.contains(etag):
                 return Response(b"", 304, headers, content_type="application/json")
             return Response(body, 200, headers, content_type="application/json")
         openapi.document = self  # type: ignore[attr-defined]  # for a test to find

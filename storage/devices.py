@@ -198,7 +198,8 @@ class Devices:
         """The configuration status of the version the device is assigned; whether it was written.
 
         ``assigned``: written only while the device is still assigned that version, checked in the
-        same statement (required: every result is about one version, so none may land unchecked). A result decided on a row read earlier (the reply to config.apply and the
+        same statement (required: every result is about one version, so none may land unchecked).
+        A result decided on a row read earlier (the reply to config.apply and the
         config.result event are recorded in separate tasks) must not land on the version a cancelled
         rollout gave back in between (``Rollouts.release``), or on one an operator assigned:
         the device would show a rejection of the version it runs. ``check_output`` and

@@ -47,9 +47,9 @@ def wait_stopped(pids: list[int], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not all(stopped(pid) for pid in pids):
         if time.monotonic() >= deadline:
-            late = {pid: (_running(pid), _comm(pid)) for pid in pids if not stopped(pid)}
+            late = {pid: states for pid in pids if (states := _running(pid))}
             raise AssertionError(f"not stopped {timeout:g} s after SIGSTOP: "
-                                 + ", ".join(f"{pid} {comm!r} in {states}" for pid, (states, comm) in late.items()))
+                                 + ", ".join(f"{pid} {_comm(pid)!r} in {states}" for pid, states in late.items()))
         time.sleep(0.001)
 
 
