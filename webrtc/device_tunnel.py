@@ -30,6 +30,7 @@ import trio
 
 from device_client.shared.clock import rfc3339
 from device_client.commands import CommandError
+from device_client.imports import load
 from device_client.tunnel import ShellTarget, TunnelConfig
 
 from .sdp import data_channels_only, fingerprints, media_kinds
@@ -188,8 +189,7 @@ class TunnelService:
                 self.unsent_finals.pop(0)
 
     async def open(self, payload: dict[str, Any]) -> dict[str, Any]:
-        # aiortc (cryptography; not av, mediafree.py) and pyjwt load on the first tunnel, not at every agent start: an idle
-        # agent with targets configured holds none of them (bench/agent_footprint.py)
+        await load_engine()
         from .grant import GrantError, check_for_device, parse_grant
         from .peer import TunnelPeer
 
@@ -256,6 +256,14 @@ class TunnelService:
         for session in list(self.sessions.values()):
             with trio.move_on_after(CLOSE_TIMEOUT):
                 await session.done.wait()
+
+
+async def load_engine() -> None:
+    """The tunnel's own modules, imported off the agent's trio thread (device_client/imports.py) the
+    first time: grant.py brings pyjwt and cryptography, peer.py the data path's modules, about 130 ms
+    of CPU together. An idle agent with targets configured holds none of them (bench/agent_footprint.py).
+    aiortc itself is imported later, on the asyncio thread that runs it (peer.py, loop.py)."""
+    await load(f"{__package__}.grant", f"{__package__}.peer")
 
 
 def _is_turn(server: dict[str, Any]) -> bool:

@@ -45,6 +45,7 @@ import trio
 from ..shared import protocol
 from ..shared.clock import rfc3339
 from ..commands import CommandError
+from ..imports import load
 from . import bounds
 from . import plan as plans
 from .hwsim import Hardware
@@ -167,6 +168,7 @@ class MemoryTester:
                 await self._progress(_pending_status(run_id, plan, "stopping_workload", self.device.clock))
                 await self._stop_workload()
             try:
+                await load_runner()
                 run = self._new_run(run_id, plan)
                 self._launch(run, stopped=stopped, test_boot=False)
             except BaseException:
@@ -236,7 +238,7 @@ class MemoryTester:
     # ---- runs ----
 
     def _new_run(self, run_id: str, plan: dict[str, Any]) -> Run:
-        from .runner import Run  # numpy: an agent that never tests never loads it (bench/agent_footprint.py)
+        from .runner import Run  # loaded by load_runner
 
         meminfo = self.config.meminfo or plans.read_meminfo
         size = plans.size_for(plan, meminfo(), self.config.budget)
@@ -368,6 +370,7 @@ class MemoryTester:
         self.store.set_test_boot({**record, "started": True})
         await self.device.workload.hold()  # before the configuration's boot hook would start it
         self.maintenance = True
+        await load_runner()
         run = self._new_run(record["runId"], record["plan"])
         self._launch(run, stopped=True, test_boot=True)
 
@@ -397,10 +400,11 @@ class MemoryTester:
         maps = [(run_id, path) for run_id, path in self.store.page_maps() if run_id not in waiting]
         if not maps or self._uploading:
             return
-        import httpx  # only a run's page maps go over HTTP
-
         self._uploading = True
         try:
+            await load("httpx")  # only a run's page maps go over HTTP
+            import httpx
+
             async with httpx.AsyncClient(verify=self.device.ssl_context or True, timeout=UPLOAD_TIMEOUT) as client:
                 for run_id, path in maps:
                     url = f"{self.device.hub_url.rstrip('/')}/v1/device/memory-tests/{quote(run_id, safe='')}/page-map"
@@ -438,6 +442,12 @@ class MemoryTester:
         self.maintenance = False
         self.holding = False
         self.device.workload.held = False
+
+
+async def load_runner() -> None:
+    """The engine (numpy), imported off the trio thread (device_client/imports.py) before the first run:
+    an agent that never tests never loads it (bench/agent_footprint.py)."""
+    await load(f"{__package__}.runner")
 
 
 def _ended_status(result: dict[str, Any]) -> dict[str, Any]:
