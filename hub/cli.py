@@ -97,6 +97,9 @@ async def _until_signalled(main, graceful: bool = False) -> None:
                         nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch)
+            # every long-running command: a stall of its trio thread is logged with what held it
+            from device_client.shared import loopwatch
+            await loopwatch.ensure(nursery)
             await (main(stopping=stopping) if graceful else main())
             nursery.cancel_scope.cancel()
 

@@ -25,6 +25,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from device_client.shared import loopwatch
+
 if TYPE_CHECKING:
     from hub.services import Services
 
@@ -128,6 +130,21 @@ def family(kind, name: str, help_: str, value=None, *, labels: list[str] | None 
     return made
 
 
+def _loop_stalls():
+    """The event loop's stalls (device_client/shared/loopwatch.py); nothing when the watch is off."""
+    watch = loopwatch.current()
+    if watch is None:
+        return
+    stalls = watch.stalls
+    yield family(CounterMetricFamily, "fleethub_event_loop_stalls",
+                 f"Times the trio thread ran no task for {stalls.threshold:g} s or more (FLEETHUB_LOOP_STALL_SECONDS); "
+                 "each is logged with the stack that held it.", stalls.count)
+    yield family(CounterMetricFamily, "fleethub_event_loop_stall_seconds",
+                 "Seconds the trio thread was held by those stalls.", round(stalls.seconds, 6))
+    yield family(GaugeMetricFamily, "fleethub_event_loop_longest_stall_seconds",
+                 "The longest stall since the process started.", round(stalls.longest, 6))
+
+
 class _HubCollector:
     """Values owned elsewhere, read when /metrics is scraped."""
 
@@ -149,6 +166,7 @@ class _HubCollector:
         yield family(C, "fleethub_device_connects", "Device links accepted.", m.device_connects)
         yield from services.topology.metric_families()  # a cluster node's (hub/cluster/topology.py)
         yield family(C, "fleethub_device_rejects", "Device link handshakes refused.", m.device_rejects)
+        yield from _loop_stalls()
         reg = services.registry.statistics()
         yield family(G, "fleethub_actors", "Live actors by kind.", labels=["kind"],
                       samples=[([k], n) for k, n in sorted(reg["by_kind"].items())] or [(["none"], 0)])

@@ -9,6 +9,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from device_client.shared import loopwatch
 from device_client.shared.clock import Clock
 from hub.frames import HARD_CAP
 from hub.app import create_app
@@ -69,6 +70,7 @@ async def run_hub(settings: Settings, *, clock: Clock | None = None, on_ready=No
     stops at once."""
     async with open_services(settings, clock) as services:
         async with trio.open_nursery() as nursery:
+            await loopwatch.ensure(nursery)  # `fleethub serve` started one already; a hub in a test has this
             http_stop = trio.Event()
             http_done = trio.Event()
 

@@ -1,13 +1,17 @@
 """/metrics from prometheus_client: a registry per hub, histograms with buckets, the process collector,
-and the wait for a pooled connection counted apart from the crossing (storage/db.py)."""
+the wait for a pooled connection counted apart from the crossing (storage/db.py), and the event loop's
+stalls (device_client/shared/loopwatch.py)."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import trio
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from device_client.shared import loopwatch
 from hub.metrics import Metrics
 from storage.db import Database
 from tests.hubtools import metric_value, metrics, start_hub
@@ -52,6 +56,32 @@ async def test_request_latency_histogram_process_collector_and_pool_wait(hub):
         waits = metric_value(text, "fleethub_storage_pool_wait_seconds_count")
         assert waits and waits > 0
         assert metric_value(text, "fleethub_storage_pool_wait_seconds_bucket", {"le": "+Inf"}) == waits
+
+
+def _hold_the_loop(seconds: float) -> None:
+    time.sleep(seconds)  # what an import, a large document or a blocking call does on the trio thread
+
+
+async def test_a_stall_of_the_event_loop_is_counted_and_logged_with_the_code_that_held_it(hub, caplog):
+    watch = loopwatch.current()
+    assert watch is not None and watch.stalls.threshold == loopwatch.DEFAULT_THRESHOLD  # run_hub started it
+    with trio.fail_after(30):
+        text = await metrics(hub)
+        before = metric_value(text, "fleethub_event_loop_stalls_total")
+        assert before is not None
+        # 2 s: the watch's thread looks every 0.125 s and sees the stall from 0.6 s on, even when busy
+        _hold_the_loop(2.0)
+        await trio.sleep(0.3)  # the watch's task runs again: the stall has ended and is counted
+        text = await metrics(hub)
+    assert metric_value(text, "fleethub_event_loop_stalls_total") >= before + 1
+    assert metric_value(text, "fleethub_event_loop_longest_stall_seconds") >= 1.5
+    assert metric_value(text, "fleethub_event_loop_stall_seconds_total") >= 1.5
+    logged = [r.getMessage() for r in caplog.records if r.name == "fleethub.loop"]
+    held = [m for m in logged if "_hold_the_loop" in m]
+    assert held, logged
+    # the frames that held it, innermost last, without source lines or values
+    assert held[0].startswith("the event loop has been held for ") and "test_metrics.py" in held[0]
+    assert held[0].rstrip().splitlines()[-1].endswith("in _hold_the_loop")
 
 
 async def test_every_outbox_has_the_same_four_families_by_kind(hub):

@@ -1,0 +1,195 @@
+"""Notice when the trio thread stops running tasks, and say what held it.
+
+Everything a process of ours does runs on one trio thread: in a hub every device link, request,
+rollout and stream; in an agent its link's heartbeats, its commands and its workload's supervision.
+Synchronous work on that thread holds all of it at once. Two such faults were found by their
+symptoms, far from their cause: the OpenAPI document built on every request (0.6-0.9 s, hub/openapi.py)
+closed pooled HTTP connections under load, and the agent's first tunnel imports (0.4-1.1 s,
+device_client/imports.py) outlasted a heartbeat timeout. This names the next one where it happens.
+
+How: a task on the watched loop notes the time every quarter of ``threshold``; a daemon thread looks
+at the note as often. When the note is older than ``threshold``, the thread takes the loop thread's
+stack (``sys._current_frames``), which is the code holding the loop while it holds it, and logs it as
+one warning (at most one per ``report_every`` seconds; the others are counted in it). When the task
+runs again it counts the stall and its length (``LoopWatch.stalls``, the hub's /metrics). A stall in C
+code that keeps the GIL (a long regular expression, a garbage collection) lets no other thread run
+either: the thread looks only once it is over, so its count and length are right but the stack logged,
+if any, may already be past the code that held the loop. Only the file, line and function of each
+frame are logged, never a value.
+
+The decisions (``Stalls``) take instants and hold no clock; the task and the thread are the IO.
+Not started under a trio clock other than the system's (a test's virtual clock would make the task's
+sleeps return at once and keep that clock from ever jumping).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from types import FrameType
+
+import trio
+
+log = logging.getLogger("fleethub.loop")
+
+ENV = "FLEETHUB_LOOP_STALL_SECONDS"
+DEFAULT_THRESHOLD = 0.5  # seconds; a device link's heartbeat timeout is 90 s, an HTTP keep-alive 5 s
+
+STACK_FRAMES = 12  # innermost frames logged: enough to reach our own code below a library's
+
+
+@dataclass
+class Stall:
+    """One stall as the watcher thread saw it while it lasted."""
+
+    held: float  # seconds since the loop last ran the watch's task
+    unreported: int  # stalls before this one that were counted but not logged (rate limit)
+
+
+class Stalls:
+    """The decisions, without IO: fed instants by the loop's task (``beat``) and the thread (``check``)."""
+
+    def __init__(self, threshold: float, *, report_every: float = 10.0) -> None:
+        self.threshold = threshold
+        self.interval = threshold / 4
+        self.report_every = report_every
+        self.count = 0
+        self.seconds = 0.0
+        self.longest = 0.0
+        self._last_beat: float | None = None
+        self._seen = False  # the current stall was already seen (and logged or counted as unreported)
+        self._last_report: float | None = None
+        self._unreported = 0
+        self._lock = threading.Lock()  # beat and check run on different threads
+
+    def beat(self, now: float) -> float | None:
+        """The loop ran the task at ``now``: the length of the stall that ended, if there was one."""
+        with self._lock:
+            last, self._last_beat = self._last_beat, now
+            seen, self._seen = self._seen, False
+            if last is None:
+                return None
+            held = now - last - self.interval  # the task slept one interval on purpose
+            if held < self.threshold and not seen:
+                return None
+            self.count += 1
+            self.seconds += held
+            self.longest = max(self.longest, held)
+            return held
+
+    def check(self, now: float) -> Stall | None:
+        """The thread looked at ``now``: a stall to log (once per stall, rate limited), or None."""
+        with self._lock:
+            if self._last_beat is None or self._seen:
+                return None
+            held = now - self._last_beat - self.interval
+            if held < self.threshold:
+                return None
+            self._seen = True
+            if self._last_report is not None and now - self._last_report < self.report_every:
+                self._unreported += 1
+                return None
+            self._last_report = now
+            stall = Stall(held, self._unreported)
+            self._unreported = 0
+            return stall
+
+
+def threshold_from_env() -> float:
+    """``FLEETHUB_LOOP_STALL_SECONDS``: the stall worth a warning; 0 switches the watch off."""
+    raw = os.environ.get(ENV, "").strip()
+    try:
+        value = float(raw) if raw else DEFAULT_THRESHOLD
+    except ValueError:
+        raise SystemExit(f"{ENV} must be a number of seconds (0: off), not {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise SystemExit(f"{ENV} must be a number of seconds (0: off), not {raw!r}")
+    return value
+
+
+# the watch of the current trio run (the hub's /metrics read it): per run, as a process may have
+# several, each on its own thread (tests/threadhub.py)
+_current: trio.lowlevel.RunVar[LoopWatch | None] = trio.lowlevel.RunVar("fleethub_loopwatch", default=None)
+
+
+def current() -> LoopWatch | None:
+    """The watch running on this trio run's thread, if any (None outside a trio run)."""
+    try:
+        return _current.get()
+    except RuntimeError:
+        return None
+
+
+async def ensure(nursery: trio.Nursery) -> None:
+    """Start a watch in ``nursery`` unless this trio run has one already (a hub inside ``fleethub
+    serve``; a hub a test starts has none before its own) or the environment switches it off."""
+    threshold = threshold_from_env()
+    watch = current()
+    if threshold > 0 and (watch is None or watch.stopped):
+        await nursery.start(LoopWatch(threshold).run)
+
+
+class LoopWatch:
+    """The task and the thread around ``Stalls``; ``run`` is started in the process's nursery."""
+
+    def __init__(self, threshold: float, *, report_every: float = 10.0, name: str = "event loop") -> None:
+        self.stalls = Stalls(threshold, report_every=report_every)
+        self.name = name
+        self._stop = threading.Event()
+        self._loop_thread: int | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        from trio.testing import MockClock
+
+        if isinstance(trio.lowlevel.current_clock(), MockClock):
+            log.debug("loop watch not started: the trio run has a virtual clock")
+            task_status.started()
+            return
+        self._loop_thread = threading.get_ident()
+        _current.set(self)
+        stalls = self.stalls
+        stalls.beat(time.monotonic())
+        thread = threading.Thread(target=self._watch, name="fleethub-loopwatch", daemon=True)
+        thread.start()
+        task_status.started()
+        try:
+            while True:
+                await trio.sleep(stalls.interval)
+                held = stalls.beat(time.monotonic())
+                if held is not None:
+                    log.debug("the %s was held for %.3f s", self.name, held)
+        finally:
+            self._stop.set()
+            if current() is self:
+                _current.set(None)
+
+    def _watch(self) -> None:
+        stalls = self.stalls
+        while not self._stop.wait(stalls.interval):
+            stall = stalls.check(time.monotonic())
+            if stall is None:
+                continue
+            frame = sys._current_frames().get(self._loop_thread or 0)
+            more = f" ({stall.unreported} more stalls since the last report)" if stall.unreported else ""
+            log.warning("the %s has been held for %.2f s%s by:\n%s", self.name, stall.held, more,
+                        innermost(frame, STACK_FRAMES) if frame is not None else "  (no stack)")
+
+
+def innermost(frame: FrameType | None, limit: int) -> str:
+    """The ``limit`` innermost frames from ``frame`` outwards, outermost first, as traceback prints
+    them but without source lines: file, line and function (no file is read, no value shown)."""
+    lines: list[str] = []
+    while frame is not None and len(lines) < limit:
+        code = frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}')
+        frame = frame.f_back
+    return "\n".join(reversed(lines))
