@@ -24,6 +24,7 @@ sleeps return at once and keep that clock from ever jumping).
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -48,7 +49,19 @@ class Stall:
     """One stall as the watcher thread saw it while it lasted."""
 
     held: float  # seconds since the loop last ran the watch's task
+    ran: float | None  # of which the loop's thread ran on a CPU (the rest it waited); None: not known here
+    collecting: float  # of which the process collected garbage (any thread: every thread waits for it)
     unreported: int  # stalls before this one that were counted but not logged (rate limit)
+
+    def why(self) -> str:
+        """What the thread's CPU time says: code running on the loop, or the loop kept waiting."""
+        parts = [] if self.ran is None else [f"its thread ran {self.ran:.2f} s of it"]
+        if self.collecting >= 0.01:
+            parts.append(f"garbage collection {self.collecting:.2f} s")
+        if self.ran is not None and self.ran < self.held / 2 and self.collecting < self.held / 2:
+            parts.append("so it mostly waited: for the GIL (another thread), a CPU (a busy machine) or a "
+                         "blocking call")
+        return "; ".join(parts)
 
 
 class Stalls:
@@ -62,15 +75,19 @@ class Stalls:
         self.seconds = 0.0
         self.longest = 0.0
         self._last_beat: float | None = None
+        self._cpu_at_beat = 0.0  # the loop thread's CPU seconds at the last beat
+        self._gc_at_beat = 0.0  # the process's garbage collection seconds at the last beat
         self._seen = False  # the current stall was already seen (and logged or counted as unreported)
         self._last_report: float | None = None
         self._unreported = 0
         self._lock = threading.Lock()  # beat and check run on different threads
 
-    def beat(self, now: float) -> float | None:
-        """The loop ran the task at ``now``: the length of the stall that ended, if there was one."""
+    def beat(self, now: float, cpu: float = 0.0, collecting: float = 0.0) -> float | None:
+        """The loop ran the task at ``now``, its thread having used ``cpu`` seconds and the process's
+        collector ``collecting`` seconds so far: the length of the stall that ended, if there was one."""
         with self._lock:
             last, self._last_beat = self._last_beat, now
+            self._cpu_at_beat, self._gc_at_beat = cpu, collecting
             seen, self._seen = self._seen, False
             if last is None:
                 return None
@@ -82,8 +99,9 @@ class Stalls:
             self.longest = max(self.longest, held)
             return held
 
-    def check(self, now: float) -> Stall | None:
-        """The thread looked at ``now``: a stall to log (once per stall, rate limited), or None."""
+    def check(self, now: float, cpu: float | None = None, collecting: float = 0.0) -> Stall | None:
+        """The thread looked at ``now`` (the loop thread's CPU and the collector's seconds as for
+        ``beat``): a stall to log (once per stall, rate limited), or None."""
         with self._lock:
             if self._last_beat is None or self._seen:
                 return None
@@ -95,7 +113,8 @@ class Stalls:
                 self._unreported += 1
                 return None
             self._last_report = now
-            stall = Stall(held, self._unreported)
+            ran = None if cpu is None else max(0.0, cpu - self._cpu_at_beat)
+            stall = Stall(held, ran, max(0.0, collecting - self._gc_at_beat), self._unreported)
             self._unreported = 0
             return stall
 
@@ -156,15 +175,15 @@ class LoopWatch:
             return
         self._loop_thread = threading.get_ident()
         _current.set(self)
-        stalls = self.stalls
-        stalls.beat(time.monotonic())
+        stalls, collector = self.stalls, _collector()
+        stalls.beat(time.monotonic(), time.thread_time(), collector.seconds)
         thread = threading.Thread(target=self._watch, name="fleethub-loopwatch", daemon=True)
         thread.start()
         task_status.started()
         try:
             while True:
                 await trio.sleep(stalls.interval)
-                held = stalls.beat(time.monotonic())
+                held = stalls.beat(time.monotonic(), time.thread_time(), collector.seconds)
                 if held is not None:
                     log.debug("the %s was held for %.3f s", self.name, held)
         finally:
@@ -173,15 +192,53 @@ class LoopWatch:
                 _current.set(None)
 
     def _watch(self) -> None:
-        stalls = self.stalls
+        stalls, collector = self.stalls, _collector()
+        # the loop thread's CPU clock: Linux and most Unixes; elsewhere a stall is reported without it
+        clock_of = getattr(time, "pthread_getcpuclockid", None)
+        loop_cpu = clock_of(self._loop_thread or 0) if clock_of is not None else None
         while not self._stop.wait(stalls.interval):
-            stall = stalls.check(time.monotonic())
+            try:
+                cpu = time.clock_gettime(loop_cpu) if loop_cpu is not None else None
+            except OSError:  # the loop's thread has ended: so has the watch
+                return
+            stall = stalls.check(time.monotonic(), cpu, collector.seconds)
             if stall is None:
                 continue
             frame = sys._current_frames().get(self._loop_thread or 0)
-            more = f" ({stall.unreported} more stalls since the last report)" if stall.unreported else ""
-            log.warning("the %s has been held for %.2f s%s by:\n%s", self.name, stall.held, more,
-                        innermost(frame, STACK_FRAMES) if frame is not None else "  (no stack)")
+            more = f"{stall.unreported} more stalls since the last report" if stall.unreported else ""
+            why = "; ".join(filter(None, (stall.why(), more)))
+            where = innermost(frame, STACK_FRAMES) if frame is not None else "  (no stack)"
+            log.warning("the %s has been held for %.2f s%s by:\n%s", self.name, stall.held,
+                        f" ({why})" if why else "", where)
+
+
+class _Collector:
+    """Seconds the process has spent collecting garbage, from gc.callbacks: a collection stops every
+    thread, the loop's and the watch's, and its time is named apart in a stall's report."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+
+_collector_instance: _Collector | None = None
+
+
+def _collector() -> _Collector:
+    """One per process, installed with the first watch and kept (a callback costs two clock reads per
+    collection)."""
+    global _collector_instance
+    if _collector_instance is None:
+        _collector_instance = _Collector()
+        gc.callbacks.append(_collector_instance)
+    return _collector_instance
 
 
 def innermost(frame: FrameType | None, limit: int) -> str:

@@ -62,6 +62,27 @@ def test_reports_are_at_most_one_per_interval_and_the_next_says_how_many_were_no
     assert stalls.count == 4
 
 
+def test_a_report_says_whether_the_loop_thread_ran_or_waited_and_how_much_was_garbage_collection():
+    stalls = Stalls(0.4)
+    stalls.beat(0.0, cpu=5.0, collecting=1.0)
+    busy = stalls.check(1.1, cpu=5.9, collecting=1.0)  # code on the loop: the thread ran most of it
+    assert busy is not None and busy.ran == pytest.approx(0.9) and busy.collecting == 0.0
+    assert busy.why() == "its thread ran 0.90 s of it"
+    stalls = Stalls(0.4)
+    stalls.beat(0.0, cpu=5.0, collecting=1.0)
+    waited = stalls.check(1.1, cpu=5.02, collecting=1.0)  # a blocking call, the GIL, a busy machine
+    assert waited is not None and waited.why() == ("its thread ran 0.02 s of it; so it mostly waited: for the GIL "
+                                                   "(another thread), a CPU (a busy machine) or a blocking call")
+    stalls = Stalls(0.4)
+    stalls.beat(0.0, cpu=5.0, collecting=1.0)
+    collected = stalls.check(1.1, cpu=5.1, collecting=1.8)
+    assert collected is not None and collected.why() == "its thread ran 0.10 s of it; garbage collection 0.80 s"
+    stalls = Stalls(0.4)
+    stalls.beat(0.0)
+    unknown = stalls.check(1.1)  # no CPU clock of another thread on this platform
+    assert unknown is not None and unknown.ran is None and unknown.why() == ""
+
+
 def test_nothing_is_reported_before_the_first_beat():
     assert Stalls(0.4).check(100.0) is None
 
