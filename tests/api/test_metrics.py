@@ -62,7 +62,10 @@ def _hold_the_loop(seconds: float) -> None:
     time.sleep(seconds)  # what an import, a large document or a blocking call does on the trio thread
 
 
-async def test_a_stall_of_the_event_loop_is_counted_and_logged_with_the_code_that_held_it(hub, caplog):
+async def test_a_stall_of_the_event_loop_is_counted_and_logged_with_the_code_that_held_it(
+        nursery, db_url, tmp_path, caplog, monkeypatch):
+    monkeypatch.delenv(loopwatch.ENV, raising=False)  # the default, whatever the suite was run with
+    hub = await start_hub(nursery, db_url, tmp_path)
     watch = loopwatch.current()
     assert watch is not None and watch.stalls.threshold == loopwatch.DEFAULT_THRESHOLD  # run_hub started it
     with trio.fail_after(30):

@@ -7,6 +7,9 @@ const EMAIL_KEY = 'fleethub.email';
 
 export const session = {
   csrf: null,
+  // set by Sign out: the 401s of requests still in flight then send nobody anywhere. Each would start a
+  // navigation to the sign-in page (with ?next=) racing the sign-out's own, and one of the two was aborted.
+  leaving: false,
   me: null,
   org: localStorage.getItem(ORG_KEY),
   email: localStorage.getItem(EMAIL_KEY),
@@ -39,7 +42,7 @@ export async function api(method, path, body, options = {}) {
   const response = await fetch(path, { method, headers, body: payload, credentials: 'same-origin' });
   const type = response.headers.get('content-type') || '';
   const data = type.includes('application/json') ? await response.json() : null;
-  if (response.status === 401 && options.redirect !== false) {
+  if (response.status === 401 && options.redirect !== false && !session.leaving) {
     location.assign(signInUrl());
   }
   if (!response.ok) throw new ApiError(response.status, data);
@@ -89,7 +92,7 @@ export function follow(path, onEvent, onState) {
         const headers = { 'X-Organization-ID': session.org || '', Accept: 'text/event-stream' };
         if (lastId !== null) headers['Last-Event-ID'] = lastId;
         const response = await fetch(path, { headers, credentials: 'same-origin', signal });
-        if (response.status === 401) { location.assign(signInUrl()); return; }
+        if (response.status === 401) { if (!session.leaving) location.assign(signInUrl()); return; }
         if (response.status === 410) { lastId = null; continue; }
         if (response.status === 403 || response.status === 404) { state('refused', response.status); return; }
         if (!response.ok) throw new Error(`HTTP ${response.status}`);

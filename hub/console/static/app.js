@@ -27,6 +27,7 @@ function header(me) {
   const link = (href, label, pages) => h('a', { href, 'aria-current': pages.includes(current) ? 'page' : null }, label);
   const signOut = h('button', { type: 'button', class: 'secondary', id: 'sign-out' }, 'Sign out');
   signOut.addEventListener('click', async () => {
+    session.leaving = true; // this navigation, not a refused request's, ends the page (api.js)
     try { await api('POST', '/v1/auth/logout', undefined, { org: false }); } catch { /* signed out anyway */ }
     location.assign('/console/signin');
   });
