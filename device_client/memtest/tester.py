@@ -367,10 +367,10 @@ class MemoryTester:
             self.store.set_test_boot(None)
 
     async def _begin_test_boot(self, record: dict[str, Any]) -> None:
+        await load_runner()  # before any of the state below changes
         self.store.set_test_boot({**record, "started": True})
         await self.device.workload.hold()  # before the configuration's boot hook would start it
         self.maintenance = True
-        await load_runner()
         run = self._new_run(record["runId"], record["plan"])
         self._launch(run, stopped=True, test_boot=True)
 
