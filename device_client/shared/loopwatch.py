@@ -44,23 +44,38 @@ DEFAULT_THRESHOLD = 0.5  # seconds; a device link's heartbeat timeout is 90 s, a
 STACK_FRAMES = 12  # innermost frames logged: enough to reach our own code below a library's
 
 
+@dataclass(frozen=True)
+class Sample:
+    """The clocks besides the time, read together at one instant."""
+
+    thread: float | None = None  # the loop thread's CPU seconds; None: no such clock on this platform
+    process: float = 0.0  # the process's CPU seconds, every thread
+    collecting: float = 0.0  # seconds the process has spent collecting garbage
+
+
 @dataclass
 class Stall:
     """One stall as the watcher thread saw it while it lasted."""
 
     held: float  # seconds since the loop last ran the watch's task
     ran: float | None  # of which the loop's thread ran on a CPU (the rest it waited); None: not known here
+    others: float | None  # the CPU seconds the process's other threads used meanwhile
     collecting: float  # of which the process collected garbage (any thread: every thread waits for it)
     unreported: int  # stalls before this one that were counted but not logged (rate limit)
 
     def why(self) -> str:
-        """What the thread's CPU time says: code running on the loop, or the loop kept waiting."""
+        """What the CPU clocks say: code running on the loop (the stack is the culprit), another thread
+        holding the GIL, or a loop that got no CPU at all."""
         parts = [] if self.ran is None else [f"its thread ran {self.ran:.2f} s of it"]
         if self.collecting >= 0.01:
             parts.append(f"garbage collection {self.collecting:.2f} s")
-        if self.ran is not None and self.ran < self.held / 2 and self.collecting < self.held / 2:
-            parts.append("so it mostly waited: for the GIL (another thread), a CPU (a busy machine) or a "
-                         "blocking call")
+        if self.ran is None or self.others is None or self.ran >= self.held / 2 or self.collecting >= self.held / 2:
+            return "; ".join(parts)
+        if self.others >= self.held / 2:
+            parts.append(f"the process's other threads ran {self.others:.2f} s: it waited for the GIL")
+        else:
+            parts.append("the process ran little of it: it waited for a CPU (the machine busy elsewhere) "
+                         "or in a blocking call")
         return "; ".join(parts)
 
 
@@ -75,19 +90,17 @@ class Stalls:
         self.seconds = 0.0
         self.longest = 0.0
         self._last_beat: float | None = None
-        self._cpu_at_beat = 0.0  # the loop thread's CPU seconds at the last beat
-        self._gc_at_beat = 0.0  # the process's garbage collection seconds at the last beat
+        self._at_beat = Sample()  # the clocks at the last beat
         self._seen = False  # the current stall was already seen (and logged or counted as unreported)
         self._last_report: float | None = None
         self._unreported = 0
         self._lock = threading.Lock()  # beat and check run on different threads
 
-    def beat(self, now: float, cpu: float = 0.0, collecting: float = 0.0) -> float | None:
-        """The loop ran the task at ``now``, its thread having used ``cpu`` seconds and the process's
-        collector ``collecting`` seconds so far: the length of the stall that ended, if there was one."""
+    def beat(self, now: float, clocks: Sample = Sample()) -> float | None:
+        """The loop ran the task at ``now``: the length of the stall that ended, if there was one."""
         with self._lock:
             last, self._last_beat = self._last_beat, now
-            self._cpu_at_beat, self._gc_at_beat = cpu, collecting
+            self._at_beat = clocks
             seen, self._seen = self._seen, False
             if last is None:
                 return None
@@ -99,9 +112,8 @@ class Stalls:
             self.longest = max(self.longest, held)
             return held
 
-    def check(self, now: float, cpu: float | None = None, collecting: float = 0.0) -> Stall | None:
-        """The thread looked at ``now`` (the loop thread's CPU and the collector's seconds as for
-        ``beat``): a stall to log (once per stall, rate limited), or None."""
+    def check(self, now: float, clocks: Sample = Sample()) -> Stall | None:
+        """The thread looked at ``now``: a stall to log (once per stall, rate limited), or None."""
         with self._lock:
             if self._last_beat is None or self._seen:
                 return None
@@ -113,8 +125,12 @@ class Stalls:
                 self._unreported += 1
                 return None
             self._last_report = now
-            ran = None if cpu is None else max(0.0, cpu - self._cpu_at_beat)
-            stall = Stall(held, ran, max(0.0, collecting - self._gc_at_beat), self._unreported)
+            then = self._at_beat
+            ran = others = None
+            if clocks.thread is not None and then.thread is not None:
+                ran = max(0.0, clocks.thread - then.thread)
+                others = max(0.0, clocks.process - then.process - ran)
+            stall = Stall(held, ran, others, max(0.0, clocks.collecting - then.collecting), self._unreported)
             self._unreported = 0
             return stall
 
@@ -176,14 +192,15 @@ class LoopWatch:
         self._loop_thread = threading.get_ident()
         _current.set(self)
         stalls, collector = self.stalls, _collector()
-        stalls.beat(time.monotonic(), time.thread_time(), collector.seconds)
+        stalls.beat(time.monotonic(), Sample(time.thread_time(), time.process_time(), collector.seconds))
         thread = threading.Thread(target=self._watch, name="fleethub-loopwatch", daemon=True)
         thread.start()
         task_status.started()
         try:
             while True:
                 await trio.sleep(stalls.interval)
-                held = stalls.beat(time.monotonic(), time.thread_time(), collector.seconds)
+                held = stalls.beat(time.monotonic(),
+                                   Sample(time.thread_time(), time.process_time(), collector.seconds))
                 if held is not None:
                     log.debug("the %s was held for %.3f s", self.name, held)
         finally:
@@ -198,10 +215,10 @@ class LoopWatch:
         loop_cpu = clock_of(self._loop_thread or 0) if clock_of is not None else None
         while not self._stop.wait(stalls.interval):
             try:
-                cpu = time.clock_gettime(loop_cpu) if loop_cpu is not None else None
+                thread_cpu = time.clock_gettime(loop_cpu) if loop_cpu is not None else None
             except OSError:  # the loop's thread has ended: so has the watch
                 return
-            stall = stalls.check(time.monotonic(), cpu, collector.seconds)
+            stall = stalls.check(time.monotonic(), Sample(thread_cpu, time.process_time(), collector.seconds))
             if stall is None:
                 continue
             frame = sys._current_frames().get(self._loop_thread or 0)

@@ -1,14 +1,14 @@
-"""The loop watch's decisions (device_client/shared/loopwatch.py ``Stalls``), fed instants: no clock,
-no thread. Threshold 0.4 s, so the watch's task sleeps 0.1 s between beats."""
+"""The loop watch's decisions (device_client/shared/loopwatch.py ``Stalls``), fed instants and CPU
+clocks: no clock read, no thread. Threshold 0.4 s, so the watch's task sleeps 0.1 s between beats. Then
+the threshold's parsing, and the watch kept out of a run on a virtual clock."""
 
 from __future__ import annotations
 
 import pytest
-
 import trio
 
 from device_client.shared import loopwatch
-from device_client.shared.loopwatch import Stalls
+from device_client.shared.loopwatch import Sample, Stalls
 
 
 def test_beats_on_time_are_no_stall_and_nothing_is_reported():
@@ -62,20 +62,24 @@ def test_reports_are_at_most_one_per_interval_and_the_next_says_how_many_were_no
     assert stalls.count == 4
 
 
-def test_a_report_says_whether_the_loop_thread_ran_or_waited_and_how_much_was_garbage_collection():
+def _stall(thread: float, process: float, collecting: float = 1.0):
     stalls = Stalls(0.4)
-    stalls.beat(0.0, cpu=5.0, collecting=1.0)
-    busy = stalls.check(1.1, cpu=5.9, collecting=1.0)  # code on the loop: the thread ran most of it
-    assert busy is not None and busy.ran == pytest.approx(0.9) and busy.collecting == 0.0
+    stalls.beat(0.0, Sample(thread=5.0, process=20.0, collecting=1.0))
+    return stalls.check(1.1, Sample(thread=5.0 + thread, process=20.0 + process, collecting=collecting))
+
+
+def test_a_report_tells_code_on_the_loop_from_another_threads_gil_from_a_loop_that_got_no_cpu():
+    busy = _stall(thread=0.9, process=0.95)  # code on the loop: its stack is the culprit
+    assert busy is not None and busy.ran == pytest.approx(0.9) and busy.others == pytest.approx(0.05)
     assert busy.why() == "its thread ran 0.90 s of it"
-    stalls = Stalls(0.4)
-    stalls.beat(0.0, cpu=5.0, collecting=1.0)
-    waited = stalls.check(1.1, cpu=5.02, collecting=1.0)  # a blocking call, the GIL, a busy machine
-    assert waited is not None and waited.why() == ("its thread ran 0.02 s of it; so it mostly waited: for the GIL "
-                                                   "(another thread), a CPU (a busy machine) or a blocking call")
-    stalls = Stalls(0.4)
-    stalls.beat(0.0, cpu=5.0, collecting=1.0)
-    collected = stalls.check(1.1, cpu=5.1, collecting=1.8)
+    gil = _stall(thread=0.02, process=0.9)  # another thread of the process held the GIL
+    assert gil is not None and gil.why() == ("its thread ran 0.02 s of it; the process's other threads ran "
+                                             "0.88 s: it waited for the GIL")
+    starved = _stall(thread=0.01, process=0.03)  # nobody in the process ran
+    assert starved is not None and starved.why() == (
+        "its thread ran 0.01 s of it; the process ran little of it: it waited for a CPU (the machine busy "
+        "elsewhere) or in a blocking call")
+    collected = _stall(thread=0.1, process=0.9, collecting=1.8)
     assert collected is not None and collected.why() == "its thread ran 0.10 s of it; garbage collection 0.80 s"
     stalls = Stalls(0.4)
     stalls.beat(0.0)
