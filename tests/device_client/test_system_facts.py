@@ -88,10 +88,28 @@ def test_a_hostile_system_is_cut_to_its_bounds_and_each_change_said():
     assert {k for k, v in kept.items() if v is None} == {"cpuPercent", "memoryPercent", "uptimeSeconds", "diskPercent",
                                                          "memoryTotalBytes"}
     assert set(kept) == set(systemfacts.SystemFacts.model_fields)  # the unknown member is not kept
-    assert "system.ipAddresses: 50001 given, the first 16 kept" in notes
-    assert "system.ipAddresses: 4 of 50005 are not addresses or repeat one, left out" in notes
+    # read until sixteen are kept: the two repeats among them, not the fifty thousand past them
+    assert "system.ipAddresses: 50005 given, the first 16 kept" in notes
+    assert "system.ipAddresses: 2 of the first 18 are not addresses or repeat one, left out" in notes
     assert "system.cpuPercent: out of bounds or of the wrong type, left out" in notes
     assert len(notes) == 7 and len(json.dumps(kept)) < 1000
+
+
+def test_a_list_of_addresses_is_read_only_as_far_as_it_must_be():
+    junk = ["not-ip"] * 100 + ["192.0.2.1"]
+    kept, notes = systemfacts.checked({"ipAddresses": junk})
+    assert kept["ipAddresses"] == []  # past the first 64 entries nothing is read, the good one included
+    assert notes == ["system.ipAddresses: 64 of the first 64 are not addresses or repeat one, left out",
+                     "system.ipAddresses: 101 given, those past the first 64 not read"]
+    kept, notes = systemfacts.checked({"ipAddresses": ["::1x", "2001:DB8::1", "2001:db8::1", "192.0.2.1"]})
+    assert kept["ipAddresses"] == ["2001:db8::1", "192.0.2.1"]  # canonical, once each, in order
+    assert notes == ["system.ipAddresses: 2 of 4 are not addresses or repeat one, left out"]
+    exactly = [f"192.0.2.{i}" for i in range(16)]
+    assert systemfacts.checked({"ipAddresses": exactly}) == ({**_nones(), "ipAddresses": exactly}, [])
+
+
+def _nones() -> dict:
+    return {name: None for name in systemfacts.SystemFacts.model_fields}
 
 
 @pytest.mark.parametrize("raw", [[1, 2], "up", 5])
