@@ -17,9 +17,15 @@ either: the thread looks only once it is over, so its count and length are right
 if any, may already be past the code that held the loop. Only the file, line and function of each
 frame are logged, never a value.
 
-The decisions (``Stalls``) take instants and hold no clock; the task and the thread are the IO.
-Not started under a trio clock other than the system's (a test's virtual clock would make the task's
-sleeps return at once and keep that clock from ever jumping).
+The warning also reads the CPU clocks over the stall (``Stall.why``): the loop thread's own (it ran:
+the stack is the culprit), the process's (its other threads ran: they held the GIL), neither (the
+process got no CPU, or sat in a blocking call), and the garbage collector's time. Its first run through
+the test suite found a hub fault this way: a hello's fifty thousand addresses parsed on the loop
+(device_client/shared/systemfacts.py).
+
+The decisions (``Stalls``) take instants and clock readings (``Sample``) and read no clock; the task and
+the thread are the IO. Not started under trio's virtual clock (``MockClock``): the task's sleeps would
+return at once and keep that clock from ever jumping.
 """
 
 from __future__ import annotations
