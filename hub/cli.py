@@ -97,8 +97,7 @@ async def _until_signalled(main, graceful: bool = False) -> None:
                         nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch)
-            # every long-running command: a stall of its trio thread is logged with what held it
-            from device_client.shared import loopwatch
+            from device_client.shared import loopwatch  # a stall of the trio thread logged with its cause
             await loopwatch.ensure(nursery)
             await (main(stopping=stopping) if graceful else main())
             nursery.cancel_scope.cancel()

@@ -1,7 +1,7 @@
 """Where the time to a usable tunnel goes: named timestamps of one ``fleethub tunnel`` run (issue 35).
 
 ``FLEETHUB_TUNNEL_TIMING=1`` (or ``--verbose``) makes the CLI print them on stderr as it exits, one
-line: ``tunnel timing: {"parsed": ..., "offer": ..., ...}``, wall-clock seconds (``time.time()``), so a
+line: ``tunnel timing: {"parsed": ..., "offer": ..., ...}``, wall-clock seconds (the Clock's), so a
 caller that noted when it started ssh can subtract its own start. bench/tunnel_product.py reads the
 line to split ``ssh host true`` into its phases. Marks are taken on the trio thread and on the asyncio
 thread (ICE and DTLS states); the first time a name is marked is the one kept.
@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 import resource
-import time
+
+from device_client.shared.clock import Clock
 
 TIMING_ENV = "FLEETHUB_TUNNEL_TIMING"
 PREFIX = "tunnel timing: "
@@ -23,14 +24,15 @@ def wanted() -> bool:
 
 
 class Marks:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
         self._at: dict[str, float] = {}
+        self._clock = clock or Clock()
 
     def mark(self, name: str) -> None:
         # dict.setdefault is one bytecode-level operation under the GIL: safe from the asyncio thread.
-        # The wall clock, not the Clock: these marks are compared with times taken in other processes
-        # (ssh's start, read by bench/tunnel_product.py), and they decide nothing.
-        self._at.setdefault(name, time.time())
+        # wall-clock time, not monotonic: these marks are compared with times taken in other processes
+        # (ssh's start, read by bench/tunnel_product.py), and they decide nothing
+        self._at.setdefault(name, self._clock.now().timestamp())
 
     def line(self) -> str:
         """The one line printed at exit: the marks and the process's CPU seconds so far."""

@@ -168,25 +168,20 @@ def current() -> LoopWatch | None:
 
 async def ensure(nursery: trio.Nursery) -> None:
     """Start a watch in ``nursery`` unless this trio run has one already (a hub inside ``fleethub
-    serve``; a hub a test starts has none before its own) or the environment switches it off."""
+    serve``; a hub a test starts has none before its own) or the environment switches it off. A watch
+    that ended took itself out of ``current()``."""
     threshold = threshold_from_env()
-    watch = current()
-    if threshold > 0 and (watch is None or watch.stopped):
+    if threshold > 0 and current() is None:
         await nursery.start(LoopWatch(threshold).run)
 
 
 class LoopWatch:
     """The task and the thread around ``Stalls``; ``run`` is started in the process's nursery."""
 
-    def __init__(self, threshold: float, *, report_every: float = 10.0, name: str = "event loop") -> None:
-        self.stalls = Stalls(threshold, report_every=report_every)
-        self.name = name
+    def __init__(self, threshold: float) -> None:
+        self.stalls = Stalls(threshold)
         self._stop = threading.Event()
         self._loop_thread: int | None = None
-
-    @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         from trio.testing import MockClock
@@ -198,17 +193,16 @@ class LoopWatch:
         self._loop_thread = threading.get_ident()
         _current.set(self)
         stalls, collector = self.stalls, _collector()
-        stalls.beat(time.monotonic(), Sample(time.thread_time(), time.process_time(), collector.seconds))
+        stalls.beat(time.monotonic(), _sample(time.thread_time(), collector))
         thread = threading.Thread(target=self._watch, name="fleethub-loopwatch", daemon=True)
         thread.start()
         task_status.started()
         try:
             while True:
                 await trio.sleep(stalls.interval)
-                held = stalls.beat(time.monotonic(),
-                                   Sample(time.thread_time(), time.process_time(), collector.seconds))
+                held = stalls.beat(time.monotonic(), _sample(time.thread_time(), collector))
                 if held is not None:
-                    log.debug("the %s was held for %.3f s", self.name, held)
+                    log.debug("the event loop was held for %.3f s", held)
         finally:
             self._stop.set()
             if current() is self:
@@ -224,15 +218,20 @@ class LoopWatch:
                 thread_cpu = time.clock_gettime(loop_cpu) if loop_cpu is not None else None
             except OSError:  # the loop's thread has ended: so has the watch
                 return
-            stall = stalls.check(time.monotonic(), Sample(thread_cpu, time.process_time(), collector.seconds))
+            stall = stalls.check(time.monotonic(), _sample(thread_cpu, collector))
             if stall is None:
                 continue
             frame = sys._current_frames().get(self._loop_thread or 0)
             more = f"{stall.unreported} more stalls since the last report" if stall.unreported else ""
             why = "; ".join(filter(None, (stall.why(), more)))
             where = innermost(frame, STACK_FRAMES) if frame is not None else "  (no stack)"
-            log.warning("the %s has been held for %.2f s%s by:\n%s", self.name, stall.held,
+            log.warning("the event loop has been held for %.2f s%s by:\n%s", stall.held,
                         f" ({why})" if why else "", where)
+
+
+def _sample(thread_cpu: float | None, collector: _Collector) -> Sample:
+    """The clocks now, the loop thread's CPU seconds read by the caller (its own, or through its clock id)."""
+    return Sample(thread_cpu, time.process_time(), collector.seconds)
 
 
 class _Collector:
