@@ -429,3 +429,52 @@ async def test_a_malformed_delete_result_is_a_protocol_error_too(hub, nursery):
 
         await wait_for(reported, timeout=10)
         assert "reply to files.delete: results.0.status" in (await diagnosis(hub, dev_id))["DeviceProtocolError"]["message"]
+
+
+async def test_thirty_hellos_of_one_token_at_once_leave_one_link_and_touch_no_other_device(hub, nursery, monkeypatch):
+    """A hostile burst: the same device's token opens 30 links at once. The newest link wins, every other
+    is closed as superseded (none left half-open), commands reach the winner, and another device's link
+    on the same hub never misses a beat."""
+    from actors.machines import takeover
+
+    monkeypatch.setattr(takeover, "MAX_DELAY", 0.2)  # the held-back takeovers settle within the test
+    with trio.fail_after(90):
+        bystander_id, bystander_token = await hub.provision("bystander")
+        bystander = await connect(nursery, hub, bystander_token)
+        dev_id, token = await hub.provision("cloned")
+        links: list[RawDevice] = []
+        before_welcome: list[tuple[int, str]] = []  # superseded while the hub was still welcoming it
+
+        async def one() -> None:
+            try:
+                links.append(await connect(nursery, hub, token))
+            except ConnectionClosed as exc:
+                before_welcome.append((exc.reason.code, exc.reason.reason or ""))
+
+        async with trio.open_nursery() as burst:
+            for _ in range(30):
+                burst.start_soon(one)
+        assert len(links) + len(before_welcome) == 30
+        assert set(before_welcome) <= {(4001, "another connection with this device's token took over")}
+        await wait_for(lambda: sum(dev.closed is None for dev in links) == 1, timeout=20)
+        await trio.sleep(1)  # nothing closes the winner late
+        open_now = [dev for dev in links if dev.closed is None]
+        assert len(open_now) == 1
+        assert {dev.closed for dev in links if dev.closed is not None} == {
+            (4001, "another connection with this device's token took over")}
+        [winner] = open_now
+        assert await _online(hub, dev_id)
+        r = await hub.call("POST", f"/v1/devices/{dev_id}/ping")
+        assert r.status_code == 200, r.text
+        assert ("ping", {}) in winner.commands
+        assert sum(("ping", {}) in dev.commands for dev in links) == 1
+        assert bystander.closed is None and await _online(hub, bystander_id)
+        assert "IdentityInUseTwice" in await diagnosis(hub, dev_id)
+
+        await winner.ws.aclose()
+
+        async def offline() -> bool:
+            return not await _online(hub, dev_id)
+
+        await wait_for(offline, timeout=10)
+        assert await _online(hub, bystander_id) and bystander.closed is None
