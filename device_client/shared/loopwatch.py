@@ -184,9 +184,7 @@ class LoopWatch:
         self._loop_thread: int | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        from trio.testing import MockClock
-
-        if isinstance(trio.lowlevel.current_clock(), MockClock):
+        if _virtual_clock():
             log.debug("loop watch not started: the trio run has a virtual clock")
             task_status.started()
             return
@@ -227,6 +225,14 @@ class LoopWatch:
             where = innermost(frame, STACK_FRAMES) if frame is not None else "  (no stack)"
             log.warning("the event loop has been held for %.2f s%s by:\n%s", stall.held,
                         f" ({why})" if why else "", where)
+
+
+def _virtual_clock() -> bool:
+    """Whether this trio run's clock is trio's MockClock. Read from sys.modules, not imported: importing
+    trio.testing costs an agent 6 MiB of RSS (it brings pytest along where pytest is installed;
+    bench/agent_footprint.py, 2026-11-29), and no MockClock exists unless something imported it."""
+    testing = sys.modules.get("trio.testing")
+    return testing is not None and isinstance(trio.lowlevel.current_clock(), testing.MockClock)
 
 
 def _sample(thread_cpu: float | None, collector: _Collector) -> Sample:

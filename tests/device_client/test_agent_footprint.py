@@ -5,7 +5,9 @@ hello says what it can do all the same. Then a memory test runs and a tunnel ope
 in that same process: the loads deferred to them work.
 
 Read from outside, as the bench does: the site-packages directories of the shared objects in
-/proc/PID/maps.
+/proc/PID/maps; and the modules it imported (``-X importtime`` on its stderr): once idle, nothing
+third-party beyond what importing its entry point imports (trio.testing, and pytest with it, cost the
+agent 6 MiB of RSS until 2026-11-29).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from webrtc.sdp import fingerprint
 
 MEMTEST = {"numpy", "numpy.libs"}
 TUNNEL = {"av", "av.libs", "cryptography", "pylibsrtp", "google_crc32c", "aiortc"}
+OURS = {"device_client", "webrtc"}  # the agent's own packages: what they import is checked by name
 
 
 def native_libraries(pid: int) -> set[str]:
@@ -40,6 +43,25 @@ def native_libraries(pid: int) -> set[str]:
         if m and re.search(r"\.so(\.|$)", line):
             found.add(m.group(1))
     return found
+
+
+def imported(log: Path) -> set[str]:
+    """The modules a process started with ``-X importtime`` has imported so far (its stderr in ``log``)."""
+    names = set()
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.match(r"import time:\s+\d+ \|\s+\d+ \| ( *)(\S+)$", line)
+        if m:
+            names.add(m.group(2))
+    return names
+
+
+def imported_by_start(tmp_path: Path) -> set[str]:
+    """What importing the agent's entry point imports, in a fresh interpreter."""
+    out = tmp_path / "start.log"
+    with out.open("wb") as f:
+        subprocess.run([sys.executable, "-X", "importtime", "-c", "import hub.cli, device_client.agent"],
+                       stderr=f, check=True, cwd=os.getcwd())
+    return imported(out)
 
 
 async def echo(stream: trio.SocketStream) -> None:
@@ -71,7 +93,7 @@ async def test_an_idle_agent_loads_neither_numpy_nor_aiortc_and_still_tests_and_
             hub = await nursery.start(FakeHub().serve)
             hub.hub_keys = {"k1": base64.b64encode(bytes(key.verify_key)).decode()}
             proc = subprocess.Popen(
-                [sys.executable, "-m", "hub.cli", "agent", "--hub", hub.url, "--token", "tok", "--data-dir",
+                [sys.executable, "-X", "importtime", "-m", "hub.cli", "agent", "--hub", hub.url, "--token", "tok", "--data-dir",
                  str(tmp_path / "dev"), "--memory-budget", "256K", "--tunnel-target", f"echo=127.0.0.1:{echo_port}", "--ssh"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=os.getcwd(),
                 env={**os.environ, "FLEETHUB_LOG_LEVEL": "INFO", "FLEETHUB_ICE_ADDRESSES": "127.0.0.1"})
@@ -82,6 +104,11 @@ async def test_an_idle_agent_loads_neither_numpy_nor_aiortc_and_still_tests_and_
                 assert link.hello.tunnelTargets.names == ["echo"] and link.hello.tunnelTargets.ssh is True
                 idle = native_libraries(proc.pid)
                 assert not idle & (MEMTEST | TUNNEL), idle
+                # the idle agent imported nothing third-party beyond its own start: trio.testing was one
+                # (6 MiB, device_client/shared/loopwatch.py's _virtual_clock), numpy or aiortc would be others
+                late = {m for m in imported(tmp_path / "agent.log") - imported_by_start(tmp_path)
+                        if m.partition(".")[0] not in OURS | set(sys.stdlib_module_names)}
+                assert not late, late
 
                 reply = await link.command("memtest.start", {"runId": "fp1", "plan": plan()})
                 assert reply.ok, reply.error
