@@ -25,6 +25,7 @@ from hub.api import (access, assistant, audit, billing, configurations, devices,
                      tunnels, windows)
 from hub.api import events, mcp_meta, validation, webhooks
 from hub.registry import routes as registry_routes
+from device_client.shared import protocol_schema
 from device_client.shared.protocol import LINK_PATH
 from hub import answers, asgi_websocket, console, proxied
 from hub.asgi_websocket import AsgiWebSocket
@@ -32,7 +33,9 @@ from hub.auth import middleware
 from hub.auth.schemes import SESSION_COOKIE
 from hub.mcp.endpoint import PATH as MCP_PATH, McpEndpoint
 from hub.ids import fast_uuid4
-from hub.openapi import EITHER, CachedDocument, FleethubOpenAPI
+from hub.documents import CachedDocument
+from hub.openapi import EITHER, FleethubOpenAPI
+from hub.openapi import view as openapi_view
 from actors.errors import AskError
 from hub.errors import (Conflict, FleethubError, database_unavailable, from_actor, general_body, memtest_body,
                         tunnel_body)
@@ -152,9 +155,11 @@ def _build_app(services: Services) -> HubApp:
         security=EITHER,  # hub/openapi.py sets each operation's own
         openapi_provider_class=FleethubOpenAPI,
     )
-    # built once, off the loop (hub/openapi.py says why), in place of quart-schema's per-request build
-    app.view_functions["openapi"] = CachedDocument(app.extensions["QUART_SCHEMA"].openapi_provider,
-                                                   partial(app.json.dumps, separators=(",", ":"))).view()
+    # built once, off the loop (hub/documents.py says why), in place of quart-schema's per-request build
+    compact = partial(app.json.dumps, separators=(",", ":"))
+    app.view_functions["openapi"] = openapi_view(CachedDocument(app.extensions["QUART_SCHEMA"].openapi_provider.schema,
+                                                                compact))
+    services.protocol_document = CachedDocument(protocol_schema.document, compact)
     answers.set_up(app)
     for module in (health, pats, sessions, oauth, access, audit, devices, fleets, configurations, secret_files,
                    rollouts, reverts, link, windows, memtests, pagemaps, diagnosis, tunnels, billing, assistant,

@@ -26,17 +26,16 @@ document cannot drift from behaviour:
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
-import trio
-from quart import Response, request
+from quart import Response
 from quart_schema import hide
 from quart_schema.openapi import OpenAPIProvider
 from werkzeug.routing import Rule
 
 from hub.api.validation import DOCUMENTED
 from hub.auth.routes import route_auth
+from hub.documents import CachedDocument
 
 ORG_HEADER = "X-Organization-ID"
 EITHER = [{"ApiTokenAuth": [], "ApiSecretAuth": []}, {"BearerAuth": []}, {"SessionCookie": []}]
@@ -317,41 +316,11 @@ class FleethubOpenAPI(OpenAPIProvider):
         return schema
 
 
-class CachedDocument:
-    """GET /v1/openapi.json: the document built once per app and served from memory.
-
-    quart-schema builds it again on every request, on the event loop: 0.6 s of CPU and 494 KB on the
-    bench machine (2026-11-29), several seconds on a loaded host. The path is public, so any caller
-    could hold every link and request of the process that long, again and again; under load, pooled
-    connections whose keep-alive ran out while the loop was held were closed with a request on them
-    (the hostile-values fuzz saw three "no answer"). The routes do not change once the app is built,
-    so neither does the document: the first request builds it in a worker thread (the loop keeps
-    serving), requests meanwhile wait for that one build, and every later one gets the same bytes,
-    with an ETag so that a client holding them gets a 304."""
-
-    def __init__(self, provider: OpenAPIProvider, dumps: Any) -> None:
-        self.provider, self._dumps = provider, dumps
-        self._lock = trio.Lock()
-        self._built: tuple[bytes, str] | None = None  # the body and its ETag, set together
-
-    def _build(self) -> tuple[bytes, str]:
-        body = (self._dumps(self.provider.schema()) + "\n").encode()  # as quart's JSON answers end
-        return body, hashlib.sha256(body).hexdigest()[:32]
-
-    async def built(self) -> tuple[bytes, str]:
-        if self._built is None:
-            async with self._lock:
-                if self._built is None:
-                    self._built = await trio.to_thread.run_sync(self._build)
-        return self._built
-
-    def view(self) -> Any:
-        @hide
-        async def openapi() -> Response:
-            body, etag = await self.built()
-            headers = {"ETag": f'"{etag}"', "Cache-Control": "no-cache"}
-            if request.if_none_match.contains(etag):
-                return Response(b"", 304, headers, content_type="application/json")
-            return Response(body, 200, headers, content_type="application/json")
-        openapi.document = self  # type: ignore[attr-defined]  # for a test to find
-        return openapi
+def view(document: CachedDocument) -> Any:
+    """GET /v1/openapi.json in place of quart-schema's own view, which built the document again on every
+    request, on the event loop (hub/documents.py says what that cost)."""
+    @hide
+    async def openapi() -> Response:
+        return await document.response()
+    openapi.document = document  # type: ignore[attr-defined]  # for a test to find
+    return openapi

@@ -49,6 +49,7 @@ from hub.topology import SingleNode, Topology
 
 if TYPE_CHECKING:
     from hub.auth.access import Authenticating
+    from hub.documents import CachedDocument
     from hub.mcp.endpoint import McpEndpoint
     from hub.mcp.server import McpHost
     from hub.registry.proxy import ProxyHost, RegistryProxy
@@ -154,6 +155,8 @@ class Services:
     # request was routed to without a read through Quart's current_app proxy.
     http_views: dict | None = None
     mcp: "McpEndpoint | None" = None  # hub/mcp/endpoint.py, set by the app (hub/app.py)
+    # GET /v1/device/protocol.json's document, built once off the loop (hub/documents.py; set by hub/app.py)
+    protocol_document: "CachedDocument | None" = None
     registry_proxy: "RegistryProxy | None" = None  # hub/registry/, made at its first request
     embedded_pg: "EmbeddedPostgres | None" = None  # when this process started its own PostgreSQL
     key_push: "Rerun" = field(init=False, repr=False)  # link.keys pushes after a signing-key rotation

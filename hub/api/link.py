@@ -22,7 +22,6 @@ the cut is counted for the diagnosis like a protocol error.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import uuid
@@ -37,12 +36,13 @@ from actors.device import DeviceEvent, Hello
 from actors.machines.connection import Heartbeat, LinkDown, LinkUp
 from actors.runtime import ActorError, MailboxFull, Reply
 from device_client.shared import protocol as p
-from device_client.shared import protocol_schema, systemfacts
+from device_client.shared import systemfacts
 from device_client.shared.clock import rfc3339
 from device_client.shared.link import EventReceived, HeartbeatReceived, HubSide, ProtocolViolation, ReplyReceived
 from device_client.shared.link.hubside import HELLO_TIMEOUT, LinkClosedError
 from device_client.shared.linkcodes import Close
 from hub import frames
+from hub.api.common import services
 from hub.api.validation import responds
 from hub.asgi_websocket import AsgiWebSocket
 from hub.auth.routes import public
@@ -84,17 +84,13 @@ class ProtocolDocument(BaseModel):
     limits: dict[str, Any]
 
 
-@functools.cache
-def _protocol_document() -> dict[str, Any]:
-    return protocol_schema.document()
-
-
 @bp.get("/v1/device/protocol.json")
 @public
 @responds(ProtocolDocument)
 async def device_protocol():
-    """The device link's contract as JSON Schema, for device makers and their tools (no credential)."""
-    return _protocol_document()
+    """The device link's contract as JSON Schema, for device makers and their tools (no credential).
+    Built once, off the event loop (hub/documents.py), with an ETag."""
+    return await services().protocol_document.response()
 
 
 def _bound_facts(s, device_id: uuid.UUID, facts: dict[str, Any]) -> None:
