@@ -232,6 +232,27 @@ async def test_login_is_throttled_per_account(nursery, db_url, tmp_path):
         assert r.status_code == 429 and int(r.headers["Retry-After"]) > 0
 
 
+async def test_an_unknown_accounts_sign_in_hashes_in_a_worker_thread(nursery, db_url, tmp_path, monkeypatch):
+    """An unknown email is checked against a dummy argon2id hash (timing tells no account apart); the
+    first one is made then, about 0.1 s, and was made on the event loop, holding the whole hub."""
+    import threading
+
+    from hub.api import sessions
+
+    made, dummy = [], sessions._dummy_hash
+
+    def counted() -> str:
+        made.append(threading.current_thread() is threading.main_thread())
+        return dummy()
+    monkeypatch.setattr(sessions, "_dummy_hash", counted)
+    with trio.fail_after(30):
+        hub = await start_hub(nursery, db_url, tmp_path)
+        r = await hub.client.post(hub.base_url + "/v1/auth/login", json={"email": "nobody@example.test",
+                                                                           "password": "guess"})
+        assert_error(r, 401, "invalid_credentials")
+    assert made == [False]
+
+
 # -- relations ----------------------------------------------------------------------------------
 async def test_member_sees_only_permitted_fleets_and_relations_apply_at_once(nursery, db_url, tmp_path):
     with trio.fail_after(30):
