@@ -7,6 +7,7 @@ the unit they count; a memory test's bar is the share of the planned work, with 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 import uuid
 from zoneinfo import ZoneInfo
@@ -164,6 +165,27 @@ def test_billing_shows_each_quantity_in_the_unit_it_counts(page, console, screen
         page.screenshot(path=screenshots / "console-billing.png", full_page=True)
     finally:
         console.run(without_profile)
+
+
+def test_a_read_answered_503_is_asked_again_and_the_page_draws(page, console):
+    """The hub answers 503 while its database is unreachable for a moment ("try again shortly"): the
+    console asks a GET again (hub/console/static/api.js) instead of leaving the page half-drawn. Here the
+    first two reads of the fleets list are answered 503 in the browser's network layer."""
+    refused: list[str] = []
+
+    def twice_unavailable(route) -> None:
+        if route.request.method == "GET" and len(refused) < 2:
+            refused.append(route.request.url)
+            route.fulfill(status=503, content_type="application/json",
+                          body='{"error": "database_unavailable", "message": "try again shortly"}')
+        else:
+            route.continue_()
+
+    sign_in(page, console)
+    page.route(re.compile(r"/v1/fleets(\?|$)"), twice_unavailable)
+    page.goto("/console/fleets")
+    page.locator(f"#fleets tr[data-id='{console.fleet_id}']").wait_for()
+    assert len(refused) == 2
 
 
 def test_a_memory_test_bar_is_the_planned_work_with_the_time_left(page, console, screenshots):
