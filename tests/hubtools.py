@@ -172,6 +172,22 @@ async def start_agent(nursery: trio.Nursery, hub_url: str, token: str, data_dir:
     return running
 
 
+def threads_calling(monkeypatch, owner: Any, name: str) -> list[bool]:
+    """Wrap ``owner.name`` so that each call notes whether it ran on the main thread (a hub in a test
+    serves on it): what work the loop must not do checks it went to a worker thread. The list fills as
+    the wrapped callable is called."""
+    import threading
+
+    on_main: list[bool] = []
+    wrapped = getattr(owner, name)
+
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        on_main.append(threading.current_thread() is threading.main_thread())
+        return wrapped(*args, **kwargs)
+    monkeypatch.setattr(owner, name, noted)
+    return on_main
+
+
 def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float | None:
     """The value of one sample in Prometheus text; None when absent."""
     want = ""

@@ -60,7 +60,6 @@ def _stand_in() -> types.ModuleType:
     module = types.ModuleType(NAME, "A stand-in for aioice.mdns that loads it on first use: see webrtc/mdns.py.")
     module.__fleethub_stand_in__ = True  # type: ignore[attr-defined]
     module._real = None  # type: ignore[attr-defined]
-    module.MDNS_HOSTNAME_RE = HOSTNAME  # type: ignore[attr-defined]
 
     def is_mdns_hostname(name: str) -> bool:
         return HOSTNAME.match(name) is not None

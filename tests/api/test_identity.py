@@ -12,7 +12,7 @@ import httpx
 import trio
 from authlib.integrations.httpx_client import AsyncOAuth2Client
 
-from tests.hubtools import assert_error, start_hub
+from tests.hubtools import assert_error, start_hub, threads_calling
 
 NO_ORG = object()
 
@@ -235,16 +235,9 @@ async def test_login_is_throttled_per_account(nursery, db_url, tmp_path):
 async def test_an_unknown_accounts_sign_in_hashes_in_a_worker_thread(nursery, db_url, tmp_path, monkeypatch):
     """An unknown email is checked against a dummy argon2id hash (timing tells no account apart); the
     first one is made then, about 0.1 s, and was made on the event loop, holding the whole hub."""
-    import threading
-
     from hub.api import sessions
 
-    made, dummy = [], sessions._dummy_hash
-
-    def counted() -> str:
-        made.append(threading.current_thread() is threading.main_thread())
-        return dummy()
-    monkeypatch.setattr(sessions, "_dummy_hash", counted)
+    made = threads_calling(monkeypatch, sessions, "_dummy_hash")
     with trio.fail_after(30):
         hub = await start_hub(nursery, db_url, tmp_path)
         r = await hub.client.post(hub.base_url + "/v1/auth/login", json={"email": "nobody@example.test",

@@ -17,7 +17,7 @@ from trio_websocket import ConnectionClosed, open_websocket_url
 from device_client.shared import linkcodes, protocol
 from device_client.agent import link_url
 from hub.api import link as link_module
-from tests.hubtools import device, start_agent, start_hub, wait_for
+from tests.hubtools import device, start_agent, start_hub, threads_calling, wait_for
 
 Answer = Callable[[str, dict], Awaitable[dict | tuple[str, str] | None]]
 
@@ -484,15 +484,9 @@ async def test_the_protocol_schema_is_built_once_off_the_loop_and_a_client_holdi
     """Building it is 0.2 s of pydantic on this machine: on the event loop it held every link of the hub
     at the first request (the stall watch's run through the suite found it). Built once now, in a
     worker thread (hub/documents.py), and the same bytes after."""
-    import threading
-
     document = hub.services.protocol_document
-    built, build = [], document.build
-
-    def counted():
-        built.append(threading.current_thread() is threading.main_thread())
-        return build()
-    monkeypatch.setattr(document, "build", counted)
+    build = document.build
+    built = threads_calling(monkeypatch, document, "build")
     with trio.fail_after(60):
         url = hub.base_url + "/v1/device/protocol.json"
         async with trio.open_nursery() as nursery:  # requests meanwhile wait for the one build

@@ -32,7 +32,7 @@ from tests.conformance.spec import (
     RETRY_AFTER,
     SCHEMES,
 )
-from tests.hubtools import start_agent, start_hub
+from tests.hubtools import start_agent, start_hub, threads_calling
 
 ORG = "X-Organization-ID"
 
@@ -67,15 +67,9 @@ async def test_the_document_is_built_once_off_the_loop_and_a_client_holding_it_g
     """quart-schema built the document on every request, on the event loop (0.6 s of CPU on the bench
     machine): a public path that held the whole process. Built once now, in a worker thread, and the
     same bytes after; what it holds is what quart-schema builds."""
-    import threading
-
     document = hub.services.http_views["openapi"].document
-    built, schema = [], document.build
-
-    def counted():
-        built.append(threading.current_thread() is threading.main_thread())
-        return schema()
-    monkeypatch.setattr(document, "build", counted)
+    schema = document.build
+    built = threads_calling(monkeypatch, document, "build")
     with trio.fail_after(60):
         url = hub.base_url + "/v1/openapi.json"
         async with trio.open_nursery() as nursery:  # requests meanwhile wait for the one build

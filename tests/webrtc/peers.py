@@ -71,6 +71,36 @@ async def connect_pair(target_port: int, *, bandwidth_bps: int | None = None) ->
     return Pair(client, device, client_control, device_control, port)
 
 
+async def move_through_pair(size: int) -> bool:
+    """A pair of peers (connect_pair) carries ``size`` random bytes from a TCP client to a TCP sink;
+    whether they arrived whole. Fresh-interpreter tests run it to see what a session loads."""
+    import os
+
+    got = bytearray()
+    done = trio.Event()
+
+    async def sink(stream: trio.SocketStream) -> None:
+        async with stream:
+            while data := await stream.receive_some(1 << 16):
+                got.extend(data)
+                if len(got) >= size:
+                    done.set()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, sink, 0, host="127.0.0.1"))
+        pair = await connect_pair(listeners[0].socket.getsockname()[1])
+        stream = await trio.open_tcp_stream("127.0.0.1", pair.listen_port)
+        block = os.urandom(size)
+        await stream.send_all(block)
+        with trio.fail_after(60):
+            await done.wait()
+        await stream.aclose()
+        await pair.client.close()
+        await pair.device.close()
+        nursery.cancel_scope.cancel()
+    return bytes(got[:size]) == block
+
+
 class ShellChannel:
     """The client end of a ``shell`` channel, as the browser terminal drives it (the same credit
     protocol as webrtc/forward.Pump): ``send`` keystrokes, ``resize``, read ``output``. Its methods

@@ -15,36 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 # In a fresh interpreter: a pair of tunnel peers moving bytes, then two ICE agents where one's host
 # candidate reaches the other as <uuid>.local, published over mDNS by another process, as a browser's is.
 _SCRIPT = r'''
-import asyncio, copy, json, os, sys, uuid, trio
+import asyncio, copy, json, sys, uuid, trio
 import webrtc  # installs the stand-ins before aiortc and aioice load
 from webrtc import mdns
-from functools import partial
 
-async def session():
-    from tests.webrtc.peers import connect_pair
-    got = bytearray()
-    done = trio.Event()
-    async def sink(stream):
-        async with stream:
-            while data := await stream.receive_some(1 << 16):
-                got.extend(data)
-                if len(got) >= 1 << 18:
-                    done.set()
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(trio.serve_tcp, sink, 0, host="127.0.0.1"))
-        pair = await connect_pair(listeners[0].socket.getsockname()[1])
-        stream = await trio.open_tcp_stream("127.0.0.1", pair.listen_port)
-        block = os.urandom(1 << 18)
-        await stream.send_all(block)
-        with trio.fail_after(60):
-            await done.wait()
-        await stream.aclose()
-        await pair.client.close()
-        await pair.device.close()
-        nursery.cancel_scope.cancel()
-    return bytes(got[:1 << 18]) == block
+from tests.webrtc.peers import move_through_pair
 
-moved = trio.run(session)
+moved = trio.run(move_through_pair, 1 << 18)
 after_session = {"moved": moved, "dns": "dns" in sys.modules, "loaded": mdns.loaded()}
 
 # the name's owner: another process, with aioice's own mDNS module, answering for b's address

@@ -40,14 +40,15 @@ export async function api(method, path, body, options = {}) {
     headers['Content-Type'] = 'application/json';
     payload = JSON.stringify(body);
   }
-  let response = await fetch(path, { method, headers, body: payload, credentials: 'same-origin' });
+  const ask = () => fetch(path, { method, headers, body: payload, credentials: 'same-origin' });
+  let response = await ask();
   // A read answered 503 (the hub's database unreachable for a moment: "try again shortly") is asked
   // again, twice, after Retry-After or 1 then 2 s (at most 5): a blip leaves no page half-drawn on a
   // busy hub. Only GET is repeated: a write answered 503 may still have happened.
   for (let retry = 1; retry <= GET_RETRIES && response.status === 503 && method === 'GET'; retry += 1) {
     const after = Number(response.headers.get('Retry-After'));
     await new Promise((resolve) => setTimeout(resolve, 1000 * Math.min(5, after > 0 ? after : retry)));
-    response = await fetch(path, { method, headers, body: payload, credentials: 'same-origin' });
+    response = await ask();
   }
   const type = response.headers.get('content-type') || '';
   const data = type.includes('application/json') ? await response.json() : null;
