@@ -52,7 +52,10 @@ async def serve_app(services: Services, host: str, port: int, *, shutdown_trigge
     """Serve until cancelled, or until ``shutdown_trigger()`` returns: then hypercorn stops accepting,
     lets requests in flight finish (``graceful_timeout``) and returns. ``task_status.started(base_url)``
     once the socket listens."""
-    app = create_app(services)
+    # Building the app (every blueprint, quart-schema's models, pydantic's validators) is 0.1-0.5 s of
+    # CPU: on the loop it held every task the services had started (write-behind, resumed rollouts, a
+    # cluster's NATS) and logged a stall at each start on a busy host. Nothing in it needs the loop.
+    app = await trio.to_thread.run_sync(create_app, services)
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(partial(serve, app, hypercorn_config(host, port, services.settings),
                                             shutdown_trigger=shutdown_trigger))

@@ -21,6 +21,7 @@ import trio
 
 from actors.bus import Bus
 from actors.device import DeviceActor
+from actors.machines import window as window_machine
 from actors.rollout import ReloadWindows, RolloutActor
 from actors.runtime import Registry, Supervisor
 from device_client.shared.clock import Clock, OffsetClock
@@ -315,6 +316,8 @@ async def _open_services(settings: Settings, clock: Clock | None, *, serving: bo
             applied = await migrate(db)
             if applied:
                 log.info("applied migrations: %s", ", ".join(applied))
+            # what the first update window checked would otherwise read from disk on the loop
+            await trio.to_thread.run_sync(window_machine.zone_names)
             async with trio.open_nursery() as nursery:
                 supervisor = Supervisor(nursery)
                 # a cluster node's bus is NATS from the start: what is built with the bus (the billing

@@ -14,7 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from device_client.shared import loopwatch
 from hub.metrics import Metrics
 from storage.db import Database
-from tests.hubtools import metric_value, metrics, start_hub
+from actors.machines import window as window_machine
+from hub import server
+from tests.hubtools import metric_value, metrics, start_hub, threads_calling
 
 
 @pytest.fixture
@@ -89,6 +91,21 @@ async def test_a_stall_of_the_event_loop_is_counted_and_logged_with_the_code_tha
     assert held[0].startswith("the event loop has been held for ") and "test_metrics.py" in held[0]
     assert "the process ran little of it" in held[0]  # a sleep runs nothing: the CPU clocks say so
     assert held[0].rstrip().splitlines()[-1].endswith("in _hold_the_loop")
+
+
+async def test_the_hub_builds_its_app_and_reads_the_zone_names_in_worker_threads(nursery, db_url, tmp_path,
+                                                                                 monkeypatch):
+    """Building the app took 0.1-0.5 s of the loop at every start (a stall logged on a busy host), while
+    the services' tasks already ran on it, and the first update window checked read the tz database's
+    names from disk on it: both in worker threads now, as the hub starts, and that app serves."""
+    built = threads_calling(monkeypatch, server, "create_app")
+    zones = threads_calling(monkeypatch, window_machine, "zone_names")
+    hub = await start_hub(nursery, db_url, tmp_path)
+    assert zones == [False], zones  # before any window is checked, whoever asks next finds them read
+    with trio.fail_after(30):
+        r = await hub.call("GET", "/v1/devices")
+    assert r.status_code == 200, r.text
+    assert built == [False], built
 
 
 async def test_every_outbox_has_the_same_four_families_by_kind(hub):
