@@ -5,7 +5,7 @@ aiortc imports PyAV (``av``, FFmpeg's libraries) at module level for its audio a
 CLI offers data channels only, and the device refuses an offer with any other m-line, peer.py), yet
 loading av cost every ``fleethub tunnel`` start 80-150 ms and every agent that opened a tunnel about
 20 MiB of resident memory it kept for the rest of its life (measured in ``python -X importtime -c
-"import aiortc"`` and VmRSS after ``import aiortc`` with and without this, 2026-11-28; docs/operations.md).
+"import aiortc"`` and VmRSS after ``import aiortc`` with and without this, 2026-11-28; docs/tunnel-performance.md).
 
 ``install()`` puts a stand-in ``av`` in ``sys.modules`` with the names aiortc 1.16 imports at module
 level (classes and modules only: aiortc calls none of them while importing). Anything that reaches a

@@ -4,7 +4,7 @@ A tunnel's bulk copy is CPU-bound in Python on both peers (issue 35): every 1,20
 DTLS record, an SCTP packet and a UDP datagram, and aiortc does some work per chunk that only matters
 in a rare case. Each replacement below keeps aiortc's result for every input and only skips work that
 would find nothing to do; each was measured A/B with two peers in one process, 32 MiB one way, CPU
-ms per MiB of both peers together (the figures in docs/operations.md and bench/RESULTS.md):
+ms per MiB of both peers together (the figures in docs/tunnel-performance.md and bench/RESULTS.md):
 
 - ``InboundStream.pop_messages`` rescans the stream's reassembly list from its start after every
   chunk, looking for a complete message: for a 32 KiB message (28 chunks) that is about 400 steps,

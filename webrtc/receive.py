@@ -25,7 +25,7 @@ one (a poll and a loop turn fewer each). With two peers in separate processes (b
 49-61 ms in each peer; with two peers in one process MB/s halved as well. Why was not found.
 
 FLEETHUB_AIORTC_AS_IS=1 leaves aiortc's own (packets.py's switch). Measured A/B with two peers in
-one process (docs/operations.md, packets.py's docstring).
+one process (docs/tunnel-performance.md, packets.py's docstring).
 """
 
 from __future__ import annotations

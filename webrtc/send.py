@@ -20,7 +20,7 @@ this end wraps each record for the TURN server (aioice's TurnTransport) and goes
 closed, is dropped at the flush instead of raising in ``_send_data``: SCTP treats it as lost.
 
 Applied on Linux only (elsewhere a batch would buy nothing); FLEETHUB_AIORTC_AS_IS=1 or
-FLEETHUB_SEND_EACH=1 leave aiortc's own. Measured A/B in docs/operations.md.
+FLEETHUB_SEND_EACH=1 leave aiortc's own. Measured A/B in docs/tunnel-performance.md.
 """
 
 from __future__ import annotations
