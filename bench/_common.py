@@ -189,13 +189,23 @@ def machine_facts(quiet_wait: float = 0.0) -> dict[str, str]:
     """Machine facts for the results; with ``quiet_wait`` > 0 first waits (bounded) for a quiet machine."""
     busy = wait_quiet(quiet_wait) if quiet_wait > 0 else machine_busy()
     cpu = ""
+    clock = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and not cpu:
+                cpu = value.strip()
+            elif key == "cpu MHz" and not clock:
+                # a VM's model name may say only "AMD EPYC": the clock it reports (the host's) and the
+                # cache size are what tell one host class from another between runs
+                clock = f"{float(value):.0f} MHz"
+            elif key == "cache size" and clock and "cache" not in clock:
+                clock += f", {value.strip()} cache"
+    except (OSError, ValueError):
         pass
+    if clock:
+        cpu = f"{cpu or 'cpu ?'}, {clock}"
     try:
         mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
     except (OSError, ValueError, IndexError):

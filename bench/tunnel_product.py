@@ -20,6 +20,8 @@ Reported:
   interpreter and the imports up to the command), imports (the tunnel's own), offer (aiortc's
   certificate and ICE host candidates), token, session (the hub asks the agent, the agent answers),
   ICE, DTLS, SCTP (the control channel open), ssh (handshake, auth, ``true``, exit); direct ssh beside;
+  then ``ssh host true`` again in a connection already open (ControlMaster, as ControlPersist and
+  Ansible keep one): no ProxyCommand runs, what a script of many short commands sees after its first;
 - keystroke round trips (one byte through ``cat`` on the device, every 20 ms) in one ssh connection,
   idle and while scp copies run back to back, in the same connection (ssh's ControlMaster: one
   tunnel session, one byte stream) or in their own (a tunnel session each, the same agent);
@@ -393,6 +395,21 @@ def main() -> int:
             log(f"ssh true {i + 1}: tunnel {took * 1000:.0f} ms, direct {fig['true direct'][-1] * 1000:.0f} ms; "
                 + ", ".join(f"{k} {v * 1000:.0f}" for k, v in marks.items() if k != "cpu"))
 
+        # -- ssh host true riding an open connection (ControlMaster/ControlPersist: what Ansible does) --
+        for tunnel in (True, False):
+            master = Master(world, tunnel)
+            try:
+                for _ in range(args.starts):
+                    t0 = time.time()
+                    subprocess.run(["ssh", *world.options(tunnel=tunnel), *master.opts(), world.host(tunnel), "true"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                   env=world.env, check=True, timeout=120)
+                    add(f"true reused {'tunnel' if tunnel else 'direct'}", time.time() - t0)
+            finally:
+                master.stop()
+        log(f"ssh true in an open connection: tunnel {median(fig['true reused tunnel']) * 1000:.0f} ms, "
+            f"direct {median(fig['true reused direct']) * 1000:.0f} ms (medians)")
+
         # -- scp each way, alternating product, peer bench and direct -------------------------------
         if not args.no_peer_bench:
             device = Proc("device", str(world.sshd.port), name="product-peer-device")
@@ -502,6 +519,8 @@ def main() -> int:
     phase_rows.append(["direct ssh to the same sshd (the floor)", f"{m('true direct') * 1000:.0f}"])
     phase_rows.append(["(the CLI's exit after ssh's: closing the session; nobody waits for it)",
                        f"{m('cli after ssh') * 1000:.0f}"])
+    phase_rows.append(["`ssh host true` in a connection already open (ControlMaster/ControlPersist): tunnel; direct",
+                       f"{m('true reused tunnel') * 1000:.0f}; {m('true reused direct') * 1000:.0f}"])
     key_rows = [[what, *(f"{p95(f'keys {k} {n}'):.1f} ({m(f'keys {k} {n}'):.1f}; {len(fig.get(f'keys {k} {n}', []))})"
                          for n in ("tunnel", "direct"))]
                 for what, k in (("idle", "idle"), ("under scp down in the same ssh connection", "down"),
