@@ -36,6 +36,7 @@ import ipaddress
 import json
 import re
 import socket
+import ssl
 from collections.abc import Collection
 from typing import Any
 
@@ -43,6 +44,7 @@ import httpx
 import trio
 
 from device_client.shared.imageref import DEFAULT_REGISTRY, DIGEST, ImageRef, host_of
+from device_client.shared import outbound_tls
 
 MAX_MANIFEST_BYTES = 4 << 20
 MAX_TOKEN_BYTES = 64 << 10
@@ -101,8 +103,8 @@ class PinnedTransport(httpx.AsyncHTTPTransport):
     second lookup would say. The URL's host becomes that address; the Host header and TLS's server name
     (so the certificate check) stay the registry's name."""
 
-    def __init__(self, allowed: Collection[str]) -> None:
-        super().__init__()
+    def __init__(self, allowed: Collection[str], tls: ssl.SSLContext) -> None:
+        super().__init__(verify=tls)  # outbound_tls.httpx_default(): made once, off the loop
         self.allowed = allowed
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -197,10 +199,11 @@ async def _fetch_digest(ref: ImageRef, timeout: float, allowed: Collection[str] 
                         transport: httpx.AsyncBaseTransport | None,
                         credentials: tuple[str, str] | None = None) -> str:
     headers = {"Accept": MANIFEST_TYPES}
+    tls = await outbound_tls.httpx_default()
     if transport is None and allowed is not None:
-        transport = PinnedTransport(allowed)
+        transport = PinnedTransport(allowed, tls)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), follow_redirects=False,
-                                 transport=transport) as client:
+                                 transport=transport, verify=tls) as client:
         for _ in range(2):  # a second time only with a token or the credential
             async with client.stream("GET", manifest_url(ref), headers=headers) as r:
                 if r.status_code == 401:

@@ -43,6 +43,7 @@ from urllib.parse import quote
 import trio
 
 from ..shared import protocol
+from ..shared import outbound_tls
 from ..shared.clock import rfc3339
 from ..commands import CommandError
 from ..imports import load
@@ -405,7 +406,8 @@ class MemoryTester:
             await load("httpx")  # only a run's page maps go over HTTP
             import httpx
 
-            async with httpx.AsyncClient(verify=self.device.ssl_context or True, timeout=UPLOAD_TIMEOUT) as client:
+            tls = self.device.ssl_context or await outbound_tls.httpx_default()  # not built on the loop
+            async with httpx.AsyncClient(verify=tls, timeout=UPLOAD_TIMEOUT) as client:
                 for run_id, path in maps:
                     url = f"{self.device.hub_url.rstrip('/')}/v1/device/memory-tests/{quote(run_id, safe='')}/page-map"
                     try:

@@ -65,7 +65,7 @@ async def converse(services, caller: Caller, req: ChatRequest, upstream: Upstrea
     offered = req.tool_names
     usage_chunk: dict | None = None
     usage_line, rounds = "", 0
-    async with upstream.client() as client:
+    async with await upstream.client() as client:
         for round_no in range(MAX_ROUNDS):
             rounds += 1
             tools = definitions(offered) if round_no < MAX_ROUNDS - 1 else []

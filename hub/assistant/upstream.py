@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from device_client.shared import outbound_tls
+
 
 class UpstreamFailed(Exception):
     """The model server failed: refused, unreachable, too slow, or spoke something else than SSE chunks."""
@@ -31,9 +33,12 @@ class Upstream:
         base = self.url.rstrip("/")
         return base if base.endswith("/chat/completions") else base + "/chat/completions"
 
-    def client(self) -> httpx.AsyncClient:
+    async def client(self) -> httpx.AsyncClient:
         t = self.timeout
-        return httpx.AsyncClient(timeout=httpx.Timeout(t, connect=min(t, 10.0)), follow_redirects=False)
+        # the shared TLS context (device_client/shared/outbound_tls.py): httpx would load certifi's
+        # bundle on the loop for every chat
+        return httpx.AsyncClient(timeout=httpx.Timeout(t, connect=min(t, 10.0)), follow_redirects=False,
+                                 verify=await outbound_tls.httpx_default())
 
 
 async def stream_chunks(client: httpx.AsyncClient, upstream: Upstream, payload: dict) -> AsyncIterator[tuple[str, dict]]:

@@ -22,6 +22,7 @@ import httpx
 import trio
 
 from device_client.shared.imageref import ImageRef
+from device_client.shared import outbound_tls
 from hub import images
 
 MAX_MANIFEST_BYTES = images.MAX_MANIFEST_BYTES
@@ -80,7 +81,8 @@ class Upstream:
             with trio.fail_after(self.total):
                 await images.check_destination(images.api_host(ref), self.allowed)
                 async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, read=self.idle),
-                                             follow_redirects=False, transport=self.transport) as client:
+                                             follow_redirects=False, transport=self.transport,
+                                             verify=await outbound_tls.httpx_default()) as client:
                     return await self._fetch(client, ref, kind, digest, out, max_bytes, progress or _Silent())
         except images.RegistryError as exc:
             raise UpstreamError(exc.message) from None

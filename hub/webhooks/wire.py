@@ -25,6 +25,7 @@ import h11
 import trio
 
 from hub.images import check_destination
+from device_client.shared import outbound_tls
 
 EXCERPT_BYTES = 1024
 MAX_DRAIN = 64 * 1024  # more answer than this after the excerpt: close rather than read it all
@@ -126,8 +127,8 @@ class Pool:
             f"[{target.host}]:{target.port}" if ":" in target.host else f"{target.host}:{target.port}", ())
         stream: trio.abc.Stream = await trio.open_tcp_stream(address or target.host, target.port)
         if target.scheme == "https":
-            if self._tls is None:
-                self._tls = ssl.create_default_context()
+            if self._tls is None:  # made once per process, off the loop (outbound_tls.py says why)
+                self._tls = await outbound_tls.system_default()
             tls = trio.SSLStream(stream, self._tls, server_hostname=target.host, https_compatible=True)
             try:
                 await tls.do_handshake()
