@@ -26,6 +26,7 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, ConnectionTimeo
 
 from .shared import protocol
 from .agentconfig import AgentConfig, link_url
+from .shared import outbound_tls
 from .shared.backoff import Backoff
 from .shared.clock import Clock, rfc3339
 from .commands import CommandTable
@@ -225,10 +226,18 @@ class Link:
         if self._leaving and self.commands.inflight == 0 and self._scope is not None:
             self._scope.cancel()
 
-    def _open(self) -> AsyncContextManager[Any]:
+    async def _link_tls(self) -> Any:
+        """The TLS context of a ``wss://`` link: the configured one, else the system's, made once per
+        process off the loop (outbound_tls.py); trio-websocket would make one on the loop at every
+        connect (about 60 ms of CPU on a slow host; a simulator's devices reconnecting at once, each)."""
+        if self._ssl_context is not None or not self.link_url.startswith("wss:"):
+            return self._ssl_context
+        return await outbound_tls.system_default()
+
+    def _open(self, tls: Any) -> AsyncContextManager[Any]:
         if self._connector is not None:  # a test's in-memory hub (tests/device_client/device_fakehub.py)
             return self._connector(self._auth)
-        return open_websocket_url(self.link_url, self._ssl_context, extra_headers=self._auth,
+        return open_websocket_url(self.link_url, tls, extra_headers=self._auth,
                                   max_message_size=protocol.MAX_FRAME_BYTES, connect_timeout=self._connect_timeout,
                                   disconnect_timeout=5)
 
@@ -243,7 +252,7 @@ class Link:
                 # open 15,000 TCP connections in the same millisecond
                 await self._limiter.acquire_on_behalf_of(self)
                 self._limiter_held = True
-            async with self._open() as ws:
+            async with self._open(await self._link_tls()) as ws:
                 opened = ws
                 with trio.CancelScope() as self._scope:
                     if not self._leaving:
@@ -377,7 +386,7 @@ class Link:
         """Why TLS refuses the hub, when it does; the last probe's answer between probes."""
         if trio.current_time() >= self._tls_probe_due:
             self._tls_probe_due = trio.current_time() + TLS_PROBE_EVERY
-            self._tls_refusal = await tls_refusal(self.link_url, self._ssl_context, self._connect_timeout)
+            self._tls_refusal = await tls_refusal(self.link_url, await self._link_tls(), self._connect_timeout)
         return self._tls_refusal
 
     def _link_failed(self, exc: BaseException, described: str | None = None) -> str:

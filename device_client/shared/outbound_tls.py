@@ -5,8 +5,12 @@ handed one, loading certifi's CA bundle into it: about 60 ms of CPU on the slow 
 fast one), with the GIL held, on the thread that makes the client. The hub made one per assistant
 chat, per object fetched from an upstream registry and per image digest resolved, and the agent one
 per page-map upload, each on its event loop: every device link and request of that process waited
-(docs/operations.md, "A stalled event loop"). ``ssl.create_default_context()``, the webhooks' system
-trust store, costs the same.
+(docs/operations.md, "A stalled event loop"). ``ssl.create_default_context()``, the system's trust
+store, costs the same: the hub's webhooks made one per endpoint, and trio-websocket one per ``wss://``
+connect of the agent's link when it is given none (a simulator's devices reconnecting, each).
+
+Every user is an HTTP/1.1 client or a WebSocket: httpcore sets the same ALPN list on a shared context at
+each connect, so a client that offered HTTP/2 would need a context of its own.
 
 Each context here is made in a worker thread the first time it is asked for and then shared (an
 ``SSLContext`` is made to be shared by any number of connections). Trust is what it was: ``httpx_default``

@@ -53,6 +53,35 @@ async def test_the_agent_says_the_hubs_certificate_is_not_trusted(certificate, t
             nursery.cancel_scope.cancel()
 
 
+async def test_an_agent_retrying_a_wss_link_makes_no_tls_context_on_its_loop(certificate, tmp_path, monkeypatch):
+    """trio-websocket made ``ssl.create_default_context()`` (the system's CA store loaded: about 60 ms
+    of CPU on a slow host) on the agent's loop at every connect; a simulator's devices reconnecting
+    after a hub restart each paid it. Made once per process in a worker thread now
+    (device_client/shared/outbound_tls.py), for the link and for the probe that explains a refusal."""
+    import threading
+
+    loaded: list[str] = []
+    for name in ("load_default_certs", "load_verify_locations", "set_default_verify_paths"):
+        original = getattr(ssl.SSLContext, name)
+
+        def noted(self, *args, _original=original, _name=name, **kwargs):
+            if threading.current_thread() is threading.main_thread():
+                loaded.append(_name)
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(ssl.SSLContext, name, noted)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            port = await tls_server(nursery, *certificate)
+            running = await start_agent(nursery, f"https://127.0.0.1:{port}", "a-token", tmp_path / "agent",
+                                        wait=False, connect_timeout=1.0)
+            while running.agent.statistics().link_failures < 3:
+                await trio.sleep(0.05)
+            assert "certificate is not trusted" in running.agent.statistics().last_error
+            await running.kill()
+            nursery.cancel_scope.cancel()
+    assert loaded == [], loaded
+
+
 async def test_agent_check_says_the_hubs_certificate_is_not_trusted(certificate):
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
