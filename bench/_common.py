@@ -188,24 +188,21 @@ def python_speed(rounds: int = 3) -> float:
 def machine_facts(quiet_wait: float = 0.0) -> dict[str, str]:
     """Machine facts for the results; with ``quiet_wait`` > 0 first waits (bounded) for a quiet machine."""
     busy = wait_quiet(quiet_wait) if quiet_wait > 0 else machine_busy()
-    cpu = ""
-    clock = ""
+    info: dict[str, str] = {}  # the first CPU's lines of /proc/cpuinfo
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "model name" and not cpu:
-                cpu = value.strip()
-            elif key == "cpu MHz" and not clock:
-                # a VM's model name may say only "AMD EPYC": the clock it reports (the host's) and the
-                # cache size are what tell one host class from another between runs
-                clock = f"{float(value):.0f} MHz"
-            elif key == "cache size" and clock and "cache" not in clock:
-                clock += f", {value.strip()} cache"
-    except (OSError, ValueError):
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
         pass
-    if clock:
-        cpu = f"{cpu or 'cpu ?'}, {clock}"
+    # a VM's model name may say only "AMD EPYC": the clock it reports (the host's) and the cache size are
+    # what tell one host class from another between runs
+    parts = [info.get("model name", "cpu ?")] if info else []
+    if "cpu MHz" in info:
+        parts.append(f"{info['cpu MHz'].split('.')[0]} MHz")
+    if "cache size" in info:
+        parts.append(f"{info['cache size']} cache")
+    cpu = ", ".join(parts)
     try:
         mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
     except (OSError, ValueError, IndexError):

@@ -188,6 +188,25 @@ def threads_calling(monkeypatch, owner: Any, name: str) -> list[bool]:
     return on_main
 
 
+def ca_loads_on_main_thread(monkeypatch) -> list[str]:
+    """Each CA store loaded on the main thread (a hub or an agent in a test runs there), named by the
+    ``ssl.SSLContext`` method that loaded it: what must be made once, off the loop, checks none is.
+    The list fills as contexts load."""
+    import ssl
+    import threading
+
+    seen: list[str] = []
+    for name in ("load_verify_locations", "load_default_certs", "set_default_verify_paths"):
+        original = getattr(ssl.SSLContext, name)
+
+        def noted(self: Any, *args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            if threading.current_thread() is threading.main_thread():
+                seen.append(_name)
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(ssl.SSLContext, name, noted)
+    return seen
+
+
 def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float | None:
     """The value of one sample in Prometheus text; None when absent."""
     want = ""

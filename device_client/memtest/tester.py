@@ -38,12 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 import trio
 
 from ..shared import protocol
-from ..shared import outbound_tls
 from ..shared.clock import rfc3339
 from ..commands import CommandError
 from ..imports import load
@@ -51,6 +49,7 @@ from . import bounds
 from . import plan as plans
 from .hwsim import Hardware
 from .retire import FAULT_PAGES, soft_offline
+from .upload import upload_page_maps
 from .store import MemtestStore
 
 if TYPE_CHECKING:
@@ -61,7 +60,6 @@ log = logging.getLogger("fleethub.agent.memtest")
 
 HOLD_SECONDS = 1800.0  # spec: Limits, hold in maintenance
 TEST_BOOT_DONE = "memory_test_done"  # boot reason of the reboot back to service (documented extension)
-UPLOAD_TIMEOUT = 30.0
 CANCEL_WAIT = 10.0
 TEST_BOOT_UNSUPPORTED = "test boot is not supported by this board's bootloader yet"
 NO_MEMORY_TEST = "this device's firmware has no memory test"
@@ -394,37 +392,15 @@ class MemoryTester:
             self.store.save_page_map(run.run_id, body)
 
     async def _upload_page_maps(self) -> None:
-        """PUT each waiting full page map to the hub (pagemap.py); kept for the next link on a
-        network error, a 429 or a 5xx, dropped on any other refusal (it would never be taken). Only
-        maps of results the hub acknowledged: the hub takes a map of a run whose result it stored."""
+        """Each waiting full page map to the hub (upload.py). Only maps of results the hub acknowledged:
+        the hub takes a map of a run whose result it stored."""
         waiting = {str(r.get("runId")) for r in self.store.unacked()}
         maps = [(run_id, path) for run_id, path in self.store.page_maps() if run_id not in waiting]
         if not maps or self._uploading:
             return
         self._uploading = True
         try:
-            await load("httpx")  # only a run's page maps go over HTTP
-            import httpx
-
-            tls = self.device.ssl_context or await outbound_tls.httpx_default()  # not built on the loop
-            async with httpx.AsyncClient(verify=tls, timeout=UPLOAD_TIMEOUT) as client:
-                for run_id, path in maps:
-                    url = f"{self.device.hub_url.rstrip('/')}/v1/device/memory-tests/{quote(run_id, safe='')}/page-map"
-                    try:
-                        r = await client.put(url, content=path.read_bytes(), headers={
-                            **self.device.device_auth(), "Content-Type": "application/json",
-                            "Content-Encoding": "gzip"})
-                    except (httpx.HTTPError, OSError) as exc:
-                        log.info("memtest %s: page map upload failed (%s); again at the next link", run_id, exc)
-                        return
-                    if r.status_code >= 500 or r.status_code == 429:
-                        log.info("memtest %s: page map upload answered %d; again at the next link",
-                                 run_id, r.status_code)
-                        return
-                    if r.status_code >= 300:
-                        log.warning("memtest %s: the hub refused the page map (%d): %s", run_id, r.status_code,
-                                    r.text[:200])
-                    self.store.page_map_done(path)
+            await upload_page_maps(self.device, maps, self.store.page_map_done)
         finally:
             self._uploading = False
 

@@ -8,7 +8,6 @@ registry fetch and per image digest, the agent one per page-map upload."""
 from __future__ import annotations
 
 import ssl
-import threading
 from functools import partial
 
 import httpx
@@ -19,7 +18,7 @@ from device_client.shared import outbound_tls
 from tests.api.assistant_helpers import sign_in
 from tests.api.upstream_fake import FakeModel, start_fake_model, text_chunks
 from tests.e2e.certs import self_signed
-from tests.hubtools import start_hub
+from tests.hubtools import ca_loads_on_main_thread, start_hub, threads_calling
 
 
 @pytest.fixture
@@ -28,20 +27,6 @@ def fresh(monkeypatch):
     monkeypatch.setattr(outbound_tls, "_made", {})
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
-
-
-def _loads_on_the_main_thread(monkeypatch) -> list[str]:
-    """Each CA store loaded on the main thread (a hub in a test serves there), by what loaded it."""
-    seen: list[str] = []
-    for name in ("load_verify_locations", "load_default_certs", "set_default_verify_paths"):
-        original = getattr(ssl.SSLContext, name)
-
-        def noted(self, *args, _original=original, _name=name, **kwargs):
-            if threading.current_thread() is threading.main_thread():
-                seen.append(_name)
-            return _original(self, *args, **kwargs)
-        monkeypatch.setattr(ssl.SSLContext, name, noted)
-    return seen
 
 
 async def _one_answer(server_tls: ssl.SSLContext, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -60,13 +45,7 @@ async def _one_answer(server_tls: ssl.SSLContext, task_status=trio.TASK_STATUS_I
 
 
 async def test_one_context_per_trust_made_in_a_worker_thread_and_shared(fresh, monkeypatch, nursery, tmp_path):
-    built: list[bool] = []
-    build = outbound_tls._build_httpx
-
-    def noted() -> ssl.SSLContext:
-        built.append(threading.current_thread() is threading.main_thread())
-        return build()
-    monkeypatch.setattr(outbound_tls, "_build_httpx", noted)
+    built = threads_calling(monkeypatch, outbound_tls, "_build_httpx")
     with trio.fail_after(30):
         got: list[ssl.SSLContext] = []
 
@@ -105,7 +84,7 @@ async def test_an_assistant_chat_loads_no_ca_bundle_on_the_hubs_loop(nursery, db
         fake = await start_fake_model(nursery, FakeModel(respond=lambda body: [*text_chunks("fine"), "done"]))
         hub = await start_hub(nursery, db_url, tmp_path, assistant_upstream=fake.base_url, assistant_key="sk-x")
         browser = await sign_in(hub)
-        loaded = _loads_on_the_main_thread(monkeypatch)
+        loaded = ca_loads_on_main_thread(monkeypatch)
         for _ in range(2):
             r = await browser.chat(question="how are my devices?")
             assert r.status_code == 200, r.text

@@ -13,7 +13,7 @@ from device_client import check
 from device_client.shared.clock import Clock
 from device_client.tlsprobe import tls_refusal
 from tests.e2e.certs import self_signed
-from tests.hubtools import start_agent
+from tests.hubtools import ca_loads_on_main_thread, start_agent
 from tests.ports import free_port
 
 
@@ -58,17 +58,7 @@ async def test_an_agent_retrying_a_wss_link_makes_no_tls_context_on_its_loop(cer
     of CPU on a slow host) on the agent's loop at every connect; a simulator's devices reconnecting
     after a hub restart each paid it. Made once per process in a worker thread now
     (device_client/shared/outbound_tls.py), for the link and for the probe that explains a refusal."""
-    import threading
-
-    loaded: list[str] = []
-    for name in ("load_default_certs", "load_verify_locations", "set_default_verify_paths"):
-        original = getattr(ssl.SSLContext, name)
-
-        def noted(self, *args, _original=original, _name=name, **kwargs):
-            if threading.current_thread() is threading.main_thread():
-                loaded.append(_name)
-            return _original(self, *args, **kwargs)
-        monkeypatch.setattr(ssl.SSLContext, name, noted)
+    loaded = ca_loads_on_main_thread(monkeypatch)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             port = await tls_server(nursery, *certificate)
