@@ -134,7 +134,7 @@ def peer_worker(role: str, target_port: int) -> None:
             elif cmd["cmd"] == "state":
                 out = {"state": current.state if current else None}
             elif cmd["cmd"] == "sctp":  # what sits in the association (bench/tunnel_interactive.py)
-                sctp = current._pc.sctp
+                sctp = current.conn.pc.sctp
                 out = {"queued": sum(len(m[2]) for m in list(sctp._data_channel_queue)),
                        "outbound": sum(len(c.user_data) for c in list(sctp._outbound_queue)),
                        "flight": sctp._flight_size, "cwnd": sctp._cwnd}
@@ -149,10 +149,11 @@ def peer_worker(role: str, target_port: int) -> None:
 
 
 def hub_client_worker(hub_url: str, device_id: str) -> None:
-    """The CLI's side through the hub: webrtc.client.run_tunnel, one session per ``open``."""
+    """The CLI's side through the hub: webrtc.client.run_tunnel (on trio_client.py's asyncio thread), one session per ``open``."""
     import trio
 
-    from webrtc.client import Credentials, run_tunnel
+    from webrtc.client import Credentials
+    from webrtc.trio_client import run_tunnel_in_trio
 
     credentials = Credentials(org_id=os.environ["BENCH_ORG"], pat_id=os.environ["BENCH_PAT_ID"],
                               pat_secret=os.environ["BENCH_PAT_SECRET"])
@@ -181,7 +182,7 @@ def hub_client_worker(hub_url: str, device_id: str) -> None:
 
                 async def one(scope: trio.CancelScope, task_status=trio.TASK_STATUS_IGNORED) -> None:
                     with scope:
-                        await run_tunnel(hub_url, credentials, device_id, "echo", task_status=task_status)
+                        await run_tunnel_in_trio(hub_url, credentials, device_id, "echo", task_status=task_status)
 
                 ready = await nursery.start(one, scope)
                 # run_tunnel times from just before its POST (the offer is made by then)

@@ -84,12 +84,12 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, sink, 0, host="127.0.0.1"))
         pair = await connect_pair(listeners[0].socket.getsockname()[1])
-        connections = [peer._pc.sctp.transport.transport._connection for peer in (pair.client, pair.device)]
+        connections = [peer.conn.pc.sctp.transport.transport._connection for peer in (pair.client, pair.device)]
         inlines = [c._fleethub_inline for c in connections]
         batched = RTCDtlsTransport._send_data
         if any(i is None for i in inlines) or not hasattr(batched, "__wrapped__"):
             raise SystemExit("receive.py or send.py is not applied (FLEETHUB_AIORTC_AS_IS set, or not Linux?)")
-        associations = [peer._pc.sctp for peer in (pair.client, pair.device)]
+        associations = [peer.conn.pc.sctp for peer in (pair.client, pair.device)]
         with trio.move_on_after(5):  # the probes started as the association was established: a round trip
             while None in (probed := [getattr(a, "_fleethub_chunk", None) for a in associations]):
                 await trio.sleep(0.01)

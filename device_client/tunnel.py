@@ -27,18 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .commands import CommandError
+from .hostport import parse_hostport
 from .shell import ShellUser
 
 SSH_DEFAULT = ("127.0.0.1", 22)
-_HOSTPORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<port>\d{1,5})$")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
-
-
-def parse_hostport(text: str) -> tuple[str, int]:
-    match = _HOSTPORT.match(text.strip())
-    if not match or not 0 < int(match["port"]) < 65536:
-        raise ValueError(f"{text!r} is not HOST:PORT")
-    return match["host"].strip("[]"), int(match["port"])
 
 
 @dataclass(frozen=True)

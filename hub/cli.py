@@ -19,7 +19,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import trio
 
 if TYPE_CHECKING:
     from hub.settings import Settings
@@ -82,6 +81,7 @@ async def _until_signalled(main, graceful: bool = False) -> None:
     (hub, devices, the embedded PostgreSQL) shuts down in order. With ``graceful`` main gets a
     ``stopping`` event: the first signal sets it (main drains and returns, within GRACE seconds),
     a second signal stops at once."""
+    import trio
     stopping = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -104,6 +104,7 @@ async def _until_signalled(main, graceful: bool = False) -> None:
 
 
 def _run(main, graceful: bool = False) -> None:
+    import trio
     trio.run(_until_signalled, main, graceful)
 
 
@@ -161,6 +162,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
+    import trio
     from hub.demo import curl_examples, run_demo
     from hub.server import run_hub
 
@@ -214,6 +216,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_cluster(args: argparse.Namespace) -> None:
+    import trio
     from hub.cluster.local import run_local_cluster
     from hub.datadir import held
 
@@ -227,6 +230,7 @@ def cmd_cluster(args: argparse.Namespace) -> None:
 
 
 def cmd_sim(args: argparse.Namespace) -> None:
+    import trio
     from device_client.sim import run_sim
 
     async def main() -> None:
@@ -261,6 +265,7 @@ def _tunnel_options(args: argparse.Namespace) -> dict:
 
 
 def cmd_admin(args: argparse.Namespace) -> None:
+    import trio
     from hub.admin import run_admin
 
     settings = _settings(args)
@@ -402,6 +407,7 @@ def _mcp_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_mcp(args: argparse.Namespace) -> None:
+    import trio
     from hub.mcp.stdio import run
 
     trio.run(run, args)
@@ -422,6 +428,7 @@ def _device_test_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_device_test(args: argparse.Namespace) -> None:
+    import trio
     from device_client.qualify.cli import main as device_test
 
     code = trio.run(_until_signalled_result, device_test, args)

@@ -27,6 +27,9 @@ when each step was reached (marks.py; bench/tunnel_product.py splits ``ssh host 
 
 Every failure is one line on stderr saying what to do (webrtc/failures.py) and exit 2: the session
 never opened. No traceback reaches the user; ``--log-level DEBUG`` shows one for an unexpected fault.
+
+The process runs on asyncio alone, aiortc's loop on the main thread: no trio and no httpx are loaded
+(client.py, hubcalls.py), since ssh waits for this start at every connection (issue 35).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Awaitable
 from typing import Any, Callable, NoReturn
 
 log = logging.getLogger("fleethub.tunnel")
@@ -70,7 +74,7 @@ def fail(message: str) -> NoReturn:
 
 def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT`` with port 0 allowed (the system picks a free one)."""
-    from device_client.tunnel import parse_hostport
+    from device_client.hostport import parse_hostport
 
     host, sep, port = text.strip().rpartition(":")
     if sep and port.strip() == "0":
@@ -104,24 +108,37 @@ def take_stdio() -> tuple[int, int]:
     return fd_in, fd_out
 
 
-def run_until_signalled(main: Callable[[], Any]) -> None:
-    """Run ``main`` in trio until it returns or SIGINT, SIGTERM or SIGHUP arrives (ssh sends SIGHUP to
-    its ProxyCommand when it exits); either way ``main`` closes its session in its own finally."""
-    import trio
+def run_until_signalled(main: Callable[[], Awaitable[Any]]) -> None:
+    """Run ``main`` on a new asyncio loop until it returns or SIGINT, SIGTERM or SIGHUP arrives (ssh
+    sends SIGHUP to its ProxyCommand when it exits): the first signal cancels ``main``, which closes
+    its session in its own finally; later ones are ignored while it does."""
+    import asyncio
+
+    from .closed import exception_handler
 
     async def runner() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-            async with trio.open_nursery() as nursery:
-                async def watch() -> None:
-                    async for _ in signals:
-                        nursery.cancel_scope.cancel()
-                        return
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(exception_handler)
+        task = asyncio.ensure_future(main())
+        signalled: list[int] = []
 
-                nursery.start_soon(watch)
-                await main()
-                nursery.cancel_scope.cancel()
+        def on_signal(signum: int) -> None:
+            if not signalled:
+                signalled.append(signum)
+                task.cancel()
 
-    trio.run(runner)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(signum, on_signal, signum)
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not signalled:
+                raise
+        finally:
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                loop.remove_signal_handler(signum)
+
+    asyncio.run(runner())
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -136,14 +153,9 @@ def command(args: argparse.Namespace, run: Callable[[Any], None] | None = None) 
 
     marks = Marks()
     marks.mark("parsed")
-    # httpx imports its own command-line tool (click, rich, pygments when installed) as it loads:
-    # 50-80 ms of every ssh's start for a function this process never calls. A None in sys.modules
-    # makes that one import fail, which httpx (0.27, 0.28) expects: it defines a stub in its place.
-    if "httpx" not in sys.modules:
-        sys.modules.setdefault("httpx._main", None)
     from .client import Credentials, Ready, Summary, TunnelError, run_tunnel
     from .failures import one_line
-    from .peer import quiet_ice_logs
+    from .ice import quiet_ice_logs
 
     marks.mark("imported")
 
@@ -177,7 +189,7 @@ def command(args: argparse.Namespace, run: Callable[[Any], None] | None = None) 
                   file=sys.stderr if args.stdio else sys.stdout, flush=True)
 
     summaries: list[Summary] = []
-    quiet_ice_logs(("httpx",))  # and a line per HTTP request
+    quiet_ice_logs()
     outcome: list[str] = []
     failure: list[str] = []
 

@@ -11,24 +11,27 @@ The renewed grant goes to the device on the ``control`` channel; the device clos
 grant runs out. The offer is made before the hub is asked (the grant binds its DTLS fingerprint),
 so its candidates are host candidates; the relay, when allowed, comes in through the device's
 candidates, which are gathered with the ICE servers the hub gave it.
+
+All of it runs on one asyncio loop, the one aiortc runs on (connection.py), with no trio and no httpx
+in the process (hubcalls.py says why): ``fleethub tunnel`` runs it on its main thread
+(cli_tunnel.py); a trio program runs it on loop.py's asyncio thread (trio_client.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import socket
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import httpx
-import trio
-
 from device_client.names import NameLookupError, resolve
-from device_client.shared.clock import Clock
+from device_client.shared.timestamps import parse_rfc3339
 
+from .connection import PeerConnection
+from .hubcalls import HubHTTP, HubUnreachable, Response, quoted
 from .marks import Marks
-from .peer import TunnelPeer
 
 log = logging.getLogger("fleethub.tunnel")
 
@@ -67,47 +70,46 @@ class Credentials:
         return headers
 
 
-def _data(response: httpx.Response) -> dict[str, Any]:
-    if response.status_code >= 400:
+def _data(response: Response) -> dict[str, Any]:
+    if response.status >= 400:
         try:
             body = response.json()
         except ValueError:
             body = {}
         body = body if isinstance(body, dict) else {}
-        code = body.get("error_code") or body.get("error") or f"http_{response.status_code}"
-        raise TunnelError(f"{response.request.method} {response.request.url.path}: {response.status_code} "
+        code = body.get("error_code") or body.get("error") or f"http_{response.status}"
+        raise TunnelError(f"{response.method} {response.path}: {response.status} "
                           f"{code}: {body.get('message', '')}".rstrip(": "), code=str(code),
-                          status=response.status_code)
+                          status=response.status)
     try:
         body = response.json()
     except ValueError:
-        raise TunnelError(f"the hub answered {response.request.url.path} with something not JSON") from None
+        raise TunnelError(f"the hub answered {response.path} with something not JSON") from None
     if isinstance(body, dict) and isinstance(body.get("data"), dict):
         return body["data"]
     if not isinstance(body, dict):
-        raise TunnelError(f"the hub answered {response.request.url.path} with a non-object")
+        raise TunnelError(f"the hub answered {response.path} with a non-object")
     return body
 
 
 class HubTunnels:
     """The hub's tunnel endpoints, with the tunnel token fetched and refreshed as needed."""
 
-    def __init__(self, client: httpx.AsyncClient, credentials: Credentials) -> None:
+    def __init__(self, client: HubHTTP, credentials: Credentials) -> None:
         self.client = client
         self.credentials = credentials
         self._token: str | None = None
         self._token_at = 0.0
 
-    async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    async def _call(self, method: str, path: str, **kw: Any) -> Response:
         """One request; a transport failure becomes TunnelError hub_unreachable (never a traceback)."""
         try:
             return await self.client.request(method, path, **kw)
-        except httpx.TimeoutException:
-            raise TunnelError(f"the hub at {self.client.base_url} did not answer {method} {path} within "
-                              f"{HTTP_TIMEOUT:.0f}s", code="hub_unreachable") from None
-        except httpx.HTTPError as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise TunnelError(f"cannot reach the hub at {self.client.base_url} ({reason})",
+        except HubUnreachable as exc:
+            if exc.timed_out:
+                raise TunnelError(f"the hub at {self.client.base_url} did not answer {method} {path} within "
+                                  f"{HTTP_TIMEOUT:.0f}s", code="hub_unreachable") from None
+            raise TunnelError(f"cannot reach the hub at {self.client.base_url} ({exc})",
                               code="hub_unreachable") from None
 
     async def token(self) -> None:
@@ -115,12 +117,13 @@ class HubTunnels:
         await self._auth()
 
     async def _auth(self) -> dict[str, str]:
-        if self._token is None or trio.current_time() - self._token_at > TOKEN_REFRESH:
+        now = asyncio.get_running_loop().time()
+        if self._token is None or now - self._token_at > TOKEN_REFRESH:
             body = _data(await self._call("POST", "/v1/cli/tunnel/token", headers=self.credentials.headers()))
             token = body.get("token") or body.get("access_token") or body.get("tunnel_token")
             if not isinstance(token, str):
                 raise TunnelError("the hub's tunnel token answer has no token")
-            self._token, self._token_at = token, trio.current_time()
+            self._token, self._token_at = token, now
         headers = {"Authorization": f"Bearer {self._token}"}
         if self.credentials.org_id:
             headers["X-Organization-ID"] = self.credentials.org_id
@@ -139,25 +142,29 @@ class HubTunnels:
 
     async def open(self, device_id: str, target: str, offer: dict[str, str]) -> dict[str, Any]:
         return _data(await self._call("POST", "/v1/cli/tunnel/session", headers=await self._auth(),
-                                      json={"device_id": device_id, "target": target, "offer": offer}))
+                                      json_body={"device_id": device_id, "target": target, "offer": offer}))
 
     async def renew(self, sid: str, grant: str) -> dict[str, Any]:
-        return _data(await self._call("POST", f"/v1/cli/tunnel/session/{sid}/renew", headers=await self._auth(),
-                                      json={"grant": grant}))
+        return _data(await self._call("POST", f"/v1/cli/tunnel/session/{quoted(sid)}/renew",
+                                      headers=await self._auth(), json_body={"grant": grant}))
 
     async def delete(self, sid: str) -> None:
-        response = await self._call("DELETE", f"/v1/cli/tunnel/session/{sid}", headers=await self._auth())
-        if response.status_code != 404:  # already gone is what we wanted
+        response = await self._call("DELETE", f"/v1/cli/tunnel/session/{quoted(sid)}", headers=await self._auth())
+        if response.status != 404:  # already gone is what we wanted
             _data(response)
 
 
 def grant_expiry(session: dict[str, Any]) -> dt.datetime:
     """When the session's grant runs out: the hub's expires_at, else the grant's own expiresAt."""
-    # grant.py loads pyjwt and cryptography's keys: here, after the connection is up, not at the CLI's start
+    if isinstance(session.get("expires_at"), str):
+        try:
+            return parse_rfc3339(session["expires_at"])
+        except ValueError:
+            raise TunnelError("the hub's expires_at is not an RFC 3339 time") from None
+    # grant.py loads pyjwt and cryptography's keys: only for a hub that gives no expires_at (ours
+    # does), as this runs while ssh's handshake goes through the new tunnel
     from .grant import GrantError, parse_time, read_unverified
 
-    if isinstance(session.get("expires_at"), str):
-        return parse_time(session["expires_at"], "expires_at")
     try:
         return parse_time(read_unverified(session.get("grant"))["expiresAt"], "expiresAt")
     except (KeyError, GrantError):
@@ -203,24 +210,28 @@ def _path(pair: tuple[str, str] | None) -> str:
     return "relayed" if "relay" in pair else "direct"
 
 
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
 async def run_tunnel(hub_url: str, credentials: Credentials, device: str, target: str, *,
                      listen: tuple[str, int] = ("127.0.0.1", 0), listener: socket.socket | None = None,
-                     stdio: tuple[int, int] | None = None, clock: Clock | None = None,
-                     transport: httpx.AsyncBaseTransport | None = None,
+                     stdio: tuple[int, int] | None = None, now: Callable[[], dt.datetime] = _utc_now,
                      on_ready: Callable[[Ready], None] | None = None,
-                     on_summary: Callable[[Summary], None] | None = None, marks: Marks | None = None,
-                     task_status: trio.TaskStatus[Ready] = trio.TASK_STATUS_IGNORED) -> str:
+                     on_summary: Callable[[Summary], None] | None = None, marks: Marks | None = None) -> str:
     """Forward ``listen`` (or connections accepted on ``listener``, a socket the caller bound, or the
     ``stdio`` pair of fds: one connection) to ``target`` on ``device`` (its id or its name: a name is
     looked up first, and one that no device or several have is a TunnelError) until cancelled (Ctrl-C), the
     device closes the session or, with stdio, that one connection ends ("done"); returns why it ended.
     The session is deleted on the hub either way; ``on_summary`` gets its totals. ``marks`` gets
-    each step's time (marks.py)."""
-    clock = clock or Clock()
+    each step's time (marks.py); ``now`` is the wall clock the grant's expiry is compared with.
+    Runs on asyncio (the loop aiortc runs on); ``on_ready`` is called once the tunnel is usable."""
+    loop = asyncio.get_running_loop()
     marks = marks or Marks()
     ended: list[str] = []
     renewed: list[dict[str, Any]] = []
-    stop = trio.Event()
+    stop = asyncio.Event()
+    control_open = asyncio.Event()
     connected_at: list[float] = []
 
     def on_control(message: dict[str, Any]) -> None:
@@ -239,78 +250,98 @@ async def run_tunnel(hub_url: str, credentials: Credentials, device: str, target
     def stdio_closed() -> None:
         stop.set()  # ssh is done with the connection: so is the session
 
-    async with httpx.AsyncClient(base_url=hub_url, timeout=HTTP_TIMEOUT, transport=transport) as http:
-        hub = HubTunnels(http, credentials)
-        peer = TunnelPeer(on_control=on_control, on_state=on_state, marks=marks)
-        session: dict[str, Any] | None = None
-        pair: tuple[str, str] | None = None
+    http = HubHTTP(hub_url, timeout=HTTP_TIMEOUT)
+    hub = HubTunnels(http, credentials)
+    peer = PeerConnection(on_control=on_control, on_state=on_state, on_control_open=control_open.set, marks=marks)
+    session: dict[str, Any] | None = None
+    renewals: asyncio.Task[None] | None = None
+    try:
+        device_id = await hub.device_id(device)
+        marks.mark("lookup")
+        offer = await peer.offer()
+        marks.mark("offer")
+        await hub.token()
+        marks.mark("token")
+        asked = loop.time()
+        session = await hub.open(device_id, target, offer)
+        marks.mark("session")
+        sid = str(session["session_id"])
+        await peer.set_answer(session["answer"])
         try:
-            device_id = await hub.device_id(device)
-            marks.mark("lookup")
-            offer = await peer.create_offer()
-            marks.mark("offer")
-            await hub.token()
-            marks.mark("token")
-            asked = trio.current_time()
-            session = await hub.open(device_id, target, offer)
-            marks.mark("session")
-            sid = str(session["session_id"])
-            await peer.set_answer(session["answer"])
-            with trio.move_on_after(CONNECT_TIMEOUT) as waited:
-                await peer.wait_control_open()
-            if waited.cancelled_caught:
-                raise TunnelError(f"no connection to device {device_id} within {CONNECT_TIMEOUT:.0f}s "
-                                  "(no usable ICE candidate pair)", code="not_connected")
-            connected_at.append(trio.current_time())
-            if stdio is not None:
-                await peer.stdio(*stdio, on_closed=stdio_closed)
-                host, port = "", 0
-            else:
-                host, port = await peer.listen(*listen, sock=listener)
-            marks.mark("ready")
-            ready = Ready(host, port, sid, trio.current_time() - asked)
-            if on_ready is not None:
-                on_ready(ready)
-            task_status.started(ready)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_renewals, hub, peer, session, clock, renewed)
-                await stop.wait()
-                nursery.cancel_scope.cancel()
-            return ended[0] if ended else ("done" if stdio is not None else "stopped")
-        finally:
-            with trio.CancelScope(shield=True):
-                pair = peer.candidate_pair() if connected_at else None
-                if session is not None and not ended:
-                    peer.send_control({"type": "closing", "reason": "client_closed"})
-                await peer.close()
-                if on_summary is not None:
-                    on_summary(Summary(str(session["session_id"]) if session else None, peer.counters.sent,
-                                       peer.counters.received,
-                                       trio.current_time() - connected_at[0] if connected_at else 0.0,
-                                       _path(pair), pair))
-                if session is not None:
-                    with trio.move_on_after(10):
-                        try:
-                            await hub.delete(str(session["session_id"]))
-                        except (TunnelError, httpx.HTTPError) as exc:
-                            log.warning("could not delete tunnel session %s on the hub: %s",
-                                        session.get("session_id"), exc)
+            await asyncio.wait_for(control_open.wait(), CONNECT_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise TunnelError(f"no connection to device {device_id} within {CONNECT_TIMEOUT:.0f}s "
+                              "(no usable ICE candidate pair)", code="not_connected") from None
+        connected_at.append(loop.time())
+        if stdio is not None:
+            await peer.stdio(*stdio, on_closed=stdio_closed)
+            host, port = "", 0
+        else:
+            host, port = await peer.listen(*listen, sock=listener)
+        marks.mark("ready")
+        if on_ready is not None:
+            on_ready(Ready(host, port, sid, loop.time() - asked))
+        renewals = asyncio.ensure_future(_renewals(hub, peer, session, now, renewed))
+        await stop.wait()
+        return ended[0] if ended else ("done" if stdio is not None else "stopped")
+    finally:
+        async def close() -> None:
+            if renewals is not None:
+                renewals.cancel()
+                await asyncio.gather(renewals, return_exceptions=True)
+            pair = peer.candidate_pair() if connected_at else None
+            if session is not None and not ended:
+                peer.send_control({"type": "closing", "reason": "client_closed"})
+            await peer.close()
+            if on_summary is not None:
+                on_summary(Summary(str(session["session_id"]) if session else None, peer.counters.sent,
+                                   peer.counters.received, loop.time() - connected_at[0] if connected_at else 0.0,
+                                   _path(pair), pair))
+            if session is not None:
+                try:
+                    await asyncio.wait_for(hub.delete(str(session["session_id"])), 10)
+                except (TunnelError, asyncio.TimeoutError) as exc:
+                    log.warning("could not delete tunnel session %s on the hub: %s", session.get("session_id"),
+                                exc or "no answer within 10s")
+            http.close()
+
+        # ssh's SIGHUP often comes while this runs (ssh closed the pipes first, which ended the
+        # session): it must not cut the delete short, or the hub counts the session open until its
+        # grant runs out (and refuses the device's next one with device_busy). Every wait in it is bounded.
+        await _finish(close())
 
 
-async def _renewals(hub: HubTunnels, peer: TunnelPeer, session: dict[str, Any], clock: Clock,
-                    answers: list[dict[str, Any]]) -> None:
+async def _finish(coro: Any) -> None:
+    """Run ``coro`` to its end even if the caller is cancelled meanwhile (what trio calls a shielded
+    scope); the cancellation is raised once it has finished."""
+    task = asyncio.ensure_future(coro)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done() and task.cancelled():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    task.result()
+
+
+async def _renewals(hub: HubTunnels, peer: PeerConnection, session: dict[str, Any],
+                    now: Callable[[], dt.datetime], answers: list[dict[str, Any]]) -> None:
     sid, grant, expires = str(session["session_id"]), str(session["grant"]), grant_expiry(session)
     while True:
-        lifetime = (expires - clock.now()).total_seconds()
+        lifetime = (expires - now()).total_seconds()
         # renew with a third of the lifetime left, at least RENEW_MIN_MARGIN before the end
         margin = max(RENEW_MIN_MARGIN, min(lifetime / 3, 120.0))
-        await trio.sleep_until(clock.deadline_for(expires - dt.timedelta(seconds=margin)))
+        await asyncio.sleep(max(0.0, (expires - dt.timedelta(seconds=margin) - now()).total_seconds()))
         try:
             body = await hub.renew(sid, grant)
-        except (TunnelError, httpx.HTTPError) as exc:
+        except TunnelError as exc:
             log.warning("renewing tunnel session %s failed: %s; retrying", sid, exc)
-            await trio.sleep(min(5.0, max(0.5, margin / 4)))
-            if clock.now() >= expires:
+            await asyncio.sleep(min(5.0, max(0.5, margin / 4)))
+            if now() >= expires:
                 return  # the device closes the session; the caller hears "closing"
             continue
         grant = str(body.get("grant", grant))

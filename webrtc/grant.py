@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import jwt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from device_client.shared.clock import rfc3339
+from device_client.shared.timestamps import parse_rfc3339, rfc3339
 
 GRANT_VERSION = 2  # 1 was the hand-rolled "payload.signature" format before grants were JWTs
 ISSUER = "fleethub"
@@ -76,12 +76,9 @@ def parse_time(value: Any, name: str) -> dt.datetime:
     if not isinstance(value, str):
         raise GrantError(f"grant {name} is not an RFC 3339 time")
     try:
-        instant = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return parse_rfc3339(value)
     except ValueError:
-        raise GrantError(f"grant {name} is not an RFC 3339 time") from None
-    if instant.tzinfo is None:
-        raise GrantError(f"grant {name} has no time zone")
-    return instant
+        raise GrantError(f"grant {name} is not an RFC 3339 time with its zone") from None
 
 
 def to_claims(payload: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -1,10 +1,10 @@
 """Where the time to a usable tunnel goes: named timestamps of one ``fleethub tunnel`` run (issue 35).
 
 ``FLEETHUB_TUNNEL_TIMING=1`` (or ``--verbose``) makes the CLI print them on stderr as it exits, one
-line: ``tunnel timing: {"parsed": ..., "offer": ..., ...}``, wall-clock seconds (the Clock's), so a
+line: ``tunnel timing: {"parsed": ..., "offer": ..., ...}``, wall-clock seconds since the epoch, so a
 caller that noted when it started ssh can subtract its own start. bench/tunnel_product.py reads the
-line to split ``ssh host true`` into its phases. Marks are taken on the trio thread and on the asyncio
-thread (ICE and DTLS states); the first time a name is marked is the one kept.
+line to split ``ssh host true`` into its phases. Marks may be taken on any thread (the agent's peers
+mark ICE and DTLS on its asyncio thread); the first time a name is marked is the one kept.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import os
 import resource
-
-from device_client.shared.clock import Clock
+import time
+from typing import Callable
 
 TIMING_ENV = "FLEETHUB_TUNNEL_TIMING"
 PREFIX = "tunnel timing: "
@@ -24,15 +24,15 @@ def wanted() -> bool:
 
 
 class Marks:
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, now: Callable[[], float] = time.time) -> None:
         self._at: dict[str, float] = {}
-        self._clock = clock or Clock()
+        self._now = now
 
     def mark(self, name: str) -> None:
         # dict.setdefault is one bytecode-level operation under the GIL: safe from the asyncio thread.
         # wall-clock time, not monotonic: these marks are compared with times taken in other processes
         # (ssh's start, read by bench/tunnel_product.py), and they decide nothing
-        self._at.setdefault(name, self._clock.now().timestamp())
+        self._at.setdefault(name, self._now())
 
     def line(self) -> str:
         """The one line printed at exit: the marks and the process's CPU seconds so far."""

@@ -43,7 +43,7 @@ import socket
 import sys
 from typing import Any
 
-from .loop import closed_send
+from .closed import closed_send
 
 log = logging.getLogger("fleethub.webrtc")
 
@@ -218,7 +218,7 @@ async def _probe(sctp: Any, packet: int) -> int | None:
             heartbeat.params = [(1, heartbeat_info(token, packet))]
             try:
                 await sctp._send_chunk(heartbeat)
-            except Exception as exc:  # noqa: BLE001 — nobody awaits this task: see loop.closed_send
+            except Exception as exc:  # noqa: BLE001 — nobody awaits this task: see closed.closed_send
                 if closed_send(exc):
                     return None  # the session closed meanwhile
                 raise

@@ -47,7 +47,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from .loop import closed_send
+from .closed import closed_send
 from .pmtu import chunk_of
 
 log = logging.getLogger("fleethub.webrtc")
@@ -185,7 +185,7 @@ def batch_sacks() -> None:
         # awaits this task, so an exception here would be "Task exception was never retrieved"
         try:
             await send_now(self)
-        except Exception as exc:  # noqa: BLE001 — see loop.closed_send
+        except Exception as exc:  # noqa: BLE001 — see closed.closed_send
             if not closed_send(exc):
                 raise
 

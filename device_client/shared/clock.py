@@ -15,7 +15,9 @@ import datetime as dt
 
 import trio
 
-UTC = dt.timezone.utc
+from .timestamps import UTC, rfc3339
+
+__all__ = ["UTC", "Clock", "OffsetClock", "TestClock", "rfc3339"]
 
 
 class Clock:
@@ -59,12 +61,3 @@ class TestClock(Clock):
 
     def now(self) -> dt.datetime:
         return self.epoch + dt.timedelta(seconds=trio.current_time())
-
-
-def rfc3339(instant: dt.datetime | None) -> str | None:
-    """RFC 3339 in UTC with a Z, millisecond precision: how every timestamp leaves the hub."""
-    if instant is None:
-        return None
-    if instant.tzinfo is not UTC:  # asyncpg's and Clock's are UTC already: no conversion to make
-        instant = instant.astimezone(UTC)
-    return instant.isoformat(timespec="milliseconds").replace("+00:00", "Z")

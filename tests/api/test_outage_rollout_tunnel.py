@@ -23,7 +23,8 @@ from tests.api.test_tunnels import entitle
 from tests.e2e.killtools import COUNTING_WORKLOAD, EchoServer, workload_starts
 from tests.hubtools import assert_error, metric_value, metrics, start_agent, start_hub, wait_for
 from tests.ports import free_port
-from webrtc.client import Credentials, run_tunnel
+from webrtc.client import Credentials
+from webrtc.trio_client import run_tunnel_in_trio
 
 OUTAGE = 62.0  # seconds PostgreSQL is down: over the supervisor's 60 s escalation window
 GRANT = 20.0   # the tunnel's grant runs out during the outage
@@ -64,7 +65,7 @@ async def test_postgresql_down_a_minute_mid_rollout_and_mid_tunnel(nursery, tmp_
             ended: list[str] = []
 
             async def tunnel(task_status=trio.TASK_STATUS_IGNORED):
-                ended.append(await run_tunnel(hub.base_url, creds, tun_id, "echo", task_status=task_status))
+                ended.append(await run_tunnel_in_trio(hub.base_url, creds, tun_id, "echo", task_status=task_status))
 
             ready = await nursery.start(tunnel)
             payload = b"x" * 50_000

@@ -150,7 +150,7 @@ async def open_shell(peer: TunnelPeer) -> ShellChannel:
     """A ``shell`` channel from the client ``peer`` (connected), once the device granted credit."""
 
     async def make() -> ShellChannel:
-        return ShellChannel(peer._pc)
+        return ShellChannel(peer.conn.pc)
 
     shell = await peer._thread.run(make())
     while not shell.credit and not shell.closed:

@@ -29,7 +29,7 @@ CONTROL_SLACK = 1024  # credit/eof control messages that may sit beside the data
 def _queued(peer) -> int:
     """Bytes the peer's SCTP association holds that are not on the wire yet: messages waiting in
     aiortc's data-channel queue and fragments of the message being sent. Runs on the asyncio thread."""
-    sctp = peer._pc.sctp
+    sctp = peer.conn.pc.sctp
     return (sum(len(data) for _channel, _protocol, data in list(sctp._data_channel_queue))
             + sum(len(chunk.user_data) for chunk in list(sctp._outbound_queue)))
 
@@ -186,7 +186,7 @@ async def test_a_bulk_copy_is_acknowledged_a_batch_of_packets_at_a_time(nursery,
     with trio.fail_after(60):
         pair = await connect_pair(await start_echo(nursery))
         try:
-            device_sctp = pair.device._pc.sctp
+            device_sctp = pair.device.conn.pc.sctp
             sacks, send_chunk = [0], RTCSctpTransport._send_chunk
 
             async def watch(self, chunk) -> None:  # SACKs counted on their way out, whoever sent them
@@ -347,8 +347,8 @@ async def test_a_lost_packet_is_reported_by_the_next_sack_not_a_batch_later(nurs
     with trio.fail_after(60):
         pair = await connect_pair(await start_echo(nursery))
         try:
-            client_dtls = pair.client._pc.sctp.transport
-            device_sctp = pair.device._pc.sctp
+            client_dtls = pair.client.conn.pc.sctp.transport
+            device_sctp = pair.device.conn.pc.sctp
             lose = {300, 900, 1500}  # the client's n-th DATA packet (chunk type 0 after the 12-byte header)
             seen, lost, gap_sacks = [0], [], []
             send_data, send_chunk = RTCDtlsTransport._send_data, RTCSctpTransport._send_chunk
@@ -409,7 +409,7 @@ async def test_a_sender_that_bursts_4_packets_per_sack_is_not_held_each_round_tr
     with trio.fail_after(60):
         pair = await connect_pair(await start_echo(nursery))
         try:
-            client_sctp, device_sctp = pair.client._pc.sctp, pair.device._pc.sctp
+            client_sctp, device_sctp = pair.client.conn.pc.sctp, pair.device.conn.pc.sctp
             aiortcs = RTCSctpTransport._transmit.__wrapped__
 
             async def as_before() -> None:

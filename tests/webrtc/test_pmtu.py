@@ -161,7 +161,7 @@ async def echo_pair():
 
 
 async def wait_probes(pair, *, want, within: float = 5.0):
-    associations = [peer._pc.sctp for peer in (pair.client, pair.device)]
+    associations = [peer.conn.pc.sctp for peer in (pair.client, pair.device)]
     with trio.move_on_after(within):
         while [getattr(a, "_fleethub_chunk", None) for a in associations] != [want, want]:
             await trio.sleep(0.02)
@@ -184,7 +184,7 @@ async def test_peers_on_loopback_confirm_bigger_chunks_and_a_copy_arrives_whole(
     async with echo_pair() as pair:
         assert await wait_probes(pair, want=1404) == [1404, 1404]  # IPv4, AES-GCM: a 1,500-byte path
         for peer in (pair.client, pair.device):  # the ICE socket's mode put back after the probe
-            pair_ = peer._pc.sctp.transport.transport._connection._nominated[1]
+            pair_ = peer.conn.pc.sctp.transport.transport._connection._nominated[1]
             sock = pair_.protocol.transport.get_extra_info("socket")
             assert sock.getsockopt(*pmtu.MTU_DISCOVER[4]) != pmtu.PMTUDISC_PROBE
         data_sizes.clear()  # the control channel's messages before

@@ -217,7 +217,7 @@ def shim(conn: Any, rng: random.Random) -> None:
 
 
 def connections(pair: Any) -> list[Any]:
-    return [peer._pc.sctp.transport.transport._connection for peer in (pair.client, pair.device)]
+    return [peer.conn.pc.sctp.transport.transport._connection for peer in (pair.client, pair.device)]
 
 
 @pytest.mark.parametrize("inline", [True, False])

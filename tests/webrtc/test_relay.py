@@ -40,7 +40,7 @@ async def test_bytes_through_a_turn_relay(coturn, nursery):  # noqa: F811
             assert device.uses_relay() and client.uses_relay()
             assert device.candidate_pair()[0] == "relay"
             # a relayed session is not probed for bigger packets (webrtc/pmtu.py): both keep aiortc's size
-            assert [getattr(p._pc.sctp, "_fleethub_chunk", None) for p in (client, device)] == [None, None]
+            assert [getattr(p.conn.pc.sctp, "_fleethub_chunk", None) for p in (client, device)] == [None, None]
             # The far end leaves first, as a browser closing its terminal does: the device still knows
             # the path its bytes took when its session counts them after the connection is gone.
             await client.close()

@@ -182,7 +182,7 @@ async def test_real_peers_carry_a_copy_whole_with_records_segmented():
             pair = await connect_pair(await start_echo(nursery))
             try:
                 assert await exchange(pair.listen_port, payload) == payload
-                outboxes = [peer._pc.sctp.transport._fleethub_outbox for peer in (pair.client, pair.device)]
+                outboxes = [peer.conn.pc.sctp.transport._fleethub_outbox for peer in (pair.client, pair.device)]
                 assert all(box.sendmsgs > 0 for box in outboxes), [box.sendmsgs for box in outboxes]
             finally:
                 await pair.client.close()
