@@ -252,6 +252,9 @@ async def run_tunnel(hub_url: str, credentials: Credentials, device: str, target
 
     http = HubHTTP(hub_url, timeout=HTTP_TIMEOUT)
     hub = HubTunnels(http, credentials)
+    # PeerConnection loads aiortc's modules (about 170 ms of imports on the slow bench host). Asking the
+    # hub for the device's id and the token in a thread meanwhile was measured: no gain (the import
+    # holds the GIL the requests need; docs/tunnel-performance.md), so it is done in order.
     peer = PeerConnection(on_control=on_control, on_state=on_state, on_control_open=control_open.set, marks=marks)
     session: dict[str, Any] | None = None
     renewals: asyncio.Task[None] | None = None

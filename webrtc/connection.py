@@ -176,9 +176,11 @@ class PeerConnection:
         if self.pc is None:
             return
         sctp = self.pc.sctp
-        # stopping SCTP aborts the association; give queued messages (a last "closing") a moment
+        # stopping SCTP aborts the association; give queued messages (a last "closing") a moment, when
+        # there is an association to carry them (a session refused before it connected has only the
+        # control channel's unsent open in its queue: waiting for it delayed every refusal by 0.5 s)
         deadline = asyncio.get_running_loop().time() + CLOSE_FLUSH
-        while sctp is not None and asyncio.get_running_loop().time() < deadline and any(
+        while sctp is not None and sctp.state == "connected" and asyncio.get_running_loop().time() < deadline and any(
                 getattr(sctp, name, None) for name in ("_data_channel_queue", "_outbound_queue", "_sent_queue")):
             await asyncio.sleep(0.01)
         for pump in list(self._pumps):

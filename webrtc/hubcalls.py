@@ -18,13 +18,12 @@ the same work for none of that import.
   ``no_proxy`` from the environment (urllib's reading of them); an https hub through a proxy is a
   CONNECT tunnel, an http hub the absolute URL.
 - **No redirects followed** (httpx's default): a 3xx is an answer like any other.
-- Each request runs in a daemon thread and the caller awaits it on asyncio: a cancelled caller (ssh's
-  SIGHUP) does not wait for it, and the process can exit while it is still out.
+- Each request runs in a daemon thread and the caller awaits it on asyncio (threads.py): a cancelled
+  caller (ssh's SIGHUP) does not wait for it, and the process can exit while it is still out.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
@@ -33,8 +32,11 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import quote, unquote, urlencode, urlsplit
+
+from .threads import in_daemon_thread
 
 KEEP_IDLE = 2.0  # seconds a kept connection may sit idle and still be reused (hypercorn closes at 5)
 
@@ -92,29 +94,8 @@ class HubHTTP:
     async def request(self, method: str, path: str, *, headers: dict[str, str] | None = None,
                       params: dict[str, str] | None = None, json_body: Any = None) -> Response:
         """One request; an answer of any status is a Response, no answer is HubUnreachable."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Response] = loop.create_future()
-
-        def settle(result: Response | None, error: BaseException | None) -> None:
-            if future.done():  # the caller was cancelled
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)  # type: ignore[arg-type]
-
-        def work() -> None:
-            try:
-                result, error = self._send(method, path, headers or {}, params, json_body), None
-            except BaseException as exc:  # noqa: BLE001 — handed to the caller as it is
-                result, error = None, exc
-            try:
-                loop.call_soon_threadsafe(settle, result, error)
-            except RuntimeError:
-                pass  # the loop is closed: nobody waits for this answer any more
-
-        threading.Thread(target=work, name="fleethub-hub-request", daemon=True).start()
-        return await future
+        return await in_daemon_thread(partial(self._send, method, path, headers or {}, params, json_body),
+                                      name="fleethub-hub-request")
 
     def close(self) -> None:
         with self._lock:

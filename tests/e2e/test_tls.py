@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
+import socket
 import ssl
+import subprocess
+import threading
 
 import httpx
 
 from tests.e2e.certs import self_signed
-from tests.e2e.clitools import free_port, run_cli_json, wait_until
+from tests.e2e.clitools import clean_env, fleethub_exe, free_port, run_cli_json, wait_until
 from tests.e2e.h3client import h3_get
 
 
@@ -54,7 +58,9 @@ def test_https_http2_and_http3(tmp_path, procs):
     assert json.loads(unauthenticated["body"])["error"] == "unauthenticated"
 
     # a real agent links over wss to the hub's own TLS, trusting the certificate through SSL_CERT_FILE
-    # alone (docs/production.md, "Devices and the hub's certificate")
+    # alone (docs/production.md, "Devices and the hub's certificate"); it offers an echo port to tunnels
+    echo_port = _echo_server()
+    ice = {"FLEETHUB_ICE_ADDRESSES": "127.0.0.1"}
     with httpx.Client(base_url=base, verify=trust, headers=headers, timeout=10) as c:
         r = c.post("/v1/devices", json={"name": "tls-device"})
         assert r.status_code == 201, r.text
@@ -62,7 +68,49 @@ def test_https_http2_and_http3(tmp_path, procs):
         token_file = tmp_path / "token"
         token_file.write_text(r.json()["data"]["token"])
         agent = procs("agent", ["agent", "--hub", base, "--token-file", str(token_file), "--data-dir",
-                                str(tmp_path / "agent")], env={"SSL_CERT_FILE": str(certfile)})
+                                str(tmp_path / "agent"), "--tunnel-allow-port", str(echo_port)],
+                      env={"SSL_CERT_FILE": str(certfile), **ice})
         wait_until(lambda: c.get(f"/v1/devices/{device_id}").json()["data"]["online"], timeout=30,
                    what="the agent online over wss", proc=agent)
         assert c.post(f"/v1/devices/{device_id}/ping").status_code == 200
+
+    # fleethub tunnel over the same https hub (webrtc/hubcalls.py: http.client, httpx's trust): one line
+    # and exit 2 while it does not trust the certificate, a session once SSL_CERT_FILE names it
+    run_cli_json(["admin", "--data-dir", str(data), "tunnel-entitle", org["id"], "--enabled"])
+    cli_env = {"FLEETHUB_HUB_URL": base, "FLEETHUB_PAT_ID": pat["id"], "FLEETHUB_PAT_SECRET": pat["secret"],
+               "FLEETHUB_ORG_ID": org["id"], **ice}
+    tunnel = ["tunnel", "--device", device_id, "--target", str(echo_port)]
+    refused = subprocess.run([fleethub_exe(), *tunnel], capture_output=True, text=True, timeout=60,
+                             env={**clean_env(), **cli_env}, stdin=subprocess.DEVNULL)
+    assert refused.returncode == 2 and "certificate is not trusted" in refused.stderr, refused.stderr
+    assert refused.stderr.count("\n") == 1 and pat["secret"] not in refused.stderr
+    cli = procs("tunnel", tunnel, env={**cli_env, "SSL_CERT_FILE": str(certfile)})
+    ready = wait_until(lambda: re.search(r"tunnel ready: 127\.0\.0\.1:(\d+)", cli.log_path.read_text()),
+                       timeout=60, what="the tunnel over the https hub", proc=cli)
+    with socket.create_connection(("127.0.0.1", int(ready[1])), timeout=30) as conn:
+        conn.sendall(b"through https and webrtc")
+        conn.shutdown(socket.SHUT_WR)
+        got = b""
+        while data := conn.recv(65536):
+            got += data
+    assert got == b"through https and webrtc"
+    assert cli.interrupt() == 0, cli.log_tail()
+    assert "tunnel closed: stopped" in cli.log_path.read_text()
+
+
+def _echo_server() -> int:
+    """A TCP echo service on 127.0.0.1 (a thread per connection, daemon threads): the device's target."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            conn, _ = server.accept()
+            threading.Thread(target=echo, args=(conn,), daemon=True).start()
+
+    def echo(conn: socket.socket) -> None:
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server.getsockname()[1]
