@@ -141,7 +141,8 @@ class HubHTTP:
     def _exchange(self, method: str, path: str, target: str, headers: dict[str, str],
                   body: bytes | None) -> Response:
         conn = self._conn
-        url = target if not self._via_plain_proxy else f"http://{self._host}:{self._port}{target}"
+        host = f"[{self._host}]" if ":" in self._host else self._host  # an IPv6 literal keeps its brackets
+        url = target if not self._via_plain_proxy else f"http://{host}:{self._port}{target}"
         conn.request(method, url, body=body, headers=headers)
         reply = conn.getresponse()
         data = reply.read()
