@@ -13,7 +13,8 @@ the same work for none of that import.
   keep-alive timeout) is sent once more on a fresh one, and a connection idle longer than
   ``KEEP_IDLE`` is not reused at all.
 - **Trust as httpx had it**: certifi's bundle, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` when set; the
-  context is made at the first ``https://`` request, never for an ``http://`` hub.
+  context is made once, at the first ``https://`` connection (a renewal minutes later reuses it: the
+  bundle's load holds the GIL the tunnel's bytes need), never for an ``http://`` hub.
 - **Proxies as httpx had them** (``trust_env``): ``https_proxy`` / ``http_proxy`` / ``all_proxy`` and
   ``no_proxy`` from the environment (urllib's reading of them); an https hub through a proxy is a
   CONNECT tunnel, an http hub the absolute URL.
@@ -88,6 +89,7 @@ class HubHTTP:
         self._prefix = parts.path.rstrip("/")
         self._conn: Any = None
         self._via_plain_proxy = False
+        self._tls: ssl.SSLContext | None = None
         self._idle_since = 0.0
         self._lock = threading.Lock()  # one request at a time on the one connection
 
@@ -158,7 +160,9 @@ class HubHTTP:
         proxy = self._proxy()
         self._via_plain_proxy = proxy is not None and not self._https
         if self._https:
-            context = tls_context()
+            if self._tls is None:  # once per hub: a renewal's new connection does not load the CAs again
+                self._tls = tls_context()
+            context = self._tls
             if proxy is None:
                 return http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout, context=context)
             conn = http.client.HTTPSConnection(proxy[0], proxy[1], timeout=self.timeout, context=context)

@@ -158,8 +158,18 @@ def test_https_trusts_certifi_or_ssl_cert_file_as_httpx_did(tmp_path, monkeypatc
             run(HubHTTP(url, timeout=10).request("GET", "/x"))
         assert "not trusted" in str(refused.value) and not refused.value.timed_out
         monkeypatch.setenv("SSL_CERT_FILE", str(certfile))
-        got = run(HubHTTP(url, timeout=10).request("GET", "/x"))
-    assert got.status == 200 and got.json()["data"]["path"] == "/x"
+        made: list[ssl.SSLContext] = []
+        real = hubcalls.tls_context
+        monkeypatch.setattr(hubcalls, "tls_context", lambda: made.append(real()) or made[-1])
+        monkeypatch.setattr(hubcalls, "KEEP_IDLE", 0.0)  # every request on a new connection, as a renewal is
+
+        async def two() -> list:
+            http = HubHTTP(url, timeout=10)
+            return [await http.request("GET", "/x"), await http.request("GET", "/y")]
+
+        got = run(two())
+    assert [(r.status, r.json()["data"]["path"]) for r in got] == [(200, "/x"), (200, "/y")]
+    assert h.connections == 2 and len(made) == 1  # the CA bundle loaded once per hub, not per connection
 
 
 def test_an_http_hub_never_loads_a_ca_bundle(monkeypatch):
