@@ -164,7 +164,20 @@ class Receiver:
         self.requests.append(message)
 
 
-def test_dtls_records_go_on_as_data_and_stun_is_still_parsed():
+@pytest.fixture
+def main_thread_loop():
+    """An event loop set for this thread: aioice's StunProtocol makes an ``asyncio.Future()`` as it is
+    built. Without one, that relied on asyncio making a loop on demand, which it no longer does once
+    any earlier test in the process has run ``asyncio.run`` (test_fairness, test_hubcalls): the test
+    failed whenever it followed one in the same worker."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield loop
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+def test_dtls_records_go_on_as_data_and_stun_is_still_parsed(main_thread_loop):
     from aioice import stun
 
     receiver = Receiver()
