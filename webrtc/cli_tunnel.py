@@ -141,13 +141,6 @@ def run_until_signalled(main: Callable[[], Awaitable[Any]]) -> None:
     asyncio.run(runner())
 
 
-def _leaf(exc: BaseException) -> BaseException:
-    """The one exception inside (nested) groups of one, else the group itself."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
 def command(args: argparse.Namespace, run: Callable[[Any], None] | None = None) -> None:
     from .marks import Marks, wanted
 
@@ -199,12 +192,11 @@ def command(args: argparse.Namespace, run: Callable[[Any], None] | None = None) 
                                             stdio=stdio, on_ready=ready, on_summary=summaries.append,
                                             marks=marks))
         except BaseException as exc:  # noqa: BLE001 — reported as one line below
-            leaf = _leaf(exc)
-            if isinstance(leaf, TunnelError):
-                failure.append(one_line(str(leaf), leaf.code))
-            elif isinstance(leaf, Exception):
-                log.debug("tunnel failed", exc_info=leaf)
-                failure.append(f"unexpected failure: {type(leaf).__name__}: {leaf} "
+            if isinstance(exc, TunnelError):
+                failure.append(one_line(str(exc), exc.code))
+            elif isinstance(exc, Exception):
+                log.debug("tunnel failed", exc_info=exc)
+                failure.append(f"unexpected failure: {type(exc).__name__}: {exc} "
                                "(--log-level DEBUG shows where)")
             else:
                 raise  # cancellation (a signal) and KeyboardInterrupt go on as they are

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from device_client.names import NameLookupError, resolve
-from device_client.shared.timestamps import parse_rfc3339
+from device_client.shared.timestamps import parse_rfc3339, utc_now
 
 from .connection import PeerConnection
 from .hubcalls import HubHTTP, HubUnreachable, Response, quoted
@@ -210,13 +210,9 @@ def _path(pair: tuple[str, str] | None) -> str:
     return "relayed" if "relay" in pair else "direct"
 
 
-def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
 async def run_tunnel(hub_url: str, credentials: Credentials, device: str, target: str, *,
                      listen: tuple[str, int] = ("127.0.0.1", 0), listener: socket.socket | None = None,
-                     stdio: tuple[int, int] | None = None, now: Callable[[], dt.datetime] = _utc_now,
+                     stdio: tuple[int, int] | None = None, now: Callable[[], dt.datetime] = utc_now,
                      on_ready: Callable[[Ready], None] | None = None,
                      on_summary: Callable[[Summary], None] | None = None, marks: Marks | None = None) -> str:
     """Forward ``listen`` (or connections accepted on ``listener``, a socket the caller bound, or the

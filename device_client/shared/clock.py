@@ -15,7 +15,7 @@ import datetime as dt
 
 import trio
 
-from .timestamps import UTC, rfc3339
+from .timestamps import UTC, rfc3339, utc_now
 
 __all__ = ["UTC", "Clock", "OffsetClock", "TestClock", "rfc3339"]
 
@@ -24,7 +24,7 @@ class Clock:
     """The real clock: wall time from the OS, deadlines from trio."""
 
     def now(self) -> dt.datetime:
-        return dt.datetime.now(UTC)
+        return utc_now()
 
     def monotonic(self) -> float:
         return trio.current_time()
@@ -46,7 +46,7 @@ class OffsetClock(Clock):
         self.offset = dt.timedelta(seconds=offset)
 
     def now(self) -> dt.datetime:
-        return dt.datetime.now(UTC) + self.offset
+        return utc_now() + self.offset
 
 
 class TestClock(Clock):

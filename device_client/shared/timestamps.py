@@ -11,6 +11,12 @@ import datetime as dt
 UTC = dt.timezone.utc
 
 
+def utc_now() -> dt.datetime:
+    """The wall clock, aware UTC: the one read of it. ``Clock.now`` (clock.py) is this; the
+    ``fleethub tunnel`` CLI, which has no trio and so no Clock, calls it directly."""
+    return dt.datetime.now(UTC)
+
+
 def rfc3339(instant: dt.datetime | None) -> str | None:
     """RFC 3339 in UTC with a Z, millisecond precision: how every timestamp leaves the hub."""
     if instant is None:
