@@ -257,6 +257,12 @@ def test_sigkill_mid_rollout_upload_memory_test_and_tunnel(tmp_path, kill_procs,
 
     # the tunnel's client is frozen across the kill, so nobody renews the grant from here on
     sigstop(cli.popen.pid)  # returns once it has stopped
+    # the last look before the kill, a few tenths of a second ahead of it: a device still pending then
+    # has its dispatch and a whole health grace (4 s) to go, so the kill comes before the rollout's end
+    # (read here: read after the restart, it depended on how soon the new hub was asked, and once, under
+    # 4 test workers, the rollout had finished by then)
+    before_kill = hub.rollout(rid)["counts"]
+    assert before_kill["pending"] >= 1, ("the rollout was not half way at the kill", before_kill)
     racers = [threading.Thread(target=upload_racing, args=(race, c, i * RACE_SPACING))
               for i, (race, c) in enumerate(zip(races, clients))]
     for racer in racers:
@@ -281,7 +287,7 @@ def test_sigkill_mid_rollout_upload_memory_test_and_tunnel(tmp_path, kill_procs,
 
     # ---- the hub again, same data dir and port ----
     serve = start_hub(procs, "serve-again", data, port)
-    assert hub.rollout(rid)["counts"]["succeeded"] < FLEET_SIZE, "the kill came before the rollout's end"
+    assert hub.rollout(rid)["counts"]["succeeded"] >= before_kill["succeeded"], "a success acknowledged was lost"
 
     # every acknowledged write is there
     for kind, ids in hub.acked.items():
