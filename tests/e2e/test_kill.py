@@ -213,19 +213,25 @@ def test_sigkill_mid_rollout_upload_memory_test_and_tunnel(tmp_path, kill_procs,
     own_target = fleet_ids[0]
     hub.upload(f"/v1/devices/{own_target}", "/etc/app/device-cert", os.urandom(2000))
 
-    # ---- a rollout under way, then a memory test ----
+    # ---- a rollout under way, held at its canary while the rest is set up, then a memory test ----
     with hub.client() as c:
         r = c.post("/v1/rollouts", json={"fleet_ids": [fleet["id"]], "configuration_id": cid, "batch_size": 1})
         assert r.status_code == 201, r.text
         rid = r.json()["data"]["id"]
     assert [sum(b["counts"].values()) for b in r.json()["data"]["batches"]] == [1] * FLEET_SIZE
 
-    def mid_rollout() -> bool:
+    def canary_started() -> bool:
         ro = hub.rollout(rid)
-        assert ro["state"] == "running", ro
-        return ro["counts"]["succeeded"] >= 1 and ro["counts"]["updating"] >= 1
+        assert ro["state"] == "running" and ro["counts"]["succeeded"] == 0, ro
+        return ro["counts"]["updating"] + ro["counts"]["verifying"] >= 1
 
-    wait_until(mid_rollout, timeout=40, interval=0.05, what="the rollout half way", proc=serve)
+    # Paused once the canary has started (it finishes; no later batch starts) and resumed just before
+    # the kill, so the kill comes mid-rollout however slow the machine: timed by health graces alone,
+    # the steps before the kill outlasted the rollout under 4 test workers (CI58, and 4 copies at once).
+    wait_until(canary_started, timeout=40, interval=0.05, what="the rollout's canary started", proc=serve)
+    with hub.client() as c:
+        r = c.post(f"/v1/rollouts/{rid}/pause")
+        assert r.status_code == 200 and r.json()["data"]["state"] == "paused", r.text
     with hub.client() as c:
         r = c.post(f"/v1/devices/{mem_dev['id']}/memory-test", json={"quick": True})
         assert r.status_code == 202, r.text
@@ -255,12 +261,19 @@ def test_sigkill_mid_rollout_upload_memory_test_and_tunnel(tmp_path, kill_procs,
         finally:
             c.close()
 
+    def canary_done() -> bool:
+        ro = hub.rollout(rid)
+        assert ro["state"] == "paused" and ro["counts"]["pending"] == FLEET_SIZE - 1, ro
+        return ro["counts"]["succeeded"] == 1
+
+    wait_until(canary_done, timeout=40, interval=0.05, what="the canary succeeded", proc=serve)
+    with hub.client() as c:
+        r = c.post(f"/v1/rollouts/{rid}/resume")
+        assert r.status_code == 200 and r.json()["data"]["state"] == "running", r.text
     # the tunnel's client is frozen across the kill, so nobody renews the grant from here on
     sigstop(cli.popen.pid)  # returns once it has stopped
-    # the last look before the kill, a few tenths of a second ahead of it: a device still pending then
-    # has its dispatch and a whole health grace (4 s) to go, so the kill comes before the rollout's end
-    # (read here: read after the restart, it depended on how soon the new hub was asked, and once, under
-    # 4 test workers, the rollout had finished by then)
+    # a device still pending has a dispatch and a whole health grace (4 s) to go after this look, which
+    # comes a few tenths of a second before the kill
     before_kill = hub.rollout(rid)["counts"]
     assert before_kill["pending"] >= 1, ("the rollout was not half way at the kill", before_kill)
     racers = [threading.Thread(target=upload_racing, args=(race, c, i * RACE_SPACING))
