@@ -1,6 +1,6 @@
 """CPU per MiB of the tunnel peers with webrtc/receive.py and webrtc/send.py each on or off, A/B in one run.
 
-    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write] [--records | --pmtu | --message | --sack]
+    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write] [--records | --pmtu | --message | --sack | --reads]
 
 With ``--records``: webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods
 (``records.DIRECT``), receive.py and send.py on in both. With ``--pmtu``: the DATA chunk size the path
@@ -8,6 +8,8 @@ probe confirmed (webrtc/pmtu.py) against aiortc's 1,160 bytes, everything else o
 ``--message``: messages cut to whole DATA chunks (webrtc/forward.py's ``message_size``) against 32 KiB
 whole, the probed chunk size in both. With ``--sack``: a SACK every 8 packets and a burst of 8 per
 SACK (webrtc/sctp.py) against a SACK every 4 (whose burst of 4 packets is about aiortc's 4 x 1,160 bytes).
+With ``--reads``: up to 16 datagrams per readiness of the socket while the loop is idle
+(webrtc/receive.py ``read_while_idle``) against asyncio's one.
 
 Two peers (webrtc/peer.py, as the CLI and the agent run them) in this one process, one association on
 loopback, a TCP sender and sink at its ends (tests/webrtc/peers.py). Between copies of ``--mb`` MiB,
@@ -50,6 +52,7 @@ RECORD_VARIANTS = ("pyopenssl", "records.py")  # --records
 PMTU_VARIANTS = ("1160-byte chunks", "pmtu.py")  # --pmtu
 MESSAGE_VARIANTS = ("32 KiB messages", "whole chunks")  # --message
 SACK_VARIANTS = ("a SACK every 4 packets", "every 8")  # --sack
+READ_VARIANTS = ("a datagram per readiness", "read while idle")  # --reads
 # one change against its absence: option -> (variants, what is compared, help); its section tunnel_ab_OPTION
 SINGLE = {
     "records": (RECORD_VARIANTS, "webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods",
@@ -60,6 +63,8 @@ SINGLE = {
                 "A/B messages cut to whole DATA chunks (forward.message_size) against 32 KiB whole"),
     "sack": (SACK_VARIANTS, "a SACK every 8 packets and a burst of 8 per SACK against every 4",
              "A/B a SACK every 8 packets and a burst of 8 per SACK (sctp.py) against every 4"),
+    "reads": (READ_VARIANTS, "up to 16 datagrams per readiness while the loop is idle against one",
+              "A/B receive.py's reads of several datagrams per readiness against asyncio's one"),
 }
 
 
@@ -78,7 +83,7 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
                 if received >= want:
                     arrived.set()
 
-    from webrtc import forward, records, sctp
+    from webrtc import forward, receive, records, sctp
 
     results: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     async with trio.open_nursery() as nursery:
@@ -89,6 +94,9 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
         batched = RTCDtlsTransport._send_data
         if any(i is None for i in inlines) or not hasattr(batched, "__wrapped__"):
             raise SystemExit("receive.py or send.py is not applied (FLEETHUB_AIORTC_AS_IS set, or not Linux?)")
+        if variants == READ_VARIANTS and not all(
+                hasattr(c._nominated[1].protocol.transport, "_fleethub_reads") for c in connections):
+            raise SystemExit("receive.py's reader is not applied (FLEETHUB_RECEIVE_ONE set?)")
         associations = [peer.conn.pc.sctp for peer in (pair.client, pair.device)]
         with trio.move_on_after(5):  # the probes started as the association was established: a round trip
             while None in (probed := [getattr(a, "_fleethub_chunk", None) for a in associations]):
@@ -99,7 +107,8 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
         sack_every = sctp.SACK_EVERY
 
         async def switch(variant: str) -> None:
-            both = variant in ("both",) + RECORD_VARIANTS + PMTU_VARIANTS + MESSAGE_VARIANTS + SACK_VARIANTS
+            both = variant in ("both",) + RECORD_VARIANTS + PMTU_VARIANTS + MESSAGE_VARIANTS + SACK_VARIANTS + READ_VARIANTS
+            receive.READ_MORE = variant != READ_VARIANTS[0]
             forward.FIT_MESSAGES = variant != MESSAGE_VARIANTS[0]
             sctp.SACK_EVERY = 4 if variant == SACK_VARIANTS[0] else sack_every
             for association, chunk in zip(associations, probed, strict=True):

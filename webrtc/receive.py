@@ -19,10 +19,19 @@ Order and aiortc's semantics are kept:
 Before the handshake is done (its retransmission timer lives in the task), and for anything but a
 DTLS record, the queue is used.
 
-Tried and not kept: reading up to 4 or 64 datagrams per readiness of the socket instead of asyncio's
-one (a poll and a loop turn fewer each). With two peers in separate processes (bench/tunnel_scp.py,
-48 MiB, 2026-11-28 04:27 UTC) scp fell from 11.6 to 5.0-5.4 MB/s and CPU per MiB rose from 34-40 to
-49-61 ms in each peer; with two peers in one process MB/s halved as well. Why was not found.
+More than one datagram per readiness of the socket (``read_while_idle``): asyncio's datagram
+transport reads one per poll, so each costs an ``epoll_wait`` and a loop turn besides its own work.
+Once the association is up, the socket's reader takes up to ``MAX_READS`` in a row, but only while
+the loop has nothing else to run: a run ends at the first datagram after which anything is ready
+(a SACK due, a task woken, a flush, another socket's event), and the loop runs it before the next
+read. Reading on regardless, or until the run itself scheduled something, was tried first
+(2026-11-28 with 4 and 64; 2026-11-30 with 16): scp fell from 11.6 to 5.0-5.4 MB/s, and from 12 to
+8-9. A due SACK leaves two loop turns after it is due (``call_soon``, its task's step, the outbox's
+flush; the task's step is scheduled by the first, not by the run), so every datagram read in
+between delays it, and the sender's delay-based window (sctp.py ``DelayWindow``) takes the longer
+round trips for a queue and shrinks. Stopping while anything at all is ready brought scp back
+(12-14 MB/s) with about 2 datagrams per readiness under a copy (measured in docs/tunnel-performance.md).
+FLEETHUB_RECEIVE_ONE=1 leaves asyncio's reader (the A/B's "before"; bench/tunnel_ab.py --reads).
 
 FLEETHUB_AIORTC_AS_IS=1 leaves aiortc's own (packets.py's switch). Measured A/B with two peers in
 one process (docs/tunnel-performance.md, packets.py's docstring).
@@ -68,6 +77,9 @@ def receive_inline() -> None:
         connection = getattr(self.transport, "_connection", None)
         if connection is not None:  # a closed transport's datagrams go to aiortc's queue, as before
             connection._fleethub_inline = Inline(self, connection) if state.name == "CONNECTED" else None
+            if state.name == "CONNECTED" and not os.environ.get("FLEETHUB_RECEIVE_ONE"):
+                pair = connection._nominated.get(1)
+                read_while_idle(getattr(getattr(pair, "protocol", None), "transport", None))
 
     set_state_and_attach.__wrapped__ = set_state  # type: ignore[attr-defined]
     RTCDtlsTransport._set_state = set_state_and_attach  # type: ignore[method-assign]
@@ -153,6 +165,55 @@ class Inline:
             raise ConnectionError("DTLS shutdown by remote party")
         if plain and dtls._data_receiver:
             await dtls._data_receiver._handle_data(plain)
+
+
+MAX_READS = 16  # datagrams one readiness may take: bounds what the loop's other sockets and timers wait
+READ_MORE = True  # False: one datagram per readiness, as asyncio reads (bench/tunnel_ab.py --reads)
+
+
+def read_while_idle(transport: Any) -> bool:
+    """Give ``transport``'s socket a reader that takes up to ``MAX_READS`` datagrams per readiness
+    while the loop has nothing else ready. asyncio's ``_SelectorDatagramTransport._read_ready`` for
+    one datagram, its errors handled as it handles them; only a plain UDP socket transport on a
+    selector loop (a relayed pair's TURN transport, another loop: nothing changes). True if it did.
+    The transport's own close removes this reader as it would have removed asyncio's."""
+    from asyncio.selector_events import _SelectorDatagramTransport  # type: ignore[attr-defined]
+
+    if type(transport) is not _SelectorDatagramTransport or transport.is_closing():
+        return False
+    if getattr(transport, "_fleethub_reads", None) is not None:
+        return True  # one reader per socket: a second DTLS state change finds it there
+    loop = transport._loop
+    sock, protocol, ready, size = transport._sock, transport._protocol, loop._ready, transport.max_size
+    counts = transport._fleethub_reads = [0, 0]  # readinesses, datagrams (tests/webrtc/test_receive.py)
+
+    def read_ready() -> None:
+        counts[0] += 1
+        for _ in range(MAX_READS if READ_MORE else 1):
+            if transport._conn_lost or transport._closing:
+                return
+            try:
+                data, addr = sock.recvfrom(size)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                protocol.error_received(exc)
+                return
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:  # noqa: BLE001 — as asyncio's reader ends on it
+                transport._fatal_error(exc, "Fatal read error on datagram transport")
+                return
+            counts[1] += 1
+            protocol.datagram_received(data, addr)
+            # Anything ready to run (scheduled by this datagram, or still to run this loop turn, as
+            # the step of the task a SACK due a turn ago started) runs before the next read: "more
+            # than when this began" is not enough, as that task's step would wait behind the run.
+            if ready:
+                return
+
+    loop._add_reader(transport._sock_fd, read_ready)  # replaces asyncio's handle for this socket
+    return True
 
 
 class _Rest:

@@ -21,7 +21,8 @@ from aiortc.rtcdtlstransport import RTCDtlsTransport, State
 from OpenSSL import SSL
 
 from tests.webrtc.peers import connect_pair, exchange, start_echo
-from webrtc.receive import Inline, receive_inline
+from webrtc import receive
+from webrtc.receive import MAX_READS, Inline, read_while_idle, receive_inline
 
 VERIFIED = {"aiortc": "1.16.0", "aioice": "0.13.0"}
 SOURCES = {
@@ -193,6 +194,139 @@ def test_close_notify_and_a_failed_handler_end_the_transport_task_as_aiortc_does
     run(main())
 
 
+# ---- several datagrams per readiness of the socket, while the loop is idle ----
+
+class Recorder(asyncio.DatagramProtocol):
+    """A datagram endpoint's protocol that keeps what arrives; ``on`` runs after a given datagram."""
+
+    def __init__(self) -> None:
+        self.got: list[bytes] = []
+        self.on: dict[bytes, Any] = {}
+        self.lost: list[Any] = []
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.got.append(data)
+        if data in self.on:
+            self.on[data]()
+
+    def connection_lost(self, exc: Any) -> None:
+        self.lost.append(exc)
+
+
+async def endpoint() -> tuple[Any, Recorder, Any]:
+    import socket
+
+    loop = asyncio.get_running_loop()
+    transport, recorder = await loop.create_datagram_endpoint(Recorder, local_addr=("127.0.0.1", 0))
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sender.connect(transport.get_extra_info("sockname"))
+    return transport, recorder, sender
+
+
+def queued(sender: Any, datagrams: list[bytes]) -> None:
+    """Sent while the loop does not run: all of them wait in the socket when it next polls."""
+    import time
+
+    for d in datagrams:
+        sender.send(d)
+    time.sleep(0.05)  # loopback delivers at once; this only makes sure
+
+
+async def idle() -> None:
+    """Let the loop run with nothing ready (a timer, not ``sleep(0)``: the test task's own wake-up
+    would be ready when the socket is, and a run stops for it)."""
+    await asyncio.sleep(0.05)
+
+
+def test_one_readiness_takes_up_to_max_reads_datagrams_in_order():
+    async def main() -> None:
+        transport, recorder, sender = await endpoint()
+        try:
+            assert read_while_idle(transport)
+            assert read_while_idle(transport)  # a second call (another state change) changes nothing
+            sent = [b"d%d" % i for i in range(MAX_READS + 4)]
+            queued(sender, sent)
+            await idle()
+            assert recorder.got == sent
+            assert transport._fleethub_reads == [2, MAX_READS + 4]  # MAX_READS, then the other 4
+        finally:
+            transport.close()
+            sender.close()
+
+    run(main())
+
+
+def test_a_run_of_reads_ends_when_anything_is_ready_to_run():
+    async def main() -> None:
+        transport, recorder, sender = await endpoint()
+        loop = asyncio.get_running_loop()
+        ran: list[int] = []
+
+        def note() -> None:
+            ran.append(len(recorder.got))
+
+        try:
+            read_while_idle(transport)
+            # the third datagram's handling schedules work (as a SACK due does): it runs before the
+            # fourth is read
+            recorder.on[b"d2"] = lambda: loop.call_soon(note)
+            sent = [b"d%d" % i for i in range(6)]
+            queued(sender, sent)
+            await idle()
+            assert recorder.got == sent and ran == [3]
+            # work scheduled one turn on (as a due SACK's task steps the turn after): the run that
+            # turn stops at its first datagram, though that datagram scheduled nothing itself
+            recorder.on[b"e2"] = lambda: loop.call_soon(loop.call_soon, note)
+            sent = [b"e%d" % i for i in range(6)]
+            queued(sender, sent)
+            await idle()
+            assert recorder.got[6:] == sent and ran == [3, 10]
+        finally:
+            transport.close()
+            sender.close()
+
+    run(main())
+
+
+def test_one_per_readiness_when_switched_off(monkeypatch):
+    monkeypatch.setattr(receive, "READ_MORE", False)
+
+    async def main() -> None:
+        transport, recorder, sender = await endpoint()
+        try:
+            read_while_idle(transport)
+            sent = [b"d%d" % i for i in range(4)]
+            queued(sender, sent)
+            await idle()
+            assert recorder.got == sent and transport._fleethub_reads == [4, 4]
+        finally:
+            transport.close()
+            sender.close()
+
+    run(main())
+
+
+def test_a_transport_closed_by_a_datagram_reads_no_further():
+    async def main() -> None:
+        transport, recorder, sender = await endpoint()
+        try:
+            read_while_idle(transport)
+            recorder.on[b"d1"] = transport.close
+            queued(sender, [b"d%d" % i for i in range(5)])
+            await idle()
+            assert recorder.got == [b"d0", b"d1"] and recorder.lost == [None]
+            assert not read_while_idle(transport)  # closing: not given a reader
+        finally:
+            sender.close()
+
+    run(main())
+
+
+def test_only_a_plain_udp_socket_transport_is_given_the_reader():
+    assert not read_while_idle(None)
+    assert not read_while_idle(object())
+
+
 # ---- real peers on a path that loses, duplicates and reorders ----
 
 def shim(conn: Any, rng: random.Random) -> None:
@@ -240,6 +374,7 @@ async def test_bytes_arrive_whole_and_in_order_through_loss_duplicates_and_reord
                     shim(conn, random.Random(i))
 
             await pair.client._thread.run(prepare())
+            readers = [c._nominated[1].protocol.transport for c in conns]
             try:
                 assert await exchange(pair.listen_port, payload) == payload
             finally:
@@ -248,4 +383,8 @@ async def test_bytes_arrive_whole_and_in_order_through_loss_duplicates_and_reord
             if inline:
                 # both peers took most of their datagrams inline (about 900 DATA packets a MiB each way)
                 assert min(i.handled for i in inlines) > 500, [i.handled for i in inlines]
+                # and each socket's reader took some of them several per readiness (on aiortc's queue,
+                # each datagram wakes its task: one per readiness)
+                reads = [t._fleethub_reads for t in readers]
+                assert all(datagrams > readinesses for readinesses, datagrams in reads), reads
             nursery.cancel_scope.cancel()
