@@ -1,6 +1,6 @@
 """CPU per MiB of the tunnel peers with webrtc/receive.py and webrtc/send.py each on or off, A/B in one run.
 
-    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write] [--records | --pmtu | --message | --sack | --reads]
+    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write] [--records | --pmtu | --message | --sack | --reads | --sack-step]
 
 With ``--records``: webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods
 (``records.DIRECT``), receive.py and send.py on in both. With ``--pmtu``: the DATA chunk size the path
@@ -9,7 +9,8 @@ probe confirmed (webrtc/pmtu.py) against aiortc's 1,160 bytes, everything else o
 whole, the probed chunk size in both. With ``--sack``: a SACK every 8 packets and a burst of 8 per
 SACK (webrtc/sctp.py) against a SACK every 4 (whose burst of 4 packets is about aiortc's 4 x 1,160 bytes).
 With ``--reads``: up to 16 datagrams per readiness of the socket while the loop is idle
-(webrtc/receive.py ``read_while_idle``) against asyncio's one.
+(webrtc/receive.py ``read_while_idle``) against asyncio's one. With ``--sack-step``: a due SACK sent in
+the callback that finds it due (webrtc/sctp.py ``STEP_SACKS``, webrtc/stepped.py) against from a task.
 
 Two peers (webrtc/peer.py, as the CLI and the agent run them) in this one process, one association on
 loopback, a TCP sender and sink at its ends (tests/webrtc/peers.py). Between copies of ``--mb`` MiB,
@@ -53,6 +54,7 @@ PMTU_VARIANTS = ("1160-byte chunks", "pmtu.py")  # --pmtu
 MESSAGE_VARIANTS = ("32 KiB messages", "whole chunks")  # --message
 SACK_VARIANTS = ("a SACK every 4 packets", "every 8")  # --sack
 READ_VARIANTS = ("a datagram per readiness", "read while idle")  # --reads
+STEP_VARIANTS = ("a SACK from a task", "a SACK sent at once")  # --sack-step
 # one change against its absence: option -> (variants, what is compared, help); its section tunnel_ab_OPTION
 SINGLE = {
     "records": (RECORD_VARIANTS, "webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods",
@@ -65,6 +67,8 @@ SINGLE = {
              "A/B a SACK every 8 packets and a burst of 8 per SACK (sctp.py) against every 4"),
     "reads": (READ_VARIANTS, "up to 16 datagrams per readiness while the loop is idle against one",
               "A/B receive.py's reads of several datagrams per readiness against asyncio's one"),
+    "sack_step": (STEP_VARIANTS, "a due SACK sent at once against from a task a loop turn later",
+                  "A/B a due SACK sent in the callback that finds it due (sctp.py STEP_SACKS) against from a task"),
 }
 
 
@@ -107,8 +111,9 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
         sack_every = sctp.SACK_EVERY
 
         async def switch(variant: str) -> None:
-            both = variant in ("both",) + RECORD_VARIANTS + PMTU_VARIANTS + MESSAGE_VARIANTS + SACK_VARIANTS + READ_VARIANTS
+            both = variant in ("both",) + RECORD_VARIANTS + PMTU_VARIANTS + MESSAGE_VARIANTS + SACK_VARIANTS + READ_VARIANTS + STEP_VARIANTS
             receive.READ_MORE = variant != READ_VARIANTS[0]
+            sctp.STEP_SACKS = variant != STEP_VARIANTS[0]
             forward.FIT_MESSAGES = variant != MESSAGE_VARIANTS[0]
             sctp.SACK_EVERY = 4 if variant == SACK_VARIANTS[0] else sack_every
             for association, chunk in zip(associations, probed, strict=True):
@@ -154,7 +159,7 @@ def main() -> int:
     p.add_argument("--quiet-wait", type=float, default=30.0)
     which = p.add_mutually_exclusive_group()
     for option, (_variants, _what, help_) in SINGLE.items():
-        which.add_argument(f"--{option}", action="store_true", help=help_)
+        which.add_argument(f"--{option.replace('_', '-')}", action="store_true", help=help_)
     args = p.parse_args()
     if args.smoke:
         args.mb, args.rounds = 1, 1

@@ -45,6 +45,7 @@ import os
 from collections import deque
 from typing import Any
 
+from . import stepped
 from .records import open_record
 
 log = logging.getLogger("fleethub.webrtc")
@@ -118,17 +119,14 @@ class Inline:
 
     def _run(self, data: bytes) -> None:
         self.handled += 1
-        coro = self._handle(data)
         try:
-            waiting = coro.send(None)
-        except StopIteration:
-            return
+            task = stepped.start(self._handle(data))
         except BaseException as exc:  # noqa: BLE001 — the transport's task would have ended on it
             self._end(exc)
             return
-        self.busy = True
-        task = asyncio.ensure_future(_Rest(coro, waiting).run())
-        task.add_done_callback(self._rest_done)
+        if task is not None:
+            self.busy = True
+            task.add_done_callback(self._rest_done)
 
     def _rest_done(self, task: asyncio.Task[None]) -> None:
         self.busy = False
@@ -214,30 +212,3 @@ def read_while_idle(transport: Any) -> bool:
 
     loop._add_reader(transport._sock_fd, read_ready)  # replaces asyncio's handle for this socket
     return True
-
-
-class _Rest:
-    """The rest of a coroutine that was stepped by hand and waits: awaiting this resumes it where it
-    stopped, with the future it was waiting on handed to the task that now runs it."""
-
-    def __init__(self, coro: Any, waiting: Any) -> None:
-        self.coro, self.waiting = coro, waiting
-
-    async def run(self) -> None:
-        await self
-
-    def __await__(self) -> Any:
-        coro, value = self.coro, self.waiting
-        while True:
-            try:
-                sent = yield value
-            except BaseException as exc:  # noqa: BLE001 — a cancellation or error goes into the coroutine
-                try:
-                    value = coro.throw(exc)
-                except StopIteration as stop:
-                    return stop.value
-                continue
-            try:
-                value = coro.send(sent)
-            except StopIteration as stop:
-                return stop.value

@@ -16,6 +16,7 @@ from collections import deque
 from functools import partial
 from types import SimpleNamespace
 
+import pytest
 import trio
 
 from webrtc.forward import MESSAGE
@@ -325,6 +326,37 @@ def test_a_receiver_sends_a_sack_per_sack_every_packets_and_one_for_a_lone_packe
 
     with asyncio.Runner(loop_factory=Loop) as runner:
         runner.run(run())
+
+
+@pytest.mark.parametrize("step", [True, False])
+def test_a_due_sack_leaves_from_the_callback_that_finds_it_due(step, monkeypatch):
+    """sctp.STEP_SACKS: the SACK is built and sent in the loop turn after the packet that made it
+    due (stepped.py), not from a task one turn later still."""
+    from aiortc.rtcsctptransport import RTCSctpTransport
+
+    from webrtc import sctp
+
+    batch_sacks()
+    monkeypatch.setattr(sctp, "STEP_SACKS", step)
+    state = SimpleNamespace(_sack_needed=False, _sack_misordered=set(), _sack_duplicates=[],
+                            _last_received_tsn=0, _advertised_rwnd=1 << 20, sent=[])
+
+    async def send_chunk(chunk) -> None:
+        state.sent.append(chunk.cumulative_tsn)
+
+    state._send_chunk = send_chunk
+
+    async def run() -> None:
+        for tsn in range(1, sctp.SACK_EVERY + 1):  # a run of packets handled in one loop turn
+            state._last_received_tsn, state._sack_needed = tsn, True
+            await RTCSctpTransport._send_sack(state)
+        assert state.sent == []
+        await asyncio.sleep(0)
+        assert state.sent == ([sctp.SACK_EVERY] if step else [])
+        await asyncio.sleep(0)
+        assert state.sent == [sctp.SACK_EVERY]
+
+    asyncio.run(run())
 
 
 def test_packets_per_sack_from_the_environment(caplog):
