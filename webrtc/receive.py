@@ -26,11 +26,13 @@ the loop has nothing else to run: a run ends at the first datagram after which a
 (a SACK due, a task woken, a flush, another socket's event), and the loop runs it before the next
 read. Reading on regardless, or until the run itself scheduled something, was tried first
 (2026-11-28 with 4 and 64; 2026-11-30 with 16): scp fell from 11.6 to 5.0-5.4 MB/s, and from 12 to
-8-9. A due SACK leaves two loop turns after it is due (``call_soon``, its task's step, the outbox's
-flush; the task's step is scheduled by the first, not by the run), so every datagram read in
-between delays it, and the sender's delay-based window (sctp.py ``DelayWindow``) takes the longer
-round trips for a queue and shrinks. Stopping while anything at all is ready brought scp back
-(12-14 MB/s) with about 2 datagrams per readiness under a copy (measured in docs/tunnel-performance.md).
+8-9. A due SACK left two loop turns after it was due (``call_soon``, its task's step, the outbox's
+flush; the task's step scheduled by the first, not by the run), so every datagram read in between
+delayed it, and the sender's delay-based window (sctp.py ``DelayWindow``) took the longer round
+trips for a queue and shrank. Stopping while anything at all is ready brought scp back (12-14 MB/s)
+with about 2 datagrams per readiness under a copy (measured in docs/tunnel-performance.md). The SACK
+now leaves a turn sooner (sctp.py ``STEP_SACKS``: no task), still through a ``call_soon`` and the
+outbox's flush, so the rule is still what keeps its timing.
 FLEETHUB_RECEIVE_ONE=1 leaves asyncio's reader (the A/B's "before"; bench/tunnel_ab.py --reads).
 
 FLEETHUB_AIORTC_AS_IS=1 leaves aiortc's own (packets.py's switch). Measured A/B with two peers in
