@@ -7,11 +7,13 @@ the transport as aiortc's task does. The sources it copies are pinned."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import inspect
 import os
 import random
 from importlib.metadata import version
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -213,14 +215,20 @@ class Recorder(asyncio.DatagramProtocol):
         self.lost.append(exc)
 
 
-async def endpoint() -> tuple[Any, Recorder, Any]:
+@contextlib.asynccontextmanager
+async def endpoint() -> AsyncIterator[tuple[Any, Recorder, Any]]:
+    """A UDP endpoint on 127.0.0.1 with a Recorder, and a socket sending to it; both closed after."""
     import socket
 
     loop = asyncio.get_running_loop()
     transport, recorder = await loop.create_datagram_endpoint(Recorder, local_addr=("127.0.0.1", 0))
     sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sender.connect(transport.get_extra_info("sockname"))
-    return transport, recorder, sender
+    try:
+        sender.connect(transport.get_extra_info("sockname"))
+        yield transport, recorder, sender
+    finally:
+        transport.close()
+        sender.close()
 
 
 def queued(sender: Any, datagrams: list[bytes]) -> None:
@@ -240,8 +248,7 @@ async def idle() -> None:
 
 def test_one_readiness_takes_up_to_max_reads_datagrams_in_order():
     async def main() -> None:
-        transport, recorder, sender = await endpoint()
-        try:
+        async with endpoint() as (transport, recorder, sender):
             assert read_while_idle(transport)
             assert read_while_idle(transport)  # a second call (another state change) changes nothing
             sent = [b"d%d" % i for i in range(MAX_READS + 4)]
@@ -249,23 +256,19 @@ def test_one_readiness_takes_up_to_max_reads_datagrams_in_order():
             await idle()
             assert recorder.got == sent
             assert transport._fleethub_reads == [2, MAX_READS + 4]  # MAX_READS, then the other 4
-        finally:
-            transport.close()
-            sender.close()
 
     run(main())
 
 
 def test_a_run_of_reads_ends_when_anything_is_ready_to_run():
     async def main() -> None:
-        transport, recorder, sender = await endpoint()
-        loop = asyncio.get_running_loop()
-        ran: list[int] = []
+        async with endpoint() as (transport, recorder, sender):
+            loop = asyncio.get_running_loop()
+            ran: list[int] = []
 
-        def note() -> None:
-            ran.append(len(recorder.got))
+            def note() -> None:
+                ran.append(len(recorder.got))
 
-        try:
             read_while_idle(transport)
             # the third datagram's handling schedules work (as a SACK due does): it runs before the
             # fourth is read
@@ -281,9 +284,6 @@ def test_a_run_of_reads_ends_when_anything_is_ready_to_run():
             queued(sender, sent)
             await idle()
             assert recorder.got[6:] == sent and ran == [3, 10]
-        finally:
-            transport.close()
-            sender.close()
 
     run(main())
 
@@ -292,32 +292,25 @@ def test_one_per_readiness_when_switched_off(monkeypatch):
     monkeypatch.setattr(receive, "READ_MORE", False)
 
     async def main() -> None:
-        transport, recorder, sender = await endpoint()
-        try:
+        async with endpoint() as (transport, recorder, sender):
             read_while_idle(transport)
             sent = [b"d%d" % i for i in range(4)]
             queued(sender, sent)
             await idle()
             assert recorder.got == sent and transport._fleethub_reads == [4, 4]
-        finally:
-            transport.close()
-            sender.close()
 
     run(main())
 
 
 def test_a_transport_closed_by_a_datagram_reads_no_further():
     async def main() -> None:
-        transport, recorder, sender = await endpoint()
-        try:
+        async with endpoint() as (transport, recorder, sender):
             read_while_idle(transport)
             recorder.on[b"d1"] = transport.close
             queued(sender, [b"d%d" % i for i in range(5)])
             await idle()
             assert recorder.got == [b"d0", b"d1"] and recorder.lost == [None]
             assert not read_while_idle(transport)  # closing: not given a reader
-        finally:
-            sender.close()
 
     run(main())
 
