@@ -55,6 +55,8 @@ MESSAGE_VARIANTS = ("32 KiB messages", "whole chunks")  # --message
 SACK_VARIANTS = ("a SACK every 4 packets", "every 8")  # --sack
 READ_VARIANTS = ("a datagram per readiness", "read while idle")  # --reads
 STEP_VARIANTS = ("a SACK from a task", "a SACK sent at once")  # --sack-step
+SACK16_VARIANTS = ("a SACK every 8 packets", "every 16")  # --sack16
+IN_PLACE_VARIANTS = ("every packet parsed by aiortc", "one DATA chunk in place")  # --data-in-place
 # one change against its absence: option -> (variants, what is compared, help); its section tunnel_ab_OPTION
 SINGLE = {
     "records": (RECORD_VARIANTS, "webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods",
@@ -69,6 +71,10 @@ SINGLE = {
               "A/B receive.py's reads of several datagrams per readiness against asyncio's one"),
     "sack_step": (STEP_VARIANTS, "a due SACK sent at once against from a task a loop turn later",
                   "A/B a due SACK sent in the callback that finds it due (sctp.py STEP_SACKS) against from a task"),
+    "data_in_place": (IN_PLACE_VARIANTS, "a packet of one DATA chunk in order handled in place against aiortc's parse",
+                      "A/B packets.py's in-place handling of a packet of one DATA chunk against aiortc's _handle_data"),
+    "sack16": (SACK16_VARIANTS, "a SACK every 16 packets and a burst of 16 per SACK against every 8",
+               "A/B a SACK every 16 packets (FLEETHUB_SCTP_SACK_EVERY=16) against every 8"),
 }
 
 
@@ -87,7 +93,7 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
                 if received >= want:
                     arrived.set()
 
-    from webrtc import forward, receive, records, sctp
+    from webrtc import forward, packets, receive, records, sctp
 
     results: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     async with trio.open_nursery() as nursery:
@@ -111,11 +117,12 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
         sack_every = sctp.SACK_EVERY
 
         async def switch(variant: str) -> None:
-            both = variant in ("both",) + RECORD_VARIANTS + PMTU_VARIANTS + MESSAGE_VARIANTS + SACK_VARIANTS + READ_VARIANTS + STEP_VARIANTS
+            both = variant in ("both",) + RECORD_VARIANTS + PMTU_VARIANTS + MESSAGE_VARIANTS + SACK_VARIANTS + READ_VARIANTS + STEP_VARIANTS + SACK16_VARIANTS + IN_PLACE_VARIANTS
             receive.READ_MORE = variant != READ_VARIANTS[0]
+            packets.ONE_DATA_IN_PLACE = variant != IN_PLACE_VARIANTS[0]
             sctp.STEP_SACKS = variant != STEP_VARIANTS[0]
             forward.FIT_MESSAGES = variant != MESSAGE_VARIANTS[0]
-            sctp.SACK_EVERY = 4 if variant == SACK_VARIANTS[0] else sack_every
+            sctp.SACK_EVERY = {SACK_VARIANTS[0]: 4, SACK16_VARIANTS[0]: 8, SACK16_VARIANTS[1]: 16}.get(variant, sack_every)
             for association, chunk in zip(associations, probed, strict=True):
                 association._fleethub_chunk = None if variant == PMTU_VARIANTS[0] else chunk
             for connection, inline in zip(connections, inlines, strict=True):

@@ -19,6 +19,13 @@ ms per MiB of both peers together (the figures in docs/tunnel-performance.md and
 - ``RTCSctpTransport._mark_received`` sorts and filters its sets of misordered and duplicate TSNs
   for every chunk. A chunk that is the next TSN in order, with nothing misordered, only advances the
   cumulative TSN (and drops duplicates it now covers): that is what the general path computes.
+- ``RTCSctpTransport._handle_data`` parses a packet into a list of chunk objects, counts its INIT
+  chunks, then awaits ``_receive_chunk`` (an ``isinstance`` chain and a debug log) and
+  ``_receive_data_chunk`` for each chunk. Under a bulk copy almost every packet is one DATA chunk
+  with the next TSN in order: for such a packet (checksum and verification tag checked as aiortc
+  checks them, nothing misordered, aiortc's debug log off) the chunk's fields are read once and
+  ``_receive_data_chunk``'s steps run in place, with the same replaced methods (``add_chunk``,
+  ``pop_messages``) and the same SACK call at the end. Any other packet goes aiortc's way whole.
 - aioice's ``StunProtocol.datagram_received`` parses every datagram as STUN first and hands it on
   as data when the parse raises ValueError: an exception per packet. RFC 7983 section 7 tells the
   protocols apart by the first byte, and a datagram starting with 20-63 goes straight on as data.
@@ -62,6 +69,7 @@ def cheaper_packets() -> None:
     _scan_only_when_complete(InboundStream, SCTP_DATA_LAST_FRAG | SCTP_DATA_UNORDERED)
     _write_ssl_only_when_pending(RTCDtlsTransport)
     _in_order_fast(RTCSctpTransport, uint32_gt)
+    _one_data_chunk_in_place(RTCSctpTransport)
     _dtls_straight_on()
     receive_inline()
     send_batched()
@@ -128,3 +136,61 @@ def _dtls_straight_on() -> None:
 
     receive.__wrapped__ = datagram_received  # type: ignore[attr-defined]
     StunProtocol.datagram_received = receive
+
+
+ONE_DATA_IN_PLACE = True  # False: every packet through aiortc's _handle_data (bench/tunnel_ab.py --data-in-place)
+
+
+def _one_data_chunk_in_place(cls: Any) -> None:
+    import logging
+    from struct import unpack_from
+
+    from aiortc.rtcsctptransport import DataChunk, InboundStream, crc32c, uint32_gt
+
+    global ONE_DATA_IN_PLACE
+    ONE_DATA_IN_PLACE = not os.environ.get("FLEETHUB_SCTP_PARSE_EVERY_PACKET")  # the A/B's "before", across processes
+    handle_data = cls._handle_data
+    aiortc_log = logging.getLogger("aiortc.rtcsctptransport")
+    zeros = bytes(4)
+
+    async def handle(self: Any, data: bytes) -> None:
+        # the packet's layout (RFC 9260 3): a 12-byte common header (ports, verification tag,
+        # checksum), then DATA's 4-byte chunk header and 12 bytes of TSN, stream, sequence and PPID
+        size = len(data)
+        if (not ONE_DATA_IN_PLACE or size <= 28 or data[12] != 0 or self._sack_misordered
+                or aiortc_log.isEnabledFor(logging.DEBUG)):
+            await handle_data(self, data)
+            return
+        tag, flags, length, tsn, stream_id, stream_seq, protocol = unpack_from("!4xL5xBHLHHL", data)
+        # exactly one chunk, longer than its header (aiortc's parse: padded to 4 bytes, nothing after)
+        if (length <= 16 or 12 + length + (-length % 4) != size or tag != self._local_verification_tag
+                or tsn != (self._last_received_tsn + 1) & 0xFFFFFFFF):
+            await handle_data(self, data)
+            return
+        if crc32c(data[0:8] + zeros + data[12:]) != unpack_from("<L", data, 8)[0]:
+            return  # aiortc's parse raises ValueError and _handle_data drops the packet
+        chunk = DataChunk.__new__(DataChunk)
+        chunk.flags, chunk.tsn, chunk.stream_id, chunk.stream_seq, chunk.protocol = (
+            flags, tsn, stream_id, stream_seq, protocol)
+        chunk.user_data = user_data = data[28:12 + length]
+        # _receive_data_chunk, with _mark_received for the next TSN in order (_in_order_fast)
+        self._sack_needed = True
+        self._last_received_tsn = tsn
+        if self._sack_duplicates:
+            self._sack_duplicates = [x for x in self._sack_duplicates if uint32_gt(x, tsn)]
+        streams = self._inbound_streams
+        stream = streams.get(stream_id)
+        if stream is None:
+            stream = streams[stream_id] = InboundStream()
+        stream.add_chunk(chunk)
+        self._advertised_rwnd -= len(user_data)
+        for message in stream.pop_messages():
+            self._advertised_rwnd += len(message[2])
+            await self._receive(*message)
+        if self._reconfig_deferred is not None:
+            await self._reset_deferred_streams()
+        if self._sack_needed:
+            await self._send_sack()
+
+    handle.__wrapped__ = handle_data  # type: ignore[attr-defined]
+    cls._handle_data = handle
