@@ -1,6 +1,7 @@
 """CPU per MiB of the tunnel peers with webrtc/receive.py and webrtc/send.py each on or off, A/B in one run.
 
-    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write] [--records | --pmtu | --message | --sack | --reads | --sack-step]
+    python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write]
+        [--records | --pmtu | --message | --sack | --reads | --sack-step | --data-in-place | --sack16]
 
 With ``--records``: webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods
 (``records.DIRECT``), receive.py and send.py on in both. With ``--pmtu``: the DATA chunk size the path
@@ -11,6 +12,9 @@ SACK (webrtc/sctp.py) against a SACK every 4 (whose burst of 4 packets is about 
 With ``--reads``: up to 16 datagrams per readiness of the socket while the loop is idle
 (webrtc/receive.py ``read_while_idle``) against asyncio's one. With ``--sack-step``: a due SACK sent in
 the callback that finds it due (webrtc/sctp.py ``STEP_SACKS``, webrtc/stepped.py) against from a task.
+With ``--data-in-place``: a packet of one DATA chunk, the next TSN in order, handled in place
+(webrtc/packets.py ``ONE_DATA_IN_PLACE``) against aiortc's parse and chunk dispatch. With ``--sack16``:
+a SACK every 16 packets (``FLEETHUB_SCTP_SACK_EVERY=16``) against the default 8.
 
 Two peers (webrtc/peer.py, as the CLI and the agent run them) in this one process, one association on
 loopback, a TCP sender and sink at its ends (tests/webrtc/peers.py). Between copies of ``--mb`` MiB,
