@@ -1,7 +1,8 @@
 """CPU per MiB of the tunnel peers with webrtc/receive.py and webrtc/send.py each on or off, A/B in one run.
 
     python bench/tunnel_ab.py [--smoke] [--mb 8] [--rounds 8] [--no-write]
-        [--records | --pmtu | --message | --sack | --reads | --sack-step | --data-in-place | --sack16]
+        [--records | --pmtu | --message | --sack | --reads | --sack-step | --data-in-place
+         | --zero-checksum | --sack16]
 
 With ``--records``: webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods
 (``records.DIRECT``), receive.py and send.py on in both. With ``--pmtu``: the DATA chunk size the path
@@ -13,7 +14,8 @@ With ``--reads``: up to 16 datagrams per readiness of the socket while the loop 
 (webrtc/receive.py ``read_while_idle``) against asyncio's one. With ``--sack-step``: a due SACK sent in
 the callback that finds it due (webrtc/sctp.py ``STEP_SACKS``, webrtc/stepped.py) against from a task.
 With ``--data-in-place``: a packet of one DATA chunk, the next TSN in order, handled in place
-(webrtc/packets.py ``ONE_DATA_IN_PLACE``) against aiortc's parse and chunk dispatch. With ``--sack16``:
+(webrtc/packets.py ``ONE_DATA_IN_PLACE``) against aiortc's parse and chunk dispatch. With ``--zero-checksum``:
+packets sent with a checksum of zero (webrtc/checksum.py, RFC 9653) against CRC32c. With ``--sack16``:
 a SACK every 16 packets (``FLEETHUB_SCTP_SACK_EVERY=16``) against the default 8.
 
 Two peers (webrtc/peer.py, as the CLI and the agent run them) in this one process, one association on
@@ -61,6 +63,7 @@ READ_VARIANTS = ("a datagram per readiness", "read while idle")  # --reads
 STEP_VARIANTS = ("a SACK from a task", "a SACK sent at once")  # --sack-step
 SACK16_VARIANTS = ("a SACK every 8 packets", "every 16")  # --sack16
 IN_PLACE_VARIANTS = ("every packet parsed by aiortc", "one DATA chunk in place")  # --data-in-place
+ZERO_VARIANTS = ("CRC32c checksums", "zero checksums")  # --zero-checksum
 # one change against its absence: option -> (variants, what is compared, help); its section tunnel_ab_OPTION
 SINGLE = {
     "records": (RECORD_VARIANTS, "webrtc/records.py's direct OpenSSL calls against pyOpenSSL's methods",
@@ -77,6 +80,8 @@ SINGLE = {
                   "A/B a due SACK sent in the callback that finds it due (sctp.py STEP_SACKS) against from a task"),
     "data_in_place": (IN_PLACE_VARIANTS, "a packet of one DATA chunk in order handled in place against aiortc's parse",
                       "A/B packets.py's in-place handling of a packet of one DATA chunk against aiortc's _handle_data"),
+    "zero_checksum": (ZERO_VARIANTS, "packets sent with a checksum of zero (RFC 9653) against CRC32c",
+                      "A/B checksum.py's zero checksums (RFC 9653) against CRC32c on every packet"),
     "sack16": (SACK16_VARIANTS, "a SACK every 16 packets and a burst of 16 per SACK against every 8",
                "A/B a SACK every 16 packets (FLEETHUB_SCTP_SACK_EVERY=16) against every 8"),
 }
@@ -119,15 +124,19 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
             raise SystemExit(f"the path probe confirmed no larger chunk ({probed}; FLEETHUB_TUNNEL_PMTU=0 set?)")
 
         sack_every = sctp.SACK_EVERY
+        zero_agreed = all(a._fleethub_zero_out for a in associations)
+        if variants == ZERO_VARIANTS and not zero_agreed:
+            raise SystemExit("the peers did not agree on zero checksums (FLEETHUB_SCTP_CRC32C set?)")
 
         async def switch(variant: str) -> None:
-            both = variant in ("both",) + RECORD_VARIANTS + PMTU_VARIANTS + MESSAGE_VARIANTS + SACK_VARIANTS + READ_VARIANTS + STEP_VARIANTS + SACK16_VARIANTS + IN_PLACE_VARIANTS
+            both = variant in ("both",) + RECORD_VARIANTS + PMTU_VARIANTS + MESSAGE_VARIANTS + SACK_VARIANTS + READ_VARIANTS + STEP_VARIANTS + SACK16_VARIANTS + IN_PLACE_VARIANTS + ZERO_VARIANTS
             receive.READ_MORE = variant != READ_VARIANTS[0]
             packets.ONE_DATA_IN_PLACE = variant != IN_PLACE_VARIANTS[0]
             sctp.STEP_SACKS = variant != STEP_VARIANTS[0]
             forward.FIT_MESSAGES = variant != MESSAGE_VARIANTS[0]
             sctp.SACK_EVERY = {SACK_VARIANTS[0]: 4, SACK16_VARIANTS[0]: 8, SACK16_VARIANTS[1]: 16}.get(variant, sack_every)
             for association, chunk in zip(associations, probed, strict=True):
+                association._fleethub_zero_out = variant != ZERO_VARIANTS[0] and zero_agreed
                 association._fleethub_chunk = None if variant == PMTU_VARIANTS[0] else chunk
             for connection, inline in zip(connections, inlines, strict=True):
                 connection._fleethub_inline = inline if both or variant == "receive.py" else None
