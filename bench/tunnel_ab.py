@@ -13,8 +13,8 @@ SACK (webrtc/sctp.py) against a SACK every 4 (whose burst of 4 packets is about 
 With ``--reads``: up to 16 datagrams per readiness of the socket while the loop is idle
 (webrtc/receive.py ``read_while_idle``) against asyncio's one. With ``--sack-step``: a due SACK sent in
 the callback that finds it due (webrtc/sctp.py ``STEP_SACKS``, webrtc/stepped.py) against from a task.
-With ``--data-in-place``: a packet of one DATA chunk, the next TSN in order, handled in place
-(webrtc/packets.py ``ONE_DATA_IN_PLACE``) against aiortc's parse and chunk dispatch. With ``--zero-checksum``:
+With ``--data-in-place``: a packet of one chunk, DATA with the next TSN in order or a SACK, handled in place
+(webrtc/packets.py ``ONE_CHUNK_IN_PLACE``) against aiortc's parse and chunk dispatch. With ``--zero-checksum``:
 packets sent with a checksum of zero (webrtc/checksum.py, RFC 9653) against CRC32c. With ``--sack16``:
 a SACK every 16 packets (``FLEETHUB_SCTP_SACK_EVERY=16``) against the default 8.
 
@@ -62,7 +62,7 @@ SACK_VARIANTS = ("a SACK every 4 packets", "every 8")  # --sack
 READ_VARIANTS = ("a datagram per readiness", "read while idle")  # --reads
 STEP_VARIANTS = ("a SACK from a task", "a SACK sent at once")  # --sack-step
 SACK16_VARIANTS = ("a SACK every 8 packets", "every 16")  # --sack16
-IN_PLACE_VARIANTS = ("every packet parsed by aiortc", "one DATA chunk in place")  # --data-in-place
+IN_PLACE_VARIANTS = ("every packet parsed by aiortc", "one DATA or SACK chunk in place")  # --data-in-place
 ZERO_VARIANTS = ("CRC32c checksums", "zero checksums")  # --zero-checksum
 # one change against its absence: option -> (variants, what is compared, help); its section tunnel_ab_OPTION
 SINGLE = {
@@ -78,8 +78,8 @@ SINGLE = {
               "A/B receive.py's reads of several datagrams per readiness against asyncio's one"),
     "sack_step": (STEP_VARIANTS, "a due SACK sent at once against from a task a loop turn later",
                   "A/B a due SACK sent in the callback that finds it due (sctp.py STEP_SACKS) against from a task"),
-    "data_in_place": (IN_PLACE_VARIANTS, "a packet of one DATA chunk in order handled in place against aiortc's parse",
-                      "A/B packets.py's in-place handling of a packet of one DATA chunk against aiortc's _handle_data"),
+    "data_in_place": (IN_PLACE_VARIANTS, "a packet of one DATA chunk in order or one SACK handled in place against aiortc's parse",
+                      "A/B packets.py's in-place handling of a packet of one DATA or SACK chunk against aiortc's _handle_data"),
     "zero_checksum": (ZERO_VARIANTS, "packets sent with a checksum of zero (RFC 9653) against CRC32c",
                       "A/B checksum.py's zero checksums (RFC 9653) against CRC32c on every packet"),
     "sack16": (SACK16_VARIANTS, "a SACK every 16 packets and a burst of 16 per SACK against every 8",
@@ -131,12 +131,13 @@ async def measure(mb: int, rounds: int, variants: tuple[str, ...] = VARIANTS) ->
         async def switch(variant: str) -> None:
             both = variant in ("both",) + RECORD_VARIANTS + PMTU_VARIANTS + MESSAGE_VARIANTS + SACK_VARIANTS + READ_VARIANTS + STEP_VARIANTS + SACK16_VARIANTS + IN_PLACE_VARIANTS + ZERO_VARIANTS
             receive.READ_MORE = variant != READ_VARIANTS[0]
-            packets.ONE_DATA_IN_PLACE = variant != IN_PLACE_VARIANTS[0]
+            packets.ONE_CHUNK_IN_PLACE = variant != IN_PLACE_VARIANTS[0]
             sctp.STEP_SACKS = variant != STEP_VARIANTS[0]
             forward.FIT_MESSAGES = variant != MESSAGE_VARIANTS[0]
             sctp.SACK_EVERY = {SACK_VARIANTS[0]: 4, SACK16_VARIANTS[0]: 8, SACK16_VARIANTS[1]: 16}.get(variant, sack_every)
             for association, chunk in zip(associations, probed, strict=True):
-                association._fleethub_zero_out = variant != ZERO_VARIANTS[0] and zero_agreed
+                # without the in-place path a zero checksum would be filled in, then checked by aiortc
+                association._fleethub_zero_out = variant not in (ZERO_VARIANTS[0], IN_PLACE_VARIANTS[0]) and zero_agreed
                 association._fleethub_chunk = None if variant == PMTU_VARIANTS[0] else chunk
             for connection, inline in zip(connections, inlines, strict=True):
                 connection._fleethub_inline = inline if both or variant == "receive.py" else None

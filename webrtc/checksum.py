@@ -18,7 +18,8 @@ What this end does:
   one carrying an INIT with a checksum of zero (RFC 9653 section 5.2: an INIT always carries a
   CRC32c, as the peer's support is not known yet when it leaves).
 A peer that does not announce it (aiortc as it is, an older fleethub, a browser without it) gets
-CRC32c checksums, and its own are checked as before. ``FLEETHUB_SCTP_CRC32C=1`` neither announces
+CRC32c checksums, and its own are checked as before. ``FLEETHUB_SCTP_CRC32C=1`` (and
+``FLEETHUB_SCTP_PARSE_EVERY_PACKET=1``, which turns off the path that skips the check) neither announces
 the parameter nor sends checksums of zero (the A/B's "before" across processes; bench/tunnel_ab.py
 --zero-checksum switches what an association sends). Applied with packets.py's changes, on whose
 receive path it relies (FLEETHUB_AIORTC_AS_IS=1 leaves aiortc's own and announces nothing).
@@ -63,7 +64,9 @@ def zero_checksums() -> None:
         return
     from aiortc.rtcsctptransport import InitChunk, RTCSctpTransport
 
-    send_both = not os.environ.get("FLEETHUB_SCTP_CRC32C")
+    # packets.py's in-place path is what skips the check; without it a zero is filled in for aiortc's
+    # parse, which costs more than the CRC32c it saved the sender
+    send_both = not (os.environ.get("FLEETHUB_SCTP_CRC32C") or os.environ.get("FLEETHUB_SCTP_PARSE_EVERY_PACKET"))
     set_extensions, get_extensions, send_chunk = (RTCSctpTransport._set_extensions,
                                                   RTCSctpTransport._get_extensions, RTCSctpTransport._send_chunk)
     # what packets.py's receive path reads: set per association once it announced, or heard, the parameter

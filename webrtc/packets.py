@@ -22,13 +22,14 @@ ms per MiB of both peers together (the figures in docs/tunnel-performance.md and
 - ``RTCSctpTransport._handle_data`` parses a packet into a list of chunk objects, counts its INIT
   chunks, then awaits ``_receive_chunk`` (an ``isinstance`` chain and a debug log) and
   ``_receive_data_chunk`` for each chunk. Under a bulk copy almost every packet is one DATA chunk
-  with the next TSN in order: for such a packet (checksum and verification tag checked as aiortc
-  checks them, a checksum of zero taken as checked where checksum.py agreed to it, nothing
-  misordered, aiortc's debug log off) the chunk's fields are read once and
+  with the next TSN in order, or one SACK: for such a packet (checksum and verification tag checked
+  as aiortc checks them, a checksum of zero taken as checked where checksum.py agreed to it, nothing
+  misordered, aiortc's debug log off) a DATA chunk's fields are read with one ``unpack_from`` and
   ``_receive_data_chunk``'s steps run in place, with the same replaced methods (``add_chunk``,
-  ``pop_messages``) and the same SACK call at the end. Any other packet goes aiortc's way whole.
-  ``python bench/tunnel_ab.py --data-in-place``: -9.6 ms per MiB paired (2026-11-30, slow host).
-  FLEETHUB_SCTP_PARSE_EVERY_PACKET=1 turns this one off alone.
+  ``pop_messages``), and a SACK is made by aiortc's own ``SackChunk`` from its bytes and handed to
+  ``_receive_chunk``; then the same SACK call as aiortc's. Any other packet goes aiortc's way whole.
+  ``python bench/tunnel_ab.py --data-in-place``: -9.6 ms per MiB paired for DATA alone (2026-11-30,
+  slow host). FLEETHUB_SCTP_PARSE_EVERY_PACKET=1 turns this one off alone.
 - aioice's ``StunProtocol.datagram_received`` parses every datagram as STUN first and hands it on
   as data when the parse raises ValueError: an exception per packet. RFC 7983 section 7 tells the
   protocols apart by the first byte, and a datagram starting with 20-63 goes straight on as data.
@@ -73,7 +74,7 @@ def cheaper_packets() -> None:
     _scan_only_when_complete(InboundStream, SCTP_DATA_LAST_FRAG | SCTP_DATA_UNORDERED)
     _write_ssl_only_when_pending(RTCDtlsTransport)
     _in_order_fast(RTCSctpTransport, uint32_gt)
-    _one_data_chunk_in_place(RTCSctpTransport)
+    _one_chunk_in_place(RTCSctpTransport)
     zero_checksums()
     _dtls_straight_on()
     receive_inline()
@@ -143,41 +144,57 @@ def _dtls_straight_on() -> None:
     StunProtocol.datagram_received = receive
 
 
-ONE_DATA_IN_PLACE = True  # False: every packet through aiortc's _handle_data (bench/tunnel_ab.py --data-in-place)
+ONE_CHUNK_IN_PLACE = True  # False: every packet through aiortc's _handle_data (bench/tunnel_ab.py --data-in-place)
 
 
-def _one_data_chunk_in_place(cls: Any) -> None:
+def _one_chunk_in_place(cls: Any) -> None:
     import logging
     from struct import unpack_from
 
-    from aiortc.rtcsctptransport import DataChunk, InboundStream, crc32c, uint32_gt
+    from aiortc.rtcsctptransport import DataChunk, InboundStream, SackChunk, crc32c, uint32_gt
 
     from .checksum import ZERO, with_crc
 
-    global ONE_DATA_IN_PLACE
-    ONE_DATA_IN_PLACE = not os.environ.get("FLEETHUB_SCTP_PARSE_EVERY_PACKET")  # the A/B's "before", across processes
+    global ONE_CHUNK_IN_PLACE
+    ONE_CHUNK_IN_PLACE = not os.environ.get("FLEETHUB_SCTP_PARSE_EVERY_PACKET")  # the A/B's "before", across processes
     handle_data = cls._handle_data
     if not hasattr(cls, "_fleethub_zero_in"):
         cls._fleethub_zero_in = False  # checksum.py sets it per association that announced zero checksums
     aiortc_log = logging.getLogger("aiortc.rtcsctptransport")
 
+    def _crc_ok(data: bytes) -> bool:
+        return crc32c(data[0:8] + ZERO + data[12:]) == unpack_from("<L", data, 8)[0]
+
     async def handle(self: Any, data: bytes) -> None:
         # the packet's layout (RFC 9260 3): a 12-byte common header (ports, verification tag,
-        # checksum), then DATA's 4-byte chunk header and 12 bytes of TSN, stream, sequence and PPID.
-        # A checksum of zero, once this end announced it takes them (checksum.py), was checked by DTLS.
+        # checksum), then the chunk's 4-byte header; for DATA 12 bytes of TSN, stream, sequence and
+        # PPID follow. A checksum of zero, once this end announced it takes them (checksum.py), was
+        # checked by DTLS.
         size = len(data)
         zero = self._fleethub_zero_in and data[8:12] == ZERO
-        if (not ONE_DATA_IN_PLACE or size <= 28 or data[12] != 0 or self._sack_misordered
-                or aiortc_log.isEnabledFor(logging.DEBUG)):
+        kind = data[12] if size > 16 else None
+        if not ONE_CHUNK_IN_PLACE or (kind != 0 and kind != 3) or aiortc_log.isEnabledFor(logging.DEBUG):
             await handle_data(self, with_crc(data) if zero else data)
             return
-        tag, flags, length, tsn, stream_id, stream_seq, protocol = unpack_from("!4xL5xBHLHHL", data)
-        # exactly one chunk, longer than its header (aiortc's parse: padded to 4 bytes, nothing after)
-        if (length <= 16 or 12 + length + (-length % 4) != size or tag != self._local_verification_tag
-                or tsn != (self._last_received_tsn + 1) & 0xFFFFFFFF):
+        tag, flags, length = unpack_from("!4xL5xBH", data)
+        # exactly one chunk (aiortc's parse: padded to 4 bytes, nothing after), of this association
+        if 12 + length + (-length % 4) != size or tag != self._local_verification_tag:
             await handle_data(self, with_crc(data) if zero else data)
             return
-        if not zero and crc32c(data[0:8] + ZERO + data[12:]) != unpack_from("<L", data, 8)[0]:
+        if kind == 3:  # a SACK: aiortc's parse of its one chunk, then what _handle_data does with it
+            if length < 16 or not (zero or _crc_ok(data)):
+                await handle_data(self, with_crc(data) if zero else data)
+                return
+            await self._receive_chunk(SackChunk(flags=flags, body=data[16:12 + length]))
+            if self._sack_needed:
+                await self._send_sack()
+            return
+        tsn, stream_id, stream_seq, protocol = unpack_from("!LHHL", data, 16)
+        # DATA longer than its header, the next TSN in order, nothing misordered
+        if length <= 16 or self._sack_misordered or tsn != (self._last_received_tsn + 1) & 0xFFFFFFFF:
+            await handle_data(self, with_crc(data) if zero else data)
+            return
+        if not (zero or _crc_ok(data)):
             return  # aiortc's parse raises ValueError and _handle_data drops the packet
         chunk = DataChunk.__new__(DataChunk)
         chunk.flags, chunk.tsn, chunk.stream_id, chunk.stream_seq, chunk.protocol = (

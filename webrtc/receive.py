@@ -109,15 +109,18 @@ class Inline:
         if self.busy:
             self.backlog.append(data)
             return True
-        dtls, queue = self.dtls, self.connection._queue
+        dtls = self.dtls
         if (not data or not 19 < data[0] < 64 or dtls._state is not self._connected
-                or not dtls._RTCDtlsTransport__handshake_done
-                # the task waits on the queue: it holds nothing (each put wakes a waiter, taking it
-                # off _getters), so this datagram overtakes none
-                or not any(not getter.done() for getter in queue._getters)):
+                or not dtls._RTCDtlsTransport__handshake_done):
             return False
-        self._run(data)
-        return True
+        # the task waits on the queue: it holds nothing (each put wakes a waiter, taking it off
+        # _getters), so this datagram overtakes none. A loop, not any() over a generator: this runs
+        # per datagram, and the generator was 2 % of a receiving peer's CPU
+        for getter in self.connection._queue._getters:
+            if not getter.done():
+                self._run(data)
+                return True
+        return False
 
     def _run(self, data: bytes) -> None:
         self.handled += 1

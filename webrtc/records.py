@@ -57,12 +57,13 @@ def seal(conn: Any, data: bytes) -> bytes | None:
         except SSL.Error:  # the BIO is empty (WantReadError): no record
             return None
     ffi, lib = bindings()
-    written = lib.SSL_write(raw, ffi.from_buffer(data), len(data))
+    # bytes go to a const pointer as they are (cffi passes their buffer): no from_buffer object
+    written = lib.SSL_write(raw, data if type(data) is bytes else ffi.from_buffer(data), len(data))
     if written <= 0:
         conn._raise_ssl_error(raw, written)  # raises what Connection.send would
     buf = _buffer(conn)
     got = lib.BIO_read(conn._from_ssl, buf, _RECORD)
-    return ffi.buffer(buf, got)[:] if got > 0 else None
+    return ffi.unpack(buf, got) if got > 0 else None
 
 
 def open_record(conn: Any, data: bytes) -> bytes:
@@ -73,7 +74,7 @@ def open_record(conn: Any, data: bytes) -> bytes:
         conn.bio_write(data)
         return conn.recv(_RECORD)
     ffi, lib = bindings()
-    wrote = lib.BIO_write(conn._into_ssl, ffi.from_buffer(data), len(data))
+    wrote = lib.BIO_write(conn._into_ssl, data if type(data) is bytes else ffi.from_buffer(data), len(data))
     if wrote <= 0:
         conn._handle_bio_errors(conn._into_ssl, wrote)  # raises what Connection.bio_write would
     buf = _buffer(conn)
@@ -81,4 +82,4 @@ def open_record(conn: Any, data: bytes) -> bytes:
     if got <= 0:
         conn._raise_ssl_error(raw, got)  # raises what Connection.recv would
         return b""  # not reached: OpenSSL reports a failed read as an error
-    return ffi.buffer(buf, got)[:]
+    return ffi.unpack(buf, got)  # bytes in one call, not a buffer object sliced

@@ -346,7 +346,55 @@ def test_any_packet_gives_aiortcs_state_and_delivery(main_thread_loop, seed):
 def test_in_place_off_leaves_every_packet_to_aiortc(main_thread_loop, monkeypatch):
     from webrtc import packets as packets_module
 
-    monkeypatch.setattr(packets_module, "ONE_DATA_IN_PLACE", False)
+    monkeypatch.setattr(packets_module, "ONE_CHUNK_IN_PLACE", False)
     chunks = chunks_of([(0, b"x" * 300, False)], first_tsn=7)
     _, parsed = handle_all([packet([c]) for c in chunks], 7, in_place=True)
     assert parsed == len(chunks)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_sack_reaches_receive_chunk_as_aiortc_parses_it(main_thread_loop, seed):
+    """A packet of one SACK chunk is parsed in place: _receive_chunk gets the chunk aiortc's parse
+    would give it, and the SACK that follows is aiortc's; a bundled, corrupted, mistagged or zero-
+    checksum one goes (or is dropped) as aiortc would."""
+    from aiortc.rtcsctptransport import SackChunk
+
+    rng = random.Random(seed)
+    packets: list[bytes] = []
+    for _ in range(30):
+        sack = SackChunk()
+        sack.cumulative_tsn = rng.randrange(1 << 32)
+        sack.advertised_rwnd = rng.randrange(1 << 20)
+        sack.gaps = [(rng.randrange(1, 50), rng.randrange(50, 99)) for _ in range(rng.randint(0, 3))]
+        sack.duplicates = [rng.randrange(1 << 32) for _ in range(rng.randint(0, 3))]
+        kind = rng.random()
+        if kind < 0.15:
+            packets.append(packet([sack], corrupt=True))
+        elif kind < 0.25:
+            packets.append(packet([sack], tag=0x0BADF00D))
+        elif kind < 0.35:
+            packets.append(packet([sack] + chunks_of([(0, b"z" * 30, False)], first_tsn=rng.randrange(1 << 32))))
+        elif kind < 0.45:
+            whole = packet([sack])
+            packets.append(whole[:8] + bytes(4) + whole[12:])  # a zero checksum, this end never announced it
+        else:
+            packets.append(packet([sack]))
+
+    def run_all(handle: Any) -> tuple[list[Any], int]:
+        association = Association(1)
+        got: list[Any] = []
+
+        async def receive_chunk(chunk: Any) -> None:
+            got.append((type(chunk).__name__, sorted(vars(chunk).items())))
+            association.sctp._sack_needed = rng_needed.random() < 0.3  # as a chunk may leave it
+
+        association.sctp._receive_chunk = receive_chunk
+        rng_needed = random.Random(seed)
+        for data in packets:
+            asyncio.get_event_loop().run_until_complete(handle(association.sctp, data))
+        return got, association.sacks
+
+    ours = run_all(RTCSctpTransport._handle_data)
+    theirs = run_all(original(RTCSctpTransport, "_handle_data"))
+    assert ours == theirs
+    assert any(name == "SackChunk" for name, _ in ours[0])
