@@ -189,9 +189,13 @@ def _one_chunk_in_place(cls: Any) -> None:
             if self._sack_needed:
                 await self._send_sack()
             return
+        # DATA longer than its header (so its TSN and the rest are there), nothing misordered, the
+        # next TSN in order
+        if length <= 16 or self._sack_misordered:
+            await handle_data(self, with_crc(data) if zero else data)
+            return
         tsn, stream_id, stream_seq, protocol = unpack_from("!LHHL", data, 16)
-        # DATA longer than its header, the next TSN in order, nothing misordered
-        if length <= 16 or self._sack_misordered or tsn != (self._last_received_tsn + 1) & 0xFFFFFFFF:
+        if tsn != (self._last_received_tsn + 1) & 0xFFFFFFFF:
             await handle_data(self, with_crc(data) if zero else data)
             return
         if not (zero or _crc_ok(data)):
