@@ -67,7 +67,10 @@ def hub_in_thread(server_dsn: str, template: str, name: str, setup: Setup, *,
                     found = await setup(nursery, db_url, root)
                 ready.update(found, token=trio.lowlevel.current_trio_token(), nursery=nursery, root=root)
                 started.set()
-                await trio.to_thread.run_sync(stop.wait)
+                # abandoned if the hub fails meanwhile: the nursery then ends with the hub's error and
+                # the run finishes, so the next call from a test says why (conftest's _say_why_stopped)
+                # instead of meeting a hub whose storage closed under a run that waits here for ever
+                await trio.to_thread.run_sync(stop.wait, abandon_on_cancel=True)
                 await found["hub"].client.aclose()
                 nursery.cancel_scope.cancel()
         except BaseException as exc:  # noqa: BLE001 — handed to the main thread below

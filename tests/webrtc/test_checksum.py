@@ -7,7 +7,6 @@ import os
 from struct import unpack_from
 
 import pytest
-import trio
 from aiortc.rtcdtlstransport import RTCDtlsTransport
 from aiortc.rtcsctptransport import RTCSctpTransport, crc32c, parse_packet
 
