@@ -40,6 +40,16 @@ def _ignore(*_args: Any) -> None:
     return None
 
 
+def change_aiortc() -> None:
+    """Apply this package's changes to aiortc and aioice (sctp.py, pmtu.py, packets.py and what it
+    applies), once per process; the first PeerConnection does. A test that wraps one of the changed
+    methods must come after this (tests/webrtc/conftest.py): a wrapper put on first would be wrapped
+    or replaced in turn, and its undo would take the change away for the rest of the process."""
+    batch_sacks()
+    probe_on_establish()
+    cheaper_packets()
+
+
 class PeerConnection:
     def __init__(self, *, ice_servers: list[dict[str, Any]] | None = None, relay_only: bool = False,
                  on_control: Callable[[dict[str, Any]], None] | None = None,
@@ -48,9 +58,7 @@ class PeerConnection:
         """Plain set-up, no IO: may be made on any thread. ``marks`` gets "ice", "dtls" and "sctp" (the
         control channel open) as the connection reaches them (marks.py)."""
         restrict_host_addresses()
-        batch_sacks()
-        probe_on_establish()
-        cheaper_packets()
+        change_aiortc()
         quiet_ice_logs()
         self._ice_servers = list(ice_servers or [])
         self._relay_only = relay_only
