@@ -6,17 +6,19 @@ each SCTP packet travels inside a DTLS record whose AEAD tag already proves it a
 so the CRC protects nothing more. It was 4-6 % of a peer's CPU under a bulk copy (py-spy, GIL held:
 about 4 µs per 1,432-byte packet received on the slow host, the copies of the packet the check makes
 included). RFC 9653 lets an endpoint say it accepts packets with a checksum of zero when another
-method detects errors (here Error Detection Method 1, "SCTP over DTLS", RFC 9653 section 6), and
-lets its peer then send them so. dcSCTP (Chromium's SCTP) implements it; aiortc does not.
+method detects errors (here Error Detection Method 1, "SCTP over DTLS"), and lets its peer then send
+them so. dcSCTP (Chromium's SCTP) implements it, though the Chromium of these tests did not announce it
+(tests/browser/test_terminal.py passes either way); aiortc does not.
 
 What this end does:
 - it announces the Zero Checksum Acceptable parameter (type 0x8001, EDMID 1) in its INIT or
   INIT-ACK (aiortc's ``_set_extensions``), and from then on takes a packet whose checksum is zero as
-  checked (packets.py's ``_handle_data``: the in-place DATA path skips the CRC, any other packet has
-  its CRC filled in before aiortc's parse, which still checks every non-zero checksum);
+  checked (packets.py's ``_handle_data``: the in-place path for a DATA or SACK packet skips the CRC,
+  any other packet has its CRC filled in before aiortc's parse, which still checks every non-zero
+  checksum);
 - if the peer announced it with EDMID 1 (aiortc's ``_get_extensions``), it sends every packet but
-  one carrying an INIT with a checksum of zero (RFC 9653 section 5.2: an INIT always carries a
-  CRC32c, as the peer's support is not known yet when it leaves).
+  one carrying an INIT with a checksum of zero (an INIT always carries a CRC32c, as RFC 9653 asks:
+  the peer's support is not known yet when it leaves).
 A peer that does not announce it (aiortc as it is, an older fleethub, a browser without it) gets
 CRC32c checksums, and its own are checked as before. ``FLEETHUB_SCTP_CRC32C=1`` (and
 ``FLEETHUB_SCTP_PARSE_EVERY_PACKET=1``, which turns off the path that skips the check) neither announces
@@ -31,8 +33,8 @@ import os
 from struct import pack, unpack_from
 from typing import Any
 
-ZERO_CHECKSUM_ACCEPTABLE = 0x8001  # the chunk parameter's type (RFC 9653 section 4)
-SCTP_OVER_DTLS = 1  # its Error Detection Method Identifier (RFC 9653 section 6)
+ZERO_CHECKSUM_ACCEPTABLE = 0x8001  # the chunk parameter's type (RFC 9653)
+SCTP_OVER_DTLS = 1  # its Error Detection Method Identifier for SCTP over DTLS (RFC 9653)
 ZERO = bytes(4)
 
 _applied = False
