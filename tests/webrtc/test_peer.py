@@ -76,7 +76,13 @@ async def test_a_refused_target_closes_the_local_connection(nursery):
             stream = await trio.open_tcp_stream("127.0.0.1", pair.listen_port)
             async with stream:
                 await stream.send_all(b"hello?")
-                assert await stream.receive_some(100) == b""
+                # closed: an end of stream, or a reset when the client closed its side with "hello?"
+                # still unread in its socket (the kernel then resets; seen once in CI64 under load).
+                # An open connection fails the fail_after above.
+                try:
+                    assert await stream.receive_some(100) == b""
+                except trio.BrokenResourceError as exc:
+                    assert isinstance(exc.__cause__, ConnectionResetError), exc
         finally:
             await pair.client.close()
             await pair.device.close()
