@@ -53,11 +53,16 @@ def announced(params: list[tuple[int, bytes]]) -> bool:
                for kind, value in params)
 
 
-def with_crc(data: bytes) -> bytes:
-    """``data`` (a packet whose checksum is zero) with its CRC32c filled in, for aiortc's parse."""
+def crc_of(data: bytes) -> int:
+    """The CRC32c of SCTP packet ``data`` as RFC 9260 computes it: over the packet, its checksum zero."""
     from aiortc.rtcsctptransport import crc32c
 
-    return data[:8] + pack("<L", crc32c(data[:8] + ZERO + data[12:])) + data[12:]
+    return crc32c(data[:8] + ZERO + data[12:])
+
+
+def with_crc(data: bytes) -> bytes:
+    """``data`` (a packet whose checksum is zero) with its CRC32c filled in, for aiortc's parse."""
+    return data[:8] + pack("<L", crc_of(data)) + data[12:]
 
 
 def zero_checksums() -> None:

@@ -151,9 +151,9 @@ def _one_chunk_in_place(cls: Any) -> None:
     import logging
     from struct import unpack_from
 
-    from aiortc.rtcsctptransport import DataChunk, InboundStream, SackChunk, crc32c, uint32_gt
+    from aiortc.rtcsctptransport import DataChunk, InboundStream, SackChunk, uint32_gt
 
-    from .checksum import ZERO, with_crc
+    from .checksum import ZERO, crc_of, with_crc
 
     global ONE_CHUNK_IN_PLACE
     ONE_CHUNK_IN_PLACE = not os.environ.get("FLEETHUB_SCTP_PARSE_EVERY_PACKET")  # the A/B's "before", across processes
@@ -163,7 +163,11 @@ def _one_chunk_in_place(cls: Any) -> None:
     aiortc_log = logging.getLogger("aiortc.rtcsctptransport")
 
     def _crc_ok(data: bytes) -> bool:
-        return crc32c(data[0:8] + ZERO + data[12:]) == unpack_from("<L", data, 8)[0]
+        return crc_of(data) == unpack_from("<L", data, 8)[0]
+
+    def aiortcs_way(self: Any, data: bytes, zero: bool) -> Any:
+        # aiortc's _handle_data, the packet's CRC32c filled in first where it came as zero
+        return handle_data(self, with_crc(data) if zero else data)
 
     async def handle(self: Any, data: bytes) -> None:
         # the packet's layout (RFC 9260 3): a 12-byte common header (ports, verification tag,
@@ -174,16 +178,16 @@ def _one_chunk_in_place(cls: Any) -> None:
         zero = self._fleethub_zero_in and data[8:12] == ZERO
         kind = data[12] if size > 16 else None
         if not ONE_CHUNK_IN_PLACE or (kind != 0 and kind != 3) or aiortc_log.isEnabledFor(logging.DEBUG):
-            await handle_data(self, with_crc(data) if zero else data)
+            await aiortcs_way(self, data, zero)
             return
         tag, flags, length = unpack_from("!4xL5xBH", data)
         # exactly one chunk (aiortc's parse: padded to 4 bytes, nothing after), of this association
         if 12 + length + (-length % 4) != size or tag != self._local_verification_tag:
-            await handle_data(self, with_crc(data) if zero else data)
+            await aiortcs_way(self, data, zero)
             return
         if kind == 3:  # a SACK: aiortc's parse of its one chunk, then what _handle_data does with it
             if length < 16 or not (zero or _crc_ok(data)):
-                await handle_data(self, with_crc(data) if zero else data)
+                await aiortcs_way(self, data, zero)
                 return
             await self._receive_chunk(SackChunk(flags=flags, body=data[16:12 + length]))
             if self._sack_needed:
@@ -192,11 +196,11 @@ def _one_chunk_in_place(cls: Any) -> None:
         # DATA longer than its header (so its TSN and the rest are there), nothing misordered, the
         # next TSN in order
         if length <= 16 or self._sack_misordered:
-            await handle_data(self, with_crc(data) if zero else data)
+            await aiortcs_way(self, data, zero)
             return
         tsn, stream_id, stream_seq, protocol = unpack_from("!LHHL", data, 16)
         if tsn != (self._last_received_tsn + 1) & 0xFFFFFFFF:
-            await handle_data(self, with_crc(data) if zero else data)
+            await aiortcs_way(self, data, zero)
             return
         if not (zero or _crc_ok(data)):
             return  # aiortc's parse raises ValueError and _handle_data drops the packet

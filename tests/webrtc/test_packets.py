@@ -81,6 +81,17 @@ def chunks_of(messages: list[tuple[int, bytes, bool]], first_tsn: int) -> list[D
     return out
 
 
+def random_messages(rng: random.Random, most: int) -> list[tuple[int, bytes, bool]]:
+    """1 to ``most`` (stream_seq, payload, unordered) messages, a fifth unordered, of 1-450 bytes."""
+    seq, messages = 0, []
+    for _ in range(rng.randint(1, most)):
+        unordered = rng.random() < 0.2
+        messages.append((0 if unordered else seq, bytes(rng.randrange(256) for _ in range(rng.randint(1, 450))),
+                         unordered))
+        seq += 0 if unordered else 1
+    return messages
+
+
 def deliver(arrivals: list[DataChunk], *, replaced: bool) -> list[tuple[int, int, bytes]]:
     """What _receive_data_chunk hands up, chunk by chunk (duplicates are dropped before add_chunk)."""
     stream, seen, got = InboundStream(), set(), []
@@ -98,12 +109,7 @@ def deliver(arrivals: list[DataChunk], *, replaced: bool) -> list[tuple[int, int
 @pytest.mark.parametrize("seed", range(40))
 def test_reassembly_gives_aiortcs_messages_in_aiortcs_order(seed):
     rng = random.Random(seed)
-    seq, messages = 0, []
-    for _ in range(rng.randint(1, 12)):
-        unordered = rng.random() < 0.2
-        messages.append((0 if unordered else seq, bytes(rng.randrange(256) for _ in range(rng.randint(1, 450))),
-                         unordered))
-        seq += 0 if unordered else 1
+    messages = random_messages(rng, most=12)
     chunks = chunks_of(messages, first_tsn=(1 << 32) - rng.randint(1, 20))  # across the TSN wrap too
     arrivals = list(chunks)
     for _ in range(rng.randint(0, 6)):  # reorder a few, and repeat a few (retransmissions)
@@ -304,12 +310,7 @@ def test_any_packet_gives_aiortcs_state_and_delivery(main_thread_loop, seed):
     association's TSNs, gaps, duplicates, window, SACKs, delivered messages and reassembly are
     aiortc's."""
     rng = random.Random(seed)
-    seq, messages = 0, []
-    for _ in range(rng.randint(1, 10)):
-        unordered = rng.random() < 0.2
-        messages.append((0 if unordered else seq, bytes(rng.randrange(256) for _ in range(rng.randint(1, 450))),
-                         unordered))
-        seq += 0 if unordered else 1
+    messages = random_messages(rng, most=10)
     first = (1 << 32) - rng.randint(1, 20)
     chunks = chunks_of(messages, first_tsn=first)
     arrivals = list(chunks)
